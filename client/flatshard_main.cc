@@ -1,0 +1,16 @@
+// The `flatshard` command line.
+#include <iostream>
+
+#include "CLI/CLI.hpp"
+
+#include "client/plan_command.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"flatshard: fully sharded data parallel training as a service"};
+  app.require_subcommand(1);
+  flatshard::PlanCommandOptions plan_options;
+  CLI::App* plan = flatshard::AddPlanCommand(app, plan_options);
+  CLI11_PARSE(app, argc, argv);
+  if (plan->parsed()) return flatshard::RunPlanCommand(plan_options, std::cout, std::cerr);
+  return 0;
+}

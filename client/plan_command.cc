@@ -1,0 +1,89 @@
+#include "client/plan_command.h"
+
+#include "client/plan_printer.h"
+#include "core/model_spec_yaml.h"
+#include "core/plan.h"
+
+namespace flatshard {
+
+CLI::App* AddPlanCommand(CLI::App& app, PlanCommandOptions& o) {
+  CLI::App* plan = app.add_subcommand(
+      "plan",
+      "Dry-run a job without a cluster: units, each rank's shard ranges and "
+      "parameter slices, per-rank memory, and the bytes each collective moves per step");
+  plan->add_option("--model,-m", o.model_path,
+                   "Model spec (YAML or JSON), e.g. examples/gpt-small.yaml")
+      ->required();
+  plan->add_option("--policy,-p", o.policy,
+                   "Wrap policy: none | always | module-type:TYPE[,TYPE] | "
+                   "size:MIN_NUM_PARAMS | fqn:MODULE[,MODULE]")
+      ->capture_default_str();
+  plan->add_option("--world-size,-w", o.world_size, "Number of ranks")->capture_default_str();
+  plan->add_option("--strategy,-s", o.strategy,
+                   "FULL_SHARD | SHARD_GRAD_OP | NO_SHARD | HYBRID_SHARD | HYBRID_SHARD_ZERO2")
+      ->capture_default_str();
+  plan->add_option("--hybrid-shard-size", o.hybrid_shard_group_size,
+                   "Ranks per shard group for the hybrid strategies (must divide the world size)");
+  plan->add_flag(
+      "--use-orig-params", o.use_orig_params,
+      "Lay out as FSDP's use_orig_params=True (16-byte alignment and world-size padding)");
+  plan->add_option("--param-dtype", o.param_dtype,
+                   "Mixed precision: dtype of the all-gather and compute (e.g. bfloat16)");
+  plan->add_option("--reduce-dtype", o.reduce_dtype,
+                   "Mixed precision: dtype of the gradient reduction (default: --param-dtype)");
+  plan->add_option("--optimizer", o.optimizer, "sgd | sgd-momentum | adam | adamw")
+      ->capture_default_str();
+  plan->add_flag("--amsgrad", o.amsgrad, "Adam/AdamW with amsgrad (one more state tensor)");
+  plan->add_flag("--no-limit-all-gathers", o.no_limit_all_gathers,
+                 "Plan memory as if limit_all_gathers=False");
+  plan->add_flag("--json", o.json, "Print the stable JSON form (docs/plan-json.md)");
+  return plan;
+}
+
+int RunPlanCommand(const PlanCommandOptions& o, std::ostream& out, std::ostream& err) {
+  auto fail = [&](const absl::Status& status) {
+    err << "flatshard plan: " << status.message() << "\n";
+    return 2;
+  };
+  absl::StatusOr<ModelSpec> spec = LoadModelSpecFile(o.model_path);
+  if (!spec.ok()) return fail(spec.status());
+  absl::StatusOr<WrapPolicy> policy = ParseWrapPolicy(o.policy);
+  if (!policy.ok()) return fail(policy.status());
+  PlanOptions options;
+  options.world_size = o.world_size;
+  absl::StatusOr<ShardingStrategy> strategy = ParseShardingStrategy(o.strategy);
+  if (!strategy.ok()) return fail(strategy.status());
+  options.strategy = *strategy;
+  options.hybrid_shard_group_size = o.hybrid_shard_group_size;
+  options.use_orig_params = o.use_orig_params;
+  if (!o.param_dtype.empty()) {
+    absl::StatusOr<DType> dtype = ParseDType(o.param_dtype);
+    if (!dtype.ok())
+      return fail(absl::InvalidArgumentError(std::string("--param-dtype: ") +
+                                             std::string(dtype.status().message())));
+    options.param_dtype = *dtype;
+  }
+  if (!o.reduce_dtype.empty()) {
+    absl::StatusOr<DType> dtype = ParseDType(o.reduce_dtype);
+    if (!dtype.ok())
+      return fail(absl::InvalidArgumentError(std::string("--reduce-dtype: ") +
+                                             std::string(dtype.status().message())));
+    options.reduce_dtype = *dtype;
+  }
+  absl::StatusOr<OptimizerKind> optimizer = ParseOptimizerKind(o.optimizer);
+  if (!optimizer.ok()) return fail(optimizer.status());
+  options.optimizer = *optimizer;
+  options.amsgrad = o.amsgrad;
+  options.limit_all_gathers = !o.no_limit_all_gathers;
+
+  absl::StatusOr<Plan> plan = ComputePlan(*spec, *policy, options);
+  if (!plan.ok()) return fail(plan.status());
+  if (o.json) {
+    out << PlanToJson(*plan) << "\n";
+  } else {
+    PrintPlan(*plan, out);
+  }
+  return 0;
+}
+
+}  // namespace flatshard

@@ -1,0 +1,268 @@
+#include "core/model_spec_yaml.h"
+
+#include "absl/strings/str_cat.h"
+
+#include "core/module_types.h"
+#include "core/status_macros.h"
+#include "core/yaml_fields.h"
+
+namespace flatshard {
+namespace {
+
+constexpr int64_t kMaxRepeat = 100000;
+
+absl::StatusOr<DType> ReadDType(const YamlField& field) {
+  ASSIGN_OR_RETURN(std::string name, field.AsString());
+  absl::StatusOr<DType> dtype = ParseDType(name);
+  if (!dtype.ok()) return field.Error(dtype.status().message());
+  return *dtype;
+}
+
+absl::StatusOr<ParamInit> ReadInit(const YamlField& field) {
+  RETURN_IF_ERROR(field.OnlyKeys({"kind", "mean", "std", "low", "high"}));
+  ParamInit init;
+  ASSIGN_OR_RETURN(std::string kind, field.Child("kind").AsString());
+  if (kind == "zeros") {
+    init.kind = ParamInit::Kind::kZeros;
+  } else if (kind == "ones") {
+    init.kind = ParamInit::Kind::kOnes;
+  } else if (kind == "normal") {
+    init.kind = ParamInit::Kind::kNormal;
+    init.std = 1.0;
+  } else if (kind == "uniform") {
+    init.kind = ParamInit::Kind::kUniform;
+    init.low = -1.0;
+    init.high = 1.0;
+  } else if (kind == "default") {
+    init.kind = ParamInit::Kind::kDefault;
+  } else {
+    return field.Child("kind").Error(absl::StrCat(
+        "unknown init kind '", kind, "'; expected default, zeros, ones, normal or uniform"));
+  }
+  if (field.Has("mean")) {
+    ASSIGN_OR_RETURN(init.mean, field.Child("mean").AsDouble());
+  }
+  if (field.Has("std")) {
+    ASSIGN_OR_RETURN(init.std, field.Child("std").AsDouble());
+  }
+  if (field.Has("low")) {
+    ASSIGN_OR_RETURN(init.low, field.Child("low").AsDouble());
+  }
+  if (field.Has("high")) {
+    ASSIGN_OR_RETURN(init.high, field.Child("high").AsDouble());
+  }
+  return init;
+}
+
+absl::StatusOr<ParamSpec> ReadParam(const YamlField& field, DType default_dtype,
+                                    bool default_frozen) {
+  RETURN_IF_ERROR(field.OnlyKeys({"name", "shape", "dtype", "frozen", "init"}));
+  ParamSpec param;
+  param.source_line = field.line();
+  param.dtype = default_dtype;
+  param.requires_grad = !default_frozen;
+  if (!field.Has("name")) return field.Error("'name' is required");
+  ASSIGN_OR_RETURN(param.name, field.Child("name").AsString());
+  if (!field.Has("shape")) return field.Error("'shape' is required");
+  YamlField shape = field.Child("shape");
+  if (shape.node.IsScalar()) {
+    ASSIGN_OR_RETURN(int64_t dim, shape.AsInt());
+    param.shape.push_back(dim);
+  } else {
+    RETURN_IF_ERROR(shape.ExpectSequence());
+    for (size_t i = 0; i < shape.size(); ++i) {
+      ASSIGN_OR_RETURN(int64_t dim, shape.Element(i).AsInt());
+      param.shape.push_back(dim);
+    }
+  }
+  if (field.Has("dtype")) {
+    ASSIGN_OR_RETURN(param.dtype, ReadDType(field.Child("dtype")));
+  }
+  if (field.Has("frozen")) {
+    ASSIGN_OR_RETURN(bool frozen, field.Child("frozen").AsBool());
+    param.requires_grad = !frozen;
+  }
+  if (field.Has("init")) {
+    ASSIGN_OR_RETURN(param.init, ReadInit(field.Child("init")));
+  }
+  return param;
+}
+
+absl::StatusOr<ModuleSpec> ReadModule(const YamlField& field, DType default_dtype, bool is_root);
+
+absl::Status ReadChildren(const YamlField& field, DType dtype, ModuleSpec& module) {
+  RETURN_IF_ERROR(field.ExpectSequence());
+  for (size_t i = 0; i < field.size(); ++i) {
+    ASSIGN_OR_RETURN(ModuleSpec child, ReadModule(field.Element(i), dtype, false));
+    module.children.push_back(std::move(child));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ModuleSpec> ReadModule(const YamlField& field, DType default_dtype, bool is_root) {
+  RETURN_IF_ERROR(field.ExpectMap());
+  ModuleSpec module;
+  module.source_line = field.line();
+  if (!field.Has("type")) {
+    module.type = field.Has("repeat") ? "ModuleList" : "";
+    if (module.type.empty()) return field.Error("'type' is required");
+  } else {
+    ASSIGN_OR_RETURN(module.type, field.Child("type").AsString());
+  }
+  const ModuleTypeInfo* type = FindModuleType(module.type);
+  if (type == nullptr) {
+    return field.Child("type").Error(absl::StrCat("unknown module type '", module.type,
+                                                  "'; known types: ", KnownModuleTypeList()));
+  }
+  std::vector<absl::string_view> shorthand = type->shorthand_keys;
+  RETURN_IF_ERROR(field.OnlyKeys(
+      {"name", "type", "params", "children", "attrs", "repeat", "template", "dtype", "frozen"},
+      shorthand));
+
+  if (field.Has("name")) {
+    ASSIGN_OR_RETURN(module.name, field.Child("name").AsString());
+  } else if (!is_root) {
+    return field.Error("'name' is required");
+  }
+  DType dtype = default_dtype;
+  if (field.Has("dtype")) {
+    ASSIGN_OR_RETURN(dtype, ReadDType(field.Child("dtype")));
+  }
+  bool frozen = false;
+  if (field.Has("frozen")) {
+    ASSIGN_OR_RETURN(frozen, field.Child("frozen").AsBool());
+  }
+
+  if (field.Has("attrs")) {
+    YamlField attrs = field.Child("attrs");
+    RETURN_IF_ERROR(attrs.ExpectMap());
+    for (const auto& entry : attrs.node) {
+      YamlField value{entry.second, absl::StrCat(attrs.path, ".", entry.first.Scalar()),
+                      attrs.source};
+      ASSIGN_OR_RETURN(module.attrs[entry.first.Scalar()], value.AsString());
+    }
+  }
+
+  ShorthandSettings settings;
+  for (absl::string_view key : type->shorthand_keys) {
+    if (!field.Has(key)) continue;
+    YamlField value = field.Child(key);
+    bool flag = false;
+    if (key == "bias" || key == "elementwise_affine") {
+      ASSIGN_OR_RETURN(flag, value.AsBool());
+      settings[std::string(key)] = flag ? 1 : 0;
+    } else {
+      ASSIGN_OR_RETURN(settings[std::string(key)], value.AsInt());
+    }
+  }
+  if (field.Has("params")) {
+    if (!settings.empty()) {
+      return field.Child("params").Error(absl::StrCat("give either 'params' or the ", module.type,
+                                                      " shorthand settings, not both"));
+    }
+    YamlField params = field.Child("params");
+    RETURN_IF_ERROR(params.ExpectSequence());
+    for (size_t i = 0; i < params.size(); ++i) {
+      ASSIGN_OR_RETURN(ParamSpec param, ReadParam(params.Element(i), dtype, frozen));
+      module.params.push_back(std::move(param));
+    }
+  } else if (!settings.empty()) {
+    if (absl::Status s = ExpandShorthand(*type, settings, dtype, module); !s.ok()) {
+      return field.Error(s.message());
+    }
+    for (ParamSpec& param : module.params) {
+      param.source_line = module.source_line;
+      param.requires_grad = !frozen;
+    }
+    for (ModuleSpec& child : module.children) {
+      for (ParamSpec& param : child.params) param.requires_grad = !frozen;
+    }
+  }
+
+  if (field.Has("repeat") != field.Has("template")) {
+    return field.Error(
+        "'repeat' and 'template' go together: 'repeat: N' makes N "
+        "copies of 'template' named 0..N-1");
+  }
+  if (field.Has("repeat")) {
+    if (field.Has("children")) {
+      return field.Child("children").Error("give either 'children' or 'repeat', not both");
+    }
+    ASSIGN_OR_RETURN(int64_t repeat, field.Child("repeat").AsInt());
+    if (repeat < 1 || repeat > kMaxRepeat) {
+      return field.Child("repeat").Error(
+          absl::StrCat("must be between 1 and ", kMaxRepeat, ", got ", repeat));
+    }
+    YamlField tmpl = field.Child("template");
+    if (tmpl.Has("name")) {
+      return tmpl.Child("name").Error("a template has no name; copies are named 0..N-1");
+    }
+    YAML::Node named = YAML::Clone(tmpl.node);
+    named["name"] = "0";
+    ASSIGN_OR_RETURN(ModuleSpec first,
+                     ReadModule(YamlField{named, tmpl.path, tmpl.source}, dtype, false));
+    for (int64_t i = 0; i < repeat; ++i) {
+      ModuleSpec copy = first;
+      copy.name = std::to_string(i);
+      module.children.push_back(std::move(copy));
+    }
+  }
+  if (field.Has("children")) {
+    RETURN_IF_ERROR(ReadChildren(field.Child("children"), dtype, module));
+  }
+  return module;
+}
+
+absl::StatusOr<ModelSpec> ReadModel(const YamlField& field) {
+  RETURN_IF_ERROR(field.OnlyKeys({"name", "dtype", "root", "tied"}));
+  ModelSpec spec;
+  spec.source = *field.source;
+  if (field.Has("name")) {
+    ASSIGN_OR_RETURN(spec.name, field.Child("name").AsString());
+  }
+  DType dtype = DType::kFloat32;
+  if (field.Has("dtype")) {
+    ASSIGN_OR_RETURN(dtype, ReadDType(field.Child("dtype")));
+  }
+  if (!field.Has("root")) return field.Error("'root' (the top module) is required");
+  ASSIGN_OR_RETURN(spec.root, ReadModule(field.Child("root"), dtype, true));
+  spec.root.name.clear();
+  if (field.Has("tied")) {
+    YamlField tied = field.Child("tied");
+    RETURN_IF_ERROR(tied.ExpectSequence());
+    for (size_t i = 0; i < tied.size(); ++i) {
+      YamlField entry = tied.Element(i);
+      RETURN_IF_ERROR(entry.OnlyKeys({"alias", "primary"}));
+      TiedParam tie;
+      tie.source_line = entry.line();
+      if (!entry.Has("alias") || !entry.Has("primary")) {
+        return entry.Error("a tie needs both 'alias' and 'primary' (parameter FQNs)");
+      }
+      ASSIGN_OR_RETURN(tie.alias_fqn, entry.Child("alias").AsString());
+      ASSIGN_OR_RETURN(tie.primary_fqn, entry.Child("primary").AsString());
+      spec.tied.push_back(std::move(tie));
+    }
+  }
+  RETURN_IF_ERROR(ValidateModelSpec(spec));
+  return spec;
+}
+
+}  // namespace
+
+absl::StatusOr<ModelSpec> ParseModelSpec(absl::string_view text, const std::string& source) {
+  ASSIGN_OR_RETURN(YAML::Node document, ParseYamlDocument(text, source));
+  YamlField top{document, "", &source};
+  RETURN_IF_ERROR(top.ExpectMap());
+  if (top.Has("model") && !top.Has("root")) {
+    YamlField model = top.Child("model");
+    return ReadModel(model);
+  }
+  return ReadModel(top);
+}
+
+absl::StatusOr<ModelSpec> LoadModelSpecFile(const std::string& path) {
+  ASSIGN_OR_RETURN(std::string text, ReadTextFile(path));
+  return ParseModelSpec(text, path);
+}
+
+}  // namespace flatshard

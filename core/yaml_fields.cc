@@ -1,0 +1,154 @@
+#include "core/yaml_fields.h"
+
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace flatshard {
+namespace {
+
+absl::string_view KindName(const YAML::Node& node) {
+  switch (node.Type()) {
+    case YAML::NodeType::Null:
+      return "null";
+    case YAML::NodeType::Scalar:
+      return "a scalar";
+    case YAML::NodeType::Sequence:
+      return "a list";
+    case YAML::NodeType::Map:
+      return "a mapping";
+    case YAML::NodeType::Undefined:
+      return "missing";
+  }
+  return "?";
+}
+
+}  // namespace
+
+int YamlField::line() const {
+  if (!node.IsDefined()) return 0;
+  return node.Mark().line >= 0 ? node.Mark().line + 1 : 0;
+}
+
+absl::Status YamlField::Error(absl::string_view problem) const {
+  std::string where = *source;
+  if (line() > 0) absl::StrAppend(&where, ":", line());
+  return absl::InvalidArgumentError(
+      absl::StrCat(where, ": ", path.empty() ? "document" : path, ": ", problem));
+}
+
+bool YamlField::Has(absl::string_view key) const {
+  return node.IsMap() && node[std::string(key)].IsDefined();
+}
+
+YamlField YamlField::Child(absl::string_view key) const {
+  YAML::Node child = node.IsMap() ? node[std::string(key)] : YAML::Node();
+  // Undefined children keep the parent's mark so "missing" errors still point
+  // at a line.
+  return YamlField{child.IsDefined() ? child : node,
+                   path.empty() ? std::string(key) : absl::StrCat(path, ".", key), source};
+}
+
+YamlField YamlField::Element(size_t i) const {
+  return YamlField{node[i], absl::StrCat(path, "[", i, "]"), source};
+}
+
+size_t YamlField::size() const { return node.size(); }
+
+absl::Status YamlField::ExpectMap() const {
+  if (node.IsMap()) return absl::OkStatus();
+  return Error(absl::StrCat("expected a mapping, got ", KindName(node)));
+}
+
+absl::Status YamlField::ExpectSequence() const {
+  if (node.IsSequence()) return absl::OkStatus();
+  return Error(absl::StrCat("expected a list, got ", KindName(node)));
+}
+
+absl::Status YamlField::OnlyKeys(std::initializer_list<absl::string_view> allowed,
+                                 const std::vector<absl::string_view>& also) const {
+  if (absl::Status s = ExpectMap(); !s.ok()) return s;
+  for (const auto& entry : node) {
+    std::string key;
+    if (!YAML::convert<std::string>::decode(entry.first, key)) {
+      return Error("mapping keys must be strings");
+    }
+    bool known = false;
+    for (absl::string_view a : allowed) known = known || a == key;
+    for (absl::string_view a : also) known = known || a == key;
+    if (!known) {
+      std::vector<absl::string_view> all(allowed);
+      all.insert(all.end(), also.begin(), also.end());
+      YamlField field{entry.first, path.empty() ? key : absl::StrCat(path, ".", key), source};
+      return field.Error(absl::StrCat("unknown field '", key,
+                                      "' (expected one of: ", absl::StrJoin(all, ", "), ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> YamlField::AsString() const {
+  std::string value;
+  if (!node.IsScalar() || !YAML::convert<std::string>::decode(node, value)) {
+    return Error(absl::StrCat("expected a string, got ", KindName(node)));
+  }
+  return value;
+}
+
+absl::StatusOr<int64_t> YamlField::AsInt() const {
+  long long value = 0;
+  if (!node.IsScalar() || !YAML::convert<long long>::decode(node, value)) {
+    return Error(absl::StrCat("expected an integer, got ", node.IsScalar()
+                                                               ? "'" + node.Scalar() + "'"
+                                                               : std::string(KindName(node))));
+  }
+  return static_cast<int64_t>(value);
+}
+
+absl::StatusOr<double> YamlField::AsDouble() const {
+  double value = 0;
+  if (!node.IsScalar() || !YAML::convert<double>::decode(node, value)) {
+    return Error(absl::StrCat("expected a number, got ", node.IsScalar()
+                                                             ? "'" + node.Scalar() + "'"
+                                                             : std::string(KindName(node))));
+  }
+  return value;
+}
+
+absl::StatusOr<bool> YamlField::AsBool() const {
+  bool value = false;
+  if (!node.IsScalar() || !YAML::convert<bool>::decode(node, value)) {
+    return Error(absl::StrCat("expected true or false, got ", node.IsScalar()
+                                                                  ? "'" + node.Scalar() + "'"
+                                                                  : std::string(KindName(node))));
+  }
+  return value;
+}
+
+absl::StatusOr<YAML::Node> ParseYamlDocument(absl::string_view text, const std::string& source) {
+  try {
+    YAML::Node node = YAML::Load(std::string(text));
+    if (!node.IsDefined() || node.IsNull()) {
+      return absl::InvalidArgumentError(absl::StrCat(source, ": the document is empty"));
+    }
+    return node;
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(source, ":", e.mark.line + 1, ":", e.mark.column + 1, ": ", e.msg));
+  }
+}
+
+absl::StatusOr<std::string> ReadTextFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::NotFoundError(absl::StrCat(path, ": cannot open the file"));
+  }
+  std::ostringstream buffer;
+  buffer << in.rdbuf();
+  return buffer.str();
+}
+
+}  // namespace flatshard

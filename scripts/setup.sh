@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs every Debian package the build and the tests need. Idempotent: packages
+# already present are skipped, and `apt-get update` runs only when something is missing.
+set -euo pipefail
+
+PACKAGES=(
+  build-essential cmake ninja-build pkg-config git
+  protobuf-compiler libprotobuf-dev libgrpc++-dev protobuf-compiler-grpc
+  libabsl-dev libgtest-dev libgmock-dev
+  prometheus-cpp-dev prometheus
+  libgloo-dev libopenblas-dev libsqlite3-dev
+  nlohmann-json3-dev libyaml-cpp-dev libcli11-dev libspdlog-dev libxxhash-dev
+  clang-format clang-tidy
+  python3 python3-numpy python3-pip
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if ((${#missing[@]} == 0)); then
+  echo "setup: all ${#PACKAGES[@]} packages present"
+  exit 0
+fi
+
+SUDO=""
+if [[ $(id -u) -ne 0 ]]; then SUDO="sudo"; fi
+echo "setup: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -q
+$SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
