@@ -1,5 +1,7 @@
 #include "client/plan_command.h"
 
+#include <tuple>
+
 #include "client/plan_printer.h"
 #include "core/model_spec_yaml.h"
 #include "core/plan.h"
@@ -56,19 +58,16 @@ int RunPlanCommand(const PlanCommandOptions& o, std::ostream& out, std::ostream&
   options.strategy = *strategy;
   options.hybrid_shard_group_size = o.hybrid_shard_group_size;
   options.use_orig_params = o.use_orig_params;
-  if (!o.param_dtype.empty()) {
-    absl::StatusOr<DType> dtype = ParseDType(o.param_dtype);
-    if (!dtype.ok())
-      return fail(absl::InvalidArgumentError(std::string("--param-dtype: ") +
+  for (const auto& [flag, text, target] :
+       {std::tuple{"--param-dtype", &o.param_dtype, &options.param_dtype},
+        std::tuple{"--reduce-dtype", &o.reduce_dtype, &options.reduce_dtype}}) {
+    if (text->empty()) continue;
+    absl::StatusOr<DType> dtype = ParseDType(*text);
+    if (!dtype.ok()) {
+      return fail(absl::InvalidArgumentError(std::string(flag) + ": " +
                                              std::string(dtype.status().message())));
-    options.param_dtype = *dtype;
-  }
-  if (!o.reduce_dtype.empty()) {
-    absl::StatusOr<DType> dtype = ParseDType(o.reduce_dtype);
-    if (!dtype.ok())
-      return fail(absl::InvalidArgumentError(std::string("--reduce-dtype: ") +
-                                             std::string(dtype.status().message())));
-    options.reduce_dtype = *dtype;
+    }
+    *target = *dtype;
   }
   absl::StatusOr<OptimizerKind> optimizer = ParseOptimizerKind(o.optimizer);
   if (!optimizer.ok()) return fail(optimizer.status());

@@ -97,8 +97,9 @@ absl::Status CopyShard(const FlatParamLayout& layout, DType dtype, int rank,
           ? ChunkOf(layout.unpadded_unsharded_numel(), layout.world_size(), rank)
           : ChunkSlice{0, layout.unpadded_unsharded_numel(), 0};
   const size_t real = static_cast<size_t>(chunk.length) * es;
-  if (real > 0)
+  if (real > 0) {
     std::memcpy(shard.data(), flat.data() + static_cast<size_t>(chunk.begin) * es, real);
+  }
   std::memset(shard.data() + real, 0, shard.size() - real);
   return absl::OkStatus();
 }
@@ -124,8 +125,9 @@ absl::Status AssembleUnsharded(const FlatParamLayout& layout, DType dtype,
         !s.ok()) {
       return s;
     }
-    if (shard_bytes > 0)
+    if (shard_bytes > 0) {
       std::memcpy(unsharded.data() + r * shard_bytes, shards[r].data(), shard_bytes);
+    }
   }
   return absl::OkStatus();
 }

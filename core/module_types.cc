@@ -66,7 +66,7 @@ std::string ShapeString(const std::vector<int64_t>& shape) {
 }
 
 absl::Status OnlyParams(const ModuleSpec& module, absl::string_view type,
-                        std::vector<absl::string_view> allowed) {
+                        const std::vector<absl::string_view>& allowed) {
   for (const ParamSpec& param : module.params) {
     bool ok = false;
     for (absl::string_view name : allowed) ok = ok || param.name == name;

@@ -76,6 +76,7 @@ GradientDivideFactors ComputeGradientDivideFactors(int data_parallel_world_size)
 
 std::vector<int> RankLayout::ShardGroup(int rank) const {
   std::vector<int> group;
+  group.reserve(static_cast<size_t>(shard_size));
   const int base = ReplicaIndex(rank) * shard_size;
   for (int i = 0; i < shard_size; ++i) group.push_back(base + i);
   return group;
@@ -83,18 +84,21 @@ std::vector<int> RankLayout::ShardGroup(int rank) const {
 
 std::vector<int> RankLayout::ReplicateGroup(int rank) const {
   std::vector<int> group;
+  group.reserve(static_cast<size_t>(replicas));
   for (int r = 0; r < replicas; ++r) group.push_back(r * shard_size + ShardRank(rank));
   return group;
 }
 
 std::vector<std::vector<int>> RankLayout::AllShardGroups() const {
   std::vector<std::vector<int>> groups;
+  groups.reserve(static_cast<size_t>(replicas));
   for (int r = 0; r < replicas; ++r) groups.push_back(ShardGroup(r * shard_size));
   return groups;
 }
 
 std::vector<std::vector<int>> RankLayout::AllReplicateGroups() const {
   std::vector<std::vector<int>> groups;
+  groups.reserve(static_cast<size_t>(shard_size));
   for (int s = 0; s < shard_size; ++s) groups.push_back(ReplicateGroup(s));
   return groups;
 }

@@ -10,6 +10,7 @@
 #define FLATSHARD_CONCAT_(a, b) FLATSHARD_CONCAT_INNER_(a, b)
 
 // Returns the status from the enclosing function if `expr` is not OK.
+// NOLINTBEGIN(bugprone-macro-parentheses): `lhs` is a declaration, not an expression.
 #define RETURN_IF_ERROR(expr)                              \
   do {                                                     \
     ::absl::Status flatshard_status_ = (expr);             \
@@ -24,5 +25,6 @@
   auto tmp = (expr);                           \
   if (!tmp.ok()) return tmp.status();          \
   lhs = std::move(tmp).value()
+// NOLINTEND(bugprone-macro-parentheses)
 
 #endif  // FLATSHARD_CORE_STATUS_MACROS_H_

@@ -99,13 +99,13 @@ absl::StatusOr<std::string> YamlField::AsString() const {
 }
 
 absl::StatusOr<int64_t> YamlField::AsInt() const {
-  long long value = 0;
-  if (!node.IsScalar() || !YAML::convert<long long>::decode(node, value)) {
+  int64_t value = 0;
+  if (!node.IsScalar() || !YAML::convert<int64_t>::decode(node, value)) {
     return Error(absl::StrCat("expected an integer, got ", node.IsScalar()
                                                                ? "'" + node.Scalar() + "'"
                                                                : std::string(KindName(node))));
   }
-  return static_cast<int64_t>(value);
+  return value;
 }
 
 absl::StatusOr<double> YamlField::AsDouble() const {

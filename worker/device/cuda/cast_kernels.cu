@@ -1,9 +1,9 @@
-#include "worker/device/cuda/cast_kernels.h"
-
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include "absl/strings/str_cat.h"
+
+#include "worker/device/cuda/cast_kernels.h"
 #include "worker/device/cuda/cuda_status.h"
 
 namespace flatshard::cuda {
@@ -51,17 +51,17 @@ absl::Status CastOnDevice(DType src_dtype, const void* src, DType dst_dtype, voi
                           size_t count, cudaStream_t stream) {
   if (count == 0) return absl::OkStatus();
   if (src_dtype == dst_dtype) {
-    return CudaStatus(cudaMemcpyAsync(dst, src, count * DTypeSize(src_dtype),
-                                      cudaMemcpyDeviceToDevice, stream),
-                      "cudaMemcpyAsync");
+    return CudaStatus(
+        cudaMemcpyAsync(dst, src, count * DTypeSize(src_dtype), cudaMemcpyDeviceToDevice, stream),
+        "cudaMemcpyAsync");
   }
   const unsigned blocks = Blocks(count);
   if (src_dtype == DType::kFloat32 && dst_dtype == DType::kBFloat16) {
-    FloatToBFloat16Kernel<<<blocks, kThreads, 0, stream>>>(
-        static_cast<const float*>(src), static_cast<__nv_bfloat16*>(dst), count);
+    FloatToBFloat16Kernel<<<blocks, kThreads, 0, stream>>>(static_cast<const float*>(src),
+                                                           static_cast<__nv_bfloat16*>(dst), count);
   } else if (src_dtype == DType::kBFloat16 && dst_dtype == DType::kFloat32) {
-    BFloat16ToFloatKernel<<<blocks, kThreads, 0, stream>>>(
-        static_cast<const __nv_bfloat16*>(src), static_cast<float*>(dst), count);
+    BFloat16ToFloatKernel<<<blocks, kThreads, 0, stream>>>(static_cast<const __nv_bfloat16*>(src),
+                                                           static_cast<float*>(dst), count);
   } else if (src_dtype == DType::kFloat32 && dst_dtype == DType::kFloat16) {
     FloatToHalfKernel<<<blocks, kThreads, 0, stream>>>(static_cast<const float*>(src),
                                                        static_cast<__half*>(dst), count);
@@ -69,9 +69,8 @@ absl::Status CastOnDevice(DType src_dtype, const void* src, DType dst_dtype, voi
     HalfToFloatKernel<<<blocks, kThreads, 0, stream>>>(static_cast<const __half*>(src),
                                                        static_cast<float*>(dst), count);
   } else {
-    return absl::InvalidArgumentError(absl::StrCat("CastOnDevice: no kernel for ",
-                                                   DTypeName(src_dtype), " -> ",
-                                                   DTypeName(dst_dtype)));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CastOnDevice: no kernel for ", DTypeName(src_dtype), " -> ", DTypeName(dst_dtype)));
   }
   return CudaStatus(cudaGetLastError(), "cast kernel launch");
 }
