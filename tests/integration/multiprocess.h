@@ -1,0 +1,35 @@
+// Runs a test body in W real processes (fork), one per rank, and collects their
+// exit codes; a watchdog kills every child when the deadline passes so a hung
+// collective fails the test instead of hanging it. Fork happens before the test
+// starts any thread, so each child is a clean single-threaded process.
+#ifndef FLATSHARD_TESTS_INTEGRATION_MULTIPROCESS_H_
+#define FLATSHARD_TESTS_INTEGRATION_MULTIPROCESS_H_
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+
+namespace flatshard::testing {
+
+struct RankResult {
+  int exit_code = -1;  // -1 when killed by a signal
+  int signal = 0;      // the signal that ended it, 0 if none
+  bool timed_out = false;
+};
+
+// Calls body(rank) in `world` child processes; the child's exit code is the
+// body's return value. Returns one result per rank.
+std::vector<RankResult> RunRanks(int world, const std::function<int(int rank)>& body,
+                                 absl::Duration timeout);
+
+// True when every rank exited 0; otherwise a description for the assertion.
+::testing::AssertionResult AllRanksSucceeded(const std::vector<RankResult>& results);
+
+// A fresh empty directory under $TMPDIR (removed by the caller or left for CI logs).
+std::string MakeTempDir(const std::string& tag);
+
+}  // namespace flatshard::testing
+
+#endif  // FLATSHARD_TESTS_INTEGRATION_MULTIPROCESS_H_

@@ -1,0 +1,65 @@
+// The collective interface the data plane uses (modelled on c10d's ProcessGroup):
+// all-gather into one flat buffer, reduce-scatter (SUM) into a shard, all-reduce,
+// broadcast and barrier over a fixed group of ranks, plus sub-groups for hybrid
+// sharding. GlooCommunicator implements it over TCP for host memory;
+// NcclCommunicator over NVLink/IB for device memory. Buffers are raw pointers in
+// the communicator's memory space.
+//
+// Contract: every rank of the group issues the same collectives in the same order
+// (the executor guarantees it by running command batches in (epoch, seq) order).
+// A communicator is used by one thread at a time (the worker's communication
+// lane). Errors, including a peer that vanished or a timeout, come back as a
+// Status; after an error the communicator is unusable and must be recreated.
+#ifndef FLATSHARD_WORKER_COMM_COMMUNICATOR_H_
+#define FLATSHARD_WORKER_COMM_COMMUNICATOR_H_
+
+#include <cstddef>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+#include "core/dtype.h"
+
+namespace flatshard {
+
+enum class ReduceOp { kSum, kMax };
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+
+  // Rank r's `count` elements of `input` land at output[r*count, (r+1)*count).
+  // `output` holds size()*count elements; `input` may alias output + rank*count.
+  virtual absl::Status AllGather(const void* input, void* output, size_t count, DType dtype) = 0;
+
+  // `input` holds size()*count elements; rank r receives the elementwise SUM of
+  // every rank's chunk r in `output` (count elements). Sums of 16-bit dtypes
+  // round after every addition, as NCCL's do.
+  virtual absl::Status ReduceScatter(const void* input, void* output, size_t count,
+                                     DType dtype) = 0;
+
+  // In place over `count` elements.
+  virtual absl::Status AllReduce(void* buffer, size_t count, DType dtype, ReduceOp op) = 0;
+
+  // In place: every rank ends with root's `count` elements.
+  virtual absl::Status Broadcast(void* buffer, size_t count, DType dtype, int root) = 0;
+
+  virtual absl::Status Barrier() = 0;
+
+  // A communicator over `ranks` (ranks of this group, ascending, including this
+  // one). Only members call it, all with the same `ranks` and `name`; the new
+  // rank is the position in `ranks`.
+  virtual absl::StatusOr<std::unique_ptr<Communicator>> CreateSubgroup(
+      const std::vector<int>& ranks, absl::string_view name) = 0;
+};
+
+}  // namespace flatshard
+
+#endif  // FLATSHARD_WORKER_COMM_COMMUNICATOR_H_

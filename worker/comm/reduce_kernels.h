@@ -1,0 +1,20 @@
+// Elementwise reductions for collectives implemented on the host: acc = acc op in.
+// 16-bit types are widened to float32, combined and rounded back (to nearest even)
+// per element, which is what NCCL does for bf16/fp16 sums.
+#ifndef FLATSHARD_WORKER_COMM_REDUCE_KERNELS_H_
+#define FLATSHARD_WORKER_COMM_REDUCE_KERNELS_H_
+
+#include <cstddef>
+
+#include "core/dtype.h"
+#include "worker/comm/communicator.h"
+
+namespace flatshard {
+
+// `out` may alias `a`.
+void ReduceElements(DType dtype, ReduceOp op, const void* a, const void* b, void* out,
+                    size_t count);
+
+}  // namespace flatshard
+
+#endif  // FLATSHARD_WORKER_COMM_REDUCE_KERNELS_H_
