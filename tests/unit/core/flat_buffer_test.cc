@@ -123,6 +123,7 @@ TEST(FlatBufferPropertyTest, FlattenShardGatherUnflattenIsIdentity) {
     ASSERT_EQ(std::memcmp(gathered.data(), flat.data(), flat.size()), 0);
 
     std::vector<std::vector<std::byte>> out;
+    out.reserve(data.size());
     for (const auto& d : data) out.emplace_back(d.size());
     std::vector<std::span<std::byte>> outputs(out.begin(), out.end());
     ASSERT_TRUE(UnflattenParams(*layout, dtype, gathered, outputs).ok());

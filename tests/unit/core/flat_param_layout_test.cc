@@ -225,8 +225,9 @@ TEST(FlatParamLayoutPropertyTest, ShardsTileAndLocateEveryElement) {
     ASSERT_EQ(sum, n);
     if (options.use_orig_params) {
       ASSERT_EQ(n % world, 0);
-      for (const FlatRange& r : layout.param_ranges())
+      for (const FlatRange& r : layout.param_ranges()) {
         ASSERT_EQ(r.start % layout.aligned_numel(), 0);
+      }
     } else {
       ASSERT_EQ(n, layout.param_numel());
     }

@@ -140,7 +140,7 @@ TEST(ModuleTypeWrapTest, GptExampleOneUnitPerBlockPlusRoot) {
   EXPECT_EQ(root.shared[0].fqn, "lm_head.weight");
   EXPECT_EQ(root.shared[0].primary_fqn, "wte.weight");
   for (int b = 0; b < 8; ++b) {
-    const Unit& unit = (*units)[static_cast<size_t>(b + 1)];
+    const Unit& unit = (*units)[static_cast<size_t>(b) + 1];
     EXPECT_EQ(unit.module_fqn, "h." + std::to_string(b));
     EXPECT_EQ(unit.index, b + 1);
     EXPECT_EQ(unit.params.size(), 12u);
