@@ -52,4 +52,34 @@ void ReduceElements(DType dtype, ReduceOp op, const void* a, const void* b, void
   }
 }
 
+void DivideElements(DType dtype, void* data, size_t count, double divisor) {
+  switch (dtype) {
+    case DType::kFloat32: {
+      float* x = static_cast<float*>(data);
+      const auto d = static_cast<float>(divisor);
+      for (size_t i = 0; i < count; ++i) x[i] /= d;
+      return;
+    }
+    case DType::kFloat64: {
+      double* x = static_cast<double*>(data);
+      for (size_t i = 0; i < count; ++i) x[i] /= divisor;
+      return;
+    }
+    case DType::kBFloat16:
+    case DType::kFloat16: {
+      uint16_t* x = static_cast<uint16_t*>(data);
+      const bool bf16 = dtype == DType::kBFloat16;
+      const auto d = static_cast<float>(divisor);
+      for (size_t i = 0; i < count; ++i) {
+        const float v = (bf16 ? BFloat16ToFloat(x[i]) : HalfToFloat(x[i])) / d;
+        x[i] = bf16 ? FloatToBFloat16(v) : FloatToHalf(v);
+      }
+      return;
+    }
+    case DType::kInt32:
+    case DType::kInt64:
+      return;  // gradients are never integral
+  }
+}
+
 }  // namespace flatshard

@@ -15,6 +15,10 @@ namespace flatshard {
 void ReduceElements(DType dtype, ReduceOp op, const void* a, const void* b, void* out,
                     size_t count);
 
+// data[i] /= divisor in the buffer's dtype (computed in float for 16-bit types and
+// rounded back), as torch's Tensor.div_ does for FSDP's gradient divide factors.
+void DivideElements(DType dtype, void* data, size_t count, double divisor);
+
 }  // namespace flatshard
 
 #endif  // FLATSHARD_WORKER_COMM_REDUCE_KERNELS_H_

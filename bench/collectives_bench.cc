@@ -1,0 +1,192 @@
+// All-gather and reduce-scatter through the FSDP unit runtime (FlatParamUnit:
+// low-precision cast, buffer allocation, the collective, the compute view /
+// gradient accumulation) against raw Gloo moving the same bytes, in W real
+// processes on loopback. Also Gloo's ReduceScatterHalvingDoubling against our
+// ring reduce-scatter (timing only: its results are wrong, see MEASURED.md).
+// Prints a markdown table; busbw follows nccl-tests: (W-1)/W * bytes / time.
+//
+//   collectives_bench [--sizes-mib 1,16,64] [--worlds 2,4] [--iters 10]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <vector>
+
+#include <gloo/allgather.h>
+#include <gloo/reduce_scatter.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/transport/tcp/device.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+
+#include "core/flat_param_layout.h"
+#include "worker/comm/file_store.h"
+#include "worker/comm/gloo_communicator.h"
+#include "worker/comm/gloo_store_adapter.h"
+#include "worker/runtime/flat_param_unit.h"
+
+namespace flatshard {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct Timings {
+  double raw_allgather = 0, unit_gather = 0, ring_reduce_scatter = 0, unit_reduce = 0,
+         halving_doubling = 0;
+};
+
+template <typename Fn>
+double MedianSeconds(int iters, Communicator& comm, Fn&& fn) {
+  std::vector<double> times;
+  fn();  // warm up (connections, allocator)
+  for (int i = 0; i < iters; ++i) {
+    (void)comm.Barrier();
+    const auto start = Clock::now();
+    fn();
+    times.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+  }
+  std::sort(times.begin(), times.end());
+  return times[times.size() / 2];
+}
+
+int RunRank(const std::string& dir, int rank, int world, size_t bytes, int iters,
+            const std::string& out_path) {
+  auto store = FileStore::Open(dir);
+  GlooOptions options;
+  options.timeout = absl::Seconds(120);
+  auto comm_or = GlooCommunicator::Create(*store, rank, world, options);
+  if (!comm_or.ok()) {
+    std::cerr << comm_or.status() << "\n";
+    return 1;
+  }
+  GlooCommunicator& comm = **comm_or;
+  // A raw Gloo context of its own, for the baseline.
+  auto device = gloo::transport::tcp::CreateDevice(gloo::transport::tcp::attr("127.0.0.1"));
+  auto context = std::make_shared<gloo::rendezvous::Context>(rank, world);
+  GlooStoreAdapter adapter(*store, "raw", absl::Seconds(120));
+  context->connectFullMesh(adapter, device);
+
+  const size_t total =
+      bytes / sizeof(float) / static_cast<size_t>(world) * static_cast<size_t>(world);
+  const size_t shard = total / static_cast<size_t>(world);
+  Timings t;
+  std::vector<float> in(shard, 1.0f), out(total);
+  t.raw_allgather = MedianSeconds(iters, comm, [&] {
+    gloo::AllgatherOptions opts(context);
+    opts.setInput(in.data(), shard);
+    opts.setOutput(out.data(), total);
+    gloo::allgather(opts);
+  });
+
+  FlatParamLayoutOptions layout_options;
+  layout_options.world_size = world;
+  auto layout = FlatParamLayout::Create(
+      {{"w", {static_cast<int64_t>(total)}, DType::kFloat32, true}}, layout_options, "bench");
+  MemoryTracker memory;
+  UnitRuntimeConfig config{Unit{},
+                           *layout,
+                           rank,
+                           ShardingStrategy::kFullShard,
+                           ResolvedPrecision{DType::kFloat32, DType::kFloat32},
+                           ComputeGradientDivideFactors(world)};
+  FlatParamUnit unit(config, &comm, nullptr, &memory);
+  t.unit_gather = MedianSeconds(iters, comm, [&] {
+    (void)unit.Gather();
+    unit.Free();
+  });
+
+  std::vector<float> full(total, 1.0f), reduced(shard);
+  t.ring_reduce_scatter = MedianSeconds(iters, comm, [&] {
+    (void)comm.ReduceScatter(full.data(), reduced.data(), shard, DType::kFloat32);
+  });
+  t.unit_reduce = MedianSeconds(iters, comm, [&] {
+    unit.EnsureGrad();
+    (void)unit.ReduceGrad();
+  });
+
+  std::vector<int> recv_elems(static_cast<size_t>(world), static_cast<int>(shard));
+  t.halving_doubling = MedianSeconds(iters, comm, [&] {
+    gloo::ReduceScatterHalvingDoubling<float> hd(context, {full.data()}, static_cast<int>(total),
+                                                 recv_elems);
+    hd.run();
+  });
+
+  if (rank == 0) {
+    std::ofstream outf(out_path);
+    outf << t.raw_allgather << " " << t.unit_gather << " " << t.ring_reduce_scatter << " "
+         << t.unit_reduce << " " << t.halving_doubling << "\n";
+  }
+  return 0;
+}
+
+std::vector<int> ParseList(const std::string& text) {
+  std::vector<int> values;
+  for (absl::string_view item : absl::StrSplit(text, ',')) {
+    int v = 0;
+    if (absl::SimpleAtoi(item, &v)) values.push_back(v);
+  }
+  return values;
+}
+
+}  // namespace
+}  // namespace flatshard
+
+int main(int argc, char** argv) {
+  std::vector<int> sizes = {1, 16, 64};
+  std::vector<int> worlds = {2, 4};
+  int iters = 10;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i];
+    if (flag == "--sizes-mib") sizes = flatshard::ParseList(argv[i + 1]);
+    if (flag == "--worlds") worlds = flatshard::ParseList(argv[i + 1]);
+    if (flag == "--iters") iters = std::atoi(argv[i + 1]);
+  }
+  std::printf(
+      "| W | size | raw gloo all-gather busbw | unit all-gather busbw | ratio | ring "
+      "reduce-scatter busbw | unit reduce busbw | ratio | gloo halving-doubling RS "
+      "busbw |\n|---|---|---|---|---|---|---|---|---|\n");
+  for (int world : worlds) {
+    for (int mib : sizes) {
+      const size_t bytes = static_cast<size_t>(mib) << 20;
+      const std::string dir = absl::StrCat(std::filesystem::temp_directory_path().string(),
+                                           "/flatshard-bench-", getpid(), "-", world, "-", mib);
+      const std::string out = dir + ".out";
+      std::vector<pid_t> pids;
+      for (int rank = 0; rank < world; ++rank) {
+        const pid_t pid = fork();
+        if (pid == 0) _exit(flatshard::RunRank(dir, rank, world, bytes, iters, out));
+        pids.push_back(pid);
+      }
+      bool ok = true;
+      for (pid_t pid : pids) {
+        int status = 0;
+        waitpid(pid, &status, 0);
+        ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+      }
+      std::ifstream in(out);
+      double t[5] = {};
+      if (!ok || !(in >> t[0] >> t[1] >> t[2] >> t[3] >> t[4])) {
+        std::fprintf(stderr, "W=%d %d MiB failed\n", world, mib);
+        return 1;
+      }
+      const double factor =
+          static_cast<double>(world - 1) / world * static_cast<double>(bytes) / 1e9;
+      auto bw = [&](double s) { return factor / s; };
+      std::printf(
+          "| %d | %d MiB | %.2f GB/s | %.2f GB/s | %.2f | %.2f GB/s | %.2f GB/s | %.2f | %.2f GB/s "
+          "|\n",
+          world, mib, bw(t[0]), bw(t[1]), t[0] / t[1], bw(t[2]), bw(t[3]), t[2] / t[3], bw(t[4]));
+      std::fflush(stdout);
+      std::filesystem::remove_all(dir);
+      std::filesystem::remove(out);
+    }
+  }
+  return 0;
+}

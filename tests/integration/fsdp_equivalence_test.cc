@@ -1,0 +1,247 @@
+// The central data-plane test (DESIGN.md §9): W real worker processes training
+// the 1M-parameter, 5-unit MLP (examples/mlp.yaml) over Gloo match single-process
+// unsharded training on the same global batch, step for step, under every
+// strategy (hybrid as 2x2), with and without use_orig_params padding and with
+// backward prefetch PRE / POST / NONE (reference §2.5, §3.4, §9.2). Also bf16
+// params and reduction, no_sync accumulation, clip-grad-norm across shards
+// (§8) and the limit_all_gathers memory bound (§9.3).
+#include <cmath>
+#include <fstream>
+#include <iostream>
+
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+
+#include "core/model_spec_yaml.h"
+#include "tests/integration/multiprocess.h"
+#include "tests/integration/reference_trainer.h"
+#include "worker/comm/file_store.h"
+#include "worker/compute/data_source.h"
+#include "worker/runtime/local_trainer.h"
+
+namespace flatshard {
+namespace {
+
+using testing::AllRanksSucceeded;
+using testing::MakeTempDir;
+using testing::RunRanks;
+
+struct Config {
+  std::string name;
+  int world = 2;
+  ShardingStrategy strategy = ShardingStrategy::kFullShard;
+  int hybrid = 0;
+  bool use_orig_params = false;
+  BackwardPrefetch prefetch = BackwardPrefetch::kPre;
+  bool forward_prefetch = false;
+  OptimizerConfig::Kind optimizer = OptimizerConfig::Kind::kAdam;
+  bool bf16 = false;
+  int micro_steps = 0;
+  double max_grad_norm = 0;
+  int steps = 20;
+};
+
+void PrintTo(const Config& c, std::ostream* os) { *os << c.name; }
+
+compute::DataSourceOptions Data() {
+  compute::DataSourceOptions data;
+  data.kind = compute::DataKind::kRegression;
+  data.global_batch_size = 16;
+  data.seed = 11;
+  data.input_features = 64;
+  data.output_features = 16;
+  return data;
+}
+
+LocalTrainOptions MakeOptions(const Config& c) {
+  LocalTrainOptions o;
+  auto spec = LoadModelSpecFile(std::string(FLATSHARD_SOURCE_DIR) + "/examples/mlp.yaml");
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  o.spec = *spec;
+  o.policy = *ParseWrapPolicy("module-type:Residual");
+  o.fsdp.strategy = c.strategy;
+  o.fsdp.hybrid_shard_group_size = c.hybrid;
+  o.fsdp.use_orig_params = c.use_orig_params;
+  o.fsdp.backward_prefetch = c.prefetch;
+  o.fsdp.forward_prefetch = c.forward_prefetch;
+  o.fsdp.optimizer.kind = c.optimizer;
+  o.fsdp.optimizer.sgd = SgdOptions{0.05, 0.9};
+  o.fsdp.optimizer.adam.lr = 1e-3;
+  o.fsdp.max_grad_norm = c.max_grad_norm;
+  o.fsdp.seed = 5;
+  o.fsdp.gloo.timeout = absl::Seconds(60);
+  if (c.bf16) {
+    o.fsdp.param_dtype = DType::kBFloat16;
+    o.fsdp.reduce_dtype = DType::kBFloat16;
+  }
+  o.data = Data();
+  o.steps = c.steps;
+  o.no_sync_micro_steps = c.micro_steps;
+  return o;
+}
+
+// Files the ranks leave for the parent: per-step losses (every rank) and the
+// final parameters (rank 0).
+void WriteResult(const std::string& dir, int rank, const LocalTrainResult& result) {
+  std::ofstream losses(absl::StrCat(dir, "/losses-", rank), std::ios::binary);
+  for (const LocalStepRecord& s : result.steps) {
+    losses.write(reinterpret_cast<const char*>(&s.loss), sizeof(double));
+  }
+  std::ofstream memory(absl::StrCat(dir, "/memory-", rank));
+  memory << result.peak_unsharded_bytes << " " << result.peak_live_units << "\n";
+  if (rank != 0) return;
+  std::ofstream params(dir + "/params", std::ios::binary);
+  for (const auto& [fqn, values] : result.final_params) {
+    params << fqn << "\n" << values.size() << "\n";
+    params.write(reinterpret_cast<const char*>(values.data()),
+                 static_cast<std::streamsize>(values.size() * sizeof(float)));
+  }
+}
+
+std::vector<double> ReadLosses(const std::string& dir, int rank) {
+  std::ifstream in(absl::StrCat(dir, "/losses-", rank), std::ios::binary);
+  std::vector<double> losses;
+  double x;
+  while (in.read(reinterpret_cast<char*>(&x), sizeof(x))) losses.push_back(x);
+  return losses;
+}
+
+std::map<std::string, std::vector<float>> ReadParams(const std::string& dir) {
+  std::map<std::string, std::vector<float>> out;
+  std::ifstream in(dir + "/params", std::ios::binary);
+  std::string fqn;
+  size_t n = 0;
+  while (std::getline(in, fqn) && in >> n) {
+    in.get();
+    std::vector<float> values(n);
+    in.read(reinterpret_cast<char*>(values.data()),
+            static_cast<std::streamsize>(n * sizeof(float)));
+    out[fqn] = std::move(values);
+  }
+  return out;
+}
+
+class FsdpEquivalenceTest : public ::testing::TestWithParam<Config> {};
+
+TEST_P(FsdpEquivalenceTest, MatchesUnshardedTraining) {
+  const Config& c = GetParam();
+  const LocalTrainOptions options = MakeOptions(c);
+  const std::string dir = MakeTempDir("equiv");
+  auto results = RunRanks(
+      c.world,
+      [&](int rank) {
+        auto store = FileStore::Open(dir + "/store");
+        if (!store.ok()) return 2;
+        auto result = TrainLocalRank(options, rank, c.world, *store);
+        if (!result.ok()) {
+          std::cerr << "rank " << rank << ": " << result.status() << "\n";
+          return 1;
+        }
+        WriteResult(dir, rank, *result);
+        return 0;
+      },
+      absl::Seconds(300));
+  ASSERT_TRUE(AllRanksSucceeded(results));
+
+  // FSDP's loss per step: the mean over ranks of each rank's local mean.
+  std::vector<double> fsdp_losses(static_cast<size_t>(c.steps), 0.0);
+  for (int r = 0; r < c.world; ++r) {
+    const std::vector<double> losses = ReadLosses(dir, r);
+    ASSERT_EQ(losses.size(), static_cast<size_t>(c.steps));
+    for (int s = 0; s < c.steps; ++s)
+      fsdp_losses[static_cast<size_t>(s)] += losses[static_cast<size_t>(s)] / c.world;
+  }
+
+  FsdpOptions reference_options = options.fsdp;
+  reference_options.param_dtype.reset();
+  reference_options.reduce_dtype.reset();
+  auto reference = testing::ReferenceTrainer::Create(options.spec, reference_options);
+  ASSERT_TRUE(reference.ok()) << reference.status();
+  auto data = compute::MakeDataSource(options.data);
+  ASSERT_TRUE(data.ok()) << data.status();
+  const double tolerance = c.bf16 ? 2e-2 : 1e-5;
+  const int per_step = c.micro_steps + 1;
+  for (int s = 0; s < c.steps; ++s) {
+    std::vector<compute::Batch> batches;
+    for (int k = 0; k < per_step; ++k) {
+      auto batch = (*data)->GetBatch(s * per_step + k, 0, 1);
+      ASSERT_TRUE(batch.ok());
+      batches.push_back(*std::move(batch));
+    }
+    auto loss = (*reference)->Step(batches);
+    ASSERT_TRUE(loss.ok()) << loss.status();
+    EXPECT_NEAR(fsdp_losses[static_cast<size_t>(s)], *loss, tolerance * std::fabs(*loss))
+        << "step " << s;
+  }
+  if (c.bf16) {
+    EXPECT_LT(fsdp_losses.back(), 0.8 * fsdp_losses.front()) << "bf16 training did not learn";
+  }
+
+  const auto fsdp_params = ReadParams(dir);
+  const auto ref_params = (*reference)->Params();
+  ASSERT_EQ(fsdp_params.size(), ref_params.size());
+  for (const auto& [fqn, want] : ref_params) {
+    auto it = fsdp_params.find(fqn);
+    ASSERT_NE(it, fsdp_params.end()) << fqn;
+    ASSERT_EQ(it->second.size(), want.size()) << fqn;
+    // Norm-wise relative error ||fsdp - ref|| / ||ref|| per parameter tensor.
+    double diff_sq = 0, ref_sq = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      const double d = double{it->second[i]} - double{want[i]};
+      diff_sq += d * d;
+      ref_sq += double{want[i]} * double{want[i]};
+    }
+    EXPECT_LE(std::sqrt(diff_sq), tolerance * std::sqrt(ref_sq)) << fqn;
+  }
+
+  // limit_all_gathers (reference §9.3): never more than two non-root units live.
+  for (int r = 0; r < c.world; ++r) {
+    std::ifstream memory(absl::StrCat(dir, "/memory-", r));
+    int64_t peak_bytes = 0;
+    int peak_units = 0;
+    memory >> peak_bytes >> peak_units;
+    if (c.strategy == ShardingStrategy::kFullShard ||
+        c.strategy == ShardingStrategy::kHybridShard) {
+      EXPECT_LE(peak_units, 2) << "rank " << r;
+    }
+    if (c.world > 1 && c.strategy != ShardingStrategy::kNoShard) {
+      EXPECT_GT(peak_bytes, 0);
+    }
+  }
+}
+
+using S = ShardingStrategy;
+using P = BackwardPrefetch;
+using O = OptimizerConfig::Kind;
+
+INSTANTIATE_TEST_SUITE_P(
+    Strategies, FsdpEquivalenceTest,
+    ::testing::Values(
+        Config{"w1_single_rank", 1},
+        Config{"w2_full_shard_pre", 2, S::kFullShard, 0, false, P::kPre},
+        Config{"w2_full_shard_post_orig", 2, S::kFullShard, 0, true, P::kPost},
+        Config{"w2_full_shard_none_sgd", 2, S::kFullShard, 0, false, P::kNone, false, O::kSgd},
+        Config{"w2_shard_grad_op_orig", 2, S::kShardGradOp, 0, true, P::kPost},
+        Config{"w2_no_shard", 2, S::kNoShard, 0, false, P::kPre},
+        Config{"w4_full_shard_pre_fwd_prefetch", 4, S::kFullShard, 0, false, P::kPre, true},
+        Config{"w4_full_shard_orig_none_adamw", 4, S::kFullShard, 0, true, P::kNone, false,
+               O::kAdamW},
+        Config{"w4_shard_grad_op", 4, S::kShardGradOp, 0, false, P::kPre},
+        Config{"w4_no_shard_orig", 4, S::kNoShard, 0, true, P::kPost},
+        Config{"w4_hybrid_2x2", 4, S::kHybridShard, 2, false, P::kPre},
+        Config{"w4_hybrid_2x2_orig_post", 4, S::kHybridShard, 2, true, P::kPost},
+        Config{"w4_hybrid_zero2_2x2", 4, S::kHybridShardZero2, 2, false, P::kPre},
+        Config{"w4_hybrid_zero2_2x2_orig", 4, S::kHybridShardZero2, 2, true, P::kNone},
+        Config{"w4_clip_grad_norm", 4, S::kFullShard, 0, false, P::kPre, false, O::kAdam, false, 0,
+               0.05},
+        Config{"w2_no_sync_4_micro_steps", 2, S::kFullShard, 0, false, P::kPre, false, O::kSgd,
+               false, 4, 0, 4},
+        Config{"w4_no_sync_shard_grad_op", 4, S::kShardGradOp, 0, true, P::kPost, false, O::kSgd,
+               false, 4, 0, 4},
+        Config{"w4_bf16_params_and_reduce", 4, S::kFullShard, 0, false, P::kPre, false, O::kAdam,
+               true}),
+    [](const ::testing::TestParamInfo<Config>& param_info) { return param_info.param.name; });
+
+}  // namespace
+}  // namespace flatshard

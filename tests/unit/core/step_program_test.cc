@@ -1,0 +1,130 @@
+// Tests core/step_program.h: the compiled schedule for root{embed, block0, block1,
+// head} (DESIGN.md §4's example) under each strategy and prefetch policy
+// (reference §2.5, §9.2), no_sync micro-steps, and the digest.
+#include "core/step_program.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_join.h"
+
+#include "core/model_spec_yaml.h"
+
+namespace flatshard {
+namespace {
+
+// Modules in pre-order: 0 root, 1 embed, 2 blocks, 3 blocks.0, 4 blocks.0.fc,
+// 5 blocks.1, 6 blocks.1.fc, 7 head. Units: 0 root, 1 blocks.0, 2 blocks.1.
+constexpr char kModel[] = R"(
+root:
+  type: Sequential
+  children:
+    - {name: embed, type: Linear, in_features: 4, out_features: 8}
+    - name: blocks
+      repeat: 2
+      template:
+        type: Residual
+        children: [{name: fc, type: Linear, in_features: 8, out_features: 8}]
+    - {name: head, type: Linear, in_features: 8, out_features: 2}
+)";
+
+class StepProgramTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto spec = ParseModelSpec(kModel, "m.yaml");
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    spec_ = *std::move(spec);
+    auto index = IndexModel(spec_);
+    ASSERT_TRUE(index.ok());
+    index_ = *std::move(index);
+    auto units = ComputeUnits(index_, *ParseWrapPolicy("module-type:Residual"));
+    ASSERT_TRUE(units.ok());
+    units_ = *std::move(units);
+    ASSERT_EQ(units_.size(), 3u);
+  }
+
+  std::string Program(const StepProgramOptions& options) const {
+    std::vector<std::string> lines;
+    for (const v1::Command& c : CompileStepProgram(index_, units_, options)) {
+      lines.push_back(DescribeCommand(c));
+    }
+    return absl::StrJoin(lines, " ");
+  }
+
+  ModelSpec spec_;
+  ModelIndex index_;
+  std::vector<Unit> units_;
+};
+
+TEST_F(StepProgramTest, FullShardBackwardPre) {
+  StepProgramOptions options;
+  EXPECT_EQ(Program(options),
+            "Forward(0) Unshard(0) "
+            "Forward(3) Unshard(1) ForwardDone(3) Reshard(1) "
+            "Forward(5) Unshard(2) ForwardDone(5) Reshard(2) "
+            "ForwardDone(0) "  // the root never reshards after forward
+            "Backward(0) Unshard(0) Prefetch(2) "
+            "Backward(5) Unshard(2) Prefetch(1) BackwardDone(5) ReduceGrad(2) Reshard(2) "
+            "Backward(3) Unshard(1) BackwardDone(3) ReduceGrad(1) Reshard(1) "
+            "BackwardDone(0) ReduceGrad(0) Reshard(0) OptimStep");
+}
+
+TEST_F(StepProgramTest, BackwardPostPrefetchesAfterTheReshard) {
+  StepProgramOptions options;
+  options.backward_prefetch = BackwardPrefetch::kPost;
+  options.forward_prefetch = true;
+  options.max_grad_norm = 1.0;
+  EXPECT_EQ(Program(options),
+            "Forward(0) Unshard(0) Prefetch(1) "
+            "Forward(3) Unshard(1) Prefetch(2) ForwardDone(3) Reshard(1) "
+            "Forward(5) Unshard(2) ForwardDone(5) Reshard(2) "
+            "ForwardDone(0) "
+            "Backward(0) Unshard(0) "
+            "Backward(5) Unshard(2) BackwardDone(5) ReduceGrad(2) Reshard(2) Prefetch(1) "
+            "Backward(3) Unshard(1) BackwardDone(3) ReduceGrad(1) Reshard(1) "
+            "BackwardDone(0) ReduceGrad(0) Reshard(0) "  // blocks.1 is done: no prefetch
+            "ClipGradNorm(1) OptimStep");
+}
+
+TEST_F(StepProgramTest, ShardGradOpKeepsParamsUntilBackward) {
+  StepProgramOptions options;
+  options.strategy = ShardingStrategy::kShardGradOp;
+  options.backward_prefetch = BackwardPrefetch::kNone;
+  EXPECT_EQ(Program(options),
+            "Forward(0) Unshard(0) Forward(3) Unshard(1) ForwardDone(3) "
+            "Forward(5) Unshard(2) ForwardDone(5) ForwardDone(0) "
+            "Backward(0) Unshard(0) Backward(5) Unshard(2) BackwardDone(5) ReduceGrad(2) "
+            "Reshard(2) Backward(3) Unshard(1) BackwardDone(3) ReduceGrad(1) Reshard(1) "
+            "BackwardDone(0) ReduceGrad(0) Reshard(0) OptimStep");
+  // Inside no_sync the ZeRO-2 strategies keep params and skip the reduction.
+  options.sync_gradients = false;
+  EXPECT_EQ(Program(options),
+            "Forward(0) Unshard(0) Forward(3) Unshard(1) ForwardDone(3) "
+            "Forward(5) Unshard(2) ForwardDone(5) ForwardDone(0) "
+            "Backward(0) Unshard(0) Backward(5) Unshard(2) BackwardDone(5) "
+            "Backward(3) Unshard(1) BackwardDone(3) BackwardDone(0)");
+}
+
+TEST_F(StepProgramTest, NoShardOnlyReduces) {
+  StepProgramOptions options;
+  options.strategy = ShardingStrategy::kNoShard;
+  EXPECT_EQ(Program(options),
+            "Forward(0) Forward(3) ForwardDone(3) Forward(5) ForwardDone(5) ForwardDone(0) "
+            "Backward(0) Backward(5) BackwardDone(5) ReduceGrad(2) Backward(3) "
+            "BackwardDone(3) ReduceGrad(1) BackwardDone(0) ReduceGrad(0) OptimStep");
+}
+
+TEST_F(StepProgramTest, DigestCoversProgramStepAndSync) {
+  StepProgramOptions options;
+  const auto program = CompileStepProgram(index_, units_, options);
+  const std::string digest = ProgramDigest(program, 3, true);
+  EXPECT_EQ(digest.size(), 16u);
+  EXPECT_EQ(digest, ProgramDigest(CompileStepProgram(index_, units_, options), 3, true));
+  EXPECT_NE(digest, ProgramDigest(program, 4, true));
+  EXPECT_NE(digest, ProgramDigest(program, 3, false));
+  options.backward_prefetch = BackwardPrefetch::kNone;
+  EXPECT_NE(digest, ProgramDigest(CompileStepProgram(index_, units_, options), 3, true));
+}
+
+}  // namespace
+}  // namespace flatshard

@@ -1,0 +1,80 @@
+#include "worker/runtime/batch_executor.h"
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+
+#include "core/status_macros.h"
+#include "core/step_program.h"
+
+namespace flatshard {
+
+v1::CommandBatch BatchExecutor::MakeBatch(int64_t step, bool sync_gradients) const {
+  v1::CommandBatch batch;
+  batch.set_job_epoch(epoch_);
+  batch.set_seq(last_seq_ + 1);
+  batch.set_step(step);
+  batch.set_sync_gradients(sync_gradients);
+  const std::vector<v1::Command> program = runtime_->CompileProgram(sync_gradients);
+  for (const v1::Command& command : program) *batch.add_commands() = command;
+  batch.set_digest(ProgramDigest(program, step, sync_gradients));
+  return batch;
+}
+
+absl::Status BatchExecutor::Check(const v1::CommandBatch& batch) const {
+  if (!failure_.ok()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("worker rank ", runtime_->rank(), " refuses batch seq ", batch.seq(),
+                     ": an earlier batch failed (", failure_.message(), "); re-form the job"));
+  }
+  if (batch.job_epoch() != epoch_) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "worker rank ", runtime_->rank(), " refuses batch seq ", batch.seq(),
+        ": it is for job epoch ", batch.job_epoch(), ", this worker is in epoch ", epoch_));
+  }
+  if (batch.seq() != last_seq_ + 1) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("worker rank ", runtime_->rank(), " refuses batch seq ", batch.seq(),
+                     ": out of order, expected seq ", last_seq_ + 1));
+  }
+  const std::vector<v1::Command> sent(batch.commands().begin(), batch.commands().end());
+  const std::string sent_digest = ProgramDigest(sent, batch.step(), batch.sync_gradients());
+  if (sent_digest != batch.digest()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker rank ", runtime_->rank(), " refuses batch seq ", batch.seq(),
+                     ": digest mismatch (batch says ", absl::BytesToHexString(batch.digest()),
+                     ", its commands hash to ", absl::BytesToHexString(sent_digest), ")"));
+  }
+  const std::vector<v1::Command> expected = runtime_->CompileProgram(batch.sync_gradients());
+  const std::string expected_digest = ProgramDigest(expected, batch.step(), batch.sync_gradients());
+  if (expected_digest != sent_digest) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker rank ", runtime_->rank(), " refuses batch seq ", batch.seq(),
+                     ": its program differs from the one this worker compiles for the job (",
+                     sent.size(), " vs ", expected.size(),
+                     " commands); coordinator and worker disagree on the job's configuration"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::CommandResult> BatchExecutor::Execute(const v1::CommandBatch& batch,
+                                                         const compute::Batch& data) {
+  RETURN_IF_ERROR(Check(batch));
+  const std::vector<v1::Command> program(batch.commands().begin(), batch.commands().end());
+  absl::StatusOr<StepStats> stats = runtime_->RunStep(program, data);
+  if (!stats.ok()) {
+    failure_ = stats.status();
+    return stats.status();
+  }
+  last_seq_ = batch.seq();
+  v1::CommandResult result;
+  result.set_seq(batch.seq());
+  result.set_loss(stats->loss);
+  result.set_grad_norm(stats->grad_norm);
+  result.set_compute_seconds(stats->compute_seconds);
+  result.set_exposed_comm_seconds(stats->exposed_comm_seconds);
+  result.set_optimizer_seconds(stats->optimizer_seconds);
+  result.set_samples(data.batch_size);
+  return result;
+}
+
+}  // namespace flatshard

@@ -1,0 +1,164 @@
+// The FSDP data plane of one worker: its units (FlatParamUnit), communicators,
+// communication lane and optimizer state, and the execution of a step program
+// (core/step_program.h) against the model's forward and backward. The model's
+// hooks fire at every module; at a unit's module the runtime checks that the
+// program expects that marker and runs the program's ops up to the next one
+// (unshard, prefetch, reshard, reduce), so what runs is exactly what the
+// coordinator compiled and every rank issues the same collectives in the same
+// order.
+#ifndef FLATSHARD_WORKER_RUNTIME_FSDP_RUNTIME_H_
+#define FLATSHARD_WORKER_RUNTIME_FSDP_RUNTIME_H_
+
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+#include "core/model_spec.h"
+#include "core/optimizer.h"
+#include "core/sharding.h"
+#include "core/step_program.h"
+#include "core/wrap_policy.h"
+#include "worker/comm/communicator.h"
+#include "worker/comm/gloo_communicator.h"
+#include "worker/comm/store.h"
+#include "worker/compute/batch.h"
+#include "worker/compute/model.h"
+#include "worker/device/memory_tracker.h"
+#include "worker/runtime/comm_lane.h"
+#include "worker/runtime/flat_param_unit.h"
+
+namespace flatshard {
+
+struct OptimizerConfig {
+  enum class Kind { kSgd, kAdam, kAdamW };
+  Kind kind = Kind::kSgd;
+  SgdOptions sgd{0.01};
+  AdamOptions adam;
+};
+
+struct FsdpOptions {
+  ShardingStrategy strategy = ShardingStrategy::kFullShard;
+  int hybrid_shard_group_size = 0;
+  bool use_orig_params = false;
+  std::optional<DType> param_dtype;
+  std::optional<DType> reduce_dtype;
+  BackwardPrefetch backward_prefetch = BackwardPrefetch::kPre;
+  bool forward_prefetch = false;
+  bool limit_all_gathers = true;
+  bool sync_module_states = false;
+  OptimizerConfig optimizer;
+  double max_grad_norm = 0.0;  // 0: no clipping
+  double grad_norm_type = 2.0;
+  uint64_t seed = 0;  // parameter initialisation
+  compute::LossKind loss = compute::LossKind::kMse;
+  GlooOptions gloo;
+};
+
+struct StepStats {
+  double loss = 0.0;        // this rank's mean loss on its local batch
+  double grad_norm = -1.0;  // total norm before clipping, when clipping ran
+  double compute_seconds = 0.0;
+  double exposed_comm_seconds = 0.0;  // compute lane waiting on the comm lane
+  double optimizer_seconds = 0.0;
+};
+
+class FsdpRuntime : public compute::ParamResolver, public compute::ModuleHooks {
+ public:
+  // Builds units and layouts, connects the communicators through `store` (all
+  // ranks call it), and initialises parameters deterministically from the seed.
+  static absl::StatusOr<std::unique_ptr<FsdpRuntime>> Create(const ModelSpec& spec,
+                                                             const WrapPolicy& policy,
+                                                             const FsdpOptions& options, int rank,
+                                                             int world_size,
+                                                             std::shared_ptr<Store> store);
+  ~FsdpRuntime() override;
+
+  // The program of one step (sync_gradients = false for a no_sync micro-step).
+  std::vector<v1::Command> CompileProgram(bool sync_gradients) const;
+
+  // Runs `program` on the local batch: forward, backward and the ops around them.
+  absl::StatusOr<StepStats> RunStep(const std::vector<v1::Command>& program,
+                                    const compute::Batch& batch);
+
+  // Every parameter's full fp32 value by FQN (tied aliases included), gathered
+  // unit by unit. A collective: all ranks call it.
+  absl::StatusOr<std::map<std::string, std::vector<float>>> SummonFullParams();
+
+  int rank() const { return rank_; }
+  int world_size() const { return world_size_; }
+  const std::vector<std::unique_ptr<FlatParamUnit>>& units() const { return units_; }
+  const MemoryTracker& memory() const { return memory_; }
+  MemoryTracker& memory() { return memory_; }
+  // Largest number of non-root units unsharded at once since the last reset.
+  int peak_live_units() const { return peak_live_units_; }
+  const ModelIndex& index() const { return index_; }
+
+  // compute::ParamResolver
+  compute::ParamSlot Resolve(int param_index) override;
+  // compute::ModuleHooks
+  absl::Status BeforeForward(int module_index) override;
+  absl::Status AfterForward(int module_index) override;
+  absl::Status BeforeBackward(int module_index) override;
+  absl::Status AfterBackward(int module_index) override;
+
+ private:
+  enum class UnitState { kSharded, kGathering, kUnsharded };
+  struct ParamLocation {
+    int unit = -1;
+    int64_t offset = 0;
+    bool requires_grad = true;
+  };
+
+  FsdpRuntime(const ModelSpec& spec, ModelIndex index, FsdpOptions options, int rank,
+              int world_size);
+  absl::Status Build(const WrapPolicy& policy, std::shared_ptr<Store> store);
+  absl::Status InitializeParams();
+
+  absl::Status OnMarker(bool backward, bool done, int module_index);
+  absl::Status RunUntilMarker();
+  absl::Status Execute(const v1::Command& command);
+  absl::Status Unshard(int unit, bool prefetch);
+  absl::Status WaitGathered(int unit);
+  absl::Status Reshard(int unit);
+  absl::Status ReduceGrad(int unit);
+  absl::Status ClipGradNorm(double max_norm, double norm_type);
+  absl::Status OptimStep();
+  int LiveNonRootUnits() const;
+  absl::Status CheckUnit(int unit) const;
+
+  const ModelSpec& spec_;
+  ModelIndex index_;
+  FsdpOptions options_;
+  int rank_;
+  int world_size_;
+  ShardingStrategy strategy_;
+  RankLayout ranks_;
+  std::vector<Unit> unit_specs_;
+  std::map<int, int> unit_of_module_;
+  std::vector<ParamLocation> param_locations_;
+
+  MemoryTracker memory_;
+  std::unique_ptr<Communicator> world_comm_;
+  std::unique_ptr<Communicator> shard_comm_;      // null when the world is the shard group
+  std::unique_ptr<Communicator> replicate_comm_;  // hybrid only
+  std::vector<std::unique_ptr<FlatParamUnit>> units_;
+  std::vector<UnitState> states_;
+  std::vector<std::shared_ptr<Completion>> gathers_;
+  std::vector<std::unique_ptr<OptimizerState>> optim_states_;
+  std::unique_ptr<compute::Model> model_;
+  std::unique_ptr<CommLane> lane_;  // declared last: joined first on destruction
+
+  // Program execution state for the step in flight.
+  const std::vector<v1::Command>* program_ = nullptr;
+  size_t cursor_ = 0;
+  StepStats stats_;
+  int peak_live_units_ = 0;
+};
+
+}  // namespace flatshard
+
+#endif  // FLATSHARD_WORKER_RUNTIME_FSDP_RUNTIME_H_
