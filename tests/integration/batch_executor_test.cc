@@ -1,0 +1,170 @@
+// The ordering invariant (DESIGN.md §4) between real processes: a batch with the
+// wrong epoch, an out-of-order seq or a digest that does not match its program is
+// refused before any collective, on every rank, and the job goes on afterwards
+// (a refused batch that had issued even one collective would desynchronise the
+// next). A rank that refuses while its peer goes ahead makes the peer fail at
+// the collective timeout instead of hanging.
+#include "worker/runtime/batch_executor.h"
+
+#include <iostream>
+
+#include <gtest/gtest.h>
+
+#include "core/model_spec_yaml.h"
+#include "tests/integration/multiprocess.h"
+#include "worker/comm/file_store.h"
+#include "worker/compute/data_source.h"
+
+namespace flatshard {
+namespace {
+
+using testing::AllRanksSucceeded;
+using testing::MakeTempDir;
+using testing::RunRanks;
+
+#define CHILD_CHECK(cond)                                                        \
+  do {                                                                           \
+    if (!(cond)) {                                                               \
+      std::cerr << __FILE__ << ":" << __LINE__ << ": check failed: " #cond "\n"; \
+      return 1;                                                                  \
+    }                                                                            \
+  } while (false)
+
+constexpr char kModel[] = R"(
+root:
+  type: Sequential
+  children:
+    - {name: inp, type: Linear, in_features: 8, out_features: 16}
+    - name: blocks
+      repeat: 2
+      template:
+        type: Residual
+        children: [{name: fc, type: Linear, in_features: 16, out_features: 16}]
+    - {name: out, type: Linear, in_features: 16, out_features: 4}
+)";
+
+struct Rank {
+  std::unique_ptr<FsdpRuntime> runtime;
+  std::unique_ptr<compute::DataSource> data;
+};
+
+absl::StatusOr<Rank> Start(const std::string& dir, int rank, int world, absl::Duration timeout) {
+  auto spec = ParseModelSpec(kModel, "model.yaml");
+  if (!spec.ok()) return spec.status();
+  static ModelSpec kept;  // the runtime keeps a reference; one per process
+  kept = *spec;
+  compute::DataSourceOptions data_options;
+  data_options.kind = compute::DataKind::kRegression;
+  data_options.global_batch_size = 12;  // divisible by 2 and 3
+  data_options.input_features = 8;
+  data_options.output_features = 4;
+  auto data = compute::MakeDataSource(data_options);
+  if (!data.ok()) return data.status();
+  FsdpOptions options;
+  options.gloo.timeout = timeout;
+  auto store = FileStore::Open(dir);
+  if (!store.ok()) return store.status();
+  auto runtime = FsdpRuntime::Create(kept, *ParseWrapPolicy("module-type:Residual"), options, rank,
+                                     world, *store);
+  if (!runtime.ok()) return runtime.status();
+  return Rank{*std::move(runtime), *std::move(data)};
+}
+
+int RefusalsBody(const std::string& dir, int rank, int world) {
+  auto started = Start(dir, rank, world, absl::Seconds(60));
+  if (!started.ok()) {
+    std::cerr << started.status() << "\n";
+    return 1;
+  }
+  BatchExecutor executor(started->runtime.get(), /*job_epoch=*/7);
+  auto data = started->data->GetBatch(0, rank, world);
+  CHILD_CHECK(data.ok());
+
+  v1::CommandBatch good = executor.MakeBatch(0, true);
+  CHILD_CHECK(good.seq() == 1);
+
+  v1::CommandBatch wrong_epoch = good;
+  wrong_epoch.set_job_epoch(6);
+  auto r = executor.Execute(wrong_epoch, *data);
+  CHILD_CHECK(r.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHILD_CHECK(std::string(r.status().message()).find("job epoch 6, this worker is in epoch 7") !=
+              std::string::npos);
+
+  v1::CommandBatch out_of_order = good;
+  out_of_order.set_seq(3);
+  r = executor.Execute(out_of_order, *data);
+  CHILD_CHECK(r.status().code() == absl::StatusCode::kFailedPrecondition);
+  CHILD_CHECK(std::string(r.status().message()).find("out of order, expected seq 1") !=
+              std::string::npos);
+
+  v1::CommandBatch tampered = good;  // a command changed, digest kept
+  tampered.mutable_commands(1)->mutable_unshard()->set_unit(2);
+  r = executor.Execute(tampered, *data);
+  CHILD_CHECK(r.status().code() == absl::StatusCode::kInvalidArgument);
+  CHILD_CHECK(std::string(r.status().message()).find("digest mismatch") != std::string::npos);
+
+  v1::CommandBatch foreign = good;  // consistent digest, but not this job's program
+  foreign.mutable_commands()->RemoveLast();
+  std::vector<v1::Command> commands(foreign.commands().begin(), foreign.commands().end());
+  foreign.set_digest(ProgramDigest(commands, foreign.step(), foreign.sync_gradients()));
+  r = executor.Execute(foreign, *data);
+  CHILD_CHECK(r.status().code() == absl::StatusCode::kInvalidArgument);
+  CHILD_CHECK(std::string(r.status().message()).find("differs from the one this worker compiles") !=
+              std::string::npos);
+  CHILD_CHECK(executor.last_completed_seq() == 0);
+  CHILD_CHECK(started->runtime->memory().peak(MemoryKind::kUnshardedParams) == 0);
+
+  // Nothing ran, so the ranks are still in step: the real batches go through.
+  for (int64_t step = 0; step < 3; ++step) {
+    auto batch = started->data->GetBatch(step, rank, world);
+    CHILD_CHECK(batch.ok());
+    auto result = executor.Execute(executor.MakeBatch(step, true), *batch);
+    if (!result.ok()) {
+      std::cerr << result.status() << "\n";
+      return 1;
+    }
+    CHILD_CHECK(result->seq() == static_cast<uint64_t>(step + 1));
+    CHILD_CHECK(std::isfinite(result->loss()));
+  }
+  // A replayed seq is refused too.
+  r = executor.Execute(good, *data);
+  CHILD_CHECK(r.status().code() == absl::StatusCode::kFailedPrecondition);
+  return 0;
+}
+
+TEST(BatchExecutorTest, RefusesBadBatchesBeforeAnyCollectiveOnEveryRank) {
+  const std::string dir = MakeTempDir("executor");
+  auto results = RunRanks(
+      3, [&](int rank) { return RefusalsBody(dir, rank, 3); }, absl::Seconds(120));
+  EXPECT_TRUE(AllRanksSucceeded(results));
+}
+
+// Rank 1 gets a corrupted batch and refuses; rank 0 runs the real one. Rank 0
+// must fail at the collective timeout with an error, not hang.
+TEST(BatchExecutorTest, PeerRefusalTimesOutInsteadOfHanging) {
+  const std::string dir = MakeTempDir("executor-split");
+  auto results = RunRanks(
+      2,
+      [&](int rank) {
+        auto started = Start(dir, rank, 2, absl::Seconds(3));
+        if (!started.ok()) return 1;
+        BatchExecutor executor(started->runtime.get(), 1);
+        auto data = started->data->GetBatch(0, rank, 2);
+        v1::CommandBatch batch = executor.MakeBatch(0, true);
+        if (rank == 1) batch.set_digest("corrupted");
+        auto result = executor.Execute(batch, *data);
+        if (rank == 1) return result.status().code() == absl::StatusCode::kInvalidArgument ? 0 : 2;
+        if (result.ok()) return 3;
+        std::cerr << "rank 0 failed as expected: " << result.status() << "\n";
+        // The executor is poisoned after a failure midway.
+        auto again = executor.Execute(executor.MakeBatch(0, true), *data);
+        return std::string(again.status().message()).find("re-form the job") != std::string::npos
+                   ? 0
+                   : 4;
+      },
+      absl::Seconds(60));
+  EXPECT_TRUE(AllRanksSucceeded(results));
+}
+
+}  // namespace
+}  // namespace flatshard
