@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The main job, as far as flatshard goes today: installs dependencies, builds, and
-# plans the example models as a 4- and 8-rank FSDP job (units, shard ranges,
-# per-rank memory, bytes per collective). Local-cluster training and checkpoints
-# on demand join this script as issues #3-#5 land.
+# The main job, as far as flatshard goes today: installs dependencies, builds,
+# plans the example GPT as an 8-rank FSDP job, then trains the example MLP with 4
+# real worker processes on this machine (FULL_SHARD, bf16 all-gathers, Gloo over
+# loopback). The coordinator, `flatshard up` and checkpoints on demand join this
+# script as issues #4 and #5 land.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -13,9 +14,11 @@ echo "== GPT-style decoder, FULL_SHARD over 8 ranks, bf16 all-gathers, one unit 
 "$bin" plan --model examples/gpt-small.yaml --policy module-type:TransformerBlock \
   --world-size 8 --strategy FULL_SHARD --param-dtype bfloat16 | sed -n '1,6p;/^MEMORY/,$p'
 echo
-echo "== MLP, HYBRID_SHARD as 2 replicas x 2 shards, use_orig_params layout =="
-"$bin" plan --model examples/mlp.yaml --policy module-type:Residual --world-size 4 \
-  --strategy HYBRID_SHARD --hybrid-shard-size 2 --use-orig-params | sed -n '1,20p'
+echo "== Training the 1M-parameter MLP: 4 worker processes, FULL_SHARD, bf16 all-gathers =="
+OPENBLAS_NUM_THREADS=1 build/worker/flatshard-train-local --model examples/mlp.yaml \
+  --policy module-type:Residual --world-size 4 --strategy FULL_SHARD --param-dtype bfloat16 \
+  --optimizer adamw --lr 2e-3 --batch 64 --steps 60
 echo
-echo "Next: '$bin plan --help' for every option; add --json for the machine-readable"
-echo "form (docs/plan-json.md); examples/*.yaml and docs/model-spec.md for writing specs."
+echo "Next: '$bin plan --help' and 'build/worker/flatshard-train-local --help' for every"
+echo "option (strategies, hybrid groups, prefetch, no_sync, clipping); --json on plan for"
+echo "the machine-readable form (docs/plan-json.md); docs/model-spec.md for writing specs."

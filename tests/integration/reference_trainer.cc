@@ -70,4 +70,15 @@ std::map<std::string, std::vector<float>> ReferenceTrainer::Params() const {
   return out;
 }
 
+std::map<std::string, std::vector<float>> ReferenceTrainer::Grads() const {
+  std::map<std::string, std::vector<float>> out;
+  auto& store = const_cast<compute::DenseParamStore&>(store_);
+  for (size_t p = 0; p < index_.params.size(); ++p) {
+    if (!store.trainable(static_cast<int>(p))) continue;
+    std::span<float> g = store.grads(static_cast<int>(p));
+    out[index_.params[p].fqn].assign(g.begin(), g.end());
+  }
+  return out;
+}
+
 }  // namespace flatshard::testing

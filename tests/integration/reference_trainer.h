@@ -30,6 +30,8 @@ class ReferenceTrainer : public compute::ModuleHooks {
   absl::StatusOr<double> Step(const std::vector<compute::Batch>& batches);
 
   std::map<std::string, std::vector<float>> Params() const;
+  // The gradients of the last Step (after clipping), by FQN.
+  std::map<std::string, std::vector<float>> Grads() const;
   double last_grad_norm() const { return last_grad_norm_; }
 
   absl::Status BeforeForward(int) override { return absl::OkStatus(); }

@@ -1,5 +1,6 @@
 #include "worker/runtime/flat_param_unit.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
@@ -129,6 +130,27 @@ absl::Status FlatParamUnit::ReduceGrad() {
     float* acc = grad_shard_.as<float>();
     for (size_t i = 0; i < s; ++i) acc[i] += widened[i];
   }
+  return absl::OkStatus();
+}
+
+absl::Status FlatParamUnit::GatherGradFullPrecision(std::vector<float>& out) {
+  // All ranks agree on whether any gradient exists before gathering.
+  int32_t missing = grad_shard_.allocated() ? 0 : 1;
+  if (sharded())
+    RETURN_IF_ERROR(shard_comm_->AllReduce(&missing, 1, DType::kInt32, ReduceOp::kSum));
+  const int world = sharded() ? layout().world_size() : 1;
+  out.clear();
+  if (missing == world) return absl::OkStatus();
+  const size_t s = shard_.count();
+  std::vector<float> local(s, 0.0f);
+  if (grad_shard_.allocated()) std::copy_n(grad_shard_.as<float>(), s, local.begin());
+  if (!sharded()) {
+    out = std::move(local);
+    return absl::OkStatus();
+  }
+  out.resize(s * static_cast<size_t>(world));
+  RETURN_IF_ERROR(shard_comm_->AllGather(local.data(), out.data(), s, DType::kFloat32));
+  out.resize(AsSize(layout().unpadded_unsharded_numel()));
   return absl::OkStatus();
 }
 

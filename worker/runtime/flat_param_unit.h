@@ -85,6 +85,9 @@ class FlatParamUnit {
 
   // Gathers the full-precision flat parameter (unpadded, N floats) for summon.
   absl::Status GatherFullPrecision(std::vector<float>& out);
+  // The same for the gradient shard (reference §3.6 unshard_grad): empty when no
+  // rank has a gradient; a rank without one contributes zeros.
+  absl::Status GatherGradFullPrecision(std::vector<float>& out);
   // Writes `flat` (N floats) back into this rank's shard (summon writeback).
   absl::Status WriteBackFull(std::span<const float> flat) { return LoadFull(flat); }
 

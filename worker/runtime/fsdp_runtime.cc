@@ -169,6 +169,10 @@ absl::StatusOr<StepStats> FsdpRuntime::RunStep(const std::vector<v1::Command>& p
   program_ = &program;
   cursor_ = 0;
   stats_ = StepStats{};
+  if (grads_stale_) {
+    for (auto& unit : units_) unit->ClearGradShard();
+    grads_stale_ = false;
+  }
   absl::Status status = [&]() -> absl::Status {
     // NO_SHARD keeps whole parameters: build their compute views up front.
     if (!IsSharded(strategy_)) {
@@ -384,9 +388,8 @@ absl::Status FsdpRuntime::OptimStep() {
       RETURN_IF_ERROR(AdamStep(unit.shard(), unit.grad_shard(),
                                static_cast<AdamState&>(*optim_states_[u]), adam));
     }
-    // zero_grad(set_to_none=True) before the next step.
-    unit.ClearGradShard();
   }
+  grads_stale_ = true;
   stats_.optimizer_seconds += SecondsSince(start);
   return absl::OkStatus();
 }
@@ -406,6 +409,68 @@ compute::ParamSlot FsdpRuntime::Resolve(int param_index) {
   slot.value = unit.params() + where.offset;
   if (where.requires_grad && unit.grad() != nullptr) slot.grad = unit.grad() + where.offset;
   return slot;
+}
+
+absl::Status FsdpRuntime::SummonFullParams(
+    const SummonOptions& options, const std::function<absl::Status(SummonedParams&)>& body) {
+  if (options.with_grads && (!options_.use_orig_params || options.offload_to_cpu)) {
+    return absl::UnimplementedError(
+        "summon_full_params: with_grads needs use_orig_params=True and offload_to_cpu=False");
+  }
+  if (options.offload_to_cpu && !IsSharded(strategy_)) {
+    return absl::UnimplementedError(
+        "summon_full_params: offload_to_cpu is not supported with NO_SHARD");
+  }
+  if (options.writeback && options.rank0_only) {
+    return absl::UnimplementedError(
+        "summon_full_params: writeback with rank0_only is not supported");
+  }
+  if (program_ != nullptr) {
+    return absl::FailedPreconditionError(
+        "summon_full_params: cannot manually unshard parameters during forward/backward");
+  }
+  RETURN_IF_ERROR(lane_->Drain());
+  SummonedParams summoned;
+  std::vector<std::vector<float>> flats(units_.size());
+  for (size_t u = 0; u < units_.size(); ++u) {
+    FlatParamUnit& unit = *units_[u];
+    RETURN_IF_ERROR(unit.GatherFullPrecision(flats[u]));
+    std::vector<float> grad_flat;
+    if (options.with_grads) RETURN_IF_ERROR(unit.GatherGradFullPrecision(grad_flat));
+    if (options.rank0_only && rank_ != 0) continue;
+    const Unit& spec = unit.config().unit;
+    for (size_t i = 0; i < spec.params.size(); ++i) {
+      const FlatRange& range = unit.layout().param_ranges()[i];
+      summoned.params[spec.params[i].fqn].assign(flats[u].begin() + range.start,
+                                                 flats[u].begin() + range.end + 1);
+      if (!grad_flat.empty()) {
+        summoned.grads[spec.params[i].fqn].assign(grad_flat.begin() + range.start,
+                                                  grad_flat.begin() + range.end + 1);
+      }
+    }
+    for (const SharedParam& shared : spec.shared) {
+      summoned.params[shared.fqn] = summoned.params[shared.primary_fqn];
+    }
+  }
+  RETURN_IF_ERROR(body(summoned));
+  if (!options.writeback) return absl::OkStatus();
+  for (size_t u = 0; u < units_.size(); ++u) {
+    FlatParamUnit& unit = *units_[u];
+    const Unit& spec = unit.config().unit;
+    for (size_t i = 0; i < spec.params.size(); ++i) {
+      const std::vector<float>& values = summoned.params[spec.params[i].fqn];
+      const FlatRange& range = unit.layout().param_ranges()[i];
+      if (values.size() != static_cast<size_t>(range.numel())) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("summon_full_params: cannot writeback when the parameter shape changes ('",
+                         spec.params[i].fqn, "' has ", values.size(), " elements, expected ",
+                         range.numel(), ")"));
+      }
+      std::copy(values.begin(), values.end(), flats[u].begin() + range.start);
+    }
+    RETURN_IF_ERROR(unit.WriteBackFull(flats[u]));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::map<std::string, std::vector<float>>> FsdpRuntime::SummonFullParams() {

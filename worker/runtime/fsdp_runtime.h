@@ -9,6 +9,7 @@
 #ifndef FLATSHARD_WORKER_RUNTIME_FSDP_RUNTIME_H_
 #define FLATSHARD_WORKER_RUNTIME_FSDP_RUNTIME_H_
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -50,12 +51,29 @@ struct FsdpOptions {
   bool forward_prefetch = false;
   bool limit_all_gathers = true;
   bool sync_module_states = false;
+  // CPUOffload(offload_params): on a GPU build the master shard lives in pinned
+  // host memory; on this host build parameters are already there, so it changes
+  // nothing but is accepted and reported.
+  bool cpu_offload = false;
   OptimizerConfig optimizer;
   double max_grad_norm = 0.0;  // 0: no clipping
   double grad_norm_type = 2.0;
   uint64_t seed = 0;  // parameter initialisation
   compute::LossKind loss = compute::LossKind::kMse;
   GlooOptions gloo;
+};
+
+// summon_full_params (reference §5.5).
+struct SummonOptions {
+  bool writeback = true;        // copy the caller's changes back into the shards
+  bool rank0_only = false;      // other ranks get nothing (and free at once)
+  bool offload_to_cpu = false;  // host memory already: accepted, a no-op here
+  bool with_grads = false;      // also the full gradients (use_orig_params only)
+};
+
+struct SummonedParams {
+  std::map<std::string, std::vector<float>> params;  // by FQN, tied aliases included
+  std::map<std::string, std::vector<float>> grads;   // with_grads; empty if none yet
 };
 
 struct StepStats {
@@ -87,6 +105,12 @@ class FsdpRuntime : public compute::ParamResolver, public compute::ModuleHooks {
   // Every parameter's full fp32 value by FQN (tied aliases included), gathered
   // unit by unit. A collective: all ranks call it.
   absl::StatusOr<std::map<std::string, std::vector<float>>> SummonFullParams();
+
+  // The context-manager form: gathers, hands the values (and grads) to `body`,
+  // then writes the params back into the shards if `writeback`. Errors for the
+  // option combinations FSDP rejects (reference §5.5, §10), naming the option.
+  absl::Status SummonFullParams(const SummonOptions& options,
+                                const std::function<absl::Status(SummonedParams&)>& body);
 
   int rank() const { return rank_; }
   int world_size() const { return world_size_; }
@@ -157,6 +181,9 @@ class FsdpRuntime : public compute::ParamResolver, public compute::ModuleHooks {
   size_t cursor_ = 0;
   StepStats stats_;
   int peak_live_units_ = 0;
+  // Gradients stay after OptimStep (readable by summon with_grads) and are
+  // cleared when the next step starts, like zero_grad() before a forward.
+  bool grads_stale_ = false;
 };
 
 }  // namespace flatshard
