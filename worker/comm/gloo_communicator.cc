@@ -103,8 +103,11 @@ absl::Status GlooCommunicator::ReduceScatter(const void* input, void* output, si
   // Ring: at step s rank r sends its partial sum of chunk (r-s-1) to r+1 and adds
   // the partial sum of chunk (r-s-2) received from r-1; after W-1 steps chunk r is
   // complete. Every send is waited for before its buffer is touched again.
-  std::vector<std::byte> work(static_cast<const std::byte*>(input),
-                              static_cast<const std::byte*>(input) + chunk * w);
+  // The working copy and the receive buffer persist across calls: FSDP reduces
+  // the same sizes every step, and fresh pages would cost a fault each.
+  std::vector<std::byte>& work = work_;
+  work.resize(chunk * w);
+  std::memcpy(work.data(), input, chunk * w);
   scratch_.resize(chunk);
   const int next = (rank_ + 1) % size_;
   const int prev = (rank_ + size_ - 1) % size_;

@@ -57,6 +57,7 @@ class GlooCommunicator : public Communicator {
   int rank_;
   int size_;
   GlooOptions options_;
+  std::vector<std::byte> work_;     // reduce-scatter partial sums, kept across calls
   std::vector<std::byte> scratch_;  // reduce-scatter receive buffer, kept across calls
 };
 

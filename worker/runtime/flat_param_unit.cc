@@ -44,9 +44,11 @@ absl::Status FlatParamUnit::Gather() {
       compute_view_ = shard_.as<float>();
       return absl::OkStatus();
     }
-    HostBuffer low(n, param_dtype, memory_, MemoryKind::kLowPrecisionShard);
+    HostBuffer low(n, param_dtype, memory_, MemoryKind::kLowPrecisionShard,
+                   HostBuffer::Init::kUninitialized);
     ConvertElements(DType::kFloat32, shard_.data(), param_dtype, low.data(), n);
-    compute_copy_ = HostBuffer(n, DType::kFloat32, memory_, MemoryKind::kUnshardedParams);
+    compute_copy_ = HostBuffer(n, DType::kFloat32, memory_, MemoryKind::kUnshardedParams,
+                               HostBuffer::Init::kUninitialized);
     ConvertElements(param_dtype, low.data(), DType::kFloat32, compute_copy_.data(), n);
     compute_view_ = compute_copy_.as<float>();
     return absl::OkStatus();
@@ -56,17 +58,20 @@ absl::Status FlatParamUnit::Gather() {
   HostBuffer low;
   const void* input = shard_.data();
   if (param_dtype != DType::kFloat32) {
-    low = HostBuffer(s, param_dtype, memory_, MemoryKind::kLowPrecisionShard);
+    low = HostBuffer(s, param_dtype, memory_, MemoryKind::kLowPrecisionShard,
+                     HostBuffer::Init::kUninitialized);
     ConvertElements(DType::kFloat32, shard_.data(), param_dtype, low.data(), s);
     input = low.data();
   }
-  gathered_ = HostBuffer(s * world, param_dtype, memory_, MemoryKind::kUnshardedParams);
+  gathered_ = HostBuffer(s * world, param_dtype, memory_, MemoryKind::kUnshardedParams,
+                         HostBuffer::Init::kUninitialized);
   RETURN_IF_ERROR(shard_comm_->AllGather(input, gathered_.data(), s, param_dtype));
   low.Release();  // post_unshard frees the low-precision shard
   if (param_dtype == DType::kFloat32) {
     compute_view_ = gathered_.as<float>();
   } else {
-    compute_copy_ = HostBuffer(n, DType::kFloat32, memory_, MemoryKind::kUnshardedParams);
+    compute_copy_ = HostBuffer(n, DType::kFloat32, memory_, MemoryKind::kUnshardedParams,
+                               HostBuffer::Init::kUninitialized);
     ConvertElements(param_dtype, gathered_.data(), DType::kFloat32, compute_copy_.data(), n);
     compute_view_ = compute_copy_.as<float>();
   }
@@ -96,14 +101,18 @@ absl::Status FlatParamUnit::ReduceGrad() {
   const size_t s = shard_.count();
   const size_t world = sharded() ? AsSize(layout().world_size()) : 1;
   // reference §3.2: pad to S*W in the reduce dtype (zeros past N), divide by pre.
-  HostBuffer padded(s * world, reduce_dtype, memory_, MemoryKind::kGradients);
+  HostBuffer padded(s * world, reduce_dtype, memory_, MemoryKind::kGradients,
+                    HostBuffer::Init::kUninitialized);
   ConvertElements(DType::kFloat32, unsharded_grad_.data(), reduce_dtype, padded.data(), n);
+  const size_t es = DTypeSize(reduce_dtype);
+  std::memset(padded.data() + n * es, 0, (s * world - n) * es);
   unsharded_grad_.Release();
   if (config_.divide.pre > 1)
     DivideElements(reduce_dtype, padded.data(), s * world, config_.divide.pre);
   HostBuffer reduced;
   if (sharded()) {
-    reduced = HostBuffer(s, reduce_dtype, memory_, MemoryKind::kGradients);
+    reduced = HostBuffer(s, reduce_dtype, memory_, MemoryKind::kGradients,
+                         HostBuffer::Init::kUninitialized);
     RETURN_IF_ERROR(shard_comm_->ReduceScatter(padded.data(), reduced.data(), s, reduce_dtype));
     padded.Release();
     if (replicate_comm_ != nullptr) {

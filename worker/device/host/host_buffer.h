@@ -1,6 +1,12 @@
 // Host memory for FSDP buffers: 64-byte aligned (cache lines, AVX-512 loads),
-// zero-initialised, accounted in a MemoryTracker for its lifetime. Movable, not
-// copyable; Release() frees early (FSDP's _free_storage) and keeps the object.
+// accounted in a MemoryTracker for its lifetime. Movable, not copyable; Release()
+// frees early (FSDP's _free_storage) and keeps the object.
+//
+// Released blocks go to a small process-wide cache keyed by size and are handed
+// out again, like PyTorch's caching allocator: FSDP allocates and frees the same
+// all-gather and gradient sizes every step, and fresh pages from the kernel cost
+// a fault each (64 MiB is 16k faults, slower than moving the bytes over Gloo).
+// The tracker counts buffers in use, not the cache.
 #ifndef FLATSHARD_WORKER_DEVICE_HOST_HOST_BUFFER_H_
 #define FLATSHARD_WORKER_DEVICE_HOST_HOST_BUFFER_H_
 
@@ -16,9 +22,12 @@ namespace flatshard {
 class HostBuffer {
  public:
   HostBuffer() = default;
-  // Allocates `count` elements of `dtype`, zeroed, charged to `kind` in `tracker`
-  // (which may be null and must outlive the buffer).
-  HostBuffer(size_t count, DType dtype, MemoryTracker* tracker, MemoryKind kind);
+  enum class Init { kZero, kUninitialized };
+  // Allocates `count` elements of `dtype`, charged to `kind` in `tracker` (which
+  // may be null and must outlive the buffer). kUninitialized is for buffers the
+  // caller overwrites whole (collective outputs, casts).
+  HostBuffer(size_t count, DType dtype, MemoryTracker* tracker, MemoryKind kind,
+             Init init = Init::kZero);
   ~HostBuffer();
   HostBuffer(HostBuffer&& other) noexcept;
   HostBuffer& operator=(HostBuffer&& other) noexcept;

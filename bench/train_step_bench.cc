@@ -1,0 +1,127 @@
+// Training-step time breakdown of the FSDP data plane: W worker processes train
+// examples/mlp.yaml (1M parameters, 5 units) and rank 0 reports the median step
+// split into compute, exposed communication (compute lane waiting for the
+// communication lane) and optimizer, for each backward-prefetch policy side by
+// side in one run, so the overlap the prefetch buys shows as a ratio.
+//
+//   train_step_bench [--worlds 2,4] [--steps 30] [--batch 64]
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <vector>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+
+#include "core/model_spec_yaml.h"
+#include "worker/comm/file_store.h"
+#include "worker/runtime/local_trainer.h"
+
+namespace flatshard {
+namespace {
+
+struct Row {
+  double step = 0, compute = 0, comm = 0, optim = 0;
+};
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+int RunRank(const LocalTrainOptions& options, const std::string& dir, int rank, int world,
+            const std::string& out) {
+  auto store = FileStore::Open(dir);
+  if (!store.ok()) return 1;
+  auto result = TrainLocalRank(options, rank, world, *store);
+  if (!result.ok()) {
+    std::fprintf(stderr, "rank %d: %s\n", rank, std::string(result.status().message()).c_str());
+    return 1;
+  }
+  if (rank != 0) return 0;
+  std::vector<double> step, compute, comm, optim;
+  // The first steps warm caches and connections; keep the rest.
+  for (size_t i = 3; i < result->steps.size(); ++i) {
+    const StepStats& s = result->steps[i].stats;
+    compute.push_back(s.compute_seconds);
+    comm.push_back(s.exposed_comm_seconds);
+    optim.push_back(s.optimizer_seconds);
+    step.push_back(s.compute_seconds + s.exposed_comm_seconds + s.optimizer_seconds);
+  }
+  std::ofstream(out) << Median(step) << " " << Median(compute) << " " << Median(comm) << " "
+                     << Median(optim) << "\n";
+  return 0;
+}
+
+}  // namespace
+}  // namespace flatshard
+
+int main(int argc, char** argv) {
+  using namespace flatshard;
+  std::vector<int> worlds = {2, 4};
+  int steps = 30;
+  int64_t batch = 64;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i];
+    if (flag == "--worlds") {
+      worlds.clear();
+      for (absl::string_view w : absl::StrSplit(argv[i + 1], ',')) {
+        int v = 0;
+        if (absl::SimpleAtoi(w, &v)) worlds.push_back(v);
+      }
+    }
+    if (flag == "--steps") steps = std::atoi(argv[i + 1]);
+    if (flag == "--batch") batch = std::atoll(argv[i + 1]);
+  }
+  auto spec = LoadModelSpecFile(std::string(FLATSHARD_SOURCE_DIR) + "/examples/mlp.yaml");
+  if (!spec.ok()) return 1;
+  std::printf(
+      "| W | backward prefetch | step | compute | exposed comm | optimizer | exposed "
+      "comm / step |\n|---|---|---|---|---|---|---|\n");
+  for (int world : worlds) {
+    for (auto [name, prefetch] :
+         {std::pair{"PRE", BackwardPrefetch::kPre}, std::pair{"POST", BackwardPrefetch::kPost},
+          std::pair{"NONE", BackwardPrefetch::kNone}}) {
+      LocalTrainOptions options;
+      options.spec = *spec;
+      options.policy = *ParseWrapPolicy("module-type:Residual");
+      options.fsdp.backward_prefetch = prefetch;
+      options.fsdp.optimizer.kind = OptimizerConfig::Kind::kAdamW;
+      options.data.kind = compute::DataKind::kRegression;
+      options.data.global_batch_size = batch;
+      options.data.input_features = 64;
+      options.data.output_features = 16;
+      options.steps = steps;
+      options.summon_final_params = false;
+      const std::string dir = absl::StrCat(std::filesystem::temp_directory_path().string(),
+                                           "/flatshard-step-bench-", getpid(), "-", world, name);
+      const std::string out = dir + ".out";
+      std::vector<pid_t> pids;
+      for (int rank = 0; rank < world; ++rank) {
+        const pid_t pid = fork();
+        if (pid == 0) _exit(RunRank(options, dir, rank, world, out));
+        pids.push_back(pid);
+      }
+      bool ok = true;
+      for (pid_t pid : pids) {
+        int status = 0;
+        waitpid(pid, &status, 0);
+        ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+      }
+      double t[4] = {};
+      std::ifstream in(out);
+      if (!ok || !(in >> t[0] >> t[1] >> t[2] >> t[3])) return 1;
+      std::printf("| %d | %s | %.1f ms | %.1f ms | %.1f ms | %.1f ms | %.2f |\n", world, name,
+                  t[0] * 1e3, t[1] * 1e3, t[2] * 1e3, t[3] * 1e3, t[2] / t[0]);
+      std::fflush(stdout);
+      std::filesystem::remove_all(dir);
+      std::filesystem::remove(out);
+    }
+  }
+  return 0;
+}
