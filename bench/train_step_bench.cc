@@ -62,7 +62,12 @@ int RunRank(const LocalTrainOptions& options, const std::string& dir, int rank, 
 }  // namespace flatshard
 
 int main(int argc, char** argv) {
-  using namespace flatshard;
+  using flatshard::BackwardPrefetch;
+  using flatshard::LoadModelSpecFile;
+  using flatshard::LocalTrainOptions;
+  using flatshard::OptimizerConfig;
+  using flatshard::ParseWrapPolicy;
+  using flatshard::RunRank;
   std::vector<int> worlds = {2, 4};
   int steps = 30;
   int64_t batch = 64;
@@ -92,7 +97,7 @@ int main(int argc, char** argv) {
       options.policy = *ParseWrapPolicy("module-type:Residual");
       options.fsdp.backward_prefetch = prefetch;
       options.fsdp.optimizer.kind = OptimizerConfig::Kind::kAdamW;
-      options.data.kind = compute::DataKind::kRegression;
+      options.data.kind = flatshard::compute::DataKind::kRegression;
       options.data.global_batch_size = batch;
       options.data.input_features = 64;
       options.data.output_features = 16;

@@ -58,8 +58,8 @@ class Compiler {
   int Neighbour(const std::vector<int>& order, int unit, int delta) const {
     for (size_t i = 0; i < order.size(); ++i) {
       if (order[i] != unit) continue;
-      const long j = static_cast<long>(i) + delta;
-      if (j < 0 || j >= static_cast<long>(order.size())) return -1;
+      const int64_t j = static_cast<int64_t>(i) + delta;
+      if (j < 0 || j >= static_cast<int64_t>(order.size())) return -1;
       return order[static_cast<size_t>(j)];
     }
     return -1;

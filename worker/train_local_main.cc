@@ -151,7 +151,7 @@ int RunRank(const Flags& f) {
         std::printf(
             "step %4lld/%lld  loss %.5f  %.0f samples/s  compute %.1f ms  "
             "exposed comm %.1f ms  optim %.1f ms  ETA %.0fs\n",
-            static_cast<long long>(r.step + 1), static_cast<long long>(f.steps), r.loss,
+            static_cast<long long>(r.step) + 1, static_cast<long long>(f.steps), r.loss,
             static_cast<double>(samples_per_step) / per_step, r.stats.compute_seconds * 1e3,
             r.stats.exposed_comm_seconds * 1e3, r.stats.optimizer_seconds * 1e3,
             per_step * static_cast<double>(f.steps - r.step - 1));
@@ -195,6 +195,7 @@ int Launch(const Flags& f, int argc, char** argv) {
       args.push_back("--rank=" + std::to_string(rank));
       args.push_back("--store=" + store);
       std::vector<char*> cargs;
+      cargs.reserve(args.size() + 1);
       for (std::string& a : args) cargs.push_back(a.data());
       cargs.push_back(nullptr);
       execv("/proc/self/exe", cargs.data());
@@ -221,7 +222,9 @@ int Launch(const Flags& f, int argc, char** argv) {
 }  // namespace
 }  // namespace flatshard
 
-int main(int argc, char** argv) {
+namespace {
+
+int Main(int argc, char** argv) {
   flatshard::Flags f;
   CLI::App app{"flatshard-train-local: train a model with W FSDP worker processes on this machine"};
   app.add_option("--model,-m", f.model, "Model spec (YAML/JSON)")->required();
@@ -261,4 +264,17 @@ int main(int argc, char** argv) {
     return 2;
   }
   return f.rank >= 0 ? flatshard::RunRank(f) : flatshard::Launch(f, argc, argv);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // CLI11 reports through exceptions; anything else escaping is a bug, but it
+  // still ends with a message rather than std::terminate.
+  try {
+    return Main(argc, argv);
+  } catch (const std::exception& e) {
+    std::cerr << "flatshard-train-local: " << e.what() << "\n";
+    return 1;
+  }
 }

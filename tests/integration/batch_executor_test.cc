@@ -22,14 +22,6 @@ using testing::AllRanksSucceeded;
 using testing::MakeTempDir;
 using testing::RunRanks;
 
-#define CHILD_CHECK(cond)                                                        \
-  do {                                                                           \
-    if (!(cond)) {                                                               \
-      std::cerr << __FILE__ << ":" << __LINE__ << ": check failed: " #cond "\n"; \
-      return 1;                                                                  \
-    }                                                                            \
-  } while (false)
-
 constexpr char kModel[] = R"(
 root:
   type: Sequential

@@ -19,23 +19,6 @@ using testing::AllRanksSucceeded;
 using testing::MakeTempDir;
 using testing::RunRanks;
 
-#define CHILD_CHECK(cond)                                                        \
-  do {                                                                           \
-    if (!(cond)) {                                                               \
-      std::cerr << __FILE__ << ":" << __LINE__ << ": check failed: " #cond "\n"; \
-      return 1;                                                                  \
-    }                                                                            \
-  } while (false)
-
-#define CHILD_OK(expr)                                                           \
-  do {                                                                           \
-    absl::Status child_status_ = (expr);                                         \
-    if (!child_status_.ok()) {                                                   \
-      std::cerr << __FILE__ << ":" << __LINE__ << ": " << child_status_ << "\n"; \
-      return 1;                                                                  \
-    }                                                                            \
-  } while (false)
-
 // Distinct, exactly representable in bf16 for small magnitudes.
 float Value(int rank, size_t i) { return static_cast<float>(rank * 3 + static_cast<int>(i % 17)); }
 
@@ -70,7 +53,7 @@ int CollectivesBody(const std::string& dir, int rank, int world) {
     // In place: input aliases the output slot of this rank.
     std::vector<float> inplace(count * static_cast<size_t>(world), -1.0f);
     std::copy(shard.begin(), shard.end(),
-              inplace.begin() + static_cast<long>(static_cast<size_t>(rank) * count));
+              inplace.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(rank) * count));
     CHILD_OK(comm->AllGather(inplace.data() + static_cast<size_t>(rank) * count, inplace.data(),
                              count, DType::kFloat32));
     CHILD_CHECK(inplace == gathered);
@@ -82,8 +65,9 @@ int CollectivesBody(const std::string& dir, int rank, int world) {
     CHILD_OK(comm->ReduceScatter(full.data(), out.data(), count, DType::kFloat32));
     for (size_t i = 0; i < count; ++i) {
       float want = 0;
-      for (int r = 0; r < world; ++r)
+      for (int r = 0; r < world; ++r) {
         want += Value(r, static_cast<size_t>(rank) * count + i) + 0.5f;
+      }
       CHILD_CHECK(out[i] == want);
     }
     // The input is left untouched.

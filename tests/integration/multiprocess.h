@@ -6,12 +6,33 @@
 #define FLATSHARD_TESTS_INTEGRATION_MULTIPROCESS_H_
 
 #include <functional>
+#include <iostream>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include "absl/status/status.h"
 #include "absl/time/time.h"
+
+// For test bodies running in a child process: report the failed condition or
+// status on stderr (the parent shows it) and end the body with exit code 1.
+#define CHILD_CHECK(cond)                                                        \
+  do {                                                                           \
+    if (!(cond)) {                                                               \
+      std::cerr << __FILE__ << ":" << __LINE__ << ": check failed: " #cond "\n"; \
+      return 1;                                                                  \
+    }                                                                            \
+  } while (false)
+
+#define CHILD_OK(expr)                                                           \
+  do {                                                                           \
+    const ::absl::Status& child_status_ = (expr);                                \
+    if (!child_status_.ok()) {                                                   \
+      std::cerr << __FILE__ << ":" << __LINE__ << ": " << child_status_ << "\n"; \
+      return 1;                                                                  \
+    }                                                                            \
+  } while (false)
 
 namespace flatshard::testing {
 

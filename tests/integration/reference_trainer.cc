@@ -37,6 +37,7 @@ absl::StatusOr<double> ReferenceTrainer::Step(const std::vector<compute::Batch>&
   }
   if (options_.max_grad_norm > 0) {
     std::vector<std::span<const float>> grads;
+    grads.reserve(primaries.size());
     for (int p : primaries) grads.emplace_back(store_.grads(p));
     const double norm_type = options_.grad_norm_type;
     const double local =

@@ -20,23 +20,6 @@ using testing::AllRanksSucceeded;
 using testing::MakeTempDir;
 using testing::RunRanks;
 
-#define CHILD_CHECK(cond)                                                        \
-  do {                                                                           \
-    if (!(cond)) {                                                               \
-      std::cerr << __FILE__ << ":" << __LINE__ << ": check failed: " #cond "\n"; \
-      return 1;                                                                  \
-    }                                                                            \
-  } while (false)
-
-#define CHILD_OK(expr)                                                           \
-  do {                                                                           \
-    absl::Status child_status_ = (expr);                                         \
-    if (!child_status_.ok()) {                                                   \
-      std::cerr << __FILE__ << ":" << __LINE__ << ": " << child_status_ << "\n"; \
-      return 1;                                                                  \
-    }                                                                            \
-  } while (false)
-
 constexpr char kModel[] = R"(
 root:
   type: Sequential

@@ -44,7 +44,8 @@ absl::Status ReluLayer::DoForward(const Tensor& in, Tensor& out, const RunContex
 
 absl::Status ReluLayer::DoBackward(const Tensor& dout, Tensor& din, const RunContext&) {
   if (dout.values.size() != y_.values.size()) {
-    return absl::InvalidArgumentError(Where() + "output gradient does not match the forward output");
+    return absl::InvalidArgumentError(Where() +
+                                      "output gradient does not match the forward output");
   }
   // dx = dy where y > 0 (torch's convention: the gradient at 0 is 0)
   din = dout;
@@ -68,7 +69,8 @@ absl::Status GeluLayer::DoForward(const Tensor& in, Tensor& out, const RunContex
 
 absl::Status GeluLayer::DoBackward(const Tensor& dout, Tensor& din, const RunContext&) {
   if (dout.values.size() != x_.values.size()) {
-    return absl::InvalidArgumentError(Where() + "output gradient does not match the forward output");
+    return absl::InvalidArgumentError(Where() +
+                                      "output gradient does not match the forward output");
   }
   // dx = dy * gelu'(x)
   din = dout;

@@ -11,12 +11,12 @@
 namespace flatshard::compute {
 
 struct Batch {
-  int64_t batch_size = 0;        // samples in this (local) batch
-  int64_t seq_len = 1;           // tokens per sample for token models, else 1
-  Tensor inputs;                 // dense inputs [batch, features] (regression / classification)
-  std::vector<int32_t> ids;      // token ids [batch * seq_len] (token models)
-  Tensor targets;                // MSE targets [rows, out]
-  std::vector<int32_t> labels;   // cross-entropy labels, one per output row
+  int64_t batch_size = 0;       // samples in this (local) batch
+  int64_t seq_len = 1;          // tokens per sample for token models, else 1
+  Tensor inputs;                // dense inputs [batch, features] (regression / classification)
+  std::vector<int32_t> ids;     // token ids [batch * seq_len] (token models)
+  Tensor targets;               // MSE targets [rows, out]
+  std::vector<int32_t> labels;  // cross-entropy labels, one per output row
 };
 
 }  // namespace flatshard::compute

@@ -32,8 +32,8 @@ absl::Status CausalSelfAttentionLayer::DoForward(const Tensor& in, Tensor& out,
   seq_ = t;
   RETURN_IF_ERROR(c_attn_->Forward(in, qkv_, ctx));  // [B*T, C] -> [B*T, 3C]
   Tensor y;
-  AttentionForward(qkv_, y);                         // [B*T, 3C] -> [B*T, C]
-  return c_proj_->Forward(y, out, ctx);              // [B*T, C] -> [B*T, C]
+  AttentionForward(qkv_, y);             // [B*T, 3C] -> [B*T, C]
+  return c_proj_->Forward(y, out, ctx);  // [B*T, C] -> [B*T, C]
 }
 
 absl::Status CausalSelfAttentionLayer::DoBackward(const Tensor& dout, Tensor& din,

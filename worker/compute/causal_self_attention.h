@@ -34,12 +34,12 @@ class CausalSelfAttentionLayer : public Layer {
 
   std::unique_ptr<LinearLayer> c_attn_;
   std::unique_ptr<LinearLayer> c_proj_;
-  int64_t channels_;   // C, the width of q, k and v
-  int64_t num_heads_;  // H
-  int64_t batch_ = 0;  // B of the last forward
-  int64_t seq_ = 0;    // T of the last forward
-  Tensor qkv_;                // [B*T, 3C]
-  std::vector<float> att_;    // softmax probabilities [B, H, T, T], zero above the diagonal
+  int64_t channels_;        // C, the width of q, k and v
+  int64_t num_heads_;       // H
+  int64_t batch_ = 0;       // B of the last forward
+  int64_t seq_ = 0;         // T of the last forward
+  Tensor qkv_;              // [B*T, 3C]
+  std::vector<float> att_;  // softmax probabilities [B, H, T, T], zero above the diagonal
 };
 
 }  // namespace flatshard::compute

@@ -53,8 +53,8 @@ absl::StatusOr<SampleRange> RankSamples(int64_t global_batch_size, int64_t step,
 
 absl::StatusOr<std::unique_ptr<DataSource>> MakeDataSource(const DataSourceOptions& options) {
   if (options.global_batch_size <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat("data set: global_batch_size must be > 0, got ",
-                                                   options.global_batch_size));
+    return absl::InvalidArgumentError(
+        absl::StrCat("data set: global_batch_size must be > 0, got ", options.global_batch_size));
   }
   switch (options.kind) {
     case DataKind::kRegression:

@@ -29,9 +29,8 @@ absl::Status GptLayer::DoForward(const Tensor&, Tensor& out, const RunContext& c
         absl::StrCat(Where(), n, " token ids are not a whole number of sequences of ", t));
   }
   if (t > wpe_->num_embeddings()) {
-    return absl::InvalidArgumentError(absl::StrCat(Where(), "sequence length ", t,
-                                                   " exceeds the ", wpe_->num_embeddings(),
-                                                   " positions of wpe"));
+    return absl::InvalidArgumentError(absl::StrCat(Where(), "sequence length ", t, " exceeds the ",
+                                                   wpe_->num_embeddings(), " positions of wpe"));
   }
   seq_ = t;
   // tok [B*T, C] = wte(ids)

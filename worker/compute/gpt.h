@@ -16,9 +16,8 @@ namespace flatshard::compute {
 
 class GptLayer : public Layer {
  public:
-  GptLayer(LayerInfo info, std::unique_ptr<EmbeddingLayer> wte,
-           std::unique_ptr<EmbeddingLayer> wpe, std::unique_ptr<Layer> h,
-           std::unique_ptr<Layer> ln_f, std::unique_ptr<Layer> lm_head);
+  GptLayer(LayerInfo info, std::unique_ptr<EmbeddingLayer> wte, std::unique_ptr<EmbeddingLayer> wpe,
+           std::unique_ptr<Layer> h, std::unique_ptr<Layer> ln_f, std::unique_ptr<Layer> lm_head);
 
  protected:
   // Reads the token ids [B*T] from ctx.ids and T from ctx.seq_len; `in` is ignored.

@@ -26,9 +26,8 @@ std::string Layer::Where() const {
 absl::StatusOr<ParamSlot> Layer::Resolve(const RunContext& ctx, const LayerParam& param) const {
   ParamSlot slot = ctx.params->Resolve(param.index);
   if (slot.value == nullptr) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(Where(), "parameter '", param.fqn,
-                     "' has no storage (is its FSDP unit unsharded?)"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        Where(), "parameter '", param.fqn, "' has no storage (is its FSDP unit unsharded?)"));
   }
   return slot;
 }

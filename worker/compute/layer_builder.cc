@@ -32,10 +32,13 @@ bool IsChain(const std::string& type) {
 }
 
 // The first module that computes, in execution order (children in spec order,
-// Identity/Dropout skipped). An Embedding or GPT there makes a token model.
+// pass-throughs skipped). An Embedding or GPT there makes a token model.
 const ModuleSpec* FirstCompute(const ModuleSpec& module) {
   if (module.type == "GPT" || module.type == "Embedding") return &module;
-  if (module.children.empty()) return IsPassThrough(module.type) ? nullptr : &module;
+  if (module.children.empty()) {
+    // Identity, Dropout and empty containers pass their input through.
+    return IsPassThrough(module.type) || IsChain(module.type) ? nullptr : &module;
+  }
   for (const ModuleSpec& child : module.children) {
     if (const ModuleSpec* first = FirstCompute(child)) return first;
   }
@@ -54,9 +57,9 @@ class Builder {
 
   absl::StatusOr<LayerTree> Run() {
     if (index_.modules.size() != CountModules(spec_.root)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "model index has ", index_.modules.size(), " modules but the spec has ",
-          CountModules(spec_.root), "; build the index with IndexModel(spec)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("model index has ", index_.modules.size(), " modules but the spec has ",
+                       CountModules(spec_.root), "; build the index with IndexModel(spec)"));
     }
     const ModuleSpec* first = FirstCompute(spec_.root);
     ids_pending_ = first != nullptr && (first->type == "Embedding" || first->type == "GPT");
@@ -116,8 +119,8 @@ class Builder {
     const std::vector<int64_t>& shape = Shape(weight);  // [out, in]
     RETURN_IF_ERROR(ExpectWidth(m, mi, width, shape[1], "in_features"));
     width = shape[0];
-    return std::make_unique<LinearLayer>(Info(m, mi), std::move(weight), std::move(bias),
-                                         shape[1], shape[0]);
+    return std::make_unique<LinearLayer>(Info(m, mi), std::move(weight), std::move(bias), shape[1],
+                                         shape[0]);
   }
 
   absl::StatusOr<std::unique_ptr<EmbeddingLayer>> BuildEmbedding(const ModuleSpec& m, int mi) {
@@ -139,7 +142,8 @@ class Builder {
     double eps = LayerNormLayer::kDefaultEps;
     if (auto it = m.attrs.find("eps"); it != m.attrs.end()) {
       if (!absl::SimpleAtod(it->second, &eps) || !std::isfinite(eps) || eps < 0.0) {
-        return Error(m, mi, absl::StrCat("attrs.eps must be a number >= 0, got '", it->second, "'"));
+        return Error(m, mi,
+                     absl::StrCat("attrs.eps must be a number >= 0, got '", it->second, "'"));
       }
     }
     return LayerPtr(std::make_unique<LayerNormLayer>(Info(m, mi), std::move(weight),
@@ -152,15 +156,15 @@ class Builder {
       if (it->second == "tanh") {
         approximate = GeluLayer::Approximation::kTanh;
       } else if (it->second != "none") {
-        return Error(m, mi, absl::StrCat("attrs.approximate must be 'none' or 'tanh', got '",
-                                         it->second, "'"));
+        return Error(
+            m, mi,
+            absl::StrCat("attrs.approximate must be 'none' or 'tanh', got '", it->second, "'"));
       }
     }
     return LayerPtr(std::make_unique<GeluLayer>(Info(m, mi), approximate));
   }
 
-  absl::StatusOr<std::vector<LayerPtr>> BuildChildren(const ModuleSpec& m, int mi,
-                                                      int64_t& width) {
+  absl::StatusOr<std::vector<LayerPtr>> BuildChildren(const ModuleSpec& m, int mi, int64_t& width) {
     std::vector<LayerPtr> children;
     for (size_t k = 0; k < m.children.size(); ++k) {
       ASSIGN_OR_RETURN(LayerPtr child, Build(m.children[k], ChildIndex(mi, k), width));
@@ -170,20 +174,25 @@ class Builder {
   }
 
   absl::StatusOr<LayerPtr> BuildResidual(const ModuleSpec& m, int mi, int64_t& width) {
-    if (ids_pending_) return Error(m, mi, "adds its input to its output, so it cannot take token ids");
+    if (ids_pending_) {
+      return Error(m, mi, "adds its input to its output, so it cannot take token ids");
+    }
     int64_t in = width;
     ASSIGN_OR_RETURN(std::vector<LayerPtr> children, BuildChildren(m, mi, width));
     if (in == kUnknown) in = tree_.input_features;  // the residual is where the model starts
     if (in != kUnknown && width != kUnknown && in != width) {
-      return Error(m, mi, absl::StrCat("its children map width ", in, " to ", width,
-                                       "; the residual sum needs them equal"));
+      return Error(m, mi,
+                   absl::StrCat("its children map width ", in, " to ", width,
+                                "; the residual sum needs them equal"));
     }
     if (width == kUnknown) width = in;
     return LayerPtr(std::make_unique<ResidualLayer>(Info(m, mi), std::move(children)));
   }
 
   absl::StatusOr<LayerPtr> BuildTransformerBlock(const ModuleSpec& m, int mi, int64_t& width) {
-    if (ids_pending_) return Error(m, mi, "adds its input to its output, so it cannot take token ids");
+    if (ids_pending_) {
+      return Error(m, mi, "adds its input to its output, so it cannot take token ids");
+    }
     ASSIGN_OR_RETURN(std::vector<size_t> at, NamedChildren(m, mi, {"ln_1", "attn", "ln_2", "mlp"}));
     const int64_t in = width;
     std::vector<LayerPtr> parts;
@@ -193,8 +202,9 @@ class Builder {
       // After attn (i == 1) and mlp (i == 3) the residual sums need the input width.
       const int64_t model_in = in != kUnknown ? in : tree_.input_features;
       if ((i == 1 || i == 3) && width != kUnknown && model_in != kUnknown && width != model_in) {
-        return Error(m, mi, absl::StrCat("child '", m.children[at[i]].name, "' outputs width ",
-                                         width, " but the residual stream is ", model_in));
+        return Error(m, mi,
+                     absl::StrCat("child '", m.children[at[i]].name, "' outputs width ", width,
+                                  " but the residual stream is ", model_in));
       }
     }
     return LayerPtr(std::make_unique<TransformerBlockLayer>(
@@ -207,22 +217,25 @@ class Builder {
     ASSIGN_OR_RETURN(std::vector<size_t> at, NamedChildren(m, mi, {"c_attn", "c_proj"}));
     for (size_t k : at) {
       if (m.children[k].type != "Linear") {
-        return Error(m, mi, absl::StrCat("child '", m.children[k].name, "' must be a Linear, got ",
-                                         m.children[k].type));
+        return Error(m, mi,
+                     absl::StrCat("child '", m.children[k].name, "' must be a Linear, got ",
+                                  m.children[k].type));
       }
     }
     int64_t heads = 0;
     auto it = m.attrs.find("num_heads");
     if (it == m.attrs.end() || !absl::SimpleAtoi(it->second, &heads) || heads <= 0) {
-      return Error(m, mi, absl::StrCat("attrs.num_heads must be a positive integer, got '",
-                                       it == m.attrs.end() ? "" : it->second, "'"));
+      return Error(m, mi,
+                   absl::StrCat("attrs.num_heads must be a positive integer, got '",
+                                it == m.attrs.end() ? "" : it->second, "'"));
     }
     ASSIGN_OR_RETURN(std::unique_ptr<LinearLayer> c_attn,
                      BuildLinear(m.children[at[0]], ChildIndex(mi, at[0]), width));
     const int64_t qkv = c_attn->out_features();
     if (qkv % 3 != 0 || (qkv / 3) % heads != 0) {
-      return Error(m, mi, absl::StrCat("c_attn outputs ", qkv, " features; it must be 3 * C with C",
-                                       " divisible by num_heads ", heads));
+      return Error(m, mi,
+                   absl::StrCat("c_attn outputs ", qkv, " features; it must be 3 * C with C",
+                                " divisible by num_heads ", heads));
     }
     width = qkv / 3;  // the attention output, c_proj's input
     ASSIGN_OR_RETURN(std::unique_ptr<LinearLayer> c_proj,
@@ -265,14 +278,16 @@ class Builder {
       size_t k = 0;
       while (k < m.children.size() && m.children[k].name != name) ++k;
       if (k == m.children.size()) {
-        return Error(m, mi, absl::StrCat("needs a child named '", name, "' (children: ",
-                                         absl::StrJoin(names, ", "), ")"));
+        return Error(m, mi,
+                     absl::StrCat("needs a child named '", name,
+                                  "' (children: ", absl::StrJoin(names, ", "), ")"));
       }
       at.push_back(k);
     }
     if (m.children.size() != names.size()) {
-      return Error(m, mi, absl::StrCat("has ", m.children.size(), " children; it runs exactly ",
-                                       absl::StrJoin(names, ", ")));
+      return Error(m, mi,
+                   absl::StrCat("has ", m.children.size(), " children; it runs exactly ",
+                                absl::StrJoin(names, ", ")));
     }
     return at;
   }
@@ -283,9 +298,10 @@ class Builder {
       const IndexedParam& param = index_.params[static_cast<size_t>(p)];
       if (param.spec->name != name) continue;
       if (!IsFloating(param.spec->dtype)) {
-        return Error(m, mi, absl::StrCat("parameter '", param.fqn, "' has dtype ",
-                                         DTypeName(param.spec->dtype),
-                                         "; layers compute in float32 and need a floating dtype"));
+        return Error(
+            m, mi,
+            absl::StrCat("parameter '", param.fqn, "' has dtype ", DTypeName(param.spec->dtype),
+                         "; layers compute in float32 and need a floating dtype"));
       }
       return LayerParam{p, param.fqn};
     }
@@ -304,8 +320,9 @@ class Builder {
       return absl::OkStatus();
     }
     if (width != expected) {
-      return Error(m, mi, absl::StrCat("its input has width ", width, " but its ", what, " is ",
-                                       expected, " (shapes of consecutive layers must agree)"));
+      return Error(m, mi,
+                   absl::StrCat("its input has width ", width, " but its ", what, " is ", expected,
+                                " (shapes of consecutive layers must agree)"));
     }
     return absl::OkStatus();
   }
@@ -319,9 +336,10 @@ class Builder {
 
   std::string Label(const ModuleSpec& m, int mi) const {
     const std::string& fqn = Indexed(mi).fqn;
-    return absl::StrCat(SpecLocation(spec_, m.source_line),
-                        fqn.empty() ? std::string("root module") : absl::StrCat("module '", fqn, "'"),
-                        " (", m.type, "): ");
+    return absl::StrCat(
+        SpecLocation(spec_, m.source_line),
+        fqn.empty() ? std::string("root module") : absl::StrCat("module '", fqn, "'"), " (", m.type,
+        "): ");
   }
   absl::Status Error(const ModuleSpec& m, int mi, const std::string& problem) const {
     return absl::InvalidArgumentError(Label(m, mi) + problem);

@@ -20,9 +20,9 @@ struct LayerTree {
   // True when the model reads Batch::ids: its first compute module (in
   // execution order, Identity/Dropout skipped) is an Embedding or a GPT.
   bool takes_token_ids = false;
-  int64_t input_features = -1;  // width of Batch::inputs; -1 for token models or unknown
-  int64_t vocab_size = 0;       // rows of the input embedding; 0 for dense models
-  int64_t output_features = -1; // width of the output; -1 when no layer fixes it
+  int64_t input_features = -1;   // width of Batch::inputs; -1 for token models or unknown
+  int64_t vocab_size = 0;        // rows of the input embedding; 0 for dense models
+  int64_t output_features = -1;  // width of the output; -1 when no layer fixes it
 };
 
 // `index` must be IndexModel(spec). Module types without compute

@@ -1,8 +1,8 @@
 #include "worker/compute/linear.h"
 
-#include <cblas.h>
-
 #include <utility>
+
+#include <cblas.h>
 
 #include "core/status_macros.h"
 

@@ -19,9 +19,9 @@ absl::string_view LossKindName(LossKind kind) {
 absl::StatusOr<double> MseLoss(const Tensor& outputs, const Tensor& targets, Tensor& grad) {
   if (targets.rows != outputs.rows || targets.cols != outputs.cols ||
       targets.values.size() != outputs.values.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("MSE loss: targets are [", targets.rows, ", ", targets.cols,
-                     "] but the model output is [", outputs.rows, ", ", outputs.cols, "]"));
+    return absl::InvalidArgumentError(absl::StrCat("MSE loss: targets are [", targets.rows, ", ",
+                                                   targets.cols, "] but the model output is [",
+                                                   outputs.rows, ", ", outputs.cols, "]"));
   }
   if (outputs.values.empty()) {
     return absl::InvalidArgumentError("MSE loss: the model output is empty");
@@ -42,8 +42,8 @@ absl::StatusOr<double> CrossEntropyLoss(const Tensor& logits, std::span<const in
   const int64_t n = logits.rows;
   const int64_t v = logits.cols;
   if (static_cast<int64_t>(labels.size()) != n) {
-    return absl::InvalidArgumentError(absl::StrCat("cross-entropy loss: ", labels.size(),
-                                                   " labels for ", n, " rows of logits"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("cross-entropy loss: ", labels.size(), " labels for ", n, " rows of logits"));
   }
   if (n == 0 || v == 0) {
     return absl::InvalidArgumentError("cross-entropy loss: the logits are empty");

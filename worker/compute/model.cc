@@ -9,8 +9,8 @@
 
 namespace flatshard::compute {
 
-absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec,
-                                                     const ModelIndex& index, LossKind loss) {
+absl::StatusOr<std::unique_ptr<Model>> Model::Create(const ModelSpec& spec, const ModelIndex& index,
+                                                     LossKind loss) {
   ASSIGN_OR_RETURN(LayerTree tree, BuildLayerTree(spec, index));
   std::unique_ptr<Model> model(new Model());
   model->root_ = std::move(tree.root);

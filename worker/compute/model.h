@@ -21,6 +21,7 @@
 
 namespace flatshard::compute {
 
+// Not thread-safe: one ForwardLoss/Backward at a time.
 class Model {
  public:
   // Builds the executable layer tree from a validated spec; `index` must be
@@ -36,8 +37,7 @@ class Model {
   // rows, i.e. tokens), like torch's default reduction. Token models read
   // batch.ids, others batch.inputs. A bad batch is INVALID_ARGUMENT; a hook's
   // error is returned as is. Hooks fire for every module (see module_hooks.h).
-  absl::StatusOr<double> ForwardLoss(const Batch& batch, ParamResolver& params,
-                                     ModuleHooks& hooks);
+  absl::StatusOr<double> ForwardLoss(const Batch& batch, ParamResolver& params, ModuleHooks& hooks);
 
   // Backward of the last successful ForwardLoss: ACCUMULATES d(mean loss)/d(param)
   // into the grads (callers zero them between steps). FAILED_PRECONDITION without

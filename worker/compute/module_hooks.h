@@ -14,7 +14,10 @@ namespace flatshard::compute {
 // AfterForward(m) when it ends; children nest inside. Backward visits modules in
 // reverse execution order: BeforeBackward(m) before any of m's (and its
 // subtree's) backward work, AfterBackward(m) after every parameter grad in m's
-// subtree is final. A hook's error aborts the pass and is returned unchanged.
+// subtree is final (a tied parameter's grad is final only once both its uses are
+// done; FSDP keeps ties inside one unit, whose module encloses both). A hook's
+// error aborts the pass and is returned unchanged; after any failure no more
+// hooks fire, so a BeforeX without its AfterX means the pass failed.
 class ModuleHooks {
  public:
   virtual ~ModuleHooks() = default;

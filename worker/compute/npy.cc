@@ -143,8 +143,8 @@ class HeaderParser {
     return absl::OkStatus();
   }
   absl::Status Error(const std::string& problem) const {
-    return absl::InvalidArgumentError(absl::StrCat(source_, ": bad .npy header at character ",
-                                                   pos_, ": ", problem, " (header: ", text_, ")"));
+    return absl::InvalidArgumentError(absl::StrCat(source_, ": bad .npy header at character ", pos_,
+                                                   ": ", problem, " (header: ", text_, ")"));
   }
 
   absl::string_view text_;
@@ -156,9 +156,9 @@ absl::StatusOr<DType> ParseDescr(const std::string& descr, absl::string_view sou
   if (descr == "<f4") return DType::kFloat32;
   if (descr == "<i4") return DType::kInt32;
   if (descr == "<i8") return DType::kInt64;
-  return absl::UnimplementedError(absl::StrCat(
-      source, ": .npy dtype '", descr,
-      "' is not supported (little-endian float32 '<f4', int32 '<i4' or int64 '<i8')"));
+  return absl::UnimplementedError(
+      absl::StrCat(source, ": .npy dtype '", descr,
+                   "' is not supported (little-endian float32 '<f4', int32 '<i4' or int64 '<i8')"));
 }
 
 std::string Descr(DType dtype) {
@@ -185,9 +185,12 @@ uint32_t ReadLittleEndian(absl::string_view bytes, size_t offset, size_t width) 
 int64_t NpyArray::numel() const { return NumElements(shape); }
 
 absl::StatusOr<NpyArray> ParseNpy(absl::string_view bytes, absl::string_view source) {
-  if (bytes.size() < 10 || bytes.substr(0, kMagic.size()) != kMagic) {
+  if (bytes.substr(0, kMagic.size()) != kMagic) {
     return absl::InvalidArgumentError(
         absl::StrCat(source, ": not a .npy file (it does not start with \\x93NUMPY)"));
+  }
+  if (bytes.size() < 8) {
+    return absl::InvalidArgumentError(absl::StrCat(source, ": .npy file ends inside its preamble"));
   }
   const int major = static_cast<uint8_t>(bytes[6]);
   const int minor = static_cast<uint8_t>(bytes[7]);
@@ -215,8 +218,8 @@ absl::StatusOr<NpyArray> ParseNpy(absl::string_view bytes, absl::string_view sou
   ASSIGN_OR_RETURN(auto dict, HeaderParser(header, source).ParseDict());
   for (const auto& [key, value] : dict) {
     if (key != "descr" && key != "fortran_order" && key != "shape") {
-      return absl::InvalidArgumentError(absl::StrCat(source, ": unexpected .npy header key '",
-                                                     key, "' (expected descr, fortran_order, shape)"));
+      return absl::InvalidArgumentError(absl::StrCat(source, ": unexpected .npy header key '", key,
+                                                     "' (expected descr, fortran_order, shape)"));
     }
   }
   for (const char* key : {"descr", "fortran_order", "shape"}) {
@@ -231,7 +234,8 @@ absl::StatusOr<NpyArray> ParseNpy(absl::string_view bytes, absl::string_view sou
   if (descr.kind != HeaderValue::Kind::kString || fortran.kind != HeaderValue::Kind::kBool ||
       shape.kind != HeaderValue::Kind::kTuple) {
     return absl::InvalidArgumentError(absl::StrCat(
-        source, ": .npy header wants a string descr, a True/False fortran_order and a tuple shape"));
+        source,
+        ": .npy header wants a string descr, a True/False fortran_order and a tuple shape"));
   }
   NpyArray array;
   ASSIGN_OR_RETURN(array.dtype, ParseDescr(descr.text, source));
@@ -245,9 +249,8 @@ absl::StatusOr<NpyArray> ParseNpy(absl::string_view bytes, absl::string_view sou
   int64_t expected = element;
   for (int64_t d : array.shape) {
     if (d != 0 && expected > std::numeric_limits<int64_t>::max() / d) {
-      return absl::InvalidArgumentError(absl::StrCat(source, ": .npy shape (",
-                                                     absl::StrJoin(array.shape, ", "),
-                                                     ") is too large"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          source, ": .npy shape (", absl::StrJoin(array.shape, ", "), ") is too large"));
     }
     expected *= d;
   }
@@ -275,7 +278,8 @@ absl::StatusOr<NpyArray> ReadNpyFile(const std::string& path) {
 
 std::string EncodeNpy(DType dtype, const std::vector<int64_t>& shape,
                       std::span<const std::byte> data) {
-  std::string shape_text = absl::StrCat("(", absl::StrJoin(shape, ", "), shape.size() == 1 ? ",)" : ")");
+  std::string shape_text =
+      absl::StrCat("(", absl::StrJoin(shape, ", "), shape.size() == 1 ? ",)" : ")");
   std::string header = absl::StrCat("{'descr': '", Descr(dtype),
                                     "', 'fortran_order': False, 'shape': ", shape_text, ", }");
   // Pad with spaces so magic + version + length + header + '\n' is a multiple of 64.

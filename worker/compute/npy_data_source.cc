@@ -16,7 +16,9 @@
 namespace flatshard::compute {
 namespace {
 
-std::string ShapeText(const NpyArray& a) { return absl::StrCat("(", absl::StrJoin(a.shape, ", "), ")"); }
+std::string ShapeText(const NpyArray& a) {
+  return absl::StrCat("(", absl::StrJoin(a.shape, ", "), ")");
+}
 
 absl::Status FileError(const std::string& file, const std::string& problem) {
   return absl::InvalidArgumentError(absl::StrCat(file, ": ", problem));
@@ -32,7 +34,8 @@ std::vector<float> Floats(const NpyArray& a) {
 absl::StatusOr<std::vector<int32_t>> Ids(const NpyArray& a, const std::string& file, int64_t bound,
                                          const char* bound_name) {
   if (a.dtype != DType::kInt32 && a.dtype != DType::kInt64) {
-    return FileError(file, absl::StrCat("must hold int32 or int64 values, not ", DTypeName(a.dtype)));
+    return FileError(file,
+                     absl::StrCat("must hold int32 or int64 values, not ", DTypeName(a.dtype)));
   }
   const int64_t limit = bound > 0 ? bound : int64_t{std::numeric_limits<int32_t>::max()} + 1;
   std::vector<int32_t> out(static_cast<size_t>(a.numel()));
@@ -46,8 +49,9 @@ absl::StatusOr<std::vector<int32_t>> Ids(const NpyArray& a, const std::string& f
       std::memcpy(&v, a.data.data() + i * 8, 8);
     }
     if (v < 0 || v >= limit) {
-      return FileError(file, absl::StrCat("value ", v, " at flat index ", i, " is outside [0, ",
-                                          limit, ")", bound > 0 ? absl::StrCat(" (", bound_name, ")") : ""));
+      return FileError(
+          file, absl::StrCat("value ", v, " at flat index ", i, " is outside [0, ", limit, ")",
+                             bound > 0 ? absl::StrCat(" (", bound_name, ")") : ""));
     }
     out[i] = static_cast<int32_t>(v);
   }
@@ -59,7 +63,8 @@ absl::StatusOr<std::vector<int32_t>> Ids(const NpyArray& a, const std::string& f
 absl::StatusOr<std::unique_ptr<NpyDataSource>> NpyDataSource::Open(
     const DataSourceOptions& options) {
   if (options.path.empty()) {
-    return absl::InvalidArgumentError("npy data set: path (the directory of .npy files) is required");
+    return absl::InvalidArgumentError(
+        "npy data set: path (the directory of .npy files) is required");
   }
   if (options.global_batch_size <= 0) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -72,9 +77,11 @@ absl::StatusOr<std::unique_ptr<NpyDataSource>> NpyDataSource::Open(
   const bool has_targets = std::filesystem::exists(targets_file);
   const bool has_labels = std::filesystem::exists(labels_file);
   if (has_targets == has_labels) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "npy data set ", options.path, ": needs exactly one of targets.npy (MSE) and labels.npy "
-        "(cross-entropy), found ", has_targets ? "both" : "neither"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("npy data set ", options.path,
+                     ": needs exactly one of targets.npy (MSE) and labels.npy "
+                     "(cross-entropy), found ",
+                     has_targets ? "both" : "neither"));
   }
   ASSIGN_OR_RETURN(const NpyArray inputs, ReadNpyFile(inputs_file));
 
@@ -82,7 +89,8 @@ absl::StatusOr<std::unique_ptr<NpyDataSource>> NpyDataSource::Open(
   source->batch_ = options.global_batch_size;
   source->tokens_ = inputs.dtype != DType::kFloat32;
   if (inputs.shape.empty() || inputs.shape[0] == 0) {
-    return FileError(inputs_file, absl::StrCat("needs at least one sample, shape is ", ShapeText(inputs)));
+    return FileError(inputs_file,
+                     absl::StrCat("needs at least one sample, shape is ", ShapeText(inputs)));
   }
   source->samples_ = inputs.shape[0];
   if (source->tokens_) {
@@ -113,8 +121,8 @@ absl::StatusOr<std::unique_ptr<NpyDataSource>> NpyDataSource::Open(
   const std::string& target_file = has_targets ? targets_file : labels_file;
   ASSIGN_OR_RETURN(const NpyArray target, ReadNpyFile(target_file));
   if (target.shape.empty() || target.shape[0] != source->samples_) {
-    return FileError(target_file, absl::StrCat("has shape ", ShapeText(target), " but ", inputs_file,
-                                               " has ", source->samples_, " samples"));
+    return FileError(target_file, absl::StrCat("has shape ", ShapeText(target), " but ",
+                                               inputs_file, " has ", source->samples_, " samples"));
   }
   if (has_targets) {
     source->loss_ = LossKind::kMse;
@@ -134,14 +142,14 @@ absl::StatusOr<std::unique_ptr<NpyDataSource>> NpyDataSource::Open(
                                           ? std::vector<int64_t>{source->samples_, source->width_}
                                           : std::vector<int64_t>{source->samples_};
     if (target.shape != want) {
-      return FileError(target_file, absl::StrCat("labels must have shape (", absl::StrJoin(want, ", "),
-                                                 ") to match the inputs, got ", ShapeText(target)));
+      return FileError(target_file,
+                       absl::StrCat("labels must have shape (", absl::StrJoin(want, ", "),
+                                    ") to match the inputs, got ", ShapeText(target)));
     }
     source->target_width_ = source->tokens_ ? source->width_ : 1;
     const int64_t classes = source->tokens_ ? options.vocab_size : options.output_features;
-    ASSIGN_OR_RETURN(source->labels_,
-                     Ids(target, target_file, classes,
-                         source->tokens_ ? "vocab_size" : "output_features"));
+    ASSIGN_OR_RETURN(source->labels_, Ids(target, target_file, classes,
+                                          source->tokens_ ? "vocab_size" : "output_features"));
   }
   return source;
 }

@@ -39,12 +39,12 @@ class NpyDataSource : public DataSource {
   int64_t samples_ = 0;  // N
   LossKind loss_ = LossKind::kMse;
   bool tokens_ = false;
-  int64_t width_ = 0;         // F (dense) or T (tokens)
-  int64_t target_width_ = 0;  // O for MSE; T for token labels; 1 for dense labels
-  std::vector<float> inputs_;     // dense [N, F]
-  std::vector<int32_t> ids_;      // tokens [N, T]
-  std::vector<float> targets_;    // [N, O]
-  std::vector<int32_t> labels_;   // [N] or [N, T]
+  int64_t width_ = 0;            // F (dense) or T (tokens)
+  int64_t target_width_ = 0;     // O for MSE; T for token labels; 1 for dense labels
+  std::vector<float> inputs_;    // dense [N, F]
+  std::vector<int32_t> ids_;     // tokens [N, T]
+  std::vector<float> targets_;   // [N, O]
+  std::vector<int32_t> labels_;  // [N] or [N, T]
 };
 
 }  // namespace flatshard::compute

@@ -58,8 +58,8 @@ absl::Status InitParamRange(const ParamSpec& param, const std::string& fqn, uint
   const int64_t end = begin + static_cast<int64_t>(out.size());
   if (begin < 0 || end > numel) {
     return absl::InvalidArgumentError(absl::StrCat("InitParam: elements [", begin, ", ", end,
-                                                   ") are outside parameter '", fqn, "' of ",
-                                                   numel, " elements"));
+                                                   ") are outside parameter '", fqn, "' of ", numel,
+                                                   " elements"));
   }
   const InitRule rule = RuleFor(param);
   // Element n is draw n of the parameter's own stream: any slice on its own.
@@ -84,8 +84,8 @@ absl::Status InitParam(const ParamSpec& param, const std::string& fqn, uint64_t 
   return InitParamRange(param, fqn, seed, 0, out);
 }
 
-absl::Status InitParamRange(const ModelIndex& index, int param_index, uint64_t seed,
-                            int64_t begin, std::span<float> out) {
+absl::Status InitParamRange(const ModelIndex& index, int param_index, uint64_t seed, int64_t begin,
+                            std::span<float> out) {
   const IndexedParam* primary = Primary(index, param_index);
   if (primary == nullptr) return NoSuchParam(index, param_index);
   return InitParamRange(*primary->spec, primary->fqn, seed, begin, out);

@@ -45,8 +45,8 @@ absl::Status InitParamRange(const ParamSpec& param, const std::string& fqn, uint
 // primary FQN, ...).
 absl::Status InitParam(const ModelIndex& index, int param_index, uint64_t seed,
                        std::span<float> out);
-absl::Status InitParamRange(const ModelIndex& index, int param_index, uint64_t seed,
-                            int64_t begin, std::span<float> out);
+absl::Status InitParamRange(const ModelIndex& index, int param_index, uint64_t seed, int64_t begin,
+                            std::span<float> out);
 
 }  // namespace flatshard::compute
 

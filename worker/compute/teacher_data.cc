@@ -22,8 +22,8 @@ absl::StatusOr<std::unique_ptr<TeacherDataSource>> TeacherDataSource::Create(
     const DataSourceOptions& options, Task task) {
   const char* kind = task == Task::kRegression ? "regression" : "classification";
   if (options.input_features <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(kind, " data set: input_features must be > 0, got ",
-                                                   options.input_features));
+    return absl::InvalidArgumentError(
+        absl::StrCat(kind, " data set: input_features must be > 0, got ", options.input_features));
   }
   const int64_t min_out = task == Task::kRegression ? 1 : 2;
   if (options.output_features < min_out) {
@@ -50,7 +50,22 @@ TeacherDataSource::TeacherDataSource(const DataSourceOptions& options, Task task
   w1_ = NormalVector(teacher.Fork("w1"), h * in_, 1.0 / std::sqrt(static_cast<double>(in_)));
   b1_ = NormalVector(teacher.Fork("b1"), h, 0.1);
   w2_ = NormalVector(teacher.Fork("w2"), out_ * h, std::sqrt(2.0 / static_cast<double>(h)));
-  b2_ = NormalVector(teacher.Fork("b2"), out_, 0.1);
+  // Center the outputs: b2 = -mean over kCalibration inputs of a separate stream,
+  // so regression targets have mean ~0 and every class wins argmax now and then
+  // (without it one class's bias can swallow the rest).
+  b2_.assign(static_cast<size_t>(out_), 0.0);
+  const CounterRng calibration = teacher.Fork("calibration");
+  std::vector<float> x(static_cast<size_t>(in_));
+  std::vector<double> y(static_cast<size_t>(out_));
+  std::vector<double> mean(static_cast<size_t>(out_), 0.0);
+  for (int64_t s = 0; s < kCalibration; ++s) {
+    for (size_t j = 0; j < x.size(); ++j) {
+      x[j] = static_cast<float>(calibration.Normal(static_cast<uint64_t>(s) * x.size() + j));
+    }
+    Teacher(x, y);
+    for (size_t o = 0; o < y.size(); ++o) mean[o] += y[o];
+  }
+  for (size_t o = 0; o < mean.size(); ++o) b2_[o] = -mean[o] / static_cast<double>(kCalibration);
 }
 
 LossKind TeacherDataSource::loss() const {

@@ -1,5 +1,5 @@
 // Teacher-student data sets: inputs x ~ N(0, 1) and a fixed random "teacher"
-// MLP, y = W2 relu(W1 x + b1) + b2, so a student model can really learn the
+// MLP, y = W2 relu(W1 x + b1) + b2 (b2 centres y), so a student model can really learn the
 // mapping and its loss falls. Regression trains on y with MSE; classification
 // on argmax(y) with cross-entropy. Everything derives from the seed through a
 // counter-based generator keyed by the global sample index, and the teacher is
@@ -24,6 +24,7 @@ class TeacherDataSource : public DataSource {
  public:
   enum class Task { kRegression, kClassification };
   static constexpr int64_t kTeacherHidden = 32;
+  static constexpr int64_t kCalibration = 1024;  // samples that centre the teacher's outputs
 
   // Needs global_batch_size, input_features and output_features > 0
   // (classification: output_features >= 2 classes).

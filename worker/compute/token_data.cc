@@ -12,8 +12,8 @@ namespace flatshard::compute {
 absl::StatusOr<std::unique_ptr<TokenDataSource>> TokenDataSource::Create(
     const DataSourceOptions& options) {
   if (options.vocab_size < 2 || options.vocab_size > std::numeric_limits<int32_t>::max()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "tokens data set: vocab_size must be in [2, 2^31), got ", options.vocab_size));
+    return absl::InvalidArgumentError(
+        absl::StrCat("tokens data set: vocab_size must be in [2, 2^31), got ", options.vocab_size));
   }
   if (options.seq_len <= 0) {
     return absl::InvalidArgumentError(

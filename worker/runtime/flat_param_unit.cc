@@ -107,8 +107,9 @@ absl::Status FlatParamUnit::ReduceGrad() {
   const size_t es = DTypeSize(reduce_dtype);
   std::memset(padded.data() + n * es, 0, (s * world - n) * es);
   unsharded_grad_.Release();
-  if (config_.divide.pre > 1)
+  if (config_.divide.pre > 1) {
     DivideElements(reduce_dtype, padded.data(), s * world, config_.divide.pre);
+  }
   HostBuffer reduced;
   if (sharded()) {
     reduced = HostBuffer(s, reduce_dtype, memory_, MemoryKind::kGradients,
@@ -145,8 +146,9 @@ absl::Status FlatParamUnit::ReduceGrad() {
 absl::Status FlatParamUnit::GatherGradFullPrecision(std::vector<float>& out) {
   // All ranks agree on whether any gradient exists before gathering.
   int32_t missing = grad_shard_.allocated() ? 0 : 1;
-  if (sharded())
+  if (sharded()) {
     RETURN_IF_ERROR(shard_comm_->AllReduce(&missing, 1, DType::kInt32, ReduceOp::kSum));
+  }
   const int world = sharded() ? layout().world_size() : 1;
   out.clear();
   if (missing == world) return absl::OkStatus();

@@ -71,7 +71,7 @@ absl::Status FsdpRuntime::Build(const WrapPolicy& policy, std::shared_ptr<Store>
   // Communicators: the world, then (hybrid) this rank's shard and replicate
   // groups, created in the same order on every rank.
   ASSIGN_OR_RETURN(std::unique_ptr<GlooCommunicator> world,
-                   GlooCommunicator::Create(store, rank_, world_size_, options_.gloo));
+                   GlooCommunicator::Create(std::move(store), rank_, world_size_, options_.gloo));
   world_comm_ = std::move(world);
   const bool hybrid = IsHybrid(strategy_);
   if (hybrid) {

@@ -16,10 +16,10 @@
 namespace flatshard::compute {
 namespace {
 
-using testing::BuildTestModel;
 using ::testing::ElementsAre;
 using ::testing::FloatNear;
 using ::testing::Pointwise;
+using testutil::BuildTestModel;
 
 constexpr float kTol = 1e-5f;
 
@@ -78,8 +78,8 @@ TEST(ForwardTest, LayerNormNormalisesEachRow) {
   ASSERT_TRUE(tm->model->ForwardLoss(batch, *tm->store, hooks).ok());
   // mean 2.5, biased var 1.25, eps 1e-5: (x - 2.5) / sqrt(1.25001) * w + b
   EXPECT_THAT(tm->model->output().values,
-              Pointwise(FloatNear(kTol), std::vector<float>{-1.3416354f, -0.8944236f, 1.4472118f,
-                                                            1.3416354f}));
+              Pointwise(FloatNear(kTol),
+                        std::vector<float>{-1.3416354f, -0.8944236f, 1.4472118f, 1.3416354f}));
 }
 
 TEST(ForwardTest, LayerNormHonoursEpsAndNoAffine) {
@@ -92,21 +92,19 @@ TEST(ForwardTest, LayerNormHonoursEpsAndNoAffine) {
   const Batch batch = DenseBatch(Matrix(1, 4, {1, 2, 3, 4}), ZeroTensor(1, 4));
   ASSERT_TRUE(tm->model->ForwardLoss(batch, *tm->store, hooks).ok());
   EXPECT_THAT(tm->model->output().values,
-              Pointwise(FloatNear(kTol), std::vector<float>{-1.3411045f, -0.4470348f, 0.4470348f,
-                                                            1.3411045f}));
+              Pointwise(FloatNear(kTol),
+                        std::vector<float>{-1.3411045f, -0.4470348f, 0.4470348f, 1.3411045f}));
 }
 
 TEST(ForwardTest, GeluMatchesTorchBothForms) {
   const std::vector<float> x = {-3, -1, -0.5f, 0, 0.5f, 1, 2, 3};
   // torch.nn.functional.gelu(x) and gelu(x, approximate='tanh'), in double.
-  const std::vector<double> erf_form = {-0.00404969409489031, -0.15865525393145707,
-                                        -0.15426876936299344, 0.0,
-                                        0.34573123063700656,  0.8413447460685429,
-                                        1.9544997361036416,   2.99595030590511};
-  const std::vector<double> tanh_form = {-0.0036373920817729943, -0.15880800939172324,
-                                         -0.15428599017485606,   0.0,
-                                         0.34571400982514394,    0.8411919906082768,
-                                         1.954597694087775,      2.996362607918227};
+  const std::vector<double> erf_form = {
+      -0.00404969409489031, -0.15865525393145707, -0.15426876936299344, 0.0,
+      0.34573123063700656,  0.8413447460685429,   1.9544997361036416,   2.99595030590511};
+  const std::vector<double> tanh_form = {
+      -0.0036373920817729943, -0.15880800939172324, -0.15428599017485606, 0.0,
+      0.34571400982514394,    0.8411919906082768,   1.954597694087775,    2.996362607918227};
   for (size_t i = 0; i < x.size(); ++i) {
     EXPECT_NEAR(GeluErf(x[i]), erf_form[i], 1e-6) << x[i];
     EXPECT_NEAR(GeluTanh(x[i]), tanh_form[i], 1e-6) << x[i];
@@ -158,14 +156,12 @@ TEST(ForwardTest, CrossEntropyIsStableForHugeLogits) {
 TEST(ForwardTest, LossErrorsNameTheProblem) {
   Tensor grad;
   const std::vector<int32_t> bad_label = {3};
-  EXPECT_THAT(std::string(CrossEntropyLoss(Matrix(1, 3, {0, 0, 0}), bad_label, grad)
-                              .status()
-                              .message()),
-              ::testing::HasSubstr("label 3 of row 0 is outside [0, 3)"));
-  EXPECT_THAT(std::string(MseLoss(Matrix(1, 2, {0, 0}), Matrix(2, 1, {0, 0}), grad)
-                              .status()
-                              .message()),
-              ::testing::HasSubstr("targets are [2, 1] but the model output is [1, 2]"));
+  EXPECT_THAT(
+      std::string(CrossEntropyLoss(Matrix(1, 3, {0, 0, 0}), bad_label, grad).status().message()),
+      ::testing::HasSubstr("label 3 of row 0 is outside [0, 3)"));
+  EXPECT_THAT(
+      std::string(MseLoss(Matrix(1, 2, {0, 0}), Matrix(2, 1, {0, 0}), grad).status().message()),
+      ::testing::HasSubstr("targets are [2, 1] but the model output is [1, 2]"));
 }
 
 TEST(ForwardTest, MseIsTheMeanOverAllElements) {
@@ -251,7 +247,9 @@ root:
   ASSERT_TRUE(tm->model->ForwardLoss(b, *tm->store, hooks).ok());
   const std::vector<float> out_b = tm->model->output().values;
   ASSERT_EQ(out_a.size(), 20u);
-  for (size_t i = 0; i < 15; ++i) EXPECT_EQ(out_a[i], out_b[i]) << "earlier position changed at " << i;
+  for (size_t i = 0; i < 15; ++i) {
+    EXPECT_EQ(out_a[i], out_b[i]) << "earlier position changed at " << i;
+  }
   EXPECT_NE(std::vector<float>(out_a.begin() + 15, out_a.end()),
             std::vector<float>(out_b.begin() + 15, out_b.end()));
   // The same token at two positions gives different logits: wpe is added.

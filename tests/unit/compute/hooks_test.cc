@@ -10,14 +10,15 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
+
 #include "tests/unit/compute/compute_test_util.h"
 
 namespace flatshard::compute {
 namespace {
 
-using testing::BuildTestModel;
 using ::testing::ElementsAreArray;
 using ::testing::HasSubstr;
+using testutil::BuildTestModel;
 
 // Records "F<m" (BeforeForward), "F>m" (AfterForward), "B<m", "B>m".
 class RecordingHooks : public ModuleHooks {
@@ -33,7 +34,9 @@ class RecordingHooks : public ModuleHooks {
  private:
   absl::Status Record(const char* what, int m) {
     events.push_back(absl::StrCat(what, m));
-    if (events.back() == fail_on) return absl::AbortedError(absl::StrCat("hook failed at ", fail_on));
+    if (events.back() == fail_on) {
+      return absl::AbortedError(absl::StrCat("hook failed at ", fail_on));
+    }
     return absl::OkStatus();
   }
 };
@@ -66,7 +69,7 @@ TEST(HooksTest, NestedModelFollowsPyTorchOrder) {
   auto tm = BuildTestModel(kNested, LossKind::kMse);
   ASSERT_TRUE(tm.ok()) << tm.status();
   RecordingHooks hooks;
-  const Batch batch = testing::RandomDenseBatch(2, 3, 2, LossKind::kMse, 1);
+  const Batch batch = testutil::RandomDenseBatch(2, 3, 2, LossKind::kMse, 1);
   ASSERT_TRUE(tm->model->ForwardLoss(batch, *tm->store, hooks).ok());
   EXPECT_THAT(hooks.events,
               ElementsAreArray(Split("F<0 F<1 F>1 F<2 F<3 F>3 F<4 F>4 F>2 F<5 F>5 F>0")));
@@ -114,18 +117,18 @@ tied:
   // 9 ln_2, 10 mlp, 11 c_fc, 12 act, 13 mlp.c_proj, 14 ln_f, 15 lm_head.
   ASSERT_EQ(tm->index.modules[13].fqn, "h.0.mlp.c_proj");
   RecordingHooks hooks;
-  const Batch batch = testing::RandomTokenBatch(2, 3, 5, 1);
+  const Batch batch = testutil::RandomTokenBatch(2, 3, 5, 1);
   ASSERT_TRUE(tm->model->ForwardLoss(batch, *tm->store, hooks).ok());
-  EXPECT_THAT(hooks.events, ElementsAreArray(Split(
-                                "F<0 F<1 F>1 F<2 F>2 F<3 F<4 F<5 F>5 F<6 F<7 F>7 F<8 F>8 F>6 "
-                                "F<9 F>9 F<10 F<11 F>11 F<12 F>12 F<13 F>13 F>10 F>4 F>3 "
-                                "F<14 F>14 F<15 F>15 F>0")));
+  EXPECT_THAT(hooks.events,
+              ElementsAreArray(Split("F<0 F<1 F>1 F<2 F>2 F<3 F<4 F<5 F>5 F<6 F<7 F>7 F<8 F>8 F>6 "
+                                     "F<9 F>9 F<10 F<11 F>11 F<12 F>12 F<13 F>13 F>10 F>4 F>3 "
+                                     "F<14 F>14 F<15 F>15 F>0")));
   hooks.events.clear();
   ASSERT_TRUE(tm->model->Backward(*tm->store, hooks).ok());
-  EXPECT_THAT(hooks.events, ElementsAreArray(Split(
-                                "B<0 B<15 B>15 B<14 B>14 B<3 B<4 B<10 B<13 B>13 B<12 B>12 "
-                                "B<11 B>11 B>10 B<9 B>9 B<6 B<8 B>8 B<7 B>7 B>6 B<5 B>5 B>4 "
-                                "B>3 B<2 B>2 B<1 B>1 B>0")));
+  EXPECT_THAT(hooks.events,
+              ElementsAreArray(Split("B<0 B<15 B>15 B<14 B>14 B<3 B<4 B<10 B<13 B>13 B<12 B>12 "
+                                     "B<11 B>11 B>10 B<9 B>9 B<6 B<8 B>8 B<7 B>7 B>6 B<5 B>5 B>4 "
+                                     "B>3 B<2 B>2 B<1 B>1 B>0")));
 }
 
 // A resolver that only hands out storage while the parameter's own module is
@@ -133,7 +136,7 @@ tied:
 // buffer (poisoning the old one), as FSDP does between forward and backward.
 class StrictMovingResolver : public ParamResolver, public ModuleHooks {
  public:
-  explicit StrictMovingResolver(testing::TestModel& tm) : tm_(tm) { Regather(); }
+  explicit StrictMovingResolver(testutil::TestModel& tm) : tm_(tm) { Regather(); }
 
   ParamSlot Resolve(int p) override {
     const int owner = tm_.index.params[static_cast<size_t>(p)].module;
@@ -180,7 +183,7 @@ class StrictMovingResolver : public ParamResolver, public ModuleHooks {
     return absl::OkStatus();
   }
 
-  testing::TestModel& tm_;
+  testutil::TestModel& tm_;
   std::vector<int> open_;
   std::vector<std::vector<float>> values_;
   std::vector<std::vector<std::vector<float>>> retired_;
@@ -189,7 +192,7 @@ class StrictMovingResolver : public ParamResolver, public ModuleHooks {
 TEST(HooksTest, ParamsResolvedInsideTheirModuleAndReResolvedAfterStorageMoves) {
   auto tm = BuildTestModel(kNested, LossKind::kMse);
   ASSERT_TRUE(tm.ok()) << tm.status();
-  const Batch batch = testing::RandomDenseBatch(3, 3, 2, LossKind::kMse, 4);
+  const Batch batch = testutil::RandomDenseBatch(3, 3, 2, LossKind::kMse, 4);
   // Reference grads from the plain store.
   NoopModuleHooks noop;
   tm->store->ZeroGrads();
@@ -209,15 +212,14 @@ TEST(HooksTest, ParamsResolvedInsideTheirModuleAndReResolvedAfterStorageMoves) {
 TEST(HooksTest, HookErrorsAbortThePass) {
   auto tm = BuildTestModel(kNested, LossKind::kMse);
   ASSERT_TRUE(tm.ok()) << tm.status();
-  const Batch batch = testing::RandomDenseBatch(2, 3, 2, LossKind::kMse, 1);
+  const Batch batch = testutil::RandomDenseBatch(2, 3, 2, LossKind::kMse, 1);
   RecordingHooks hooks;
   hooks.fail_on = "F<3";
   auto loss = tm->model->ForwardLoss(batch, *tm->store, hooks);
   EXPECT_EQ(loss.status().code(), absl::StatusCode::kAborted);
   EXPECT_EQ(hooks.events.back(), "F<3");  // nothing ran after the failing hook
   // No backward through a failed forward.
-  EXPECT_EQ(tm->model->Backward(*tm->store, hooks).code(),
-            absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(tm->model->Backward(*tm->store, hooks).code(), absl::StatusCode::kFailedPrecondition);
 
   hooks.fail_on = "B>2";
   hooks.events.clear();

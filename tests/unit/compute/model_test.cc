@@ -14,10 +14,10 @@
 namespace flatshard::compute {
 namespace {
 
-using testing::BuildTestModel;
-using testing::RandomDenseBatch;
-using testing::RandomTokenBatch;
 using ::testing::HasSubstr;
+using testutil::BuildTestModel;
+using testutil::RandomDenseBatch;
+using testutil::RandomTokenBatch;
 
 struct BadModel {
   const char* name;
@@ -105,8 +105,7 @@ INSTANTIATE_TEST_SUITE_P(
                  "{name: attn, type: CausalSelfAttention, children: ["
                  " {name: c_attn, type: Linear, in_features: 4, out_features: 12},"
                  " {name: c_proj, type: Linear, in_features: 4, out_features: 4}]}]}",
-                 absl::StatusCode::kInvalidArgument,
-                 "attrs.num_heads must be a positive integer"},
+                 absl::StatusCode::kInvalidArgument, "attrs.num_heads must be a positive integer"},
         BadModel{"attention_missing_child",
                  "root: {type: Sequential, children: ["
                  "{name: emb, type: Embedding, num_embeddings: 5, embedding_dim: 4},"
@@ -192,7 +191,7 @@ TEST(ModelTest, BadBatchesAreInvalidArgument) {
       LossKind::kMse);
   ASSERT_TRUE(dense.ok()) << dense.status();
   NoopModuleHooks hooks;
-  auto message = [&](testing::TestModel& tm, const Batch& batch) {
+  auto message = [&](testutil::TestModel& tm, const Batch& batch) {
     auto loss = tm.model->ForwardLoss(batch, *tm.store, hooks);
     EXPECT_EQ(loss.status().code(), absl::StatusCode::kInvalidArgument) << loss.status();
     return std::string(loss.status().message());
@@ -294,7 +293,9 @@ TEST(ModelTest, GradsAccumulateAndSkipFrozenAndUnusedParams) {
   }
   EXPECT_EQ(store.Resolve(tm->index.param_by_fqn.at("a.weight")).grad, nullptr);
   for (const char* untouched : {"scale", "a.weight", "a.bias"}) {
-    for (float g : store.grads(tm->index.param_by_fqn.at(untouched))) EXPECT_EQ(g, 0.0f) << untouched;
+    for (float g : store.grads(tm->index.param_by_fqn.at(untouched))) {
+      EXPECT_EQ(g, 0.0f) << untouched;
+    }
   }
 }
 
@@ -314,7 +315,7 @@ TEST(ModelTest, TiedParamsSumBothUsesIntoThePrimary) {
   std::copy(shared.begin(), shared.end(), untied->store->values(1).begin());
   NoopModuleHooks hooks;
   const Batch batch = RandomTokenBatch(2, 3, 4, 5);
-  for (testing::TestModel* tm : {&*tied, &*untied}) {
+  for (testutil::TestModel* tm : {&*tied, &*untied}) {
     ASSERT_TRUE(tm->model->ForwardLoss(batch, *tm->store, hooks).ok());
     ASSERT_TRUE(tm->model->Backward(*tm->store, hooks).ok());
   }

@@ -51,7 +51,8 @@ class ParamInitTest : public ::testing::Test {
 
   std::vector<float> Values(const std::string& fqn, uint64_t seed) {
     const int p = index_.param_by_fqn.at(fqn);
-    std::vector<float> v(static_cast<size_t>(NumElements(index_.params[static_cast<size_t>(p)].spec->shape)));
+    std::vector<float> v(
+        static_cast<size_t>(NumElements(index_.params[static_cast<size_t>(p)].spec->shape)));
     EXPECT_TRUE(InitParam(index_, p, seed, v).ok());
     return v;
   }
@@ -132,7 +133,8 @@ TEST_F(ParamInitTest, SizeErrorsNameTheParameter) {
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(s.message()), HasSubstr("'fc.bias' has 64 elements, the output holds 3"));
   const absl::Status r = InitParamRange(index_, index_.param_by_fqn.at("fc.bias"), 1, 62, small);
-  EXPECT_THAT(std::string(r.message()), HasSubstr("elements [62, 65) are outside parameter 'fc.bias'"));
+  EXPECT_THAT(std::string(r.message()),
+              HasSubstr("elements [62, 65) are outside parameter 'fc.bias'"));
   EXPECT_EQ(InitParam(index_, 99, 1, small).code(), absl::StatusCode::kInvalidArgument);
 }
 
