@@ -149,6 +149,24 @@ int Body(const std::string& dir, int rank, int world) {
       std::string(no_offload.message()).find("offload_to_cpu is not supported with NO_SHARD") !=
       std::string::npos);
 
+  // CPUOffload on a host build: same values, master shards accounted as offloaded.
+  FsdpOptions offloaded = options;
+  offloaded.cpu_offload = true;
+  offloaded.gloo.prefix = "offload";
+  auto host = FsdpRuntime::Create(spec, policy, offloaded, rank, world, *store);
+  CHILD_OK(host.status());
+  int64_t shard_bytes = 0;
+  for (const auto& unit : (*host)->units()) {
+    shard_bytes += static_cast<int64_t>(unit->shard().size() * sizeof(float));
+  }
+  CHILD_CHECK((*host)->memory().current(MemoryKind::kOffloadedParams) == shard_bytes);
+  CHILD_CHECK((*host)->memory().current(MemoryKind::kShardedParams) == 0);
+  auto host_values = (*host)->SummonFullParams();
+  CHILD_OK(host_values.status());
+  auto plain_values = (*plain)->SummonFullParams();
+  CHILD_OK(plain_values.status());
+  CHILD_CHECK(*host_values == *plain_values);
+
   // sync_module_states: every rank starts from rank 0's values even though each
   // rank's own initialisation differs.
   FsdpOptions synced = options;

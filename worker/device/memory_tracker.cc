@@ -6,6 +6,8 @@ absl::string_view MemoryKindName(MemoryKind kind) {
   switch (kind) {
     case MemoryKind::kShardedParams:
       return "sharded_params";
+    case MemoryKind::kOffloadedParams:
+      return "offloaded_params";
     case MemoryKind::kLowPrecisionShard:
       return "low_precision_shard";
     case MemoryKind::kUnshardedParams:

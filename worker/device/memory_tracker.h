@@ -14,6 +14,7 @@ namespace flatshard {
 
 enum class MemoryKind : int {
   kShardedParams,      // fp32 master shards
+  kOffloadedParams,    // master shards under CPUOffload (pinned host memory on GPUs)
   kLowPrecisionShard,  // transient param_dtype copy for the all-gather
   kUnshardedParams,    // padded all-gather buffers (+ fp32 compute views)
   kGradients,          // unsharded grads during backward, grad shards after

@@ -23,7 +23,7 @@ FlatParamUnit::FlatParamUnit(UnitRuntimeConfig config, Communicator* shard_comm,
       replicate_comm_(replicate_comm),
       memory_(memory),
       shard_(AsSize(config_.layout.sharded_numel()), DType::kFloat32, memory,
-             MemoryKind::kShardedParams) {}
+             config_.cpu_offload ? MemoryKind::kOffloadedParams : MemoryKind::kShardedParams) {}
 
 absl::Status FlatParamUnit::LoadFull(std::span<const float> flat) {
   return CopyShard(layout(), DType::kFloat32, sharded() ? config_.shard_rank : 0,

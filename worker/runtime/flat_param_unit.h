@@ -38,6 +38,7 @@ struct UnitRuntimeConfig {
   ShardingStrategy strategy = ShardingStrategy::kFullShard;  // effective
   ResolvedPrecision precision{DType::kFloat32, DType::kFloat32};
   GradientDivideFactors divide;
+  bool cpu_offload = false;  // account the master shard as offloaded
 };
 
 class FlatParamUnit {

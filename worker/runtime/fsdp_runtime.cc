@@ -106,6 +106,7 @@ absl::Status FsdpRuntime::Build(const WrapPolicy& policy, std::shared_ptr<Store>
                      FlatParamLayout::Create(std::move(entries), layout_options, UnitLabel(unit)));
     UnitRuntimeConfig config{unit,      std::move(layout), ranks_.ShardRank(rank_),
                              strategy_, precision,         divide};
+    config.cpu_offload = options_.cpu_offload;
     for (size_t i = 0; i < unit.params.size(); ++i) {
       param_locations_[static_cast<size_t>(unit.params[i].param_index)] = ParamLocation{
           unit.index, config.layout.param_ranges()[i].start, unit.params[i].requires_grad};
