@@ -16,7 +16,8 @@
 namespace flatshard::testing {
 
 std::vector<RankResult> RunRanks(int world, const std::function<int(int rank)>& body,
-                                 absl::Duration timeout) {
+                                 absl::Duration timeout,
+                                 const std::function<std::shared_ptr<void>()>& after_fork) {
   std::cout.flush();
   std::cerr.flush();
   std::vector<pid_t> pids;
@@ -35,6 +36,7 @@ std::vector<RankResult> RunRanks(int world, const std::function<int(int rank)>& 
     }
     pids.push_back(pid);
   }
+  const std::shared_ptr<void> parent_state = after_fork ? after_fork() : nullptr;
   std::vector<RankResult> results(static_cast<size_t>(world));
   const absl::Time deadline = absl::Now() + timeout;
   size_t remaining = pids.size();

@@ -7,6 +7,7 @@
 
 #include <functional>
 #include <iostream>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -43,9 +44,12 @@ struct RankResult {
 };
 
 // Calls body(rank) in `world` child processes; the child's exit code is the
-// body's return value. Returns one result per rank.
-std::vector<RankResult> RunRanks(int world, const std::function<int(int rank)>& body,
-                                 absl::Duration timeout);
+// body's return value. Returns one result per rank. `after_fork`, if given, runs
+// in the parent once every child exists (so servers it starts are never forked);
+// what it returns is kept alive until the children have exited.
+std::vector<RankResult> RunRanks(
+    int world, const std::function<int(int rank)>& body, absl::Duration timeout,
+    const std::function<std::shared_ptr<void>()>& after_fork = nullptr);
 
 // True when every rank exited 0; otherwise a description for the assertion.
 ::testing::AssertionResult AllRanksSucceeded(const std::vector<RankResult>& results);

@@ -1,0 +1,48 @@
+// The coordinator's rendezvous key-value store: what workers' Gloo rendezvous
+// and NCCL unique ids go through (Membership.Store* RPCs). In memory, safe for
+// concurrent RPC threads; Wait blocks on a condition variable, not a poll.
+#ifndef FLATSHARD_COORDINATOR_KV_STORE_H_
+#define FLATSHARD_COORDINATOR_KV_STORE_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace flatshard {
+
+class KvStore {
+ public:
+  // Limits that keep a misbehaving client from exhausting the coordinator.
+  static constexpr size_t kMaxKeyBytes = 1024;
+  static constexpr size_t kMaxValueBytes = 1 << 20;
+
+  absl::Status Set(const std::string& key, std::string value);
+  // NOT_FOUND when absent (no waiting: use Wait first).
+  absl::StatusOr<std::string> Get(const std::string& key) const;
+  // DEADLINE_EXCEEDED naming the missing keys when they are not all set in time.
+  absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout) const;
+  // Adds to the decimal integer at `key` (0 when unset); INVALID_ARGUMENT when the
+  // key holds something else.
+  absl::StatusOr<int64_t> Add(const std::string& key, int64_t delta);
+  // Removes every key under "<prefix>/" (a finished job epoch).
+  void DeletePrefix(const std::string& prefix);
+  size_t size() const;
+
+ private:
+  static absl::Status CheckKey(const std::string& key);
+
+  mutable std::mutex mu_;
+  mutable std::condition_variable changed_;
+  std::map<std::string, std::string> values_;
+};
+
+}  // namespace flatshard
+
+#endif  // FLATSHARD_COORDINATOR_KV_STORE_H_

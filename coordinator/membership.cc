@@ -1,0 +1,79 @@
+#include "coordinator/membership.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace flatshard {
+
+absl::StatusOr<int> MembershipTable::Register(const Registration& r, absl::Time now) {
+  if (r.worker_id.empty()) {
+    return absl::InvalidArgumentError("register.worker_id must not be empty");
+  }
+  if (r.address.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("register.address must not be empty (worker '", r.worker_id, "')"));
+  }
+  if (r.requested_rank < -1 || (world_size_ > 0 && r.requested_rank >= world_size_)) {
+    return absl::InvalidArgumentError(absl::StrCat("register.requested_rank ", r.requested_rank,
+                                                   " is outside [0, ", world_size_, ")"));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  auto existing = by_id_.find(r.worker_id);
+  int rank = -1;
+  if (existing != by_id_.end()) {
+    rank = existing->second.rank;
+    if (r.requested_rank >= 0 && r.requested_rank != rank) {
+      return absl::AlreadyExistsError(absl::StrCat("worker '", r.worker_id, "' already has rank ",
+                                                   rank, "; it cannot move to rank ",
+                                                   r.requested_rank));
+    }
+  } else if (r.requested_rank >= 0) {
+    auto owner = id_by_rank_.find(r.requested_rank);
+    if (owner != id_by_rank_.end()) {
+      return absl::AlreadyExistsError(absl::StrCat(
+          "rank ", r.requested_rank, " already belongs to worker '", owner->second, "'"));
+    }
+    rank = r.requested_rank;
+  } else {
+    rank = 0;
+    while (id_by_rank_.contains(rank)) ++rank;
+    if (world_size_ > 0 && rank >= world_size_) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "all ", world_size_, " ranks are taken; worker '", r.worker_id, "' cannot join"));
+    }
+  }
+  WorkerRecord& record = by_id_[r.worker_id];
+  record = WorkerRecord{r.worker_id, r.host, r.device, r.address, rank, now, 0, "registered"};
+  id_by_rank_[rank] = r.worker_id;
+  return rank;
+}
+
+absl::Status MembershipTable::Heartbeat(const std::string& worker_id, uint64_t last_completed_seq,
+                                        const std::string& state, absl::Time now) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = by_id_.find(worker_id);
+  if (it == by_id_.end()) {
+    return absl::NotFoundError(
+        absl::StrCat("worker '", worker_id, "' is not registered; call Register first"));
+  }
+  it->second.last_heartbeat = now;
+  it->second.last_completed_seq = last_completed_seq;
+  if (!state.empty()) it->second.state = state;
+  return absl::OkStatus();
+}
+
+std::vector<WorkerRecord> MembershipTable::List() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<WorkerRecord> out;
+  for (const auto& [rank, id] : id_by_rank_) out.push_back(by_id_.at(id));
+  return out;
+}
+
+std::vector<WorkerRecord> MembershipTable::Stale(absl::Time now, absl::Duration timeout) const {
+  std::vector<WorkerRecord> out;
+  for (WorkerRecord& record : List()) {
+    if (now - record.last_heartbeat > timeout) out.push_back(std::move(record));
+  }
+  return out;
+}
+
+}  // namespace flatshard

@@ -1,0 +1,64 @@
+// Who is in the job: worker registrations, stable rank assignment and heartbeat
+// ages. Ranks are either asked for explicitly or assigned in registration order;
+// a worker that registers again (a restarted daemon with the same id) keeps its
+// rank. Thread-safe; time is passed in so tests control it.
+#ifndef FLATSHARD_COORDINATOR_MEMBERSHIP_H_
+#define FLATSHARD_COORDINATOR_MEMBERSHIP_H_
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace flatshard {
+
+struct WorkerRecord {
+  std::string worker_id;
+  std::string host;
+  std::string device;
+  std::string address;
+  int rank = -1;
+  absl::Time last_heartbeat;
+  uint64_t last_completed_seq = 0;
+  std::string state;
+};
+
+struct Registration {
+  std::string worker_id;
+  std::string host;
+  std::string device;
+  std::string address;
+  int requested_rank = -1;  // -1: assign one
+};
+
+class MembershipTable {
+ public:
+  // `world_size` bounds the ranks; 0 leaves them unbounded.
+  explicit MembershipTable(int world_size) : world_size_(world_size) {}
+
+  // The worker's rank. INVALID_ARGUMENT for an empty id or address, or a rank
+  // outside [0, world_size); ALREADY_EXISTS when the rank belongs to another
+  // worker; RESOURCE_EXHAUSTED when every rank is taken.
+  absl::StatusOr<int> Register(const Registration& registration, absl::Time now);
+  // NOT_FOUND for a worker that never registered.
+  absl::Status Heartbeat(const std::string& worker_id, uint64_t last_completed_seq,
+                         const std::string& state, absl::Time now);
+  std::vector<WorkerRecord> List() const;  // by rank
+  // Workers whose last heartbeat is older than `timeout`.
+  std::vector<WorkerRecord> Stale(absl::Time now, absl::Duration timeout) const;
+
+ private:
+  mutable std::mutex mu_;
+  int world_size_;
+  std::map<std::string, WorkerRecord> by_id_;
+  std::map<int, std::string> id_by_rank_;
+};
+
+}  // namespace flatshard
+
+#endif  // FLATSHARD_COORDINATOR_MEMBERSHIP_H_

@@ -1,0 +1,47 @@
+#include "coordinator/service/grpc_server.h"
+
+#include <chrono>
+
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/security/server_credentials.h>
+#include <grpcpp/server_builder.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace flatshard {
+namespace {
+
+// Largest message a daemon accepts; bulk data streams in chunks below it.
+constexpr int kMaxMessageBytes = 64 << 20;
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(
+    const std::string& address, const std::vector<grpc::Service*>& services) {
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
+  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  for (grpc::Service* service : services) builder.RegisterService(service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on '", address, "'"));
+  }
+  const std::string host = address.substr(0, address.rfind(':'));
+  return std::unique_ptr<GrpcServer>(
+      new GrpcServer(std::move(server), port, absl::StrCat(host, ":", port)));
+}
+
+GrpcServer::~GrpcServer() { Shutdown(); }
+
+void GrpcServer::Shutdown() {
+  if (server_ == nullptr) return;
+  server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  server_->Wait();
+  server_.reset();
+}
+
+}  // namespace flatshard

@@ -1,0 +1,39 @@
+// Runs gRPC services on an address (port 0 picks a free one and reports it),
+// with the standard health service and server reflection, as every flatshard
+// daemon does.
+#ifndef FLATSHARD_COORDINATOR_SERVICE_GRPC_SERVER_H_
+#define FLATSHARD_COORDINATOR_SERVICE_GRPC_SERVER_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <grpcpp/server.h>
+
+#include "absl/status/statusor.h"
+
+namespace flatshard {
+
+class GrpcServer {
+ public:
+  // `address` like "127.0.0.1:0". The services must outlive the server.
+  static absl::StatusOr<std::unique_ptr<GrpcServer>> Start(
+      const std::string& address, const std::vector<grpc::Service*>& services);
+  ~GrpcServer();  // shuts down, cancelling in-flight calls after a short grace
+
+  int port() const { return port_; }
+  std::string address() const { return address_; }
+  void Shutdown();
+
+ private:
+  GrpcServer(std::unique_ptr<grpc::Server> server, int port, std::string address)
+      : server_(std::move(server)), port_(port), address_(std::move(address)) {}
+
+  std::unique_ptr<grpc::Server> server_;
+  int port_;
+  std::string address_;
+};
+
+}  // namespace flatshard
+
+#endif  // FLATSHARD_COORDINATOR_SERVICE_GRPC_SERVER_H_

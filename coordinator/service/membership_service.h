@@ -1,0 +1,46 @@
+// flatshard.v1.Membership over gRPC: registration, heartbeats, and the
+// rendezvous store (KvStore) that workers' Gloo and NCCL setup go through.
+// Validation errors come back as INVALID_ARGUMENT naming the field; the
+// service never changes state on a bad request.
+#ifndef FLATSHARD_COORDINATOR_SERVICE_MEMBERSHIP_SERVICE_H_
+#define FLATSHARD_COORDINATOR_SERVICE_MEMBERSHIP_SERVICE_H_
+
+#include "absl/time/time.h"
+
+#include "coordinator/kv_store.h"
+#include "coordinator/membership.h"
+#include "flatshard/v1/membership.grpc.pb.h"
+
+namespace flatshard {
+
+class MembershipService final : public v1::Membership::Service {
+ public:
+  MembershipService(MembershipTable* members, KvStore* store, absl::Duration heartbeat_interval)
+      : members_(members), store_(store), heartbeat_interval_(heartbeat_interval) {}
+
+  grpc::Status Register(grpc::ServerContext* context, const v1::RegisterRequest* request,
+                        v1::RegisterResponse* response) override;
+  grpc::Status Heartbeat(grpc::ServerContext* context, const v1::HeartbeatRequest* request,
+                         v1::HeartbeatResponse* response) override;
+  grpc::Status StoreSet(grpc::ServerContext* context, const v1::StoreSetRequest* request,
+                        v1::StoreSetResponse* response) override;
+  grpc::Status StoreGet(grpc::ServerContext* context, const v1::StoreGetRequest* request,
+                        v1::StoreGetResponse* response) override;
+  grpc::Status StoreWait(grpc::ServerContext* context, const v1::StoreWaitRequest* request,
+                         v1::StoreWaitResponse* response) override;
+  grpc::Status StoreAdd(grpc::ServerContext* context, const v1::StoreAddRequest* request,
+                        v1::StoreAddResponse* response) override;
+
+  // Longest StoreWait a client may ask for; longer ones are refused rather than
+  // left to pin a server thread.
+  static constexpr absl::Duration kMaxWait = absl::Minutes(10);
+
+ private:
+  MembershipTable* members_;
+  KvStore* store_;
+  absl::Duration heartbeat_interval_;
+};
+
+}  // namespace flatshard
+
+#endif  // FLATSHARD_COORDINATOR_SERVICE_MEMBERSHIP_SERVICE_H_

@@ -1,0 +1,18 @@
+// absl::Status <-> grpc::Status. The codes are the same numbers by design, so
+// the mapping is one-to-one and keeps the message; every service and client in
+// flatshard converts through here.
+#ifndef FLATSHARD_PROTO_GRPC_STATUS_H_
+#define FLATSHARD_PROTO_GRPC_STATUS_H_
+
+#include <grpcpp/support/status.h>
+
+#include "absl/status/status.h"
+
+namespace flatshard {
+
+grpc::Status ToGrpcStatus(const absl::Status& status);
+absl::Status FromGrpcStatus(const grpc::Status& status);
+
+}  // namespace flatshard
+
+#endif  // FLATSHARD_PROTO_GRPC_STATUS_H_

@@ -1,0 +1,91 @@
+// Tests coordinator/kv_store.h and coordinator/membership.h: the rendezvous
+// store's semantics and limits, and stable rank assignment with its errors.
+#include "coordinator/membership.h"
+
+#include <thread>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "coordinator/kv_store.h"
+
+namespace flatshard {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(KvStoreTest, SetGetAddAndLimits) {
+  KvStore store;
+  EXPECT_EQ(store.Get("a").status().code(), absl::StatusCode::kNotFound);
+  ASSERT_TRUE(store.Set("a", "1").ok());
+  EXPECT_EQ(*store.Get("a"), "1");
+  EXPECT_EQ(*store.Add("a", 4), 5);
+  EXPECT_EQ(*store.Add("counter", -2), -2);
+  ASSERT_TRUE(store.Set("text", "x").ok());
+  EXPECT_THAT(std::string(store.Add("text", 1).status().message()),
+              HasSubstr("does not hold an integer"));
+  EXPECT_EQ(store.Set("", "v").code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store.Set(std::string(KvStore::kMaxKeyBytes + 1, 'k'), "v").code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(
+      std::string(store.Set("big", std::string(KvStore::kMaxValueBytes + 1, 'v')).message()),
+      HasSubstr("more than the limit"));
+  ASSERT_TRUE(store.Set("job/1/x", "1").ok());
+  ASSERT_TRUE(store.Set("job/1/y", "1").ok());
+  ASSERT_TRUE(store.Set("job/10/z", "1").ok());
+  store.DeletePrefix("job/1");
+  EXPECT_FALSE(store.Get("job/1/x").ok());
+  EXPECT_TRUE(store.Get("job/10/z").ok());
+}
+
+TEST(KvStoreTest, WaitWakesOnSetAndTimesOutNamingTheKeys) {
+  KvStore store;
+  EXPECT_THAT(std::string(store.Wait({"p", "q"}, absl::Milliseconds(20)).message()),
+              HasSubstr("waiting for key(s) p, q"));
+  std::thread setter([&] {
+    ASSERT_TRUE(store.Set("p", "1").ok());
+    ASSERT_TRUE(store.Set("q", "2").ok());
+  });
+  EXPECT_TRUE(store.Wait({"p", "q"}, absl::Seconds(30)).ok());
+  setter.join();
+}
+
+TEST(MembershipTableTest, AssignsStableRanksAndRefusesConflicts) {
+  MembershipTable table(3);
+  const absl::Time now = absl::FromUnixSeconds(1000);
+  EXPECT_EQ(*table.Register({"w-a", "h", "cpu", "h:1", -1}, now), 0);
+  EXPECT_EQ(*table.Register({"w-b", "h", "cpu", "h:2", 2}, now), 2);
+  EXPECT_EQ(*table.Register({"w-c", "h", "cpu", "h:3", -1}, now), 1);
+  // A restarted daemon keeps its rank.
+  EXPECT_EQ(*table.Register({"w-a", "h", "cpu", "h:9", -1}, now), 0);
+  EXPECT_EQ(table.Register({"w-d", "h", "cpu", "h:4", -1}, now).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(table.Register({"w-e", "h", "cpu", "h:5", 2}, now).status().message()),
+              HasSubstr("rank 2 already belongs to worker 'w-b'"));
+  EXPECT_EQ(table.Register({"w-a", "h", "cpu", "h:1", 1}, now).status().code(),
+            absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(std::string(table.Register({"w-f", "h", "cpu", "h:6", 3}, now).status().message()),
+              HasSubstr("requested_rank 3 is outside [0, 3)"));
+  EXPECT_THAT(std::string(table.Register({"", "h", "cpu", "h:6", -1}, now).status().message()),
+              HasSubstr("worker_id must not be empty"));
+  EXPECT_THAT(std::string(table.Register({"w-g", "h", "cpu", "", -1}, now).status().message()),
+              HasSubstr("address must not be empty"));
+  ASSERT_EQ(table.List().size(), 3u);
+  EXPECT_EQ(table.List()[1].worker_id, "w-c");
+}
+
+TEST(MembershipTableTest, HeartbeatsAndStaleness) {
+  MembershipTable table(0);
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  ASSERT_TRUE(table.Register({"w-a", "h", "cpu", "h:1", -1}, t0).ok());
+  ASSERT_TRUE(table.Register({"w-b", "h", "cpu", "h:2", -1}, t0).ok());
+  ASSERT_TRUE(table.Heartbeat("w-a", 7, "training", t0 + absl::Seconds(9)).ok());
+  EXPECT_EQ(table.Heartbeat("w-z", 1, "", t0).code(), absl::StatusCode::kNotFound);
+  const auto stale = table.Stale(t0 + absl::Seconds(10), absl::Seconds(5));
+  ASSERT_EQ(stale.size(), 1u);
+  EXPECT_EQ(stale[0].worker_id, "w-b");
+  EXPECT_EQ(table.List()[0].last_completed_seq, 7u);
+}
+
+}  // namespace
+}  // namespace flatshard
