@@ -42,7 +42,7 @@ int WorkerBody(int read_fd, int index, int world) {
   CHILD_OK(comm.status());
   float value = static_cast<float>(rank + 1);
   CHILD_OK((*comm)->AllReduce(&value, 1, DType::kFloat32, ReduceOp::kSum));
-  CHILD_CHECK(value == static_cast<float>(world * (world + 1) / 2));
+  CHILD_CHECK(value == static_cast<float>(world) * static_cast<float>(world + 1) / 2.0f);
   return 0;
 }
 
