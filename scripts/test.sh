@@ -31,7 +31,10 @@ bash scripts/build.sh "${build_args[@]}"
 
 export ASAN_OPTIONS="${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1}"
 export UBSAN_OPTIONS="${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}"
-export TSAN_OPTIONS="${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1}"
+export TSAN_OPTIONS="${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1:suppressions=$PWD/tests/tsan.supp}"
+# One BLAS thread per process everywhere: workers run one per core, and
+# OpenBLAS's own pool is invisible to ThreadSanitizer.
+export OPENBLAS_NUM_THREADS="${OPENBLAS_NUM_THREADS:-1}"
 (cd "$build_dir" && ctest --output-on-failure -j "$(nproc)" --timeout 600)
 
 if ((lint)); then

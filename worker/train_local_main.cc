@@ -5,6 +5,7 @@
 // runtime for real clusters.
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <iostream>
 #include <vector>
@@ -186,6 +187,9 @@ int Launch(const Flags& f, int argc, char** argv) {
                                                "/flatshard-local-", getpid())
                                 : f.store;
   std::filesystem::remove_all(store);
+  // One BLAS thread per rank unless the user says otherwise: the ranks already
+  // share the cores, and OpenBLAS's pool per process would oversubscribe them.
+  setenv("OPENBLAS_NUM_THREADS", "1", /*overwrite=*/0);
   signal(SIGINT, StopChildren);
   signal(SIGTERM, StopChildren);
   for (int rank = 0; rank < f.world_size; ++rank) {

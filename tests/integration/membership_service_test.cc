@@ -60,7 +60,13 @@ TEST(MembershipServiceTest, WorkersRegisterAndRendezvousThroughTheCoordinator) {
   std::shared_ptr<Coordinator> coordinator;
   // Children fork before gRPC starts any thread here and wait for the port.
   auto results = RunRanks(
-      kWorld, [&](int index) { return WorkerBody(pipes[index][0], index, kWorld); },
+      kWorld,
+      [&](int index) {
+        // Only the parent writes: with its ends closed here, a vanished parent
+        // reads as end of file instead of blocking forever.
+        for (auto& p : pipes) close(p[1]);
+        return WorkerBody(pipes[index][0], index, kWorld);
+      },
       absl::Seconds(60),
       [&]() -> std::shared_ptr<void> {
         coordinator = std::make_shared<Coordinator>();

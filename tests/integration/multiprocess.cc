@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -24,6 +25,9 @@ std::vector<RankResult> RunRanks(int world, const std::function<int(int rank)>& 
   for (int rank = 0; rank < world; ++rank) {
     const pid_t pid = fork();
     if (pid == 0) {
+      // A child never outlives the test process, even if that one crashes.
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (getppid() == 1) _exit(3);
       int code = 1;
       try {
         code = body(rank);
