@@ -14,6 +14,8 @@
 
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_format.h"
+
 #include "core/model_spec.h"
 #include "core/model_spec_yaml.h"
 #include "worker/compute/batch.h"
@@ -23,6 +25,43 @@
 #include "worker/compute/rng.h"
 
 namespace flatshard::compute::testutil {
+
+// A 2-block GPT-2-style decoder (2 heads, MLP 4x wide) with the LM head tied to
+// the token embedding, at the given vocabulary, width and context length.
+inline std::string GptYaml(int vocab, int dim, int context) {
+  return absl::StrFormat(R"(
+root:
+  type: GPT
+  children:
+    - {name: wte, type: Embedding, num_embeddings: %1$d, embedding_dim: %2$d}
+    - {name: wpe, type: Embedding, num_embeddings: %3$d, embedding_dim: %2$d}
+    - name: h
+      type: ModuleList
+      repeat: 2
+      template:
+        type: TransformerBlock
+        children:
+          - {name: ln_1, type: LayerNorm, normalized_shape: %2$d}
+          - name: attn
+            type: CausalSelfAttention
+            attrs: {num_heads: "2"}
+            children:
+              - {name: c_attn, type: Linear, in_features: %2$d, out_features: %4$d}
+              - {name: c_proj, type: Linear, in_features: %2$d, out_features: %2$d}
+          - {name: ln_2, type: LayerNorm, normalized_shape: %2$d}
+          - name: mlp
+            type: MLP
+            children:
+              - {name: c_fc, type: Linear, in_features: %2$d, out_features: %5$d}
+              - {name: act, type: GELU, attrs: {approximate: tanh}}
+              - {name: c_proj, type: Linear, in_features: %5$d, out_features: %2$d}
+    - {name: ln_f, type: LayerNorm, normalized_shape: %2$d}
+    - {name: lm_head, type: Linear, in_features: %2$d, out_features: %1$d, bias: false}
+tied:
+  - {alias: lm_head.weight, primary: wte.weight}
+)",
+                         vocab, dim, context, 3 * dim, 4 * dim);
+}
 
 struct TestModel {
   std::unique_ptr<ModelSpec> spec;  // heap-held: `index` points into it

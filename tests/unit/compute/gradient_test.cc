@@ -149,37 +149,7 @@ TEST_P(TokenGradientTest, MatchesFiniteDifferences) {
   EXPECT_GT(ExpectGradientsMatchFiniteDifferences(*tm, batch), 0);
 }
 
-constexpr char kTinyGpt[] = R"(
-root:
-  type: GPT
-  children:
-    - {name: wte, type: Embedding, num_embeddings: 7, embedding_dim: 8}
-    - {name: wpe, type: Embedding, num_embeddings: 6, embedding_dim: 8}
-    - name: h
-      type: ModuleList
-      repeat: 2
-      template:
-        type: TransformerBlock
-        children:
-          - {name: ln_1, type: LayerNorm, normalized_shape: 8}
-          - name: attn
-            type: CausalSelfAttention
-            attrs: {num_heads: "2"}
-            children:
-              - {name: c_attn, type: Linear, in_features: 8, out_features: 24}
-              - {name: c_proj, type: Linear, in_features: 8, out_features: 8}
-          - {name: ln_2, type: LayerNorm, normalized_shape: 8}
-          - name: mlp
-            type: MLP
-            children:
-              - {name: c_fc, type: Linear, in_features: 8, out_features: 16}
-              - {name: act, type: GELU, attrs: {approximate: tanh}}
-              - {name: c_proj, type: Linear, in_features: 16, out_features: 8}
-    - {name: ln_f, type: LayerNorm, normalized_shape: 8}
-    - {name: lm_head, type: Linear, in_features: 8, out_features: 7, bias: false}
-tied:
-  - {alias: lm_head.weight, primary: wte.weight}
-)";
+const std::string kTinyGpt = testutil::GptYaml(/*vocab=*/7, /*dim=*/8, /*context=*/6);
 
 INSTANTIATE_TEST_SUITE_P(
     Layers, TokenGradientTest,
@@ -197,7 +167,7 @@ INSTANTIATE_TEST_SUITE_P(
                   " {name: c_proj, type: Linear, in_features: 6, out_features: 6}]},"
                   "{name: head, type: Linear, in_features: 6, out_features: 5}]}",
                   5, 4},
-        TokenCase{"tied_gpt", kTinyGpt, 7, 5}));
+        TokenCase{"tied_gpt", kTinyGpt.c_str(), 7, 5}));
 
 }  // namespace
 }  // namespace flatshard::compute

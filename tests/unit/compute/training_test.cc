@@ -84,37 +84,7 @@ TEST(TrainingTest, ClassificationLossFalls) {
 }
 
 TEST(TrainingTest, GptTokenLossFalls) {
-  constexpr char kGpt[] = R"(
-root:
-  type: GPT
-  children:
-    - {name: wte, type: Embedding, num_embeddings: 16, embedding_dim: 32}
-    - {name: wpe, type: Embedding, num_embeddings: 8, embedding_dim: 32}
-    - name: h
-      type: ModuleList
-      repeat: 2
-      template:
-        type: TransformerBlock
-        children:
-          - {name: ln_1, type: LayerNorm, normalized_shape: 32}
-          - name: attn
-            type: CausalSelfAttention
-            attrs: {num_heads: "2"}
-            children:
-              - {name: c_attn, type: Linear, in_features: 32, out_features: 96}
-              - {name: c_proj, type: Linear, in_features: 32, out_features: 32}
-          - {name: ln_2, type: LayerNorm, normalized_shape: 32}
-          - name: mlp
-            type: MLP
-            children:
-              - {name: c_fc, type: Linear, in_features: 32, out_features: 128}
-              - {name: act, type: GELU, attrs: {approximate: tanh}}
-              - {name: c_proj, type: Linear, in_features: 128, out_features: 32}
-    - {name: ln_f, type: LayerNorm, normalized_shape: 32}
-    - {name: lm_head, type: Linear, in_features: 32, out_features: 16, bias: false}
-tied:
-  - {alias: lm_head.weight, primary: wte.weight}
-)";
+  const std::string kGpt = testutil::GptYaml(/*vocab=*/16, /*dim=*/32, /*context=*/8);
   DataSourceOptions o;
   o.kind = DataKind::kTokens;
   o.global_batch_size = 16;
