@@ -3,18 +3,30 @@
 
 #include "CLI/CLI.hpp"
 
+#include "client/cluster_commands.h"
 #include "client/plan_command.h"
+#include "client/up_command.h"
 
 namespace {
 
 int Run(int argc, char** argv) {
   CLI::App app{"flatshard: fully sharded data parallel training as a service"};
+  app.footer(
+      "Start with `flatshard up` (a local cluster), then `flatshard job create -f "
+      "examples/mlp-job.yaml` and `flatshard train -j mlp-demo --steps 50`.\n"
+      "Exit codes: 0 done; 1 the operation failed on the cluster; 2 the request was refused "
+      "(the message says what to change); 3 no coordinator answered.");
   app.require_subcommand(1);
   flatshard::PlanCommandOptions plan_options;
   CLI::App* plan = flatshard::AddPlanCommand(app, plan_options);
+  flatshard::UpCommandOptions up_options;
+  CLI::App* up = flatshard::AddUpCommand(app, up_options);
+  flatshard::ClusterCommands cluster;
+  cluster.Add(app);
   CLI11_PARSE(app, argc, argv);
   if (plan->parsed()) return flatshard::RunPlanCommand(plan_options, std::cout, std::cerr);
-  return 0;
+  if (up->parsed()) return flatshard::RunUpCommand(up_options, std::cout, std::cerr);
+  return cluster.Run(std::cout, std::cerr);
 }
 
 }  // namespace

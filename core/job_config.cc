@@ -266,7 +266,18 @@ absl::StatusOr<JobConfig> JobConfigFromProto(const v1::JobSpec& spec) {
                      absl::StrCat("rank ", rank, " is outside [0, ", job.world_size, ")"));
     }
   }
+  for (const auto& [worker, rank] : spec.rank_by_worker_id()) {
+    job.rank_by_worker_id[worker] = rank;
+  }
   // The whole layout must exist for this world size: units, dtypes, ties.
+  if (absl::Status s = ComputePlan(job.model, job.wrap_policy, PlanOptionsFromJob(job)).status();
+      !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("job: ", s.message()));
+  }
+  return job;
+}
+
+PlanOptions PlanOptionsFromJob(const JobConfig& job) {
   PlanOptions plan;
   plan.world_size = job.world_size;
   plan.strategy = job.sharding.strategy;
@@ -274,10 +285,36 @@ absl::StatusOr<JobConfig> JobConfigFromProto(const v1::JobSpec& spec) {
   plan.use_orig_params = job.sharding.use_orig_params;
   plan.param_dtype = job.sharding.param_dtype;
   plan.reduce_dtype = job.sharding.reduce_dtype;
-  if (absl::Status s = ComputePlan(job.model, job.wrap_policy, plan).status(); !s.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("job: ", s.message()));
+  plan.limit_all_gathers = job.sharding.limit_all_gathers;
+  switch (job.optimizer.kind) {
+    case OptimizerSettings::Kind::kSgd:
+      plan.optimizer =
+          job.optimizer.sgd.momentum != 0.0 ? OptimizerKind::kSgdMomentum : OptimizerKind::kSgd;
+      break;
+    case OptimizerSettings::Kind::kAdam:
+      plan.optimizer = OptimizerKind::kAdam;
+      break;
+    case OptimizerSettings::Kind::kAdamW:
+      plan.optimizer = OptimizerKind::kAdamW;
+      break;
   }
-  return job;
+  plan.amsgrad = job.optimizer.adam.amsgrad;
+  return plan;
+}
+
+absl::StatusOr<std::vector<Unit>> JobUnits(const JobConfig& job) {
+  ASSIGN_OR_RETURN(ModelIndex index, IndexModel(job.model));
+  return ComputeUnits(index, job.wrap_policy);
+}
+
+v1::Unit UnitToProto(const Unit& unit) {
+  v1::Unit proto;
+  proto.set_index(unit.index);
+  proto.set_module_fqn(unit.module_fqn);
+  for (const UnitParam& param : unit.params) proto.add_param_fqns(param.fqn);
+  for (const SharedParam& shared : unit.shared) proto.add_shared_param_fqns(shared.fqn);
+  proto.set_numel(unit.numel);
+  return proto;
 }
 
 }  // namespace flatshard

@@ -7,13 +7,16 @@
 #define FLATSHARD_CORE_JOB_CONFIG_H_
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 
 #include "core/model_spec.h"
 #include "core/optimizer.h"
+#include "core/plan.h"
 #include "core/sharding.h"
 #include "core/step_program.h"
 #include "core/wrap_policy.h"
@@ -60,11 +63,20 @@ struct JobConfig {
   OptimizerSettings optimizer;
   DataSettings data;
   uint64_t seed = 0;
+  std::map<std::string, int> rank_by_worker_id;  // empty: ranks in registration order
 };
 
 // Validates everything a job needs before any worker is touched, including that
 // the wrap policy cuts the model into valid units for the world size.
 absl::StatusOr<JobConfig> JobConfigFromProto(const v1::JobSpec& spec);
+
+// The plan's options for the job (what `flatshard plan` and Plan show).
+PlanOptions PlanOptionsFromJob(const JobConfig& job);
+
+// The job's units (ComputeUnits over its model and policy).
+absl::StatusOr<std::vector<Unit>> JobUnits(const JobConfig& job);
+
+v1::Unit UnitToProto(const Unit& unit);
 
 }  // namespace flatshard
 

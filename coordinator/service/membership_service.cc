@@ -21,9 +21,17 @@ grpc::Status MembershipService::Register(grpc::ServerContext*, const v1::Registe
 }
 
 grpc::Status MembershipService::Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* request,
-                                          v1::HeartbeatResponse*) {
-  return ToGrpcStatus(members_->Heartbeat(request->worker_id(), request->last_completed_seq(),
-                                          request->state(), absl::Now()));
+                                          v1::HeartbeatResponse* response) {
+  absl::Status status = members_->Heartbeat(request->worker_id(), request->last_completed_seq(),
+                                            request->state(), absl::Now());
+  if (!status.ok()) return ToGrpcStatus(status);
+  if (abort_query_) {
+    if (std::optional<uint64_t> epoch = abort_query_(request->worker_id())) {
+      response->set_abort(true);
+      response->set_epoch(*epoch);
+    }
+  }
+  return grpc::Status::OK;
 }
 
 grpc::Status MembershipService::StoreSet(grpc::ServerContext*, const v1::StoreSetRequest* request,

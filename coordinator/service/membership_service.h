@@ -5,6 +5,12 @@
 #ifndef FLATSHARD_COORDINATOR_SERVICE_MEMBERSHIP_SERVICE_H_
 #define FLATSHARD_COORDINATOR_SERVICE_MEMBERSHIP_SERVICE_H_
 
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <utility>
+
 #include "absl/time/time.h"
 
 #include "coordinator/kv_store.h"
@@ -17,6 +23,11 @@ class MembershipService final : public v1::Membership::Service {
  public:
   MembershipService(MembershipTable* members, KvStore* store, absl::Duration heartbeat_interval)
       : members_(members), store_(store), heartbeat_interval_(heartbeat_interval) {}
+
+  // The epoch a worker must abort (its job failed elsewhere), if any; asked on
+  // every heartbeat. Set once, before the server starts.
+  using AbortQuery = std::function<std::optional<uint64_t>(const std::string& worker_id)>;
+  void set_abort_query(AbortQuery query) { abort_query_ = std::move(query); }
 
   grpc::Status Register(grpc::ServerContext* context, const v1::RegisterRequest* request,
                         v1::RegisterResponse* response) override;
@@ -39,6 +50,7 @@ class MembershipService final : public v1::Membership::Service {
   MembershipTable* members_;
   KvStore* store_;
   absl::Duration heartbeat_interval_;
+  AbortQuery abort_query_;
 };
 
 }  // namespace flatshard

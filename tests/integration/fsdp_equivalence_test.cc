@@ -17,6 +17,7 @@
 #include "core/model_spec_yaml.h"
 #include "core/plan.h"
 #include "tests/integration/multiprocess.h"
+#include "tests/integration/rank_results.h"
 #include "tests/integration/reference_trainer.h"
 #include "worker/comm/file_store.h"
 #include "worker/compute/data_source.h"
@@ -87,45 +88,6 @@ LocalTrainOptions MakeOptions(const Config& c) {
 
 // Files the ranks leave for the parent: per-step losses (every rank) and the
 // final parameters (rank 0).
-void WriteResult(const std::string& dir, int rank, const LocalTrainResult& result) {
-  std::ofstream losses(absl::StrCat(dir, "/losses-", rank), std::ios::binary);
-  for (const LocalStepRecord& s : result.steps) {
-    losses.write(reinterpret_cast<const char*>(&s.loss), sizeof(double));
-  }
-  std::ofstream memory(absl::StrCat(dir, "/memory-", rank));
-  memory << result.peak_unsharded_bytes << " " << result.peak_live_units << "\n";
-  if (rank != 0) return;
-  std::ofstream params(dir + "/params", std::ios::binary);
-  for (const auto& [fqn, values] : result.final_params) {
-    params << fqn << "\n" << values.size() << "\n";
-    params.write(reinterpret_cast<const char*>(values.data()),
-                 static_cast<std::streamsize>(values.size() * sizeof(float)));
-  }
-}
-
-std::vector<double> ReadLosses(const std::string& dir, int rank) {
-  std::ifstream in(absl::StrCat(dir, "/losses-", rank), std::ios::binary);
-  std::vector<double> losses;
-  double x;
-  while (in.read(reinterpret_cast<char*>(&x), sizeof(x))) losses.push_back(x);
-  return losses;
-}
-
-std::map<std::string, std::vector<float>> ReadParams(const std::string& dir) {
-  std::map<std::string, std::vector<float>> out;
-  std::ifstream in(dir + "/params", std::ios::binary);
-  std::string fqn;
-  size_t n = 0;
-  while (std::getline(in, fqn) && in >> n) {
-    in.get();
-    std::vector<float> values(n);
-    in.read(reinterpret_cast<char*>(values.data()),
-            static_cast<std::streamsize>(n * sizeof(float)));
-    out[fqn] = std::move(values);
-  }
-  return out;
-}
-
 class FsdpEquivalenceTest : public ::testing::TestWithParam<Config> {};
 
 TEST_P(FsdpEquivalenceTest, MatchesUnshardedTraining) {
@@ -142,7 +104,7 @@ TEST_P(FsdpEquivalenceTest, MatchesUnshardedTraining) {
           std::cerr << "rank " << rank << ": " << result.status() << "\n";
           return 1;
         }
-        WriteResult(dir, rank, *result);
+        testing::WriteRankResult(dir, rank, *result);
         return 0;
       },
       absl::Seconds(300));
@@ -151,7 +113,7 @@ TEST_P(FsdpEquivalenceTest, MatchesUnshardedTraining) {
   // FSDP's loss per step: the mean over ranks of each rank's local mean.
   std::vector<double> fsdp_losses(static_cast<size_t>(c.steps), 0.0);
   for (int r = 0; r < c.world; ++r) {
-    const std::vector<double> losses = ReadLosses(dir, r);
+    const std::vector<double> losses = testing::ReadRankLosses(dir, r);
     ASSERT_EQ(losses.size(), static_cast<size_t>(c.steps));
     for (size_t s = 0; s < losses.size(); ++s) fsdp_losses[s] += losses[s] / c.world;
   }
@@ -184,7 +146,7 @@ TEST_P(FsdpEquivalenceTest, MatchesUnshardedTraining) {
   // Norm-wise relative error ||fsdp - ref|| / ||ref||: per parameter tensor in
   // fp32; over the whole model in bf16, where tensors with tiny norms (biases)
   // carry bf16's 2^-8 rounding in full.
-  const auto fsdp_params = ReadParams(dir);
+  const auto fsdp_params = testing::ReadFinalParams(dir);
   const auto ref_params = (*reference)->Params();
   ASSERT_EQ(fsdp_params.size(), ref_params.size());
   double model_diff_sq = 0, model_ref_sq = 0;

@@ -4,10 +4,15 @@
 #include "worker/comm/gloo_communicator.h"
 
 #include <cmath>
+#include <future>
 #include <iostream>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 
 #include "tests/integration/multiprocess.h"
 #include "worker/comm/file_store.h"
@@ -148,6 +153,49 @@ TEST(GlooCommunicatorTest, MissingPeerTimesOut) {
         return message.find("rank 0 of 2") != std::string::npos ? 0 : 2;
       },
       absl::Seconds(30));
+  EXPECT_TRUE(AllRanksSucceeded(results));
+}
+
+// c10d-style abort: a collective blocked on a peer that never joins returns
+// ABORTED at once when another thread aborts the communicator, long before
+// the collective timeout, and every later collective is refused the same way.
+TEST(GlooCommunicatorTest, AbortWakesABlockedCollective) {
+  const std::string dir = MakeTempDir("gloo-abort");
+  auto results = RunRanks(
+      3,
+      [&](int rank) {
+        auto comm = Connect(dir, rank, 3, absl::Seconds(120));
+        CHILD_CHECK(comm != nullptr);
+        auto store = FileStore::Open(dir);
+        CHILD_OK(store.status());
+        if (rank == 2) {  // joined the group, never joins the collective
+          CHILD_OK((*store)->Wait({"done-0", "done-1"}, absl::Seconds(120)));
+          return 0;
+        }
+        std::vector<float> shard(1000, 1.0f), gathered(3000);
+        std::promise<void> started;
+        absl::Status gather_status;
+        const absl::Time begin = absl::Now();
+        std::thread gather([&] {
+          started.set_value();
+          gather_status = comm->AllGather(shard.data(), gathered.data(), 1000, DType::kFloat32);
+        });
+        started.get_future().wait();
+        comm->Abort("rank 2 is gone");
+        gather.join();
+        const absl::Duration took = absl::Now() - begin;
+        std::cerr << "rank " << rank << ": " << gather_status << " after " << took << "\n";
+        CHILD_CHECK(gather_status.code() == absl::StatusCode::kAborted);
+        CHILD_CHECK(std::string(gather_status.message()).find("rank 2 is gone") !=
+                    std::string::npos);
+        CHILD_CHECK(took < absl::Seconds(20));
+        float x = 1;
+        CHILD_CHECK(comm->AllReduce(&x, 1, DType::kFloat32, ReduceOp::kSum).code() ==
+                    absl::StatusCode::kAborted);
+        CHILD_OK((*store)->Set(absl::StrCat("done-", rank), "1"));
+        return 0;
+      },
+      absl::Seconds(100));
   EXPECT_TRUE(AllRanksSucceeded(results));
 }
 

@@ -10,8 +10,8 @@
 #include <unistd.h>
 
 #include "absl/strings/str_cat.h"
+#include "rpc/grpc_server.h"
 
-#include "coordinator/service/grpc_server.h"
 #include "tests/integration/multiprocess.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/comm/grpc_store.h"

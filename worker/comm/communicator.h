@@ -53,6 +53,13 @@ class Communicator {
 
   virtual absl::Status Barrier() = 0;
 
+  // Makes every pending and future collective on this communicator fail
+  // promptly with `reason` instead of waiting for a peer that will never come
+  // (a rank died, the coordinator failed the step). Callable from any thread
+  // while another is inside a collective, like c10d's ProcessGroup::abort().
+  // The communicator is unusable afterwards.
+  virtual void Abort(const std::string& reason) = 0;
+
   // A communicator over `ranks` (ranks of this group, ascending, including this
   // one). Only members call it, all with the same `ranks` and `name`; the new
   // rank is the position in `ranks`.

@@ -3,11 +3,8 @@
 #include <algorithm>
 #include <cstring>
 
-#include <gloo/allgather.h>
-#include <gloo/allreduce.h>
-#include <gloo/barrier.h>
-#include <gloo/broadcast.h>
 #include <gloo/rendezvous/context.h>
+#include <gloo/transport/pair.h>
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
 
@@ -24,19 +21,77 @@ std::chrono::milliseconds Millis(absl::Duration d) {
   return std::chrono::milliseconds(absl::ToInt64Milliseconds(d));
 }
 
-// Gloo reports failures (a peer gone, a timeout, a bad argument) by throwing.
 template <typename Fn>
-absl::Status Guard(absl::string_view op, int rank, int size, Fn&& fn) {
+absl::Status RendezvousGuard(int rank, int size, Fn&& fn) {
   try {
     fn();
     return absl::OkStatus();
   } catch (const std::exception& e) {
     return absl::UnavailableError(
-        absl::StrCat("gloo ", op, " failed on rank ", rank, " of ", size, ": ", e.what()));
+        absl::StrCat("gloo rendezvous failed on rank ", rank, " of ", size, ": ", e.what()));
   }
 }
 
+// A wait that Abort() interrupted.
+struct CollectiveAborted : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
 }  // namespace
+
+// Gloo reports failures (a peer gone, a timeout, a bad argument) by throwing.
+// After Abort() whatever a collective throws (an interrupted wait, a socket
+// the abort closed under it) is the abort.
+template <typename Fn>
+absl::Status GlooCommunicator::Guard(absl::string_view op, Fn&& fn) {
+  try {
+    fn();
+    return absl::OkStatus();
+  } catch (const std::exception& e) {
+    std::lock_guard<std::mutex> lock(abort_mu_);
+    if (aborted_) {
+      return absl::AbortedError(absl::StrCat("gloo ", op, " on rank ", rank_, " of ", size_,
+                                             " aborted: ", abort_reason_));
+    }
+    return absl::UnavailableError(
+        absl::StrCat("gloo ", op, " failed on rank ", rank_, " of ", size_, ": ", e.what()));
+  }
+}
+
+// The unbound buffers of the collective in flight, so Abort() can wake their
+// waits (abortWaitRecv/abortWaitSend); registering after an abort throws.
+class GlooCommunicator::ActiveBuffer {
+ public:
+  ActiveBuffer(GlooCommunicator& comm, void* data, size_t bytes)
+      : comm_(comm), buffer_(comm.context_->createUnboundBuffer(data, bytes)) {
+    std::lock_guard<std::mutex> lock(comm_.abort_mu_);
+    if (comm_.aborted_) throw CollectiveAborted(comm_.abort_reason_);
+    comm_.active_.push_back(buffer_.get());
+  }
+  ~ActiveBuffer() {
+    std::lock_guard<std::mutex> lock(comm_.abort_mu_);
+    std::erase(comm_.active_, buffer_.get());
+  }
+  ActiveBuffer(const ActiveBuffer&) = delete;
+  ActiveBuffer& operator=(const ActiveBuffer&) = delete;
+
+  gloo::transport::UnboundBuffer* operator->() { return buffer_.get(); }
+  void WaitRecv() {
+    if (!buffer_->waitRecv(Millis(comm_.options_.timeout))) Aborted();
+  }
+  void WaitSend() {
+    if (!buffer_->waitSend(Millis(comm_.options_.timeout))) Aborted();
+  }
+
+ private:
+  [[noreturn]] void Aborted() {
+    std::lock_guard<std::mutex> lock(comm_.abort_mu_);
+    throw CollectiveAborted(comm_.abort_reason_);
+  }
+
+  GlooCommunicator& comm_;
+  std::unique_ptr<gloo::transport::UnboundBuffer> buffer_;
+};
 
 GlooCommunicator::GlooCommunicator(std::shared_ptr<Store> store,
                                    std::shared_ptr<gloo::transport::Device> device,
@@ -59,7 +114,7 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
   }
   std::shared_ptr<gloo::transport::Device> device;
   std::shared_ptr<gloo::rendezvous::Context> context;
-  absl::Status status = Guard("rendezvous", rank, size, [&] {
+  absl::Status status = RendezvousGuard(rank, size, [&] {
     gloo::transport::tcp::attr attr(options.hostname.c_str());
     device = gloo::transport::tcp::CreateDevice(attr);
     context = std::make_shared<gloo::rendezvous::Context>(rank, size);
@@ -72,89 +127,90 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
       new GlooCommunicator(std::move(store), device, context, rank, size, options));
 }
 
+void GlooCommunicator::RingReduceScatterInPlace(std::byte* data, size_t count, DType dtype,
+                                                ReduceOp op) {
+  // Ring: at step s rank r sends its partial result of chunk (r-s-1) to r+1
+  // and folds in the partial of chunk (r-s-2) received from r-1; after W-1
+  // steps chunk r is complete. Every send is waited for before its chunk is
+  // touched again.
+  const size_t chunk = count * DTypeSize(dtype);
+  scratch_.resize(chunk);
+  const int next = (rank_ + 1) % size_;
+  const int prev = (rank_ + size_ - 1) % size_;
+  ActiveBuffer work(*this, data, chunk * static_cast<size_t>(size_));
+  ActiveBuffer received(*this, scratch_.data(), chunk);
+  const auto base_slot = static_cast<uint64_t>(context_->nextSlot(size_));
+  for (int s = 0; s < size_ - 1; ++s) {
+    const auto send_chunk = static_cast<size_t>((rank_ - s - 1 + 2 * size_) % size_);
+    const auto recv_chunk = static_cast<size_t>((rank_ - s - 2 + 2 * size_) % size_);
+    const uint64_t slot = base_slot + static_cast<uint64_t>(s);
+    work->send(next, slot, send_chunk * chunk, chunk);
+    received->recv(prev, slot, 0, chunk);
+    received.WaitRecv();
+    std::byte* acc = data + recv_chunk * chunk;
+    ReduceElements(dtype, op, acc, scratch_.data(), acc, count);
+    work.WaitSend();
+  }
+}
+
+void GlooCommunicator::RingAllGatherInPlace(std::byte* data, size_t chunk) {
+  // Ring: at step s rank r forwards chunk (r-s) to r+1 and receives chunk
+  // (r-s-1) from r-1, straight into its place in the output.
+  const int next = (rank_ + 1) % size_;
+  const int prev = (rank_ + size_ - 1) % size_;
+  ActiveBuffer out(*this, data, chunk * static_cast<size_t>(size_));
+  const auto base_slot = static_cast<uint64_t>(context_->nextSlot(size_));
+  for (int s = 0; s < size_ - 1; ++s) {
+    const auto send_chunk = static_cast<size_t>((rank_ - s + size_) % size_);
+    const auto recv_chunk = static_cast<size_t>((rank_ - s - 1 + 2 * size_) % size_);
+    const uint64_t slot = base_slot + static_cast<uint64_t>(s);
+    out->send(next, slot, send_chunk * chunk, chunk);
+    out->recv(prev, slot, recv_chunk * chunk, chunk);
+    out.WaitRecv();
+    out.WaitSend();
+  }
+}
+
 absl::Status GlooCommunicator::AllGather(const void* input, void* output, size_t count,
                                          DType dtype) {
   const size_t bytes = count * DTypeSize(dtype);
-  if (size_ == 1) {
-    if (input != output) std::memmove(output, input, bytes);
-    return absl::OkStatus();
-  }
-  return Guard("all_gather", rank_, size_, [&] {
-    gloo::AllgatherOptions opts(context_);
-    auto* out = static_cast<uint8_t*>(output);
-    if (input != out + static_cast<size_t>(rank_) * bytes) {
-      opts.setInput(const_cast<uint8_t*>(static_cast<const uint8_t*>(input)), bytes);
-    }
-    opts.setOutput(out, bytes * static_cast<size_t>(size_));
-    opts.setTimeout(Millis(options_.timeout));
-    gloo::allgather(opts);
-  });
+  auto* out = static_cast<std::byte*>(output);
+  std::byte* mine = out + static_cast<size_t>(rank_) * bytes;
+  if (input != mine) std::memmove(mine, input, bytes);
+  if (size_ == 1 || bytes == 0) return absl::OkStatus();
+  return Guard("all_gather", [&] { RingAllGatherInPlace(out, bytes); });
 }
 
 absl::Status GlooCommunicator::ReduceScatter(const void* input, void* output, size_t count,
                                              DType dtype) {
-  const size_t es = DTypeSize(dtype);
-  const size_t chunk = count * es;
-  const size_t w = static_cast<size_t>(size_);
+  const size_t chunk = count * DTypeSize(dtype);
   if (size_ == 1) {
     std::memmove(output, input, chunk);
     return absl::OkStatus();
   }
-  // Ring: at step s rank r sends its partial sum of chunk (r-s-1) to r+1 and adds
-  // the partial sum of chunk (r-s-2) received from r-1; after W-1 steps chunk r is
-  // complete. Every send is waited for before its buffer is touched again.
-  // The working copy and the receive buffer persist across calls: FSDP reduces
-  // the same sizes every step, and fresh pages would cost a fault each.
-  std::vector<std::byte>& work = work_;
-  work.resize(chunk * w);
-  std::memcpy(work.data(), input, chunk * w);
-  scratch_.resize(chunk);
-  const int next = (rank_ + 1) % size_;
-  const int prev = (rank_ + size_ - 1) % size_;
-  return Guard("reduce_scatter", rank_, size_, [&] {
-    auto work_buffer = context_->createUnboundBuffer(work.data(), work.size());
-    auto recv_buffer = context_->createUnboundBuffer(scratch_.data(), chunk);
-    const uint64_t base_slot = static_cast<uint64_t>(context_->nextSlot(size_));
-    const auto timeout = Millis(options_.timeout);
-    for (int s = 0; s < size_ - 1; ++s) {
-      const size_t send_chunk = static_cast<size_t>((rank_ - s - 1 + 2 * size_) % size_);
-      const size_t recv_chunk = static_cast<size_t>((rank_ - s - 2 + 2 * size_) % size_);
-      const uint64_t slot = base_slot + static_cast<uint64_t>(s);
-      work_buffer->send(next, slot, send_chunk * chunk, chunk);
-      recv_buffer->recv(prev, slot, 0, chunk);
-      if (!recv_buffer->waitRecv(timeout)) throw std::runtime_error("receive aborted");
-      std::byte* acc = work.data() + recv_chunk * chunk;
-      ReduceElements(dtype, ReduceOp::kSum, acc, scratch_.data(), acc, count);
-      if (!work_buffer->waitSend(timeout)) throw std::runtime_error("send aborted");
-    }
-    std::memcpy(output, work.data() + static_cast<size_t>(rank_) * chunk, chunk);
+  // The working copy persists across calls: FSDP reduces the same sizes every
+  // step, and fresh pages would cost a fault each.
+  work_.resize(chunk * static_cast<size_t>(size_));
+  std::memcpy(work_.data(), input, work_.size());
+  return Guard("reduce_scatter", [&] {
+    RingReduceScatterInPlace(work_.data(), count, dtype, ReduceOp::kSum);
+    std::memcpy(output, work_.data() + static_cast<size_t>(rank_) * chunk, chunk);
   });
 }
 
 absl::Status GlooCommunicator::AllReduce(void* buffer, size_t count, DType dtype, ReduceOp op) {
   if (size_ == 1 || count == 0) return absl::OkStatus();
+  // Reduce-scatter then all-gather (the bandwidth-optimal ring), over a copy
+  // padded to a multiple of W elements; the padding reduces only with padding.
   const size_t es = DTypeSize(dtype);
-  return Guard("all_reduce", rank_, size_, [&] {
-    gloo::AllreduceOptions opts(context_);
-    // The element type matters: Gloo's ring splits the buffer into per-rank
-    // segments on element boundaries and passes element counts to the reduction.
-    switch (es) {
-      case 2:
-        opts.setOutput(static_cast<uint16_t*>(buffer), count);
-        break;
-      case 4:
-        opts.setOutput(static_cast<uint32_t*>(buffer), count);
-        break;
-      default:
-        opts.setOutput(static_cast<uint64_t*>(buffer), count);
-        break;
-    }
-    opts.setAlgorithm(gloo::AllreduceOptions::Algorithm::RING);
-    opts.setReduceFunction([dtype, op](void* c, const void* a, const void* b, size_t n) {
-      ReduceElements(dtype, op, a, b, c, n);
-    });
-    opts.setTimeout(Millis(options_.timeout));
-    gloo::allreduce(opts);
+  const size_t w = static_cast<size_t>(size_);
+  const size_t chunk_count = (count + w - 1) / w;
+  work_.assign(chunk_count * w * es, std::byte{0});
+  std::memcpy(work_.data(), buffer, count * es);
+  return Guard("all_reduce", [&] {
+    RingReduceScatterInPlace(work_.data(), chunk_count, dtype, op);
+    RingAllGatherInPlace(work_.data(), chunk_count * es);
+    std::memcpy(buffer, work_.data(), count * es);
   });
 }
 
@@ -164,22 +220,29 @@ absl::Status GlooCommunicator::Broadcast(void* buffer, size_t count, DType dtype
         absl::StrCat("broadcast root ", root, " is outside a group of size ", size_));
   }
   if (size_ == 1 || count == 0) return absl::OkStatus();
-  return Guard("broadcast", rank_, size_, [&] {
-    gloo::BroadcastOptions opts(context_);
-    opts.setOutput(static_cast<uint8_t*>(buffer), count * DTypeSize(dtype));
-    opts.setRoot(root);
-    opts.setTimeout(Millis(options_.timeout));
-    gloo::broadcast(opts);
+  const size_t bytes = count * DTypeSize(dtype);
+  return Guard("broadcast", [&] {
+    // The root sends to each rank directly: broadcasts are rare (module
+    // states at start-up), so simplicity beats a pipelined tree.
+    ActiveBuffer data(*this, buffer, bytes);
+    const auto slot = static_cast<uint64_t>(context_->nextSlot());
+    if (rank_ == root) {
+      for (int peer = 0; peer < size_; ++peer) {
+        if (peer != root) data->send(peer, slot);
+      }
+      for (int peer = 0; peer < size_; ++peer) {
+        if (peer != root) data.WaitSend();
+      }
+    } else {
+      data->recv(root, slot);
+      data.WaitRecv();
+    }
   });
 }
 
 absl::Status GlooCommunicator::Barrier() {
-  if (size_ == 1) return absl::OkStatus();
-  return Guard("barrier", rank_, size_, [&] {
-    gloo::BarrierOptions opts(context_);
-    opts.setTimeout(Millis(options_.timeout));
-    gloo::barrier(opts);
-  });
+  float token = 0.0f;
+  return AllReduce(&token, 1, DType::kFloat32, ReduceOp::kSum);
 }
 
 absl::StatusOr<std::unique_ptr<Communicator>> GlooCommunicator::CreateSubgroup(
@@ -202,6 +265,26 @@ absl::StatusOr<std::unique_ptr<Communicator>> GlooCommunicator::CreateSubgroup(
       Create(store_, static_cast<int>(me - ranks.begin()), static_cast<int>(ranks.size()), options);
   if (!sub.ok()) return sub.status();
   return std::unique_ptr<Communicator>(std::move(*sub));
+}
+
+void GlooCommunicator::Abort(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(abort_mu_);
+    if (aborted_) return;
+    aborted_ = true;
+    abort_reason_ = reason;
+    // Wakes this rank's waits, whatever peer they wait for.
+    for (gloo::transport::UnboundBuffer* buffer : active_) {
+      buffer->abortWaitRecv();
+      buffer->abortWaitSend();
+    }
+  }
+  // Resets the sockets, so peers blocked on this rank fail at once too.
+  for (int peer = 0; peer < size_; ++peer) {
+    if (peer == rank_) continue;
+    auto& pair = context_->getPair(peer);
+    if (pair != nullptr) pair->close();
+  }
 }
 
 }  // namespace flatshard

@@ -1,13 +1,20 @@
 // Communicator over Gloo's TCP transport, for host memory. Rendezvous goes
-// through a flatshard Store (GlooStoreAdapter). Reduce-scatter is a ring over
-// Gloo's unbound buffers that waits for its sends before reusing a buffer:
-// Debian's ReduceScatterHalvingDoubling does not, and returns wrong sums
-// (shared/MEASURED.md).
+// through a flatshard Store (GlooStoreAdapter). The collectives are rings over
+// Gloo's unbound buffers (Gloo's own pairs and slots; our algorithms):
+// - reduce-scatter waits for its sends before reusing a buffer, which
+//   Debian's ReduceScatterHalvingDoubling does not (wrong sums,
+//   shared/MEASURED.md);
+// - every wait can be interrupted by Abort(), which Gloo's built-in
+//   algorithms cannot (they create their buffers internally and ignore an
+//   aborted wait), so a rank blocked on a dead peer returns at once.
 #ifndef FLATSHARD_WORKER_COMM_GLOO_COMMUNICATOR_H_
 #define FLATSHARD_WORKER_COMM_GLOO_COMMUNICATOR_H_
 
+#include <cstddef>
 #include <memory>
+#include <mutex>
 #include <string>
+#include <vector>
 
 #include "absl/time/time.h"
 
@@ -18,6 +25,7 @@ namespace gloo {
 class Context;
 namespace transport {
 class Device;
+class UnboundBuffer;
 }  // namespace transport
 }  // namespace gloo
 
@@ -44,12 +52,22 @@ class GlooCommunicator : public Communicator {
   absl::Status AllReduce(void* buffer, size_t count, DType dtype, ReduceOp op) override;
   absl::Status Broadcast(void* buffer, size_t count, DType dtype, int root) override;
   absl::Status Barrier() override;
+  void Abort(const std::string& reason) override;
   absl::StatusOr<std::unique_ptr<Communicator>> CreateSubgroup(const std::vector<int>& ranks,
                                                                absl::string_view name) override;
 
  private:
   GlooCommunicator(std::shared_ptr<Store> store, std::shared_ptr<gloo::transport::Device> device,
                    std::shared_ptr<gloo::Context> context, int rank, int size, GlooOptions options);
+
+  class ActiveBuffer;
+
+  template <typename Fn>
+  absl::Status Guard(absl::string_view op, Fn&& fn);
+
+  // The ring algorithms; they throw (Gloo does) and run inside a Guard.
+  void RingReduceScatterInPlace(std::byte* data, size_t count, DType dtype, ReduceOp op);
+  void RingAllGatherInPlace(std::byte* data, size_t chunk_bytes);
 
   std::shared_ptr<Store> store_;
   std::shared_ptr<gloo::transport::Device> device_;
@@ -59,6 +77,11 @@ class GlooCommunicator : public Communicator {
   GlooOptions options_;
   std::vector<std::byte> work_;     // reduce-scatter partial sums, kept across calls
   std::vector<std::byte> scratch_;  // reduce-scatter receive buffer, kept across calls
+
+  std::mutex abort_mu_;  // guards the three below
+  bool aborted_ = false;
+  std::string abort_reason_;
+  std::vector<gloo::transport::UnboundBuffer*> active_;
 };
 
 }  // namespace flatshard

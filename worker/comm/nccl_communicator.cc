@@ -43,7 +43,9 @@ NcclCommunicator::NcclCommunicator(std::shared_ptr<Store> store, ncclComm_t comm
 NcclCommunicator::~NcclCommunicator() {
   // A communicator that saw an error may have collectives pending that will
   // never complete: abort rather than wait for them.
-  if (failed_) {
+  if (aborted_.load()) {
+    // Abort() released the communicator already.
+  } else if (failed_) {
     ncclCommAbort(comm_);
   } else {
     ncclCommDestroy(comm_);
@@ -147,6 +149,12 @@ absl::Status NcclCommunicator::Broadcast(void* buffer, size_t count, DType dtype
 
 absl::Status NcclCommunicator::Barrier() {
   return AllReduce(barrier_word_, 1, DType::kFloat32, ReduceOp::kSum);
+}
+
+void NcclCommunicator::Abort(const std::string& /*reason*/) {
+  // ncclCommAbort stops the kernels in flight, so a stream synchronisation
+  // waiting on them returns (with an error) on the thread issuing them.
+  if (!aborted_.exchange(true)) ncclCommAbort(comm_);
 }
 
 absl::StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::CreateSubgroup(

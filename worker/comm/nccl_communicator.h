@@ -7,6 +7,7 @@
 #ifndef FLATSHARD_WORKER_COMM_NCCL_COMMUNICATOR_H_
 #define FLATSHARD_WORKER_COMM_NCCL_COMMUNICATOR_H_
 
+#include <atomic>
 #include <memory>
 #include <string>
 
@@ -43,6 +44,7 @@ class NcclCommunicator : public Communicator {
   absl::Status AllReduce(void* buffer, size_t count, DType dtype, ReduceOp op) override;
   absl::Status Broadcast(void* buffer, size_t count, DType dtype, int root) override;
   absl::Status Barrier() override;
+  void Abort(const std::string& reason) override;
   absl::StatusOr<std::unique_ptr<Communicator>> CreateSubgroup(const std::vector<int>& ranks,
                                                                absl::string_view name) override;
 
@@ -59,6 +61,7 @@ class NcclCommunicator : public Communicator {
   NcclOptions options_;
   void* barrier_word_ = nullptr;  // one device float for Barrier
   bool failed_ = false;
+  std::atomic<bool> aborted_{false};  // ncclCommAbort already freed comm_
 };
 
 }  // namespace flatshard

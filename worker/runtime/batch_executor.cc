@@ -20,7 +20,7 @@ v1::CommandBatch BatchExecutor::MakeBatch(int64_t step, bool sync_gradients) con
   return batch;
 }
 
-absl::Status BatchExecutor::Check(const v1::CommandBatch& batch) const {
+absl::Status BatchExecutor::CheckSequence(const v1::CommandBatch& batch) const {
   if (!failure_.ok()) {
     return absl::FailedPreconditionError(
         absl::StrCat("worker rank ", runtime_->rank(), " refuses batch seq ", batch.seq(),
@@ -44,6 +44,18 @@ absl::Status BatchExecutor::Check(const v1::CommandBatch& batch) const {
                      ": digest mismatch (batch says ", absl::BytesToHexString(batch.digest()),
                      ", its commands hash to ", absl::BytesToHexString(sent_digest), ")"));
   }
+  return absl::OkStatus();
+}
+
+absl::Status BatchExecutor::Check(const v1::CommandBatch& batch) const {
+  RETURN_IF_ERROR(CheckSequence(batch));
+  if (batch.control()) {
+    return absl::InvalidArgumentError(absl::StrCat("worker rank ", runtime_->rank(),
+                                                   " refuses batch seq ", batch.seq(),
+                                                   ": it is a control batch, not a training step"));
+  }
+  const std::vector<v1::Command> sent(batch.commands().begin(), batch.commands().end());
+  const std::string sent_digest = batch.digest();
   const std::vector<v1::Command> expected = runtime_->CompileProgram(batch.sync_gradients());
   const std::string expected_digest = ProgramDigest(expected, batch.step(), batch.sync_gradients());
   if (expected_digest != sent_digest) {
@@ -75,6 +87,51 @@ absl::StatusOr<v1::CommandResult> BatchExecutor::Execute(const v1::CommandBatch&
   result.set_optimizer_seconds(stats->optimizer_seconds);
   result.set_samples(data.batch_size);
   return result;
+}
+
+absl::Status BatchExecutor::Run(const v1::CommandBatch& batch,
+                                const std::function<absl::Status()>& run) {
+  absl::Status status = run();
+  if (!status.ok()) {
+    failure_ = status;
+    return status;
+  }
+  last_seq_ = batch.seq();
+  return absl::OkStatus();
+}
+
+absl::Status BatchExecutor::ExecuteControl(const v1::CommandBatch& batch) {
+  RETURN_IF_ERROR(CheckSequence(batch));
+  if (!batch.control()) {
+    return absl::InvalidArgumentError(absl::StrCat("worker rank ", runtime_->rank(),
+                                                   " refuses batch seq ", batch.seq(),
+                                                   ": a training step sent as a control batch"));
+  }
+  const std::vector<v1::Command> program(batch.commands().begin(), batch.commands().end());
+  for (const v1::Command& command : program) {
+    if (!command.has_unshard() && !command.has_reshard() && !command.has_barrier()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("worker rank ", runtime_->rank(), " refuses batch seq ", batch.seq(), ": ",
+                       DescribeCommand(command), " is not a control command"));
+    }
+  }
+  return Run(batch, [&] { return runtime_->RunControl(program); });
+}
+
+absl::Status BatchExecutor::ExecuteSummon(
+    const v1::CommandBatch& batch, const std::function<absl::Status(SummonedParams&)>& body) {
+  RETURN_IF_ERROR(CheckSequence(batch));
+  if (!batch.control() || batch.commands_size() != 1 ||
+      !batch.commands(0).has_summon_full_params()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker rank ", runtime_->rank(), " refuses batch seq ", batch.seq(),
+                     ": a summon batch is one SummonFullParams control command"));
+  }
+  SummonOptions options;
+  options.writeback = false;
+  options.rank0_only = true;
+  options.with_grads = batch.commands(0).summon_full_params().with_grads();
+  return Run(batch, [&] { return runtime_->SummonFullParams(options, body); });
 }
 
 }  // namespace flatshard

@@ -8,6 +8,7 @@
 #define FLATSHARD_WORKER_RUNTIME_BATCH_EXECUTOR_H_
 
 #include <cstdint>
+#include <functional>
 
 #include "absl/status/statusor.h"
 
@@ -29,6 +30,16 @@ class BatchExecutor {
   absl::StatusOr<v1::CommandResult> Execute(const v1::CommandBatch& batch,
                                             const compute::Batch& data);
 
+  // A control batch (`control` set): manual Unshard / Reshard / Barrier ops
+  // outside a step, under the same epoch, seq and digest checks.
+  absl::Status ExecuteControl(const v1::CommandBatch& batch);
+
+  // A control batch holding one SummonFullParams op: gathers every parameter
+  // (a collective) and hands them to `body` (rank 0 only; other ranks get
+  // nothing and free at once).
+  absl::Status ExecuteSummon(const v1::CommandBatch& batch,
+                             const std::function<absl::Status(SummonedParams&)>& body);
+
   // Builds the batch a coordinator would send for the next step (what the
   // standalone harness and tests use).
   v1::CommandBatch MakeBatch(int64_t step, bool sync_gradients) const;
@@ -37,7 +48,12 @@ class BatchExecutor {
   uint64_t job_epoch() const { return epoch_; }
 
  private:
-  absl::Status Check(const v1::CommandBatch& batch) const;
+  // Epoch, seq, digest and poisoning: what every batch must pass.
+  absl::Status CheckSequence(const v1::CommandBatch& batch) const;
+  absl::Status Check(const v1::CommandBatch& batch) const;  // a step batch
+  // Runs `run` for an accepted batch: success advances the seq, failure
+  // poisons the executor.
+  absl::Status Run(const v1::CommandBatch& batch, const std::function<absl::Status()>& run);
 
   FsdpRuntime* runtime_;
   uint64_t epoch_;

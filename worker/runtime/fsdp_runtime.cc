@@ -276,6 +276,36 @@ absl::Status FsdpRuntime::Execute(const v1::Command& command) {
   }
 }
 
+absl::Status FsdpRuntime::RunControl(const std::vector<v1::Command>& program) {
+  if (program_ != nullptr) {
+    return absl::FailedPreconditionError("control commands cannot run inside a step");
+  }
+  for (const v1::Command& command : program) {
+    switch (command.op_case()) {
+      case v1::Command::kUnshard:
+        RETURN_IF_ERROR(Unshard(command.unshard().unit(), /*prefetch=*/false));
+        break;
+      case v1::Command::kReshard:
+        RETURN_IF_ERROR(Reshard(command.reshard().unit()));
+        break;
+      case v1::Command::kBarrier:
+        RETURN_IF_ERROR(world_comm_->Barrier());
+        break;
+      default:
+        return absl::InvalidArgumentError(
+            absl::StrCat("command ", DescribeCommand(command), " cannot run as a control command"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void FsdpRuntime::Abort(const std::string& reason) {
+  // Sub-groups first: a hybrid step may be blocked in either.
+  if (replicate_comm_ != nullptr) replicate_comm_->Abort(reason);
+  if (shard_comm_ != nullptr) shard_comm_->Abort(reason);
+  if (world_comm_ != nullptr) world_comm_->Abort(reason);
+}
+
 int FsdpRuntime::LiveNonRootUnits() const {
   int live = 0;
   for (size_t u = 0; u < units_.size(); ++u) {

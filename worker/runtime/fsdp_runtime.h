@@ -102,6 +102,16 @@ class FsdpRuntime : public compute::ParamResolver, public compute::ModuleHooks {
   absl::StatusOr<StepStats> RunStep(const std::vector<v1::Command>& program,
                                     const compute::Batch& batch);
 
+  // Runs control commands outside a step (manual Unshard / Reshard by unit,
+  // Barrier), in order; a unit left unsharded stays so until a Reshard or the
+  // next step's program reshards it. INVALID_ARGUMENT for any other command.
+  absl::Status RunControl(const std::vector<v1::Command>& program);
+
+  // Fails every pending and future collective of this runtime (its
+  // communicators'), from any thread: a peer died or the coordinator failed
+  // the step. The runtime is unusable afterwards; the job is re-formed.
+  void Abort(const std::string& reason);
+
   // Every parameter's full fp32 value by FQN (tied aliases included), gathered
   // unit by unit. A collective: all ranks call it.
   absl::StatusOr<std::map<std::string, std::vector<float>>> SummonFullParams();

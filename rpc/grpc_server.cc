@@ -1,4 +1,4 @@
-#include "coordinator/service/grpc_server.h"
+#include "rpc/grpc_server.h"
 
 #include <chrono>
 

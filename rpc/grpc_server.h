@@ -1,8 +1,8 @@
 // Runs gRPC services on an address (port 0 picks a free one and reports it),
 // with the standard health service and server reflection, as every flatshard
 // daemon does.
-#ifndef FLATSHARD_COORDINATOR_SERVICE_GRPC_SERVER_H_
-#define FLATSHARD_COORDINATOR_SERVICE_GRPC_SERVER_H_
+#ifndef FLATSHARD_RPC_GRPC_SERVER_H_
+#define FLATSHARD_RPC_GRPC_SERVER_H_
 
 #include <memory>
 #include <string>
@@ -36,4 +36,4 @@ class GrpcServer {
 
 }  // namespace flatshard
 
-#endif  // FLATSHARD_COORDINATOR_SERVICE_GRPC_SERVER_H_
+#endif  // FLATSHARD_RPC_GRPC_SERVER_H_

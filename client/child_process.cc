@@ -1,0 +1,127 @@
+#include "client/child_process.h"
+
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+#include <filesystem>
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace flatshard {
+namespace {
+
+int PollMillis(absl::Time deadline) {
+  const absl::Duration left = deadline - absl::Now();
+  if (left <= absl::ZeroDuration()) return 0;
+  return static_cast<int>(absl::ToInt64Milliseconds(left)) + 1;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ChildProcess>> ChildProcess::Spawn(
+    const std::vector<std::string>& argv) {
+  if (argv.empty()) return absl::InvalidArgumentError("spawn: empty command");
+  if (access(argv[0].c_str(), X_OK) != 0) {
+    return absl::NotFoundError(absl::StrCat("cannot run '", argv[0], "': ", strerror(errno)));
+  }
+  int pipe_fds[2];
+  if (pipe2(pipe_fds, O_CLOEXEC) != 0) {
+    return absl::InternalError(absl::StrCat("pipe: ", strerror(errno)));
+  }
+  std::vector<char*> args;
+  args.reserve(argv.size() + 1);
+  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  if (pid < 0) return absl::InternalError(absl::StrCat("fork: ", strerror(errno)));
+  if (pid == 0) {
+    // Only async-signal-safe calls between fork and exec.
+    prctl(PR_SET_PDEATHSIG, SIGTERM);
+    if (getppid() != parent) _exit(127);
+    dup2(pipe_fds[1], STDOUT_FILENO);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    execv(args[0], args.data());
+    _exit(127);
+  }
+  close(pipe_fds[1]);
+  const int pid_fd = static_cast<int>(syscall(SYS_pidfd_open, pid, 0));
+  return std::unique_ptr<ChildProcess>(new ChildProcess(
+      pid, pipe_fds[0], pid_fd, std::filesystem::path(argv[0]).filename().string()));
+}
+
+ChildProcess::~ChildProcess() {
+  if (!status_.has_value()) Terminate(absl::Seconds(10));
+  close(stdout_fd_);
+  if (pid_fd_ >= 0) close(pid_fd_);
+}
+
+absl::StatusOr<std::string> ChildProcess::ReadLine(absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  for (;;) {
+    const size_t newline = buffered_.find('\n');
+    if (newline != std::string::npos) {
+      std::string line = buffered_.substr(0, newline);
+      buffered_.erase(0, newline + 1);
+      return line;
+    }
+    pollfd p{stdout_fd_, POLLIN, 0};
+    const int ready = poll(&p, 1, PollMillis(deadline));
+    if (ready < 0 && errno == EINTR) continue;
+    if (ready == 0) {
+      return absl::DeadlineExceededError(absl::StrCat(name_, " (pid ", pid_, ") wrote no line in ",
+                                                      absl::FormatDuration(timeout)));
+    }
+    char chunk[4096];
+    const ssize_t n = read(stdout_fd_, chunk, sizeof(chunk));
+    if (n <= 0) {
+      return absl::UnavailableError(
+          absl::StrCat(name_, " (pid ", pid_, ") exited before it was ready"));
+    }
+    buffered_.append(chunk, static_cast<size_t>(n));
+  }
+}
+
+std::optional<int> ChildProcess::Wait(absl::Duration timeout) {
+  if (status_.has_value()) return status_;
+  const absl::Time deadline = absl::Now() + timeout;
+  for (;;) {
+    int status = 0;
+    const pid_t done = waitpid(pid_, &status, WNOHANG);
+    if (done == pid_) {
+      status_ = status;
+      return status_;
+    }
+    if (done < 0 && errno != EINTR) {
+      status_ = -1;
+      return status_;
+    }
+    if (absl::Now() >= deadline) return std::nullopt;
+    // The pidfd becomes readable when the child exits.
+    pollfd p{pid_fd_, POLLIN, 0};
+    poll(&p, 1, PollMillis(deadline));
+  }
+}
+
+void ChildProcess::Signal(int signal) {
+  if (!status_.has_value()) kill(pid_, signal);
+}
+
+int ChildProcess::Terminate(absl::Duration grace) {
+  Signal(SIGTERM);
+  if (std::optional<int> status = Wait(grace)) return *status;
+  Signal(SIGKILL);
+  return Wait(absl::InfiniteDuration()).value_or(-1);
+}
+
+}  // namespace flatshard

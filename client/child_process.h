@@ -1,0 +1,58 @@
+// A child process that `flatshard up` (and the end-to-end tests) start: a
+// daemon whose first stdout line says it is ready, stopped with SIGTERM and a
+// grace period, killed if it will not go. Children die with their parent
+// (PR_SET_PDEATHSIG), so a crashed `up` leaves nothing behind.
+#ifndef FLATSHARD_CLIENT_CHILD_PROCESS_H_
+#define FLATSHARD_CLIENT_CHILD_PROCESS_H_
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <sys/types.h>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace flatshard {
+
+class ChildProcess {
+ public:
+  // Runs argv[0] (a path) with the rest as arguments; its stdout comes to us
+  // (ReadLine), its stderr is ours.
+  static absl::StatusOr<std::unique_ptr<ChildProcess>> Spawn(const std::vector<std::string>& argv);
+  ~ChildProcess();  // Terminate(10 s) if still running
+
+  ChildProcess(const ChildProcess&) = delete;
+  ChildProcess& operator=(const ChildProcess&) = delete;
+
+  pid_t pid() const { return pid_; }
+  const std::string& name() const { return name_; }
+
+  // The next line the child writes to stdout, without the newline.
+  // DEADLINE_EXCEEDED after `timeout`; UNAVAILABLE when the child closed
+  // stdout (it exited) first.
+  absl::StatusOr<std::string> ReadLine(absl::Duration timeout);
+
+  // Waits up to `timeout` for the child to exit; its wait status, or nullopt.
+  std::optional<int> Wait(absl::Duration timeout);
+  // SIGTERM, then SIGKILL after `grace`; the wait status.
+  int Terminate(absl::Duration grace);
+  void Signal(int signal);
+
+ private:
+  ChildProcess(pid_t pid, int stdout_fd, int pid_fd, std::string name)
+      : pid_(pid), stdout_fd_(stdout_fd), pid_fd_(pid_fd), name_(std::move(name)) {}
+
+  pid_t pid_;
+  int stdout_fd_;
+  int pid_fd_;  // pidfd: poll()able for exit, so waiting needs no sleeps
+  std::string name_;
+  std::string buffered_;
+  std::optional<int> status_;
+};
+
+}  // namespace flatshard
+
+#endif  // FLATSHARD_CLIENT_CHILD_PROCESS_H_

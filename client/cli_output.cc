@@ -1,0 +1,65 @@
+#include "client/cli_output.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace flatshard {
+
+int ExitCodeFor(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kOk:
+      return kExitOk;
+    case absl::StatusCode::kInvalidArgument:
+    case absl::StatusCode::kNotFound:
+    case absl::StatusCode::kAlreadyExists:
+    case absl::StatusCode::kFailedPrecondition:
+    case absl::StatusCode::kOutOfRange:
+    case absl::StatusCode::kUnimplemented:
+      return kExitRefused;
+    case absl::StatusCode::kUnavailable:
+      return absl::StartsWith(status.message(), "no coordinator at") ? kExitUnreachable
+                                                                     : kExitFailed;
+    default:
+      return kExitFailed;
+  }
+}
+
+int ReportError(const std::string& command, const absl::Status& status, std::ostream& err) {
+  err << "flatshard " << command << ": " << status.message() << "\n";
+  return ExitCodeFor(status);
+}
+
+void PrintTable(const std::vector<std::string>& header,
+                const std::vector<std::vector<std::string>>& rows, std::ostream& out) {
+  std::vector<size_t> width(header.size(), 0);
+  for (size_t c = 0; c < header.size(); ++c) width[c] = header[c].size();
+  for (const auto& row : rows) {
+    for (size_t c = 0; c < row.size() && c < width.size(); ++c) {
+      width[c] = std::max(width[c], row[c].size());
+    }
+  }
+  auto print = [&](const std::vector<std::string>& cells) {
+    std::string line;
+    for (size_t c = 0; c < cells.size(); ++c) {
+      line += cells[c];
+      if (c + 1 < cells.size()) line.append(width[c] - cells[c].size() + 2, ' ');
+    }
+    out << line << "\n";
+  };
+  print(header);
+  for (const auto& row : rows) print(row);
+}
+
+std::string FormatSeconds(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "?";
+  if (seconds < 60) return absl::StrFormat("%.1fs", seconds);
+  const auto total = static_cast<int64_t>(seconds + 0.5);
+  if (total < 3600) return absl::StrFormat("%dm%02ds", total / 60, total % 60);
+  return absl::StrFormat("%dh%02dm", total / 3600, (total % 3600) / 60);
+}
+
+}  // namespace flatshard

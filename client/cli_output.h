@@ -1,0 +1,36 @@
+// What every cluster subcommand shares: how a failed call becomes a message
+// and an exit code, and aligned tables.
+//
+// Exit codes: 0 done; 1 the operation failed on the cluster (a rank died, the
+// job failed); 2 the request was refused (bad input, unknown job or unit,
+// wrong state: the message says what to change); 3 no coordinator answered.
+#ifndef FLATSHARD_CLIENT_CLI_OUTPUT_H_
+#define FLATSHARD_CLIENT_CLI_OUTPUT_H_
+
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+
+namespace flatshard {
+
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitFailed = 1;
+inline constexpr int kExitRefused = 2;
+inline constexpr int kExitUnreachable = 3;
+
+int ExitCodeFor(const absl::Status& status);
+
+// Prints "flatshard <command>: <message>" and returns the exit code.
+int ReportError(const std::string& command, const absl::Status& status, std::ostream& err);
+
+// Columns padded to their widest cell.
+void PrintTable(const std::vector<std::string>& header,
+                const std::vector<std::vector<std::string>>& rows, std::ostream& out);
+
+std::string FormatSeconds(double seconds);  // "4.2s", "3m05s"
+
+}  // namespace flatshard
+
+#endif  // FLATSHARD_CLIENT_CLI_OUTPUT_H_

@@ -1,0 +1,60 @@
+// The `flatshard` subcommands that talk to a coordinator: job create / status
+// / delete, workers, train, unshard, reshard, summon, watch. Human-readable by
+// default, `--json` for scripts; exit codes in cli_output.h.
+#ifndef FLATSHARD_CLIENT_CLUSTER_COMMANDS_H_
+#define FLATSHARD_CLIENT_CLUSTER_COMMANDS_H_
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+
+namespace flatshard {
+
+class ClusterCommands {
+ public:
+  // Adds the subcommands to `app`. The object must outlive parsing and Run.
+  void Add(CLI::App& app);
+  // Runs whichever subcommand was parsed; -1 if none of these was.
+  int Run(std::ostream& out, std::ostream& err);
+
+ private:
+  int JobCreate(std::ostream& out, std::ostream& err);
+  int JobStatus(std::ostream& out, std::ostream& err);
+  int JobDelete(std::ostream& out, std::ostream& err);
+  int Workers(std::ostream& out, std::ostream& err);
+  int Train(std::ostream& out, std::ostream& err);
+  int Unshard(bool unshard, std::ostream& out, std::ostream& err);
+  int Summon(std::ostream& out, std::ostream& err);
+  int Watch(std::ostream& out, std::ostream& err);
+
+  std::string coordinator_ = "127.0.0.1:7070";
+  bool json_ = false;
+  std::string job_;
+  std::string job_file_;
+  std::string name_override_;
+  bool no_wait_ = false;
+  double wait_timeout_s_ = 120;
+  int64_t steps_ = 0;
+  int micro_steps_ = 0;
+  std::vector<int> units_;
+  std::string out_path_;
+  bool with_grads_ = false;
+  int64_t chunk_bytes_ = 0;
+
+  CLI::App* job_create_ = nullptr;
+  CLI::App* job_status_ = nullptr;
+  CLI::App* job_delete_ = nullptr;
+  CLI::App* workers_ = nullptr;
+  CLI::App* train_ = nullptr;
+  CLI::App* unshard_ = nullptr;
+  CLI::App* reshard_ = nullptr;
+  CLI::App* summon_ = nullptr;
+  CLI::App* watch_ = nullptr;
+};
+
+}  // namespace flatshard
+
+#endif  // FLATSHARD_CLIENT_CLUSTER_COMMANDS_H_

@@ -1,0 +1,224 @@
+#include "client/flatshard_client.h"
+
+#include <grpcpp/client_context.h>
+#include <grpcpp/create_channel.h>
+#include <grpcpp/security/credentials.h>
+#include <grpcpp/support/channel_arguments.h>
+
+#include "absl/strings/str_cat.h"
+
+#include "proto/grpc_status.h"
+
+namespace flatshard {
+namespace {
+
+constexpr int kMaxMessageBytes = 64 << 20;
+constexpr absl::Duration kUnaryTimeout = absl::Seconds(60);
+
+void SetDeadline(grpc::ClientContext& context, absl::Duration timeout) {
+  context.set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+}
+
+}  // namespace
+
+FlatshardClient::FlatshardClient(const std::string& address) : address_(address) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  stub_ = v1::JobService::NewStub(
+      grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+}
+
+absl::Status FlatshardClient::Error(const grpc::Status& status) const {
+  absl::Status s = FromGrpcStatus(status);
+  if (status.error_code() == grpc::StatusCode::UNAVAILABLE &&
+      status.error_message().find("connect") != std::string::npos) {
+    return absl::UnavailableError(absl::StrCat("no coordinator at ", address_, " (",
+                                               status.error_message(),
+                                               "); start one with `flatshard up`"));
+  }
+  return s;
+}
+
+absl::StatusOr<v1::Job> FlatshardClient::CreateJob(const v1::JobSpec& spec) {
+  grpc::ClientContext context;
+  SetDeadline(context, kUnaryTimeout);
+  v1::CreateJobRequest request;
+  *request.mutable_spec() = spec;
+  v1::CreateJobResponse response;
+  grpc::Status status = stub_->CreateJob(&context, request, &response);
+  if (!status.ok()) return Error(status);
+  return response.job();
+}
+
+absl::StatusOr<v1::Job> FlatshardClient::GetJob(const std::string& name) {
+  grpc::ClientContext context;
+  SetDeadline(context, kUnaryTimeout);
+  v1::GetJobRequest request;
+  request.set_name(name);
+  v1::GetJobResponse response;
+  grpc::Status status = stub_->GetJob(&context, request, &response);
+  if (!status.ok()) return Error(status);
+  return response.job();
+}
+
+absl::Status FlatshardClient::DeleteJob(const std::string& name) {
+  grpc::ClientContext context;
+  SetDeadline(context, kUnaryTimeout);
+  v1::DeleteJobRequest request;
+  request.set_name(name);
+  v1::DeleteJobResponse response;
+  grpc::Status status = stub_->DeleteJob(&context, request, &response);
+  return status.ok() ? absl::OkStatus() : Error(status);
+}
+
+absl::StatusOr<std::string> FlatshardClient::Plan(const v1::JobSpec& spec) {
+  grpc::ClientContext context;
+  SetDeadline(context, kUnaryTimeout);
+  v1::PlanRequest request;
+  *request.mutable_spec() = spec;
+  v1::PlanResponse response;
+  grpc::Status status = stub_->Plan(&context, request, &response);
+  if (!status.ok()) return Error(status);
+  return response.plan_json();
+}
+
+absl::StatusOr<std::vector<v1::WorkerInfo>> FlatshardClient::ListWorkers(const std::string& job) {
+  grpc::ClientContext context;
+  SetDeadline(context, kUnaryTimeout);
+  v1::ListWorkersRequest request;
+  request.set_job(job);
+  v1::ListWorkersResponse response;
+  grpc::Status status = stub_->ListWorkers(&context, request, &response);
+  if (!status.ok()) return Error(status);
+  return std::vector<v1::WorkerInfo>(response.workers().begin(), response.workers().end());
+}
+
+absl::Status FlatshardClient::Train(const std::string& job, int64_t steps, int no_sync_micro_steps,
+                                    const std::function<void(const v1::StepResult&)>& on_step) {
+  grpc::ClientContext context;
+  v1::TrainRequest request;
+  request.set_job(job);
+  request.set_steps(steps);
+  request.set_no_sync_micro_steps(no_sync_micro_steps);
+  std::unique_ptr<grpc::ClientReader<v1::StepResult>> reader = stub_->Train(&context, request);
+  v1::StepResult result;
+  while (reader->Read(&result)) on_step(result);
+  grpc::Status status = reader->Finish();
+  return status.ok() ? absl::OkStatus() : Error(status);
+}
+
+absl::Status FlatshardClient::Unshard(const std::string& job, const std::vector<int>& units) {
+  grpc::ClientContext context;
+  SetDeadline(context, kUnaryTimeout);
+  v1::UnshardRequest request;
+  request.set_job(job);
+  for (int u : units) request.add_unit_indices(u);
+  v1::UnshardResponse response;
+  grpc::Status status = stub_->Unshard(&context, request, &response);
+  return status.ok() ? absl::OkStatus() : Error(status);
+}
+
+absl::Status FlatshardClient::Reshard(const std::string& job, const std::vector<int>& units) {
+  grpc::ClientContext context;
+  SetDeadline(context, kUnaryTimeout);
+  v1::ReshardRequest request;
+  request.set_job(job);
+  for (int u : units) request.add_unit_indices(u);
+  v1::ReshardResponse response;
+  grpc::Status status = stub_->Reshard(&context, request, &response);
+  return status.ok() ? absl::OkStatus() : Error(status);
+}
+
+absl::Status FlatshardClient::SummonFullParams(
+    const std::string& job, bool with_grads, int64_t chunk_bytes,
+    const std::function<absl::Status(const v1::TensorChunk&)>& on_chunk) {
+  grpc::ClientContext context;
+  v1::SummonFullParamsRequest request;
+  request.set_job(job);
+  request.set_with_grads(with_grads);
+  request.set_chunk_bytes(chunk_bytes);
+  std::unique_ptr<grpc::ClientReader<v1::TensorChunk>> reader =
+      stub_->SummonFullParams(&context, request);
+  v1::TensorChunk chunk;
+  absl::Status sunk;
+  while (reader->Read(&chunk)) {
+    sunk = on_chunk(chunk);
+    if (!sunk.ok()) {
+      context.TryCancel();
+      break;
+    }
+  }
+  grpc::Status status = reader->Finish();
+  if (!sunk.ok()) return sunk;
+  return status.ok() ? absl::OkStatus() : Error(status);
+}
+
+absl::StatusOr<v1::StateDictSettings> FlatshardClient::SetStateDictSettings(
+    const std::string& job, const v1::StateDictSettings& settings) {
+  grpc::ClientContext context;
+  SetDeadline(context, kUnaryTimeout);
+  v1::SetStateDictSettingsRequest request;
+  request.set_job(job);
+  *request.mutable_settings() = settings;
+  v1::SetStateDictSettingsResponse response;
+  grpc::Status status = stub_->SetStateDictSettings(&context, request, &response);
+  if (!status.ok()) return Error(status);
+  return response.previous();
+}
+
+absl::Status FlatshardClient::WatchEvents(
+    const std::string& job, const std::function<bool(const v1::JobEvent&)>& on_event) {
+  grpc::ClientContext context;
+  v1::WatchEventsRequest request;
+  request.set_job(job);
+  std::unique_ptr<grpc::ClientReader<v1::JobEvent>> reader = stub_->WatchEvents(&context, request);
+  v1::JobEvent event;
+  while (reader->Read(&event)) {
+    if (!on_event(event)) {
+      context.TryCancel();
+      reader->Finish();
+      return absl::OkStatus();
+    }
+  }
+  grpc::Status status = reader->Finish();
+  return status.ok() ? absl::OkStatus() : Error(status);
+}
+
+absl::StatusOr<v1::JobState> FlatshardClient::WaitForState(const std::string& job,
+                                                           const std::set<v1::JobState>& states,
+                                                           absl::Duration timeout) {
+  grpc::ClientContext context;
+  SetDeadline(context, timeout);
+  v1::WatchEventsRequest request;
+  request.set_job(job);
+  std::unique_ptr<grpc::ClientReader<v1::JobEvent>> reader = stub_->WatchEvents(&context, request);
+  v1::JobEvent event;
+  absl::StatusOr<v1::JobState> result = absl::DeadlineExceededError(
+      absl::StrCat("job '", job, "' did not reach the state in ", absl::FormatDuration(timeout)));
+  v1::JobState last = v1::JOB_STATE_UNSPECIFIED;
+  std::string failure;
+  while (reader->Read(&event)) {
+    last = event.state();
+    if (last == v1::FAILED) failure = event.message();
+    // Events replay from the job's creation: this returns once the job has
+    // been in one of `states`, now or earlier.
+    if (states.contains(last)) {
+      result = last;
+      break;
+    }
+    if (last == v1::FAILED || last == v1::STOPPED) {
+      result = absl::FailedPreconditionError(absl::StrCat(
+          "job '", job, "' is ", v1::JobState_Name(last), failure.empty() ? "" : ": ", failure));
+      break;
+    }
+  }
+  context.TryCancel();
+  grpc::Status status = reader->Finish();
+  if (!result.ok() && result.status().code() == absl::StatusCode::kDeadlineExceeded &&
+      status.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED && !status.ok()) {
+    return Error(status);
+  }
+  return result;
+}
+
+}  // namespace flatshard

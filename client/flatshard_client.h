@@ -1,0 +1,63 @@
+// libflatshard_client: the coordinator's JobService from C++, with absl::Status
+// errors carrying the coordinator's message and code. What the `flatshard`
+// CLI is built on; a training script can use it directly.
+#ifndef FLATSHARD_CLIENT_FLATSHARD_CLIENT_H_
+#define FLATSHARD_CLIENT_FLATSHARD_CLIENT_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+#include "flatshard/v1/job.grpc.pb.h"
+
+namespace flatshard {
+
+class FlatshardClient {
+ public:
+  // Does not connect yet; the first call does (and fails UNAVAILABLE naming
+  // the address if nothing listens there).
+  explicit FlatshardClient(const std::string& address);
+
+  const std::string& address() const { return address_; }
+
+  absl::StatusOr<v1::Job> CreateJob(const v1::JobSpec& spec);
+  absl::StatusOr<v1::Job> GetJob(const std::string& name);
+  absl::Status DeleteJob(const std::string& name);
+  absl::StatusOr<std::string> Plan(const v1::JobSpec& spec);
+  absl::StatusOr<std::vector<v1::WorkerInfo>> ListWorkers(const std::string& job = "");
+  // Calls `on_step` for every step as the coordinator streams it.
+  absl::Status Train(const std::string& job, int64_t steps, int no_sync_micro_steps,
+                     const std::function<void(const v1::StepResult&)>& on_step);
+  absl::Status Unshard(const std::string& job, const std::vector<int>& units);
+  absl::Status Reshard(const std::string& job, const std::vector<int>& units);
+  absl::Status SummonFullParams(
+      const std::string& job, bool with_grads, int64_t chunk_bytes,
+      const std::function<absl::Status(const v1::TensorChunk&)>& on_chunk);
+  absl::StatusOr<v1::StateDictSettings> SetStateDictSettings(const std::string& job,
+                                                             const v1::StateDictSettings& settings);
+  // Streams the job's events (past ones first) until `on_event` returns false
+  // or the job goes away.
+  absl::Status WatchEvents(const std::string& job,
+                           const std::function<bool(const v1::JobEvent&)>& on_event);
+  // Waits (on WatchEvents, not by polling) until the job is in one of
+  // `states`; FAILED when not asked for is an error carrying the failure.
+  absl::StatusOr<v1::JobState> WaitForState(const std::string& job,
+                                            const std::set<v1::JobState>& states,
+                                            absl::Duration timeout);
+
+ private:
+  absl::Status Error(const grpc::Status& status) const;
+
+  std::string address_;
+  std::unique_ptr<v1::JobService::Stub> stub_;
+};
+
+}  // namespace flatshard
+
+#endif  // FLATSHARD_CLIENT_FLATSHARD_CLIENT_H_

@@ -1,0 +1,83 @@
+#include "client/local_cluster.h"
+
+#include <filesystem>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+
+#include "core/status_macros.h"
+
+namespace flatshard {
+namespace {
+
+constexpr absl::string_view kCoordinatorBanner = "flatshard-coordinator listening on ";
+
+std::string Number(double v) { return absl::StrCat(v); }
+
+}  // namespace
+
+std::string LocalCluster::SelfDirectory() {
+  std::error_code ec;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return ec ? std::string(".") : self.parent_path().string();
+}
+
+absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
+    const LocalClusterOptions& options) {
+  if (options.workers < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--workers must be at least 1, got ", options.workers));
+  }
+  const std::string bin = options.bin_dir.empty() ? SelfDirectory() : options.bin_dir;
+  std::unique_ptr<LocalCluster> cluster(new LocalCluster());
+  ASSIGN_OR_RETURN(
+      cluster->coordinator_,
+      ChildProcess::Spawn({bin + "/flatshard-coordinator", "--listen", options.listen,
+                           "--heartbeat-interval", Number(options.heartbeat_interval_s),
+                           "--heartbeat-timeout", Number(options.heartbeat_timeout_s)}));
+  ASSIGN_OR_RETURN(std::string banner, cluster->coordinator_->ReadLine(options.start_timeout));
+  if (!absl::StartsWith(banner, kCoordinatorBanner)) {
+    return absl::InternalError(
+        absl::StrCat("flatshard-coordinator said '", banner, "' instead of its address"));
+  }
+  cluster->address_ = banner.substr(kCoordinatorBanner.size());
+  std::error_code ec;
+  std::filesystem::create_directories(options.checkpoint_dir, ec);
+  for (int i = 0; i < options.workers; ++i) {
+    ASSIGN_OR_RETURN(
+        std::unique_ptr<ChildProcess> worker,
+        ChildProcess::Spawn({bin + "/flatshard-worker", "--coordinator", cluster->address_,
+                             "--worker-id", absl::StrCat("worker-", i), "--rank", absl::StrCat(i),
+                             "--data-dir", options.data_dir, "--checkpoint-dir",
+                             options.checkpoint_dir, "--collective-timeout",
+                             Number(options.collective_timeout_s)}));
+    cluster->workers_.push_back(std::move(worker));
+  }
+  for (auto& worker : cluster->workers_) {
+    ASSIGN_OR_RETURN(std::string line, worker->ReadLine(options.start_timeout));
+    cluster->banners_.push_back(line);
+  }
+  return cluster;
+}
+
+bool LocalCluster::Stop() {
+  bool clean = true;
+  // Workers first: the coordinator would otherwise see them miss heartbeats.
+  for (auto& worker : workers_) worker->Signal(SIGTERM);
+  for (auto& worker : workers_) {
+    const int status = worker->Terminate(absl::Seconds(10));
+    clean &= WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  }
+  if (coordinator_ != nullptr) {
+    const int status = coordinator_->Terminate(absl::Seconds(10));
+    clean &= WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  }
+  return clean;
+}
+
+LocalCluster::~LocalCluster() { Stop(); }
+
+}  // namespace flatshard

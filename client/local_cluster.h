@@ -1,0 +1,60 @@
+// A coordinator and N CPU workers on this machine as child processes: what
+// `flatshard up` runs and what the end-to-end tests start. Start returns once
+// the coordinator listens and every worker has registered (each says so on
+// its stdout); destruction stops them with SIGTERM, then SIGKILL.
+#ifndef FLATSHARD_CLIENT_LOCAL_CLUSTER_H_
+#define FLATSHARD_CLIENT_LOCAL_CLUSTER_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+#include "client/child_process.h"
+
+namespace flatshard {
+
+struct LocalClusterOptions {
+  int workers = 4;
+  std::string listen = "127.0.0.1:0";  // the coordinator's address
+  std::string bin_dir;                 // where flatshard-coordinator and flatshard-worker are
+  double heartbeat_interval_s = 1.0;
+  double heartbeat_timeout_s = 5.0;
+  double collective_timeout_s = 60.0;
+  std::string data_dir = ".";
+  std::string checkpoint_dir = "checkpoints";
+  absl::Duration start_timeout = absl::Seconds(60);
+};
+
+class LocalCluster {
+ public:
+  static absl::StatusOr<std::unique_ptr<LocalCluster>> Start(const LocalClusterOptions& options);
+  ~LocalCluster();
+
+  const std::string& address() const { return address_; }
+  ChildProcess& coordinator() { return *coordinator_; }
+  ChildProcess& worker(int i) { return *workers_[static_cast<size_t>(i)]; }
+  int num_workers() const { return static_cast<int>(workers_.size()); }
+  // "flatshard-worker w0 rank 0 listening on 127.0.0.1:41234" lines, by worker.
+  const std::vector<std::string>& worker_banners() const { return banners_; }
+
+  // Stops the workers, then the coordinator; true when all exited cleanly.
+  bool Stop();
+
+  // The directory holding this executable (for bin_dir).
+  static std::string SelfDirectory();
+
+ private:
+  LocalCluster() = default;
+
+  std::string address_;
+  std::unique_ptr<ChildProcess> coordinator_;
+  std::vector<std::unique_ptr<ChildProcess>> workers_;
+  std::vector<std::string> banners_;
+};
+
+}  // namespace flatshard
+
+#endif  // FLATSHARD_CLIENT_LOCAL_CLUSTER_H_

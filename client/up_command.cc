@@ -1,0 +1,105 @@
+#include "client/up_command.h"
+
+#include <csignal>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/str_cat.h"
+
+#include "client/cli_output.h"
+#include "client/flatshard_client.h"
+#include "core/job_spec_yaml.h"
+
+namespace flatshard {
+
+CLI::App* AddUpCommand(CLI::App& app, UpCommandOptions& o) {
+  CLI::App* up = app.add_subcommand(
+      "up",
+      "Start a local cluster (a coordinator and N CPU workers) and keep it running until "
+      "Ctrl-C; then drive it from another terminal");
+  up->add_option("--workers,-w", o.cluster.workers, "Number of worker daemons")
+      ->capture_default_str();
+  up->add_option("--listen", o.cluster.listen,
+                 "Coordinator address (port 0: any free one; see --address-file)")
+      ->capture_default_str();
+  up->add_option("--job,-f", o.job_file, "Create this job (a job file) once the workers are up")
+      ->check(CLI::ExistingFile);
+  up->add_option("--address-file", o.address_file,
+                 "Write the coordinator's address here once the cluster is up");
+  up->add_option("--heartbeat-interval", o.cluster.heartbeat_interval_s,
+                 "Seconds between worker heartbeats")
+      ->capture_default_str();
+  up->add_option("--heartbeat-timeout", o.cluster.heartbeat_timeout_s,
+                 "Seconds without a heartbeat before a worker's rank is failed")
+      ->capture_default_str();
+  up->add_option("--collective-timeout", o.cluster.collective_timeout_s,
+                 "Seconds a collective waits for a peer before failing")
+      ->capture_default_str();
+  up->add_option("--data-dir", o.cluster.data_dir, "Workers' data directory (FILE data sets)")
+      ->capture_default_str();
+  up->add_option("--checkpoint-dir", o.cluster.checkpoint_dir, "Workers' checkpoint directory")
+      ->capture_default_str();
+  up->add_option("--bin-dir", o.cluster.bin_dir,
+                 "Where flatshard-coordinator and flatshard-worker are (default: beside this "
+                 "program)");
+  return up;
+}
+
+int RunUpCommand(const UpCommandOptions& o, std::ostream& out, std::ostream& err) {
+  // Taken by sigwait below; children start with an empty mask.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  out << "starting a coordinator and " << o.cluster.workers << " workers..." << std::endl;
+  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(o.cluster);
+  if (!cluster.ok()) return ReportError("up", cluster.status(), err);
+  out << "coordinator: " << (*cluster)->address() << "\n";
+  for (const std::string& banner : (*cluster)->worker_banners()) out << "  " << banner << "\n";
+
+  std::string job_name;
+  if (!o.job_file.empty()) {
+    absl::StatusOr<v1::JobSpec> spec = LoadJobSpecFile(o.job_file);
+    if (!spec.ok()) return ReportError("up", spec.status(), err);
+    FlatshardClient client((*cluster)->address());
+    absl::StatusOr<v1::Job> job = client.CreateJob(*spec);
+    if (!job.ok()) return ReportError("up", job.status(), err);
+    absl::StatusOr<v1::JobState> state =
+        client.WaitForState(spec->name(), {v1::READY}, absl::Seconds(120));
+    if (!state.ok()) return ReportError("up", state.status(), err);
+    job_name = spec->name();
+    out << "job '" << job_name << "' is READY (" << job->units_size() << " units)\n";
+  }
+  if (!o.address_file.empty()) {
+    const std::string tmp = o.address_file + ".tmp";
+    std::ofstream(tmp) << (*cluster)->address() << "\n";
+    std::error_code ec;
+    std::filesystem::rename(tmp, o.address_file, ec);
+    if (ec) {
+      return ReportError(
+          "up", absl::UnavailableError(absl::StrCat("--address-file: ", ec.message())), err);
+    }
+  }
+  const std::string c = absl::StrCat(" -c ", (*cluster)->address());
+  out << "\nThe cluster is up. From another terminal:\n";
+  if (job_name.empty()) {
+    out << "  flatshard job create" << c << " -f examples/mlp-job.yaml\n";
+    job_name = "mlp-demo";
+  }
+  out << "  flatshard train" << c << " -j " << job_name << " --steps 50\n"
+      << "  flatshard workers" << c << "\n"
+      << "  flatshard summon" << c << " -j " << job_name << " --out model.safetensors\n"
+      << "Ctrl-C stops the cluster." << std::endl;
+
+  int signal = 0;
+  sigwait(&signals, &signal);
+  out << "\n" << strsignal(signal) << ": stopping the cluster..." << std::endl;
+  const bool clean = (*cluster)->Stop();
+  out << (clean ? "stopped cleanly" : "stopped (some daemons had to be killed)") << std::endl;
+  return clean ? kExitOk : kExitFailed;
+}
+
+}  // namespace flatshard

@@ -1,0 +1,26 @@
+// `flatshard up`: a local cluster (a coordinator and N CPU workers as child
+// processes) that runs until Ctrl-C or SIGTERM, then stops them cleanly.
+#ifndef FLATSHARD_CLIENT_UP_COMMAND_H_
+#define FLATSHARD_CLIENT_UP_COMMAND_H_
+
+#include <ostream>
+#include <string>
+
+#include "CLI/CLI.hpp"
+
+#include "client/local_cluster.h"
+
+namespace flatshard {
+
+struct UpCommandOptions {
+  LocalClusterOptions cluster;
+  std::string job_file;      // create this job once the workers are up
+  std::string address_file;  // write the coordinator's address here
+};
+
+CLI::App* AddUpCommand(CLI::App& app, UpCommandOptions& options);
+int RunUpCommand(const UpCommandOptions& options, std::ostream& out, std::ostream& err);
+
+}  // namespace flatshard
+
+#endif  // FLATSHARD_CLIENT_UP_COMMAND_H_

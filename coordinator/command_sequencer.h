@@ -1,0 +1,61 @@
+// Fans each command batch of one job epoch out to every rank at once and
+// gathers the results (DESIGN.md §4). It stamps the epoch, the next seq and
+// the digest, so workers can refuse anything out of order. When a rank fails
+// the sequencer aborts the others (their collectives would otherwise wait for
+// the failed rank), names the rank that caused it, and refuses every later
+// batch: the job must be re-formed under a new epoch.
+#ifndef FLATSHARD_COORDINATOR_COMMAND_SEQUENCER_H_
+#define FLATSHARD_COORDINATOR_COMMAND_SEQUENCER_H_
+
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+#include "coordinator/worker_client.h"
+#include "flatshard/v1/worker.pb.h"
+
+namespace flatshard {
+
+class CommandSequencer {
+ public:
+  // `workers[r]` is rank r. `batch_timeout` bounds one batch end to end.
+  CommandSequencer(std::vector<WorkerClient*> workers, uint64_t epoch,
+                   absl::Duration batch_timeout);
+
+  // Runs `batch` (its commands, step, sync_gradients and control set by the
+  // caller) on every rank; the results by rank. Errors name the rank.
+  absl::StatusOr<std::vector<v1::CommandResult>> Run(v1::CommandBatch batch);
+
+  // A summon batch: rank 0's chunks go to `sink`; the other ranks join the
+  // collective and stream nothing.
+  absl::Status Summon(v1::CommandBatch batch, const WorkerClient::ChunkSink& sink);
+
+  // Fails the batch in flight (cancels its calls) and every later one with
+  // `reason`, e.g. a rank missed its heartbeats (`rank` -1: no rank is to
+  // blame, the job was stopped). Thread-safe.
+  void Fail(int rank, const absl::Status& reason);
+
+  uint64_t epoch() const { return epoch_; }
+  uint64_t last_seq() const;
+  absl::Status failure() const;
+
+ private:
+  absl::Status Begin(v1::CommandBatch& batch);
+  // Picks the rank to blame among per-rank failures and aborts the survivors.
+  absl::Status Settle(const std::vector<absl::Status>& statuses);
+  void AbortAll(const std::string& reason);
+
+  std::vector<WorkerClient*> workers_;
+  const uint64_t epoch_;
+  const absl::Duration batch_timeout_;
+  mutable std::mutex mu_;
+  uint64_t last_seq_ = 0;
+  absl::Status failure_;
+};
+
+}  // namespace flatshard
+
+#endif  // FLATSHARD_COORDINATOR_COMMAND_SEQUENCER_H_

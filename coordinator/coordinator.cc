@@ -1,0 +1,180 @@
+#include "coordinator/coordinator.h"
+
+#include <algorithm>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "spdlog/spdlog.h"
+
+#include "core/job_config.h"
+#include "core/status_macros.h"
+
+namespace flatshard {
+
+Coordinator::Coordinator(CoordinatorOptions options)
+    : options_(std::move(options)), members_(/*world_size=*/0) {}
+
+Coordinator::~Coordinator() {
+  {
+    std::lock_guard<std::mutex> lock(monitor_mu_);
+    stop_ = true;
+  }
+  monitor_cv_.notify_all();
+  if (monitor_.joinable()) monitor_.join();
+  std::shared_ptr<TrainingJob> job;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    job = job_;
+  }
+  if (job != nullptr) job->Stop("the coordinator is shutting down");
+  if (former_.joinable()) former_.join();
+}
+
+absl::StatusOr<v1::Job> Coordinator::CreateJob(const v1::JobSpec& spec) {
+  ASSIGN_OR_RETURN(JobConfig config, JobConfigFromProto(spec));
+  std::lock_guard<std::mutex> lock(mu_);
+  if (job_ != nullptr && job_->states().state() != v1::STOPPED) {
+    if (job_->name() == config.name) {
+      return absl::AlreadyExistsError(absl::StrCat("job '", config.name, "' already exists (",
+                                                   v1::JobState_Name(job_->states().state()),
+                                                   "); delete it first or pick another name"));
+    }
+    return absl::FailedPreconditionError(
+        absl::StrCat("this coordinator runs one job at a time and job '", job_->name(),
+                     "' exists; delete it first (flatshard job delete ", job_->name(), ")"));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<TrainingJob> job,
+                   TrainingJob::Create(spec, std::move(config), options_.job));
+  job_ = std::move(job);
+  spdlog::info("job '{}' created: world size {}, {} units", job_->name(), job_->config().world_size,
+               job_->ToProto().units_size());
+  monitor_cv_.notify_all();
+  return job_->ToProto();
+}
+
+absl::StatusOr<std::shared_ptr<TrainingJob>> Coordinator::FindJob(const std::string& name) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (name.empty()) {
+    return absl::InvalidArgumentError("job: the job name must not be empty");
+  }
+  if (job_ == nullptr || job_->name() != name) {
+    return absl::NotFoundError(
+        absl::StrCat("no job named '", name, "'",
+                     job_ == nullptr ? std::string(" (this coordinator has no job; create one with "
+                                                   "`flatshard job create -f JOB.yaml`)")
+                                     : absl::StrCat(" (the job here is '", job_->name(), "')")));
+  }
+  return job_;
+}
+
+absl::Status Coordinator::DeleteJob(const std::string& name) {
+  ASSIGN_OR_RETURN(std::shared_ptr<TrainingJob> job, FindJob(name));
+  job->Stop("deleted");
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (job_ == job) job_ = nullptr;
+  }
+  spdlog::info("job '{}' deleted", name);
+  return absl::OkStatus();
+}
+
+int Coordinator::JobRank(const std::string& worker_id) const {
+  std::shared_ptr<TrainingJob> job;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    job = job_;
+  }
+  if (job == nullptr) return -1;
+  const std::vector<std::string> ids = job->worker_ids();
+  auto it = std::find(ids.begin(), ids.end(), worker_id);
+  return it == ids.end() ? -1 : static_cast<int>(it - ids.begin());
+}
+
+std::optional<uint64_t> Coordinator::AbortEpochFor(const std::string& worker_id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (job_ == nullptr) return std::nullopt;
+  return job_->AbortEpochFor(worker_id);
+}
+
+void Coordinator::Start() {
+  monitor_ = std::thread([this] {
+    std::unique_lock<std::mutex> lock(monitor_mu_);
+    while (!stop_) {
+      lock.unlock();
+      Tick(absl::Now());
+      lock.lock();
+      monitor_cv_.wait_for(lock, absl::ToChronoMilliseconds(options_.heartbeat_interval / 2),
+                           [this] { return stop_; });
+    }
+  });
+}
+
+void Coordinator::Tick(absl::Time now) {
+  std::shared_ptr<TrainingJob> job;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    job = job_;
+  }
+  if (job == nullptr) return;
+  MaybeForm(job, now);
+  CheckHeartbeats(job, now);
+}
+
+void Coordinator::MaybeForm(const std::shared_ptr<TrainingJob>& job, absl::Time now) {
+  if (job->states().state() != v1::PENDING) return;
+  const JobConfig& config = job->config();
+  std::vector<WorkerRecord> live;
+  for (const WorkerRecord& w : members_.List()) {
+    if (now - w.last_heartbeat <= options_.heartbeat_timeout) live.push_back(w);
+  }
+  std::vector<WorkerRecord> chosen;
+  if (!config.rank_by_worker_id.empty()) {
+    chosen.resize(static_cast<size_t>(config.world_size));
+    for (const WorkerRecord& w : live) {
+      auto it = config.rank_by_worker_id.find(w.worker_id);
+      if (it != config.rank_by_worker_id.end()) chosen[static_cast<size_t>(it->second)] = w;
+    }
+    for (const WorkerRecord& w : chosen) {
+      if (w.worker_id.empty()) return;  // someone named in the spec is missing
+    }
+  } else {
+    if (static_cast<int>(live.size()) < config.world_size) return;
+    chosen.assign(live.begin(), live.begin() + config.world_size);  // by membership rank
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (forming_) return;
+  if (former_.joinable()) former_.join();
+  forming_ = true;
+  former_ = std::thread([this, job, chosen] {
+    absl::Status status = job->Form(chosen);
+    if (status.ok()) {
+      spdlog::info("job '{}' formed with {} workers", job->name(), chosen.size());
+    } else {
+      spdlog::error("job '{}' could not be formed: {}", job->name(), std::string(status.message()));
+    }
+    std::lock_guard<std::mutex> done(mu_);
+    forming_ = false;
+  });
+}
+
+void Coordinator::CheckHeartbeats(const std::shared_ptr<TrainingJob>& job, absl::Time now) {
+  const v1::JobState state = job->states().state();
+  if (state != v1::READY && state != v1::TRAINING && state != v1::IDLE) return;
+  const std::vector<std::string> ids = job->worker_ids();
+  for (const WorkerRecord& stale : members_.Stale(now, options_.heartbeat_timeout)) {
+    auto it = std::find(ids.begin(), ids.end(), stale.worker_id);
+    if (it == ids.end()) continue;
+    const int rank = static_cast<int>(it - ids.begin());
+    const absl::Status reason = absl::UnavailableError(absl::StrCat(
+        "worker ", stale.worker_id, " at ", stale.address, " missed heartbeats for ",
+        absl::FormatDuration(absl::Trunc(now - stale.last_heartbeat, absl::Milliseconds(1))),
+        " (timeout ", absl::FormatDuration(options_.heartbeat_timeout), ")"));
+    spdlog::error("job '{}': rank {}: {}", job->name(), rank, std::string(reason.message()));
+    job->FailRank(rank, reason);
+    return;
+  }
+}
+
+}  // namespace flatshard

@@ -1,0 +1,79 @@
+// The coordinator's state behind its two services: membership (who is there),
+// the rendezvous store, and the job. A monitor thread forms a PENDING job as
+// soon as enough live workers have registered, and fails a running job whose
+// worker misses heartbeats for longer than the timeout, naming the rank.
+// One job at a time (DESIGN.md §1: a coordinator per training job).
+#ifndef FLATSHARD_COORDINATOR_COORDINATOR_H_
+#define FLATSHARD_COORDINATOR_COORDINATOR_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+#include "coordinator/kv_store.h"
+#include "coordinator/membership.h"
+#include "coordinator/training_job.h"
+#include "flatshard/v1/job.pb.h"
+
+namespace flatshard {
+
+struct CoordinatorOptions {
+  absl::Duration heartbeat_interval = absl::Seconds(1);
+  absl::Duration heartbeat_timeout = absl::Seconds(5);
+  TrainingJobOptions job;  // job.connect: GrpcWorkerClient unless a test swaps it
+};
+
+class Coordinator {
+ public:
+  explicit Coordinator(CoordinatorOptions options);
+  ~Coordinator();  // stops the monitor and the job
+
+  MembershipTable& members() { return members_; }
+  KvStore& store() { return store_; }
+  const CoordinatorOptions& options() const { return options_; }
+
+  // INVALID_ARGUMENT naming the field for a bad spec; ALREADY_EXISTS when a job
+  // of that name exists; FAILED_PRECONDITION when another job is running.
+  absl::StatusOr<v1::Job> CreateJob(const v1::JobSpec& spec);
+  // NOT_FOUND naming the job (and the one that exists, if any).
+  absl::StatusOr<std::shared_ptr<TrainingJob>> FindJob(const std::string& name) const;
+  absl::Status DeleteJob(const std::string& name);
+  // The job's rank of `worker_id`, or -1.
+  int JobRank(const std::string& worker_id) const;
+
+  std::optional<uint64_t> AbortEpochFor(const std::string& worker_id) const;
+
+  // Starts the monitor thread; Tick runs one pass (what the thread does
+  // every half heartbeat interval).
+  void Start();
+  void Tick(absl::Time now);
+
+ private:
+  void MaybeForm(const std::shared_ptr<TrainingJob>& job, absl::Time now);
+  void CheckHeartbeats(const std::shared_ptr<TrainingJob>& job, absl::Time now);
+
+  CoordinatorOptions options_;
+  MembershipTable members_;
+  KvStore store_;
+
+  mutable std::mutex mu_;
+  std::shared_ptr<TrainingJob> job_;
+  std::thread former_;  // forms the job off the monitor thread
+  bool forming_ = false;
+
+  std::mutex monitor_mu_;
+  std::condition_variable monitor_cv_;
+  bool stop_ = false;
+  std::thread monitor_;
+};
+
+}  // namespace flatshard
+
+#endif  // FLATSHARD_COORDINATOR_COORDINATOR_H_

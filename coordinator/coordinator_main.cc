@@ -1,0 +1,123 @@
+// flatshard-coordinator: Membership (registration, heartbeats, the rendezvous
+// store) and JobService on one address. SIGTERM or SIGINT stops the job
+// (aborting the workers' collectives) and exits 0.
+#include <csignal>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <string>
+
+#include "CLI/CLI.hpp"
+#include "rpc/grpc_server.h"
+#include "spdlog/sinks/stdout_color_sinks.h"
+#include "spdlog/spdlog.h"
+
+#include "coordinator/coordinator.h"
+#include "coordinator/grpc_worker_client.h"
+#include "coordinator/service/job_service.h"
+#include "coordinator/service/membership_service.h"
+
+namespace flatshard {
+namespace {
+
+struct Flags {
+  std::string listen = "127.0.0.1:7070";
+  double heartbeat_interval_s = 1.0;
+  double heartbeat_timeout_s = 5.0;
+  double configure_timeout_s = 120.0;
+  double batch_timeout_s = 600.0;
+  std::string address_file;
+};
+
+// Written whole then renamed, so a reader never sees half an address.
+bool WriteAddressFile(const std::string& path, const std::string& address) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << address << "\n";
+    if (!out) return false;
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  return !ec;
+}
+
+int Run(const Flags& f) {
+  if (f.heartbeat_interval_s <= 0 || f.heartbeat_timeout_s <= f.heartbeat_interval_s) {
+    std::cerr << "flatshard-coordinator: --heartbeat-timeout (" << f.heartbeat_timeout_s
+              << ") must exceed --heartbeat-interval (" << f.heartbeat_interval_s
+              << "), which must be positive\n";
+    return 2;
+  }
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  CoordinatorOptions options;
+  options.heartbeat_interval = absl::Seconds(f.heartbeat_interval_s);
+  options.heartbeat_timeout = absl::Seconds(f.heartbeat_timeout_s);
+  options.job.configure_timeout = absl::Seconds(f.configure_timeout_s);
+  options.job.batch_timeout = absl::Seconds(f.batch_timeout_s);
+  options.job.connect = [](const WorkerRecord& worker) -> std::unique_ptr<WorkerClient> {
+    return std::make_unique<GrpcWorkerClient>(worker.address);
+  };
+  auto coordinator = std::make_unique<Coordinator>(options);
+  MembershipService membership(&coordinator->members(), &coordinator->store(),
+                               options.heartbeat_interval);
+  Coordinator* c = coordinator.get();
+  membership.set_abort_query([c](const std::string& id) { return c->AbortEpochFor(id); });
+  JobServiceImpl jobs(c);
+  absl::StatusOr<std::unique_ptr<GrpcServer>> server =
+      GrpcServer::Start(f.listen, {&membership, &jobs});
+  if (!server.ok()) {
+    std::cerr << "flatshard-coordinator: --listen: " << server.status().message() << "\n";
+    return 1;
+  }
+  coordinator->Start();
+  const std::string address = (*server)->address();
+  if (!f.address_file.empty() && !WriteAddressFile(f.address_file, address)) {
+    std::cerr << "flatshard-coordinator: --address-file: cannot write " << f.address_file << "\n";
+    return 1;
+  }
+  std::cout << "flatshard-coordinator listening on " << address << std::endl;
+
+  int signal = 0;
+  sigwait(&signals, &signal);
+  spdlog::info("flatshard-coordinator: {} received, shutting down", strsignal(signal));
+  coordinator.reset();  // stops the job and aborts the workers first
+  (*server)->Shutdown();
+  return 0;
+}
+
+}  // namespace
+}  // namespace flatshard
+
+int main(int argc, char** argv) {
+  flatshard::Flags f;
+  CLI::App app{
+      "flatshard-coordinator: holds the job (model, wrap policy, ranks, state-dict settings), "
+      "membership and the rendezvous store, and drives the workers over gRPC."};
+  app.add_option("--listen", f.listen, "Address to serve on (port 0: any free one)")
+      ->capture_default_str();
+  app.add_option("--heartbeat-interval", f.heartbeat_interval_s,
+                 "Seconds between a worker's heartbeats")
+      ->capture_default_str();
+  app.add_option("--heartbeat-timeout", f.heartbeat_timeout_s,
+                 "Seconds without a heartbeat before a worker's rank is failed")
+      ->capture_default_str();
+  app.add_option("--configure-timeout", f.configure_timeout_s,
+                 "Seconds the workers have to configure a job (build units, rendezvous)")
+      ->capture_default_str();
+  app.add_option("--batch-timeout", f.batch_timeout_s, "Seconds one step may take end to end")
+      ->capture_default_str();
+  app.add_option("--address-file", f.address_file,
+                 "Write the address served on (host:port) to this file once listening");
+  CLI11_PARSE(app, argc, argv);
+  // stdout carries the one "listening on" line a launcher waits for; logs go to stderr.
+  spdlog::set_default_logger(spdlog::stderr_color_mt("flatshard"));
+  return flatshard::Run(f);
+}

@@ -1,0 +1,123 @@
+#include "coordinator/grpc_worker_client.h"
+
+#include <grpcpp/create_channel.h>
+#include <grpcpp/security/credentials.h>
+#include <grpcpp/support/channel_arguments.h>
+
+#include "proto/grpc_status.h"
+
+namespace flatshard {
+namespace {
+
+constexpr int kMaxMessageBytes = 64 << 20;
+
+// Registers a blocking call's context for CancelAll while it runs.
+class BlockingCall {
+ public:
+  BlockingCall(std::mutex& mu, std::set<grpc::ClientContext*>& set, absl::Time deadline)
+      : mu_(mu), set_(set) {
+    context_.set_deadline(absl::ToChronoTime(deadline));
+    std::lock_guard<std::mutex> lock(mu_);
+    set_.insert(&context_);
+  }
+  ~BlockingCall() {
+    std::lock_guard<std::mutex> lock(mu_);
+    set_.erase(&context_);
+  }
+  BlockingCall(const BlockingCall&) = delete;
+  BlockingCall& operator=(const BlockingCall&) = delete;
+  grpc::ClientContext* context() { return &context_; }
+
+ private:
+  std::mutex& mu_;
+  std::set<grpc::ClientContext*>& set_;
+  grpc::ClientContext context_;
+};
+
+}  // namespace
+
+GrpcWorkerClient::GrpcWorkerClient(const std::string& address) : address_(address) {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  stub_ = v1::WorkerService::NewStub(
+      grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+}
+
+GrpcWorkerClient::~GrpcWorkerClient() {
+  CancelAll();
+  // Callbacks reference this object: wait until the last one has run.
+  std::unique_lock<std::mutex> lock(mu_);
+  idle_.wait(lock, [this] { return in_flight_.empty(); });
+}
+
+void GrpcWorkerClient::Execute(const v1::CommandBatch* batch, absl::Time deadline,
+                               ExecuteDone done) {
+  auto call = std::make_shared<Call>();
+  call->context.set_deadline(absl::ToChronoTime(deadline));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    in_flight_.insert(call);
+  }
+  stub_->async()->Execute(&call->context, batch, &call->result,
+                          [this, call, done = std::move(done)](grpc::Status status) {
+                            if (status.ok()) {
+                              done(std::move(call->result));
+                            } else {
+                              done(FromGrpcStatus(status));
+                            }
+                            std::lock_guard<std::mutex> lock(mu_);
+                            in_flight_.erase(call);
+                            if (in_flight_.empty()) idle_.notify_all();
+                          });
+}
+
+void GrpcWorkerClient::CancelAll() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& call : in_flight_) call->context.TryCancel();
+  for (grpc::ClientContext* context : blocking_) context->TryCancel();
+}
+
+absl::Status GrpcWorkerClient::Configure(const v1::ConfigureRequest& request, absl::Time deadline) {
+  BlockingCall call(mu_, blocking_, deadline);
+  v1::ConfigureResponse response;
+  return FromGrpcStatus(stub_->Configure(call.context(), request, &response));
+}
+
+absl::Status GrpcWorkerClient::Abort(const std::string& reason, absl::Time deadline) {
+  grpc::ClientContext context;  // not cancellable: it is how failures end
+  context.set_deadline(absl::ToChronoTime(deadline));
+  v1::AbortRequest request;
+  request.set_reason(reason);
+  v1::AbortResponse response;
+  return FromGrpcStatus(stub_->Abort(&context, request, &response));
+}
+
+absl::StatusOr<v1::GetStatusResponse> GrpcWorkerClient::GetStatus(absl::Time deadline) {
+  grpc::ClientContext context;
+  context.set_deadline(absl::ToChronoTime(deadline));
+  v1::GetStatusRequest request;
+  v1::GetStatusResponse response;
+  grpc::Status status = stub_->GetStatus(&context, request, &response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  return response;
+}
+
+absl::Status GrpcWorkerClient::Summon(const v1::CommandBatch& batch, absl::Time deadline,
+                                      const ChunkSink& sink) {
+  BlockingCall call(mu_, blocking_, deadline);
+  std::unique_ptr<grpc::ClientReader<v1::TensorChunk>> reader =
+      stub_->Summon(call.context(), batch);
+  v1::TensorChunk chunk;
+  absl::Status sunk;
+  while (reader->Read(&chunk)) {
+    sunk = sink(chunk);
+    if (!sunk.ok()) {
+      call.context()->TryCancel();
+      break;
+    }
+  }
+  const absl::Status finished = FromGrpcStatus(reader->Finish());
+  return sunk.ok() ? finished : sunk;
+}
+
+}  // namespace flatshard

@@ -1,0 +1,50 @@
+// WorkerClient over gRPC: Execute uses the callback API, so fanning a step out
+// to W workers holds no thread per worker.
+#ifndef FLATSHARD_COORDINATOR_GRPC_WORKER_CLIENT_H_
+#define FLATSHARD_COORDINATOR_GRPC_WORKER_CLIENT_H_
+
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+
+#include <grpcpp/client_context.h>
+
+#include "coordinator/worker_client.h"
+#include "flatshard/v1/worker.grpc.pb.h"
+
+namespace flatshard {
+
+class GrpcWorkerClient final : public WorkerClient {
+ public:
+  explicit GrpcWorkerClient(const std::string& address);
+  ~GrpcWorkerClient() override;
+
+  void Execute(const v1::CommandBatch* batch, absl::Time deadline, ExecuteDone done) override;
+  void CancelAll() override;
+  absl::Status Configure(const v1::ConfigureRequest& request, absl::Time deadline) override;
+  absl::Status Abort(const std::string& reason, absl::Time deadline) override;
+  absl::StatusOr<v1::GetStatusResponse> GetStatus(absl::Time deadline) override;
+  absl::Status Summon(const v1::CommandBatch& batch, absl::Time deadline,
+                      const ChunkSink& sink) override;
+  std::string address() const override { return address_; }
+
+ private:
+  struct Call {
+    grpc::ClientContext context;
+    v1::CommandResult result;
+  };
+
+  std::string address_;
+  std::unique_ptr<v1::WorkerService::Stub> stub_;
+  std::mutex mu_;
+  std::condition_variable idle_;
+  std::set<std::shared_ptr<Call>> in_flight_;
+  // Contexts of blocking calls, so CancelAll reaches them too.
+  std::set<grpc::ClientContext*> blocking_;
+};
+
+}  // namespace flatshard
+
+#endif  // FLATSHARD_COORDINATOR_GRPC_WORKER_CLIENT_H_

@@ -1,0 +1,91 @@
+#include "coordinator/job_state_machine.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace flatshard {
+
+JobStateMachine::JobStateMachine(std::string job_name) : job_name_(std::move(job_name)) {
+  events_.push_back({v1::PENDING, "job created; waiting for workers", absl::Now()});
+}
+
+bool JobStateMachine::Allowed(v1::JobState from, v1::JobState to) {
+  if (from == v1::STOPPED) return false;
+  if (to == v1::STOPPED) return true;
+  if (to == v1::FAILED) return from != v1::FAILED;
+  switch (from) {
+    case v1::PENDING:
+      return to == v1::FORMING;
+    case v1::FORMING:
+      return to == v1::READY;
+    case v1::READY:
+    case v1::IDLE:
+      return to == v1::TRAINING;
+    case v1::TRAINING:
+      return to == v1::IDLE;
+    case v1::FAILED:
+      return to == v1::FORMING;
+    default:
+      return false;
+  }
+}
+
+v1::JobState JobStateMachine::state() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return state_;
+}
+
+std::string JobStateMachine::failure() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return failure_;
+}
+
+absl::Status JobStateMachine::TransitionLocked(v1::JobState to, const std::string& message) {
+  if (!Allowed(state_, to)) {
+    return absl::FailedPreconditionError(absl::StrCat("job '", job_name_, "' is ",
+                                                      v1::JobState_Name(state_), ", cannot go to ",
+                                                      v1::JobState_Name(to)));
+  }
+  state_ = to;
+  if (to == v1::FAILED) failure_ = message;
+  events_.push_back({to, message, absl::Now()});
+  changed_.notify_all();
+  return absl::OkStatus();
+}
+
+absl::Status JobStateMachine::Transition(v1::JobState to, const std::string& message) {
+  std::lock_guard<std::mutex> lock(mu_);
+  return TransitionLocked(to, message);
+}
+
+absl::Status JobStateMachine::TransitionFrom(v1::JobState from, v1::JobState to,
+                                             const std::string& message) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (state_ != from) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "job '", job_name_, "' is ", v1::JobState_Name(state_), ", not ", v1::JobState_Name(from)));
+  }
+  return TransitionLocked(to, message);
+}
+
+std::vector<JobEventRecord> JobStateMachine::EventsFrom(size_t next, absl::Time deadline) const {
+  std::unique_lock<std::mutex> lock(mu_);
+  changed_.wait_until(lock, absl::ToChronoTime(deadline),
+                      [&] { return closed_ || events_.size() > next; });
+  if (next >= events_.size()) return {};
+  return std::vector<JobEventRecord>(events_.begin() + static_cast<std::ptrdiff_t>(next),
+                                     events_.end());
+}
+
+void JobStateMachine::Close() {
+  std::lock_guard<std::mutex> lock(mu_);
+  closed_ = true;
+  changed_.notify_all();
+}
+
+bool JobStateMachine::closed() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return closed_;
+}
+
+}  // namespace flatshard

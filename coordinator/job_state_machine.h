@@ -1,0 +1,68 @@
+// A job's lifecycle (DESIGN.md §4):
+//
+//   PENDING -> FORMING -> READY -> TRAINING <-> IDLE
+//      any state but STOPPED -> FAILED -> FORMING (re-form) | STOPPED
+//      any state -> STOPPED
+//
+// Every transition is an event with a message, kept in order so WatchEvents
+// can replay them and then wait for more. An illegal transition is refused
+// (FAILED_PRECONDITION) rather than silently applied. Thread-safe.
+#ifndef FLATSHARD_COORDINATOR_JOB_STATE_MACHINE_H_
+#define FLATSHARD_COORDINATOR_JOB_STATE_MACHINE_H_
+
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+
+#include "flatshard/v1/job.pb.h"
+
+namespace flatshard {
+
+struct JobEventRecord {
+  v1::JobState state = v1::PENDING;
+  std::string message;
+  absl::Time time;
+};
+
+class JobStateMachine {
+ public:
+  explicit JobStateMachine(std::string job_name);
+
+  v1::JobState state() const;
+  // The message of the last FAILED transition ("" if never failed).
+  std::string failure() const;
+
+  absl::Status Transition(v1::JobState to, const std::string& message);
+  // Moves to `to` only if the state is `from`; FAILED_PRECONDITION otherwise,
+  // naming the state it is in. What lets two callers race for an operation.
+  absl::Status TransitionFrom(v1::JobState from, v1::JobState to, const std::string& message);
+
+  // Events from index `next` on; waits until there is one, the machine is
+  // closed, or `deadline` passes. Returns what it has (maybe nothing).
+  std::vector<JobEventRecord> EventsFrom(size_t next, absl::Time deadline) const;
+  // Wakes every waiter for good (the job was deleted or the server stops).
+  void Close();
+  bool closed() const;
+
+  static bool Allowed(v1::JobState from, v1::JobState to);
+
+ private:
+  absl::Status TransitionLocked(v1::JobState to, const std::string& message);
+
+  const std::string job_name_;
+  mutable std::mutex mu_;
+  mutable std::condition_variable changed_;
+  v1::JobState state_ = v1::PENDING;
+  std::string failure_;
+  std::vector<JobEventRecord> events_;
+  bool closed_ = false;
+};
+
+}  // namespace flatshard
+
+#endif  // FLATSHARD_COORDINATOR_JOB_STATE_MACHINE_H_

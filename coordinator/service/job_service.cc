@@ -1,0 +1,157 @@
+#include "coordinator/service/job_service.h"
+
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+#include "core/job_config.h"
+#include "core/plan.h"
+#include "proto/grpc_status.h"
+
+namespace flatshard {
+
+grpc::Status JobServiceImpl::CreateJob(grpc::ServerContext*, const v1::CreateJobRequest* request,
+                                       v1::CreateJobResponse* response) {
+  absl::StatusOr<v1::Job> job = coordinator_->CreateJob(request->spec());
+  if (!job.ok()) return ToGrpcStatus(job.status());
+  *response->mutable_job() = *std::move(job);
+  return grpc::Status::OK;
+}
+
+grpc::Status JobServiceImpl::GetJob(grpc::ServerContext*, const v1::GetJobRequest* request,
+                                    v1::GetJobResponse* response) {
+  absl::StatusOr<std::shared_ptr<TrainingJob>> job = coordinator_->FindJob(request->name());
+  if (!job.ok()) return ToGrpcStatus(job.status());
+  *response->mutable_job() = (*job)->ToProto();
+  return grpc::Status::OK;
+}
+
+grpc::Status JobServiceImpl::DeleteJob(grpc::ServerContext*, const v1::DeleteJobRequest* request,
+                                       v1::DeleteJobResponse*) {
+  return ToGrpcStatus(coordinator_->DeleteJob(request->name()));
+}
+
+grpc::Status JobServiceImpl::Plan(grpc::ServerContext*, const v1::PlanRequest* request,
+                                  v1::PlanResponse* response) {
+  absl::StatusOr<JobConfig> config = JobConfigFromProto(request->spec());
+  if (!config.ok()) return ToGrpcStatus(config.status());
+  absl::StatusOr<flatshard::Plan> plan =
+      ComputePlan(config->model, config->wrap_policy, PlanOptionsFromJob(*config));
+  if (!plan.ok()) return ToGrpcStatus(plan.status());
+  response->set_plan_json(PlanToJson(*plan));
+  return grpc::Status::OK;
+}
+
+grpc::Status JobServiceImpl::ListWorkers(grpc::ServerContext*,
+                                         const v1::ListWorkersRequest* request,
+                                         v1::ListWorkersResponse* response) {
+  if (!request->job().empty()) {
+    absl::StatusOr<std::shared_ptr<TrainingJob>> job = coordinator_->FindJob(request->job());
+    if (!job.ok()) return ToGrpcStatus(job.status());
+  }
+  const absl::Time now = absl::Now();
+  for (const WorkerRecord& w : coordinator_->members().List()) {
+    const int rank = coordinator_->JobRank(w.worker_id);
+    if (!request->job().empty() && rank < 0) continue;
+    v1::WorkerInfo* info = response->add_workers();
+    info->set_worker_id(w.worker_id);
+    info->set_rank(rank);
+    info->set_host(w.host);
+    info->set_device(w.device);
+    info->set_address(w.address);
+    info->set_state(w.state.empty() ? "registered" : w.state);
+    info->set_heartbeat_age_seconds(absl::ToDoubleSeconds(now - w.last_heartbeat));
+    info->set_last_completed_seq(w.last_completed_seq);
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status JobServiceImpl::Train(grpc::ServerContext* context, const v1::TrainRequest* request,
+                                   grpc::ServerWriter<v1::StepResult>* writer) {
+  absl::StatusOr<std::shared_ptr<TrainingJob>> job = coordinator_->FindJob(request->job());
+  if (!job.ok()) return ToGrpcStatus(job.status());
+  return ToGrpcStatus((*job)->Train(request->steps(), request->no_sync_micro_steps(),
+                                    [&](const v1::StepResult& result) {
+                                      return !context->IsCancelled() && writer->Write(result);
+                                    }));
+}
+
+grpc::Status JobServiceImpl::Unshard(grpc::ServerContext*, const v1::UnshardRequest* request,
+                                     v1::UnshardResponse*) {
+  absl::StatusOr<std::shared_ptr<TrainingJob>> job = coordinator_->FindJob(request->job());
+  if (!job.ok()) return ToGrpcStatus(job.status());
+  return ToGrpcStatus((*job)->Unshard(
+      std::vector<int>(request->unit_indices().begin(), request->unit_indices().end())));
+}
+
+grpc::Status JobServiceImpl::Reshard(grpc::ServerContext*, const v1::ReshardRequest* request,
+                                     v1::ReshardResponse*) {
+  absl::StatusOr<std::shared_ptr<TrainingJob>> job = coordinator_->FindJob(request->job());
+  if (!job.ok()) return ToGrpcStatus(job.status());
+  return ToGrpcStatus((*job)->Reshard(
+      std::vector<int>(request->unit_indices().begin(), request->unit_indices().end())));
+}
+
+grpc::Status JobServiceImpl::SummonFullParams(grpc::ServerContext* context,
+                                              const v1::SummonFullParamsRequest* request,
+                                              grpc::ServerWriter<v1::TensorChunk>* writer) {
+  absl::StatusOr<std::shared_ptr<TrainingJob>> job = coordinator_->FindJob(request->job());
+  if (!job.ok()) return ToGrpcStatus(job.status());
+  return ToGrpcStatus((*job)->Summon(request->with_grads(), request->chunk_bytes(),
+                                     [&](const v1::TensorChunk& chunk) {
+                                       if (context->IsCancelled() || !writer->Write(chunk)) {
+                                         return absl::CancelledError("the client stopped reading");
+                                       }
+                                       return absl::OkStatus();
+                                     }));
+}
+
+grpc::Status JobServiceImpl::SetStateDictSettings(grpc::ServerContext*,
+                                                  const v1::SetStateDictSettingsRequest* request,
+                                                  v1::SetStateDictSettingsResponse* response) {
+  absl::StatusOr<std::shared_ptr<TrainingJob>> job = coordinator_->FindJob(request->job());
+  if (!job.ok()) return ToGrpcStatus(job.status());
+  const v1::StateDictSettings& settings = request->settings();
+  if (!v1::StateDictType_IsValid(settings.state_dict_type())) {
+    return ToGrpcStatus(absl::InvalidArgumentError(
+        absl::StrCat("settings.state_dict_type has unknown value ", settings.state_dict_type())));
+  }
+  const bool full = settings.state_dict_type() == v1::FULL_STATE_DICT ||
+                    settings.state_dict_type() == v1::STATE_DICT_TYPE_UNSPECIFIED;
+  if (!full && (settings.state_dict_config().rank0_only() ||
+                settings.optim_state_dict_config().rank0_only())) {
+    return ToGrpcStatus(absl::InvalidArgumentError(
+        absl::StrCat("settings.state_dict_config.rank0_only applies to FULL_STATE_DICT only, not ",
+                     v1::StateDictType_Name(settings.state_dict_type()))));
+  }
+  *response->mutable_previous() = (*job)->SetStateDictSettings(settings);
+  return grpc::Status::OK;
+}
+
+grpc::Status JobServiceImpl::WatchEvents(grpc::ServerContext* context,
+                                         const v1::WatchEventsRequest* request,
+                                         grpc::ServerWriter<v1::JobEvent>* writer) {
+  absl::StatusOr<std::shared_ptr<TrainingJob>> job = coordinator_->FindJob(request->job());
+  if (!job.ok()) return ToGrpcStatus(job.status());
+  JobStateMachine& states = (*job)->states();
+  size_t next = 0;
+  // Wake up now and then to notice a client that went away.
+  while (!context->IsCancelled()) {
+    const std::vector<JobEventRecord> events =
+        states.EventsFrom(next, absl::Now() + absl::Milliseconds(500));
+    for (const JobEventRecord& e : events) {
+      v1::JobEvent event;
+      event.set_job(request->job());
+      event.set_state(e.state);
+      event.set_message(e.message);
+      event.set_unix_micros(absl::ToUnixMicros(e.time));
+      if (!writer->Write(event)) return grpc::Status::OK;
+    }
+    next += events.size();
+    if (events.empty() && states.closed()) break;
+  }
+  return grpc::Status::OK;
+}
+
+}  // namespace flatshard

@@ -1,0 +1,363 @@
+#include "coordinator/training_job.h"
+
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+
+#include "core/sharding.h"
+#include "core/status_macros.h"
+#include "core/step_program.h"
+
+namespace flatshard {
+
+absl::StatusOr<std::unique_ptr<TrainingJob>> TrainingJob::Create(const v1::JobSpec& spec,
+                                                                 JobConfig config,
+                                                                 TrainingJobOptions options) {
+  ASSIGN_OR_RETURN(ModelIndex index, IndexModel(config.model));
+  ASSIGN_OR_RETURN(std::vector<Unit> units, ComputeUnits(index, config.wrap_policy));
+  return std::unique_ptr<TrainingJob>(new TrainingJob(spec, std::move(config), std::move(index),
+                                                      std::move(units), std::move(options)));
+}
+
+TrainingJob::TrainingJob(const v1::JobSpec& spec, JobConfig config, ModelIndex index,
+                         std::vector<Unit> units, TrainingJobOptions options)
+    : spec_(spec),
+      config_(std::move(config)),
+      index_(std::move(index)),
+      units_(std::move(units)),
+      options_(std::move(options)),
+      states_(config_.name) {}
+
+TrainingJob::~TrainingJob() = default;
+
+v1::Job TrainingJob::ToProto() const {
+  v1::Job job;
+  std::lock_guard<std::mutex> lock(mu_);
+  *job.mutable_spec() = spec_;
+  job.set_state(states_.state());
+  job.set_step(step_);
+  job.set_epoch(epoch_);
+  if (sequencer_ != nullptr) job.set_last_seq(sequencer_->last_seq());
+  job.set_failure(states_.failure());
+  for (const Unit& unit : units_) *job.add_units() = UnitToProto(unit);
+  return job;
+}
+
+std::vector<std::string> TrainingJob::worker_ids() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return worker_ids_;
+}
+
+CommandSequencer* TrainingJob::sequencer() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return sequencer_.get();
+}
+
+absl::Status TrainingJob::Form(const std::vector<WorkerRecord>& members) {
+  std::lock_guard<std::mutex> op(op_mu_);
+  if (static_cast<int>(members.size()) != config_.world_size) {
+    return absl::InternalError(
+        absl::StrCat("forming with ", members.size(), " workers, need ", config_.world_size));
+  }
+  const v1::JobState from = states_.state();
+  RETURN_IF_ERROR(
+      states_.Transition(v1::FORMING, absl::StrCat("configuring ", members.size(), " workers")));
+  std::vector<std::unique_ptr<WorkerClient>> clients;
+  std::vector<std::string> ids;
+  for (const WorkerRecord& member : members) {
+    clients.push_back(options_.connect(member));
+    ids.push_back(member.worker_id);
+  }
+  uint64_t epoch = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    epoch = ++epoch_;
+  }
+  v1::ConfigureRequest request;
+  request.set_job(config_.name);
+  request.set_job_epoch(epoch);
+  request.set_world_size(config_.world_size);
+  *request.mutable_spec() = spec_;
+  for (const Unit& unit : units_) *request.add_units() = UnitToProto(unit);
+  request.set_store_prefix(absl::StrCat("job/", config_.name, "/epoch/", epoch, "/"));
+  // Configure is a collective (the ranks rendezvous), so all in parallel.
+  std::vector<absl::Status> statuses(members.size());
+  std::vector<std::thread> threads;
+  threads.reserve(members.size());
+  const absl::Time deadline = absl::Now() + options_.configure_timeout;
+  for (size_t r = 0; r < members.size(); ++r) {
+    threads.emplace_back([&, r] {
+      v1::ConfigureRequest mine = request;
+      mine.set_rank(static_cast<int>(r));
+      statuses[r] = clients[r]->Configure(mine, deadline);
+      // The others would wait for this rank until their rendezvous timeout.
+      if (!statuses[r].ok()) {
+        for (auto& client : clients) client->CancelAll();
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  for (size_t r = 0; r < members.size(); ++r) {
+    if (!statuses[r].ok() && statuses[r].code() != absl::StatusCode::kCancelled) {
+      const absl::Status failure(
+          statuses[r].code(),
+          absl::StrCat("rank ", r, " (worker ", members[r].worker_id, " at ", members[r].address,
+                       ") could not be configured: ", statuses[r].message()));
+      (void)states_.Transition(v1::FAILED, std::string(failure.message()));
+      return failure;
+    }
+  }
+  (void)from;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<WorkerClient*> raw;
+    raw.reserve(clients.size());
+    for (auto& client : clients) raw.push_back(client.get());
+    sequencer_ = std::make_unique<CommandSequencer>(std::move(raw), epoch, options_.batch_timeout);
+    clients_ = std::move(clients);
+    worker_ids_ = std::move(ids);
+    unsharded_.clear();
+  }
+  return states_.Transition(
+      v1::READY, absl::StrCat("epoch ", epoch, ": ", members.size(), " workers configured"));
+}
+
+absl::StatusOr<std::unique_lock<std::mutex>> TrainingJob::BeginOperation(const char* what) {
+  const v1::JobState state = states_.state();
+  switch (state) {
+    case v1::PENDING:
+    case v1::FORMING:
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot ", what, ": job '", config_.name, "' is ", v1::JobState_Name(state),
+                       " (waiting for ", config_.world_size,
+                       " workers to join and be configured; start them with flatshard-worker "
+                       "--coordinator ADDRESS, and see `flatshard workers`)"));
+    case v1::FAILED:
+      return absl::FailedPreconditionError(absl::StrCat("cannot ", what, ": job '", config_.name,
+                                                        "' FAILED: ", states_.failure(),
+                                                        " (delete it and create it again)"));
+    case v1::STOPPED:
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot ", what, ": job '", config_.name, "' is STOPPED"));
+    default:
+      break;
+  }
+  std::unique_lock<std::mutex> op(op_mu_, std::try_to_lock);
+  if (!op.owns_lock()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "cannot ", what, ": job '", config_.name, "' is busy (", v1::JobState_Name(states_.state()),
+        "); one operation runs at a time, try again when it finishes"));
+  }
+  return op;
+}
+
+void TrainingJob::FailWith(const absl::Status& status) {
+  (void)states_.Transition(v1::FAILED, std::string(status.message()));
+}
+
+absl::Status TrainingJob::Train(int64_t steps, int micro_steps,
+                                const std::function<bool(const v1::StepResult&)>& on_step) {
+  if (steps <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("train.steps must be positive, got ", steps));
+  }
+  if (micro_steps < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("train.no_sync_micro_steps must be >= 0, got ", micro_steps));
+  }
+  ASSIGN_OR_RETURN(std::unique_lock<std::mutex> op, BeginOperation("train"));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!unsharded_.empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("cannot train while units ", absl::StrJoin(unsharded_, ","),
+                       " are manually unsharded; reshard them first (flatshard reshard)"));
+    }
+  }
+  const v1::JobState from = states_.state();
+  RETURN_IF_ERROR(
+      states_.TransitionFrom(from, v1::TRAINING, absl::StrCat("training ", steps, " steps")));
+  StepProgramOptions program;
+  program.strategy = EffectiveStrategy(config_.sharding.strategy, config_.world_size);
+  program.backward_prefetch = config_.sharding.backward_prefetch;
+  program.forward_prefetch = config_.sharding.forward_prefetch;
+  program.max_grad_norm = config_.optimizer.max_grad_norm;
+  program.grad_norm_type = config_.optimizer.grad_norm_type;
+  program.sync_gradients = true;
+  const std::vector<v1::Command> synced = CompileStepProgram(index_, units_, program);
+  program.sync_gradients = false;
+  const std::vector<v1::Command> micro = CompileStepProgram(index_, units_, program);
+  CommandSequencer* seq = sequencer();
+
+  bool stopped_by_client = false;
+  for (int64_t s = 0; s < steps && !stopped_by_client; ++s) {
+    const absl::Time start = absl::Now();
+    v1::StepResult result;
+    result.set_total_steps(steps);
+    std::vector<double> losses(static_cast<size_t>(config_.world_size), 0.0);
+    int64_t samples = 0;
+    for (int k = 0; k <= micro_steps; ++k) {
+      const bool sync = k == micro_steps;
+      v1::CommandBatch batch;
+      for (const v1::Command& c : sync ? synced : micro) *batch.add_commands() = c;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        batch.set_step(data_position_);
+      }
+      batch.set_sync_gradients(sync);
+      absl::StatusOr<std::vector<v1::CommandResult>> results = seq->Run(std::move(batch));
+      if (!results.ok()) {
+        FailWith(results.status());
+        return results.status();
+      }
+      double compute = 0, comm = 0;
+      for (const v1::CommandResult& r : *results) {
+        losses[static_cast<size_t>(r.rank())] += r.loss() / static_cast<double>(micro_steps + 1);
+        samples += r.samples();
+        compute = std::max(compute, r.compute_seconds());
+        comm = std::max(comm, r.exposed_comm_seconds());
+      }
+      result.set_compute_seconds(result.compute_seconds() + compute);
+      result.set_exposed_comm_seconds(result.exposed_comm_seconds() + comm);
+      if (sync) result.set_grad_norm((*results)[0].grad_norm());
+      std::lock_guard<std::mutex> lock(mu_);
+      ++data_position_;
+    }
+    double sum = 0;
+    for (double loss : losses) {
+      result.add_rank_losses(loss);
+      sum += loss;
+    }
+    result.set_loss(sum / static_cast<double>(config_.world_size));
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      result.set_step(++step_);
+      result.set_seq(sequencer_->last_seq());
+    }
+    const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+    result.set_step_seconds(seconds);
+    result.set_samples_per_second(seconds > 0 ? static_cast<double>(samples) / seconds : 0.0);
+    stopped_by_client = !on_step(result);
+  }
+  RETURN_IF_ERROR(states_.Transition(v1::IDLE, stopped_by_client
+                                                   ? "training stopped: the client went away"
+                                                   : absl::StrCat("trained ", steps, " steps")));
+  if (stopped_by_client) return absl::CancelledError("the client stopped reading");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<int>> TrainingJob::CheckUnits(const std::vector<int>& units) const {
+  std::vector<int> out = units;
+  if (out.empty()) {
+    for (const Unit& unit : units_) out.push_back(unit.index);
+  }
+  for (int u : out) {
+    if (u < 0 || u >= static_cast<int>(units_.size())) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("unit_indices: unit ", u, " does not exist (job '", config_.name,
+                       "' has units 0..", units_.size() - 1, "; see `flatshard job status`)"));
+    }
+  }
+  return out;
+}
+
+absl::Status TrainingJob::RunControl(const std::vector<v1::Command>& commands) {
+  v1::CommandBatch batch;
+  batch.set_control(true);
+  batch.set_step(-1);
+  for (const v1::Command& c : commands) *batch.add_commands() = c;
+  absl::StatusOr<std::vector<v1::CommandResult>> results = sequencer()->Run(std::move(batch));
+  if (!results.ok()) {
+    FailWith(results.status());
+    return results.status();
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TrainingJob::Unshard(const std::vector<int>& units) {
+  ASSIGN_OR_RETURN(std::vector<int> which, CheckUnits(units));
+  ASSIGN_OR_RETURN(std::unique_lock<std::mutex> op, BeginOperation("unshard"));
+  std::vector<v1::Command> commands;
+  for (int u : which) {
+    v1::Command c;
+    c.mutable_unshard()->set_unit(u);
+    commands.push_back(c);
+  }
+  RETURN_IF_ERROR(RunControl(commands));
+  std::lock_guard<std::mutex> lock(mu_);
+  unsharded_.insert(which.begin(), which.end());
+  return absl::OkStatus();
+}
+
+absl::Status TrainingJob::Reshard(const std::vector<int>& units) {
+  ASSIGN_OR_RETURN(std::vector<int> which, CheckUnits(units));
+  ASSIGN_OR_RETURN(std::unique_lock<std::mutex> op, BeginOperation("reshard"));
+  std::vector<v1::Command> commands;
+  for (int u : which) {
+    v1::Command c;
+    c.mutable_reshard()->set_unit(u);
+    commands.push_back(c);
+  }
+  RETURN_IF_ERROR(RunControl(commands));
+  std::lock_guard<std::mutex> lock(mu_);
+  for (int u : which) unsharded_.erase(u);
+  return absl::OkStatus();
+}
+
+absl::Status TrainingJob::Summon(bool with_grads, int64_t chunk_bytes,
+                                 const WorkerClient::ChunkSink& sink) {
+  if (chunk_bytes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("chunk_bytes must be >= 0 (0: 4 MiB), got ", chunk_bytes));
+  }
+  if (with_grads && !config_.sharding.use_orig_params) {
+    return absl::InvalidArgumentError(
+        "with_grads needs sharding.use_orig_params: true (FSDP's summon_full_params rule)");
+  }
+  ASSIGN_OR_RETURN(std::unique_lock<std::mutex> op, BeginOperation("summon parameters"));
+  v1::CommandBatch batch;
+  batch.set_control(true);
+  batch.set_step(-1);
+  v1::Command* c = batch.add_commands();
+  c->mutable_summon_full_params()->set_with_grads(with_grads);
+  c->mutable_summon_full_params()->set_chunk_bytes(chunk_bytes);
+  CommandSequencer* seq = sequencer();
+  absl::Status status = seq->Summon(std::move(batch), sink);
+  if (!status.ok() && !seq->failure().ok()) FailWith(status);
+  return status;
+}
+
+v1::StateDictSettings TrainingJob::SetStateDictSettings(const v1::StateDictSettings& settings) {
+  std::lock_guard<std::mutex> lock(mu_);
+  v1::StateDictSettings previous = spec_.state_dict_settings();
+  *spec_.mutable_state_dict_settings() = settings;
+  return previous;
+}
+
+void TrainingJob::FailRank(int rank, const absl::Status& reason) {
+  const v1::JobState state = states_.state();
+  if (state == v1::FAILED || state == v1::STOPPED || state == v1::PENDING) return;
+  if (CommandSequencer* seq = sequencer(); seq != nullptr) seq->Fail(rank, reason);
+  FailWith(absl::Status(reason.code(), absl::StrCat("rank ", rank, ": ", reason.message())));
+}
+
+void TrainingJob::Stop(const std::string& reason) {
+  if (CommandSequencer* seq = sequencer(); seq != nullptr) {
+    seq->Fail(-1, absl::CancelledError(reason));
+  }
+  (void)states_.Transition(v1::STOPPED, reason);
+  states_.Close();
+}
+
+std::optional<uint64_t> TrainingJob::AbortEpochFor(const std::string& worker_id) const {
+  if (states_.state() != v1::FAILED && states_.state() != v1::STOPPED) return std::nullopt;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const std::string& id : worker_ids_) {
+    if (id == worker_id) return epoch_;
+  }
+  return std::nullopt;
+}
+
+}  // namespace flatshard

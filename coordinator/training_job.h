@@ -1,0 +1,104 @@
+// One job on the coordinator: its validated config and units, its lifecycle
+// (JobStateMachine), and, once formed, a WorkerClient per rank and the
+// CommandSequencer of the current epoch. Operations (Train, Unshard, Reshard,
+// Summon) run one at a time; a second one while another runs is refused with
+// FAILED_PRECONDITION rather than queued behind a long Train.
+#ifndef FLATSHARD_COORDINATOR_TRAINING_JOB_H_
+#define FLATSHARD_COORDINATOR_TRAINING_JOB_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+#include "coordinator/command_sequencer.h"
+#include "coordinator/job_state_machine.h"
+#include "coordinator/membership.h"
+#include "coordinator/worker_client.h"
+#include "core/job_config.h"
+#include "flatshard/v1/job.pb.h"
+
+namespace flatshard {
+
+struct TrainingJobOptions {
+  absl::Duration configure_timeout = absl::Minutes(2);
+  absl::Duration batch_timeout = absl::Minutes(10);
+  std::function<std::unique_ptr<WorkerClient>(const WorkerRecord&)> connect;
+};
+
+class TrainingJob {
+ public:
+  // `config` is JobConfigFromProto(spec).
+  static absl::StatusOr<std::unique_ptr<TrainingJob>> Create(const v1::JobSpec& spec,
+                                                             JobConfig config,
+                                                             TrainingJobOptions options);
+  ~TrainingJob();
+
+  const std::string& name() const { return config_.name; }
+  const JobConfig& config() const { return config_; }
+  JobStateMachine& states() { return states_; }
+  v1::Job ToProto() const;
+
+  // Configures `members` (members[r] becomes rank r) as a new epoch:
+  // FORMING, then READY, or FAILED naming the rank that could not configure.
+  absl::Status Form(const std::vector<WorkerRecord>& members);
+
+  // Runs `steps` optimizer steps (each after `micro_steps` no_sync micro-steps),
+  // calling `on_step` after each; `on_step` returning false (the client went
+  // away) stops after that step.
+  absl::Status Train(int64_t steps, int micro_steps,
+                     const std::function<bool(const v1::StepResult&)>& on_step);
+  absl::Status Unshard(const std::vector<int>& units);  // empty: every unit
+  absl::Status Reshard(const std::vector<int>& units);
+  absl::Status Summon(bool with_grads, int64_t chunk_bytes, const WorkerClient::ChunkSink& sink);
+  v1::StateDictSettings SetStateDictSettings(const v1::StateDictSettings& settings);
+
+  // The heartbeat monitor's verdict: fails the batch in flight and the job.
+  void FailRank(int rank, const absl::Status& reason);
+  // Stops the job for good (deleted): aborts the workers' collectives.
+  void Stop(const std::string& reason);
+
+  // The epoch `worker_id` must abort, if the job failed while it was in it.
+  std::optional<uint64_t> AbortEpochFor(const std::string& worker_id) const;
+  // Worker ids by rank (empty before the first formation).
+  std::vector<std::string> worker_ids() const;
+
+ private:
+  TrainingJob(const v1::JobSpec& spec, JobConfig config, ModelIndex index, std::vector<Unit> units,
+              TrainingJobOptions options);
+
+  // Takes the operation slot, or explains why not (state, busy).
+  absl::StatusOr<std::unique_lock<std::mutex>> BeginOperation(const char* what);
+  absl::StatusOr<std::vector<int>> CheckUnits(const std::vector<int>& units) const;
+  absl::Status RunControl(const std::vector<v1::Command>& commands);
+  void FailWith(const absl::Status& status);
+  CommandSequencer* sequencer() const;
+
+  v1::JobSpec spec_;
+  const JobConfig config_;
+  const ModelIndex index_;
+  const std::vector<Unit> units_;
+  const TrainingJobOptions options_;
+  JobStateMachine states_;
+
+  std::mutex op_mu_;       // one operation at a time
+  mutable std::mutex mu_;  // guards everything below
+  uint64_t epoch_ = 0;
+  int64_t step_ = 0;           // optimizer steps completed
+  int64_t data_position_ = 0;  // global batches consumed (micro-steps included)
+  std::vector<std::string> worker_ids_;
+  std::vector<std::unique_ptr<WorkerClient>> clients_;
+  std::unique_ptr<CommandSequencer> sequencer_;
+  std::set<int> unsharded_;  // units a manual Unshard left unsharded
+};
+
+}  // namespace flatshard
+
+#endif  // FLATSHARD_COORDINATOR_TRAINING_JOB_H_

@@ -1,0 +1,45 @@
+// The coordinator's handle on one worker. The sequencer only needs Execute
+// (asynchronous, so a step costs one concurrent round trip to every worker,
+// not W sequential ones) and Cancel; the real implementation is gRPC
+// (GrpcWorkerClient), and the scale benchmark uses light in-process fakes.
+#ifndef FLATSHARD_COORDINATOR_WORKER_CLIENT_H_
+#define FLATSHARD_COORDINATOR_WORKER_CLIENT_H_
+
+#include <functional>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+#include "flatshard/v1/job.pb.h"
+#include "flatshard/v1/worker.pb.h"
+
+namespace flatshard {
+
+class WorkerClient {
+ public:
+  using ExecuteDone = std::function<void(absl::StatusOr<v1::CommandResult>)>;
+  using ChunkSink = std::function<absl::Status(const v1::TensorChunk&)>;
+
+  virtual ~WorkerClient() = default;
+
+  // Starts one batch. `batch` must stay alive until `done` has run; `done`
+  // runs exactly once, on any thread.
+  virtual void Execute(const v1::CommandBatch* batch, absl::Time deadline, ExecuteDone done) = 0;
+  // Cancels every call in flight (their `done` sees CANCELLED).
+  virtual void CancelAll() = 0;
+
+  // Blocking calls, used outside the per-step path.
+  virtual absl::Status Configure(const v1::ConfigureRequest& request, absl::Time deadline) = 0;
+  virtual absl::Status Abort(const std::string& reason, absl::Time deadline) = 0;
+  virtual absl::StatusOr<v1::GetStatusResponse> GetStatus(absl::Time deadline) = 0;
+  // Runs a summon batch; each chunk the worker streams goes to `sink`.
+  virtual absl::Status Summon(const v1::CommandBatch& batch, absl::Time deadline,
+                              const ChunkSink& sink) = 0;
+
+  virtual std::string address() const = 0;
+};
+
+}  // namespace flatshard
+
+#endif  // FLATSHARD_COORDINATOR_WORKER_CLIENT_H_

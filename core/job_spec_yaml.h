@@ -1,0 +1,37 @@
+// Reads a job file (YAML, or JSON which YAML reads; docs/job-spec.md) into the wire
+// form flatshard.v1.JobSpec. This is syntax and typing only: unknown fields, wrong
+// types and unknown enum names are INVALID_ARGUMENT naming `file:line: field`,
+// while the meaning of the values (world size vs. hybrid groups, batch
+// divisibility, lr >= 0, ...) is left to JobConfigFromProto (core/job_config.h),
+// so a job sent over the wire and one read from a file are judged alike. Fields
+// the file leaves out keep the proto defaults that job_config interprets; the one
+// exception is the optimizer, whose torch.optim defaults (lr 1e-3, AdamW weight
+// decay 0.01) the proto cannot express as zeros.
+#ifndef FLATSHARD_CORE_JOB_SPEC_YAML_H_
+#define FLATSHARD_CORE_JOB_SPEC_YAML_H_
+
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+#include "flatshard/v1/job.pb.h"
+
+namespace flatshard {
+
+// `text` is the job document; `source` names it in errors (usually the file
+// path). `model:` is either an inline model mapping (docs/model-spec.md) or the
+// path of a model file, resolved against `base_dir` when relative (an empty
+// `base_dir` means the current directory). A model file that cannot be opened is
+// NOT_FOUND; errors inside it keep their code and are prefixed with the job's
+// `source:line: model:`.
+absl::StatusOr<v1::JobSpec> ParseJobSpec(absl::string_view text, const std::string& source,
+                                         const std::string& base_dir);
+
+// Reads and parses a job file; a relative model path is resolved against the
+// file's directory. NOT_FOUND when the file cannot be opened.
+absl::StatusOr<v1::JobSpec> LoadJobSpecFile(const std::string& path);
+
+}  // namespace flatshard
+
+#endif  // FLATSHARD_CORE_JOB_SPEC_YAML_H_

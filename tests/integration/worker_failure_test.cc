@@ -1,0 +1,131 @@
+// A worker SIGKILLed in the middle of training (issue #4): the step fails
+// within the heartbeat timeout with a message naming the rank, the surviving
+// workers' collectives are aborted (they answer, idle, instead of hanging in
+// Gloo until its timeout), and the coordinator keeps serving.
+#include <csignal>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <utility>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+
+#include "client/flatshard_client.h"
+#include "client/local_cluster.h"
+#include "coordinator/grpc_worker_client.h"
+#include "core/job_spec_yaml.h"
+#include "tests/integration/multiprocess.h"
+
+namespace flatshard {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr double kHeartbeatTimeout = 2.0;
+
+std::unique_ptr<LocalCluster> StartCluster() {
+  LocalClusterOptions options;
+  options.workers = 4;
+  options.bin_dir = FLATSHARD_BIN_DIR;
+  options.heartbeat_interval_s = 0.25;
+  options.heartbeat_timeout_s = kHeartbeatTimeout;
+  options.collective_timeout_s = 120;  // what the survivors would hang for without abort
+  options.checkpoint_dir = testing::MakeTempDir("worker-failure");
+  auto cluster = LocalCluster::Start(options);
+  EXPECT_TRUE(cluster.ok()) << cluster.status();
+  return cluster.ok() ? *std::move(cluster) : nullptr;
+}
+
+// Trains until 3 steps are in, then sends `signal` to rank 2's daemon; the
+// Train status and how long after the signal it ended.
+std::pair<absl::Status, absl::Duration> TrainAndSignalRank2(LocalCluster& cluster,
+                                                            FlatshardClient& client,
+                                                            const std::string& job, int signal) {
+  absl::Notification training;
+  int64_t steps_seen = 0;
+  absl::Status trained;
+  std::thread train([&] {
+    trained = client.Train(job, 100000, 0, [&](const v1::StepResult&) {
+      if (++steps_seen == 3) training.Notify();
+    });
+  });
+  training.WaitForNotification();
+  const absl::Time signalled = absl::Now();
+  cluster.worker(2).Signal(signal);
+  train.join();
+  const absl::Duration took = absl::Now() - signalled;
+  std::cerr << "Train ended " << took << " after signal " << signal << ": " << trained << "\n";
+  return {trained, took};
+}
+
+v1::JobSpec ReadyJob(FlatshardClient& client) {
+  auto spec = LoadJobSpecFile(std::string(FLATSHARD_SOURCE_DIR) + "/examples/mlp-job.yaml");
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  EXPECT_TRUE(client.CreateJob(*spec).ok());
+  EXPECT_TRUE(client.WaitForState(spec->name(), {v1::READY}, absl::Seconds(120)).ok());
+  return *spec;
+}
+
+TEST(WorkerFailureTest, SigkillMidStepFailsTheStepNamingTheRankAndSurvivorsAbort) {
+  std::unique_ptr<LocalCluster> cluster = StartCluster();
+  ASSERT_NE(cluster, nullptr);
+  FlatshardClient client(cluster->address());
+  const v1::JobSpec spec = ReadyJob(client);
+  auto [trained, took] = TrainAndSignalRank2(*cluster, client, spec.name(), SIGKILL);
+  EXPECT_FALSE(trained.ok());
+  EXPECT_THAT(std::string(trained.message()), HasSubstr("rank 2"));
+  EXPECT_LT(took, absl::Seconds(kHeartbeatTimeout)) << trained;
+
+  auto job = client.GetJob(spec.name());
+  ASSERT_TRUE(job.ok()) << job.status() << " (the coordinator keeps serving)";
+  EXPECT_EQ(job->state(), v1::FAILED);
+  EXPECT_THAT(job->failure(), HasSubstr("rank 2"));
+
+  // Train returned only after every rank's batch did: the survivors are out
+  // of their collectives, answer at once and refuse further batches.
+  for (int rank : {0, 1, 3}) {
+    const std::string banner = cluster->worker_banners()[static_cast<size_t>(rank)];
+    GrpcWorkerClient worker(banner.substr(banner.rfind(' ') + 1));
+    auto status = worker.GetStatus(absl::Now() + absl::Seconds(5));
+    ASSERT_TRUE(status.ok()) << "rank " << rank << ": " << status.status();
+    EXPECT_THAT(status->state(), ::testing::AnyOf("aborted", "failed")) << "rank " << rank;
+  }
+  auto refused = client.Train(spec.name(), 1, 0, [](const v1::StepResult&) {});
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(refused.message()), HasSubstr("FAILED"));
+  ASSERT_TRUE(client.DeleteJob(spec.name()).ok());
+}
+
+// A worker that hangs (SIGSTOP: its sockets stay open, so only the missing
+// heartbeats tell): the coordinator fails the step once the heartbeat timeout
+// passes, cancels the hung call, and aborts the survivors' collectives.
+TEST(WorkerFailureTest, HungWorkerFailsTheStepAtTheHeartbeatTimeout) {
+  std::unique_ptr<LocalCluster> cluster = StartCluster();
+  ASSERT_NE(cluster, nullptr);
+  FlatshardClient client(cluster->address());
+  const v1::JobSpec spec = ReadyJob(client);
+  auto [trained, took] = TrainAndSignalRank2(*cluster, client, spec.name(), SIGSTOP);
+  EXPECT_FALSE(trained.ok());
+  EXPECT_THAT(std::string(trained.message()), HasSubstr("rank 2"));
+  EXPECT_THAT(std::string(trained.message()), HasSubstr("missed heartbeats"));
+  // Detection needs the timeout to pass (less the beat in flight when it hung);
+  // then one monitor tick and the aborts.
+  EXPECT_GT(took, absl::Seconds(kHeartbeatTimeout / 2));
+  EXPECT_LT(took, absl::Seconds(kHeartbeatTimeout + 1.5)) << trained;
+  for (int rank : {0, 1, 3}) {
+    const std::string banner = cluster->worker_banners()[static_cast<size_t>(rank)];
+    GrpcWorkerClient worker(banner.substr(banner.rfind(' ') + 1));
+    auto status = worker.GetStatus(absl::Now() + absl::Seconds(5));
+    ASSERT_TRUE(status.ok()) << "rank " << rank << ": " << status.status();
+    EXPECT_EQ(status->state(), "aborted") << "rank " << rank;
+  }
+  cluster->worker(2).Signal(SIGCONT);
+}
+
+}  // namespace
+}  // namespace flatshard

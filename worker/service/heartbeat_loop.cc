@@ -1,0 +1,99 @@
+#include "worker/service/heartbeat_loop.h"
+
+#include <chrono>
+#include <utility>
+
+#include <grpcpp/client_context.h>
+
+#include "absl/strings/str_cat.h"
+#include "spdlog/spdlog.h"
+
+#include "proto/grpc_status.h"
+
+namespace flatshard {
+namespace {
+
+std::chrono::system_clock::time_point Deadline(absl::Duration d) {
+  return std::chrono::system_clock::now() + absl::ToChronoMilliseconds(d);
+}
+
+}  // namespace
+
+HeartbeatLoop::HeartbeatLoop(std::shared_ptr<grpc::Channel> channel,
+                             v1::RegisterRequest registration, WorkerServiceImpl* service)
+    : stub_(v1::Membership::NewStub(std::move(channel))),
+      registration_(std::move(registration)),
+      service_(service) {}
+
+HeartbeatLoop::~HeartbeatLoop() { Stop(); }
+
+absl::StatusOr<int> HeartbeatLoop::Register(absl::Duration connect_timeout) {
+  grpc::ClientContext context;
+  // Wait for the coordinator to come up rather than fail on the first try.
+  context.set_wait_for_ready(true);
+  context.set_deadline(Deadline(connect_timeout));
+  v1::RegisterResponse response;
+  const grpc::Status status = stub_->Register(&context, registration_, &response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  if (response.heartbeat_interval_seconds() > 0) {
+    interval_ = absl::Seconds(response.heartbeat_interval_seconds());
+  }
+  return response.rank();
+}
+
+void HeartbeatLoop::Start() {
+  std::lock_guard<std::mutex> lock(mu_);
+  stop_ = false;
+  thread_ = std::thread([this] { Run(); });
+}
+
+void HeartbeatLoop::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+absl::Status HeartbeatLoop::Beat() {
+  const WorkerStatus status = service_->Status();
+  v1::HeartbeatRequest request;
+  request.set_worker_id(registration_.worker_id());
+  request.set_last_completed_seq(status.last_completed_seq);
+  request.set_state(status.state);
+  grpc::ClientContext context;
+  context.set_deadline(Deadline(interval_));
+  v1::HeartbeatResponse response;
+  grpc::Status rpc = stub_->Heartbeat(&context, request, &response);
+  if (rpc.error_code() == grpc::StatusCode::NOT_FOUND) {
+    spdlog::warn("coordinator does not know worker {}: registering again",
+                 registration_.worker_id());
+    return Register(interval_).status();
+  }
+  if (!rpc.ok()) return FromGrpcStatus(rpc);
+  if (response.abort() && status.job_epoch == response.epoch() && status.state != "aborted") {
+    service_->AbortJob(absl::StrCat("the coordinator failed job epoch ", response.epoch()));
+  }
+  return absl::OkStatus();
+}
+
+void HeartbeatLoop::Run() {
+  int failures = 0;
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_) {
+    lock.unlock();
+    const absl::Status status = Beat();
+    lock.lock();
+    if (!status.ok()) {
+      // Say it once per outage, not once per beat.
+      if (failures++ == 0) spdlog::warn("heartbeat failed: {}", std::string(status.message()));
+    } else if (failures > 0) {
+      spdlog::info("heartbeats resumed after {} failures", failures);
+      failures = 0;
+    }
+    cv_.wait_for(lock, absl::ToChronoMilliseconds(interval_), [this] { return stop_; });
+  }
+}
+
+}  // namespace flatshard

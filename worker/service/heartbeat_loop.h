@@ -1,0 +1,51 @@
+// A worker's side of membership: registers with the coordinator, then
+// heartbeats at the interval the coordinator asks for, reporting its last
+// completed seq and state. A heartbeat answered with `abort` (the job failed
+// on another rank) aborts the worker's collectives; one answered NOT_FOUND (the
+// coordinator restarted) registers again under the same id.
+#ifndef FLATSHARD_WORKER_SERVICE_HEARTBEAT_LOOP_H_
+#define FLATSHARD_WORKER_SERVICE_HEARTBEAT_LOOP_H_
+
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <thread>
+
+#include <grpcpp/channel.h>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+#include "flatshard/v1/membership.grpc.pb.h"
+#include "worker/service/worker_service.h"
+
+namespace flatshard {
+
+class HeartbeatLoop {
+ public:
+  HeartbeatLoop(std::shared_ptr<grpc::Channel> channel, v1::RegisterRequest registration,
+                WorkerServiceImpl* service);
+  ~HeartbeatLoop();
+
+  // Waits up to `connect_timeout` for the coordinator, then registers; the rank.
+  absl::StatusOr<int> Register(absl::Duration connect_timeout);
+  void Start();
+  void Stop();
+
+ private:
+  void Run();
+  absl::Status Beat();
+
+  std::unique_ptr<v1::Membership::Stub> stub_;
+  v1::RegisterRequest registration_;
+  WorkerServiceImpl* service_;
+  absl::Duration interval_ = absl::Seconds(1);
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+}  // namespace flatshard
+
+#endif  // FLATSHARD_WORKER_SERVICE_HEARTBEAT_LOOP_H_

@@ -1,0 +1,264 @@
+#include "worker/service/worker_service.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+#include "core/job_config.h"
+#include "core/status_macros.h"
+#include "proto/grpc_status.h"
+#include "worker/compute/data_source.h"
+#include "worker/runtime/batch_executor.h"
+#include "worker/runtime/fsdp_runtime.h"
+#include "worker/service/job_options.h"
+
+namespace flatshard {
+
+struct WorkerServiceImpl::ActiveJob {
+  // Declared first: the runtime keeps references into the config's model.
+  JobConfig config;
+  int rank = 0;
+  uint64_t epoch = 0;
+  std::unique_ptr<compute::DataSource> data;
+  std::unique_ptr<FsdpRuntime> runtime;
+  std::unique_ptr<BatchExecutor> executor;
+};
+
+namespace {
+
+constexpr int64_t kDefaultChunkBytes = int64_t{4} << 20;
+
+absl::Status CheckUnitsAgree(const std::vector<Unit>& mine,
+                             const google::protobuf::RepeatedPtrField<v1::Unit>& theirs) {
+  if (static_cast<int>(mine.size()) != theirs.size()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the coordinator cut the model into ", theirs.size(), " units, this worker into ",
+        mine.size(), "; coordinator and worker run different flatshard versions"));
+  }
+  for (size_t u = 0; u < mine.size(); ++u) {
+    const v1::Unit expected = UnitToProto(mine[u]);
+    const v1::Unit& got = theirs[static_cast<int>(u)];
+    if (expected.SerializeAsString() != got.SerializeAsString()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("unit ", u, " differs between coordinator ('", got.module_fqn(), "', ",
+                       got.numel(), " elements) and worker ('", expected.module_fqn(), "', ",
+                       expected.numel(), " elements)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+WorkerServiceImpl::WorkerServiceImpl(WorkerServiceOptions options) : options_(std::move(options)) {
+  status_.state = "idle";
+}
+
+WorkerServiceImpl::~WorkerServiceImpl() { AbortJob("worker shutting down"); }
+
+std::shared_ptr<WorkerServiceImpl::ActiveJob> WorkerServiceImpl::CurrentJob() const {
+  std::lock_guard<std::mutex> lock(state_mu_);
+  return job_;
+}
+
+absl::Status WorkerServiceImpl::BeginBatch() {
+  std::lock_guard<std::mutex> lock(state_mu_);
+  if (status_.state == "aborted") {
+    return absl::AbortedError(absl::StrCat("rank ", status_.rank, " was aborted (",
+                                           status_.abort_reason, "); re-form the job"));
+  }
+  status_.state = "running";
+  return absl::OkStatus();
+}
+
+void WorkerServiceImpl::EndBatch(const absl::Status& status) {
+  std::lock_guard<std::mutex> lock(state_mu_);
+  if (job_ != nullptr) status_.last_completed_seq = job_->executor->last_completed_seq();
+  if (status_.state == "aborted") return;
+  status_.state = status.ok() ? "ready" : "failed";
+}
+
+WorkerStatus WorkerServiceImpl::Status() const {
+  std::lock_guard<std::mutex> lock(state_mu_);
+  return status_;
+}
+
+void WorkerServiceImpl::AbortJob(const std::string& reason) {
+  std::shared_ptr<ActiveJob> job;
+  {
+    std::lock_guard<std::mutex> lock(state_mu_);
+    job = job_;
+    if (job == nullptr || status_.state == "aborted") return;
+    status_.state = "aborted";
+    status_.abort_reason = reason;
+  }
+  job->runtime->Abort(reason);
+}
+
+grpc::Status WorkerServiceImpl::Configure(grpc::ServerContext* /*context*/,
+                                          const v1::ConfigureRequest* request,
+                                          v1::ConfigureResponse* /*response*/) {
+  const absl::Status status = [&]() -> absl::Status {
+    if (request->job_epoch() == 0) {
+      return absl::InvalidArgumentError("configure: job_epoch must be positive");
+    }
+    if (request->world_size() < 1 || request->rank() < 0 ||
+        request->rank() >= request->world_size()) {
+      return absl::InvalidArgumentError(absl::StrCat("configure: rank ", request->rank(),
+                                                     " is outside a world of size ",
+                                                     request->world_size()));
+    }
+    if (request->store_prefix().empty()) {
+      return absl::InvalidArgumentError("configure: store_prefix must not be empty");
+    }
+    auto job = std::make_shared<ActiveJob>();
+    ASSIGN_OR_RETURN(job->config, JobConfigFromProto(request->spec()));
+    if (job->config.world_size != request->world_size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("configure: world_size ", request->world_size(),
+                       " differs from the job spec's ", job->config.world_size));
+    }
+    ASSIGN_OR_RETURN(std::vector<Unit> units, JobUnits(job->config));
+    RETURN_IF_ERROR(CheckUnitsAgree(units, request->units()));
+    job->rank = request->rank();
+    job->epoch = request->job_epoch();
+
+    // A previous epoch may be blocked in a collective: fail it so its batch
+    // returns and releases run_mu_.
+    AbortJob(absl::StrCat("re-configured for epoch ", job->epoch));
+    std::lock_guard<std::mutex> run(run_mu_);
+    {
+      std::lock_guard<std::mutex> lock(state_mu_);
+      job_ = nullptr;
+      status_ = WorkerStatus{job->rank, job->epoch, 0, "configuring", ""};
+    }
+    absl::Status built = [&]() -> absl::Status {
+      ASSIGN_OR_RETURN(compute::DataSourceOptions data_options,
+                       DataOptionsFromJob(job->config, options_.data_dir));
+      ASSIGN_OR_RETURN(job->data, compute::MakeDataSource(data_options));
+      FsdpOptions fsdp = FsdpOptionsFromJob(job->config);
+      fsdp.loss = job->data->loss();
+      fsdp.gloo = options_.gloo;
+      ASSIGN_OR_RETURN(job->runtime,
+                       FsdpRuntime::Create(job->config.model, job->config.wrap_policy, fsdp,
+                                           job->rank, job->config.world_size,
+                                           options_.store_for_prefix(request->store_prefix())));
+      job->executor = std::make_unique<BatchExecutor>(job->runtime.get(), job->epoch);
+      return absl::OkStatus();
+    }();
+    std::lock_guard<std::mutex> lock(state_mu_);
+    if (!built.ok()) {
+      status_.state = "failed";
+      return built;
+    }
+    job_ = std::move(job);
+    status_.state = "ready";
+    return absl::OkStatus();
+  }();
+  return ToGrpcStatus(status);
+}
+
+grpc::Status WorkerServiceImpl::Execute(grpc::ServerContext* /*context*/,
+                                        const v1::CommandBatch* request,
+                                        v1::CommandResult* response) {
+  std::lock_guard<std::mutex> run(run_mu_);
+  std::shared_ptr<ActiveJob> job = CurrentJob();
+  if (job == nullptr) {
+    return ToGrpcStatus(absl::FailedPreconditionError(
+        "this worker has no job: the coordinator must Configure it first"));
+  }
+  if (absl::Status begin = BeginBatch(); !begin.ok()) return ToGrpcStatus(begin);
+  absl::Status status;
+  if (request->control()) {
+    status = job->executor->ExecuteControl(*request);
+    if (status.ok()) {
+      response->set_seq(request->seq());
+      response->set_rank(job->rank);
+    }
+  } else {
+    absl::StatusOr<compute::Batch> data =
+        job->data->GetBatch(request->step(), job->rank, job->config.world_size);
+    if (!data.ok()) {
+      status = data.status();
+    } else {
+      absl::StatusOr<v1::CommandResult> result = job->executor->Execute(*request, *data);
+      if (result.ok()) {
+        *response = *result;
+        response->set_rank(job->rank);
+      } else {
+        status = result.status();
+      }
+    }
+  }
+  EndBatch(status);
+  return ToGrpcStatus(status);
+}
+
+grpc::Status WorkerServiceImpl::Summon(grpc::ServerContext* /*context*/,
+                                       const v1::CommandBatch* request,
+                                       grpc::ServerWriter<v1::TensorChunk>* writer) {
+  std::lock_guard<std::mutex> run(run_mu_);
+  std::shared_ptr<ActiveJob> job = CurrentJob();
+  if (job == nullptr) {
+    return ToGrpcStatus(absl::FailedPreconditionError(
+        "this worker has no job: the coordinator must Configure it first"));
+  }
+  int64_t chunk_bytes = kDefaultChunkBytes;
+  if (request->commands_size() == 1 && request->commands(0).has_summon_full_params() &&
+      request->commands(0).summon_full_params().chunk_bytes() > 0) {
+    chunk_bytes = request->commands(0).summon_full_params().chunk_bytes();
+  }
+  const ModelIndex& index = job->runtime->index();
+  if (absl::Status begin = BeginBatch(); !begin.ok()) return ToGrpcStatus(begin);
+  const absl::Status status =
+      job->executor->ExecuteSummon(*request, [&](SummonedParams& summoned) -> absl::Status {
+        // A reader that went away stops the stream, not the collective: the
+        // other ranks are in it too, and the job must stay consistent.
+        bool reading = true;
+        auto emit = [&](const std::string& name, const std::string& fqn,
+                        const std::vector<float>& values) {
+          const IndexedParam& param = index.params[static_cast<size_t>(index.param_by_fqn.at(fqn))];
+          const auto* bytes = reinterpret_cast<const char*>(values.data());
+          const auto total = static_cast<int64_t>(values.size() * sizeof(float));
+          int64_t offset = 0;
+          do {
+            const int64_t n = std::min(chunk_bytes, total - offset);
+            v1::TensorChunk chunk;
+            chunk.set_fqn(name);
+            chunk.set_dtype(v1::DTYPE_FLOAT32);
+            for (int64_t d : param.spec->shape) chunk.add_shape(d);
+            chunk.set_offset_bytes(offset);
+            chunk.set_total_bytes(total);
+            chunk.set_data(bytes + offset, static_cast<size_t>(n));
+            if (reading) reading = writer->Write(chunk);
+            offset += n;
+          } while (offset < total);
+        };
+        for (const auto& [fqn, values] : summoned.params) emit(fqn, fqn, values);
+        for (const auto& [fqn, values] : summoned.grads) emit(fqn + ".grad", fqn, values);
+        return absl::OkStatus();
+      });
+  EndBatch(status);
+  return ToGrpcStatus(status);
+}
+
+grpc::Status WorkerServiceImpl::GetStatus(grpc::ServerContext* /*context*/,
+                                          const v1::GetStatusRequest* /*request*/,
+                                          v1::GetStatusResponse* response) {
+  const WorkerStatus status = Status();
+  response->set_rank(status.rank);
+  response->set_job_epoch(status.job_epoch);
+  response->set_last_completed_seq(status.last_completed_seq);
+  response->set_state(status.state);
+  return grpc::Status::OK;
+}
+
+grpc::Status WorkerServiceImpl::Abort(grpc::ServerContext* /*context*/,
+                                      const v1::AbortRequest* request,
+                                      v1::AbortResponse* /*response*/) {
+  AbortJob(request->reason().empty() ? "aborted by the coordinator" : request->reason());
+  return grpc::Status::OK;
+}
+
+}  // namespace flatshard

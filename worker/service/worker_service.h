@@ -1,0 +1,80 @@
+// flatshard.v1.WorkerService: what a worker daemon does for the coordinator.
+// Configure builds the data plane of one job epoch (a collective: every rank
+// rendezvouses through the coordinator's store); Execute runs one step batch,
+// Summon one summon batch, both through the BatchExecutor's ordering checks.
+// Abort (or a heartbeat saying the job failed) fails the collectives in flight
+// so a step blocked on a dead peer returns instead of hanging; the daemon
+// keeps serving and can be configured again for a new epoch.
+#ifndef FLATSHARD_WORKER_SERVICE_WORKER_SERVICE_H_
+#define FLATSHARD_WORKER_SERVICE_WORKER_SERVICE_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "flatshard/v1/worker.grpc.pb.h"
+#include "worker/comm/gloo_communicator.h"
+#include "worker/comm/store.h"
+
+namespace flatshard {
+
+struct WorkerServiceOptions {
+  std::string data_dir = ".";
+  // The rendezvous store for one epoch's key namespace (a GrpcStore to the
+  // coordinator under a PrefixStore in the daemon, a FileStore in tests).
+  std::function<std::shared_ptr<Store>(const std::string& prefix)> store_for_prefix;
+  GlooOptions gloo;  // hostname peers connect to; collective timeout
+};
+
+// The worker's state as GetStatus and heartbeats report it.
+struct WorkerStatus {
+  int rank = -1;
+  uint64_t job_epoch = 0;
+  uint64_t last_completed_seq = 0;
+  std::string state;  // idle, configuring, ready, running, failed, aborted
+  std::string abort_reason;
+};
+
+class WorkerServiceImpl final : public v1::WorkerService::Service {
+ public:
+  explicit WorkerServiceImpl(WorkerServiceOptions options);
+  ~WorkerServiceImpl() override;
+
+  grpc::Status Configure(grpc::ServerContext* context, const v1::ConfigureRequest* request,
+                         v1::ConfigureResponse* response) override;
+  grpc::Status Execute(grpc::ServerContext* context, const v1::CommandBatch* request,
+                       v1::CommandResult* response) override;
+  grpc::Status Summon(grpc::ServerContext* context, const v1::CommandBatch* request,
+                      grpc::ServerWriter<v1::TensorChunk>* writer) override;
+  grpc::Status GetStatus(grpc::ServerContext* context, const v1::GetStatusRequest* request,
+                         v1::GetStatusResponse* response) override;
+  grpc::Status Abort(grpc::ServerContext* context, const v1::AbortRequest* request,
+                     v1::AbortResponse* response) override;
+
+  // Fails the collectives of the current job, if any (idempotent).
+  void AbortJob(const std::string& reason);
+  WorkerStatus Status() const;
+
+ private:
+  struct ActiveJob;
+
+  std::shared_ptr<ActiveJob> CurrentJob() const;
+  // Marks a batch running, or refuses it when the job was aborted.
+  absl::Status BeginBatch();
+  // Back to ready (or failed), unless an abort arrived meanwhile.
+  void EndBatch(const absl::Status& status);
+
+  WorkerServiceOptions options_;
+  // One batch (or configuration) at a time: a worker's runtime is single-use
+  // per step, and ordering is the executor's job.
+  std::mutex run_mu_;
+  mutable std::mutex state_mu_;  // guards job_ and status_
+  std::shared_ptr<ActiveJob> job_;
+  WorkerStatus status_;
+};
+
+}  // namespace flatshard
+
+#endif  // FLATSHARD_WORKER_SERVICE_WORKER_SERVICE_H_

@@ -1,0 +1,135 @@
+// flatshard-worker: one per device. Serves WorkerService, registers with the
+// coordinator, heartbeats, and hosts the data plane the coordinator
+// configures. SIGTERM or SIGINT: abort the job's collectives, stop serving,
+// exit 0.
+#include <csignal>
+#include <iostream>
+#include <memory>
+#include <string>
+
+#include <grpcpp/create_channel.h>
+#include <grpcpp/security/credentials.h>
+#include <unistd.h>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
+#include "rpc/grpc_server.h"
+#include "spdlog/sinks/stdout_color_sinks.h"
+#include "spdlog/spdlog.h"
+
+#include "worker/comm/grpc_store.h"
+#include "worker/service/heartbeat_loop.h"
+#include "worker/service/worker_service.h"
+
+namespace flatshard {
+namespace {
+
+struct Flags {
+  std::string coordinator;
+  std::string listen = "127.0.0.1:0";
+  std::string advertise_host = "127.0.0.1";
+  std::string worker_id;
+  std::string device = "cpu";
+  int rank = -1;
+  std::string data_dir = ".";
+  std::string checkpoint_dir = "./checkpoints";
+  double connect_timeout_s = 30;
+  double collective_timeout_s = 60;
+};
+
+int Run(const Flags& f) {
+  if (f.device != "cpu") {
+    std::cerr << "flatshard-worker: --device " << f.device
+              << ": this build's runtime drives host memory only (the CUDA/NCCL path compiles "
+                 "but is not wired into the worker yet); use --device cpu\n";
+    return 2;
+  }
+  // Signals are taken by sigwait below, so every thread must block them.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
+  const std::string worker_id =
+      f.worker_id.empty() ? absl::StrCat(f.advertise_host, "-", getpid()) : f.worker_id;
+  std::shared_ptr<grpc::Channel> channel =
+      grpc::CreateChannel(f.coordinator, grpc::InsecureChannelCredentials());
+  WorkerServiceOptions options;
+  options.data_dir = f.data_dir;
+  options.gloo.hostname = f.advertise_host;
+  options.gloo.timeout = absl::Seconds(f.collective_timeout_s);
+  options.store_for_prefix = [channel](const std::string& prefix) -> std::shared_ptr<Store> {
+    return std::make_shared<PrefixStore>(prefix, std::make_shared<GrpcStore>(channel));
+  };
+  WorkerServiceImpl service(options);
+  absl::StatusOr<std::unique_ptr<GrpcServer>> server = GrpcServer::Start(f.listen, {&service});
+  if (!server.ok()) {
+    std::cerr << "flatshard-worker: --listen: " << server.status().message() << "\n";
+    return 1;
+  }
+  const std::string address = absl::StrCat(f.advertise_host, ":", (*server)->port());
+
+  v1::RegisterRequest registration;
+  registration.set_worker_id(worker_id);
+  registration.set_host(f.advertise_host);
+  registration.set_device(f.device);
+  registration.set_address(address);
+  registration.set_requested_rank(f.rank);
+  HeartbeatLoop heartbeat(channel, registration, &service);
+  absl::StatusOr<int> rank = heartbeat.Register(absl::Seconds(f.connect_timeout_s));
+  if (!rank.ok()) {
+    std::cerr << "flatshard-worker: cannot register with the coordinator at " << f.coordinator
+              << ": " << rank.status().message() << "\n";
+    return 1;
+  }
+  std::cout << "flatshard-worker " << worker_id << " rank " << *rank << " listening on " << address
+            << std::endl;
+  heartbeat.Start();
+
+  int signal = 0;
+  sigwait(&signals, &signal);
+  spdlog::info("flatshard-worker {}: {} received, shutting down", worker_id, strsignal(signal));
+  heartbeat.Stop();
+  service.AbortJob("worker shutting down");
+  (*server)->Shutdown();
+  return 0;
+}
+
+}  // namespace
+}  // namespace flatshard
+
+int main(int argc, char** argv) {
+  flatshard::Flags f;
+  CLI::App app{
+      "flatshard-worker: a worker daemon (one per device). It registers with the coordinator, "
+      "serves WorkerService and runs the FSDP data plane the coordinator configures."};
+  app.add_option("--coordinator,-c", f.coordinator,
+                 "Coordinator address host:port (env FLATSHARD_COORDINATOR)")
+      ->envname("FLATSHARD_COORDINATOR")
+      ->required();
+  app.add_option("--listen", f.listen, "Address WorkerService listens on (port 0: any free one)")
+      ->capture_default_str();
+  app.add_option("--advertise-host", f.advertise_host,
+                 "Host the coordinator and peers reach this worker at (also Gloo's)")
+      ->capture_default_str();
+  app.add_option("--worker-id", f.worker_id,
+                 "Stable id; a restarted daemon with the same id keeps its rank (default "
+                 "HOST-PID)");
+  app.add_option("--device", f.device, "Device: cpu")->capture_default_str();
+  app.add_option("--rank", f.rank, "Rank to ask for (-1: the coordinator assigns one)")
+      ->capture_default_str();
+  app.add_option("--data-dir", f.data_dir, "Root of FILE data sets")->capture_default_str();
+  app.add_option("--checkpoint-dir", f.checkpoint_dir, "Root of this worker's checkpoint files")
+      ->capture_default_str();
+  app.add_option("--connect-timeout", f.connect_timeout_s,
+                 "Seconds to wait for the coordinator at start")
+      ->capture_default_str();
+  app.add_option("--collective-timeout", f.collective_timeout_s,
+                 "Seconds a collective may wait for a peer before failing")
+      ->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+  // stdout carries the one "listening on" line a launcher waits for; logs go to stderr.
+  spdlog::set_default_logger(spdlog::stderr_color_mt("flatshard"));
+  return flatshard::Run(f);
+}
