@@ -63,3 +63,12 @@ std::string FormatSeconds(double seconds) {
 }
 
 }  // namespace flatshard
+
+namespace flatshard {
+
+std::string FormatMillis(double seconds) {
+  if (seconds < 1.0) return absl::StrFormat("%.0fms", seconds * 1e3);
+  return FormatSeconds(seconds);
+}
+
+}  // namespace flatshard

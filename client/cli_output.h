@@ -30,6 +30,7 @@ void PrintTable(const std::vector<std::string>& header,
                 const std::vector<std::vector<std::string>>& rows, std::ostream& out);
 
 std::string FormatSeconds(double seconds);  // "4.2s", "3m05s"
+std::string FormatMillis(double seconds);   // "63ms", "1.2s"
 
 }  // namespace flatshard
 

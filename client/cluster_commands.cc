@@ -226,10 +226,11 @@ int ClusterCommands::Train(std::ostream& out, std::ostream& err) {
     }
     const double elapsed = absl::ToDoubleSeconds(absl::Now() - start);
     const double eta = elapsed / static_cast<double>(done) * static_cast<double>(steps_ - done);
+    // The gradient norm exists only when the job clips.
     const std::string line = absl::StrFormat(
-        "step %d (%d/%d)  loss %.5f  grad-norm %s  %.0f samples/s  %s/step  ETA %s", r.step(), done,
-        steps_, r.loss(), r.grad_norm() < 0 ? "-" : absl::StrFormat("%.4f", r.grad_norm()),
-        r.samples_per_second(), FormatSeconds(r.step_seconds()), FormatSeconds(eta));
+        "step %d (%d/%d)  loss %.5f%s  %.0f samples/s  %s/step  ETA %s", r.step(), done, steps_,
+        r.loss(), r.grad_norm() < 0 ? "" : absl::StrFormat("  grad-norm %.4f", r.grad_norm()),
+        r.samples_per_second(), FormatMillis(r.step_seconds()), FormatSeconds(eta));
     if (tty) {
       out << "\r\033[K" << line << std::flush;
     } else {

@@ -23,7 +23,12 @@ int Run(int argc, char** argv) {
   CLI::App* up = flatshard::AddUpCommand(app, up_options);
   flatshard::ClusterCommands cluster;
   cluster.Add(app);
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    // --help exits 0; a usage error is a refused request (exit code 2).
+    return app.exit(e) == 0 ? 0 : 2;
+  }
   if (plan->parsed()) return flatshard::RunPlanCommand(plan_options, std::cout, std::cerr);
   if (up->parsed()) return flatshard::RunUpCommand(up_options, std::cout, std::cerr);
   return cluster.Run(std::cout, std::cerr);

@@ -3,6 +3,8 @@
 #include <tuple>
 
 #include "client/plan_printer.h"
+#include "core/job_config.h"
+#include "core/job_spec_yaml.h"
 #include "core/model_spec_yaml.h"
 #include "core/plan.h"
 
@@ -13,9 +15,18 @@ CLI::App* AddPlanCommand(CLI::App& app, PlanCommandOptions& o) {
       "plan",
       "Dry-run a job without a cluster: units, each rank's shard ranges and "
       "parameter slices, per-rank memory, and the bytes each collective moves per step");
-  plan->add_option("--model,-m", o.model_path,
-                   "Model spec (YAML or JSON), e.g. examples/gpt-small.yaml")
-      ->required();
+  CLI::Option* model = plan->add_option("--model,-m", o.model_path,
+                                        "Model spec (YAML or JSON), e.g. examples/gpt-small.yaml");
+  CLI::Option* job = plan->add_option(
+      "--job,-f", o.job_path,
+      "A job file instead (docs/job-spec.md): its model, policy, world size, sharding and "
+      "optimizer; the other options are ignored");
+  model->excludes(job);
+  plan->callback([model, job] {
+    if (model->count() == 0 && job->count() == 0) {
+      throw CLI::RequiredError("--model or --job");
+    }
+  });
   plan->add_option("--policy,-p", o.policy,
                    "Wrap policy: none | always | module-type:TYPE[,TYPE] | "
                    "size:MIN_NUM_PARAMS | fqn:MODULE[,MODULE]")
@@ -47,6 +58,22 @@ int RunPlanCommand(const PlanCommandOptions& o, std::ostream& out, std::ostream&
     err << "flatshard plan: " << status.message() << "\n";
     return 2;
   };
+  auto print = [&](const absl::StatusOr<Plan>& plan) {
+    if (!plan.ok()) return fail(plan.status());
+    if (o.json) {
+      out << PlanToJson(*plan) << "\n";
+    } else {
+      PrintPlan(*plan, out);
+    }
+    return 0;
+  };
+  if (!o.job_path.empty()) {
+    absl::StatusOr<v1::JobSpec> job = LoadJobSpecFile(o.job_path);
+    if (!job.ok()) return fail(job.status());
+    absl::StatusOr<JobConfig> config = JobConfigFromProto(*job);
+    if (!config.ok()) return fail(config.status());
+    return print(ComputePlan(config->model, config->wrap_policy, PlanOptionsFromJob(*config)));
+  }
   absl::StatusOr<ModelSpec> spec = LoadModelSpecFile(o.model_path);
   if (!spec.ok()) return fail(spec.status());
   absl::StatusOr<WrapPolicy> policy = ParseWrapPolicy(o.policy);
@@ -75,14 +102,7 @@ int RunPlanCommand(const PlanCommandOptions& o, std::ostream& out, std::ostream&
   options.amsgrad = o.amsgrad;
   options.limit_all_gathers = !o.no_limit_all_gathers;
 
-  absl::StatusOr<Plan> plan = ComputePlan(*spec, *policy, options);
-  if (!plan.ok()) return fail(plan.status());
-  if (o.json) {
-    out << PlanToJson(*plan) << "\n";
-  } else {
-    PrintPlan(*plan, out);
-  }
-  return 0;
+  return print(ComputePlan(*spec, *policy, options));
 }
 
 }  // namespace flatshard

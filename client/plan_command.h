@@ -11,6 +11,7 @@ namespace flatshard {
 
 struct PlanCommandOptions {
   std::string model_path;
+  std::string job_path;  // a job file instead of the model and flags
   std::string policy = "none";
   int world_size = 1;
   std::string strategy = "FULL_SHARD";

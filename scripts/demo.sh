@@ -19,17 +19,19 @@ echo
 
 echo "== flatshard up: a coordinator and 4 workers, then the job from examples/mlp-job.yaml =="
 export OPENBLAS_NUM_THREADS=1
-coproc UP { exec "$bin" up --workers 4 --listen 127.0.0.1:0 --job examples/mlp-job.yaml \
-  --address-file "$out/coordinator" --checkpoint-dir "$out/checkpoints" 2>&1; }
-up_pid=$UP_PID
+"$bin" up --workers 4 --listen 127.0.0.1:0 --job examples/mlp-job.yaml \
+  --address-file "$out/coordinator" --checkpoint-dir "$out/checkpoints" >"$out/up.log" 2>&1 &
+up_pid=$!
 trap 'kill -TERM $up_pid 2>/dev/null || true; wait $up_pid 2>/dev/null || true' EXIT
-while IFS= read -r line <&"${UP[0]}"; do
-  echo "  $line"
-  [[ $line == "The cluster is up"* ]] && break
+# `up` writes the address file once every worker is up and the job is READY.
+for _ in $(seq 1200); do
+  [[ -s "$out/coordinator" ]] && break
+  kill -0 "$up_pid" 2>/dev/null || { cat "$out/up.log"; exit 1; }
+  sleep 0.1
 done
+[[ -s "$out/coordinator" ]] || { echo "flatshard up did not come up; see $out/up.log"; exit 1; }
 addr=$(cat "$out/coordinator")
-# Keep draining `up`'s output in the background so it never blocks on a full pipe.
-cat <&"${UP[0]}" >"$out/up.log" &
+sed -n '1,/Ctrl-C stops/p' "$out/up.log" | grep -v '^\[' | sed 's/^/  /'
 echo
 
 echo "== flatshard train: 60 steps through the coordinator =="
@@ -44,7 +46,7 @@ echo
 kill -TERM "$up_pid"
 wait "$up_pid" || true
 trap - EXIT
-sed -n '/stopping/,$p' "$out/up.log" | sed 's/^/  /'
+grep -A2 'stopping the cluster' "$out/up.log" | sed 's/^/  /' || true
 echo
 echo "Next: run 'build/bin/flatshard up' in one terminal and drive it from another"
 echo "(flatshard job create -f examples/mlp-job.yaml; flatshard train -j mlp-demo --steps 50;"

@@ -53,6 +53,12 @@ expect bad_hybrid nonzero "does not divide the world size 6" -- \
 expect tied_split nonzero "tied parameters must be in one unit" -- \
   plan --model "$src/examples/gpt-small.yaml" --policy module-type:Linear --world-size 2
 expect help 0 "--world-size" -- plan --help
+expect job_file 0 "strategy FULL_SHARD over 4 ranks" -- plan --job "$src/examples/mlp-job.yaml"
+expect no_model nonzero "--model or --job is required" -- plan
+expect both nonzero "excludes" -- plan --model "$src/examples/mlp.yaml" --job "$src/examples/mlp-job.yaml"
+"$bin" plan >/dev/null 2>&1; rc=$?
+[[ $rc -eq 2 ]] || { echo "FAIL usage_exit_code: $rc, want 2"; failures=$((failures + 1)); }
+expect top_help 0 "Exit codes" -- --help
 
-echo "$((11 - failures)) passed, $failures failed"
+echo "$((16 - failures)) passed, $failures failed"
 [[ $failures -eq 0 ]]

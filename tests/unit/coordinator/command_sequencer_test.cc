@@ -1,0 +1,155 @@
+// The sequencer's logic against in-process fake workers: seq and digest
+// stamping, results by rank, the failed rank named, survivors aborted, and
+// every later batch refused (DESIGN.md §4's ordering invariant).
+#include "coordinator/command_sequencer.h"
+
+#include <atomic>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "absl/synchronization/notification.h"
+
+#include "core/step_program.h"
+
+namespace flatshard {
+namespace {
+
+using ::testing::HasSubstr;
+
+class FakeWorker : public WorkerClient {
+ public:
+  explicit FakeWorker(int rank) : rank_(rank) {}
+
+  void Execute(const v1::CommandBatch* batch, absl::Time, ExecuteDone done) override {
+    seen_.push_back(*batch);
+    if (hang_) {  // answers only when cancelled
+      pending_ = std::move(done);
+      hung_.Notify();
+      return;
+    }
+    if (!fail_.ok()) {
+      done(fail_);
+      return;
+    }
+    v1::CommandResult result;
+    result.set_seq(batch->seq());
+    result.set_rank(rank_);
+    result.set_loss(rank_ + 0.5);
+    done(result);
+  }
+  void CancelAll() override {
+    if (pending_) {
+      auto done = std::move(pending_);
+      pending_ = nullptr;
+      done(absl::CancelledError("cancelled"));
+    }
+  }
+  absl::Status Configure(const v1::ConfigureRequest&, absl::Time) override {
+    return absl::OkStatus();
+  }
+  absl::Status Abort(const std::string& reason, absl::Time) override {
+    aborts_.push_back(reason);
+    return absl::OkStatus();
+  }
+  absl::StatusOr<v1::GetStatusResponse> GetStatus(absl::Time) override {
+    if (dead_) return absl::UnavailableError("connection refused");
+    return v1::GetStatusResponse();
+  }
+  absl::Status Summon(const v1::CommandBatch&, absl::Time, const ChunkSink&) override {
+    return absl::OkStatus();
+  }
+  std::string address() const override { return "fake:" + std::to_string(rank_); }
+
+  int rank_;
+  absl::Status fail_;
+  bool dead_ = false;
+  bool hang_ = false;
+  absl::Notification hung_;
+  ExecuteDone pending_;
+  std::vector<v1::CommandBatch> seen_;
+  std::vector<std::string> aborts_;
+};
+
+struct Fixture {
+  explicit Fixture(int world) {
+    for (int r = 0; r < world; ++r) workers.push_back(std::make_unique<FakeWorker>(r));
+    std::vector<WorkerClient*> raw;
+    for (auto& w : workers) raw.push_back(w.get());
+    sequencer = std::make_unique<CommandSequencer>(raw, /*epoch=*/3, absl::Seconds(10));
+  }
+  std::vector<std::unique_ptr<FakeWorker>> workers;
+  std::unique_ptr<CommandSequencer> sequencer;
+};
+
+v1::CommandBatch Batch() {
+  v1::CommandBatch batch;
+  batch.add_commands()->mutable_optim_step();
+  batch.set_step(4);
+  batch.set_sync_gradients(true);
+  return batch;
+}
+
+TEST(CommandSequencerTest, StampsEpochSeqAndDigestAndReturnsResultsByRank) {
+  Fixture f(3);
+  for (uint64_t want_seq = 1; want_seq <= 3; ++want_seq) {
+    auto results = f.sequencer->Run(Batch());
+    ASSERT_TRUE(results.ok()) << results.status();
+    ASSERT_EQ(results->size(), 3u);
+    for (int r = 0; r < 3; ++r) EXPECT_EQ((*results)[static_cast<size_t>(r)].rank(), r);
+    EXPECT_EQ(f.sequencer->last_seq(), want_seq);
+  }
+  const v1::CommandBatch& sent = f.workers[1]->seen_.back();
+  EXPECT_EQ(sent.job_epoch(), 3u);
+  EXPECT_EQ(sent.seq(), 3u);
+  const std::vector<v1::Command> commands(sent.commands().begin(), sent.commands().end());
+  EXPECT_EQ(sent.digest(), ProgramDigest(commands, 4, true));
+}
+
+TEST(CommandSequencerTest, NamesTheUnreachableRankAbortsTheOthersAndRefusesLaterBatches) {
+  Fixture f(4);
+  // Rank 2 died: its call breaks and it no longer answers; its peers' Gloo
+  // calls failed because of it.
+  f.workers[2]->fail_ = absl::UnavailableError("Socket closed");
+  f.workers[2]->dead_ = true;
+  f.workers[0]->fail_ = absl::UnavailableError("gloo all_gather failed: connection reset");
+  auto results = f.sequencer->Run(Batch());
+  ASSERT_FALSE(results.ok());
+  EXPECT_THAT(std::string(results.status().message()), HasSubstr("rank 2 (fake:2)"));
+  EXPECT_THAT(std::string(results.status().message()), HasSubstr("unreachable"));
+  for (int r : {1, 3}) EXPECT_FALSE(f.workers[static_cast<size_t>(r)]->aborts_.empty()) << r;
+  auto later = f.sequencer->Run(Batch());
+  EXPECT_FALSE(later.ok());
+  EXPECT_EQ(f.workers[1]->seen_.size(), 1u) << "nothing is sent after a failure";
+  EXPECT_EQ(f.sequencer->last_seq(), 0u);
+}
+
+TEST(CommandSequencerTest, LowestFailingRankIsBlamedWhenAllAnswer) {
+  Fixture f(3);
+  f.workers[1]->fail_ = absl::InvalidArgumentError("digest mismatch");
+  f.workers[2]->fail_ = absl::InvalidArgumentError("digest mismatch");
+  auto results = f.sequencer->Run(Batch());
+  ASSERT_FALSE(results.ok());
+  EXPECT_EQ(results.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(results.status().message()), HasSubstr("rank 1 (fake:1) failed"));
+}
+
+TEST(CommandSequencerTest, FailCancelsTheBatchInFlight) {
+  Fixture f(2);
+  f.workers[1]->hang_ = true;
+  absl::StatusOr<std::vector<v1::CommandResult>> results;
+  std::thread run([&] { results = f.sequencer->Run(Batch()); });
+  f.workers[1]->hung_.WaitForNotification();
+  f.sequencer->Fail(1, absl::UnavailableError("missed heartbeats for 5s"));
+  run.join();
+  ASSERT_FALSE(results.ok());
+  EXPECT_THAT(std::string(results.status().message()),
+              HasSubstr("rank 1: missed heartbeats for 5s"));
+  EXPECT_FALSE(f.workers[0]->aborts_.empty());
+}
+
+}  // namespace
+}  // namespace flatshard

@@ -1,0 +1,100 @@
+// The job lifecycle of DESIGN.md §4: which transitions are allowed, that a
+// refused one changes nothing, and that watchers see every event in order.
+#include "coordinator/job_state_machine.h"
+
+#include <thread>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "absl/time/clock.h"
+
+namespace flatshard {
+namespace {
+
+using ::testing::HasSubstr;
+
+TEST(JobStateMachineTest, TheHappyPathAndItsEvents) {
+  JobStateMachine m("j");
+  EXPECT_EQ(m.state(), v1::PENDING);
+  ASSERT_TRUE(m.Transition(v1::FORMING, "configuring").ok());
+  ASSERT_TRUE(m.Transition(v1::READY, "formed").ok());
+  ASSERT_TRUE(m.Transition(v1::TRAINING, "train 5").ok());
+  ASSERT_TRUE(m.Transition(v1::IDLE, "done").ok());
+  ASSERT_TRUE(m.Transition(v1::TRAINING, "again").ok());
+  ASSERT_TRUE(m.Transition(v1::FAILED, "rank 2 died").ok());
+  EXPECT_EQ(m.failure(), "rank 2 died");
+  ASSERT_TRUE(m.Transition(v1::STOPPED, "deleted").ok());
+  const auto events = m.EventsFrom(0, absl::Now());
+  ASSERT_EQ(events.size(), 8u);
+  const v1::JobState want[] = {v1::PENDING, v1::FORMING,  v1::READY,  v1::TRAINING,
+                               v1::IDLE,    v1::TRAINING, v1::FAILED, v1::STOPPED};
+  for (size_t i = 0; i < events.size(); ++i) EXPECT_EQ(events[i].state, want[i]) << i;
+  EXPECT_EQ(events[6].message, "rank 2 died");
+}
+
+TEST(JobStateMachineTest, IllegalTransitionsAreRefusedAndChangeNothing) {
+  struct Case {
+    v1::JobState from, to;
+  };
+  for (const Case& c :
+       {Case{v1::PENDING, v1::TRAINING}, Case{v1::PENDING, v1::READY},
+        Case{v1::FORMING, v1::TRAINING}, Case{v1::READY, v1::IDLE}, Case{v1::TRAINING, v1::READY},
+        Case{v1::FAILED, v1::TRAINING}, Case{v1::STOPPED, v1::FORMING},
+        Case{v1::STOPPED, v1::STOPPED}, Case{v1::FAILED, v1::FAILED}}) {
+    EXPECT_FALSE(JobStateMachine::Allowed(c.from, c.to))
+        << v1::JobState_Name(c.from) << " -> " << v1::JobState_Name(c.to);
+  }
+  JobStateMachine m("j");
+  const absl::Status refused = m.Transition(v1::TRAINING, "too early");
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(refused.message()), HasSubstr("job 'j' is PENDING"));
+  EXPECT_EQ(m.state(), v1::PENDING);
+  EXPECT_EQ(m.EventsFrom(0, absl::Now()).size(), 1u);
+  // A failed job can be re-formed.
+  ASSERT_TRUE(m.Transition(v1::FAILED, "x").ok());
+  EXPECT_TRUE(JobStateMachine::Allowed(v1::FAILED, v1::FORMING));
+}
+
+TEST(JobStateMachineTest, TransitionFromRacesHaveOneWinner) {
+  JobStateMachine m("j");
+  ASSERT_TRUE(m.Transition(v1::FORMING, "").ok());
+  ASSERT_TRUE(m.Transition(v1::READY, "").ok());
+  int won = 0;
+  std::vector<std::thread> threads;
+  std::mutex mu;
+  for (int i = 0; i < 8; ++i) {
+    threads.emplace_back([&] {
+      if (m.TransitionFrom(v1::READY, v1::TRAINING, "train").ok()) {
+        std::lock_guard<std::mutex> lock(mu);
+        ++won;
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(won, 1);
+}
+
+TEST(JobStateMachineTest, WatchersWakeOnEventsAndOnClose) {
+  JobStateMachine m("j");
+  std::vector<JobEventRecord> seen;
+  std::thread watcher([&] {
+    size_t next = 1;
+    while (true) {
+      auto events = m.EventsFrom(next, absl::InfiniteFuture());
+      if (events.empty()) break;  // closed
+      next += events.size();
+      seen.insert(seen.end(), events.begin(), events.end());
+    }
+  });
+  ASSERT_TRUE(m.Transition(v1::FORMING, "a").ok());
+  ASSERT_TRUE(m.Transition(v1::STOPPED, "b").ok());
+  m.Close();
+  watcher.join();
+  ASSERT_GE(seen.size(), 2u);
+  EXPECT_EQ(seen.back().state, v1::STOPPED);
+  EXPECT_TRUE(m.closed());
+}
+
+}  // namespace
+}  // namespace flatshard
