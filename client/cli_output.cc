@@ -6,6 +6,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "google/protobuf/util/json_util.h"
 
 namespace flatshard {
 
@@ -69,6 +70,29 @@ namespace flatshard {
 std::string FormatMillis(double seconds) {
   if (seconds < 1.0) return absl::StrFormat("%.0fms", seconds * 1e3);
   return FormatSeconds(seconds);
+}
+
+void AddCoordinatorOption(CLI::App* command, std::string& coordinator) {
+  command
+      ->add_option("--coordinator,-c", coordinator,
+                   "Coordinator address (env FLATSHARD_COORDINATOR)")
+      ->envname("FLATSHARD_COORDINATOR")
+      ->capture_default_str();
+}
+
+void AddJobOption(CLI::App* command, std::string& job) {
+  command->add_option("--job,-j", job, "Job name (env FLATSHARD_JOB)")
+      ->envname("FLATSHARD_JOB")
+      ->required();
+}
+
+std::string MessageToJson(const google::protobuf::Message& message) {
+  std::string json;
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  options.always_print_primitive_fields = true;
+  (void)google::protobuf::util::MessageToJsonString(message, &json, options);
+  return json;
 }
 
 }  // namespace flatshard

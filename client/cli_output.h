@@ -11,7 +11,9 @@
 #include <string>
 #include <vector>
 
+#include "CLI/CLI.hpp"
 #include "absl/status/status.h"
+#include "google/protobuf/message.h"
 
 namespace flatshard {
 
@@ -28,6 +30,13 @@ int ReportError(const std::string& command, const absl::Status& status, std::ost
 // Columns padded to their widest cell.
 void PrintTable(const std::vector<std::string>& header,
                 const std::vector<std::vector<std::string>>& rows, std::ostream& out);
+
+// The options every cluster subcommand takes.
+void AddCoordinatorOption(CLI::App* command, std::string& coordinator);  // -c, env FLATSHARD_COORDINATOR
+void AddJobOption(CLI::App* command, std::string& job);  // -j, env FLATSHARD_JOB, required
+
+// A message as --json prints it (proto field names, defaults included).
+std::string MessageToJson(const google::protobuf::Message& message);
 
 std::string FormatSeconds(double seconds);  // "4.2s", "3m05s"
 std::string FormatMillis(double seconds);   // "63ms", "1.2s"

@@ -20,29 +20,6 @@
 namespace flatshard {
 namespace {
 
-std::string ToJson(const google::protobuf::Message& message) {
-  std::string json;
-  google::protobuf::util::JsonPrintOptions options;
-  options.preserve_proto_field_names = true;
-  options.always_print_primitive_fields = true;
-  (void)google::protobuf::util::MessageToJsonString(message, &json, options);
-  return json;
-}
-
-void AddCoordinatorOption(CLI::App* command, std::string& coordinator) {
-  command
-      ->add_option("--coordinator,-c", coordinator,
-                   "Coordinator address (env FLATSHARD_COORDINATOR)")
-      ->envname("FLATSHARD_COORDINATOR")
-      ->capture_default_str();
-}
-
-void AddJobOption(CLI::App* command, std::string& job) {
-  command->add_option("--job,-j", job, "Job name (env FLATSHARD_JOB)")
-      ->envname("FLATSHARD_JOB")
-      ->required();
-}
-
 std::string StateName(v1::JobState state) { return v1::JobState_Name(state); }
 
 }  // namespace
@@ -136,7 +113,7 @@ int ClusterCommands::JobCreate(std::ostream& out, std::ostream& err) {
     if (!job.ok()) return ReportError("job create", job.status(), err);
   }
   if (json_) {
-    out << ToJson(*job) << "\n";
+    out << MessageToJson(*job) << "\n";
   } else {
     out << "job '" << spec->name() << "' is " << StateName(job->state()) << "\n";
     if (job->state() == v1::READY) {
@@ -151,7 +128,7 @@ int ClusterCommands::JobStatus(std::ostream& out, std::ostream& err) {
   absl::StatusOr<v1::Job> job = client.GetJob(job_);
   if (!job.ok()) return ReportError("job status", job.status(), err);
   if (json_) {
-    out << ToJson(*job) << "\n";
+    out << MessageToJson(*job) << "\n";
     return kExitOk;
   }
   out << "job:        " << job->spec().name() << "\n"
@@ -186,7 +163,7 @@ int ClusterCommands::Workers(std::ostream& out, std::ostream& err) {
   if (json_) {
     v1::ListWorkersResponse response;
     for (const v1::WorkerInfo& w : *workers) *response.add_workers() = w;
-    out << ToJson(response) << "\n";
+    out << MessageToJson(response) << "\n";
     return kExitOk;
   }
   std::vector<std::vector<std::string>> rows;
@@ -221,7 +198,7 @@ int ClusterCommands::Train(std::ostream& out, std::ostream& err) {
     last_loss = r.loss();
     last_step = r.step();
     if (json_) {
-      out << ToJson(r) << std::endl;
+      out << MessageToJson(r) << std::endl;
       return;
     }
     const double elapsed = absl::ToDoubleSeconds(absl::Now() - start);
@@ -313,7 +290,7 @@ int ClusterCommands::Watch(std::ostream& out, std::ostream& err) {
   FlatshardClient client(coordinator_);
   absl::Status status = client.WatchEvents(job_, [&](const v1::JobEvent& event) {
     if (json_) {
-      out << ToJson(event) << std::endl;
+      out << MessageToJson(event) << std::endl;
     } else {
       out << absl::FormatTime("%H:%M:%S", absl::FromUnixMicros(event.unix_micros()),
                               absl::LocalTimeZone())

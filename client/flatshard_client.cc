@@ -166,6 +166,71 @@ absl::StatusOr<v1::StateDictSettings> FlatshardClient::SetStateDictSettings(
   return response.previous();
 }
 
+namespace {
+
+absl::StatusOr<v1::CheckpointProgress> LastProgress(
+    grpc::ClientReader<v1::CheckpointProgress>& reader) {
+  v1::CheckpointProgress progress, last;
+  bool any = false;
+  while (reader.Read(&progress)) {
+    last = progress;
+    any = true;
+  }
+  if (!any) return absl::InternalError("the coordinator sent no progress");
+  return last;
+}
+
+}  // namespace
+
+absl::StatusOr<v1::CheckpointProgress> FlatshardClient::SaveCheckpoint(
+    const v1::SaveCheckpointRequest& request) {
+  grpc::ClientContext context;
+  std::unique_ptr<grpc::ClientReader<v1::CheckpointProgress>> reader =
+      stub_->SaveCheckpoint(&context, request);
+  absl::StatusOr<v1::CheckpointProgress> last = LastProgress(*reader);
+  grpc::Status status = reader->Finish();
+  if (!status.ok()) return Error(status);
+  return last;
+}
+
+absl::StatusOr<v1::CheckpointProgress> FlatshardClient::LoadCheckpoint(const std::string& job,
+                                                                       const std::string& name) {
+  grpc::ClientContext context;
+  v1::LoadCheckpointRequest request;
+  request.set_job(job);
+  request.set_name(name);
+  std::unique_ptr<grpc::ClientReader<v1::CheckpointProgress>> reader =
+      stub_->LoadCheckpoint(&context, request);
+  absl::StatusOr<v1::CheckpointProgress> last = LastProgress(*reader);
+  grpc::Status status = reader->Finish();
+  if (!status.ok()) return Error(status);
+  return last;
+}
+
+absl::StatusOr<std::vector<v1::CheckpointInfo>> FlatshardClient::ListCheckpoints(
+    const std::string& job) {
+  grpc::ClientContext context;
+  SetDeadline(context, kUnaryTimeout);
+  v1::ListCheckpointsRequest request;
+  request.set_job(job);
+  v1::ListCheckpointsResponse response;
+  grpc::Status status = stub_->ListCheckpoints(&context, request, &response);
+  if (!status.ok()) return Error(status);
+  return std::vector<v1::CheckpointInfo>(response.checkpoints().begin(),
+                                         response.checkpoints().end());
+}
+
+absl::Status FlatshardClient::DeleteCheckpoint(const std::string& job, const std::string& name) {
+  grpc::ClientContext context;
+  SetDeadline(context, kUnaryTimeout);
+  v1::DeleteCheckpointRequest request;
+  request.set_job(job);
+  request.set_name(name);
+  v1::DeleteCheckpointResponse response;
+  grpc::Status status = stub_->DeleteCheckpoint(&context, request, &response);
+  return status.ok() ? absl::OkStatus() : Error(status);
+}
+
 absl::Status FlatshardClient::WatchEvents(
     const std::string& job, const std::function<bool(const v1::JobEvent&)>& on_event) {
   grpc::ClientContext context;

@@ -41,6 +41,12 @@ class FlatshardClient {
       const std::function<absl::Status(const v1::TensorChunk&)>& on_chunk);
   absl::StatusOr<v1::StateDictSettings> SetStateDictSettings(const std::string& job,
                                                              const v1::StateDictSettings& settings);
+  // Checkpoints: the final progress message of a save or load.
+  absl::StatusOr<v1::CheckpointProgress> SaveCheckpoint(const v1::SaveCheckpointRequest& request);
+  absl::StatusOr<v1::CheckpointProgress> LoadCheckpoint(const std::string& job,
+                                                        const std::string& name);
+  absl::StatusOr<std::vector<v1::CheckpointInfo>> ListCheckpoints(const std::string& job);
+  absl::Status DeleteCheckpoint(const std::string& job, const std::string& name);
   // Streams the job's events (past ones first) until `on_event` returns false
   // or the job goes away.
   absl::Status WatchEvents(const std::string& job,

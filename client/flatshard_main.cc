@@ -3,6 +3,7 @@
 
 #include "CLI/CLI.hpp"
 
+#include "client/checkpoint_commands.h"
 #include "client/cluster_commands.h"
 #include "client/plan_command.h"
 #include "client/up_command.h"
@@ -23,6 +24,8 @@ int Run(int argc, char** argv) {
   CLI::App* up = flatshard::AddUpCommand(app, up_options);
   flatshard::ClusterCommands cluster;
   cluster.Add(app);
+  flatshard::CheckpointCommands checkpoints;
+  checkpoints.Add(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -31,6 +34,7 @@ int Run(int argc, char** argv) {
   }
   if (plan->parsed()) return flatshard::RunPlanCommand(plan_options, std::cout, std::cerr);
   if (up->parsed()) return flatshard::RunUpCommand(up_options, std::cout, std::cerr);
+  if (int code = checkpoints.Run(std::cout, std::cerr); code >= 0) return code;
   return cluster.Run(std::cout, std::cerr);
 }
 

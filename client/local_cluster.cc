@@ -37,7 +37,8 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
       cluster->coordinator_,
       ChildProcess::Spawn({bin + "/flatshard-coordinator", "--listen", options.listen,
                            "--heartbeat-interval", Number(options.heartbeat_interval_s),
-                           "--heartbeat-timeout", Number(options.heartbeat_timeout_s)}));
+                           "--heartbeat-timeout", Number(options.heartbeat_timeout_s),
+                           "--checkpoint-root", options.checkpoint_dir}));
   ASSIGN_OR_RETURN(std::string banner, cluster->coordinator_->ReadLine(options.start_timeout));
   if (!absl::StartsWith(banner, kCoordinatorBanner)) {
     return absl::InternalError(

@@ -29,6 +29,7 @@ struct Flags {
   double configure_timeout_s = 120.0;
   double batch_timeout_s = 600.0;
   std::string address_file;
+  std::string checkpoint_root = "./checkpoints";
 };
 
 // Written whole then renamed, so a reader never sees half an address.
@@ -62,6 +63,7 @@ int Run(const Flags& f) {
   options.heartbeat_timeout = absl::Seconds(f.heartbeat_timeout_s);
   options.job.configure_timeout = absl::Seconds(f.configure_timeout_s);
   options.job.batch_timeout = absl::Seconds(f.batch_timeout_s);
+  options.job.checkpoint_root = f.checkpoint_root;
   options.job.connect = [](const WorkerRecord& worker) -> std::unique_ptr<WorkerClient> {
     return std::make_unique<GrpcWorkerClient>(worker.address);
   };
@@ -113,6 +115,10 @@ int main(int argc, char** argv) {
                  "Seconds the workers have to configure a job (build units, rendezvous)")
       ->capture_default_str();
   app.add_option("--batch-timeout", f.batch_timeout_s, "Seconds one step may take end to end")
+      ->capture_default_str();
+  app.add_option("--checkpoint-root", f.checkpoint_root,
+                 "Directory holding <job>/<checkpoint>/ (the workers' --checkpoint-dir, "
+                 "shared)")
       ->capture_default_str();
   app.add_option("--address-file", f.address_file,
                  "Write the address served on (host:port) to this file once listening");

@@ -29,7 +29,8 @@ TrainingJob::TrainingJob(const v1::JobSpec& spec, JobConfig config, ModelIndex i
       index_(std::move(index)),
       units_(std::move(units)),
       options_(std::move(options)),
-      states_(config_.name) {}
+      states_(config_.name),
+      catalog_(options_.checkpoint_root, config_.name) {}
 
 TrainingJob::~TrainingJob() = default;
 
@@ -179,6 +180,23 @@ absl::Status TrainingJob::Train(int64_t steps, int micro_steps,
   const v1::JobState from = states_.state();
   RETURN_IF_ERROR(
       states_.TransitionFrom(from, v1::TRAINING, absl::StrCat("training ", steps, " steps")));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    training_ = true;
+  }
+  // Saves other clients asked for while this Train ran are never left
+  // waiting: they run after the last step, or fail with the job's failure.
+  struct DrainSaves {
+    TrainingJob* job;
+    ~DrainSaves() {
+      const bool failed = job->states_.state() == v1::FAILED;
+      job->RunPendingSaves(failed ? absl::FailedPreconditionError(absl::StrCat(
+                                        "the job failed before the checkpoint could be taken: ",
+                                        job->states_.failure()))
+                                  : absl::OkStatus(),
+                           /*last=*/true);
+    }
+  } drain{this};
   StepProgramOptions program;
   program.strategy = EffectiveStrategy(config_.sharding.strategy, config_.world_size);
   program.backward_prefetch = config_.sharding.backward_prefetch;
@@ -240,6 +258,13 @@ absl::Status TrainingJob::Train(int64_t steps, int micro_steps,
     result.set_step_seconds(seconds);
     result.set_samples_per_second(seconds > 0 ? static_cast<double>(samples) / seconds : 0.0);
     stopped_by_client = !on_step(result);
+    RunPendingSaves(absl::OkStatus(), /*last=*/false);
+    if (absl::Status scheduled = MaybeScheduledSave(); !scheduled.ok()) {
+      RETURN_IF_ERROR(states_.Transition(
+          v1::IDLE, absl::StrCat("training stopped: scheduled checkpoint failed: ",
+                                 scheduled.message())));
+      return scheduled;
+    }
   }
   RETURN_IF_ERROR(states_.Transition(v1::IDLE, stopped_by_client
                                                    ? "training stopped: the client went away"

@@ -18,6 +18,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 
+#include "coordinator/checkpoint_catalog.h"
 #include "coordinator/command_sequencer.h"
 #include "coordinator/job_state_machine.h"
 #include "coordinator/membership.h"
@@ -31,6 +32,9 @@ struct TrainingJobOptions {
   absl::Duration configure_timeout = absl::Minutes(2);
   absl::Duration batch_timeout = absl::Minutes(10);
   std::function<std::unique_ptr<WorkerClient>(const WorkerRecord&)> connect;
+  // Checkpoints live in <checkpoint_root>/<job>/, which the workers reach as
+  // their --checkpoint-dir (a shared directory).
+  std::string checkpoint_root = "./checkpoints";
 };
 
 class TrainingJob {
@@ -60,6 +64,18 @@ class TrainingJob {
   absl::Status Summon(bool with_grads, int64_t chunk_bytes, const WorkerClient::ChunkSink& sink);
   v1::StateDictSettings SetStateDictSettings(const v1::StateDictSettings& settings);
 
+  // Saves checkpoint `name` ("" names it step-<step>) with `settings` (unset:
+  // the job's). While Train runs, the save runs between two of its steps and
+  // this call waits for it, so a second client can checkpoint a job that
+  // another client is training.
+  absl::StatusOr<v1::CheckpointInfo> SaveCheckpoint(
+      const std::string& name, const std::optional<v1::StateDictSettings>& settings);
+  // Loads a committed checkpoint ("latest" resolves the pointer): every rank
+  // stages it (reads and validates, changing nothing), and only when all did
+  // is it applied; training then resumes at its step and data position.
+  absl::StatusOr<v1::CheckpointInfo> LoadCheckpoint(const std::string& name);
+  CheckpointCatalog& checkpoints() { return catalog_; }
+
   // The heartbeat monitor's verdict: fails the batch in flight and the job.
   void FailRank(int rank, const absl::Status& reason);
   // Stops the job for good (deleted): aborts the workers' collectives.
@@ -79,6 +95,23 @@ class TrainingJob {
   absl::StatusOr<std::vector<int>> CheckUnits(const std::vector<int>& units) const;
   absl::Status RunControl(const std::vector<v1::Command>& commands);
   void FailWith(const absl::Status& status);
+
+  // Checkpoints (training_job_checkpoints.cc).
+  struct PendingSave;
+  v1::StateDictType ResolveStateDictType(const std::optional<v1::StateDictSettings>& settings) const;
+  absl::StatusOr<v1::CheckpointInfo> SaveNow(const std::string& name, v1::StateDictType type,
+                                             bool scheduled = false);
+  // Runs a checkpoint batch; per-rank checkpoint errors come back as a status
+  // naming the rank, a failed batch also fails the job.
+  absl::StatusOr<std::vector<v1::CommandResult>> RunCheckpointBatch(const v1::Command& command);
+  // Between steps of Train: the saves other clients asked for, and the
+  // scheduled one. With `refuse` set they fail with it instead. `last`: Train
+  // is ending; saves that arrive from then on take the operation slot
+  // themselves.
+  void RunPendingSaves(const absl::Status& refuse, bool last);
+  absl::Status MaybeScheduledSave();
+  CheckpointManifest BuildManifest(const std::string& name, v1::StateDictType type, bool scheduled,
+                                   const std::vector<v1::CommandResult>& results) const;
   CommandSequencer* sequencer() const;
 
   v1::JobSpec spec_;
@@ -97,6 +130,10 @@ class TrainingJob {
   std::vector<std::unique_ptr<WorkerClient>> clients_;
   std::unique_ptr<CommandSequencer> sequencer_;
   std::set<int> unsharded_;  // units a manual Unshard left unsharded
+  bool training_ = false;    // Train holds the operation slot
+  std::vector<std::shared_ptr<PendingSave>> pending_saves_;
+
+  CheckpointCatalog catalog_;
 };
 
 }  // namespace flatshard

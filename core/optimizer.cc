@@ -146,6 +146,11 @@ absl::StatusOr<std::span<const float>> OptimizerState::State(absl::string_view n
   return std::span<const float>(*tensors_[*index]);
 }
 
+void OptimizerState::Reset() {
+  step_ = 0.0f;
+  for (auto& tensor : tensors_) tensor.reset();
+}
+
 absl::Status OptimizerState::SetState(absl::string_view name, std::span<const float> values) {
   const std::optional<size_t> index = IndexOf(name);
   if (!index.has_value()) {

@@ -81,6 +81,10 @@ class OptimizerState {
   // this optimizer does not keep or a size other than S.
   absl::Status SetState(absl::string_view name, std::span<const float> values);
 
+  // Back to a fresh optimizer's state (no tensors, step 0), before a checkpoint
+  // that may hold fewer states replaces it.
+  void Reset();
+
  protected:
   // `names` are every tensor this optimizer may keep, in torch's order; `kind`
   // names it in messages ("sgd", "adam").

@@ -57,6 +57,7 @@ int Run(const Flags& f) {
       grpc::CreateChannel(f.coordinator, grpc::InsecureChannelCredentials());
   WorkerServiceOptions options;
   options.data_dir = f.data_dir;
+  options.checkpoint_dir = f.checkpoint_dir;
   options.gloo.hostname = f.advertise_host;
   options.gloo.timeout = absl::Seconds(f.collective_timeout_s);
   options.store_for_prefix = [channel](const std::string& prefix) -> std::shared_ptr<Store> {

@@ -154,4 +154,75 @@ grpc::Status JobServiceImpl::WatchEvents(grpc::ServerContext* context,
   return grpc::Status::OK;
 }
 
+namespace {
+
+v1::CheckpointProgress Progress(const v1::CheckpointInfo& info, const std::string& manifest) {
+  v1::CheckpointProgress progress;
+  progress.set_name(info.name());
+  progress.set_bytes_written(info.bytes());
+  progress.set_bytes_total(info.bytes());
+  progress.set_done(true);
+  progress.set_manifest_path(manifest);
+  return progress;
+}
+
+}  // namespace
+
+grpc::Status JobServiceImpl::SaveCheckpoint(grpc::ServerContext*,
+                                            const v1::SaveCheckpointRequest* request,
+                                            grpc::ServerWriter<v1::CheckpointProgress>* writer) {
+  absl::StatusOr<std::shared_ptr<TrainingJob>> job = coordinator_->FindJob(request->job());
+  if (!job.ok()) return ToGrpcStatus(job.status());
+  if (request->async_save()) {
+    return ToGrpcStatus(absl::UnimplementedError(
+        "async_save is not available yet: saves are synchronous (the job pauses between "
+        "steps while the files are written)"));
+  }
+  std::optional<v1::StateDictSettings> settings;
+  if (request->has_settings()) settings = request->settings();
+  absl::StatusOr<v1::CheckpointInfo> info = (*job)->SaveCheckpoint(request->name(), settings);
+  if (!info.ok()) return ToGrpcStatus(info.status());
+  writer->Write(Progress(*info, absl::StrCat((*job)->checkpoints().job_dir(), "/", info->name(),
+                                             "/", kManifestFileName)));
+  return grpc::Status::OK;
+}
+
+grpc::Status JobServiceImpl::LoadCheckpoint(grpc::ServerContext*,
+                                            const v1::LoadCheckpointRequest* request,
+                                            grpc::ServerWriter<v1::CheckpointProgress>* writer) {
+  absl::StatusOr<std::shared_ptr<TrainingJob>> job = coordinator_->FindJob(request->job());
+  if (!job.ok()) return ToGrpcStatus(job.status());
+  if (request->name().empty()) {
+    return ToGrpcStatus(absl::InvalidArgumentError(
+        "name is empty: give a checkpoint name or \"latest\" (see `flatshard ckpt ls`)"));
+  }
+  absl::StatusOr<v1::CheckpointInfo> info = (*job)->LoadCheckpoint(request->name());
+  if (!info.ok()) return ToGrpcStatus(info.status());
+  writer->Write(Progress(*info, absl::StrCat((*job)->checkpoints().job_dir(), "/", info->name(),
+                                             "/", kManifestFileName)));
+  return grpc::Status::OK;
+}
+
+grpc::Status JobServiceImpl::ListCheckpoints(grpc::ServerContext*,
+                                             const v1::ListCheckpointsRequest* request,
+                                             v1::ListCheckpointsResponse* response) {
+  absl::StatusOr<std::shared_ptr<TrainingJob>> job = coordinator_->FindJob(request->job());
+  if (!job.ok()) return ToGrpcStatus(job.status());
+  absl::StatusOr<std::vector<v1::CheckpointInfo>> all = (*job)->checkpoints().List();
+  if (!all.ok()) return ToGrpcStatus(all.status());
+  for (v1::CheckpointInfo& info : *all) *response->add_checkpoints() = std::move(info);
+  return grpc::Status::OK;
+}
+
+grpc::Status JobServiceImpl::DeleteCheckpoint(grpc::ServerContext*,
+                                              const v1::DeleteCheckpointRequest* request,
+                                              v1::DeleteCheckpointResponse*) {
+  absl::StatusOr<std::shared_ptr<TrainingJob>> job = coordinator_->FindJob(request->job());
+  if (!job.ok()) return ToGrpcStatus(job.status());
+  if (absl::Status valid = ValidateCheckpointName(request->name()); !valid.ok()) {
+    return ToGrpcStatus(valid);
+  }
+  return ToGrpcStatus((*job)->checkpoints().Delete(request->name()));
+}
+
 }  // namespace flatshard

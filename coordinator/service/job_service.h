@@ -38,6 +38,18 @@ class JobServiceImpl final : public v1::JobService::Service {
                                     v1::SetStateDictSettingsResponse* response) override;
   grpc::Status WatchEvents(grpc::ServerContext* context, const v1::WatchEventsRequest* request,
                            grpc::ServerWriter<v1::JobEvent>* writer) override;
+  grpc::Status SaveCheckpoint(grpc::ServerContext* context,
+                              const v1::SaveCheckpointRequest* request,
+                              grpc::ServerWriter<v1::CheckpointProgress>* writer) override;
+  grpc::Status LoadCheckpoint(grpc::ServerContext* context,
+                              const v1::LoadCheckpointRequest* request,
+                              grpc::ServerWriter<v1::CheckpointProgress>* writer) override;
+  grpc::Status ListCheckpoints(grpc::ServerContext* context,
+                               const v1::ListCheckpointsRequest* request,
+                               v1::ListCheckpointsResponse* response) override;
+  grpc::Status DeleteCheckpoint(grpc::ServerContext* context,
+                                const v1::DeleteCheckpointRequest* request,
+                                v1::DeleteCheckpointResponse* response) override;
 
  private:
   Coordinator* coordinator_;

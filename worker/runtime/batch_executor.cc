@@ -1,5 +1,7 @@
 #include "worker/runtime/batch_executor.h"
 
+#include <filesystem>
+
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 
@@ -132,6 +134,90 @@ absl::Status BatchExecutor::ExecuteSummon(
   options.rank0_only = true;
   options.with_grads = batch.commands(0).summon_full_params().with_grads();
   return Run(batch, [&] { return runtime_->SummonFullParams(options, body); });
+}
+
+namespace {
+
+// Checkpoint directories come from the coordinator but are still checked:
+// "<job>/<name>" or "<job>/<name>.partial", nothing that climbs out of the root.
+absl::Status CheckCheckpointDirectory(const std::string& directory) {
+  const size_t slash = directory.find('/');
+  if (slash == std::string::npos || directory.find('/', slash + 1) != std::string::npos ||
+      slash == 0 || directory.find("..") != std::string::npos || directory.front() == '.') {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "checkpoint directory '", directory, "' is not of the form <job>/<name>"));
+  }
+  return absl::OkStatus();
+}
+
+void SetError(v1::CommandResult& result, const absl::Status& status) {
+  result.set_error_code(static_cast<int>(status.code()));
+  result.set_error(std::string(status.message()));
+}
+
+}  // namespace
+
+absl::StatusOr<v1::CommandResult> BatchExecutor::ExecuteCheckpoint(
+    const v1::CommandBatch& batch, const std::string& checkpoint_root) {
+  RETURN_IF_ERROR(CheckSequence(batch));
+  if (!batch.control() || batch.commands_size() != 1 ||
+      (!batch.commands(0).has_save_shard() && !batch.commands(0).has_load_shard())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker rank ", runtime_->rank(), " refuses batch seq ", batch.seq(),
+                     ": a checkpoint batch is one SaveShard or LoadShard control command"));
+  }
+  const v1::Command& command = batch.commands(0);
+  const std::string& directory =
+      command.has_save_shard() ? command.save_shard().directory() : command.load_shard().directory();
+  RETURN_IF_ERROR(CheckCheckpointDirectory(directory));
+  const std::string path = absl::StrCat(checkpoint_root, "/", directory);
+  v1::CommandResult result;
+  result.set_seq(batch.seq());
+  result.set_rank(runtime_->rank());
+  RETURN_IF_ERROR(Run(batch, [&]() -> absl::Status {
+    if (command.has_save_shard()) {
+      std::error_code ec;
+      std::filesystem::create_directories(path, ec);
+      if (ec) {
+        // Still take part in the collectives: the save runs with writes failing.
+        SetError(result, absl::UnavailableError(
+                             absl::StrCat("cannot create ", path, ": ", ec.message())));
+      }
+      v1::StateDictType type = command.save_shard().settings().state_dict_type();
+      if (type == v1::STATE_DICT_TYPE_UNSPECIFIED) type = v1::FULL_STATE_DICT;
+      ASSIGN_OR_RETURN(ShardSaveResult saved, SaveShardCheckpoint(*runtime_, path, type));
+      if (!saved.write_status.ok() && result.error_code() == 0) {
+        SetError(result, saved.write_status);
+      }
+      for (const CheckpointFile& f : saved.files) {
+        v1::CheckpointFileInfo* info = result.add_files();
+        info->set_name(f.name);
+        info->set_rank(f.rank);
+        info->set_bytes(static_cast<int64_t>(f.bytes));
+        info->set_xxh3(f.xxh3);
+      }
+      return absl::OkStatus();
+    }
+    if (!command.load_shard().apply()) {
+      staged_.reset();
+      absl::StatusOr<StagedCheckpoint> staged = StageShardCheckpoint(*runtime_, path);
+      if (staged.ok()) {
+        staged_ = *std::move(staged);
+      } else {
+        SetError(result, staged.status());
+      }
+      return absl::OkStatus();
+    }
+    if (!staged_.has_value()) {
+      SetError(result, absl::FailedPreconditionError(
+                           "nothing is staged: LoadShard apply must follow a successful stage"));
+      return absl::OkStatus();
+    }
+    StagedCheckpoint staged = *std::move(staged_);
+    staged_.reset();
+    return ApplyStagedCheckpoint(*runtime_, std::move(staged));
+  }));
+  return result;
 }
 
 }  // namespace flatshard

@@ -9,12 +9,15 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
+#include <string>
 
 #include "absl/status/statusor.h"
 
 #include "flatshard/v1/worker.pb.h"
 #include "worker/compute/batch.h"
 #include "worker/runtime/fsdp_runtime.h"
+#include "worker/runtime/shard_checkpoint.h"
 
 namespace flatshard {
 
@@ -40,6 +43,14 @@ class BatchExecutor {
   absl::Status ExecuteSummon(const v1::CommandBatch& batch,
                              const std::function<absl::Status(SummonedParams&)>& body);
 
+  // A control batch holding one SaveShard or LoadShard op, its directory
+  // relative to `checkpoint_root`. A file this rank cannot write or read is
+  // reported in the result's error fields, not as a failed batch: every rank
+  // took part in the same collectives, so the job goes on and only the
+  // checkpoint fails. A failed collective poisons the executor as usual.
+  absl::StatusOr<v1::CommandResult> ExecuteCheckpoint(const v1::CommandBatch& batch,
+                                                      const std::string& checkpoint_root);
+
   // Builds the batch a coordinator would send for the next step (what the
   // standalone harness and tests use).
   v1::CommandBatch MakeBatch(int64_t step, bool sync_gradients) const;
@@ -59,6 +70,7 @@ class BatchExecutor {
   uint64_t epoch_;
   uint64_t last_seq_;
   absl::Status failure_;
+  std::optional<StagedCheckpoint> staged_;  // LoadShard stage, awaiting apply
 };
 
 }  // namespace flatshard

@@ -25,9 +25,9 @@ FlatParamUnit::FlatParamUnit(UnitRuntimeConfig config, Communicator* shard_comm,
       shard_(AsSize(config_.layout.sharded_numel()), DType::kFloat32, memory,
              config_.cpu_offload ? MemoryKind::kOffloadedParams : MemoryKind::kShardedParams) {}
 
-absl::Status FlatParamUnit::LoadFull(std::span<const float> flat) {
+absl::Status FlatParamUnit::ShardOf(std::span<const float> flat, std::span<float> shard) const {
   return CopyShard(layout(), DType::kFloat32, sharded() ? config_.shard_rank : 0,
-                   std::as_bytes(flat), shard_.span());
+                   std::as_bytes(flat), std::as_writable_bytes(shard));
 }
 
 int64_t FlatParamUnit::unsharded_bytes() const {
@@ -165,15 +165,20 @@ absl::Status FlatParamUnit::GatherGradFullPrecision(std::vector<float>& out) {
   return absl::OkStatus();
 }
 
-absl::Status FlatParamUnit::GatherFullPrecision(std::vector<float>& out) {
+absl::Status FlatParamUnit::GatherShardValues(std::span<const float> values,
+                                              std::vector<float>& out) {
   const size_t n = AsSize(layout().unpadded_unsharded_numel());
+  const size_t s = shard_.count();
+  if (values.size() != s) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shard values hold ", values.size(), " elements, the shard ", s));
+  }
   if (!sharded()) {
-    out.assign(shard_.as<float>(), shard_.as<float>() + n);
+    out.assign(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(n));
     return absl::OkStatus();
   }
-  const size_t s = shard_.count();
   std::vector<float> all(s * AsSize(layout().world_size()));
-  RETURN_IF_ERROR(shard_comm_->AllGather(shard_.data(), all.data(), s, DType::kFloat32));
+  RETURN_IF_ERROR(shard_comm_->AllGather(values.data(), all.data(), s, DType::kFloat32));
   all.resize(n);
   out = std::move(all);
   return absl::OkStatus();

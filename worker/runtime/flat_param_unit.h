@@ -53,7 +53,7 @@ class FlatParamUnit {
   bool sharded() const { return IsSharded(config_.strategy); }
 
   // Sets the master shard from the full flat parameter (N elements, fp32).
-  absl::Status LoadFull(std::span<const float> flat);
+  absl::Status LoadFull(std::span<const float> flat) { return ShardOf(flat, shard()); }
 
   // All-gathers the padded flat parameter and builds the fp32 compute view
   // (communication lane). For NO_SHARD only builds the view.
@@ -85,7 +85,12 @@ class FlatParamUnit {
   void ClearGradShard() { grad_shard_.Release(); }
 
   // Gathers the full-precision flat parameter (unpadded, N floats) for summon.
-  absl::Status GatherFullPrecision(std::vector<float>& out);
+  absl::Status GatherFullPrecision(std::vector<float>& out) { return GatherShardValues(shard(), out); }
+  // The same for any per-element shard state (S floats, e.g. optimizer state):
+  // all-gathers it over the shard group and keeps the unpadded N elements.
+  absl::Status GatherShardValues(std::span<const float> values, std::vector<float>& out);
+  // _get_shard: this rank's S elements of a full flat value (N floats).
+  absl::Status ShardOf(std::span<const float> flat, std::span<float> shard) const;
   // The same for the gradient shard (reference §3.6 unshard_grad): empty when no
   // rank has a gradient; a rank without one contributes zeros.
   absl::Status GatherGradFullPrecision(std::vector<float>& out);

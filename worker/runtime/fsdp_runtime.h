@@ -130,6 +130,9 @@ class FsdpRuntime : public compute::ParamResolver, public compute::ModuleHooks {
   // Largest number of non-root units unsharded at once since the last reset.
   int peak_live_units() const { return peak_live_units_; }
   const ModelIndex& index() const { return index_; }
+  const FsdpOptions& options() const { return options_; }
+  // Unit `unit`'s optimizer state (its shard's; checkpoints read and load it).
+  OptimizerState& optimizer_state(size_t unit) { return *optim_states_[unit]; }
 
   // compute::ParamResolver
   compute::ParamSlot Resolve(int param_index) override;

@@ -170,7 +170,18 @@ grpc::Status WorkerServiceImpl::Execute(grpc::ServerContext* /*context*/,
   }
   if (absl::Status begin = BeginBatch(); !begin.ok()) return ToGrpcStatus(begin);
   absl::Status status;
-  if (request->control()) {
+  const bool checkpoint = request->control() && request->commands_size() == 1 &&
+                          (request->commands(0).has_save_shard() ||
+                           request->commands(0).has_load_shard());
+  if (checkpoint) {
+    absl::StatusOr<v1::CommandResult> result =
+        job->executor->ExecuteCheckpoint(*request, options_.checkpoint_dir);
+    if (result.ok()) {
+      *response = *result;
+    } else {
+      status = result.status();
+    }
+  } else if (request->control()) {
     status = job->executor->ExecuteControl(*request);
     if (status.ok()) {
       response->set_seq(request->seq());

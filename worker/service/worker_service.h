@@ -22,6 +22,7 @@ namespace flatshard {
 
 struct WorkerServiceOptions {
   std::string data_dir = ".";
+  std::string checkpoint_dir = "./checkpoints";  // checkpoint directories are relative to it
   // The rendezvous store for one epoch's key namespace (a GrpcStore to the
   // coordinator under a PrefixStore in the daemon, a FileStore in tests).
   std::function<std::shared_ptr<Store>(const std::string& prefix)> store_for_prefix;

@@ -1,0 +1,197 @@
+#include "coordinator/checkpoint_catalog.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <tuple>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "spdlog/spdlog.h"
+
+#include "core/durable_file.h"
+#include "core/status_macros.h"
+
+namespace flatshard {
+
+namespace fs = std::filesystem;
+
+CheckpointCatalog::CheckpointCatalog(std::string root, std::string job)
+    : job_(job), job_dir_(absl::StrCat(root, "/", job)) {}
+
+std::string CheckpointCatalog::RelativeDir(const std::string& name) const {
+  return absl::StrCat(job_, "/", name);
+}
+
+std::string CheckpointCatalog::RelativePartialDir(const std::string& name) const {
+  return absl::StrCat(job_, "/", name, kPartialSuffix);
+}
+
+absl::Status CheckpointCatalog::BeginSave(const std::string& name) {
+  RETURN_IF_ERROR(ValidateCheckpointName(name));
+  std::error_code ec;
+  fs::create_directories(job_dir_, ec);
+  if (ec) {
+    return absl::UnavailableError(absl::StrCat("cannot create ", job_dir_, ": ", ec.message()));
+  }
+  if (fs::exists(Path(name), ec)) {
+    return absl::AlreadyExistsError(absl::StrCat("checkpoint '", name, "' of job '", job_,
+                                                 "' already exists; pick another name or "
+                                                 "delete it first (flatshard ckpt rm ",
+                                                 name, ")"));
+  }
+  const std::string partial = Path(name) + std::string(kPartialSuffix);
+  fs::remove_all(partial, ec);  // a save that crashed before committing
+  fs::create_directory(partial, ec);
+  if (ec) {
+    return absl::UnavailableError(absl::StrCat("cannot create ", partial, ": ", ec.message()));
+  }
+  return absl::OkStatus();
+}
+
+void CheckpointCatalog::AbandonSave(const std::string& name) {
+  std::error_code ec;
+  fs::remove_all(Path(name) + std::string(kPartialSuffix), ec);
+}
+
+std::string CheckpointCatalog::LatestName() const {
+  absl::StatusOr<std::string> text = ReadFileToString(Path(std::string(kLatestFileName)));
+  if (!text.ok()) return "";
+  return std::string(absl::StripAsciiWhitespace(*text));
+}
+
+absl::Status CheckpointCatalog::WriteLatest(const std::string& name) {
+  return WriteFileDurably(Path(std::string(kLatestFileName)), name + "\n");
+}
+
+absl::StatusOr<v1::CheckpointInfo> CheckpointCatalog::Commit(const CheckpointManifest& manifest,
+                                                             int keep_last) {
+  const std::string partial = Path(manifest.name) + std::string(kPartialSuffix);
+  // The files the workers reported must all be there, whole, before the
+  // manifest vouches for them.
+  uint64_t bytes = 0;
+  for (const CheckpointFile& f : manifest.files) {
+    ASSIGN_OR_RETURN(FileDigest digest, DigestFile(absl::StrCat(partial, "/", f.name)));
+    if (digest.bytes != f.bytes || digest.xxh3 != f.xxh3) {
+      return absl::DataLossError(absl::StrCat(partial, "/", f.name, " has ", digest.bytes,
+                                              " bytes xxh3 ", digest.xxh3, "; rank ", f.rank,
+                                              " reported ", f.bytes, " bytes xxh3 ", f.xxh3));
+    }
+    bytes += digest.bytes;
+  }
+  RETURN_IF_ERROR(WriteFileDurably(absl::StrCat(partial, "/", kManifestFileName),
+                                   ManifestToJson(manifest)));
+  RETURN_IF_ERROR(FsyncPath(partial));
+  std::error_code ec;
+  fs::rename(partial, Path(manifest.name), ec);
+  if (ec) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot rename ", partial, " to ", Path(manifest.name), ": ", ec.message()));
+  }
+  RETURN_IF_ERROR(FsyncPath(job_dir_));
+  RETURN_IF_ERROR(WriteLatest(manifest.name));
+  if (keep_last > 0 && manifest.scheduled) {
+    ASSIGN_OR_RETURN(std::vector<v1::CheckpointInfo> all, List());
+    std::vector<std::string> scheduled;
+    for (const v1::CheckpointInfo& info : all) {
+      absl::StatusOr<CheckpointManifest> m = Read(info.name());
+      if (m.ok() && m->scheduled) scheduled.push_back(info.name());
+    }
+    const int excess = static_cast<int>(scheduled.size()) - keep_last;
+    for (int i = 0; i < excess; ++i) {
+      const std::string& old = scheduled[static_cast<size_t>(i)];
+      spdlog::info("job {}: retiring scheduled checkpoint {} (keep_last {})", job_, old, keep_last);
+      fs::remove(absl::StrCat(Path(old), "/", kManifestFileName), ec);
+      fs::remove_all(Path(old), ec);
+    }
+  }
+  v1::CheckpointInfo info;
+  info.set_name(manifest.name);
+  info.set_step(manifest.step);
+  info.set_state_dict_type(manifest.state_dict_type);
+  info.set_world_size(manifest.world_size);
+  info.set_bytes(static_cast<int64_t>(bytes));
+  info.set_latest(true);
+  return info;
+}
+
+absl::StatusOr<CheckpointManifest> CheckpointCatalog::Read(const std::string& name) const {
+  std::string resolved = name;
+  if (name == kLatestFileName) {
+    resolved = LatestName();
+    if (resolved.empty()) {
+      return absl::NotFoundError(absl::StrCat("job '", job_, "' has no checkpoints yet"));
+    }
+  }
+  RETURN_IF_ERROR(ValidateCheckpointName(resolved));
+  const std::string path = absl::StrCat(Path(resolved), "/", kManifestFileName);
+  absl::StatusOr<std::string> text = ReadFileToString(path);
+  if (absl::IsNotFound(text.status())) {
+    std::vector<std::string> names;
+    if (absl::StatusOr<std::vector<v1::CheckpointInfo>> all = List(); all.ok()) {
+      for (const auto& info : *all) names.push_back(info.name());
+    }
+    return absl::NotFoundError(absl::StrCat(
+        "job '", job_, "' has no checkpoint '", resolved, "' (",
+        names.empty() ? "it has none" : absl::StrCat("it has ", absl::StrJoin(names, ", ")), ")"));
+  }
+  if (!text.ok()) return text.status();
+  ASSIGN_OR_RETURN(CheckpointManifest manifest, ParseManifest(*text, path));
+  manifest.name = resolved;  // the directory is the checkpoint's name, wherever it came from
+  return manifest;
+}
+
+absl::StatusOr<std::vector<v1::CheckpointInfo>> CheckpointCatalog::List() const {
+  std::vector<std::tuple<int64_t, std::string, v1::CheckpointInfo>> found;
+  std::error_code ec;
+  if (!fs::exists(job_dir_, ec)) return std::vector<v1::CheckpointInfo>{};
+  const std::string latest = LatestName();
+  for (const auto& entry : fs::directory_iterator(job_dir_, ec)) {
+    if (!entry.is_directory()) continue;
+    const std::string name = entry.path().filename().string();
+    if (!ValidateCheckpointName(name).ok()) continue;  // partial saves
+    const std::string path = absl::StrCat(entry.path().string(), "/", kManifestFileName);
+    absl::StatusOr<std::string> text = ReadFileToString(path);
+    if (!text.ok()) continue;
+    absl::StatusOr<CheckpointManifest> m = ParseManifest(*text, path);
+    if (!m.ok()) continue;
+    v1::CheckpointInfo info;
+    info.set_name(name);
+    info.set_step(m->step);
+    info.set_state_dict_type(m->state_dict_type);
+    info.set_world_size(m->world_size);
+    int64_t bytes = 0;
+    for (const CheckpointFile& f : m->files) bytes += static_cast<int64_t>(f.bytes);
+    info.set_bytes(bytes);
+    info.set_latest(name == latest);
+    found.emplace_back(m->created_unix_micros, name, std::move(info));
+  }
+  if (ec) return absl::UnavailableError(absl::StrCat("cannot list ", job_dir_, ": ", ec.message()));
+  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) {
+    return std::tie(std::get<0>(a), std::get<1>(a)) < std::tie(std::get<0>(b), std::get<1>(b));
+  });
+  std::vector<v1::CheckpointInfo> out;
+  for (auto& [time, name, info] : found) out.push_back(std::move(info));
+  return out;
+}
+
+absl::Status CheckpointCatalog::Delete(const std::string& name) {
+  RETURN_IF_ERROR(Read(name).status());
+  std::error_code ec;
+  // The manifest goes first: from then on the directory is not a checkpoint,
+  // whatever happens to the rest of the removal.
+  fs::remove(absl::StrCat(Path(name), "/", kManifestFileName), ec);
+  fs::remove_all(Path(name), ec);
+  if (ec) return absl::UnavailableError(absl::StrCat("cannot remove ", Path(name), ": ", ec.message()));
+  if (LatestName() == name) {
+    ASSIGN_OR_RETURN(std::vector<v1::CheckpointInfo> rest, List());
+    if (rest.empty()) {
+      fs::remove(Path(std::string(kLatestFileName)), ec);
+    } else {
+      RETURN_IF_ERROR(WriteLatest(rest.back().name()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace flatshard

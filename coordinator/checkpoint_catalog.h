@@ -1,0 +1,59 @@
+// The coordinator's side of a job's checkpoints on disk: <root>/<job>/ holds
+// one directory per committed checkpoint, "<name>.partial/" while a save is in
+// flight, and `latest` naming the newest. Commit is the second phase of
+// DESIGN.md §6's protocol: the workers have fsynced their files into the
+// partial directory; the manifest is written (durably) last, the directory
+// renamed to <name>, the job directory fsynced, and only then `latest` moved
+// and old checkpoints retired. A crash at any point leaves either no <name>
+// or a complete one.
+#ifndef FLATSHARD_COORDINATOR_CHECKPOINT_CATALOG_H_
+#define FLATSHARD_COORDINATOR_CHECKPOINT_CATALOG_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+#include "core/checkpoint_manifest.h"
+#include "flatshard/v1/job.pb.h"
+
+namespace flatshard {
+
+class CheckpointCatalog {
+ public:
+  CheckpointCatalog(std::string root, std::string job);
+
+  const std::string& job_dir() const { return job_dir_; }
+  // "<job>/<name>" and "<job>/<name>.partial": what workers are told.
+  std::string RelativeDir(const std::string& name) const;
+  std::string RelativePartialDir(const std::string& name) const;
+
+  // Phase one: creates an empty <name>.partial/ (removing one a crashed save
+  // left). ALREADY_EXISTS when <name> is committed; INVALID_ARGUMENT for a bad
+  // name.
+  absl::Status BeginSave(const std::string& name);
+  // Removes <name>.partial/ after a failed save.
+  void AbandonSave(const std::string& name);
+  // Phase two. For a scheduled checkpoint, `keep_last` > 0 then deletes the
+  // oldest scheduled checkpoints beyond that many (never on-demand ones).
+  absl::StatusOr<v1::CheckpointInfo> Commit(const CheckpointManifest& manifest, int keep_last);
+
+  // A committed checkpoint's manifest; "latest" resolves the pointer.
+  // NOT_FOUND naming what exists when there is no such checkpoint.
+  absl::StatusOr<CheckpointManifest> Read(const std::string& name) const;
+  // Committed checkpoints, oldest first (by creation time, then name).
+  absl::StatusOr<std::vector<v1::CheckpointInfo>> List() const;
+  absl::Status Delete(const std::string& name);
+
+ private:
+  std::string Path(const std::string& name) const { return job_dir_ + "/" + name; }
+  std::string LatestName() const;
+  absl::Status WriteLatest(const std::string& name);
+
+  std::string job_;
+  std::string job_dir_;
+};
+
+}  // namespace flatshard
+
+#endif  // FLATSHARD_COORDINATOR_CHECKPOINT_CATALOG_H_

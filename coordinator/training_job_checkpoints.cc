@@ -1,0 +1,238 @@
+// TrainingJob's checkpoint operations (DESIGN.md §6): the coordinator's half
+// of the two-phase commit, checkpoints requested during Train, and loading.
+#include <future>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "spdlog/spdlog.h"
+
+#include "coordinator/training_job.h"
+#include "core/status_macros.h"
+
+namespace flatshard {
+
+struct TrainingJob::PendingSave {
+  std::string name;
+  v1::StateDictType type;
+  std::promise<absl::StatusOr<v1::CheckpointInfo>> done;
+};
+
+v1::StateDictType TrainingJob::ResolveStateDictType(
+    const std::optional<v1::StateDictSettings>& settings) const {
+  v1::StateDictType type;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    type = settings.has_value() ? settings->state_dict_type()
+                                : spec_.state_dict_settings().state_dict_type();
+  }
+  if (type == v1::STATE_DICT_TYPE_UNSPECIFIED) type = v1::FULL_STATE_DICT;
+  // FSDP: NO_SHARD always behaves as FULL (reference §5.1).
+  if (!IsSharded(EffectiveStrategy(config_.sharding.strategy, config_.world_size)) &&
+      type != v1::FULL_STATE_DICT) {
+    spdlog::warn("job {}: {} with a non-sharded strategy is saved as FULL_STATE_DICT", name(),
+                 std::string(StateDictTypeName(type)));
+    type = v1::FULL_STATE_DICT;
+  }
+  return type;
+}
+
+absl::StatusOr<v1::CheckpointInfo> TrainingJob::SaveCheckpoint(
+    const std::string& requested, const std::optional<v1::StateDictSettings>& settings) {
+  if (settings.has_value() && !v1::StateDictType_IsValid(settings->state_dict_type())) {
+    return absl::InvalidArgumentError(absl::StrCat("settings.state_dict_type has unknown value ",
+                                                   settings->state_dict_type()));
+  }
+  if (!requested.empty()) RETURN_IF_ERROR(ValidateCheckpointName(requested));
+  const v1::StateDictType type = ResolveStateDictType(settings);
+  absl::StatusOr<std::unique_lock<std::mutex>> op = BeginOperation("save a checkpoint");
+  if (op.ok()) {
+    std::string name = requested;
+    if (name.empty()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      name = absl::StrFormat("step-%08d", step_);
+    }
+    return SaveNow(name, type);
+  }
+  std::future<absl::StatusOr<v1::CheckpointInfo>> done;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!training_) return op.status();
+    auto pending = std::make_shared<PendingSave>();
+    pending->name = requested;
+    pending->type = type;
+    done = pending->done.get_future();
+    pending_saves_.push_back(std::move(pending));
+  }
+  spdlog::info("job {}: checkpoint requested during training; it runs after the current step",
+               name());
+  return done.get();
+}
+
+void TrainingJob::RunPendingSaves(const absl::Status& refuse, bool last) {
+  while (true) {
+    std::shared_ptr<PendingSave> next;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (pending_saves_.empty()) {
+        if (last) training_ = false;
+        return;
+      }
+      next = pending_saves_.front();
+      pending_saves_.erase(pending_saves_.begin());
+      if (next->name.empty()) next->name = absl::StrFormat("step-%08d", step_);
+    }
+    if (!refuse.ok()) {
+      next->done.set_value(refuse);
+      continue;
+    }
+    next->done.set_value(SaveNow(next->name, next->type));
+  }
+}
+
+absl::Status TrainingJob::MaybeScheduledSave() {
+  const v1::CheckpointSchedule& schedule = spec_.checkpoints();
+  int64_t step = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    step = step_;
+  }
+  if (schedule.every_steps() <= 0 || step % schedule.every_steps() != 0) return absl::OkStatus();
+  const std::string name = absl::StrFormat("step-%08d", step);
+  if (catalog_.Read(name).ok()) return absl::OkStatus();  // already taken on demand
+  std::optional<v1::StateDictSettings> settings;
+  if (schedule.has_settings()) settings = schedule.settings();
+  return SaveNow(name, ResolveStateDictType(settings), /*scheduled=*/true).status();
+}
+
+absl::StatusOr<std::vector<v1::CommandResult>> TrainingJob::RunCheckpointBatch(
+    const v1::Command& command) {
+  v1::CommandBatch batch;
+  batch.set_control(true);
+  batch.set_step(-1);
+  *batch.add_commands() = command;
+  absl::StatusOr<std::vector<v1::CommandResult>> results = sequencer()->Run(std::move(batch));
+  if (!results.ok()) {
+    FailWith(results.status());
+    return results.status();
+  }
+  for (const v1::CommandResult& r : *results) {
+    if (r.error_code() != 0) {
+      return absl::Status(static_cast<absl::StatusCode>(r.error_code()),
+                          absl::StrCat("rank ", r.rank(), ": ", r.error()));
+    }
+  }
+  return results;
+}
+
+CheckpointManifest TrainingJob::BuildManifest(const std::string& name, v1::StateDictType type,
+                                              bool scheduled,
+                                              const std::vector<v1::CommandResult>& results) const {
+  CheckpointManifest m;
+  m.name = name;
+  m.job = config_.name;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    m.job_spec = spec_;
+    m.step = step_;
+    m.data_position = data_position_;
+  }
+  m.job_spec_digest = JobSpecDigest(m.job_spec);
+  m.state_dict_type = type;
+  m.world_size = config_.world_size;
+  m.strategy = std::string(
+      ShardingStrategyName(EffectiveStrategy(config_.sharding.strategy, config_.world_size)));
+  for (const Unit& unit : units_) {
+    for (const UnitParam& p : unit.params) m.params[p.fqn] = {p.dtype, p.shape};
+    for (const SharedParam& s : unit.shared) m.tied[s.fqn] = s.primary_fqn;
+  }
+  switch (config_.optimizer.kind) {
+    case OptimizerSettings::Kind::kSgd:
+      m.optimizer = "sgd";
+      if (config_.optimizer.sgd.momentum != 0) m.optimizer_states = {"momentum_buffer"};
+      break;
+    case OptimizerSettings::Kind::kAdam:
+    case OptimizerSettings::Kind::kAdamW:
+      m.optimizer = config_.optimizer.kind == OptimizerSettings::Kind::kAdam ? "adam" : "adamw";
+      m.optimizer_states = {"exp_avg", "exp_avg_sq"};
+      if (config_.optimizer.adam.amsgrad) m.optimizer_states.push_back("max_exp_avg_sq");
+      break;
+  }
+  m.data_seed = config_.data.seed;
+  m.global_batch_size = config_.data.global_batch_size;
+  m.init_seed = config_.seed;
+  m.created_unix_micros = absl::ToUnixMicros(absl::Now());
+  m.scheduled = scheduled;
+  for (const v1::CommandResult& r : results) {
+    for (const v1::CheckpointFileInfo& f : r.files()) {
+      m.files.push_back({f.name(), f.rank(), static_cast<uint64_t>(f.bytes()), f.xxh3()});
+    }
+  }
+  return m;
+}
+
+absl::StatusOr<v1::CheckpointInfo> TrainingJob::SaveNow(const std::string& name,
+                                                        v1::StateDictType type, bool scheduled) {
+  const absl::Time start = absl::Now();
+  RETURN_IF_ERROR(catalog_.BeginSave(name));
+  v1::Command command;
+  command.mutable_save_shard()->set_directory(catalog_.RelativePartialDir(name));
+  command.mutable_save_shard()->mutable_settings()->set_state_dict_type(type);
+  absl::StatusOr<std::vector<v1::CommandResult>> results = RunCheckpointBatch(command);
+  if (!results.ok()) {
+    catalog_.AbandonSave(name);
+    return absl::Status(results.status().code(),
+                        absl::StrCat("checkpoint '", name, "' was not saved: ",
+                                     results.status().message()));
+  }
+  absl::StatusOr<v1::CheckpointInfo> info =
+      catalog_.Commit(BuildManifest(name, type, scheduled, *results),
+                      spec_.checkpoints().keep_last());
+  if (!info.ok()) {
+    catalog_.AbandonSave(name);
+    return info.status();
+  }
+  spdlog::info("job {}: saved checkpoint {} ({}, step {}, {} bytes) in {}", config_.name, name,
+               std::string(StateDictTypeName(type)), info->step(), info->bytes(),
+               absl::FormatDuration(absl::Now() - start));
+  return info;
+}
+
+absl::StatusOr<v1::CheckpointInfo> TrainingJob::LoadCheckpoint(const std::string& name) {
+  ASSIGN_OR_RETURN(std::unique_lock<std::mutex> op, BeginOperation("load a checkpoint"));
+  ASSIGN_OR_RETURN(CheckpointManifest manifest, catalog_.Read(name));
+  v1::Command command;
+  command.mutable_load_shard()->set_directory(catalog_.RelativeDir(manifest.name));
+  // Stage everywhere first: a rank that cannot read its part changes nothing.
+  absl::StatusOr<std::vector<v1::CommandResult>> staged = RunCheckpointBatch(command);
+  if (!staged.ok()) {
+    return absl::Status(staged.status().code(),
+                        absl::StrCat("checkpoint '", manifest.name, "' was not loaded (the job "
+                                     "is unchanged): ",
+                                     staged.status().message()));
+  }
+  command.mutable_load_shard()->set_apply(true);
+  absl::StatusOr<std::vector<v1::CommandResult>> applied = RunCheckpointBatch(command);
+  if (!applied.ok()) {
+    FailWith(applied.status());
+    return applied.status();
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    step_ = manifest.step;
+    data_position_ = manifest.data_position;
+    unsharded_.clear();
+  }
+  spdlog::info("job {}: loaded checkpoint {} (step {})", config_.name, manifest.name,
+               manifest.step);
+  v1::CheckpointInfo info;
+  info.set_name(manifest.name);
+  info.set_step(manifest.step);
+  info.set_state_dict_type(manifest.state_dict_type);
+  info.set_world_size(manifest.world_size);
+  int64_t bytes = 0;
+  for (const CheckpointFile& f : manifest.files) bytes += static_cast<int64_t>(f.bytes);
+  info.set_bytes(bytes);
+  return info;
+}
+
+}  // namespace flatshard

@@ -1,0 +1,222 @@
+#include "core/checkpoint_manifest.h"
+
+#include <xxhash.h>
+
+#include <cstdio>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "google/protobuf/util/json_util.h"
+#include "nlohmann/json.hpp"
+
+#include "core/durable_file.h"
+
+namespace flatshard {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+// Field access that reports which field of which file is wrong instead of
+// throwing.
+class Fields {
+ public:
+  Fields(const Json& json, std::string what) : json_(json), what_(std::move(what)) {}
+
+  template <typename T>
+  absl::Status Get(const char* key, T& out) const {
+    if (!json_.contains(key)) return Missing(key);
+    try {
+      out = json_.at(key).get<T>();
+    } catch (const nlohmann::json::exception&) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what_, ": field '", key, "' has the wrong type: ", json_.at(key).dump()));
+    }
+    return absl::OkStatus();
+  }
+  absl::Status Missing(const char* key) const {
+    return absl::InvalidArgumentError(absl::StrCat(what_, ": missing field '", key, "'"));
+  }
+  const Json& json() const { return json_; }
+  const std::string& what() const { return what_; }
+
+ private:
+  const Json& json_;
+  std::string what_;
+};
+
+#define FS_FIELD(fields, key, out)                       \
+  do {                                                   \
+    absl::Status fs_status_ = (fields).Get((key), (out)); \
+    if (!fs_status_.ok()) return fs_status_;             \
+  } while (false)
+
+}  // namespace
+
+std::string JobSpecDigest(const v1::JobSpec& spec) {
+  std::string bytes;
+  spec.SerializeToString(&bytes);
+  return Xxh3Hex(XXH3_64bits(bytes.data(), bytes.size()));
+}
+
+absl::string_view StateDictTypeName(v1::StateDictType type) {
+  switch (type) {
+    case v1::SHARDED_STATE_DICT:
+      return "SHARDED_STATE_DICT";
+    case v1::LOCAL_STATE_DICT:
+      return "LOCAL_STATE_DICT";
+    default:
+      return "FULL_STATE_DICT";
+  }
+}
+
+absl::StatusOr<v1::StateDictType> ParseStateDictType(absl::string_view name) {
+  std::string upper = absl::AsciiStrToUpper(name);
+  if (!absl::EndsWith(upper, "_STATE_DICT")) absl::StrAppend(&upper, "_STATE_DICT");
+  if (upper == "FULL_STATE_DICT") return v1::FULL_STATE_DICT;
+  if (upper == "SHARDED_STATE_DICT") return v1::SHARDED_STATE_DICT;
+  if (upper == "LOCAL_STATE_DICT") return v1::LOCAL_STATE_DICT;
+  return absl::InvalidArgumentError(absl::StrCat("unknown state dict type '", name,
+                                                 "'; expected full, sharded or local"));
+}
+
+std::string RankFileName(absl::string_view kind, int rank, int world_size) {
+  return absl::StrFormat("%s-rank%05d-of-%05d.safetensors", kind, rank, world_size);
+}
+
+absl::Status ValidateCheckpointName(absl::string_view name) {
+  auto bad = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat("checkpoint name '", name, "' ", why));
+  };
+  if (name.empty()) return bad("is empty");
+  if (name.size() > 128) return bad("is longer than 128 characters");
+  for (char c : name) {
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '.' && c != '_' && c != '-') {
+      return bad("may hold only letters, digits, '.', '_' and '-' (one path component)");
+    }
+  }
+  if (name.front() == '.') return bad("may not start with '.'");
+  if (absl::EndsWith(name, kPartialSuffix) || absl::EndsWith(name, ".tmp")) {
+    return bad("may not end in .partial or .tmp (reserved for saves in progress)");
+  }
+  if (name == kLatestFileName) return bad("is reserved for the latest pointer");
+  return absl::OkStatus();
+}
+
+std::string ManifestToJson(const CheckpointManifest& m) {
+  Json json;
+  json["format_version"] = m.format_version;
+  json["name"] = m.name;
+  json["job"] = m.job;
+  json["job_spec_digest"] = m.job_spec_digest;
+  json["step"] = m.step;
+  json["state_dict_type"] = std::string(StateDictTypeName(m.state_dict_type));
+  json["world_size"] = m.world_size;
+  json["strategy"] = m.strategy;
+  Json params = Json::object();
+  for (const auto& [fqn, info] : m.params) {
+    params[fqn] = {{"dtype", std::string(SafetensorsDTypeName(info.dtype))},
+                   {"shape", info.shape}};
+  }
+  json["params"] = params;
+  Json tied = Json::object();
+  for (const auto& [alias, primary] : m.tied) tied[alias] = primary;
+  json["tied"] = tied;
+  json["optimizer"] = m.optimizer;
+  json["optimizer_states"] = m.optimizer_states;
+  json["data"] = {{"seed", m.data_seed}, {"global_batch_size", m.global_batch_size},
+                  {"position", m.data_position}};
+  json["rng"] = {{"init_seed", m.init_seed}};
+  json["created_unix_micros"] = m.created_unix_micros;
+  json["scheduled"] = m.scheduled;
+  Json files = Json::array();
+  for (const CheckpointFile& f : m.files) {
+    files.push_back({{"name", f.name}, {"rank", f.rank}, {"bytes", f.bytes}, {"xxh3", f.xxh3}});
+  }
+  json["files"] = files;
+  std::string spec_json;
+  google::protobuf::util::JsonPrintOptions options;
+  options.preserve_proto_field_names = true;
+  (void)google::protobuf::util::MessageToJsonString(m.job_spec, &spec_json, options);
+  json["job_spec"] = Json::parse(spec_json);
+  return json.dump(2) + "\n";
+}
+
+absl::StatusOr<CheckpointManifest> ParseManifest(absl::string_view text, absl::string_view what) {
+  Json json = Json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+  if (json.is_discarded() || !json.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " is not a JSON object"));
+  }
+  const Fields fields(json, std::string(what));
+  CheckpointManifest m;
+  FS_FIELD(fields, "format_version", m.format_version);
+  if (m.format_version != kCheckpointFormatVersion) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " has format_version ", m.format_version,
+                                                   "; this flatshard reads version ",
+                                                   kCheckpointFormatVersion));
+  }
+  FS_FIELD(fields, "name", m.name);
+  FS_FIELD(fields, "job", m.job);
+  FS_FIELD(fields, "job_spec_digest", m.job_spec_digest);
+  FS_FIELD(fields, "step", m.step);
+  if (m.step < 0) return absl::InvalidArgumentError(absl::StrCat(what, ": step is negative"));
+  std::string type;
+  FS_FIELD(fields, "state_dict_type", type);
+  absl::StatusOr<v1::StateDictType> parsed_type = ParseStateDictType(type);
+  if (!parsed_type.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": ", parsed_type.status().message()));
+  }
+  m.state_dict_type = *parsed_type;
+  FS_FIELD(fields, "world_size", m.world_size);
+  if (m.world_size <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": world_size must be positive"));
+  }
+  FS_FIELD(fields, "strategy", m.strategy);
+  if (!json.contains("params") || !json["params"].is_object()) return fields.Missing("params");
+  for (const auto& [fqn, value] : json["params"].items()) {
+    const Fields param(value, absl::StrCat(what, " params['", fqn, "']"));
+    std::string dtype;
+    CheckpointTensorInfo info;
+    FS_FIELD(param, "dtype", dtype);
+    FS_FIELD(param, "shape", info.shape);
+    absl::StatusOr<DType> parsed = ParseSafetensorsDType(dtype);
+    if (!parsed.ok()) return parsed.status();
+    info.dtype = *parsed;
+    m.params[fqn] = std::move(info);
+  }
+  FS_FIELD(fields, "tied", m.tied);
+  FS_FIELD(fields, "optimizer", m.optimizer);
+  FS_FIELD(fields, "optimizer_states", m.optimizer_states);
+  if (!json.contains("data")) return fields.Missing("data");
+  const Fields data(json["data"], absl::StrCat(what, " data"));
+  FS_FIELD(data, "seed", m.data_seed);
+  FS_FIELD(data, "global_batch_size", m.global_batch_size);
+  FS_FIELD(data, "position", m.data_position);
+  if (!json.contains("rng")) return fields.Missing("rng");
+  FS_FIELD(Fields(json["rng"], absl::StrCat(what, " rng")), "init_seed", m.init_seed);
+  FS_FIELD(fields, "created_unix_micros", m.created_unix_micros);
+  if (json.contains("scheduled")) FS_FIELD(fields, "scheduled", m.scheduled);
+  if (!json.contains("files") || !json["files"].is_array()) return fields.Missing("files");
+  for (const Json& value : json["files"]) {
+    const Fields file(value, absl::StrCat(what, " files[]"));
+    CheckpointFile f;
+    FS_FIELD(file, "name", f.name);
+    FS_FIELD(file, "rank", f.rank);
+    FS_FIELD(file, "bytes", f.bytes);
+    FS_FIELD(file, "xxh3", f.xxh3);
+    if (f.name.empty() || f.name.find('/') != std::string::npos || f.name.front() == '.') {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": file name '", f.name, "' is not a plain file name"));
+    }
+    m.files.push_back(std::move(f));
+  }
+  if (!json.contains("job_spec")) return fields.Missing("job_spec");
+  const std::string spec_json = json["job_spec"].dump();
+  if (!google::protobuf::util::JsonStringToMessage(spec_json, &m.job_spec).ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": job_spec is not a valid JobSpec"));
+  }
+  return m;
+}
+
+}  // namespace flatshard

@@ -1,0 +1,120 @@
+#include "core/checkpoint_reader.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+#include "core/durable_file.h"
+#include "core/flat_param_layout.h"
+#include "core/model_spec.h"
+#include "core/status_macros.h"
+
+namespace flatshard {
+
+absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(const std::string& dir) {
+  const std::string path = absl::StrCat(dir, "/", kManifestFileName);
+  absl::StatusOr<std::string> text = ReadFileToString(path);
+  if (!text.ok()) {
+    if (absl::IsNotFound(text.status())) {
+      return absl::NotFoundError(
+          absl::StrCat(dir, " is not a committed checkpoint: it has no ", kManifestFileName));
+    }
+    return text.status();
+  }
+  ASSIGN_OR_RETURN(CheckpointManifest manifest, ParseManifest(*text, path));
+  return std::unique_ptr<CheckpointReader>(new CheckpointReader(dir, std::move(manifest)));
+}
+
+absl::StatusOr<SafetensorsReader*> CheckpointReader::File(const std::string& file_name) {
+  if (auto it = open_.find(file_name); it != open_.end()) return it->second.get();
+  const CheckpointFile* entry = nullptr;
+  for (const CheckpointFile& f : manifest_.files) {
+    if (f.name == file_name) entry = &f;
+  }
+  const std::string path = absl::StrCat(dir_, "/", file_name);
+  if (entry == nullptr) {
+    return absl::NotFoundError(absl::StrCat(path, " is not listed in the manifest"));
+  }
+  absl::StatusOr<FileDigest> digest = DigestFile(path);
+  if (!digest.ok()) {
+    if (absl::IsNotFound(digest.status())) {
+      return absl::DataLossError(absl::StrCat(path, " is missing (the manifest lists it)"));
+    }
+    return digest.status();
+  }
+  if (digest->bytes != entry->bytes) {
+    return absl::DataLossError(absl::StrCat(path, " has ", digest->bytes,
+                                            " bytes, the manifest recorded ", entry->bytes,
+                                            " (truncated or replaced)"));
+  }
+  if (digest->xxh3 != entry->xxh3) {
+    return absl::DataLossError(absl::StrCat(path, " fails its checksum: xxh3 ", digest->xxh3,
+                                            ", the manifest recorded ", entry->xxh3,
+                                            " (corrupted)"));
+  }
+  ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsReader> reader, SafetensorsReader::Open(path));
+  SafetensorsReader* raw = reader.get();
+  open_[file_name] = std::move(reader);
+  return raw;
+}
+
+absl::Status CheckpointReader::VerifyAll() {
+  for (const CheckpointFile& f : manifest_.files) RETURN_IF_ERROR(File(f.name).status());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<float>> CheckpointReader::ReadFull(absl::string_view kind,
+                                                              const std::string& name,
+                                                              const std::vector<int64_t>& shape) {
+  const auto numel = static_cast<uint64_t>(NumElements(shape));
+  auto check_shape = [&](const SafetensorsReader& file, const SafetensorsEntry& entry,
+                         const std::vector<int64_t>& want) -> absl::Status {
+    if (entry.shape != want) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(file.path(), ": tensor '", name, "' has shape [",
+                       absl::StrJoin(entry.shape, ", "), "], expected [",
+                       absl::StrJoin(want, ", "), "]"));
+    }
+    return absl::OkStatus();
+  };
+  if (manifest_.state_dict_type == v1::FULL_STATE_DICT) {
+    const std::string file_name(kind == "model" ? kFullModelFile : kFullOptimFile);
+    ASSIGN_OR_RETURN(SafetensorsReader * file, File(file_name));
+    ASSIGN_OR_RETURN(const SafetensorsEntry* entry, file->Find(name));
+    RETURN_IF_ERROR(check_shape(*file, *entry, shape));
+    return file->ReadFloats(name, 0, numel);
+  }
+  if (manifest_.state_dict_type != v1::SHARDED_STATE_DICT) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        dir_, " is a LOCAL_STATE_DICT checkpoint: its files hold flat shards, not tensors"));
+  }
+  const int world = manifest_.world_size;
+  if (shape.empty()) {  // 0-dim values are replicated on every rank
+    ASSIGN_OR_RETURN(SafetensorsReader * file, File(RankFileName(kind, 0, world)));
+    ASSIGN_OR_RETURN(const SafetensorsEntry* entry, file->Find(name));
+    RETURN_IF_ERROR(check_shape(*file, *entry, shape));
+    return file->ReadFloats(name, 0, 1);
+  }
+  std::vector<float> out;
+  out.reserve(numel);
+  const uint64_t row = shape[0] == 0 ? 0 : numel / static_cast<uint64_t>(shape[0]);
+  for (int r = 0; r < world; ++r) {
+    const ChunkSlice rows = ChunkOf(shape[0], world, r);
+    if (rows.length == 0) continue;
+    ASSIGN_OR_RETURN(SafetensorsReader * file, File(RankFileName(kind, r, world)));
+    ASSIGN_OR_RETURN(const SafetensorsEntry* entry, file->Find(name));
+    std::vector<int64_t> chunk_shape = shape;
+    chunk_shape[0] = rows.length;
+    RETURN_IF_ERROR(check_shape(*file, *entry, chunk_shape));
+    ASSIGN_OR_RETURN(std::vector<float> part,
+                     file->ReadFloats(name, 0, static_cast<uint64_t>(rows.length) * row));
+    out.insert(out.end(), part.begin(), part.end());
+  }
+  if (out.size() != numel) {
+    return absl::DataLossError(
+        absl::StrCat(dir_, ": the chunks of '", name, "' hold ", out.size(), " of ", numel,
+                     " elements"));
+  }
+  return out;
+}
+
+}  // namespace flatshard

@@ -1,0 +1,53 @@
+// Reads a committed checkpoint directory: its manifest, and full tensors out of
+// FULL files or reassembled from the dim-0 chunks of SHARDED files (reference
+// §5.3: rank r of W holds rows ChunkOf(dim0, W, r)), so a reader at any world
+// size or wrap policy gets the same values. Every file is checked against the
+// manifest's size and XXH3 before its first use; a mismatch is DATA_LOSS
+// naming the file. Used by workers on LoadShard and by the offline tools.
+#ifndef FLATSHARD_CORE_CHECKPOINT_READER_H_
+#define FLATSHARD_CORE_CHECKPOINT_READER_H_
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+#include "core/checkpoint_manifest.h"
+#include "core/safetensors_reader.h"
+
+namespace flatshard {
+
+class CheckpointReader {
+ public:
+  // NOT_FOUND when `dir` has no manifest (a save that never committed).
+  static absl::StatusOr<std::unique_ptr<CheckpointReader>> Open(const std::string& dir);
+
+  const std::string& dir() const { return dir_; }
+  const CheckpointManifest& manifest() const { return manifest_; }
+
+  // The full value of tensor `name` with `shape` from the "model" or "optim"
+  // files (FULL or SHARDED). NOT_FOUND when no file holds it; INVALID_ARGUMENT
+  // when a chunk's shape disagrees with `shape`.
+  absl::StatusOr<std::vector<float>> ReadFull(absl::string_view kind, const std::string& name,
+                                              const std::vector<int64_t>& shape);
+
+  // One of the manifest's files, opened and verified.
+  absl::StatusOr<SafetensorsReader*> File(const std::string& file_name);
+
+  // Verifies every file (size, XXH3, header) and that no file is missing.
+  absl::Status VerifyAll();
+
+ private:
+  CheckpointReader(std::string dir, CheckpointManifest manifest)
+      : dir_(std::move(dir)), manifest_(std::move(manifest)) {}
+
+  std::string dir_;
+  CheckpointManifest manifest_;
+  std::map<std::string, std::unique_ptr<SafetensorsReader>> open_;
+};
+
+}  // namespace flatshard
+
+#endif  // FLATSHARD_CORE_CHECKPOINT_READER_H_

@@ -1,0 +1,112 @@
+#include "core/durable_file.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace flatshard {
+namespace {
+
+absl::Status Errno(absl::string_view what, const std::string& path) {
+  const int err = errno;
+  const std::string message = absl::StrCat("cannot ", what, " ", path, ": ", std::strerror(err));
+  if (err == ENOENT) return absl::NotFoundError(message);
+  return absl::UnavailableError(message);
+}
+
+}  // namespace
+
+std::string Xxh3Hex(uint64_t hash) { return absl::StrFormat("%016x", hash); }
+
+absl::StatusOr<FileDigest> DigestFile(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Errno("open", path);
+  XXH3_state_t* state = XXH3_createState();
+  XXH3_64bits_reset(state);
+  std::vector<char> buffer(1 << 20);
+  FileDigest digest;
+  absl::Status status;
+  while (true) {
+    const ssize_t got = ::read(fd, buffer.data(), buffer.size());
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) {
+      status = Errno("read", path);
+      break;
+    }
+    if (got == 0) break;
+    XXH3_64bits_update(state, buffer.data(), static_cast<size_t>(got));
+    digest.bytes += static_cast<uint64_t>(got);
+  }
+  digest.xxh3 = Xxh3Hex(XXH3_64bits_digest(state));
+  XXH3_freeState(state);
+  ::close(fd);
+  if (!status.ok()) return status;
+  return digest;
+}
+
+absl::Status FsyncPath(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return Errno("open", path);
+  const int rc = ::fsync(fd);
+  absl::Status status = rc == 0 ? absl::OkStatus() : Errno("fsync", path);
+  ::close(fd);
+  return status;
+}
+
+absl::Status WriteFileDurably(const std::string& path, absl::string_view contents) {
+  const std::string tmp = path + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return Errno("create", tmp);
+  const char* data = contents.data();
+  size_t left = contents.size();
+  while (left > 0) {
+    const ssize_t wrote = ::write(fd, data, left);
+    if (wrote < 0 && errno == EINTR) continue;
+    if (wrote < 0) {
+      absl::Status status = Errno("write", tmp);
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      return status;
+    }
+    data += wrote;
+    left -= static_cast<size_t>(wrote);
+  }
+  if (::fsync(fd) != 0) {
+    absl::Status status = Errno("fsync", tmp);
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    return status;
+  }
+  ::close(fd);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    absl::Status status = Errno("rename into place", path);
+    ::unlink(tmp.c_str());
+    return status;
+  }
+  std::string parent = std::filesystem::path(path).parent_path().string();
+  return FsyncPath(parent.empty() ? "." : parent);
+}
+
+absl::StatusOr<std::string> ReadFileToString(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return std::filesystem::exists(path)
+               ? absl::UnavailableError(absl::StrCat("cannot read ", path))
+               : absl::NotFoundError(absl::StrCat(path, " does not exist"));
+  }
+  std::ostringstream out;
+  out << in.rdbuf();
+  return out.str();
+}
+
+}  // namespace flatshard

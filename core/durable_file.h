@@ -1,0 +1,39 @@
+// Files that survive a crash: written through a descriptor that is fsynced
+// before it is closed, renamed into place, and the directory fsynced after, so
+// after a power cut a reader sees either the old state or the whole new file.
+// Checksums are XXH3-64 over the whole file, written as 16 lowercase hex
+// digits, the form checkpoint manifests record.
+#ifndef FLATSHARD_CORE_DURABLE_FILE_H_
+#define FLATSHARD_CORE_DURABLE_FILE_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace flatshard {
+
+struct FileDigest {
+  uint64_t bytes = 0;
+  std::string xxh3;  // 16 hex digits
+};
+
+std::string Xxh3Hex(uint64_t hash);
+
+// XXH3-64 of the file's contents, read sequentially. NOT_FOUND when absent.
+absl::StatusOr<FileDigest> DigestFile(const std::string& path);
+
+// fsync on a file or directory (directories make renames and creations in
+// them durable).
+absl::Status FsyncPath(const std::string& path);
+
+// Writes `contents` to `path` atomically: `path`.tmp, fsync, rename, fsync of
+// the parent directory.
+absl::Status WriteFileDurably(const std::string& path, absl::string_view contents);
+
+absl::StatusOr<std::string> ReadFileToString(const std::string& path);
+
+}  // namespace flatshard
+
+#endif  // FLATSHARD_CORE_DURABLE_FILE_H_

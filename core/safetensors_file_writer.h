@@ -1,0 +1,65 @@
+// Writes one safetensors file tensor by tensor, so a writer holding one FSDP
+// unit at a time can still produce a single consolidated file: the header
+// (every name, dtype and shape, known up front) goes first, then each tensor's
+// data in the declared order. The file is fsynced by Finish, which returns its
+// size and XXH3 checksum computed on the way out (no second read).
+#ifndef FLATSHARD_CORE_SAFETENSORS_FILE_WRITER_H_
+#define FLATSHARD_CORE_SAFETENSORS_FILE_WRITER_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+#include "core/dtype.h"
+#include "core/durable_file.h"
+
+struct XXH3_state_s;
+
+namespace flatshard {
+
+struct SafetensorsSlot {
+  std::string name;
+  DType dtype = DType::kFloat32;
+  std::vector<int64_t> shape;
+};
+
+class SafetensorsFileWriter {
+ public:
+  // Creates `path` (ALREADY_EXISTS if it does) and writes the header for
+  // `slots`, whose data must then be appended in this order.
+  static absl::StatusOr<std::unique_ptr<SafetensorsFileWriter>> Create(
+      const std::string& path, std::vector<SafetensorsSlot> slots,
+      const std::map<std::string, std::string>& metadata = {});
+  ~SafetensorsFileWriter();  // an unfinished file is removed
+  SafetensorsFileWriter(const SafetensorsFileWriter&) = delete;
+  SafetensorsFileWriter& operator=(const SafetensorsFileWriter&) = delete;
+
+  // The next slot's data as float32 values, converted to the slot's dtype.
+  // INVALID_ARGUMENT for the wrong name or element count.
+  absl::Status Append(absl::string_view name, std::span<const float> values);
+
+  // fsyncs and closes. FAILED_PRECONDITION when slots are missing.
+  absl::StatusOr<FileDigest> Finish();
+
+ private:
+  SafetensorsFileWriter(std::string path, int fd, std::vector<SafetensorsSlot> slots);
+  absl::Status Write(const char* data, size_t size);
+
+  std::string path_;
+  int fd_;
+  std::vector<SafetensorsSlot> slots_;
+  size_t next_ = 0;
+  uint64_t bytes_ = 0;
+  XXH3_state_s* hash_;
+  bool finished_ = false;
+};
+
+}  // namespace flatshard
+
+#endif  // FLATSHARD_CORE_SAFETENSORS_FILE_WRITER_H_

@@ -1,0 +1,99 @@
+// Checkpoint manifests (core/checkpoint_manifest.h, DESIGN.md §6): they
+// round-trip, malformed ones are refused naming the field, and checkpoint
+// names cannot escape the checkpoint root or collide with its bookkeeping.
+#include "core/checkpoint_manifest.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "nlohmann/json.hpp"
+
+namespace flatshard {
+namespace {
+
+using ::testing::HasSubstr;
+
+CheckpointManifest Sample() {
+  CheckpointManifest m;
+  m.name = "step-00000010";
+  m.job = "mlp";
+  m.job_spec.set_name("mlp");
+  m.job_spec.set_world_size(4);
+  m.job_spec_digest = JobSpecDigest(m.job_spec);
+  m.step = 10;
+  m.data_position = 20;
+  m.state_dict_type = v1::SHARDED_STATE_DICT;
+  m.world_size = 4;
+  m.strategy = "FULL_SHARD";
+  m.params["fc.weight"] = {DType::kFloat32, {8, 4}};
+  m.params["fc.bias"] = {DType::kBFloat16, {8}};
+  m.tied["head.weight"] = "fc.weight";
+  m.optimizer = "adamw";
+  m.optimizer_states = {"exp_avg", "exp_avg_sq"};
+  m.data_seed = 7;
+  m.global_batch_size = 32;
+  m.init_seed = 3;
+  m.created_unix_micros = 123;
+  m.files = {{"model-rank00000-of-00004.safetensors", 0, 100, "00112233aabbccdd"}};
+  return m;
+}
+
+TEST(CheckpointManifestTest, RoundTrips) {
+  const CheckpointManifest m = Sample();
+  absl::StatusOr<CheckpointManifest> back = ParseManifest(ManifestToJson(m), "manifest.json");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->name, m.name);
+  EXPECT_EQ(back->step, 10);
+  EXPECT_EQ(back->data_position, 20);
+  EXPECT_EQ(back->state_dict_type, v1::SHARDED_STATE_DICT);
+  EXPECT_EQ(back->params.at("fc.bias").dtype, DType::kBFloat16);
+  EXPECT_EQ(back->params.at("fc.weight").shape, (std::vector<int64_t>{8, 4}));
+  EXPECT_EQ(back->tied.at("head.weight"), "fc.weight");
+  EXPECT_EQ(back->optimizer_states, m.optimizer_states);
+  EXPECT_EQ(back->files.at(0).xxh3, "00112233aabbccdd");
+  EXPECT_EQ(back->job_spec.world_size(), 4);
+  EXPECT_EQ(JobSpecDigest(back->job_spec), m.job_spec_digest);
+}
+
+TEST(CheckpointManifestTest, RefusesMalformedManifestsNamingTheField) {
+  auto with = [](const std::function<void(nlohmann::json&)>& edit) {
+    nlohmann::json json = nlohmann::json::parse(ManifestToJson(Sample()));
+    edit(json);
+    return ParseManifest(json.dump(), "m.json").status();
+  };
+  EXPECT_THAT(std::string(ParseManifest("{", "m.json").status().message()),
+              HasSubstr("not a JSON object"));
+  EXPECT_THAT(std::string(with([](auto& j) { j.erase("step"); }).message()),
+              HasSubstr("missing field 'step'"));
+  EXPECT_THAT(std::string(with([](auto& j) { j["step"] = "ten"; }).message()),
+              HasSubstr("'step' has the wrong type"));
+  EXPECT_THAT(std::string(with([](auto& j) { j["format_version"] = 99; }).message()),
+              HasSubstr("format_version 99"));
+  EXPECT_THAT(std::string(with([](auto& j) { j["state_dict_type"] = "HALF"; }).message()),
+              HasSubstr("unknown state dict type"));
+  EXPECT_THAT(
+      std::string(with([](auto& j) { j["files"][0]["name"] = "../../etc/passwd"; }).message()),
+      HasSubstr("not a plain file name"));
+  EXPECT_THAT(std::string(with([](auto& j) { j["world_size"] = 0; }).message()),
+              HasSubstr("world_size must be positive"));
+}
+
+TEST(CheckpointManifestTest, NamesStayInsideTheRoot) {
+  EXPECT_TRUE(ValidateCheckpointName("step-00000010").ok());
+  EXPECT_TRUE(ValidateCheckpointName("before_lr.decay-2").ok());
+  for (const char* bad : {"", "..", "../x", "a/b", ".hidden", "x.partial", "x.tmp", "latest",
+                          "sp ace", "semi;colon"}) {
+    EXPECT_EQ(ValidateCheckpointName(bad).code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+  EXPECT_FALSE(ValidateCheckpointName(std::string(129, 'a')).ok());
+}
+
+TEST(CheckpointManifestTest, FileNamesAndTypes) {
+  EXPECT_EQ(RankFileName("model", 2, 4), "model-rank00002-of-00004.safetensors");
+  EXPECT_EQ(*ParseStateDictType("sharded"), v1::SHARDED_STATE_DICT);
+  EXPECT_EQ(*ParseStateDictType("LOCAL_STATE_DICT"), v1::LOCAL_STATE_DICT);
+  EXPECT_FALSE(ParseStateDictType("half").ok());
+}
+
+}  // namespace
+}  // namespace flatshard

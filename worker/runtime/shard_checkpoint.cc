@@ -1,0 +1,486 @@
+#include "worker/runtime/shard_checkpoint.h"
+
+#include <xxhash.h>
+
+#include <csignal>
+#include <cstdlib>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <set>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+#include "core/checkpoint_reader.h"
+#include "core/durable_file.h"
+#include "core/flat_buffer.h"
+#include "core/model_spec.h"
+#include "core/safetensors_file_writer.h"
+#include "core/status_macros.h"
+
+namespace flatshard {
+namespace {
+
+// What one tensor of a rank's file holds: a slice of a gathered flat value
+// (a parameter's rows, a state's rows, or this rank's flat shard), or a step.
+struct Piece {
+  enum class Source { kParam, kState, kStep, kLocalFlat, kLocalState };
+  SafetensorsSlot slot;
+  bool optim = false;
+  Source source = Source::kParam;
+  std::string state;       // kState, kLocalState
+  int64_t flat_begin = 0;  // element offset into the gathered flat / shard
+  int64_t count = 0;
+};
+
+std::string FlatName(const Unit& unit) { return JoinFqn(unit.module_fqn, "_flat_param"); }
+
+int64_t RowElements(const std::vector<int64_t>& shape) {
+  if (shape.empty() || shape[0] == 0) return 0;
+  return NumElements(shape) / shape[0];
+}
+
+// The pieces of unit `u` that this rank writes, in file order.
+std::vector<Piece> UnitPieces(const FlatParamUnit& unit, const OptimizerState& optim,
+                              v1::StateDictType type, int rank, int world) {
+  std::vector<Piece> pieces;
+  const Unit& spec = unit.config().unit;
+  const std::vector<std::string> states = optim.StateNames();
+  if (type == v1::LOCAL_STATE_DICT) {
+    const ShardInfo info = unit.layout().ComputeShardInfo(unit.config().shard_rank);
+    const int64_t valid = unit.layout().sharded_numel() - info.numel_padded;
+    const std::string flat = FlatName(spec);
+    pieces.push_back({{flat, DType::kFloat32, {valid}}, false, Piece::Source::kLocalFlat, "", 0,
+                      valid});
+    for (const std::string& s : states) {
+      pieces.push_back({{absl::StrCat(flat, ".", s), DType::kFloat32, {valid}}, true,
+                        Piece::Source::kLocalState, s, 0, valid});
+    }
+    if (!states.empty()) {
+      pieces.push_back({{absl::StrCat(flat, ".step"), DType::kFloat32, {}}, true,
+                        Piece::Source::kStep, "", 0, 1});
+    }
+    return pieces;
+  }
+  const bool full = type == v1::FULL_STATE_DICT;
+  // The slice of param i this rank writes: all of it (FULL, 0-dim) or its rows.
+  auto slice = [&](size_t i, std::vector<int64_t>& shape, int64_t& begin, int64_t& count) {
+    const UnitParam& p = spec.params[i];
+    shape = p.shape;
+    begin = unit.layout().param_ranges()[i].start;
+    count = p.numel;
+    if (full || p.shape.empty()) return;
+    const ChunkSlice rows = ChunkOf(p.shape[0], world, rank);
+    shape[0] = rows.length;
+    begin += rows.begin * RowElements(p.shape);
+    count = rows.length * RowElements(p.shape);
+  };
+  std::map<std::string, size_t> index_of;
+  for (size_t i = 0; i < spec.params.size(); ++i) {
+    index_of[spec.params[i].fqn] = i;
+    std::vector<int64_t> shape;
+    int64_t begin = 0, count = 0;
+    slice(i, shape, begin, count);
+    if (count == 0 && !shape.empty()) continue;
+    pieces.push_back({{spec.params[i].fqn, spec.params[i].dtype, shape}, false,
+                      Piece::Source::kParam, "", begin, count});
+  }
+  if (full) {  // tied aliases, as torch's state_dict lists them
+    for (const SharedParam& shared : spec.shared) {
+      const size_t i = index_of.at(shared.primary_fqn);
+      pieces.push_back({{shared.fqn, spec.params[i].dtype, spec.params[i].shape}, false,
+                        Piece::Source::kParam, "", unit.layout().param_ranges()[i].start,
+                        spec.params[i].numel});
+    }
+  }
+  for (const std::string& s : states) {
+    for (size_t i = 0; i < spec.params.size(); ++i) {
+      if (!spec.params[i].requires_grad) continue;  // torch keeps no state for them
+      std::vector<int64_t> shape;
+      int64_t begin = 0, count = 0;
+      slice(i, shape, begin, count);
+      if (count == 0 && !shape.empty()) continue;
+      pieces.push_back({{absl::StrCat(spec.params[i].fqn, ".", s), DType::kFloat32, shape}, true,
+                        Piece::Source::kState, s, begin, count});
+    }
+  }
+  if (!states.empty()) {
+    for (const UnitParam& p : spec.params) {
+      if (!p.requires_grad) continue;
+      pieces.push_back({{absl::StrCat(p.fqn, ".step"), DType::kFloat32, {}}, true,
+                        Piece::Source::kStep, "", 0, 1});
+    }
+  }
+  return pieces;
+}
+
+// Failpoint for tests: FLATSHARD_FAILPOINT_KILL_IN_SAVE="<substring>:<rank>"
+// SIGKILLs that rank right after it wrote its first tensor into a checkpoint
+// directory containing <substring>: a crash in the middle of a save, without
+// racing a signal against the write.
+void MaybeKillInSave(const std::string& path, int rank) {
+  const char* spec = std::getenv("FLATSHARD_FAILPOINT_KILL_IN_SAVE");
+  if (spec == nullptr) return;
+  const std::string value(spec);
+  const size_t colon = value.rfind(':');
+  if (colon == std::string::npos) return;
+  if (path.find(value.substr(0, colon)) != std::string::npos &&
+      value.substr(colon + 1) == std::to_string(rank)) {
+    std::raise(SIGKILL);
+  }
+}
+
+// Collects a file's write error and keeps going, so a rank whose disk fails
+// still joins every collective of the save and its peers do not hang.
+class TolerantWriter {
+ public:
+  TolerantWriter(const std::string& path, std::vector<SafetensorsSlot> slots,
+                 const std::map<std::string, std::string>& metadata, int rank)
+      : path_(path), name_(std::filesystem::path(path).filename().string()), rank_(rank) {
+    absl::StatusOr<std::unique_ptr<SafetensorsFileWriter>> writer =
+        SafetensorsFileWriter::Create(path, std::move(slots), metadata);
+    if (writer.ok()) {
+      writer_ = *std::move(writer);
+    } else {
+      status_ = writer.status();
+    }
+  }
+  void Append(const std::string& name, std::span<const float> values) {
+    if (status_.ok()) status_ = writer_->Append(name, values);
+    if (!appended_) MaybeKillInSave(path_, rank_);
+    appended_ = true;
+  }
+  absl::StatusOr<CheckpointFile> Finish() {
+    RETURN_IF_ERROR(status_);
+    ASSIGN_OR_RETURN(FileDigest digest, writer_->Finish());
+    return CheckpointFile{name_, rank_, digest.bytes, digest.xxh3};
+  }
+
+ private:
+  std::string path_;
+  std::string name_;
+  int rank_;
+  bool appended_ = false;
+  std::unique_ptr<SafetensorsFileWriter> writer_;
+  absl::Status status_;
+};
+
+}  // namespace
+
+std::string LocalLayoutDigest(const FsdpRuntime& runtime) {
+  std::string text = absl::StrCat("world=", runtime.world_size(), ";");
+  for (const auto& unit : runtime.units()) {
+    const FlatParamLayout& layout = unit->layout();
+    absl::StrAppend(&text, "unit=", unit->config().unit.index, ",", unit->config().unit.module_fqn,
+                    ",S=", layout.sharded_numel(), ",W=", layout.world_size(),
+                    ",shard_rank=", unit->config().shard_rank, ",numels=",
+                    absl::StrJoin(layout.numels_with_padding(), "/"), ",params=");
+    for (const FlatParamEntry& p : layout.params()) {
+      absl::StrAppend(&text, p.fqn, "[", absl::StrJoin(p.shape, "x"), "]");
+    }
+    absl::StrAppend(&text, ";");
+  }
+  return Xxh3Hex(XXH3_64bits(text.data(), text.size()));
+}
+
+absl::StatusOr<ShardSaveResult> SaveShardCheckpoint(FsdpRuntime& runtime, const std::string& dir,
+                                                    v1::StateDictType type) {
+  const int rank = runtime.rank();
+  const int world = runtime.world_size();
+  const auto& units = runtime.units();
+  if (type != v1::FULL_STATE_DICT && !units.empty() && !units.front()->sharded()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        StateDictTypeName(type), " needs a sharded strategy; this job does not shard (use "
+                                 "FULL_STATE_DICT)"));
+  }
+  std::vector<std::vector<Piece>> pieces(units.size());
+  std::vector<SafetensorsSlot> model_slots, optim_slots;
+  for (size_t u = 0; u < units.size(); ++u) {
+    pieces[u] = UnitPieces(*units[u], runtime.optimizer_state(u), type, rank, world);
+    for (const Piece& piece : pieces[u]) {
+      (piece.optim ? optim_slots : model_slots).push_back(piece.slot);
+    }
+  }
+  const bool writes = type != v1::FULL_STATE_DICT || rank == 0;
+  std::map<std::string, std::string> metadata = {
+      {"format", "flatshard"},
+      {"state_dict_type", std::string(StateDictTypeName(type))},
+      {"rank", absl::StrCat(rank)},
+      {"world_size", absl::StrCat(world)}};
+  if (type == v1::LOCAL_STATE_DICT) metadata["layout_digest"] = LocalLayoutDigest(runtime);
+  const bool full = type == v1::FULL_STATE_DICT;
+  std::unique_ptr<TolerantWriter> model, optim;
+  if (writes) {
+    model = std::make_unique<TolerantWriter>(
+        absl::StrCat(dir, "/", full ? std::string(kFullModelFile) : RankFileName("model", rank, world)),
+        std::move(model_slots), metadata, rank);
+    optim = std::make_unique<TolerantWriter>(
+        absl::StrCat(dir, "/", full ? std::string(kFullOptimFile) : RankFileName("optim", rank, world)),
+        std::move(optim_slots), metadata, rank);
+  }
+  auto write = [&](const Piece& piece, std::span<const float> values) {
+    if (writes) (piece.optim ? *optim : *model).Append(piece.slot.name, values);
+  };
+  std::vector<float> gathered;
+  for (size_t u = 0; u < units.size(); ++u) {
+    FlatParamUnit& unit = *units[u];
+    const OptimizerState& optim_state = runtime.optimizer_state(u);
+    const float step = static_cast<float>(optim_state.step());
+    if (type == v1::LOCAL_STATE_DICT) {
+      for (const Piece& piece : pieces[u]) {
+        std::span<const float> values(&step, 1);
+        if (piece.source == Piece::Source::kLocalFlat) values = std::as_const(unit).shard();
+        if (piece.source == Piece::Source::kLocalState) {
+          ASSIGN_OR_RETURN(values, optim_state.State(piece.state));
+        }
+        write(piece, values.subspan(0, static_cast<size_t>(piece.count)));
+      }
+      continue;
+    }
+    // Every rank gathers the parameter and then each state, in torch's order,
+    // whether or not it writes a piece of them (a rank may hold no rows), so
+    // the collectives line up; one gathered value is alive at a time.
+    auto write_gathered = [&](Piece::Source source, const std::string& state) {
+      for (const Piece& piece : pieces[u]) {
+        if (piece.source != source || piece.state != state) continue;
+        write(piece, std::span<const float>(gathered).subspan(static_cast<size_t>(piece.flat_begin),
+                                                              static_cast<size_t>(piece.count)));
+      }
+    };
+    RETURN_IF_ERROR(unit.GatherFullPrecision(gathered));
+    write_gathered(Piece::Source::kParam, "");
+    for (const std::string& state : optim_state.StateNames()) {
+      ASSIGN_OR_RETURN(std::span<const float> shard, optim_state.State(state));
+      RETURN_IF_ERROR(unit.GatherShardValues(shard, gathered));
+      write_gathered(Piece::Source::kState, state);
+    }
+    for (const Piece& piece : pieces[u]) {
+      if (piece.source == Piece::Source::kStep) write(piece, std::span<const float>(&step, 1));
+    }
+  }
+  ShardSaveResult result;
+  if (!writes) return result;
+  for (TolerantWriter* writer : {model.get(), optim.get()}) {
+    absl::StatusOr<CheckpointFile> file = writer->Finish();
+    if (!file.ok()) {
+      if (result.write_status.ok()) result.write_status = file.status();
+      continue;
+    }
+    result.files.push_back(*std::move(file));
+  }
+  return result;
+}
+
+std::string OptimizerName(const OptimizerConfig& optimizer) {
+  switch (optimizer.kind) {
+    case OptimizerConfig::Kind::kSgd:
+      return "sgd";
+    case OptimizerConfig::Kind::kAdam:
+      return "adam";
+    case OptimizerConfig::Kind::kAdamW:
+      return "adamw";
+  }
+  return "unknown";
+}
+
+namespace {
+
+// FlattenParams fills alignment padding with 42 as FSDP does for parameters;
+// optimizer state is flattened with zeros there (flatten_tensors).
+void ZeroPadding(const FlatParamLayout& layout, std::vector<float>& flat) {
+  int64_t offset = 0;
+  for (size_t i = 0; i < layout.numels_with_padding().size(); ++i) {
+    const int64_t n = layout.numels_with_padding()[i];
+    if (layout.is_padding_mask()[i]) {
+      std::fill_n(flat.begin() + offset, n, 0.0f);
+    }
+    offset += n;
+  }
+}
+
+absl::Status StageLocal(FsdpRuntime& runtime, CheckpointReader& reader, StagedCheckpoint& staged) {
+  const CheckpointManifest& m = reader.manifest();
+  const int rank = runtime.rank();
+  auto refuse = [&](absl::string_view why) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint ", reader.dir(), " is a LOCAL_STATE_DICT saved at world size ", m.world_size,
+        " (", m.strategy, "), ", why,
+        ". LOCAL state dicts hold flat shards tied to one layout and world size: load a "
+        "SHARDED or FULL checkpoint instead, or convert this one offline with `flatshard ckpt "
+        "consolidate`"));
+  };
+  if (m.world_size != runtime.world_size()) {
+    return refuse(absl::StrCat("this job has world size ", runtime.world_size()));
+  }
+  ASSIGN_OR_RETURN(SafetensorsReader * model, reader.File(RankFileName("model", rank, m.world_size)));
+  ASSIGN_OR_RETURN(SafetensorsReader * optim, reader.File(RankFileName("optim", rank, m.world_size)));
+  auto digest = model->header().metadata.find("layout_digest");
+  if (digest == model->header().metadata.end() || digest->second != LocalLayoutDigest(runtime)) {
+    return refuse("and this job's flat layout differs (another wrap policy, model, strategy "
+                  "or alignment)");
+  }
+  for (size_t u = 0; u < runtime.units().size(); ++u) {
+    const FlatParamUnit& unit = *runtime.units()[u];
+    const auto s = static_cast<uint64_t>(unit.layout().sharded_numel());
+    const std::string flat = FlatName(unit.config().unit);
+    ASSIGN_OR_RETURN(const SafetensorsEntry* entry, model->Find(flat));
+    ASSIGN_OR_RETURN(staged.shards[u], model->ReadFloats(flat, 0, entry->numel()));
+    if (staged.shards[u].size() > s) {
+      return absl::InvalidArgumentError(absl::StrCat(model->path(), ": '", flat, "' holds ",
+                                                     staged.shards[u].size(),
+                                                     " elements, more than the shard's ", s));
+    }
+    staged.shards[u].resize(s, 0.0f);
+    for (const std::string& state : m.optimizer_states) {
+      const std::string name = absl::StrCat(flat, ".", state);
+      absl::StatusOr<const SafetensorsEntry*> found = optim->Find(name);
+      if (!found.ok()) continue;
+      ASSIGN_OR_RETURN(std::vector<float> values, optim->ReadFloats(name, 0, (*found)->numel()));
+      values.resize(s, 0.0f);
+      staged.states[u][state] = std::move(values);
+    }
+    const std::string step = absl::StrCat(flat, ".step");
+    if (optim->Find(step).ok()) {
+      ASSIGN_OR_RETURN(std::vector<float> value, optim->ReadFloats(step, 0, 1));
+      staged.steps[u] = value[0];
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckSameParams(const FsdpRuntime& runtime, const CheckpointReader& reader) {
+  const CheckpointManifest& m = reader.manifest();
+  std::vector<std::string> missing, mismatched;
+  std::set<std::string> ours;
+  for (const auto& unit : runtime.units()) {
+    for (const UnitParam& p : unit->config().unit.params) {
+      ours.insert(p.fqn);
+      auto it = m.params.find(p.fqn);
+      if (it == m.params.end()) {
+        missing.push_back(p.fqn);
+      } else if (it->second.shape != p.shape) {
+        mismatched.push_back(absl::StrCat(p.fqn, " [", absl::StrJoin(it->second.shape, ", "),
+                                          "] vs [", absl::StrJoin(p.shape, ", "), "]"));
+      }
+    }
+  }
+  std::vector<std::string> unexpected;
+  for (const auto& [fqn, info] : m.params) {
+    if (!ours.contains(fqn)) unexpected.push_back(fqn);
+  }
+  if (missing.empty() && unexpected.empty() && mismatched.empty()) return absl::OkStatus();
+  std::string why;
+  if (!missing.empty()) absl::StrAppend(&why, "; missing ", absl::StrJoin(missing, ", "));
+  if (!unexpected.empty()) absl::StrAppend(&why, "; unexpected ", absl::StrJoin(unexpected, ", "));
+  if (!mismatched.empty()) {
+    absl::StrAppend(&why, "; shape differs for ", absl::StrJoin(mismatched, ", "));
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat("checkpoint ", reader.dir(), " does not fit this model", why));
+}
+
+absl::Status StageTensors(FsdpRuntime& runtime, CheckpointReader& reader, StagedCheckpoint& staged) {
+  RETURN_IF_ERROR(CheckSameParams(runtime, reader));
+  const CheckpointManifest& m = reader.manifest();
+  for (size_t u = 0; u < runtime.units().size(); ++u) {
+    const FlatParamUnit& unit = *runtime.units()[u];
+    const Unit& spec = unit.config().unit;
+    const FlatParamLayout& layout = unit.layout();
+    const auto n = static_cast<size_t>(layout.unpadded_unsharded_numel());
+    const auto s = static_cast<size_t>(layout.sharded_numel());
+    // Flatten-and-shard (reference §6.4): full values, this job's flat layout,
+    // this rank's shard of it.
+    auto flatten_and_shard = [&](const std::vector<std::vector<float>>& values, bool zero_padding,
+                                 std::vector<float>& shard) -> absl::Status {
+      std::vector<std::span<const std::byte>> spans;
+      for (const auto& v : values) spans.push_back(std::as_bytes(std::span(v)));
+      std::vector<float> flat(n);
+      RETURN_IF_ERROR(
+          FlattenParams(layout, DType::kFloat32, spans, std::as_writable_bytes(std::span(flat))));
+      if (zero_padding) ZeroPadding(layout, flat);
+      shard.assign(s, 0.0f);
+      return unit.ShardOf(flat, shard);
+    };
+    std::vector<std::vector<float>> values(spec.params.size());
+    for (size_t i = 0; i < spec.params.size(); ++i) {
+      ASSIGN_OR_RETURN(values[i], reader.ReadFull("model", spec.params[i].fqn, spec.params[i].shape));
+    }
+    RETURN_IF_ERROR(flatten_and_shard(values, false, staged.shards[u]));
+    for (const std::string& state : m.optimizer_states) {
+      bool any = false;
+      for (size_t i = 0; i < spec.params.size(); ++i) {
+        // Zeros stand for "no state", which is what torch's Adam and SGD
+        // momentum start from (reference §6.4).
+        values[i].assign(static_cast<size_t>(spec.params[i].numel), 0.0f);
+        if (!spec.params[i].requires_grad) continue;
+        absl::StatusOr<std::vector<float>> v = reader.ReadFull(
+            "optim", absl::StrCat(spec.params[i].fqn, ".", state), spec.params[i].shape);
+        if (absl::IsNotFound(v.status())) continue;
+        if (!v.ok()) return v.status();
+        values[i] = *std::move(v);
+        any = true;
+      }
+      if (any) RETURN_IF_ERROR(flatten_and_shard(values, true, staged.states[u][state]));
+    }
+    for (const UnitParam& p : spec.params) {
+      absl::StatusOr<std::vector<float>> step = reader.ReadFull("optim", absl::StrCat(p.fqn, ".step"), {});
+      if (absl::IsNotFound(step.status())) continue;
+      if (!step.ok()) return step.status();
+      staged.steps[u] = (*step)[0];
+      break;
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<StagedCheckpoint> StageShardCheckpoint(FsdpRuntime& runtime,
+                                                      const std::string& dir) {
+  ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader, CheckpointReader::Open(dir));
+  const CheckpointManifest& m = reader->manifest();
+  const std::string ours = OptimizerName(runtime.options().optimizer);
+  if (!m.optimizer_states.empty() && m.optimizer != ours) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("checkpoint ", dir, " holds ", m.optimizer, " optimizer state (",
+                     absl::StrJoin(m.optimizer_states, ", "), "); this job's optimizer is ", ours));
+  }
+  StagedCheckpoint staged;
+  staged.manifest = m;
+  const size_t units = runtime.units().size();
+  staged.shards.resize(units);
+  staged.states.resize(units);
+  staged.steps.resize(units);
+  if (m.state_dict_type == v1::LOCAL_STATE_DICT) {
+    RETURN_IF_ERROR(StageLocal(runtime, *reader, staged));
+  } else {
+    RETURN_IF_ERROR(StageTensors(runtime, *reader, staged));
+  }
+  return staged;
+}
+
+absl::Status ApplyStagedCheckpoint(FsdpRuntime& runtime, StagedCheckpoint staged) {
+  std::vector<v1::Command> reshard(runtime.units().size());
+  for (size_t u = 0; u < reshard.size(); ++u) {
+    reshard[u].mutable_reshard()->set_unit(static_cast<int>(u));
+  }
+  RETURN_IF_ERROR(runtime.RunControl(reshard));
+  for (size_t u = 0; u < runtime.units().size(); ++u) {
+    std::span<float> shard = runtime.units()[u]->shard();
+    if (staged.shards[u].size() != shard.size()) {
+      return absl::InternalError(absl::StrCat("staged shard of unit ", u, " has ",
+                                              staged.shards[u].size(), " elements, not ",
+                                              shard.size()));
+    }
+    std::copy(staged.shards[u].begin(), staged.shards[u].end(), shard.begin());
+    OptimizerState& optim = runtime.optimizer_state(u);
+    optim.Reset();
+    for (const auto& [name, values] : staged.states[u]) RETURN_IF_ERROR(optim.SetState(name, values));
+    if (staged.steps[u].has_value()) optim.set_step(*staged.steps[u]);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace flatshard

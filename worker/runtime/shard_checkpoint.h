@@ -1,0 +1,72 @@
+// One rank's part of saving and loading a checkpoint (DESIGN.md §6; reference
+// §5.2–5.4, §6.3–6.4). Every rank calls these together: FULL and SHARDED saves
+// all-gather unit by unit, so no rank ever holds more than one extra unit
+// unsharded, and write as they go.
+//   FULL     rank 0 writes model.safetensors (every FQN, tied aliases included)
+//            and optim.safetensors (<fqn>.<state>, <fqn>.step);
+//   SHARDED  rank r writes model-rank<r>-of-<W> and optim-rank<r>-of-<W> with
+//            rows ChunkOf(dim0, W, r) of every parameter and state;
+//   LOCAL    rank r writes its flat shards as they are (<unit>._flat_param,
+//            unpadded) with the layout's digest in the file's metadata.
+// Loading reads FULL or SHARDED tensors at any world size and wrap policy
+// (re-flattened with this job's layout, §6.4's flatten-and-shard path);
+// LOCAL only into the identical layout and world size.
+#ifndef FLATSHARD_WORKER_RUNTIME_SHARD_CHECKPOINT_H_
+#define FLATSHARD_WORKER_RUNTIME_SHARD_CHECKPOINT_H_
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+#include "core/checkpoint_manifest.h"
+#include "worker/runtime/fsdp_runtime.h"
+
+namespace flatshard {
+
+struct ShardSaveResult {
+  std::vector<CheckpointFile> files;  // sizes and checksums; none for ranks that write nothing
+  // A file that could not be written. The rank still took part in every
+  // collective, so the job stays usable; only this checkpoint fails.
+  absl::Status write_status;
+};
+
+// Writes this rank's files into the existing directory `dir`. An error status
+// means a collective failed (the runtime is then unusable).
+absl::StatusOr<ShardSaveResult> SaveShardCheckpoint(FsdpRuntime& runtime, const std::string& dir,
+                                                    v1::StateDictType type);
+
+// A checkpoint read and validated into memory, ready to replace the runtime's
+// shards: loading is staged on every rank first and applied only when all
+// ranks staged, so a bad file on one rank leaves every rank's state untouched.
+struct StagedCheckpoint {
+  CheckpointManifest manifest;
+  std::vector<std::vector<float>> shards;  // per unit, S elements
+  // Per unit: state name -> S elements, and the optimizer step.
+  std::vector<std::map<std::string, std::vector<float>>> states;
+  std::vector<std::optional<float>> steps;
+};
+
+// Reads this rank's part of the committed checkpoint in `dir` (no
+// collectives). FAILED_PRECONDITION when it cannot be loaded into this job
+// (LOCAL at another layout, another optimizer, other parameters), DATA_LOSS
+// or INVALID_ARGUMENT naming the file when a file is damaged.
+absl::StatusOr<StagedCheckpoint> StageShardCheckpoint(FsdpRuntime& runtime,
+                                                      const std::string& dir);
+
+// Replaces the shards and optimizer state with a staged checkpoint (reshards
+// any unit left unsharded first, so no stale view survives).
+absl::Status ApplyStagedCheckpoint(FsdpRuntime& runtime, StagedCheckpoint staged);
+
+// The manifest name of the job's optimizer ("sgd", "adam", "adamw").
+std::string OptimizerName(const OptimizerConfig& optimizer);
+
+// The digest of a runtime's flat layouts (units, params, padding, shard size,
+// world size), which LOCAL files record and loading compares.
+std::string LocalLayoutDigest(const FsdpRuntime& runtime);
+
+}  // namespace flatshard
+
+#endif  // FLATSHARD_WORKER_RUNTIME_SHARD_CHECKPOINT_H_
