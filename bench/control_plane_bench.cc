@@ -78,6 +78,9 @@ class SimulatedWorker final : public WorkerClient {
   absl::StatusOr<v1::GetStatusResponse> GetStatus(absl::Time) override {
     return v1::GetStatusResponse();
   }
+  absl::StatusOr<v1::CommandResult> AwaitSave(const std::string&, absl::Time) override {
+    return absl::UnimplementedError("fake worker");
+  }
   absl::Status Summon(const v1::CommandBatch&, absl::Time, const ChunkSink&) override {
     return absl::OkStatus();
   }

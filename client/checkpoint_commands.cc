@@ -34,6 +34,9 @@ void CheckpointCommands::Add(CLI::App& app) {
   save_ = ckpt->add_subcommand(
       "save", "Save a checkpoint now (between two steps if another client is training)");
   save_->add_option("--name,-n", name_, "Checkpoint name (default: step-<step>)");
+  save_->add_flag("--async", async_,
+                  "Snapshot to host memory and let training go on while the files are "
+                  "written (returns when committed)");
   save_->add_option("--type,-t", type_,
                     "full, sharded or local (default: the job's state_dict_settings)");
   load_ = ckpt->add_subcommand(
@@ -86,13 +89,19 @@ int CheckpointCommands::Save(std::ostream& out, std::ostream& err) {
   v1::SaveCheckpointRequest request;
   request.set_job(job_);
   request.set_name(name_);
+  request.set_async_save(async_);
   if (!type_.empty()) {
     absl::StatusOr<v1::StateDictType> type = ParseStateDictType(type_);
     if (!type.ok()) return ReportError("ckpt save --type", type.status(), err);
     request.mutable_settings()->set_state_dict_type(*type);
   }
   FlatshardClient client(coordinator_);
-  absl::StatusOr<v1::CheckpointProgress> done = client.SaveCheckpoint(request);
+  absl::StatusOr<v1::CheckpointProgress> done =
+      client.SaveCheckpoint(request, [&](const v1::CheckpointProgress& progress) {
+        if (!progress.done() && !json_) {
+          out << "snapshot taken; training goes on while the files are written" << std::endl;
+        }
+      });
   if (!done.ok()) return ReportError("ckpt save", done.status(), err);
   if (json_) {
     out << MessageToJson(*done) << "\n";

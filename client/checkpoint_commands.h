@@ -35,6 +35,7 @@ class CheckpointCommands {
   std::string path_;
   std::string out_path_;
   int world_size_ = 0;
+  bool async_ = false;
 
   CLI::App* save_ = nullptr;
   CLI::App* load_ = nullptr;

@@ -169,10 +169,12 @@ absl::StatusOr<v1::StateDictSettings> FlatshardClient::SetStateDictSettings(
 namespace {
 
 absl::StatusOr<v1::CheckpointProgress> LastProgress(
-    grpc::ClientReader<v1::CheckpointProgress>& reader) {
+    grpc::ClientReader<v1::CheckpointProgress>& reader,
+    const std::function<void(const v1::CheckpointProgress&)>& on_progress = {}) {
   v1::CheckpointProgress progress, last;
   bool any = false;
   while (reader.Read(&progress)) {
+    if (on_progress) on_progress(progress);
     last = progress;
     any = true;
   }
@@ -183,11 +185,12 @@ absl::StatusOr<v1::CheckpointProgress> LastProgress(
 }  // namespace
 
 absl::StatusOr<v1::CheckpointProgress> FlatshardClient::SaveCheckpoint(
-    const v1::SaveCheckpointRequest& request) {
+    const v1::SaveCheckpointRequest& request,
+    const std::function<void(const v1::CheckpointProgress&)>& on_progress) {
   grpc::ClientContext context;
   std::unique_ptr<grpc::ClientReader<v1::CheckpointProgress>> reader =
       stub_->SaveCheckpoint(&context, request);
-  absl::StatusOr<v1::CheckpointProgress> last = LastProgress(*reader);
+  absl::StatusOr<v1::CheckpointProgress> last = LastProgress(*reader, on_progress);
   grpc::Status status = reader->Finish();
   if (!status.ok()) return Error(status);
   return last;

@@ -42,7 +42,10 @@ class FlatshardClient {
   absl::StatusOr<v1::StateDictSettings> SetStateDictSettings(const std::string& job,
                                                              const v1::StateDictSettings& settings);
   // Checkpoints: the final progress message of a save or load.
-  absl::StatusOr<v1::CheckpointProgress> SaveCheckpoint(const v1::SaveCheckpointRequest& request);
+  // `on_progress` sees every message (an async save's snapshot first).
+  absl::StatusOr<v1::CheckpointProgress> SaveCheckpoint(
+      const v1::SaveCheckpointRequest& request,
+      const std::function<void(const v1::CheckpointProgress&)>& on_progress = {});
   absl::StatusOr<v1::CheckpointProgress> LoadCheckpoint(const std::string& job,
                                                         const std::string& name);
   absl::StatusOr<std::vector<v1::CheckpointInfo>> ListCheckpoints(const std::string& job);

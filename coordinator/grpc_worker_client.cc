@@ -102,6 +102,17 @@ absl::StatusOr<v1::GetStatusResponse> GrpcWorkerClient::GetStatus(absl::Time dea
   return response;
 }
 
+absl::StatusOr<v1::CommandResult> GrpcWorkerClient::AwaitSave(const std::string& directory,
+                                                              absl::Time deadline) {
+  BlockingCall call(mu_, blocking_, deadline);
+  v1::AwaitSaveRequest request;
+  request.set_directory(directory);
+  v1::CommandResult response;
+  grpc::Status status = stub_->AwaitSave(call.context(), request, &response);
+  if (!status.ok()) return FromGrpcStatus(status);
+  return response;
+}
+
 absl::Status GrpcWorkerClient::Summon(const v1::CommandBatch& batch, absl::Time deadline,
                                       const ChunkSink& sink) {
   BlockingCall call(mu_, blocking_, deadline);

@@ -26,6 +26,8 @@ class GrpcWorkerClient final : public WorkerClient {
   absl::Status Configure(const v1::ConfigureRequest& request, absl::Time deadline) override;
   absl::Status Abort(const std::string& reason, absl::Time deadline) override;
   absl::StatusOr<v1::GetStatusResponse> GetStatus(absl::Time deadline) override;
+  absl::StatusOr<v1::CommandResult> AwaitSave(const std::string& directory,
+                                              absl::Time deadline) override;
   absl::Status Summon(const v1::CommandBatch& batch, absl::Time deadline,
                       const ChunkSink& sink) override;
   std::string address() const override { return address_; }

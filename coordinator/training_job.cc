@@ -32,7 +32,9 @@ TrainingJob::TrainingJob(const v1::JobSpec& spec, JobConfig config, ModelIndex i
       states_(config_.name),
       catalog_(options_.checkpoint_root, config_.name) {}
 
-TrainingJob::~TrainingJob() = default;
+TrainingJob::~TrainingJob() {
+  if (committer_.joinable()) committer_.join();
+}
 
 v1::Job TrainingJob::ToProto() const {
   v1::Job job;

@@ -11,8 +11,10 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <future>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -67,9 +69,13 @@ class TrainingJob {
   // Saves checkpoint `name` ("" names it step-<step>) with `settings` (unset:
   // the job's). While Train runs, the save runs between two of its steps and
   // this call waits for it, so a second client can checkpoint a job that
-  // another client is training.
+  // another client is training. With `async_save` the ranks only snapshot
+  // their files to host memory before training may go on (`on_snapshot` is
+  // called then); the files are written and the checkpoint committed in the
+  // background, and this call returns when it is committed.
   absl::StatusOr<v1::CheckpointInfo> SaveCheckpoint(
-      const std::string& name, const std::optional<v1::StateDictSettings>& settings);
+      const std::string& name, const std::optional<v1::StateDictSettings>& settings,
+      bool async_save = false, const std::function<void()>& on_snapshot = {});
   // Loads a committed checkpoint ("latest" resolves the pointer): every rank
   // stages it (reads and validates, changing nothing), and only when all did
   // is it applied; training then resumes at its step and data position.
@@ -99,8 +105,16 @@ class TrainingJob {
   // Checkpoints (training_job_checkpoints.cc).
   struct PendingSave;
   v1::StateDictType ResolveStateDictType(const std::optional<v1::StateDictSettings>& settings) const;
+  using SaveFuture = std::shared_future<absl::StatusOr<v1::CheckpointInfo>>;
+  // Runs a save's collectives now (the operation slot is held). Synchronous:
+  // also writes and commits; the future is ready. Async: the ranks snapshot,
+  // and the background committer awaits their writes and commits.
+  SaveFuture StartSave(const std::string& name, v1::StateDictType type, bool scheduled,
+                       bool async_save);
   absl::StatusOr<v1::CheckpointInfo> SaveNow(const std::string& name, v1::StateDictType type,
-                                             bool scheduled = false);
+                                             bool scheduled = false) {
+    return StartSave(name, type, scheduled, false).get();
+  }
   // Runs a checkpoint batch; per-rank checkpoint errors come back as a status
   // naming the rank, a failed batch also fails the job.
   absl::StatusOr<std::vector<v1::CommandResult>> RunCheckpointBatch(const v1::Command& command);
@@ -110,8 +124,9 @@ class TrainingJob {
   // themselves.
   void RunPendingSaves(const absl::Status& refuse, bool last);
   absl::Status MaybeScheduledSave();
-  CheckpointManifest BuildManifest(const std::string& name, v1::StateDictType type, bool scheduled,
-                                   const std::vector<v1::CommandResult>& results) const;
+  // Everything but the files, as the job stands now.
+  CheckpointManifest BuildManifest(const std::string& name, v1::StateDictType type,
+                                   bool scheduled) const;
   CommandSequencer* sequencer() const;
 
   v1::JobSpec spec_;
@@ -134,6 +149,9 @@ class TrainingJob {
   std::vector<std::shared_ptr<PendingSave>> pending_saves_;
 
   CheckpointCatalog catalog_;
+  // The async save being written and committed; joined (under the operation
+  // slot) before the next save starts, so one snapshot is in memory at a time.
+  std::thread committer_;
 };
 
 }  // namespace flatshard

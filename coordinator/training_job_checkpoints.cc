@@ -1,5 +1,6 @@
 // TrainingJob's checkpoint operations (DESIGN.md §6): the coordinator's half
 // of the two-phase commit, checkpoints requested during Train, and loading.
+#include <chrono>
 #include <future>
 
 #include "absl/strings/str_cat.h"
@@ -14,8 +15,21 @@ namespace flatshard {
 struct TrainingJob::PendingSave {
   std::string name;
   v1::StateDictType type;
-  std::promise<absl::StatusOr<v1::CheckpointInfo>> done;
+  bool async_save = false;
+  // Set once the save's collectives ran (between two steps).
+  std::promise<SaveFuture> started;
 };
+
+namespace {
+
+std::shared_future<absl::StatusOr<v1::CheckpointInfo>> Ready(
+    absl::StatusOr<v1::CheckpointInfo> result) {
+  std::promise<absl::StatusOr<v1::CheckpointInfo>> promise;
+  promise.set_value(std::move(result));
+  return promise.get_future().share();
+}
+
+}  // namespace
 
 v1::StateDictType TrainingJob::ResolveStateDictType(
     const std::optional<v1::StateDictSettings>& settings) const {
@@ -37,13 +51,15 @@ v1::StateDictType TrainingJob::ResolveStateDictType(
 }
 
 absl::StatusOr<v1::CheckpointInfo> TrainingJob::SaveCheckpoint(
-    const std::string& requested, const std::optional<v1::StateDictSettings>& settings) {
+    const std::string& requested, const std::optional<v1::StateDictSettings>& settings,
+    bool async_save, const std::function<void()>& on_snapshot) {
   if (settings.has_value() && !v1::StateDictType_IsValid(settings->state_dict_type())) {
     return absl::InvalidArgumentError(absl::StrCat("settings.state_dict_type has unknown value ",
                                                    settings->state_dict_type()));
   }
   if (!requested.empty()) RETURN_IF_ERROR(ValidateCheckpointName(requested));
   const v1::StateDictType type = ResolveStateDictType(settings);
+  SaveFuture done;
   absl::StatusOr<std::unique_lock<std::mutex>> op = BeginOperation("save a checkpoint");
   if (op.ok()) {
     std::string name = requested;
@@ -51,20 +67,29 @@ absl::StatusOr<v1::CheckpointInfo> TrainingJob::SaveCheckpoint(
       std::lock_guard<std::mutex> lock(mu_);
       name = absl::StrFormat("step-%08d", step_);
     }
-    return SaveNow(name, type);
+    done = StartSave(name, type, /*scheduled=*/false, async_save);
+    op->unlock();  // an async save's writing and commit need no operation slot
+  } else {
+    std::future<SaveFuture> started;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!training_) return op.status();
+      auto pending = std::make_shared<PendingSave>();
+      pending->name = requested;
+      pending->type = type;
+      pending->async_save = async_save;
+      started = pending->started.get_future();
+      pending_saves_.push_back(std::move(pending));
+    }
+    spdlog::info("job {}: checkpoint requested during training; it runs after the current step",
+                 name());
+    done = started.get();
   }
-  std::future<absl::StatusOr<v1::CheckpointInfo>> done;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!training_) return op.status();
-    auto pending = std::make_shared<PendingSave>();
-    pending->name = requested;
-    pending->type = type;
-    done = pending->done.get_future();
-    pending_saves_.push_back(std::move(pending));
+  if (async_save && on_snapshot) {
+    const bool failed_early =
+        done.wait_for(std::chrono::seconds(0)) == std::future_status::ready && !done.get().ok();
+    if (!failed_early) on_snapshot();
   }
-  spdlog::info("job {}: checkpoint requested during training; it runs after the current step",
-               name());
   return done.get();
 }
 
@@ -82,10 +107,11 @@ void TrainingJob::RunPendingSaves(const absl::Status& refuse, bool last) {
       if (next->name.empty()) next->name = absl::StrFormat("step-%08d", step_);
     }
     if (!refuse.ok()) {
-      next->done.set_value(refuse);
+      next->started.set_value(Ready(refuse));
       continue;
     }
-    next->done.set_value(SaveNow(next->name, next->type));
+    next->started.set_value(StartSave(next->name, next->type, /*scheduled=*/false,
+                                      next->async_save));
   }
 }
 
@@ -101,7 +127,15 @@ absl::Status TrainingJob::MaybeScheduledSave() {
   if (catalog_.Read(name).ok()) return absl::OkStatus();  // already taken on demand
   std::optional<v1::StateDictSettings> settings;
   if (schedule.has_settings()) settings = schedule.settings();
-  return SaveNow(name, ResolveStateDictType(settings), /*scheduled=*/true).status();
+  if (!schedule.async_save()) {
+    return SaveNow(name, ResolveStateDictType(settings), /*scheduled=*/true).status();
+  }
+  // Training goes on while the files are written; the committer logs failures.
+  SaveFuture started = StartSave(name, ResolveStateDictType(settings), /*scheduled=*/true, true);
+  if (started.wait_for(std::chrono::seconds(0)) == std::future_status::ready) {
+    return started.get().status();  // the snapshot itself failed
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::vector<v1::CommandResult>> TrainingJob::RunCheckpointBatch(
@@ -125,8 +159,7 @@ absl::StatusOr<std::vector<v1::CommandResult>> TrainingJob::RunCheckpointBatch(
 }
 
 CheckpointManifest TrainingJob::BuildManifest(const std::string& name, v1::StateDictType type,
-                                              bool scheduled,
-                                              const std::vector<v1::CommandResult>& results) const {
+                                              bool scheduled) const {
   CheckpointManifest m;
   m.name = name;
   m.job = config_.name;
@@ -162,39 +195,85 @@ CheckpointManifest TrainingJob::BuildManifest(const std::string& name, v1::State
   m.init_seed = config_.seed;
   m.created_unix_micros = absl::ToUnixMicros(absl::Now());
   m.scheduled = scheduled;
-  for (const v1::CommandResult& r : results) {
-    for (const v1::CheckpointFileInfo& f : r.files()) {
-      m.files.push_back({f.name(), f.rank(), static_cast<uint64_t>(f.bytes()), f.xxh3()});
-    }
-  }
   return m;
 }
 
-absl::StatusOr<v1::CheckpointInfo> TrainingJob::SaveNow(const std::string& name,
-                                                        v1::StateDictType type, bool scheduled) {
+TrainingJob::SaveFuture TrainingJob::StartSave(const std::string& name, v1::StateDictType type,
+                                               bool scheduled, bool async_save) {
+  if (committer_.joinable()) committer_.join();  // one save's snapshot in memory at a time
   const absl::Time start = absl::Now();
-  RETURN_IF_ERROR(catalog_.BeginSave(name));
+  if (absl::Status begun = catalog_.BeginSave(name); !begun.ok()) return Ready(begun);
   v1::Command command;
   command.mutable_save_shard()->set_directory(catalog_.RelativePartialDir(name));
   command.mutable_save_shard()->mutable_settings()->set_state_dict_type(type);
+  command.mutable_save_shard()->set_async_save(async_save);
+  // The manifest describes the state at this point, whenever it is written.
+  CheckpointManifest manifest = BuildManifest(name, type, scheduled);
   absl::StatusOr<std::vector<v1::CommandResult>> results = RunCheckpointBatch(command);
   if (!results.ok()) {
     catalog_.AbandonSave(name);
-    return absl::Status(results.status().code(),
-                        absl::StrCat("checkpoint '", name, "' was not saved: ",
-                                     results.status().message()));
+    return Ready(absl::Status(results.status().code(),
+                              absl::StrCat("checkpoint '", name, "' was not saved: ",
+                                           results.status().message())));
   }
-  absl::StatusOr<v1::CheckpointInfo> info =
-      catalog_.Commit(BuildManifest(name, type, scheduled, *results),
-                      spec_.checkpoints().keep_last());
-  if (!info.ok()) {
-    catalog_.AbandonSave(name);
-    return info.status();
+  const int keep_last = spec_.checkpoints().keep_last();
+  auto commit = [this, name, type, start, keep_last](
+                    CheckpointManifest m, const std::vector<v1::CommandResult>& written)
+      -> absl::StatusOr<v1::CheckpointInfo> {
+    for (const v1::CommandResult& r : written) {
+      for (const v1::CheckpointFileInfo& f : r.files()) {
+        m.files.push_back({f.name(), f.rank(), static_cast<uint64_t>(f.bytes()), f.xxh3()});
+      }
+    }
+    absl::StatusOr<v1::CheckpointInfo> info = catalog_.Commit(m, keep_last);
+    if (!info.ok()) {
+      catalog_.AbandonSave(name);
+      return info.status();
+    }
+    spdlog::info("job {}: saved checkpoint {} ({}, step {}, {} bytes) in {}", config_.name, name,
+                 std::string(StateDictTypeName(type)), info->step(), info->bytes(),
+                 absl::FormatDuration(absl::Now() - start));
+    return info;
+  };
+  if (!async_save) return Ready(commit(std::move(manifest), *results));
+
+  std::vector<WorkerClient*> workers;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& client : clients_) workers.push_back(client.get());
   }
-  spdlog::info("job {}: saved checkpoint {} ({}, step {}, {} bytes) in {}", config_.name, name,
-               std::string(StateDictTypeName(type)), info->step(), info->bytes(),
-               absl::FormatDuration(absl::Now() - start));
-  return info;
+  auto promise = std::make_shared<std::promise<absl::StatusOr<v1::CheckpointInfo>>>();
+  SaveFuture done = promise->get_future().share();
+  const std::string directory = catalog_.RelativePartialDir(name);
+  const absl::Duration timeout = options_.batch_timeout;
+  committer_ = std::thread([this, promise, workers, directory, timeout, name,
+                            manifest = std::move(manifest), commit]() mutable {
+    std::vector<v1::CommandResult> written;
+    absl::Status failed;
+    for (size_t r = 0; r < workers.size() && failed.ok(); ++r) {
+      absl::StatusOr<v1::CommandResult> result =
+          workers[r]->AwaitSave(directory, absl::Now() + timeout);
+      if (!result.ok()) {
+        failed = absl::Status(result.status().code(),
+                              absl::StrCat("rank ", r, ": ", result.status().message()));
+      } else if (result->error_code() != 0) {
+        failed = absl::Status(static_cast<absl::StatusCode>(result->error_code()),
+                              absl::StrCat("rank ", r, ": ", result->error()));
+      } else {
+        written.push_back(*std::move(result));
+      }
+    }
+    if (!failed.ok()) {
+      catalog_.AbandonSave(name);
+      spdlog::error("job {}: async checkpoint {} failed: {}", config_.name, name,
+                    std::string(failed.message()));
+      promise->set_value(absl::Status(
+          failed.code(), absl::StrCat("checkpoint '", name, "' was not saved: ", failed.message())));
+      return;
+    }
+    promise->set_value(commit(std::move(manifest), written));
+  });
+  return done;
 }
 
 absl::StatusOr<v1::CheckpointInfo> TrainingJob::LoadCheckpoint(const std::string& name) {

@@ -36,6 +36,9 @@ class WorkerClient {
   // Runs a summon batch; each chunk the worker streams goes to `sink`.
   virtual absl::Status Summon(const v1::CommandBatch& batch, absl::Time deadline,
                               const ChunkSink& sink) = 0;
+  // Waits for the background write of an async save into `directory`.
+  virtual absl::StatusOr<v1::CommandResult> AwaitSave(const std::string& directory,
+                                                      absl::Time deadline) = 0;
 
   virtual std::string address() const = 0;
 };

@@ -173,14 +173,16 @@ grpc::Status JobServiceImpl::SaveCheckpoint(grpc::ServerContext*,
                                             grpc::ServerWriter<v1::CheckpointProgress>* writer) {
   absl::StatusOr<std::shared_ptr<TrainingJob>> job = coordinator_->FindJob(request->job());
   if (!job.ok()) return ToGrpcStatus(job.status());
-  if (request->async_save()) {
-    return ToGrpcStatus(absl::UnimplementedError(
-        "async_save is not available yet: saves are synchronous (the job pauses between "
-        "steps while the files are written)"));
-  }
   std::optional<v1::StateDictSettings> settings;
   if (request->has_settings()) settings = request->settings();
-  absl::StatusOr<v1::CheckpointInfo> info = (*job)->SaveCheckpoint(request->name(), settings);
+  absl::StatusOr<v1::CheckpointInfo> info = (*job)->SaveCheckpoint(
+      request->name(), settings, request->async_save(), [&] {
+        // Training may go on now; the files are being written in the background.
+        v1::CheckpointProgress snapshot;
+        snapshot.set_name(request->name());
+        snapshot.set_done(false);
+        writer->Write(snapshot);
+      });
   if (!info.ok()) return ToGrpcStatus(info.status());
   writer->Write(Progress(*info, absl::StrCat((*job)->checkpoints().job_dir(), "/", info->name(),
                                              "/", kManifestFileName)));

@@ -90,12 +90,16 @@ std::vector<v1::StepResult> Train(FlatshardClient& client, int64_t steps) {
 }
 
 absl::StatusOr<v1::CheckpointProgress> Save(FlatshardClient& client, const std::string& name,
-                                            v1::StateDictType type) {
+                                            v1::StateDictType type, bool async_save = false,
+                                            int* progress_messages = nullptr) {
   v1::SaveCheckpointRequest request;
   request.set_job(kJob);
   request.set_name(name);
+  request.set_async_save(async_save);
   request.mutable_settings()->set_state_dict_type(type);
-  return client.SaveCheckpoint(request);
+  return client.SaveCheckpoint(request, [&](const v1::CheckpointProgress&) {
+    if (progress_messages != nullptr) ++*progress_messages;
+  });
 }
 
 std::map<std::string, SafetensorsTensor> ReadTensors(const std::string& path) {
@@ -178,7 +182,10 @@ TEST(CheckpointTest, ShardedReloadsAtOtherWorldSizesBitForBitAndLocalDoesNot) {
 }
 
 // Issue #5: train 10, checkpoint, train 10 more; a fresh cluster that loads
-// the checkpoint and trains 10 gives identical losses (fp32).
+// the checkpoint and trains 10 gives identical losses (fp32). The checkpoint
+// is async and the 10 more steps start as soon as its snapshot is taken, so
+// this also shows the snapshot is the state at step 10, untouched by the
+// training that ran while it was written.
 TEST(CheckpointTest, ResumeContinuesTrainingExactly) {
   const std::string root = testing::MakeTempDir("ckpt-resume") + "/checkpoints";
   std::vector<v1::StepResult> expected;
@@ -186,8 +193,28 @@ TEST(CheckpointTest, ResumeContinuesTrainingExactly) {
     auto first = Start(Spec(4, true), root);
     ASSERT_NE(first, nullptr);
     Train(*first->client, 10);
-    ASSERT_TRUE(Save(*first->client, "", v1::SHARDED_STATE_DICT).ok());  // named step-00000010
-    expected = Train(*first->client, 10);
+    std::promise<void> snapshot_taken;
+    bool released = false;
+    std::thread trainer([&] {
+      snapshot_taken.get_future().wait();
+      FlatshardClient other(first->processes->address());
+      expected = Train(other, 10);
+    });
+    v1::SaveCheckpointRequest request;
+    request.set_job(kJob);  // unnamed: step-00000010
+    request.set_async_save(true);
+    request.mutable_settings()->set_state_dict_type(v1::SHARDED_STATE_DICT);
+    absl::StatusOr<v1::CheckpointProgress> saved =
+        first->client->SaveCheckpoint(request, [&](const v1::CheckpointProgress& p) {
+          if (!p.done() && !released) {
+            released = true;
+            snapshot_taken.set_value();
+          }
+        });
+    if (!released) snapshot_taken.set_value();  // the save failed: let the trainer finish
+    trainer.join();
+    ASSERT_TRUE(saved.ok()) << saved.status();
+    ASSERT_EQ(expected.size(), 10u);
   }
   auto second = Start(Spec(4, true), root);
   ASSERT_NE(second, nullptr);
@@ -313,8 +340,18 @@ TEST(CheckpointTest, CheckpointsDuringTrainingOnDemandAndOnSchedule) {
   first_step.get_future().wait();
   FlatshardClient second(cluster->processes->address());
   absl::StatusOr<v1::CheckpointProgress> during = Save(second, "during", v1::FULL_STATE_DICT);
+  int async_messages = 0;
+  absl::StatusOr<v1::CheckpointProgress> async_during =
+      Save(second, "async-during", v1::SHARDED_STATE_DICT, /*async_save=*/true, &async_messages);
   trainer.join();
   ASSERT_TRUE(during.ok()) << during.status();
+  ASSERT_TRUE(async_during.ok()) << async_during.status();
+  EXPECT_EQ(async_messages, 2);  // the snapshot, then the commit
+  EXPECT_TRUE(async_during->done());
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> async_saved =
+      CheckpointReader::Open(Dir(root, "async-during"));
+  ASSERT_TRUE(async_saved.ok()) << async_saved.status();
+  EXPECT_TRUE((*async_saved)->VerifyAll().ok());
   ASSERT_EQ(steps.size(), 12u);
   for (size_t i = 0; i < steps.size(); ++i) EXPECT_EQ(steps[i].step(), static_cast<int64_t>(i + 1));
   absl::StatusOr<std::unique_ptr<CheckpointReader>> saved =
@@ -330,12 +367,14 @@ TEST(CheckpointTest, CheckpointsDuringTrainingOnDemandAndOnSchedule) {
   std::vector<std::string> names;
   for (const auto& info : *all) names.push_back(info.name());
   std::sort(names.begin(), names.end());  // "during" may land anywhere in time
-  ASSERT_EQ(names, (std::vector<std::string>{"during", "step-00000008", "step-00000012"}))
+  ASSERT_EQ(names, (std::vector<std::string>{"async-during", "during", "step-00000008",
+                                             "step-00000012"}))
       << absl::StrJoin(names, ",");
   for (const auto& info : *all) {
     EXPECT_EQ(info.latest(), info.name() == "step-00000012") << info.name();
-    EXPECT_EQ(info.state_dict_type(),
-              info.name() == "during" ? v1::FULL_STATE_DICT : v1::LOCAL_STATE_DICT);
+    EXPECT_EQ(info.state_dict_type(), info.name() == "during"         ? v1::FULL_STATE_DICT
+                                      : info.name() == "async-during" ? v1::SHARDED_STATE_DICT
+                                                                      : v1::LOCAL_STATE_DICT);
   }
   EXPECT_FALSE(fs::exists(Dir(root, "step-00000004")));
   // Bad requests: names that escape the root, unknown checkpoints.

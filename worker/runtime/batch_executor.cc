@@ -158,7 +158,8 @@ void SetError(v1::CommandResult& result, const absl::Status& status) {
 }  // namespace
 
 absl::StatusOr<v1::CommandResult> BatchExecutor::ExecuteCheckpoint(
-    const v1::CommandBatch& batch, const std::string& checkpoint_root) {
+    const v1::CommandBatch& batch, const std::string& checkpoint_root,
+    std::optional<ShardSnapshot>* snapshot) {
   RETURN_IF_ERROR(CheckSequence(batch));
   if (!batch.control() || batch.commands_size() != 1 ||
       (!batch.commands(0).has_save_shard() && !batch.commands(0).has_load_shard())) {
@@ -185,6 +186,11 @@ absl::StatusOr<v1::CommandResult> BatchExecutor::ExecuteCheckpoint(
       }
       v1::StateDictType type = command.save_shard().settings().state_dict_type();
       if (type == v1::STATE_DICT_TYPE_UNSPECIFIED) type = v1::FULL_STATE_DICT;
+      if (command.save_shard().async_save()) {
+        ASSIGN_OR_RETURN(ShardSnapshot taken, SnapshotShardCheckpoint(*runtime_, type));
+        *snapshot = std::move(taken);
+        return absl::OkStatus();
+      }
       ASSIGN_OR_RETURN(ShardSaveResult saved, SaveShardCheckpoint(*runtime_, path, type));
       if (!saved.write_status.ok() && result.error_code() == 0) {
         SetError(result, saved.write_status);

@@ -48,8 +48,11 @@ class BatchExecutor {
   // reported in the result's error fields, not as a failed batch: every rank
   // took part in the same collectives, so the job goes on and only the
   // checkpoint fails. A failed collective poisons the executor as usual.
+  // An async SaveShard returns once the snapshot is taken: it is moved into
+  // `*snapshot` for the caller to write in the background.
   absl::StatusOr<v1::CommandResult> ExecuteCheckpoint(const v1::CommandBatch& batch,
-                                                      const std::string& checkpoint_root);
+                                                      const std::string& checkpoint_root,
+                                                      std::optional<ShardSnapshot>* snapshot);
 
   // Builds the batch a coordinator would send for the next step (what the
   // standalone harness and tests use).

@@ -12,6 +12,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "nlohmann/json.hpp"
 
 #include "core/checkpoint_reader.h"
 #include "core/durable_file.h"
@@ -132,9 +133,17 @@ void MaybeKillInSave(const std::string& path, int rank) {
   }
 }
 
+// Where a save's tensors go, in file order: straight into the file (a
+// synchronous save) or into host memory (an async save's snapshot).
+class TensorSink {
+ public:
+  virtual ~TensorSink() = default;
+  virtual void Append(const std::string& name, std::span<const float> values) = 0;
+};
+
 // Collects a file's write error and keeps going, so a rank whose disk fails
 // still joins every collective of the save and its peers do not hang.
-class TolerantWriter {
+class TolerantWriter : public TensorSink {
  public:
   TolerantWriter(const std::string& path, std::vector<SafetensorsSlot> slots,
                  const std::map<std::string, std::string>& metadata, int rank)
@@ -147,7 +156,7 @@ class TolerantWriter {
       status_ = writer.status();
     }
   }
-  void Append(const std::string& name, std::span<const float> values) {
+  void Append(const std::string& name, std::span<const float> values) override {
     if (status_.ok()) status_ = writer_->Append(name, values);
     if (!appended_) MaybeKillInSave(path_, rank_);
     appended_ = true;
@@ -165,6 +174,26 @@ class TolerantWriter {
   bool appended_ = false;
   std::unique_ptr<SafetensorsFileWriter> writer_;
   absl::Status status_;
+};
+
+class SnapshotSink : public TensorSink {
+ public:
+  explicit SnapshotSink(ShardSnapshot::File* file) : file_(file) {}
+  void Append(const std::string& /*name*/, std::span<const float> values) override {
+    file_->data.emplace_back(values.begin(), values.end());
+  }
+
+ private:
+  ShardSnapshot::File* file_;
+};
+
+struct SavePlan {
+  int rank = 0;
+  int world = 1;
+  v1::StateDictType type = v1::FULL_STATE_DICT;
+  bool writes = false;  // FULL: rank 0 only
+  std::vector<std::vector<Piece>> pieces;  // per unit
+  ShardSnapshot::File model, optim;        // names, slots and metadata (no data)
 };
 
 }  // namespace
@@ -185,51 +214,83 @@ std::string LocalLayoutDigest(const FsdpRuntime& runtime) {
   return Xxh3Hex(XXH3_64bits(text.data(), text.size()));
 }
 
-absl::StatusOr<ShardSaveResult> SaveShardCheckpoint(FsdpRuntime& runtime, const std::string& dir,
-                                                    v1::StateDictType type) {
-  const int rank = runtime.rank();
-  const int world = runtime.world_size();
+namespace {
+
+// torch's optimizer param_groups as a full optimizer state dict lists them
+// (reference §6.3: every FQN of every parameter, hyperparameters as they are).
+std::string ParamGroupsJson(const FsdpRuntime& runtime) {
+  nlohmann::ordered_json group;
+  const OptimizerConfig& optimizer = runtime.options().optimizer;
+  if (optimizer.kind == OptimizerConfig::Kind::kSgd) {
+    const SgdOptions& o = optimizer.sgd;
+    group = {{"lr", o.lr},           {"momentum", o.momentum}, {"dampening", o.dampening},
+             {"weight_decay", o.weight_decay}, {"nesterov", o.nesterov},
+             {"maximize", o.maximize}};
+  } else {
+    const AdamOptions& o = optimizer.adam;
+    group = {{"lr", o.lr},   {"betas", {o.beta1, o.beta2}}, {"eps", o.eps},
+             {"weight_decay", o.weight_decay}, {"amsgrad", o.amsgrad},
+             {"maximize", o.maximize}};
+  }
+  nlohmann::ordered_json params = nlohmann::ordered_json::array();
+  for (const auto& unit : runtime.units()) {
+    for (const UnitParam& p : unit->config().unit.params) params.push_back(p.fqn);
+    for (const SharedParam& p : unit->config().unit.shared) params.push_back(p.fqn);
+  }
+  group["params"] = params;
+  return nlohmann::ordered_json::array({group}).dump();
+}
+
+absl::StatusOr<SavePlan> PlanSave(FsdpRuntime& runtime, v1::StateDictType type) {
+  SavePlan plan;
+  plan.rank = runtime.rank();
+  plan.world = runtime.world_size();
+  plan.type = type;
   const auto& units = runtime.units();
   if (type != v1::FULL_STATE_DICT && !units.empty() && !units.front()->sharded()) {
     return absl::FailedPreconditionError(absl::StrCat(
         StateDictTypeName(type), " needs a sharded strategy; this job does not shard (use "
                                  "FULL_STATE_DICT)"));
   }
-  std::vector<std::vector<Piece>> pieces(units.size());
-  std::vector<SafetensorsSlot> model_slots, optim_slots;
+  plan.pieces.resize(units.size());
   for (size_t u = 0; u < units.size(); ++u) {
-    pieces[u] = UnitPieces(*units[u], runtime.optimizer_state(u), type, rank, world);
-    for (const Piece& piece : pieces[u]) {
-      (piece.optim ? optim_slots : model_slots).push_back(piece.slot);
+    plan.pieces[u] = UnitPieces(*units[u], runtime.optimizer_state(u), type, plan.rank, plan.world);
+    for (const Piece& piece : plan.pieces[u]) {
+      (piece.optim ? plan.optim : plan.model).slots.push_back(piece.slot);
     }
   }
-  const bool writes = type != v1::FULL_STATE_DICT || rank == 0;
+  plan.writes = type != v1::FULL_STATE_DICT || plan.rank == 0;
   std::map<std::string, std::string> metadata = {
       {"format", "flatshard"},
       {"state_dict_type", std::string(StateDictTypeName(type))},
-      {"rank", absl::StrCat(rank)},
-      {"world_size", absl::StrCat(world)}};
+      {"rank", absl::StrCat(plan.rank)},
+      {"world_size", absl::StrCat(plan.world)}};
   if (type == v1::LOCAL_STATE_DICT) metadata["layout_digest"] = LocalLayoutDigest(runtime);
   const bool full = type == v1::FULL_STATE_DICT;
-  std::unique_ptr<TolerantWriter> model, optim;
-  if (writes) {
-    model = std::make_unique<TolerantWriter>(
-        absl::StrCat(dir, "/", full ? std::string(kFullModelFile) : RankFileName("model", rank, world)),
-        std::move(model_slots), metadata, rank);
-    optim = std::make_unique<TolerantWriter>(
-        absl::StrCat(dir, "/", full ? std::string(kFullOptimFile) : RankFileName("optim", rank, world)),
-        std::move(optim_slots), metadata, rank);
-  }
+  plan.model.name = full ? std::string(kFullModelFile) : RankFileName("model", plan.rank, plan.world);
+  plan.optim.name = full ? std::string(kFullOptimFile) : RankFileName("optim", plan.rank, plan.world);
+  plan.model.metadata = metadata;
+  plan.optim.metadata = std::move(metadata);
+  plan.optim.metadata["param_groups"] = ParamGroupsJson(runtime);
+  return plan;
+}
+
+// Runs the save's collectives unit by unit and hands every piece to the sinks
+// (null when this rank writes nothing).
+absl::Status StreamSave(FsdpRuntime& runtime, const SavePlan& plan, TensorSink* model,
+                        TensorSink* optim) {
+  const auto& units = runtime.units();
   auto write = [&](const Piece& piece, std::span<const float> values) {
-    if (writes) (piece.optim ? *optim : *model).Append(piece.slot.name, values);
+    if (plan.writes) (piece.optim ? optim : model)->Append(piece.slot.name, values);
   };
   std::vector<float> gathered;
   for (size_t u = 0; u < units.size(); ++u) {
+    const std::vector<Piece>& pieces = plan.pieces[u];
     FlatParamUnit& unit = *units[u];
     const OptimizerState& optim_state = runtime.optimizer_state(u);
     const float step = static_cast<float>(optim_state.step());
-    if (type == v1::LOCAL_STATE_DICT) {
-      for (const Piece& piece : pieces[u]) {
+    if (plan.type == v1::LOCAL_STATE_DICT) {
+      for (const Piece& piece : pieces) {
         std::span<const float> values(&step, 1);
         if (piece.source == Piece::Source::kLocalFlat) values = std::as_const(unit).shard();
         if (piece.source == Piece::Source::kLocalState) {
@@ -243,7 +304,7 @@ absl::StatusOr<ShardSaveResult> SaveShardCheckpoint(FsdpRuntime& runtime, const 
     // whether or not it writes a piece of them (a rank may hold no rows), so
     // the collectives line up; one gathered value is alive at a time.
     auto write_gathered = [&](Piece::Source source, const std::string& state) {
-      for (const Piece& piece : pieces[u]) {
+      for (const Piece& piece : pieces) {
         if (piece.source != source || piece.state != state) continue;
         write(piece, std::span<const float>(gathered).subspan(static_cast<size_t>(piece.flat_begin),
                                                               static_cast<size_t>(piece.count)));
@@ -256,12 +317,28 @@ absl::StatusOr<ShardSaveResult> SaveShardCheckpoint(FsdpRuntime& runtime, const 
       RETURN_IF_ERROR(unit.GatherShardValues(shard, gathered));
       write_gathered(Piece::Source::kState, state);
     }
-    for (const Piece& piece : pieces[u]) {
+    for (const Piece& piece : pieces) {
       if (piece.source == Piece::Source::kStep) write(piece, std::span<const float>(&step, 1));
     }
   }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<ShardSaveResult> SaveShardCheckpoint(FsdpRuntime& runtime, const std::string& dir,
+                                                    v1::StateDictType type) {
+  ASSIGN_OR_RETURN(SavePlan plan, PlanSave(runtime, type));
+  std::unique_ptr<TolerantWriter> model, optim;
+  if (plan.writes) {
+    model = std::make_unique<TolerantWriter>(absl::StrCat(dir, "/", plan.model.name),
+                                             plan.model.slots, plan.model.metadata, plan.rank);
+    optim = std::make_unique<TolerantWriter>(absl::StrCat(dir, "/", plan.optim.name),
+                                             plan.optim.slots, plan.optim.metadata, plan.rank);
+  }
+  RETURN_IF_ERROR(StreamSave(runtime, plan, model.get(), optim.get()));
   ShardSaveResult result;
-  if (!writes) return result;
+  if (!plan.writes) return result;
   for (TolerantWriter* writer : {model.get(), optim.get()}) {
     absl::StatusOr<CheckpointFile> file = writer->Finish();
     if (!file.ok()) {
@@ -271,6 +348,45 @@ absl::StatusOr<ShardSaveResult> SaveShardCheckpoint(FsdpRuntime& runtime, const 
     result.files.push_back(*std::move(file));
   }
   return result;
+}
+
+absl::StatusOr<ShardSnapshot> SnapshotShardCheckpoint(FsdpRuntime& runtime,
+                                                      v1::StateDictType type) {
+  ASSIGN_OR_RETURN(SavePlan plan, PlanSave(runtime, type));
+  ShardSnapshot snapshot;
+  snapshot.rank = plan.rank;
+  if (plan.writes) {
+    snapshot.files = {plan.model, plan.optim};
+    for (ShardSnapshot::File& file : snapshot.files) file.data.reserve(file.slots.size());
+  }
+  SnapshotSink model(plan.writes ? &snapshot.files[0] : nullptr);
+  SnapshotSink optim(plan.writes ? &snapshot.files[1] : nullptr);
+  RETURN_IF_ERROR(StreamSave(runtime, plan, &model, &optim));
+  return snapshot;
+}
+
+ShardSaveResult WriteShardSnapshot(const ShardSnapshot& snapshot, const std::string& dir) {
+  ShardSaveResult result;
+  for (const ShardSnapshot::File& file : snapshot.files) {
+    TolerantWriter writer(absl::StrCat(dir, "/", file.name), file.slots, file.metadata,
+                          snapshot.rank);
+    for (size_t i = 0; i < file.slots.size(); ++i) writer.Append(file.slots[i].name, file.data[i]);
+    absl::StatusOr<CheckpointFile> written = writer.Finish();
+    if (!written.ok()) {
+      if (result.write_status.ok()) result.write_status = written.status();
+      continue;
+    }
+    result.files.push_back(*std::move(written));
+  }
+  return result;
+}
+
+uint64_t ShardSnapshot::bytes() const {
+  uint64_t total = 0;
+  for (const File& file : files) {
+    for (const auto& values : file.data) total += values.size() * sizeof(float);
+  }
+  return total;
 }
 
 std::string OptimizerName(const OptimizerConfig& optimizer) {

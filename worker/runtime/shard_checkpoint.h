@@ -22,6 +22,7 @@
 #include "absl/status/statusor.h"
 
 #include "core/checkpoint_manifest.h"
+#include "core/safetensors_file_writer.h"
 #include "worker/runtime/fsdp_runtime.h"
 
 namespace flatshard {
@@ -37,6 +38,27 @@ struct ShardSaveResult {
 // means a collective failed (the runtime is then unusable).
 absl::StatusOr<ShardSaveResult> SaveShardCheckpoint(FsdpRuntime& runtime, const std::string& dir,
                                                     v1::StateDictType type);
+
+// An async save's snapshot: this rank's files, their tensors copied to host
+// memory by the same collectives a synchronous save runs, so training can go
+// on while WriteShardSnapshot writes them.
+struct ShardSnapshot {
+  struct File {
+    std::string name;
+    std::vector<SafetensorsSlot> slots;
+    std::map<std::string, std::string> metadata;
+    std::vector<std::vector<float>> data;  // parallel to slots
+  };
+  int rank = 0;
+  std::vector<File> files;  // none for ranks that write nothing
+  uint64_t bytes() const;
+};
+
+absl::StatusOr<ShardSnapshot> SnapshotShardCheckpoint(FsdpRuntime& runtime,
+                                                      v1::StateDictType type);
+// Writes a snapshot's files into the existing directory `dir` (no
+// collectives, no runtime: safe on a background thread).
+ShardSaveResult WriteShardSnapshot(const ShardSnapshot& snapshot, const std::string& dir);
 
 // A checkpoint read and validated into memory, ready to replace the runtime's
 // shards: loading is staged on every rank first and applied only when all

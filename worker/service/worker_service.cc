@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 
 #include "core/job_config.h"
 #include "core/status_macros.h"
@@ -11,6 +12,7 @@
 #include "worker/compute/data_source.h"
 #include "worker/runtime/batch_executor.h"
 #include "worker/runtime/fsdp_runtime.h"
+#include "worker/service/background_saves.h"
 #include "worker/service/job_options.h"
 
 namespace flatshard {
@@ -23,6 +25,8 @@ struct WorkerServiceImpl::ActiveJob {
   std::unique_ptr<compute::DataSource> data;
   std::unique_ptr<FsdpRuntime> runtime;
   std::unique_ptr<BatchExecutor> executor;
+  // Last: its destructor waits for writes in flight, which use nothing above.
+  BackgroundSaves saves;
 };
 
 namespace {
@@ -174,9 +178,16 @@ grpc::Status WorkerServiceImpl::Execute(grpc::ServerContext* /*context*/,
                           (request->commands(0).has_save_shard() ||
                            request->commands(0).has_load_shard());
   if (checkpoint) {
+    std::optional<ShardSnapshot> snapshot;
     absl::StatusOr<v1::CommandResult> result =
-        job->executor->ExecuteCheckpoint(*request, options_.checkpoint_dir);
+        job->executor->ExecuteCheckpoint(*request, options_.checkpoint_dir, &snapshot);
     if (result.ok()) {
+      if (snapshot.has_value()) {
+        const std::string& directory = request->commands(0).save_shard().directory();
+        job->saves.Start(directory, *std::move(snapshot),
+                         absl::StrCat(options_.checkpoint_dir, "/", directory), job->rank,
+                         request->seq());
+      }
       *response = *result;
     } else {
       status = result.status();
@@ -204,6 +215,24 @@ grpc::Status WorkerServiceImpl::Execute(grpc::ServerContext* /*context*/,
   }
   EndBatch(status);
   return ToGrpcStatus(status);
+}
+
+grpc::Status WorkerServiceImpl::AwaitSave(grpc::ServerContext* context,
+                                          const v1::AwaitSaveRequest* request,
+                                          v1::CommandResult* response) {
+  // Not under run_mu_: the point is to wait while batches keep running.
+  std::shared_ptr<ActiveJob> job = CurrentJob();
+  if (job == nullptr) {
+    return ToGrpcStatus(absl::FailedPreconditionError("this worker has no job"));
+  }
+  const absl::Time deadline =
+      context->deadline() == std::chrono::system_clock::time_point::max()
+          ? absl::InfiniteFuture()
+          : absl::FromChrono(context->deadline());
+  absl::StatusOr<v1::CommandResult> result = job->saves.Await(request->directory(), deadline);
+  if (!result.ok()) return ToGrpcStatus(result.status());
+  *response = *std::move(result);
+  return grpc::Status::OK;
 }
 
 grpc::Status WorkerServiceImpl::Summon(grpc::ServerContext* /*context*/,

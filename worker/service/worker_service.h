@@ -49,6 +49,8 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
                        v1::CommandResult* response) override;
   grpc::Status Summon(grpc::ServerContext* context, const v1::CommandBatch* request,
                       grpc::ServerWriter<v1::TensorChunk>* writer) override;
+  grpc::Status AwaitSave(grpc::ServerContext* context, const v1::AwaitSaveRequest* request,
+                         v1::CommandResult* response) override;
   grpc::Status GetStatus(grpc::ServerContext* context, const v1::GetStatusRequest* request,
                          v1::GetStatusResponse* response) override;
   grpc::Status Abort(grpc::ServerContext* context, const v1::AbortRequest* request,

@@ -65,6 +65,9 @@ class FakeWorker : public WorkerClient {
     if (dead_) return absl::UnavailableError("connection refused");
     return v1::GetStatusResponse();
   }
+  absl::StatusOr<v1::CommandResult> AwaitSave(const std::string&, absl::Time) override {
+    return absl::UnimplementedError("fake worker");
+  }
   absl::Status Summon(const v1::CommandBatch&, absl::Time, const ChunkSink&) override {
     return absl::OkStatus();
   }
