@@ -1,5 +1,7 @@
 #include "core/checkpoint_reader.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
@@ -65,7 +67,18 @@ absl::Status CheckpointReader::VerifyAll() {
 absl::StatusOr<std::vector<float>> CheckpointReader::ReadFull(absl::string_view kind,
                                                               const std::string& name,
                                                               const std::vector<int64_t>& shape) {
+  return ReadRange(kind, name, shape, 0, static_cast<uint64_t>(NumElements(shape)));
+}
+
+absl::StatusOr<std::vector<float>> CheckpointReader::ReadRange(absl::string_view kind,
+                                                               const std::string& name,
+                                                               const std::vector<int64_t>& shape,
+                                                               uint64_t begin, uint64_t end) {
   const auto numel = static_cast<uint64_t>(NumElements(shape));
+  if (begin > end || end > numel) {
+    return absl::OutOfRangeError(absl::StrCat("elements [", begin, ", ", end, ") of '", name,
+                                              "' are outside its ", numel));
+  }
   auto check_shape = [&](const SafetensorsReader& file, const SafetensorsEntry& entry,
                          const std::vector<int64_t>& want) -> absl::Status {
     if (entry.shape != want) {
@@ -81,7 +94,7 @@ absl::StatusOr<std::vector<float>> CheckpointReader::ReadFull(absl::string_view 
     ASSIGN_OR_RETURN(SafetensorsReader * file, File(file_name));
     ASSIGN_OR_RETURN(const SafetensorsEntry* entry, file->Find(name));
     RETURN_IF_ERROR(check_shape(*file, *entry, shape));
-    return file->ReadFloats(name, 0, numel);
+    return file->ReadFloats(name, begin, end);
   }
   if (manifest_.state_dict_type != v1::SHARDED_STATE_DICT) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -92,27 +105,28 @@ absl::StatusOr<std::vector<float>> CheckpointReader::ReadFull(absl::string_view 
     ASSIGN_OR_RETURN(SafetensorsReader * file, File(RankFileName(kind, 0, world)));
     ASSIGN_OR_RETURN(const SafetensorsEntry* entry, file->Find(name));
     RETURN_IF_ERROR(check_shape(*file, *entry, shape));
-    return file->ReadFloats(name, 0, 1);
+    return file->ReadFloats(name, begin, end);
   }
   std::vector<float> out;
-  out.reserve(numel);
+  out.reserve(end - begin);
   const uint64_t row = shape[0] == 0 ? 0 : numel / static_cast<uint64_t>(shape[0]);
-  for (int r = 0; r < world; ++r) {
+  for (int r = 0; r < world && out.size() < end - begin; ++r) {
     const ChunkSlice rows = ChunkOf(shape[0], world, r);
-    if (rows.length == 0) continue;
+    const uint64_t lo = static_cast<uint64_t>(rows.begin) * row;
+    const uint64_t hi = lo + static_cast<uint64_t>(rows.length) * row;
+    if (rows.length == 0 || hi <= begin || lo >= end) continue;
     ASSIGN_OR_RETURN(SafetensorsReader * file, File(RankFileName(kind, r, world)));
     ASSIGN_OR_RETURN(const SafetensorsEntry* entry, file->Find(name));
     std::vector<int64_t> chunk_shape = shape;
     chunk_shape[0] = rows.length;
     RETURN_IF_ERROR(check_shape(*file, *entry, chunk_shape));
     ASSIGN_OR_RETURN(std::vector<float> part,
-                     file->ReadFloats(name, 0, static_cast<uint64_t>(rows.length) * row));
+                     file->ReadFloats(name, std::max(begin, lo) - lo, std::min(end, hi) - lo));
     out.insert(out.end(), part.begin(), part.end());
   }
-  if (out.size() != numel) {
-    return absl::DataLossError(
-        absl::StrCat(dir_, ": the chunks of '", name, "' hold ", out.size(), " of ", numel,
-                     " elements"));
+  if (out.size() != end - begin) {
+    return absl::DataLossError(absl::StrCat(dir_, ": the chunks of '", name, "' hold ", out.size(),
+                                            " of the ", end - begin, " elements asked for"));
   }
   return out;
 }

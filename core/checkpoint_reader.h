@@ -33,6 +33,13 @@ class CheckpointReader {
   absl::StatusOr<std::vector<float>> ReadFull(absl::string_view kind, const std::string& name,
                                               const std::vector<int64_t>& shape);
 
+  // Elements [begin, end) of the row-major flattening of tensor `name`: from
+  // a FULL file directly, from SHARDED files by intersecting [begin, end) with
+  // each rank's chunk, so a reader touches only what it needs.
+  absl::StatusOr<std::vector<float>> ReadRange(absl::string_view kind, const std::string& name,
+                                               const std::vector<int64_t>& shape, uint64_t begin,
+                                               uint64_t end);
+
   // One of the manifest's files, opened and verified.
   absl::StatusOr<SafetensorsReader*> File(const std::string& file_name);
 

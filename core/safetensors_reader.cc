@@ -261,6 +261,13 @@ absl::StatusOr<std::vector<float>> SafetensorsReader::ReadFloats(absl::string_vi
                                                    ", not a floating-point type"));
   }
   const size_t width = DTypeSize(entry->dtype);
+  const uint64_t offset = header_.data_start + entry->begin + begin * width;
+  if (entry->dtype == DType::kFloat32) {  // straight into the result
+    std::vector<float> out(end - begin);
+    RETURN_IF_ERROR(PreadAll(fd_, reinterpret_cast<char*>(out.data()), out.size() * width, offset,
+                             path_));
+    return out;
+  }
   std::string raw((end - begin) * width, '\0');
   RETURN_IF_ERROR(PreadAll(fd_, raw.data(), raw.size(),
                            header_.data_start + entry->begin + begin * width, path_));

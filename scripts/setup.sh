@@ -11,7 +11,7 @@ PACKAGES=(
   libgloo-dev libopenblas-dev libsqlite3-dev
   nlohmann-json3-dev libyaml-cpp-dev libcli11-dev libspdlog-dev libxxhash-dev
   clang-format clang-tidy
-  python3 python3-numpy python3-pip
+  python3 python3-numpy python3-pip python3-venv
 )
 
 missing=()

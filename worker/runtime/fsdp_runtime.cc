@@ -85,6 +85,11 @@ absl::Status FsdpRuntime::Build(const WrapPolicy& policy, std::shared_ptr<Store>
     }
   }
   Communicator* shard_comm = hybrid ? shard_comm_.get() : world_comm_.get();
+  // Async checkpoint saves gather their snapshot over their own context, so a
+  // background save never interleaves with training's collectives.
+  ASSIGN_OR_RETURN(checkpoint_comm_,
+                   world_comm_->CreateSubgroup(ranks_.ShardGroup(rank_),
+                                               absl::StrCat("checkpoint", ranks_.ReplicaIndex(rank_))));
   const GradientDivideFactors divide =
       ComputeGradientDivideFactors(hybrid ? world_size_ : ranks_.shard_size);
 
@@ -301,6 +306,7 @@ absl::Status FsdpRuntime::RunControl(const std::vector<v1::Command>& program) {
 
 void FsdpRuntime::Abort(const std::string& reason) {
   // Sub-groups first: a hybrid step may be blocked in either.
+  if (checkpoint_comm_ != nullptr) checkpoint_comm_->Abort(reason);
   if (replicate_comm_ != nullptr) replicate_comm_->Abort(reason);
   if (shard_comm_ != nullptr) shard_comm_->Abort(reason);
   if (world_comm_ != nullptr) world_comm_->Abort(reason);

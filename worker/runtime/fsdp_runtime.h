@@ -131,6 +131,9 @@ class FsdpRuntime : public compute::ParamResolver, public compute::ModuleHooks {
   int peak_live_units() const { return peak_live_units_; }
   const ModelIndex& index() const { return index_; }
   const FsdpOptions& options() const { return options_; }
+  // The shard group on a context of its own: what background (async)
+  // checkpoint writes gather over, concurrently with training.
+  Communicator* checkpoint_comm() { return checkpoint_comm_.get(); }
   // Unit `unit`'s optimizer state (its shard's; checkpoints read and load it).
   OptimizerState& optimizer_state(size_t unit) { return *optim_states_[unit]; }
 
@@ -182,6 +185,7 @@ class FsdpRuntime : public compute::ParamResolver, public compute::ModuleHooks {
   std::unique_ptr<Communicator> world_comm_;
   std::unique_ptr<Communicator> shard_comm_;      // null when the world is the shard group
   std::unique_ptr<Communicator> replicate_comm_;  // hybrid only
+  std::unique_ptr<Communicator> checkpoint_comm_;  // the shard group again, for background saves
   std::vector<std::unique_ptr<FlatParamUnit>> units_;
   std::vector<UnitState> states_;
   std::vector<std::shared_ptr<Completion>> gathers_;

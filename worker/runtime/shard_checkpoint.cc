@@ -16,7 +16,6 @@
 
 #include "core/checkpoint_reader.h"
 #include "core/durable_file.h"
-#include "core/flat_buffer.h"
 #include "core/model_spec.h"
 #include "core/safetensors_file_writer.h"
 #include "core/status_macros.h"
@@ -176,27 +175,62 @@ class TolerantWriter : public TensorSink {
   absl::Status status_;
 };
 
-class SnapshotSink : public TensorSink {
+// What a save reads: the live runtime (a synchronous save, on the executor's
+// thread) or a snapshot of this rank's shards (an async save, on a background
+// thread, gathering over the checkpoint communicator).
+class SaveSource {
  public:
-  explicit SnapshotSink(ShardSnapshot::File* file) : file_(file) {}
-  void Append(const std::string& /*name*/, std::span<const float> values) override {
-    file_->data.emplace_back(values.begin(), values.end());
+  virtual ~SaveSource() = default;
+  virtual std::span<const float> Shard(size_t unit) const = 0;
+  virtual absl::StatusOr<std::span<const float>> State(size_t unit,
+                                                       const std::string& name) const = 0;
+  virtual std::vector<std::string> StateNames(size_t unit) const = 0;
+  virtual float Step(size_t unit) const = 0;
+  // All-gathers per-element shard values of `unit` (S), keeping the N real ones.
+  virtual absl::Status Gather(size_t unit, std::span<const float> values,
+                              std::vector<float>& out) = 0;
+};
+
+class LiveSource : public SaveSource {
+ public:
+  explicit LiveSource(FsdpRuntime& runtime) : runtime_(runtime) {}
+  std::span<const float> Shard(size_t u) const override {
+    return std::as_const(*runtime_.units()[u]).shard();
+  }
+  absl::StatusOr<std::span<const float>> State(size_t u, const std::string& name) const override {
+    return std::as_const(runtime_.optimizer_state(u)).State(name);
+  }
+  std::vector<std::string> StateNames(size_t u) const override {
+    return runtime_.optimizer_state(u).StateNames();
+  }
+  float Step(size_t u) const override {
+    return static_cast<float>(runtime_.optimizer_state(u).step());
+  }
+  absl::Status Gather(size_t u, std::span<const float> values, std::vector<float>& out) override {
+    return runtime_.units()[u]->GatherShardValues(values, out);
   }
 
  private:
-  ShardSnapshot::File* file_;
+  FsdpRuntime& runtime_;
 };
 
+}  // namespace
+
+// The files one rank writes and what goes into them, fixed when the save
+// starts (an async save writes it later from a snapshot).
 struct SavePlan {
   int rank = 0;
   int world = 1;
   v1::StateDictType type = v1::FULL_STATE_DICT;
-  bool writes = false;  // FULL: rank 0 only
+  bool writes = false;                     // FULL: rank 0 only
   std::vector<std::vector<Piece>> pieces;  // per unit
-  ShardSnapshot::File model, optim;        // names, slots and metadata (no data)
+  struct FileSpec {
+    std::string name;
+    std::vector<SafetensorsSlot> slots;
+    std::map<std::string, std::string> metadata;
+  };
+  FileSpec model, optim;
 };
-
-}  // namespace
 
 std::string LocalLayoutDigest(const FsdpRuntime& runtime) {
   std::string text = absl::StrCat("world=", runtime.world_size(), ";");
@@ -241,6 +275,40 @@ std::string ParamGroupsJson(const FsdpRuntime& runtime) {
   return nlohmann::ordered_json::array({group}).dump();
 }
 
+// An async save's source: copies of this rank's shards and optimizer state,
+// gathered over the checkpoint communicator.
+class SnapshotSource : public SaveSource {
+ public:
+  explicit SnapshotSource(const ShardSnapshot& snapshot) : snapshot_(snapshot) {}
+  std::span<const float> Shard(size_t u) const override { return snapshot_.units[u].shard; }
+  absl::StatusOr<std::span<const float>> State(size_t u, const std::string& name) const override {
+    auto it = snapshot_.units[u].states.find(name);
+    if (it == snapshot_.units[u].states.end()) {
+      return absl::NotFoundError(absl::StrCat("no optimizer state '", name, "' in the snapshot"));
+    }
+    return std::span<const float>(it->second);
+  }
+  std::vector<std::string> StateNames(size_t u) const override {
+    return snapshot_.units[u].state_order;
+  }
+  float Step(size_t u) const override { return snapshot_.units[u].step; }
+  absl::Status Gather(size_t u, std::span<const float> values, std::vector<float>& out) override {
+    const ShardSnapshot::Unit& unit = snapshot_.units[u];
+    if (!unit.sharded) {
+      out.assign(values.begin(), values.begin() + unit.numel);
+      return absl::OkStatus();
+    }
+    out.resize(values.size() * static_cast<size_t>(snapshot_.comm->size()));
+    RETURN_IF_ERROR(snapshot_.comm->AllGather(values.data(), out.data(), values.size(),
+                                              DType::kFloat32));
+    out.resize(static_cast<size_t>(unit.numel));
+    return absl::OkStatus();
+  }
+
+ private:
+  const ShardSnapshot& snapshot_;
+};
+
 absl::StatusOr<SavePlan> PlanSave(FsdpRuntime& runtime, v1::StateDictType type) {
   SavePlan plan;
   plan.rank = runtime.rank();
@@ -277,24 +345,21 @@ absl::StatusOr<SavePlan> PlanSave(FsdpRuntime& runtime, v1::StateDictType type) 
 
 // Runs the save's collectives unit by unit and hands every piece to the sinks
 // (null when this rank writes nothing).
-absl::Status StreamSave(FsdpRuntime& runtime, const SavePlan& plan, TensorSink* model,
+absl::Status StreamSave(SaveSource& source, const SavePlan& plan, TensorSink* model,
                         TensorSink* optim) {
-  const auto& units = runtime.units();
   auto write = [&](const Piece& piece, std::span<const float> values) {
     if (plan.writes) (piece.optim ? optim : model)->Append(piece.slot.name, values);
   };
   std::vector<float> gathered;
-  for (size_t u = 0; u < units.size(); ++u) {
+  for (size_t u = 0; u < plan.pieces.size(); ++u) {
     const std::vector<Piece>& pieces = plan.pieces[u];
-    FlatParamUnit& unit = *units[u];
-    const OptimizerState& optim_state = runtime.optimizer_state(u);
-    const float step = static_cast<float>(optim_state.step());
+    const float step = source.Step(u);
     if (plan.type == v1::LOCAL_STATE_DICT) {
       for (const Piece& piece : pieces) {
         std::span<const float> values(&step, 1);
-        if (piece.source == Piece::Source::kLocalFlat) values = std::as_const(unit).shard();
+        if (piece.source == Piece::Source::kLocalFlat) values = source.Shard(u);
         if (piece.source == Piece::Source::kLocalState) {
-          ASSIGN_OR_RETURN(values, optim_state.State(piece.state));
+          ASSIGN_OR_RETURN(values, source.State(u, piece.state));
         }
         write(piece, values.subspan(0, static_cast<size_t>(piece.count)));
       }
@@ -303,18 +368,18 @@ absl::Status StreamSave(FsdpRuntime& runtime, const SavePlan& plan, TensorSink* 
     // Every rank gathers the parameter and then each state, in torch's order,
     // whether or not it writes a piece of them (a rank may hold no rows), so
     // the collectives line up; one gathered value is alive at a time.
-    auto write_gathered = [&](Piece::Source source, const std::string& state) {
+    auto write_gathered = [&](Piece::Source kind, const std::string& state) {
       for (const Piece& piece : pieces) {
-        if (piece.source != source || piece.state != state) continue;
+        if (piece.source != kind || piece.state != state) continue;
         write(piece, std::span<const float>(gathered).subspan(static_cast<size_t>(piece.flat_begin),
                                                               static_cast<size_t>(piece.count)));
       }
     };
-    RETURN_IF_ERROR(unit.GatherFullPrecision(gathered));
+    RETURN_IF_ERROR(source.Gather(u, source.Shard(u), gathered));
     write_gathered(Piece::Source::kParam, "");
-    for (const std::string& state : optim_state.StateNames()) {
-      ASSIGN_OR_RETURN(std::span<const float> shard, optim_state.State(state));
-      RETURN_IF_ERROR(unit.GatherShardValues(shard, gathered));
+    for (const std::string& state : source.StateNames(u)) {
+      ASSIGN_OR_RETURN(std::span<const float> shard, source.State(u, state));
+      RETURN_IF_ERROR(source.Gather(u, shard, gathered));
       write_gathered(Piece::Source::kState, state);
     }
     for (const Piece& piece : pieces) {
@@ -326,20 +391,11 @@ absl::Status StreamSave(FsdpRuntime& runtime, const SavePlan& plan, TensorSink* 
 
 }  // namespace
 
-absl::StatusOr<ShardSaveResult> SaveShardCheckpoint(FsdpRuntime& runtime, const std::string& dir,
-                                                    v1::StateDictType type) {
-  ASSIGN_OR_RETURN(SavePlan plan, PlanSave(runtime, type));
-  std::unique_ptr<TolerantWriter> model, optim;
-  if (plan.writes) {
-    model = std::make_unique<TolerantWriter>(absl::StrCat(dir, "/", plan.model.name),
-                                             plan.model.slots, plan.model.metadata, plan.rank);
-    optim = std::make_unique<TolerantWriter>(absl::StrCat(dir, "/", plan.optim.name),
-                                             plan.optim.slots, plan.optim.metadata, plan.rank);
-  }
-  RETURN_IF_ERROR(StreamSave(runtime, plan, model.get(), optim.get()));
+namespace {
+
+ShardSaveResult FinishWriters(const std::vector<TolerantWriter*>& writers) {
   ShardSaveResult result;
-  if (!plan.writes) return result;
-  for (TolerantWriter* writer : {model.get(), optim.get()}) {
+  for (TolerantWriter* writer : writers) {
     absl::StatusOr<CheckpointFile> file = writer->Finish();
     if (!file.ok()) {
       if (result.write_status.ok()) result.write_status = file.status();
@@ -350,41 +406,65 @@ absl::StatusOr<ShardSaveResult> SaveShardCheckpoint(FsdpRuntime& runtime, const 
   return result;
 }
 
+// Streams `source` into this rank's files in `dir`.
+absl::StatusOr<ShardSaveResult> WriteFiles(SaveSource& source, const SavePlan& plan,
+                                           const std::string& dir) {
+  std::unique_ptr<TolerantWriter> model, optim;
+  if (plan.writes) {
+    model = std::make_unique<TolerantWriter>(absl::StrCat(dir, "/", plan.model.name),
+                                             plan.model.slots, plan.model.metadata, plan.rank);
+    optim = std::make_unique<TolerantWriter>(absl::StrCat(dir, "/", plan.optim.name),
+                                             plan.optim.slots, plan.optim.metadata, plan.rank);
+  }
+  RETURN_IF_ERROR(StreamSave(source, plan, model.get(), optim.get()));
+  if (!plan.writes) return ShardSaveResult{};
+  return FinishWriters({model.get(), optim.get()});
+}
+
+}  // namespace
+
+absl::StatusOr<ShardSaveResult> SaveShardCheckpoint(FsdpRuntime& runtime, const std::string& dir,
+                                                    v1::StateDictType type) {
+  ASSIGN_OR_RETURN(SavePlan plan, PlanSave(runtime, type));
+  LiveSource source(runtime);
+  return WriteFiles(source, plan, dir);
+}
+
 absl::StatusOr<ShardSnapshot> SnapshotShardCheckpoint(FsdpRuntime& runtime,
                                                       v1::StateDictType type) {
   ASSIGN_OR_RETURN(SavePlan plan, PlanSave(runtime, type));
   ShardSnapshot snapshot;
-  snapshot.rank = plan.rank;
-  if (plan.writes) {
-    snapshot.files = {plan.model, plan.optim};
-    for (ShardSnapshot::File& file : snapshot.files) file.data.reserve(file.slots.size());
+  snapshot.plan = std::make_shared<const SavePlan>(std::move(plan));
+  snapshot.comm = runtime.checkpoint_comm();
+  for (size_t u = 0; u < runtime.units().size(); ++u) {
+    const FlatParamUnit& unit = *runtime.units()[u];
+    const OptimizerState& optim = runtime.optimizer_state(u);
+    ShardSnapshot::Unit copy;
+    copy.shard.assign(unit.shard().begin(), unit.shard().end());
+    copy.state_order = optim.StateNames();
+    for (const std::string& name : copy.state_order) {
+      ASSIGN_OR_RETURN(std::span<const float> values, optim.State(name));
+      copy.states[name].assign(values.begin(), values.end());
+    }
+    copy.step = static_cast<float>(optim.step());
+    copy.numel = unit.layout().unpadded_unsharded_numel();
+    copy.sharded = unit.sharded();
+    snapshot.units.push_back(std::move(copy));
   }
-  SnapshotSink model(plan.writes ? &snapshot.files[0] : nullptr);
-  SnapshotSink optim(plan.writes ? &snapshot.files[1] : nullptr);
-  RETURN_IF_ERROR(StreamSave(runtime, plan, &model, &optim));
   return snapshot;
 }
 
-ShardSaveResult WriteShardSnapshot(const ShardSnapshot& snapshot, const std::string& dir) {
-  ShardSaveResult result;
-  for (const ShardSnapshot::File& file : snapshot.files) {
-    TolerantWriter writer(absl::StrCat(dir, "/", file.name), file.slots, file.metadata,
-                          snapshot.rank);
-    for (size_t i = 0; i < file.slots.size(); ++i) writer.Append(file.slots[i].name, file.data[i]);
-    absl::StatusOr<CheckpointFile> written = writer.Finish();
-    if (!written.ok()) {
-      if (result.write_status.ok()) result.write_status = written.status();
-      continue;
-    }
-    result.files.push_back(*std::move(written));
-  }
-  return result;
+absl::StatusOr<ShardSaveResult> WriteShardSnapshot(const ShardSnapshot& snapshot,
+                                                   const std::string& dir) {
+  SnapshotSource source(snapshot);
+  return WriteFiles(source, *snapshot.plan, dir);
 }
 
 uint64_t ShardSnapshot::bytes() const {
   uint64_t total = 0;
-  for (const File& file : files) {
-    for (const auto& values : file.data) total += values.size() * sizeof(float);
+  for (const Unit& unit : units) {
+    total += unit.shard.size() * sizeof(float);
+    for (const auto& [name, values] : unit.states) total += values.size() * sizeof(float);
   }
   return total;
 }
@@ -402,19 +482,6 @@ std::string OptimizerName(const OptimizerConfig& optimizer) {
 }
 
 namespace {
-
-// FlattenParams fills alignment padding with 42 as FSDP does for parameters;
-// optimizer state is flattened with zeros there (flatten_tensors).
-void ZeroPadding(const FlatParamLayout& layout, std::vector<float>& flat) {
-  int64_t offset = 0;
-  for (size_t i = 0; i < layout.numels_with_padding().size(); ++i) {
-    const int64_t n = layout.numels_with_padding()[i];
-    if (layout.is_padding_mask()[i]) {
-      std::fill_n(flat.begin() + offset, n, 0.0f);
-    }
-    offset += n;
-  }
-}
 
 absl::Status StageLocal(FsdpRuntime& runtime, CheckpointReader& reader, StagedCheckpoint& staged) {
   const CheckpointManifest& m = reader.manifest();
@@ -497,51 +564,75 @@ absl::Status CheckSameParams(const FsdpRuntime& runtime, const CheckpointReader&
       absl::StrCat("checkpoint ", reader.dir(), " does not fit this model", why));
 }
 
+// Fills `shard` (S elements, this rank's piece of the flat layout) from full
+// tensors in the checkpoint, reading only the elements the shard covers
+// (reference §6.4's flatten-and-shard, without materialising the flat value).
+// `padding` fills alignment padding inside the flat: 42 for parameters as
+// FlattenParams does, 0 for optimizer state; the shard's right padding is 0.
+// NOT_FOUND propagates when `name_of` names a tensor the checkpoint lacks.
+absl::Status ReadShard(CheckpointReader& reader, absl::string_view kind, const FlatParamUnit& unit,
+                       const std::function<std::string(const UnitParam&)>& name_of,
+                       float padding, std::vector<float>& shard, bool* any_found) {
+  const FlatParamLayout& layout = unit.layout();
+  const Unit& spec = unit.config().unit;
+  const auto s = static_cast<size_t>(layout.sharded_numel());
+  const int shard_rank = unit.sharded() ? unit.config().shard_rank : 0;
+  shard.assign(s, 0.0f);
+  const int64_t shard_begin = unit.sharded() ? layout.sharded_numel() * shard_rank : 0;
+  const int64_t shard_end = shard_begin + static_cast<int64_t>(s);
+  int64_t offset = 0;
+  for (size_t i = 0; i < layout.numels_with_padding().size(); ++i) {
+    const int64_t n = layout.numels_with_padding()[i];
+    if (layout.is_padding_mask()[i] && padding != 0.0f) {
+      const int64_t lo = std::max(offset, shard_begin), hi = std::min(offset + n, shard_end);
+      for (int64_t k = lo; k < hi; ++k) shard[static_cast<size_t>(k - shard_begin)] = padding;
+    }
+    offset += n;
+  }
+  const ShardInfo info = layout.ComputeShardInfo(shard_rank);
+  for (size_t i = 0; i < spec.params.size(); ++i) {
+    const ShardParamInfo& p = info.params[i];
+    if (!p.in_shard || p.numel_in_shard == 0) continue;
+    const std::string name = name_of(spec.params[i]);
+    if (name.empty()) continue;
+    absl::StatusOr<std::vector<float>> values =
+        reader.ReadRange(kind, name, spec.params[i].shape,
+                         static_cast<uint64_t>(p.intra_param_start_idx),
+                         static_cast<uint64_t>(p.intra_param_end_idx) + 1);
+    if (absl::IsNotFound(values.status()) && any_found != nullptr) continue;
+    if (!values.ok()) return values.status();
+    std::copy(values->begin(), values->end(),
+              shard.begin() + static_cast<std::ptrdiff_t>(p.offset_in_shard));
+    if (any_found != nullptr) *any_found = true;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status StageTensors(FsdpRuntime& runtime, CheckpointReader& reader, StagedCheckpoint& staged) {
   RETURN_IF_ERROR(CheckSameParams(runtime, reader));
   const CheckpointManifest& m = reader.manifest();
   for (size_t u = 0; u < runtime.units().size(); ++u) {
     const FlatParamUnit& unit = *runtime.units()[u];
     const Unit& spec = unit.config().unit;
-    const FlatParamLayout& layout = unit.layout();
-    const auto n = static_cast<size_t>(layout.unpadded_unsharded_numel());
-    const auto s = static_cast<size_t>(layout.sharded_numel());
-    // Flatten-and-shard (reference §6.4): full values, this job's flat layout,
-    // this rank's shard of it.
-    auto flatten_and_shard = [&](const std::vector<std::vector<float>>& values, bool zero_padding,
-                                 std::vector<float>& shard) -> absl::Status {
-      std::vector<std::span<const std::byte>> spans;
-      for (const auto& v : values) spans.push_back(std::as_bytes(std::span(v)));
-      std::vector<float> flat(n);
-      RETURN_IF_ERROR(
-          FlattenParams(layout, DType::kFloat32, spans, std::as_writable_bytes(std::span(flat))));
-      if (zero_padding) ZeroPadding(layout, flat);
-      shard.assign(s, 0.0f);
-      return unit.ShardOf(flat, shard);
-    };
-    std::vector<std::vector<float>> values(spec.params.size());
-    for (size_t i = 0; i < spec.params.size(); ++i) {
-      ASSIGN_OR_RETURN(values[i], reader.ReadFull("model", spec.params[i].fqn, spec.params[i].shape));
-    }
-    RETURN_IF_ERROR(flatten_and_shard(values, false, staged.shards[u]));
+    RETURN_IF_ERROR(ReadShard(
+        reader, "model", unit, [](const UnitParam& p) { return p.fqn; },
+        static_cast<float>(kFlatParamPaddingValue), staged.shards[u], nullptr));
     for (const std::string& state : m.optimizer_states) {
+      // A parameter without the state reads as zeros, which is what torch's
+      // Adam and SGD momentum start from (reference §6.4: zeros = no state).
       bool any = false;
-      for (size_t i = 0; i < spec.params.size(); ++i) {
-        // Zeros stand for "no state", which is what torch's Adam and SGD
-        // momentum start from (reference §6.4).
-        values[i].assign(static_cast<size_t>(spec.params[i].numel), 0.0f);
-        if (!spec.params[i].requires_grad) continue;
-        absl::StatusOr<std::vector<float>> v = reader.ReadFull(
-            "optim", absl::StrCat(spec.params[i].fqn, ".", state), spec.params[i].shape);
-        if (absl::IsNotFound(v.status())) continue;
-        if (!v.ok()) return v.status();
-        values[i] = *std::move(v);
-        any = true;
-      }
-      if (any) RETURN_IF_ERROR(flatten_and_shard(values, true, staged.states[u][state]));
+      std::vector<float> values;
+      RETURN_IF_ERROR(ReadShard(
+          reader, "optim", unit,
+          [&](const UnitParam& p) {
+            return p.requires_grad ? absl::StrCat(p.fqn, ".", state) : std::string();
+          },
+          0.0f, values, &any));
+      if (any) staged.states[u][state] = std::move(values);
     }
     for (const UnitParam& p : spec.params) {
-      absl::StatusOr<std::vector<float>> step = reader.ReadFull("optim", absl::StrCat(p.fqn, ".step"), {});
+      absl::StatusOr<std::vector<float>> step =
+          reader.ReadFull("optim", absl::StrCat(p.fqn, ".step"), {});
       if (absl::IsNotFound(step.status())) continue;
       if (!step.ok()) return step.status();
       staged.steps[u] = (*step)[0];
@@ -569,6 +660,9 @@ absl::StatusOr<StagedCheckpoint> StageShardCheckpoint(FsdpRuntime& runtime,
   staged.shards.resize(units);
   staged.states.resize(units);
   staged.steps.resize(units);
+  // Every file is checked before anything is read: a damaged checkpoint is
+  // refused whole, even where this rank would not have read the damage.
+  RETURN_IF_ERROR(reader->VerifyAll());
   if (m.state_dict_type == v1::LOCAL_STATE_DICT) {
     RETURN_IF_ERROR(StageLocal(runtime, *reader, staged));
   } else {

@@ -15,6 +15,7 @@
 #define FLATSHARD_WORKER_RUNTIME_SHARD_CHECKPOINT_H_
 
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -39,26 +40,33 @@ struct ShardSaveResult {
 absl::StatusOr<ShardSaveResult> SaveShardCheckpoint(FsdpRuntime& runtime, const std::string& dir,
                                                     v1::StateDictType type);
 
-// An async save's snapshot: this rank's files, their tensors copied to host
-// memory by the same collectives a synchronous save runs, so training can go
-// on while WriteShardSnapshot writes them.
+// An async save's snapshot: copies of this rank's shards and optimizer state
+// (a memcpy, no collectives) and the plan of the files to write. The
+// background writer gathers from the copies over the runtime's checkpoint
+// communicator, its own context, so training's collectives go on meanwhile.
+struct SavePlan;
 struct ShardSnapshot {
-  struct File {
-    std::string name;
-    std::vector<SafetensorsSlot> slots;
-    std::map<std::string, std::string> metadata;
-    std::vector<std::vector<float>> data;  // parallel to slots
+  struct Unit {
+    std::vector<float> shard;
+    std::map<std::string, std::vector<float>> states;
+    std::vector<std::string> state_order;  // torch's order, as the optimizer lists them
+    float step = 0;
+    int64_t numel = 0;  // N, the unpadded flat size
+    bool sharded = true;
   };
-  int rank = 0;
-  std::vector<File> files;  // none for ranks that write nothing
+  std::shared_ptr<const SavePlan> plan;
+  Communicator* comm = nullptr;  // FsdpRuntime::checkpoint_comm(); the runtime outlives the write
+  std::vector<Unit> units;
   uint64_t bytes() const;
 };
 
 absl::StatusOr<ShardSnapshot> SnapshotShardCheckpoint(FsdpRuntime& runtime,
                                                       v1::StateDictType type);
-// Writes a snapshot's files into the existing directory `dir` (no
-// collectives, no runtime: safe on a background thread).
-ShardSaveResult WriteShardSnapshot(const ShardSnapshot& snapshot, const std::string& dir);
+// Writes a snapshot's files into the existing directory `dir`, gathering over
+// the snapshot's communicator (every rank of the save calls it). An error
+// status means a collective failed; file errors are in write_status.
+absl::StatusOr<ShardSaveResult> WriteShardSnapshot(const ShardSnapshot& snapshot,
+                                                   const std::string& dir);
 
 // A checkpoint read and validated into memory, ready to replace the runtime's
 // shards: loading is staged on every rank first and applied only when all

@@ -22,15 +22,18 @@ void BackgroundSaves::Start(const std::string& key, ShardSnapshot snapshot,
   std::shared_future<v1::CommandResult> save =
       std::async(std::launch::async,
                  [snapshot = std::move(snapshot), path, rank, seq]() {
-                   const ShardSaveResult written = WriteShardSnapshot(snapshot, path);
+                   absl::StatusOr<ShardSaveResult> written = WriteShardSnapshot(snapshot, path);
+                   if (!written.ok()) {  // a gather failed: report it like a file error
+                     written = ShardSaveResult{{}, written.status()};
+                   }
                    v1::CommandResult result;
                    result.set_seq(seq);
                    result.set_rank(rank);
-                   if (!written.write_status.ok()) {
-                     result.set_error_code(static_cast<int>(written.write_status.code()));
-                     result.set_error(std::string(written.write_status.message()));
+                   if (!written->write_status.ok()) {
+                     result.set_error_code(static_cast<int>(written->write_status.code()));
+                     result.set_error(std::string(written->write_status.message()));
                    }
-                   for (const CheckpointFile& f : written.files) {
+                   for (const CheckpointFile& f : written->files) {
                      v1::CheckpointFileInfo* info = result.add_files();
                      info->set_name(f.name);
                      info->set_rank(f.rank);

@@ -1,0 +1,229 @@
+// Checkpoint save and load throughput against the disk, and the training
+// stall of async save against sync save (issue #5).
+//
+// 1. The disk, in the same run: sequential write of --disk-mib in 4 MiB
+//    writes + fsync, then a (warm) sequential read of it.
+// 2. A real local cluster (coordinator + W worker daemons) training a
+//    ~34M-parameter MLP (AdamW: ~400 MB of model and optimizer state). For each
+//    state-dict type: synchronous save (files written, fsynced, committed) and
+//    load (staged on every rank, then applied), in MB/s of checkpoint bytes
+//    and as a ratio to the disk figures of step 1.
+// 3. Stall: how long training cannot run while a checkpoint is taken. Sync:
+//    the whole save. Async: until the snapshot is in host memory (the first
+//    progress message); the write and commit then overlap training.
+//
+//   checkpoint_bench [--workers 4] [--reps 3] [--disk-mib 1024] [--dir /tmp]
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
+
+#include "client/flatshard_client.h"
+#include "client/local_cluster.h"
+#include "core/checkpoint_manifest.h"
+#include "core/job_spec_yaml.h"
+
+namespace flatshard {
+namespace {
+
+namespace fs = std::filesystem;
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+double Seconds(absl::Time since) { return absl::ToDoubleSeconds(absl::Now() - since); }
+
+// Sequential write (4 MiB writes, fsync at the end) and warm read, in GB/s.
+std::pair<double, double> DiskBandwidth(const std::string& dir, int mib) {
+  const std::string path = dir + "/disk-probe";
+  std::vector<char> block(4 << 20, 'x');
+  absl::Time start = absl::Now();
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  for (int i = 0; i < mib / 4; ++i) {
+    if (::write(fd, block.data(), block.size()) != static_cast<ssize_t>(block.size())) std::abort();
+  }
+  ::fsync(fd);
+  ::close(fd);
+  const double write_s = Seconds(start);
+  start = absl::Now();
+  const int rfd = ::open(path.c_str(), O_RDONLY);
+  while (::read(rfd, block.data(), block.size()) > 0) {
+  }
+  ::close(rfd);
+  const double read_s = Seconds(start);
+  fs::remove(path);
+  const double bytes = static_cast<double>(mib) * (1 << 20);
+  return {bytes / write_s / 1e9, bytes / read_s / 1e9};
+}
+
+std::string WriteJob(const std::string& dir, int workers) {
+  std::ofstream(dir + "/bench-mlp.yaml") << R"(name: bench-mlp
+dtype: float32
+root:
+  type: Sequential
+  children:
+    - {name: input, type: Linear, in_features: 64, out_features: 1024}
+    - name: blocks
+      type: ModuleList
+      repeat: 4
+      template:
+        type: Residual
+        children:
+          - {name: fc1, type: Linear, in_features: 1024, out_features: 4096}
+          - {name: act, type: GELU}
+          - {name: fc2, type: Linear, in_features: 4096, out_features: 1024}
+    - {name: norm, type: LayerNorm, normalized_shape: 1024}
+    - {name: output, type: Linear, in_features: 1024, out_features: 16}
+)";
+  std::ofstream(dir + "/bench-job.yaml") << absl::StrFormat(R"(name: ckpt-bench
+model: bench-mlp.yaml
+wrap_policy: module-type:Residual
+world_size: %d
+sharding: {strategy: FULL_SHARD}
+optimizer: {kind: adamw, lr: 0.001}
+data: {kind: regression, global_batch_size: %d, seed: 1}
+)",
+                                                            workers, 8 * workers);
+  return dir + "/bench-job.yaml";
+}
+
+int Run(int workers, int reps, int disk_mib, const std::string& base) {
+  const std::string dir = base + "/flatshard-ckpt-bench";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  std::vector<double> disk_w, disk_r;
+  for (int i = 0; i < reps; ++i) {
+    auto [w, r] = DiskBandwidth(dir, disk_mib);
+    disk_w.push_back(w);
+    disk_r.push_back(r);
+  }
+  const double disk_write = Median(disk_w), disk_read = Median(disk_r);
+  std::printf(
+      "disk: sequential write + fsync %.2f GB/s, warm read %.2f GB/s (%d MiB, median of %d)\n",
+      disk_write, disk_read, disk_mib, reps);
+
+  absl::StatusOr<v1::JobSpec> spec = LoadJobSpecFile(WriteJob(dir, workers));
+  if (!spec.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(spec.status().message()).c_str());
+    return 1;
+  }
+  LocalClusterOptions options;
+  options.workers = workers;
+  options.bin_dir = fs::read_symlink("/proc/self/exe").parent_path().string();
+  options.checkpoint_dir = dir + "/ckpt";
+  auto cluster = LocalCluster::Start(options);
+  if (!cluster.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(cluster.status().message()).c_str());
+    return 1;
+  }
+  FlatshardClient client((*cluster)->address());
+  if (!client.CreateJob(*spec).ok() ||
+      !client.WaitForState("ckpt-bench", {v1::READY}, absl::Seconds(300)).ok()) {
+    std::fprintf(stderr, "job did not become READY\n");
+    return 1;
+  }
+  std::vector<double> step_s;
+  absl::Status trained = client.Train(
+      "ckpt-bench", 4, 0, [&](const v1::StepResult& r) { step_s.push_back(r.step_seconds()); });
+  if (!trained.ok()) return 1;
+  std::printf("training step (W=%d, %s): median %.0f ms\n", workers, "34M params, AdamW",
+              Median(step_s) * 1e3);
+
+  std::printf(
+      "\n| type | bytes | save | save MB/s | save / disk write | load | load MB/s | "
+      "load / disk read |\n|---|---|---|---|---|---|---|---|\n");
+  int n = 0;
+  for (v1::StateDictType type :
+       {v1::FULL_STATE_DICT, v1::SHARDED_STATE_DICT, v1::LOCAL_STATE_DICT}) {
+    std::vector<double> save_s, load_s;
+    int64_t bytes = 0;
+    for (int i = 0; i < reps; ++i) {
+      v1::SaveCheckpointRequest request;
+      request.set_job("ckpt-bench");
+      request.set_name(absl::StrCat("c", n++));
+      request.mutable_settings()->set_state_dict_type(type);
+      absl::Time start = absl::Now();
+      absl::StatusOr<v1::CheckpointProgress> saved = client.SaveCheckpoint(request);
+      save_s.push_back(Seconds(start));
+      if (!saved.ok()) {
+        std::fprintf(stderr, "save: %s\n", std::string(saved.status().message()).c_str());
+        return 1;
+      }
+      bytes = saved->bytes_written();
+      start = absl::Now();
+      absl::StatusOr<v1::CheckpointProgress> loaded =
+          client.LoadCheckpoint("ckpt-bench", saved->name());
+      load_s.push_back(Seconds(start));
+      if (!loaded.ok()) return 1;
+      (void)client.DeleteCheckpoint("ckpt-bench", saved->name());
+    }
+    const double mb = static_cast<double>(bytes) / 1e6;
+    const double save = Median(save_s), load = Median(load_s);
+    std::printf("| %s | %.0f MB | %.3f s | %.0f | %.2f | %.3f s | %.0f | %.2f |\n",
+                std::string(StateDictTypeName(type)).c_str(), mb, save, mb / save,
+                mb / save / (disk_write * 1e3), load, mb / load, mb / load / (disk_read * 1e3));
+  }
+
+  std::printf(
+      "\n| save | training stall (median) | time to commit (median) | stall async / sync |\n"
+      "|---|---|---|---|\n");
+  for (v1::StateDictType type : {v1::SHARDED_STATE_DICT, v1::LOCAL_STATE_DICT}) {
+    double sync_stall = 0;
+    for (bool async_save : {false, true}) {
+      std::vector<double> stall_s, commit_s;
+      for (int i = 0; i < reps; ++i) {
+        v1::SaveCheckpointRequest request;
+        request.set_job("ckpt-bench");
+        request.set_name(absl::StrCat("s", n++));
+        request.set_async_save(async_save);
+        request.mutable_settings()->set_state_dict_type(type);
+        const absl::Time start = absl::Now();
+        double stall = -1;
+        absl::StatusOr<v1::CheckpointProgress> saved =
+            client.SaveCheckpoint(request, [&](const v1::CheckpointProgress& p) {
+              if (!p.done()) stall = Seconds(start);
+            });
+        commit_s.push_back(Seconds(start));
+        if (!saved.ok()) return 1;
+        stall_s.push_back(async_save ? stall : commit_s.back());
+        (void)client.DeleteCheckpoint("ckpt-bench", saved->name());
+      }
+      if (!async_save) sync_stall = Median(stall_s);
+      std::printf("| %s %s | %.3f s | %.3f s | %.2f |\n",
+                  std::string(StateDictTypeName(type)).c_str(), async_save ? "async" : "sync",
+                  Median(stall_s), Median(commit_s), Median(stall_s) / sync_stall);
+    }
+  }
+  const bool clean = (*cluster)->Stop();
+  fs::remove_all(dir);
+  return clean ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace flatshard
+
+int main(int argc, char** argv) {
+  int workers = 4, reps = 3, disk_mib = 1024;
+  std::string dir = "/tmp";
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string flag = argv[i];
+    if (flag == "--workers") workers = std::atoi(argv[i + 1]);
+    if (flag == "--reps") reps = std::atoi(argv[i + 1]);
+    if (flag == "--disk-mib") disk_mib = std::atoi(argv[i + 1]);
+    if (flag == "--dir") dir = argv[i + 1];
+  }
+  return flatshard::Run(workers, reps, disk_mib, dir);
+}
