@@ -106,8 +106,8 @@ int CheckpointCommands::Save(std::ostream& out, std::ostream& err) {
   if (json_) {
     out << MessageToJson(*done) << "\n";
   } else {
-    out << "saved checkpoint '" << done->name() << "' (" << Megabytes(done->bytes_written())
-        << ") -> " << done->manifest_path() << "\n"
+    out << "saved checkpoint '" << done->name() << "' at step " << done->step() << " ("
+        << Megabytes(done->bytes_written()) << ") -> " << done->manifest_path() << "\n"
         << "resume from it with: flatshard ckpt load -j " << job_ << " " << done->name() << "\n";
   }
   return kExitOk;
@@ -121,7 +121,8 @@ int CheckpointCommands::Load(std::ostream& out, std::ostream& err) {
     out << MessageToJson(*done) << "\n";
   } else {
     out << "loaded checkpoint '" << done->name() << "' (" << Megabytes(done->bytes_written())
-        << "); training continues from its step\n";
+        << ", step " << done->step() << "); the next step trained is " << done->step() + 1
+        << "\n";
   }
   return kExitOk;
 }

@@ -2,8 +2,9 @@
 # The main job: installs dependencies, builds, starts a local cluster (a
 # coordinator and 4 CPU worker daemons), creates the example job (the 1M-parameter
 # MLP, FULL_SHARD with bf16 all-gathers), trains it through the coordinator with
-# live progress, gathers the trained parameters into a safetensors file, and
-# stops the cluster. Checkpoints on demand join with issue #5.
+# live progress while a second client takes a checkpoint on demand in the middle
+# of training, shows how to resume from it, gathers the trained parameters into
+# a safetensors file, and stops the cluster.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -34,8 +35,29 @@ addr=$(cat "$out/coordinator")
 sed -n '1,/Ctrl-C stops/p' "$out/up.log" | grep -v '^\[' | sed 's/^/  /'
 echo
 
-echo "== flatshard train: 60 steps through the coordinator =="
+echo "== flatshard train: 60 steps through the coordinator; at step 30 a second client asks for a checkpoint =="
+# The second client: once the job reports step 30, `ckpt save` runs between two
+# steps of the training the first client is streaming.
+(
+  for _ in $(seq 600); do
+    step=$("$bin" job status -c "$addr" -j mlp-demo --json | sed -n 's/.*"step": *"\{0,1\}\([0-9]*\).*/\1/p')
+    [[ -n "$step" && "$step" -ge 30 ]] && break
+    sleep 0.05
+  done
+  "$bin" ckpt save -c "$addr" -j mlp-demo -n mid-training -t sharded >"$out/ckpt-save.log" 2>&1
+) &
+saver=$!
 "$bin" train -c "$addr" -j mlp-demo --steps 60
+wait $saver || { cat "$out/ckpt-save.log"; exit 1; }
+echo
+echo "== the checkpoint taken mid-training (flatshard ckpt ls / verify) =="
+sed 's/^/  /' "$out/ckpt-save.log"
+"$bin" ckpt ls -c "$addr" -j mlp-demo
+"$bin" ckpt verify "$out/checkpoints/mlp-demo/mid-training" | tail -1
+echo
+echo "== resume: load it (every rank stages, then all apply) and train on from its step =="
+"$bin" ckpt load -c "$addr" -j mlp-demo mid-training
+"$bin" train -c "$addr" -j mlp-demo --steps 5
 echo
 "$bin" workers -c "$addr"
 echo
@@ -50,6 +72,8 @@ grep -A2 'stopping the cluster' "$out/up.log" | sed 's/^/  /' || true
 echo
 echo "Next: run 'build/bin/flatshard up' in one terminal and drive it from another"
 echo "(flatshard job create -f examples/mlp-job.yaml; flatshard train -j mlp-demo --steps 50;"
-echo "flatshard unshard/reshard/summon/watch); 'build/bin/flatshard --help' lists every command,"
-echo "docs/job-spec.md the job file, docs/control-plane.md how the coordinator drives workers."
+echo "flatshard ckpt save|load|ls; unshard/reshard/summon/watch); offline, with no cluster:"
+echo "flatshard ckpt inspect|verify|consolidate|reshard on $out/checkpoints/mlp-demo/mid-training."
+echo "'build/bin/flatshard --help' lists every command; docs/checkpoints.md, docs/job-spec.md and"
+echo "docs/control-plane.md explain checkpoints, the job file and how the coordinator drives workers."
 echo "Outputs are in $out."

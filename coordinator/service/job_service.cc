@@ -163,6 +163,7 @@ v1::CheckpointProgress Progress(const v1::CheckpointInfo& info, const std::strin
   progress.set_bytes_total(info.bytes());
   progress.set_done(true);
   progress.set_manifest_path(manifest);
+  progress.set_step(info.step());
   return progress;
 }
 
