@@ -54,13 +54,14 @@ void CheckpointCommands::Add(CLI::App& app) {
   inspect_ = ckpt->add_subcommand("inspect", "Print a checkpoint's manifest: step, type, tensors");
   verify_ = ckpt->add_subcommand(
       "verify", "Check every file of a checkpoint against its manifest (size, xxh3, header)");
-  consolidate_ = ckpt->add_subcommand(
-      "consolidate", "Write a FULL checkpoint (model.safetensors, optim.safetensors) from a "
-                     "SHARDED or LOCAL one");
-  reshard_ = ckpt->add_subcommand(
-      "reshard", "Write a SHARDED checkpoint for another world size");
+  consolidate_ =
+      ckpt->add_subcommand("consolidate",
+                           "Write a FULL checkpoint (model.safetensors, optim.safetensors) from a "
+                           "SHARDED or LOCAL one");
+  reshard_ = ckpt->add_subcommand("reshard", "Write a SHARDED checkpoint for another world size");
   for (CLI::App* command : {inspect_, verify_, consolidate_, reshard_}) {
-    command->add_option("dir", path_, "Checkpoint directory, e.g. checkpoints/mlp-demo/step-00000030")
+    command
+        ->add_option("dir", path_, "Checkpoint directory, e.g. checkpoints/mlp-demo/step-00000030")
         ->required()
         ->check(CLI::ExistingDirectory);
   }
@@ -121,8 +122,7 @@ int CheckpointCommands::Load(std::ostream& out, std::ostream& err) {
     out << MessageToJson(*done) << "\n";
   } else {
     out << "loaded checkpoint '" << done->name() << "' (" << Megabytes(done->bytes_written())
-        << ", step " << done->step() << "); the next step trained is " << done->step() + 1
-        << "\n";
+        << ", step " << done->step() << "); the next step trained is " << done->step() + 1 << "\n";
   }
   return kExitOk;
 }
@@ -172,9 +172,9 @@ int CheckpointCommands::Inspect(std::ostream& out, std::ostream& err) {
       << "  " << StateDictTypeName(m.state_dict_type) << " saved at world size " << m.world_size
       << " (" << m.strategy << ")\n"
       << "  optimizer " << m.optimizer
-      << (m.optimizer_states.empty() ? ""
-                                     : absl::StrCat(" (", absl::StrJoin(m.optimizer_states, ", "),
-                                                    ")"))
+      << (m.optimizer_states.empty()
+              ? ""
+              : absl::StrCat(" (", absl::StrJoin(m.optimizer_states, ", "), ")"))
       << "\n"
       << "  " << m.params.size() << " parameters, " << m.files.size() << " files, "
       << Megabytes(bytes) << "\n";

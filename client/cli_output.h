@@ -32,7 +32,8 @@ void PrintTable(const std::vector<std::string>& header,
                 const std::vector<std::vector<std::string>>& rows, std::ostream& out);
 
 // The options every cluster subcommand takes.
-void AddCoordinatorOption(CLI::App* command, std::string& coordinator);  // -c, env FLATSHARD_COORDINATOR
+void AddCoordinatorOption(CLI::App* command,
+                          std::string& coordinator);     // -c, env FLATSHARD_COORDINATOR
 void AddJobOption(CLI::App* command, std::string& job);  // -j, env FLATSHARD_JOB, required
 
 // A message as --json prints it (proto field names, defaults included).

@@ -79,8 +79,8 @@ absl::StatusOr<v1::CheckpointInfo> CheckpointCatalog::Commit(const CheckpointMan
     }
     bytes += digest.bytes;
   }
-  RETURN_IF_ERROR(WriteFileDurably(absl::StrCat(partial, "/", kManifestFileName),
-                                   ManifestToJson(manifest)));
+  RETURN_IF_ERROR(
+      WriteFileDurably(absl::StrCat(partial, "/", kManifestFileName), ManifestToJson(manifest)));
   RETURN_IF_ERROR(FsyncPath(partial));
   std::error_code ec;
   fs::rename(partial, Path(manifest.name), ec);
@@ -182,7 +182,8 @@ absl::Status CheckpointCatalog::Delete(const std::string& name) {
   // whatever happens to the rest of the removal.
   fs::remove(absl::StrCat(Path(name), "/", kManifestFileName), ec);
   fs::remove_all(Path(name), ec);
-  if (ec) return absl::UnavailableError(absl::StrCat("cannot remove ", Path(name), ": ", ec.message()));
+  if (ec)
+    return absl::UnavailableError(absl::StrCat("cannot remove ", Path(name), ": ", ec.message()));
   if (LatestName() == name) {
     ASSIGN_OR_RETURN(std::vector<v1::CheckpointInfo> rest, List());
     if (rest.empty()) {

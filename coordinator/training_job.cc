@@ -263,8 +263,8 @@ absl::Status TrainingJob::Train(int64_t steps, int micro_steps,
     RunPendingSaves(absl::OkStatus(), /*last=*/false);
     if (absl::Status scheduled = MaybeScheduledSave(); !scheduled.ok()) {
       RETURN_IF_ERROR(states_.Transition(
-          v1::IDLE, absl::StrCat("training stopped: scheduled checkpoint failed: ",
-                                 scheduled.message())));
+          v1::IDLE,
+          absl::StrCat("training stopped: scheduled checkpoint failed: ", scheduled.message())));
       return scheduled;
     }
   }
@@ -373,6 +373,12 @@ void TrainingJob::FailRank(int rank, const absl::Status& reason) {
 void TrainingJob::Stop(const std::string& reason) {
   if (CommandSequencer* seq = sequencer(); seq != nullptr) {
     seq->Fail(-1, absl::CancelledError(reason));
+  }
+  {
+    // Also wakes a background commit waiting on AwaitSave, even when the
+    // sequencer had already failed (and so cancelled nothing above).
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& client : clients_) client->CancelAll();
   }
   (void)states_.Transition(v1::STOPPED, reason);
   states_.Close();

@@ -8,10 +8,10 @@
 
 #include <cstdint>
 #include <functional>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <future>
 #include <set>
 #include <string>
 #include <thread>
@@ -104,7 +104,8 @@ class TrainingJob {
 
   // Checkpoints (training_job_checkpoints.cc).
   struct PendingSave;
-  v1::StateDictType ResolveStateDictType(const std::optional<v1::StateDictSettings>& settings) const;
+  v1::StateDictType ResolveStateDictType(
+      const std::optional<v1::StateDictSettings>& settings) const;
   using SaveFuture = std::shared_future<absl::StatusOr<v1::CheckpointInfo>>;
   // Runs a save's collectives now (the operation slot is held). Synchronous:
   // also writes and commits; the future is ready. Async: the ranks snapshot,

@@ -54,8 +54,8 @@ absl::StatusOr<v1::CheckpointInfo> TrainingJob::SaveCheckpoint(
     const std::string& requested, const std::optional<v1::StateDictSettings>& settings,
     bool async_save, const std::function<void()>& on_snapshot) {
   if (settings.has_value() && !v1::StateDictType_IsValid(settings->state_dict_type())) {
-    return absl::InvalidArgumentError(absl::StrCat("settings.state_dict_type has unknown value ",
-                                                   settings->state_dict_type()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("settings.state_dict_type has unknown value ", settings->state_dict_type()));
   }
   if (!requested.empty()) RETURN_IF_ERROR(ValidateCheckpointName(requested));
   const v1::StateDictType type = ResolveStateDictType(settings);
@@ -110,8 +110,8 @@ void TrainingJob::RunPendingSaves(const absl::Status& refuse, bool last) {
       next->started.set_value(Ready(refuse));
       continue;
     }
-    next->started.set_value(StartSave(next->name, next->type, /*scheduled=*/false,
-                                      next->async_save));
+    next->started.set_value(
+        StartSave(next->name, next->type, /*scheduled=*/false, next->async_save));
   }
 }
 
@@ -212,14 +212,15 @@ TrainingJob::SaveFuture TrainingJob::StartSave(const std::string& name, v1::Stat
   absl::StatusOr<std::vector<v1::CommandResult>> results = RunCheckpointBatch(command);
   if (!results.ok()) {
     catalog_.AbandonSave(name);
-    return Ready(absl::Status(results.status().code(),
-                              absl::StrCat("checkpoint '", name, "' was not saved: ",
-                                           results.status().message())));
+    return Ready(absl::Status(
+        results.status().code(),
+        absl::StrCat("checkpoint '", name, "' was not saved: ", results.status().message())));
   }
   const int keep_last = spec_.checkpoints().keep_last();
-  auto commit = [this, name, type, start, keep_last](
-                    CheckpointManifest m, const std::vector<v1::CommandResult>& written)
-      -> absl::StatusOr<v1::CheckpointInfo> {
+  auto commit =
+      [this, name, type, start, keep_last](
+          CheckpointManifest m,
+          const std::vector<v1::CommandResult>& written) -> absl::StatusOr<v1::CheckpointInfo> {
     for (const v1::CommandResult& r : written) {
       for (const v1::CheckpointFileInfo& f : r.files()) {
         m.files.push_back({f.name(), f.rank(), static_cast<uint64_t>(f.bytes()), f.xxh3()});
@@ -249,26 +250,36 @@ TrainingJob::SaveFuture TrainingJob::StartSave(const std::string& name, v1::Stat
   committer_ = std::thread([this, promise, workers, directory, timeout, name,
                             manifest = std::move(manifest), commit]() mutable {
     std::vector<v1::CommandResult> written;
-    absl::Status failed;
-    for (size_t r = 0; r < workers.size() && failed.ok(); ++r) {
+    // Every rank is awaited, even after one failed: each holds a snapshot
+    // until its outcome is collected. A rank that cannot be reached is the
+    // cause; the others then only report that their gathers lost it.
+    absl::Status unreachable, reported;
+    for (size_t r = 0; r < workers.size(); ++r) {
       absl::StatusOr<v1::CommandResult> result =
           workers[r]->AwaitSave(directory, absl::Now() + timeout);
       if (!result.ok()) {
-        failed = absl::Status(result.status().code(),
-                              absl::StrCat("rank ", r, ": ", result.status().message()));
+        if (unreachable.ok()) {
+          unreachable = absl::Status(
+              result.status().code(),
+              absl::StrCat("rank ", r, " did not finish its write: ", result.status().message()));
+        }
       } else if (result->error_code() != 0) {
-        failed = absl::Status(static_cast<absl::StatusCode>(result->error_code()),
-                              absl::StrCat("rank ", r, ": ", result->error()));
+        if (reported.ok()) {
+          reported = absl::Status(static_cast<absl::StatusCode>(result->error_code()),
+                                  absl::StrCat("rank ", r, ": ", result->error()));
+        }
       } else {
         written.push_back(*std::move(result));
       }
     }
+    const absl::Status failed = !unreachable.ok() ? unreachable : reported;
     if (!failed.ok()) {
       catalog_.AbandonSave(name);
       spdlog::error("job {}: async checkpoint {} failed: {}", config_.name, name,
                     std::string(failed.message()));
-      promise->set_value(absl::Status(
-          failed.code(), absl::StrCat("checkpoint '", name, "' was not saved: ", failed.message())));
+      promise->set_value(
+          absl::Status(failed.code(),
+                       absl::StrCat("checkpoint '", name, "' was not saved: ", failed.message())));
       return;
     }
     promise->set_value(commit(std::move(manifest), written));
@@ -284,10 +295,10 @@ absl::StatusOr<v1::CheckpointInfo> TrainingJob::LoadCheckpoint(const std::string
   // Stage everywhere first: a rank that cannot read its part changes nothing.
   absl::StatusOr<std::vector<v1::CommandResult>> staged = RunCheckpointBatch(command);
   if (!staged.ok()) {
-    return absl::Status(staged.status().code(),
-                        absl::StrCat("checkpoint '", manifest.name, "' was not loaded (the job "
-                                     "is unchanged): ",
-                                     staged.status().message()));
+    return absl::Status(staged.status().code(), absl::StrCat("checkpoint '", manifest.name,
+                                                             "' was not loaded (the job "
+                                                             "is unchanged): ",
+                                                             staged.status().message()));
   }
   command.mutable_load_shard()->set_apply(true);
   absl::StatusOr<std::vector<v1::CommandResult>> applied = RunCheckpointBatch(command);

@@ -81,7 +81,8 @@ class TensorSource {
  private:
   static std::string FlatName(const Unit& unit) { return JoinFqn(unit.module_fqn, "_flat_param"); }
 
-  static std::pair<std::string, std::string> Split(absl::string_view kind, const std::string& name) {
+  static std::pair<std::string, std::string> Split(absl::string_view kind,
+                                                   const std::string& name) {
     if (kind == "model") return {name, ""};
     const size_t dot = name.rfind('.');
     return {name.substr(0, dot), name.substr(dot + 1)};
@@ -177,7 +178,8 @@ absl::StatusOr<CheckpointManifest> WriteConverted(TensorSource& source, const st
   const std::string partial = out_dir + std::string(kPartialSuffix);
   fs::remove_all(partial, ec);
   fs::create_directories(partial, ec);
-  if (ec) return absl::UnavailableError(absl::StrCat("cannot create ", partial, ": ", ec.message()));
+  if (ec)
+    return absl::UnavailableError(absl::StrCat("cannot create ", partial, ": ", ec.message()));
   const bool full = type == v1::FULL_STATE_DICT;
   const int files_per_kind = full ? 1 : world_size;
   for (const char* kind : {"model", "optim"}) {
@@ -225,10 +227,12 @@ absl::StatusOr<CheckpointManifest> WriteConverted(TensorSource& source, const st
       }
     }
   }
-  RETURN_IF_ERROR(WriteFileDurably(absl::StrCat(partial, "/", kManifestFileName), ManifestToJson(m)));
+  RETURN_IF_ERROR(
+      WriteFileDurably(absl::StrCat(partial, "/", kManifestFileName), ManifestToJson(m)));
   RETURN_IF_ERROR(FsyncPath(partial));
   fs::rename(partial, out_dir, ec);
-  if (ec) return absl::UnavailableError(absl::StrCat("cannot rename ", partial, ": ", ec.message()));
+  if (ec)
+    return absl::UnavailableError(absl::StrCat("cannot rename ", partial, ": ", ec.message()));
   const std::string parent = fs::path(out_dir).parent_path().string();
   RETURN_IF_ERROR(FsyncPath(parent.empty() ? "." : parent));
   return m;

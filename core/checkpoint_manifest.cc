@@ -1,8 +1,8 @@
 #include "core/checkpoint_manifest.h"
 
-#include <xxhash.h>
-
 #include <cstdio>
+
+#include <xxhash.h>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -46,10 +46,10 @@ class Fields {
   std::string what_;
 };
 
-#define FS_FIELD(fields, key, out)                       \
-  do {                                                   \
+#define FS_FIELD(fields, key, out)                        \
+  do {                                                    \
     absl::Status fs_status_ = (fields).Get((key), (out)); \
-    if (!fs_status_.ok()) return fs_status_;             \
+    if (!fs_status_.ok()) return fs_status_;              \
   } while (false)
 
 }  // namespace
@@ -77,8 +77,8 @@ absl::StatusOr<v1::StateDictType> ParseStateDictType(absl::string_view name) {
   if (upper == "FULL_STATE_DICT") return v1::FULL_STATE_DICT;
   if (upper == "SHARDED_STATE_DICT") return v1::SHARDED_STATE_DICT;
   if (upper == "LOCAL_STATE_DICT") return v1::LOCAL_STATE_DICT;
-  return absl::InvalidArgumentError(absl::StrCat("unknown state dict type '", name,
-                                                 "'; expected full, sharded or local"));
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown state dict type '", name, "'; expected full, sharded or local"));
 }
 
 std::string RankFileName(absl::string_view kind, int rank, int world_size) {
@@ -116,8 +116,7 @@ std::string ManifestToJson(const CheckpointManifest& m) {
   json["strategy"] = m.strategy;
   Json params = Json::object();
   for (const auto& [fqn, info] : m.params) {
-    params[fqn] = {{"dtype", std::string(SafetensorsDTypeName(info.dtype))},
-                   {"shape", info.shape}};
+    params[fqn] = {{"dtype", std::string(SafetensorsDTypeName(info.dtype))}, {"shape", info.shape}};
   }
   json["params"] = params;
   Json tied = Json::object();
@@ -125,7 +124,8 @@ std::string ManifestToJson(const CheckpointManifest& m) {
   json["tied"] = tied;
   json["optimizer"] = m.optimizer;
   json["optimizer_states"] = m.optimizer_states;
-  json["data"] = {{"seed", m.data_seed}, {"global_batch_size", m.global_batch_size},
+  json["data"] = {{"seed", m.data_seed},
+                  {"global_batch_size", m.global_batch_size},
                   {"position", m.data_position}};
   json["rng"] = {{"init_seed", m.init_seed}};
   json["created_unix_micros"] = m.created_unix_micros;

@@ -49,8 +49,8 @@ struct CheckpointManifest {
   std::string strategy;  // effective sharding strategy
   // Every primary parameter's full shape (tied aliases in `tied`).
   std::map<std::string, CheckpointTensorInfo> params;
-  std::map<std::string, std::string> tied;  // alias FQN -> primary FQN
-  std::string optimizer;                    // sgd, adam, adamw
+  std::map<std::string, std::string> tied;    // alias FQN -> primary FQN
+  std::string optimizer;                      // sgd, adam, adamw
   std::vector<std::string> optimizer_states;  // tensor states saved per param
   // Data position: the data sets are pure functions of (seed, step), so the
   // next batch is batch `step`; nothing else is random during training.

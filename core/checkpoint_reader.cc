@@ -76,16 +76,15 @@ absl::StatusOr<std::vector<float>> CheckpointReader::ReadRange(absl::string_view
                                                                uint64_t begin, uint64_t end) {
   const auto numel = static_cast<uint64_t>(NumElements(shape));
   if (begin > end || end > numel) {
-    return absl::OutOfRangeError(absl::StrCat("elements [", begin, ", ", end, ") of '", name,
-                                              "' are outside its ", numel));
+    return absl::OutOfRangeError(
+        absl::StrCat("elements [", begin, ", ", end, ") of '", name, "' are outside its ", numel));
   }
   auto check_shape = [&](const SafetensorsReader& file, const SafetensorsEntry& entry,
                          const std::vector<int64_t>& want) -> absl::Status {
     if (entry.shape != want) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(file.path(), ": tensor '", name, "' has shape [",
-                       absl::StrJoin(entry.shape, ", "), "], expected [",
-                       absl::StrJoin(want, ", "), "]"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          file.path(), ": tensor '", name, "' has shape [", absl::StrJoin(entry.shape, ", "),
+          "], expected [", absl::StrJoin(want, ", "), "]"));
     }
     return absl::OkStatus();
   };

@@ -1,15 +1,15 @@
 #include "core/durable_file.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-#include <xxhash.h>
-
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <vector>
+
+#include <fcntl.h>
+#include <unistd.h>
+#include <xxhash.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"

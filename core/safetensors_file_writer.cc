@@ -1,12 +1,12 @@
 #include "core/safetensors_file_writer.h"
 
-#include <fcntl.h>
-#include <unistd.h>
-#include <xxhash.h>
-
 #include <cerrno>
 #include <cstring>
 #include <utility>
+
+#include <fcntl.h>
+#include <unistd.h>
+#include <xxhash.h>
 
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
@@ -92,9 +92,8 @@ absl::Status SafetensorsFileWriter::Append(absl::string_view name, std::span<con
   const SafetensorsSlot& slot = slots_[next_];
   const auto numel = static_cast<size_t>(NumElements(slot.shape));
   if (values.size() != numel) {
-    return absl::InvalidArgumentError(absl::StrCat(path_, ": tensor '", name, "' got ",
-                                                   values.size(), " elements, its shape holds ",
-                                                   numel));
+    return absl::InvalidArgumentError(absl::StrCat(
+        path_, ": tensor '", name, "' got ", values.size(), " elements, its shape holds ", numel));
   }
   ++next_;
   if (slot.dtype == DType::kFloat32) {

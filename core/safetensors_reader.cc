@@ -1,13 +1,13 @@
 #include "core/safetensors_reader.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <utility>
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
@@ -25,7 +25,8 @@ absl::Status Invalid(absl::string_view what, absl::string_view problem) {
 
 uint64_t ReadLe64(absl::string_view bytes) {
   uint64_t n = 0;
-  for (int i = 7; i >= 0; --i) n = (n << 8) | static_cast<unsigned char>(bytes[static_cast<size_t>(i)]);
+  for (int i = 7; i >= 0; --i)
+    n = (n << 8) | static_cast<unsigned char>(bytes[static_cast<size_t>(i)]);
   return n;
 }
 
@@ -53,12 +54,14 @@ absl::StatusOr<SafetensorsEntry> ParseEntry(absl::string_view what, const std::s
   uint64_t numel = 1;
   for (const Json& dim : value["shape"]) {
     if (!dim.is_number_unsigned()) {
-      return Invalid(what, absl::StrCat(where, " has a shape entry that is not a "
-                                               "non-negative integer: ",
+      return Invalid(what, absl::StrCat(where,
+                                        " has a shape entry that is not a "
+                                        "non-negative integer: ",
                                         dim.dump()));
     }
     const uint64_t d = dim.get<uint64_t>();
-    if (d > static_cast<uint64_t>(INT64_MAX)) return Invalid(what, absl::StrCat(where, " has a dimension too large"));
+    if (d > static_cast<uint64_t>(INT64_MAX))
+      return Invalid(what, absl::StrCat(where, " has a dimension too large"));
     entry.shape.push_back(static_cast<int64_t>(d));
     if (d != 0 && numel > kMaxNumel / d) {
       return Invalid(what, absl::StrCat(where, " has more elements than any file can hold"));
@@ -68,8 +71,9 @@ absl::StatusOr<SafetensorsEntry> ParseEntry(absl::string_view what, const std::s
   const Json* offsets = value.contains("data_offsets") ? &value["data_offsets"] : nullptr;
   if (offsets == nullptr || !offsets->is_array() || offsets->size() != 2 ||
       !(*offsets)[0].is_number_unsigned() || !(*offsets)[1].is_number_unsigned()) {
-    return Invalid(what, absl::StrCat(where, " needs 'data_offsets': [begin, end] of "
-                                             "non-negative integers"));
+    return Invalid(what, absl::StrCat(where,
+                                      " needs 'data_offsets': [begin, end] of "
+                                      "non-negative integers"));
   }
   entry.begin = (*offsets)[0].get<uint64_t>();
   entry.end = (*offsets)[1].get<uint64_t>();
@@ -91,8 +95,8 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(absl::string_view prefi
                                                          uint64_t file_size,
                                                          absl::string_view what) {
   if (file_size < 8 || prefix.size() < 8) {
-    return absl::DataLossError(absl::StrCat(what, ": ", file_size,
-                                            " bytes is too short for a safetensors file"));
+    return absl::DataLossError(
+        absl::StrCat(what, ": ", file_size, " bytes is too short for a safetensors file"));
   }
   const uint64_t n = ReadLe64(prefix);
   if (n < 2 || n > kMaxSafetensorsHeaderBytes) {
@@ -157,15 +161,14 @@ absl::StatusOr<SafetensorsHeader> ParseSafetensorsHeader(absl::string_view prefi
                                               " data bytes, the file holds ", data_size,
                                               " (truncated?)"));
     }
-    return Invalid(what, absl::StrCat("the file has ", data_size - expected,
-                                      " bytes after the last tensor"));
+    return Invalid(
+        what, absl::StrCat("the file has ", data_size - expected, " bytes after the last tensor"));
   }
   return out;
 }
 
 absl::StatusOr<std::map<std::string, SafetensorsTensor>> ParseSafetensors(
-    absl::string_view bytes, std::map<std::string, std::string>* metadata,
-    absl::string_view what) {
+    absl::string_view bytes, std::map<std::string, std::string>* metadata, absl::string_view what) {
   ASSIGN_OR_RETURN(SafetensorsHeader header, ParseSafetensorsHeader(bytes, bytes.size(), what));
   std::map<std::string, SafetensorsTensor> tensors;
   for (auto& [name, entry] : header.tensors) {
@@ -195,8 +198,8 @@ absl::Status PreadAll(int fd, char* out, uint64_t size, uint64_t offset, const s
       return absl::UnavailableError(absl::StrCat("cannot read ", path, ": ", std::strerror(errno)));
     }
     if (got == 0) {
-      return absl::DataLossError(absl::StrCat(path, " ended early at byte ", offset,
-                                              " (truncated while open?)"));
+      return absl::DataLossError(
+          absl::StrCat(path, " ended early at byte ", offset, " (truncated while open?)"));
     }
     out += got;
     size -= static_cast<uint64_t>(got);
@@ -219,8 +222,9 @@ absl::StatusOr<std::unique_ptr<SafetensorsReader>> SafetensorsReader::Open(
     ::close(fd);
     return status;
   };
-  struct stat st{};
-  if (::fstat(fd, &st) != 0) return fail(absl::UnavailableError(absl::StrCat("cannot stat ", path)));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0)
+    return fail(absl::UnavailableError(absl::StrCat("cannot stat ", path)));
   const auto file_size = static_cast<uint64_t>(st.st_size);
   std::string prefix(8, '\0');
   if (file_size < 8) {
@@ -264,8 +268,8 @@ absl::StatusOr<std::vector<float>> SafetensorsReader::ReadFloats(absl::string_vi
   const uint64_t offset = header_.data_start + entry->begin + begin * width;
   if (entry->dtype == DType::kFloat32) {  // straight into the result
     std::vector<float> out(end - begin);
-    RETURN_IF_ERROR(PreadAll(fd_, reinterpret_cast<char*>(out.data()), out.size() * width, offset,
-                             path_));
+    RETURN_IF_ERROR(
+        PreadAll(fd_, reinterpret_cast<char*>(out.data()), out.size() * width, offset, path_));
     return out;
   }
   std::string raw((end - begin) * width, '\0');

@@ -176,8 +176,8 @@ grpc::Status JobServiceImpl::SaveCheckpoint(grpc::ServerContext*,
   if (!job.ok()) return ToGrpcStatus(job.status());
   std::optional<v1::StateDictSettings> settings;
   if (request->has_settings()) settings = request->settings();
-  absl::StatusOr<v1::CheckpointInfo> info = (*job)->SaveCheckpoint(
-      request->name(), settings, request->async_save(), [&] {
+  absl::StatusOr<v1::CheckpointInfo> info =
+      (*job)->SaveCheckpoint(request->name(), settings, request->async_save(), [&] {
         // Training may go on now; the files are being written in the background.
         v1::CheckpointProgress snapshot;
         snapshot.set_name(request->name());

@@ -5,8 +5,6 @@
 // training exactly, damaged files are refused by name, a worker killed in
 // the middle of a save leaves no checkpoint behind, and a second client can
 // checkpoint a job another client is training.
-#include <sys/wait.h>
-
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
@@ -19,6 +17,7 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -120,7 +119,8 @@ void ExpectSameTensors(const std::string& a, const std::string& b) {
   for (const auto& [name, tensor] : ta) {
     ASSERT_TRUE(tb.contains(name)) << name << " missing from " << b;
     EXPECT_EQ(tensor.shape, tb.at(name).shape) << name;
-    EXPECT_TRUE(tensor.data == tb.at(name).data) << name << " differs between " << a << " and " << b;
+    EXPECT_TRUE(tensor.data == tb.at(name).data)
+        << name << " differs between " << a << " and " << b;
   }
 }
 
@@ -226,8 +226,9 @@ TEST(CheckpointTest, ResumeContinuesTrainingExactly) {
   for (size_t i = 0; i < resumed.size(); ++i) {
     EXPECT_EQ(resumed[i].step(), expected[i].step());
     EXPECT_EQ(resumed[i].loss(), expected[i].loss()) << "step " << resumed[i].step();
-    EXPECT_EQ(std::vector<double>(resumed[i].rank_losses().begin(), resumed[i].rank_losses().end()),
-              std::vector<double>(expected[i].rank_losses().begin(), expected[i].rank_losses().end()));
+    EXPECT_EQ(
+        std::vector<double>(resumed[i].rank_losses().begin(), resumed[i].rank_losses().end()),
+        std::vector<double>(expected[i].rank_losses().begin(), expected[i].rank_losses().end()));
   }
 }
 
@@ -293,7 +294,12 @@ TEST(CheckpointTest, DamagedCheckpointsAreRefusedNamingTheFileAndChangeNothing) 
   EXPECT_THAT(output, HasSubstr("ok    model-rank00000-of-00002.safetensors"));
 }
 
-TEST(CheckpointTest, WorkerKilledMidSaveLeavesNoCheckpointAndEarlierOnesVerify) {
+// Sync: rank 1 dies while the save batch runs. Async: it dies in the
+// background write, after the snapshot let training go on.
+class KilledMidSaveTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(KilledMidSaveTest, LeavesNoCheckpointAndEarlierOnesVerify) {
+  const bool async_save = GetParam();
   const std::string root = testing::MakeTempDir("ckpt-kill") + "/checkpoints";
   ASSERT_EQ(setenv("FLATSHARD_FAILPOINT_KILL_IN_SAVE", "doomed:1", 1), 0);
   auto cluster = Start(Spec(2, true), root);
@@ -302,7 +308,8 @@ TEST(CheckpointTest, WorkerKilledMidSaveLeavesNoCheckpointAndEarlierOnesVerify) 
   FlatshardClient& client = *cluster->client;
   Train(client, 1);
   ASSERT_TRUE(Save(client, "before", v1::SHARDED_STATE_DICT).ok());
-  absl::StatusOr<v1::CheckpointProgress> doomed = Save(client, "doomed", v1::SHARDED_STATE_DICT);
+  absl::StatusOr<v1::CheckpointProgress> doomed =
+      Save(client, "doomed", v1::SHARDED_STATE_DICT, async_save);
   ASSERT_FALSE(doomed.ok());
   EXPECT_THAT(std::string(doomed.status().message()), HasSubstr("rank 1"));
   EXPECT_FALSE(fs::exists(Dir(root, "doomed")));
@@ -317,6 +324,11 @@ TEST(CheckpointTest, WorkerKilledMidSaveLeavesNoCheckpointAndEarlierOnesVerify) 
   cluster->processes->Stop();
   cluster->processes.reset();
 }
+
+INSTANTIATE_TEST_SUITE_P(SyncAndAsync, KilledMidSaveTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& p) {
+                           return p.param ? "Async" : "Sync";
+                         });
 
 // A second client checkpoints while the first streams Train; scheduled
 // checkpoints and retention come from the job spec.
@@ -367,8 +379,8 @@ TEST(CheckpointTest, CheckpointsDuringTrainingOnDemandAndOnSchedule) {
   std::vector<std::string> names;
   for (const auto& info : *all) names.push_back(info.name());
   std::sort(names.begin(), names.end());  // "during" may land anywhere in time
-  ASSERT_EQ(names, (std::vector<std::string>{"async-during", "during", "step-00000008",
-                                             "step-00000012"}))
+  ASSERT_EQ(names,
+            (std::vector<std::string>{"async-during", "during", "step-00000008", "step-00000012"}))
       << absl::StrJoin(names, ",");
   for (const auto& info : *all) {
     EXPECT_EQ(info.latest(), info.name() == "step-00000012") << info.name();

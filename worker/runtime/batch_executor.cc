@@ -144,8 +144,8 @@ absl::Status CheckCheckpointDirectory(const std::string& directory) {
   const size_t slash = directory.find('/');
   if (slash == std::string::npos || directory.find('/', slash + 1) != std::string::npos ||
       slash == 0 || directory.find("..") != std::string::npos || directory.front() == '.') {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "checkpoint directory '", directory, "' is not of the form <job>/<name>"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("checkpoint directory '", directory, "' is not of the form <job>/<name>"));
   }
   return absl::OkStatus();
 }
@@ -168,8 +168,8 @@ absl::StatusOr<v1::CommandResult> BatchExecutor::ExecuteCheckpoint(
                      ": a checkpoint batch is one SaveShard or LoadShard control command"));
   }
   const v1::Command& command = batch.commands(0);
-  const std::string& directory =
-      command.has_save_shard() ? command.save_shard().directory() : command.load_shard().directory();
+  const std::string& directory = command.has_save_shard() ? command.save_shard().directory()
+                                                          : command.load_shard().directory();
   RETURN_IF_ERROR(CheckCheckpointDirectory(directory));
   const std::string path = absl::StrCat(checkpoint_root, "/", directory);
   v1::CommandResult result;
@@ -181,8 +181,8 @@ absl::StatusOr<v1::CommandResult> BatchExecutor::ExecuteCheckpoint(
       std::filesystem::create_directories(path, ec);
       if (ec) {
         // Still take part in the collectives: the save runs with writes failing.
-        SetError(result, absl::UnavailableError(
-                             absl::StrCat("cannot create ", path, ": ", ec.message())));
+        SetError(result,
+                 absl::UnavailableError(absl::StrCat("cannot create ", path, ": ", ec.message())));
       }
       v1::StateDictType type = command.save_shard().settings().state_dict_type();
       if (type == v1::STATE_DICT_TYPE_UNSPECIFIED) type = v1::FULL_STATE_DICT;

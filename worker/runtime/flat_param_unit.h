@@ -85,7 +85,9 @@ class FlatParamUnit {
   void ClearGradShard() { grad_shard_.Release(); }
 
   // Gathers the full-precision flat parameter (unpadded, N floats) for summon.
-  absl::Status GatherFullPrecision(std::vector<float>& out) { return GatherShardValues(shard(), out); }
+  absl::Status GatherFullPrecision(std::vector<float>& out) {
+    return GatherShardValues(shard(), out);
+  }
   // The same for any per-element shard state (S floats, e.g. optimizer state):
   // all-gathers it over the shard group and keeps the unpadded N elements.
   absl::Status GatherShardValues(std::span<const float> values, std::vector<float>& out);

@@ -87,9 +87,9 @@ absl::Status FsdpRuntime::Build(const WrapPolicy& policy, std::shared_ptr<Store>
   Communicator* shard_comm = hybrid ? shard_comm_.get() : world_comm_.get();
   // Async checkpoint saves gather their snapshot over their own context, so a
   // background save never interleaves with training's collectives.
-  ASSIGN_OR_RETURN(checkpoint_comm_,
-                   world_comm_->CreateSubgroup(ranks_.ShardGroup(rank_),
-                                               absl::StrCat("checkpoint", ranks_.ReplicaIndex(rank_))));
+  ASSIGN_OR_RETURN(checkpoint_comm_, world_comm_->CreateSubgroup(
+                                         ranks_.ShardGroup(rank_),
+                                         absl::StrCat("checkpoint", ranks_.ReplicaIndex(rank_))));
   const GradientDivideFactors divide =
       ComputeGradientDivideFactors(hybrid ? world_size_ : ranks_.shard_size);
 

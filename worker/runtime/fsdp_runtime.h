@@ -183,8 +183,8 @@ class FsdpRuntime : public compute::ParamResolver, public compute::ModuleHooks {
 
   MemoryTracker memory_;
   std::unique_ptr<Communicator> world_comm_;
-  std::unique_ptr<Communicator> shard_comm_;      // null when the world is the shard group
-  std::unique_ptr<Communicator> replicate_comm_;  // hybrid only
+  std::unique_ptr<Communicator> shard_comm_;       // null when the world is the shard group
+  std::unique_ptr<Communicator> replicate_comm_;   // hybrid only
   std::unique_ptr<Communicator> checkpoint_comm_;  // the shard group again, for background saves
   std::vector<std::unique_ptr<FlatParamUnit>> units_;
   std::vector<UnitState> states_;

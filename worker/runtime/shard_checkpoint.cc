@@ -1,7 +1,5 @@
 #include "worker/runtime/shard_checkpoint.h"
 
-#include <xxhash.h>
-
 #include <csignal>
 #include <cstdlib>
 #include <filesystem>
@@ -9,6 +7,8 @@
 #include <memory>
 #include <set>
 #include <utility>
+
+#include <xxhash.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -52,15 +52,23 @@ std::vector<Piece> UnitPieces(const FlatParamUnit& unit, const OptimizerState& o
     const ShardInfo info = unit.layout().ComputeShardInfo(unit.config().shard_rank);
     const int64_t valid = unit.layout().sharded_numel() - info.numel_padded;
     const std::string flat = FlatName(spec);
-    pieces.push_back({{flat, DType::kFloat32, {valid}}, false, Piece::Source::kLocalFlat, "", 0,
-                      valid});
+    pieces.push_back(
+        {{flat, DType::kFloat32, {valid}}, false, Piece::Source::kLocalFlat, "", 0, valid});
     for (const std::string& s : states) {
-      pieces.push_back({{absl::StrCat(flat, ".", s), DType::kFloat32, {valid}}, true,
-                        Piece::Source::kLocalState, s, 0, valid});
+      pieces.push_back({{absl::StrCat(flat, ".", s), DType::kFloat32, {valid}},
+                        true,
+                        Piece::Source::kLocalState,
+                        s,
+                        0,
+                        valid});
     }
     if (!states.empty()) {
-      pieces.push_back({{absl::StrCat(flat, ".step"), DType::kFloat32, {}}, true,
-                        Piece::Source::kStep, "", 0, 1});
+      pieces.push_back({{absl::StrCat(flat, ".step"), DType::kFloat32, {}},
+                        true,
+                        Piece::Source::kStep,
+                        "",
+                        0,
+                        1});
     }
     return pieces;
   }
@@ -84,14 +92,21 @@ std::vector<Piece> UnitPieces(const FlatParamUnit& unit, const OptimizerState& o
     int64_t begin = 0, count = 0;
     slice(i, shape, begin, count);
     if (count == 0 && !shape.empty()) continue;
-    pieces.push_back({{spec.params[i].fqn, spec.params[i].dtype, shape}, false,
-                      Piece::Source::kParam, "", begin, count});
+    pieces.push_back({{spec.params[i].fqn, spec.params[i].dtype, shape},
+                      false,
+                      Piece::Source::kParam,
+                      "",
+                      begin,
+                      count});
   }
   if (full) {  // tied aliases, as torch's state_dict lists them
     for (const SharedParam& shared : spec.shared) {
       const size_t i = index_of.at(shared.primary_fqn);
-      pieces.push_back({{shared.fqn, spec.params[i].dtype, spec.params[i].shape}, false,
-                        Piece::Source::kParam, "", unit.layout().param_ranges()[i].start,
+      pieces.push_back({{shared.fqn, spec.params[i].dtype, spec.params[i].shape},
+                        false,
+                        Piece::Source::kParam,
+                        "",
+                        unit.layout().param_ranges()[i].start,
                         spec.params[i].numel});
     }
   }
@@ -102,15 +117,23 @@ std::vector<Piece> UnitPieces(const FlatParamUnit& unit, const OptimizerState& o
       int64_t begin = 0, count = 0;
       slice(i, shape, begin, count);
       if (count == 0 && !shape.empty()) continue;
-      pieces.push_back({{absl::StrCat(spec.params[i].fqn, ".", s), DType::kFloat32, shape}, true,
-                        Piece::Source::kState, s, begin, count});
+      pieces.push_back({{absl::StrCat(spec.params[i].fqn, ".", s), DType::kFloat32, shape},
+                        true,
+                        Piece::Source::kState,
+                        s,
+                        begin,
+                        count});
     }
   }
   if (!states.empty()) {
     for (const UnitParam& p : spec.params) {
       if (!p.requires_grad) continue;
-      pieces.push_back({{absl::StrCat(p.fqn, ".step"), DType::kFloat32, {}}, true,
-                        Piece::Source::kStep, "", 0, 1});
+      pieces.push_back({{absl::StrCat(p.fqn, ".step"), DType::kFloat32, {}},
+                        true,
+                        Piece::Source::kStep,
+                        "",
+                        0,
+                        1});
     }
   }
   return pieces;
@@ -238,8 +261,8 @@ std::string LocalLayoutDigest(const FsdpRuntime& runtime) {
     const FlatParamLayout& layout = unit->layout();
     absl::StrAppend(&text, "unit=", unit->config().unit.index, ",", unit->config().unit.module_fqn,
                     ",S=", layout.sharded_numel(), ",W=", layout.world_size(),
-                    ",shard_rank=", unit->config().shard_rank, ",numels=",
-                    absl::StrJoin(layout.numels_with_padding(), "/"), ",params=");
+                    ",shard_rank=", unit->config().shard_rank,
+                    ",numels=", absl::StrJoin(layout.numels_with_padding(), "/"), ",params=");
     for (const FlatParamEntry& p : layout.params()) {
       absl::StrAppend(&text, p.fqn, "[", absl::StrJoin(p.shape, "x"), "]");
     }
@@ -257,14 +280,17 @@ std::string ParamGroupsJson(const FsdpRuntime& runtime) {
   const OptimizerConfig& optimizer = runtime.options().optimizer;
   if (optimizer.kind == OptimizerConfig::Kind::kSgd) {
     const SgdOptions& o = optimizer.sgd;
-    group = {{"lr", o.lr},           {"momentum", o.momentum}, {"dampening", o.dampening},
-             {"weight_decay", o.weight_decay}, {"nesterov", o.nesterov},
+    group = {{"lr", o.lr},
+             {"momentum", o.momentum},
+             {"dampening", o.dampening},
+             {"weight_decay", o.weight_decay},
+             {"nesterov", o.nesterov},
              {"maximize", o.maximize}};
   } else {
     const AdamOptions& o = optimizer.adam;
-    group = {{"lr", o.lr},   {"betas", {o.beta1, o.beta2}}, {"eps", o.eps},
-             {"weight_decay", o.weight_decay}, {"amsgrad", o.amsgrad},
-             {"maximize", o.maximize}};
+    group = {{"lr", o.lr},           {"betas", {o.beta1, o.beta2}},
+             {"eps", o.eps},         {"weight_decay", o.weight_decay},
+             {"amsgrad", o.amsgrad}, {"maximize", o.maximize}};
   }
   nlohmann::ordered_json params = nlohmann::ordered_json::array();
   for (const auto& unit : runtime.units()) {
@@ -299,8 +325,8 @@ class SnapshotSource : public SaveSource {
       return absl::OkStatus();
     }
     out.resize(values.size() * static_cast<size_t>(snapshot_.comm->size()));
-    RETURN_IF_ERROR(snapshot_.comm->AllGather(values.data(), out.data(), values.size(),
-                                              DType::kFloat32));
+    RETURN_IF_ERROR(
+        snapshot_.comm->AllGather(values.data(), out.data(), values.size(), DType::kFloat32));
     out.resize(static_cast<size_t>(unit.numel));
     return absl::OkStatus();
   }
@@ -316,9 +342,10 @@ absl::StatusOr<SavePlan> PlanSave(FsdpRuntime& runtime, v1::StateDictType type) 
   plan.type = type;
   const auto& units = runtime.units();
   if (type != v1::FULL_STATE_DICT && !units.empty() && !units.front()->sharded()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        StateDictTypeName(type), " needs a sharded strategy; this job does not shard (use "
-                                 "FULL_STATE_DICT)"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(StateDictTypeName(type),
+                     " needs a sharded strategy; this job does not shard (use "
+                     "FULL_STATE_DICT)"));
   }
   plan.pieces.resize(units.size());
   for (size_t u = 0; u < units.size(); ++u) {
@@ -335,8 +362,10 @@ absl::StatusOr<SavePlan> PlanSave(FsdpRuntime& runtime, v1::StateDictType type) 
       {"world_size", absl::StrCat(plan.world)}};
   if (type == v1::LOCAL_STATE_DICT) metadata["layout_digest"] = LocalLayoutDigest(runtime);
   const bool full = type == v1::FULL_STATE_DICT;
-  plan.model.name = full ? std::string(kFullModelFile) : RankFileName("model", plan.rank, plan.world);
-  plan.optim.name = full ? std::string(kFullOptimFile) : RankFileName("optim", plan.rank, plan.world);
+  plan.model.name =
+      full ? std::string(kFullModelFile) : RankFileName("model", plan.rank, plan.world);
+  plan.optim.name =
+      full ? std::string(kFullOptimFile) : RankFileName("optim", plan.rank, plan.world);
   plan.model.metadata = metadata;
   plan.optim.metadata = std::move(metadata);
   plan.optim.metadata["param_groups"] = ParamGroupsJson(runtime);
@@ -497,12 +526,15 @@ absl::Status StageLocal(FsdpRuntime& runtime, CheckpointReader& reader, StagedCh
   if (m.world_size != runtime.world_size()) {
     return refuse(absl::StrCat("this job has world size ", runtime.world_size()));
   }
-  ASSIGN_OR_RETURN(SafetensorsReader * model, reader.File(RankFileName("model", rank, m.world_size)));
-  ASSIGN_OR_RETURN(SafetensorsReader * optim, reader.File(RankFileName("optim", rank, m.world_size)));
+  ASSIGN_OR_RETURN(SafetensorsReader * model,
+                   reader.File(RankFileName("model", rank, m.world_size)));
+  ASSIGN_OR_RETURN(SafetensorsReader * optim,
+                   reader.File(RankFileName("optim", rank, m.world_size)));
   auto digest = model->header().metadata.find("layout_digest");
   if (digest == model->header().metadata.end() || digest->second != LocalLayoutDigest(runtime)) {
-    return refuse("and this job's flat layout differs (another wrap policy, model, strategy "
-                  "or alignment)");
+    return refuse(
+        "and this job's flat layout differs (another wrap policy, model, strategy "
+        "or alignment)");
   }
   for (size_t u = 0; u < runtime.units().size(); ++u) {
     const FlatParamUnit& unit = *runtime.units()[u];
@@ -571,8 +603,8 @@ absl::Status CheckSameParams(const FsdpRuntime& runtime, const CheckpointReader&
 // FlattenParams does, 0 for optimizer state; the shard's right padding is 0.
 // NOT_FOUND propagates when `name_of` names a tensor the checkpoint lacks.
 absl::Status ReadShard(CheckpointReader& reader, absl::string_view kind, const FlatParamUnit& unit,
-                       const std::function<std::string(const UnitParam&)>& name_of,
-                       float padding, std::vector<float>& shard, bool* any_found) {
+                       const std::function<std::string(const UnitParam&)>& name_of, float padding,
+                       std::vector<float>& shard, bool* any_found) {
   const FlatParamLayout& layout = unit.layout();
   const Unit& spec = unit.config().unit;
   const auto s = static_cast<size_t>(layout.sharded_numel());
@@ -595,10 +627,9 @@ absl::Status ReadShard(CheckpointReader& reader, absl::string_view kind, const F
     if (!p.in_shard || p.numel_in_shard == 0) continue;
     const std::string name = name_of(spec.params[i]);
     if (name.empty()) continue;
-    absl::StatusOr<std::vector<float>> values =
-        reader.ReadRange(kind, name, spec.params[i].shape,
-                         static_cast<uint64_t>(p.intra_param_start_idx),
-                         static_cast<uint64_t>(p.intra_param_end_idx) + 1);
+    absl::StatusOr<std::vector<float>> values = reader.ReadRange(
+        kind, name, spec.params[i].shape, static_cast<uint64_t>(p.intra_param_start_idx),
+        static_cast<uint64_t>(p.intra_param_end_idx) + 1);
     if (absl::IsNotFound(values.status()) && any_found != nullptr) continue;
     if (!values.ok()) return values.status();
     std::copy(values->begin(), values->end(),
@@ -608,7 +639,8 @@ absl::Status ReadShard(CheckpointReader& reader, absl::string_view kind, const F
   return absl::OkStatus();
 }
 
-absl::Status StageTensors(FsdpRuntime& runtime, CheckpointReader& reader, StagedCheckpoint& staged) {
+absl::Status StageTensors(FsdpRuntime& runtime, CheckpointReader& reader,
+                          StagedCheckpoint& staged) {
   RETURN_IF_ERROR(CheckSameParams(runtime, reader));
   const CheckpointManifest& m = reader.manifest();
   for (size_t u = 0; u < runtime.units().size(); ++u) {
@@ -687,7 +719,8 @@ absl::Status ApplyStagedCheckpoint(FsdpRuntime& runtime, StagedCheckpoint staged
     std::copy(staged.shards[u].begin(), staged.shards[u].end(), shard.begin());
     OptimizerState& optim = runtime.optimizer_state(u);
     optim.Reset();
-    for (const auto& [name, values] : staged.states[u]) RETURN_IF_ERROR(optim.SetState(name, values));
+    for (const auto& [name, values] : staged.states[u])
+      RETURN_IF_ERROR(optim.SetState(name, values));
     if (staged.steps[u].has_value()) optim.set_step(*staged.steps[u]);
   }
   return absl::OkStatus();

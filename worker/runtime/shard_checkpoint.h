@@ -60,8 +60,7 @@ struct ShardSnapshot {
   uint64_t bytes() const;
 };
 
-absl::StatusOr<ShardSnapshot> SnapshotShardCheckpoint(FsdpRuntime& runtime,
-                                                      v1::StateDictType type);
+absl::StatusOr<ShardSnapshot> SnapshotShardCheckpoint(FsdpRuntime& runtime, v1::StateDictType type);
 // Writes a snapshot's files into the existing directory `dir`, gathering over
 // the snapshot's communicator (every rank of the save calls it). An error
 // status means a collective failed; file errors are in write_status.
@@ -83,8 +82,7 @@ struct StagedCheckpoint {
 // collectives). FAILED_PRECONDITION when it cannot be loaded into this job
 // (LOCAL at another layout, another optimizer, other parameters), DATA_LOSS
 // or INVALID_ARGUMENT naming the file when a file is damaged.
-absl::StatusOr<StagedCheckpoint> StageShardCheckpoint(FsdpRuntime& runtime,
-                                                      const std::string& dir);
+absl::StatusOr<StagedCheckpoint> StageShardCheckpoint(FsdpRuntime& runtime, const std::string& dir);
 
 // Replaces the shards and optimizer state with a staged checkpoint (reshards
 // any unit left unsharded first, so no stale view survives).

@@ -174,9 +174,9 @@ grpc::Status WorkerServiceImpl::Execute(grpc::ServerContext* /*context*/,
   }
   if (absl::Status begin = BeginBatch(); !begin.ok()) return ToGrpcStatus(begin);
   absl::Status status;
-  const bool checkpoint = request->control() && request->commands_size() == 1 &&
-                          (request->commands(0).has_save_shard() ||
-                           request->commands(0).has_load_shard());
+  const bool checkpoint =
+      request->control() && request->commands_size() == 1 &&
+      (request->commands(0).has_save_shard() || request->commands(0).has_load_shard());
   if (checkpoint) {
     std::optional<ShardSnapshot> snapshot;
     absl::StatusOr<v1::CommandResult> result =
@@ -225,10 +225,9 @@ grpc::Status WorkerServiceImpl::AwaitSave(grpc::ServerContext* context,
   if (job == nullptr) {
     return ToGrpcStatus(absl::FailedPreconditionError("this worker has no job"));
   }
-  const absl::Time deadline =
-      context->deadline() == std::chrono::system_clock::time_point::max()
-          ? absl::InfiniteFuture()
-          : absl::FromChrono(context->deadline());
+  const absl::Time deadline = context->deadline() == std::chrono::system_clock::time_point::max()
+                                  ? absl::InfiniteFuture()
+                                  : absl::FromChrono(context->deadline());
   absl::StatusOr<v1::CommandResult> result = job->saves.Await(request->directory(), deadline);
   if (!result.ok()) return ToGrpcStatus(result.status());
   *response = *std::move(result);

@@ -4,15 +4,14 @@
 #include "coordinator/command_sequencer.h"
 
 #include <atomic>
-#include <memory>
 #include <future>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-
 
 #include "core/step_program.h"
 

@@ -31,7 +31,8 @@ std::string FloatBytes(std::initializer_list<float> values) {
 std::string Handmade(const std::string& json, size_t data_bytes) {
   std::string out(8, '\0');
   const uint64_t n = json.size();
-  for (int i = 0; i < 8; ++i) out[static_cast<size_t>(i)] = static_cast<char>((n >> (8 * i)) & 0xff);
+  for (int i = 0; i < 8; ++i)
+    out[static_cast<size_t>(i)] = static_cast<char>((n >> (8 * i)) & 0xff);
   return out + json + std::string(data_bytes, '\x01');
 }
 
@@ -150,8 +151,7 @@ TEST(SafetensorsReaderTest, RefusesEveryKindOfDamage) {
        Handmade(R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[0,8],"x":1}})", 8),
        absl::StatusCode::kInvalidArgument, "unknown field 'x'"},
       {"overflowing shape",
-       Handmade(R"({"t":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,8]}})",
-                8),
+       Handmade(R"({"t":{"dtype":"F32","shape":[4294967296,4294967296],"data_offsets":[0,8]}})", 8),
        absl::StatusCode::kInvalidArgument, "more elements"},
   };
   for (const BadCase& c : cases) {
