@@ -58,7 +58,7 @@ void PrintTable(const std::vector<std::string>& header,
 std::string FormatSeconds(double seconds) {
   if (!std::isfinite(seconds) || seconds < 0) return "?";
   if (seconds < 60) return absl::StrFormat("%.1fs", seconds);
-  const auto total = static_cast<int64_t>(seconds + 0.5);
+  const int64_t total = std::llround(seconds);
   if (total < 3600) return absl::StrFormat("%dm%02ds", total / 60, total % 60);
   return absl::StrFormat("%dh%02dm", total / 3600, (total % 3600) / 60);
 }

@@ -173,8 +173,9 @@ int ClusterCommands::Workers(std::ostream& out, std::ostream& err) {
                     absl::StrCat(w.last_completed_seq())});
   }
   PrintTable({"RANK", "WORKER", "DEVICE", "ADDRESS", "STATE", "HEARTBEAT", "LAST-SEQ"}, rows, out);
-  if (workers->empty())
+  if (workers->empty()) {
     out << "(no workers yet: start them with `flatshard up` or flatshard-worker)\n";
+  }
   return kExitOk;
 }
 

@@ -60,7 +60,7 @@ CommandSequencer* TrainingJob::sequencer() const {
 }
 
 absl::Status TrainingJob::Form(const std::vector<WorkerRecord>& members) {
-  std::lock_guard<std::mutex> op(op_mu_);
+  std::unique_lock<std::mutex> op(op_mu_);
   if (static_cast<int>(members.size()) != config_.world_size) {
     return absl::InternalError(
         absl::StrCat("forming with ", members.size(), " workers, need ", config_.world_size));
@@ -124,6 +124,9 @@ absl::Status TrainingJob::Form(const std::vector<WorkerRecord>& members) {
     worker_ids_ = std::move(ids);
     unsharded_.clear();
   }
+  // The slot is free before anyone can see READY: a client that waited for
+  // READY and sends its first operation at once must not find the job busy.
+  op.unlock();
   return states_.Transition(
       v1::READY, absl::StrCat("epoch ", epoch, ": ", members.size(), " workers configured"));
 }

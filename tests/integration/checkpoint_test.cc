@@ -25,6 +25,7 @@
 #include "client/child_process.h"
 #include "client/flatshard_client.h"
 #include "client/local_cluster.h"
+#include "core/checkpoint_convert.h"
 #include "core/checkpoint_reader.h"
 #include "core/durable_file.h"
 #include "core/job_spec_yaml.h"
@@ -159,7 +160,12 @@ TEST(CheckpointTest, ShardedReloadsAtOtherWorldSizesBitForBitAndLocalDoesNot) {
   }
   for (int world : {2, 3}) {
     SCOPED_TRACE(absl::StrCat("world size ", world));
-    auto cluster = Start(Spec(world, false), root);
+    // Another wrap policy too: W=2 has only the root unit, W=3 keeps the units
+    // but flattens with use_orig_params' alignment padding.
+    v1::JobSpec spec = Spec(world, false);
+    if (world == 2) spec.clear_wrap_policy();
+    if (world == 3) spec.mutable_sharding()->set_use_orig_params(true);
+    auto cluster = Start(spec, root);
     ASSERT_NE(cluster, nullptr);
     absl::StatusOr<v1::CheckpointProgress> local = cluster->client->LoadCheckpoint(kJob, "local4");
     ASSERT_FALSE(local.ok());
@@ -179,6 +185,52 @@ TEST(CheckpointTest, ShardedReloadsAtOtherWorldSizesBitForBitAndLocalDoesNot) {
     ASSERT_TRUE(cluster->client->LoadCheckpoint(kJob, "full4").ok());
     EXPECT_EQ(Train(*cluster->client, 1).at(0).step(), 4);
   }
+  // Offline, no cluster: SHARDED and LOCAL consolidate to the FULL the cluster
+  // wrote, and a reshard to W=3 consolidates back to it too.
+  const std::string offline = absl::StrCat(root, "/", kJob);
+  for (const char* source : {"sharded4", "local4"}) {
+    const std::string out = absl::StrCat(offline, "/consolidated-", source);
+    absl::StatusOr<CheckpointManifest> written = ConsolidateCheckpoint(Dir(root, source), out);
+    ASSERT_TRUE(written.ok()) << written.status();
+    EXPECT_EQ(written->state_dict_type, v1::FULL_STATE_DICT);
+    ExpectSameTensors(Dir(root, "full4") + "/model.safetensors", out + "/model.safetensors");
+    ExpectSameTensors(Dir(root, "full4") + "/optim.safetensors", out + "/optim.safetensors");
+  }
+  ASSERT_TRUE(ReshardCheckpoint(Dir(root, "full4"), offline + "/w3", 3).ok());
+  EXPECT_TRUE(fs::exists(offline + "/w3/model-rank00002-of-00003.safetensors"));
+  ASSERT_TRUE(ConsolidateCheckpoint(offline + "/w3", offline + "/w3-full").ok());
+  ExpectSameTensors(Dir(root, "full4") + "/optim.safetensors",
+                    offline + "/w3-full/optim.safetensors");
+  EXPECT_EQ(ConsolidateCheckpoint(Dir(root, "sharded4"), offline + "/w3").status().code(),
+            absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(ReshardCheckpoint(Dir(root, "full4"), offline + "/w0", 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+// A checkpoint of another model is refused before anything changes, naming
+// the parameters that do not match.
+TEST(CheckpointTest, CheckpointOfAnotherModelIsRefused) {
+  const std::string root = testing::MakeTempDir("ckpt-model") + "/checkpoints";
+  {
+    auto cluster = Start(Spec(2, true), root);
+    ASSERT_NE(cluster, nullptr);
+    ASSERT_TRUE(Save(*cluster->client, "mlp", v1::SHARDED_STATE_DICT).ok());
+  }
+  v1::JobSpec other = Spec(2, true);
+  // The same model with its output layer renamed "head".
+  for (v1::ModuleSpec& child : *other.mutable_model()->mutable_root()->mutable_children()) {
+    if (child.name() == "output") child.set_name("head");
+  }
+  auto cluster = Start(other, root);
+  ASSERT_NE(cluster, nullptr);
+  absl::StatusOr<v1::CheckpointProgress> load = cluster->client->LoadCheckpoint(kJob, "mlp");
+  ASSERT_FALSE(load.ok());
+  EXPECT_EQ(load.status().code(), absl::StatusCode::kFailedPrecondition) << load.status();
+  EXPECT_THAT(std::string(load.status().message()), HasSubstr("does not fit this model"));
+  EXPECT_THAT(std::string(load.status().message()), HasSubstr("missing head.weight, head.bias"));
+  EXPECT_THAT(std::string(load.status().message()),
+              HasSubstr("unexpected output.bias, output.weight"));
+  EXPECT_EQ(Train(*cluster->client, 1).at(0).step(), 1);  // unchanged, still trains
 }
 
 // Issue #5: train 10, checkpoint, train 10 more; a fresh cluster that loads
