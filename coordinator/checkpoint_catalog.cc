@@ -16,7 +16,7 @@ namespace flatshard {
 
 namespace fs = std::filesystem;
 
-CheckpointCatalog::CheckpointCatalog(std::string root, std::string job)
+CheckpointCatalog::CheckpointCatalog(const std::string& root, const std::string& job)
     : job_(job), job_dir_(absl::StrCat(root, "/", job)) {}
 
 std::string CheckpointCatalog::RelativeDir(const std::string& name) const {
@@ -171,6 +171,7 @@ absl::StatusOr<std::vector<v1::CheckpointInfo>> CheckpointCatalog::List() const 
     return std::tie(std::get<0>(a), std::get<1>(a)) < std::tie(std::get<0>(b), std::get<1>(b));
   });
   std::vector<v1::CheckpointInfo> out;
+  out.reserve(found.size());
   for (auto& [time, name, info] : found) out.push_back(std::move(info));
   return out;
 }
@@ -182,8 +183,9 @@ absl::Status CheckpointCatalog::Delete(const std::string& name) {
   // whatever happens to the rest of the removal.
   fs::remove(absl::StrCat(Path(name), "/", kManifestFileName), ec);
   fs::remove_all(Path(name), ec);
-  if (ec)
+  if (ec) {
     return absl::UnavailableError(absl::StrCat("cannot remove ", Path(name), ": ", ec.message()));
+  }
   if (LatestName() == name) {
     ASSIGN_OR_RETURN(std::vector<v1::CheckpointInfo> rest, List());
     if (rest.empty()) {

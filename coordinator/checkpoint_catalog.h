@@ -21,7 +21,7 @@ namespace flatshard {
 
 class CheckpointCatalog {
  public:
-  CheckpointCatalog(std::string root, std::string job);
+  CheckpointCatalog(const std::string& root, const std::string& job);
 
   const std::string& job_dir() const { return job_dir_; }
   // "<job>/<name>" and "<job>/<name>.partial": what workers are told.

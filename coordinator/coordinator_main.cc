@@ -98,7 +98,9 @@ int Run(const Flags& f) {
 }  // namespace
 }  // namespace flatshard
 
-int main(int argc, char** argv) {
+namespace {
+
+int Main(int argc, char** argv) {
   flatshard::Flags f;
   CLI::App app{
       "flatshard-coordinator: holds the job (model, wrap policy, ranks, state-dict settings), "
@@ -126,4 +128,17 @@ int main(int argc, char** argv) {
   // stdout carries the one "listening on" line a launcher waits for; logs go to stderr.
   spdlog::set_default_logger(spdlog::stderr_color_mt("flatshard"));
   return flatshard::Run(f);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // CLI11 reports through exceptions and parsing handles them; anything else
+  // (a failed allocation) still ends with a message, not std::terminate.
+  try {
+    return Main(argc, argv);
+  } catch (const std::exception& e) {
+    std::cerr << "error: " << e.what() << "\n";
+    return 1;
+  }
 }

@@ -59,7 +59,7 @@ void GrpcWorkerClient::Execute(const v1::CommandBatch* batch, absl::Time deadlin
     in_flight_.insert(call);
   }
   stub_->async()->Execute(&call->context, batch, &call->result,
-                          [this, call, done = std::move(done)](grpc::Status status) {
+                          [this, call, done = std::move(done)](const grpc::Status& status) {
                             if (status.ok()) {
                               done(std::move(call->result));
                             } else {

@@ -105,7 +105,7 @@ absl::Status TrainingJob::Form(const std::vector<WorkerRecord>& members) {
   for (std::thread& t : threads) t.join();
   for (size_t r = 0; r < members.size(); ++r) {
     if (!statuses[r].ok() && statuses[r].code() != absl::StatusCode::kCancelled) {
-      const absl::Status failure(
+      absl::Status failure(
           statuses[r].code(),
           absl::StrCat("rank ", r, " (worker ", members[r].worker_id, " at ", members[r].address,
                        ") could not be configured: ", statuses[r].message()));

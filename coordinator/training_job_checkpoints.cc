@@ -187,7 +187,7 @@ CheckpointManifest TrainingJob::BuildManifest(const std::string& name, v1::State
     case OptimizerSettings::Kind::kAdamW:
       m.optimizer = config_.optimizer.kind == OptimizerSettings::Kind::kAdam ? "adam" : "adamw";
       m.optimizer_states = {"exp_avg", "exp_avg_sq"};
-      if (config_.optimizer.adam.amsgrad) m.optimizer_states.push_back("max_exp_avg_sq");
+      if (config_.optimizer.adam.amsgrad) m.optimizer_states.emplace_back("max_exp_avg_sq");
       break;
   }
   m.data_seed = config_.data.seed;

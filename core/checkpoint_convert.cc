@@ -178,8 +178,9 @@ absl::StatusOr<CheckpointManifest> WriteConverted(TensorSource& source, const st
   const std::string partial = out_dir + std::string(kPartialSuffix);
   fs::remove_all(partial, ec);
   fs::create_directories(partial, ec);
-  if (ec)
+  if (ec) {
     return absl::UnavailableError(absl::StrCat("cannot create ", partial, ": ", ec.message()));
+  }
   const bool full = type == v1::FULL_STATE_DICT;
   const int files_per_kind = full ? 1 : world_size;
   for (const char* kind : {"model", "optim"}) {
@@ -231,8 +232,9 @@ absl::StatusOr<CheckpointManifest> WriteConverted(TensorSource& source, const st
       WriteFileDurably(absl::StrCat(partial, "/", kManifestFileName), ManifestToJson(m)));
   RETURN_IF_ERROR(FsyncPath(partial));
   fs::rename(partial, out_dir, ec);
-  if (ec)
+  if (ec) {
     return absl::UnavailableError(absl::StrCat("cannot rename ", partial, ": ", ec.message()));
+  }
   const std::string parent = fs::path(out_dir).parent_path().string();
   RETURN_IF_ERROR(FsyncPath(parent.empty() ? "." : parent));
   return m;

@@ -60,8 +60,9 @@ absl::StatusOr<SafetensorsEntry> ParseEntry(absl::string_view what, const std::s
                                         dim.dump()));
     }
     const uint64_t d = dim.get<uint64_t>();
-    if (d > static_cast<uint64_t>(INT64_MAX))
+    if (d > static_cast<uint64_t>(INT64_MAX)) {
       return Invalid(what, absl::StrCat(where, " has a dimension too large"));
+    }
     entry.shape.push_back(static_cast<int64_t>(d));
     if (d != 0 && numel > kMaxNumel / d) {
       return Invalid(what, absl::StrCat(where, " has more elements than any file can hold"));
@@ -223,8 +224,9 @@ absl::StatusOr<std::unique_ptr<SafetensorsReader>> SafetensorsReader::Open(
     return status;
   };
   struct stat st {};
-  if (::fstat(fd, &st) != 0)
+  if (::fstat(fd, &st) != 0) {
     return fail(absl::UnavailableError(absl::StrCat("cannot stat ", path)));
+  }
   const auto file_size = static_cast<uint64_t>(st.st_size);
   std::string prefix(8, '\0');
   if (file_size < 8) {

@@ -57,7 +57,7 @@ absl::Status BatchExecutor::Check(const v1::CommandBatch& batch) const {
                                                    ": it is a control batch, not a training step"));
   }
   const std::vector<v1::Command> sent(batch.commands().begin(), batch.commands().end());
-  const std::string sent_digest = batch.digest();
+  const std::string& sent_digest = batch.digest();
   const std::vector<v1::Command> expected = runtime_->CompileProgram(batch.sync_gradients());
   const std::string expected_digest = ProgramDigest(expected, batch.step(), batch.sync_gradients());
   if (expected_digest != sent_digest) {

@@ -719,8 +719,9 @@ absl::Status ApplyStagedCheckpoint(FsdpRuntime& runtime, StagedCheckpoint staged
     std::copy(staged.shards[u].begin(), staged.shards[u].end(), shard.begin());
     OptimizerState& optim = runtime.optimizer_state(u);
     optim.Reset();
-    for (const auto& [name, values] : staged.states[u])
+    for (const auto& [name, values] : staged.states[u]) {
       RETURN_IF_ERROR(optim.SetState(name, values));
+    }
     if (staged.steps[u].has_value()) optim.set_step(*staged.steps[u]);
   }
   return absl::OkStatus();

@@ -62,6 +62,7 @@ TEST(JobStateMachineTest, TransitionFromRacesHaveOneWinner) {
   ASSERT_TRUE(m.Transition(v1::READY, "").ok());
   int won = 0;
   std::vector<std::thread> threads;
+  threads.reserve(8);
   std::mutex mu;
   for (int i = 0; i < 8; ++i) {
     threads.emplace_back([&] {
