@@ -30,6 +30,20 @@ struct SafetensorsTensor {
 // Dtype names in the header: SafetensorsDTypeName / ParseSafetensorsDType
 // (core/dtype.h).
 
+// One tensor's entry in a header; data follows in the order of the slots.
+struct SafetensorsSlot {
+  std::string name;
+  DType dtype = DType::kFloat32;
+  std::vector<int64_t> shape;
+};
+
+// The 8-byte length and the space-padded JSON header for `slots`, laid out
+// contiguously in the given order. INVALID_ARGUMENT for an empty, reserved or
+// repeated name.
+absl::StatusOr<std::string> EncodeSafetensorsHeader(
+    const std::vector<SafetensorsSlot>& slots,
+    const std::map<std::string, std::string>& metadata = {});
+
 // The whole file's bytes. INVALID_ARGUMENT naming the tensor whose data size
 // disagrees with its dtype and shape.
 absl::StatusOr<std::string> SerializeSafetensors(

@@ -9,7 +9,6 @@
 #include <xxhash.h>
 
 #include "absl/strings/str_cat.h"
-#include "nlohmann/json.hpp"
 
 #include "core/model_spec.h"
 #include "core/status_macros.h"
@@ -31,26 +30,10 @@ SafetensorsFileWriter::~SafetensorsFileWriter() {
 absl::StatusOr<std::unique_ptr<SafetensorsFileWriter>> SafetensorsFileWriter::Create(
     const std::string& path, std::vector<SafetensorsSlot> slots,
     const std::map<std::string, std::string>& metadata) {
-  nlohmann::ordered_json header = nlohmann::ordered_json::object();
-  if (!metadata.empty()) {
-    nlohmann::ordered_json meta = nlohmann::ordered_json::object();
-    for (const auto& [key, value] : metadata) meta[key] = value;
-    header["__metadata__"] = meta;
+  absl::StatusOr<std::string> header = EncodeSafetensorsHeader(slots, metadata);
+  if (!header.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": ", header.status().message()));
   }
-  uint64_t offset = 0;
-  for (const SafetensorsSlot& slot : slots) {
-    if (slot.name.empty() || slot.name == "__metadata__" || header.contains(slot.name)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(path, ": tensor name '", slot.name, "' is empty, reserved or repeated"));
-    }
-    const uint64_t bytes = static_cast<uint64_t>(NumElements(slot.shape)) * DTypeSize(slot.dtype);
-    header[slot.name] = {{"dtype", std::string(SafetensorsDTypeName(slot.dtype))},
-                         {"shape", slot.shape},
-                         {"data_offsets", {offset, offset + bytes}}};
-    offset += bytes;
-  }
-  std::string json = header.dump();
-  json.append((8 - json.size() % 8) % 8, ' ');
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0) {
     const int err = errno;
@@ -59,11 +42,7 @@ absl::StatusOr<std::unique_ptr<SafetensorsFileWriter>> SafetensorsFileWriter::Cr
   }
   std::unique_ptr<SafetensorsFileWriter> writer(
       new SafetensorsFileWriter(path, fd, std::move(slots)));
-  char length[8];
-  const uint64_t n = json.size();
-  for (int i = 0; i < 8; ++i) length[i] = static_cast<char>((n >> (8 * i)) & 0xff);
-  RETURN_IF_ERROR(writer->Write(length, 8));
-  RETURN_IF_ERROR(writer->Write(json.data(), json.size()));
+  RETURN_IF_ERROR(writer->Write(header->data(), header->size()));
   return writer;
 }
 

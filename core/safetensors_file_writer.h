@@ -18,16 +18,11 @@
 
 #include "core/dtype.h"
 #include "core/durable_file.h"
+#include "core/safetensors.h"
 
 struct XXH3_state_s;
 
 namespace flatshard {
-
-struct SafetensorsSlot {
-  std::string name;
-  DType dtype = DType::kFloat32;
-  std::vector<int64_t> shape;
-};
 
 class SafetensorsFileWriter {
  public:
