@@ -25,8 +25,9 @@ absl::Status Invalid(absl::string_view what, absl::string_view problem) {
 
 uint64_t ReadLe64(absl::string_view bytes) {
   uint64_t n = 0;
-  for (int i = 7; i >= 0; --i)
+  for (int i = 7; i >= 0; --i) {
     n = (n << 8) | static_cast<unsigned char>(bytes[static_cast<size_t>(i)]);
+  }
   return n;
 }
 
