@@ -28,6 +28,7 @@ std::string CheckpointCatalog::RelativePartialDir(const std::string& name) const
 }
 
 absl::Status CheckpointCatalog::BeginSave(const std::string& name) {
+  std::lock_guard<std::recursive_mutex> lock(mu_);
   RETURN_IF_ERROR(ValidateCheckpointName(name));
   std::error_code ec;
   fs::create_directories(job_dir_, ec);
@@ -50,6 +51,7 @@ absl::Status CheckpointCatalog::BeginSave(const std::string& name) {
 }
 
 void CheckpointCatalog::AbandonSave(const std::string& name) {
+  std::lock_guard<std::recursive_mutex> lock(mu_);
   std::error_code ec;
   fs::remove_all(Path(name) + std::string(kPartialSuffix), ec);
 }
@@ -66,11 +68,17 @@ absl::Status CheckpointCatalog::WriteLatest(const std::string& name) {
 
 absl::StatusOr<v1::CheckpointInfo> CheckpointCatalog::Commit(const CheckpointManifest& manifest,
                                                              int keep_last) {
+  std::lock_guard<std::recursive_mutex> lock(mu_);
   const std::string partial = Path(manifest.name) + std::string(kPartialSuffix);
   // The files the workers reported must all be there, whole, before the
   // manifest vouches for them.
   uint64_t bytes = 0;
   for (const CheckpointFile& f : manifest.files) {
+    // Names come from the workers: plain file names in this directory only.
+    if (f.name.empty() || f.name.front() == '.' || f.name.find('/') != std::string::npos) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("rank ", f.rank, " reported file '", f.name, "', not a plain file name"));
+    }
     ASSIGN_OR_RETURN(FileDigest digest, DigestFile(absl::StrCat(partial, "/", f.name)));
     if (digest.bytes != f.bytes || digest.xxh3 != f.xxh3) {
       return absl::DataLossError(absl::StrCat(partial, "/", f.name, " has ", digest.bytes,
@@ -88,34 +96,52 @@ absl::StatusOr<v1::CheckpointInfo> CheckpointCatalog::Commit(const CheckpointMan
     return absl::UnavailableError(
         absl::StrCat("cannot rename ", partial, " to ", Path(manifest.name), ": ", ec.message()));
   }
-  RETURN_IF_ERROR(FsyncPath(job_dir_));
-  RETURN_IF_ERROR(WriteLatest(manifest.name));
-  if (keep_last > 0 && manifest.scheduled) {
-    ASSIGN_OR_RETURN(std::vector<v1::CheckpointInfo> all, List());
-    std::vector<std::string> scheduled;
-    for (const v1::CheckpointInfo& info : all) {
-      absl::StatusOr<CheckpointManifest> m = Read(info.name());
-      if (m.ok() && m->scheduled) scheduled.push_back(info.name());
-    }
-    const int excess = static_cast<int>(scheduled.size()) - keep_last;
-    for (int i = 0; i < excess; ++i) {
-      const std::string& old = scheduled[static_cast<size_t>(i)];
-      spdlog::info("job {}: retiring scheduled checkpoint {} (keep_last {})", job_, old, keep_last);
-      fs::remove(absl::StrCat(Path(old), "/", kManifestFileName), ec);
-      fs::remove_all(Path(old), ec);
-    }
+  // Committed from here on: what follows is reported, never turned into a
+  // failure of a checkpoint that exists.
+  if (absl::Status synced = FsyncPath(job_dir_); !synced.ok()) {
+    spdlog::warn("job {}: checkpoint {} committed, but {}", job_, manifest.name,
+                 std::string(synced.message()));
   }
+  bool latest = true;
+  if (absl::Status moved = WriteLatest(manifest.name); !moved.ok()) {
+    latest = false;
+    spdlog::error("job {}: checkpoint {} committed, but `latest` still names the previous one: {}",
+                  job_, manifest.name, std::string(moved.message()));
+  }
+  if (keep_last > 0 && manifest.scheduled) Retire(keep_last);
   v1::CheckpointInfo info;
   info.set_name(manifest.name);
   info.set_step(manifest.step);
   info.set_state_dict_type(manifest.state_dict_type);
   info.set_world_size(manifest.world_size);
   info.set_bytes(static_cast<int64_t>(bytes));
-  info.set_latest(true);
+  info.set_latest(latest);
   return info;
 }
 
+void CheckpointCatalog::Retire(int keep_last) {
+  absl::StatusOr<std::vector<v1::CheckpointInfo>> all = List();
+  if (!all.ok()) {
+    spdlog::warn("job {}: retention skipped: {}", job_, std::string(all.status().message()));
+    return;
+  }
+  std::vector<std::string> scheduled;
+  for (const v1::CheckpointInfo& info : *all) {
+    absl::StatusOr<CheckpointManifest> m = Read(info.name());
+    if (m.ok() && m->scheduled) scheduled.push_back(info.name());
+  }
+  std::error_code ec;
+  const int excess = static_cast<int>(scheduled.size()) - keep_last;
+  for (int i = 0; i < excess; ++i) {
+    const std::string& old = scheduled[static_cast<size_t>(i)];
+    spdlog::info("job {}: retiring scheduled checkpoint {} (keep_last {})", job_, old, keep_last);
+    fs::remove(absl::StrCat(Path(old), "/", kManifestFileName), ec);
+    fs::remove_all(Path(old), ec);
+  }
+}
+
 absl::StatusOr<CheckpointManifest> CheckpointCatalog::Read(const std::string& name) const {
+  std::lock_guard<std::recursive_mutex> lock(mu_);
   std::string resolved = name;
   if (name == kLatestFileName) {
     resolved = LatestName();
@@ -142,6 +168,7 @@ absl::StatusOr<CheckpointManifest> CheckpointCatalog::Read(const std::string& na
 }
 
 absl::StatusOr<std::vector<v1::CheckpointInfo>> CheckpointCatalog::List() const {
+  std::lock_guard<std::recursive_mutex> lock(mu_);
   std::vector<std::tuple<int64_t, std::string, v1::CheckpointInfo>> found;
   std::error_code ec;
   if (!fs::exists(job_dir_, ec)) return std::vector<v1::CheckpointInfo>{};
@@ -177,6 +204,7 @@ absl::StatusOr<std::vector<v1::CheckpointInfo>> CheckpointCatalog::List() const 
 }
 
 absl::Status CheckpointCatalog::Delete(const std::string& name) {
+  std::lock_guard<std::recursive_mutex> lock(mu_);
   RETURN_IF_ERROR(Read(name).status());
   std::error_code ec;
   // The manifest goes first: from then on the directory is not a checkpoint,

@@ -9,6 +9,7 @@
 #ifndef FLATSHARD_COORDINATOR_CHECKPOINT_CATALOG_H_
 #define FLATSHARD_COORDINATOR_CHECKPOINT_CATALOG_H_
 
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -49,9 +50,14 @@ class CheckpointCatalog {
   std::string Path(const std::string& name) const { return job_dir_ + "/" + name; }
   std::string LatestName() const;
   absl::Status WriteLatest(const std::string& name);
+  // Deletes the oldest scheduled checkpoints beyond `keep_last`; best effort.
+  void Retire(int keep_last);
 
   std::string job_;
   std::string job_dir_;
+  // Commits run on the background committer while clients list, read and
+  // delete: one directory operation at a time (Commit reads through List).
+  mutable std::recursive_mutex mu_;
 };
 
 }  // namespace flatshard

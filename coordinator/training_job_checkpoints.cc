@@ -117,6 +117,8 @@ void TrainingJob::RunPendingSaves(const absl::Status& refuse, bool last) {
 
 absl::Status TrainingJob::MaybeScheduledSave() {
   const v1::CheckpointSchedule& schedule = spec_.checkpoints();
+  if (committer_.joinable())
+    committer_.join();  // an async save of this very step may be committing
   int64_t step = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -210,12 +212,16 @@ TrainingJob::SaveFuture TrainingJob::StartSave(const std::string& name, v1::Stat
   // The manifest describes the state at this point, whenever it is written.
   CheckpointManifest manifest = BuildManifest(name, type, scheduled);
   absl::StatusOr<std::vector<v1::CommandResult>> results = RunCheckpointBatch(command);
-  if (!results.ok()) {
+  // An async save that a rank refused is still running on the other ranks
+  // (they all joined the snapshot): the committer must collect them anyway.
+  const bool drain = async_save && !results.ok() && sequencer()->failure().ok();
+  if (!results.ok() && !drain) {
     catalog_.AbandonSave(name);
     return Ready(absl::Status(
         results.status().code(),
         absl::StrCat("checkpoint '", name, "' was not saved: ", results.status().message())));
   }
+  const absl::Status refused = results.status();
   const int keep_last = spec_.checkpoints().keep_last();
   auto commit =
       [this, name, type, start, keep_last](
@@ -247,16 +253,16 @@ TrainingJob::SaveFuture TrainingJob::StartSave(const std::string& name, v1::Stat
   SaveFuture done = promise->get_future().share();
   const std::string directory = catalog_.RelativePartialDir(name);
   const absl::Duration timeout = options_.batch_timeout;
-  committer_ = std::thread([this, promise, workers, directory, timeout, name,
+  committer_ = std::thread([this, promise, workers, directory, timeout, name, refused,
                             manifest = std::move(manifest), commit]() mutable {
     std::vector<v1::CommandResult> written;
     // Every rank is awaited, even after one failed: each holds a snapshot
     // until its outcome is collected. A rank that cannot be reached is the
     // cause; the others then only report that their gathers lost it.
-    absl::Status unreachable, reported;
+    absl::Status unreachable, reported = refused;
+    const absl::Time deadline = absl::Now() + timeout;  // one for all ranks
     for (size_t r = 0; r < workers.size(); ++r) {
-      absl::StatusOr<v1::CommandResult> result =
-          workers[r]->AwaitSave(directory, absl::Now() + timeout);
+      absl::StatusOr<v1::CommandResult> result = workers[r]->AwaitSave(directory, deadline);
       if (!result.ok()) {
         if (unreachable.ok()) {
           unreachable = absl::Status(

@@ -23,6 +23,26 @@ absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(const s
     return text.status();
   }
   ASSIGN_OR_RETURN(CheckpointManifest manifest, ParseManifest(*text, path));
+  // Every file the type and world size imply must be listed: a rank's file
+  // left out would otherwise read as "no state" (zeros) instead of failing.
+  std::vector<std::string> expected;
+  if (manifest.state_dict_type == v1::FULL_STATE_DICT) {
+    expected = {std::string(kFullModelFile), std::string(kFullOptimFile)};
+  } else {
+    for (int r = 0; r < manifest.world_size; ++r) {
+      expected.push_back(RankFileName("model", r, manifest.world_size));
+      expected.push_back(RankFileName("optim", r, manifest.world_size));
+    }
+  }
+  for (const std::string& name : expected) {
+    bool listed = false;
+    for (const CheckpointFile& f : manifest.files) listed |= f.name == name;
+    if (!listed) {
+      return absl::DataLossError(absl::StrCat(
+          path, " does not list ", name, ", which a ", StateDictTypeName(manifest.state_dict_type),
+          " checkpoint at world size ", manifest.world_size, " must have"));
+    }
+  }
   return std::unique_ptr<CheckpointReader>(new CheckpointReader(dir, std::move(manifest)));
 }
 

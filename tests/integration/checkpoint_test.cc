@@ -21,6 +21,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "nlohmann/json.hpp"
 
 #include "client/child_process.h"
 #include "client/flatshard_client.h"
@@ -300,7 +301,7 @@ TEST(CheckpointTest, DamagedCheckpointsAreRefusedNamingTheFileAndChangeNothing) 
   ASSERT_NE(cluster, nullptr);
   FlatshardClient& client = *cluster->client;
   Train(client, 2);
-  for (const char* name : {"flipped", "truncated", "lying"}) {
+  for (const char* name : {"flipped", "truncated", "lying", "incomplete"}) {
     ASSERT_TRUE(Save(client, name, v1::SHARDED_STATE_DICT).ok());
   }
   const std::string flipped = Dir(root, "flipped") + "/model-rank00001-of-00002.safetensors";
@@ -314,11 +315,22 @@ TEST(CheckpointTest, DamagedCheckpointsAreRefusedNamingTheFileAndChangeNothing) 
     text[at] = text[at] == '0' ? '1' : '0';
     ASSERT_TRUE(WriteFileDurably(manifest, text).ok());
   }
+  {  // a manifest that leaves a rank's file out (it would read as zero state)
+    const std::string manifest = Dir(root, "incomplete") + "/manifest.json";
+    nlohmann::json json = nlohmann::json::parse(*ReadFileToString(manifest));
+    nlohmann::json kept = nlohmann::json::array();
+    for (const auto& f : json["files"]) {
+      if (f["name"] != "optim-rank00001-of-00002.safetensors") kept.push_back(f);
+    }
+    json["files"] = kept;
+    ASSERT_TRUE(WriteFileDurably(manifest, json.dump(2)).ok());
+  }
   const std::vector<v1::StepResult> before = Train(client, 1);
   for (const auto& [name, file] : std::vector<std::pair<std::string, std::string>>{
            {"flipped", flipped},
            {"truncated", truncated},
-           {"lying", "model-rank00000-of-00002.safetensors"}}) {
+           {"lying", "model-rank00000-of-00002.safetensors"},
+           {"incomplete", "optim-rank00001-of-00002.safetensors"}}) {
     absl::StatusOr<v1::CheckpointProgress> load = client.LoadCheckpoint(kJob, name);
     ASSERT_FALSE(load.ok()) << name;
     EXPECT_EQ(load.status().code(), absl::StatusCode::kDataLoss) << load.status();

@@ -142,8 +142,12 @@ namespace {
 // "<job>/<name>" or "<job>/<name>.partial", nothing that climbs out of the root.
 absl::Status CheckCheckpointDirectory(const std::string& directory) {
   const size_t slash = directory.find('/');
-  if (slash == std::string::npos || directory.find('/', slash + 1) != std::string::npos ||
-      slash == 0 || directory.find("..") != std::string::npos || directory.front() == '.') {
+  const std::string job = directory.substr(0, slash);
+  const std::string name = slash == std::string::npos ? "" : directory.substr(slash + 1);
+  auto bad = [](const std::string& part) {
+    return part.empty() || part == "." || part == ".." || part.find('/') != std::string::npos;
+  };
+  if (slash == std::string::npos || bad(job) || bad(name)) {
     return absl::InvalidArgumentError(
         absl::StrCat("checkpoint directory '", directory, "' is not of the form <job>/<name>"));
   }

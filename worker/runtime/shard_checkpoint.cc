@@ -91,7 +91,7 @@ std::vector<Piece> UnitPieces(const FlatParamUnit& unit, const OptimizerState& o
     std::vector<int64_t> shape;
     int64_t begin = 0, count = 0;
     slice(i, shape, begin, count);
-    if (count == 0 && !shape.empty()) continue;
+    if (!full && count == 0 && !shape.empty()) continue;  // no rows on this rank
     pieces.push_back({{spec.params[i].fqn, spec.params[i].dtype, shape},
                       false,
                       Piece::Source::kParam,
@@ -116,7 +116,7 @@ std::vector<Piece> UnitPieces(const FlatParamUnit& unit, const OptimizerState& o
       std::vector<int64_t> shape;
       int64_t begin = 0, count = 0;
       slice(i, shape, begin, count);
-      if (count == 0 && !shape.empty()) continue;
+      if (!full && count == 0 && !shape.empty()) continue;
       pieces.push_back({{absl::StrCat(spec.params[i].fqn, ".", s), DType::kFloat32, shape},
                         true,
                         Piece::Source::kState,

@@ -9,27 +9,26 @@
 namespace flatshard {
 
 BackgroundSaves::~BackgroundSaves() {
-  std::map<std::string, std::shared_future<v1::CommandResult>> saves;
+  std::map<std::string, Entry> saves;
   {
     std::lock_guard<std::mutex> lock(mu_);
     saves.swap(saves_);
   }
-  for (auto& [key, save] : saves) save.wait();
+  for (auto& [key, entry] : saves) entry.done.wait();
 }
 
 void BackgroundSaves::Start(const std::string& key, ShardSnapshot snapshot, const std::string& path,
                             int rank, uint64_t seq) {
-  // A save into the same directory that was never awaited (its checkpoint
-  // failed elsewhere) must finish before a new one writes there.
-  std::shared_future<v1::CommandResult> previous;
+  // One background save at a time: they all gather over the same checkpoint
+  // communicator, and one that the coordinator gave up on (its checkpoint
+  // failed elsewhere) may still be running.
+  std::vector<std::shared_future<v1::CommandResult>> running;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (auto it = saves_.find(key); it != saves_.end()) {
-      previous = it->second;
-      saves_.erase(it);
-    }
+    for (auto& [name, entry] : saves_) running.push_back(entry.done);
+    saves_.erase(key);
   }
-  if (previous.valid()) previous.wait();
+  for (auto& save : running) save.wait();
   std::shared_future<v1::CommandResult> save =
       std::async(std::launch::async, [snapshot = std::move(snapshot), path, rank, seq]() {
         absl::StatusOr<ShardSaveResult> written = WriteShardSnapshot(snapshot, path);
@@ -53,28 +52,35 @@ void BackgroundSaves::Start(const std::string& key, ShardSnapshot snapshot, cons
         return result;
       }).share();
   std::lock_guard<std::mutex> lock(mu_);
-  saves_[key] = std::move(save);
+  saves_[key] = Entry{++next_id_, std::move(save)};
 }
 
 absl::StatusOr<v1::CommandResult> BackgroundSaves::Await(const std::string& key,
                                                          absl::Time deadline) {
-  std::shared_future<v1::CommandResult> save;
+  Entry entry;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = saves_.find(key);
     if (it == saves_.end()) {
       return absl::NotFoundError(absl::StrCat("no async save into '", key, "' on this worker"));
     }
-    save = it->second;
+    entry = it->second;
   }
-  const auto wait = std::chrono::microseconds(
-      std::max<int64_t>(0, absl::ToInt64Microseconds(deadline - absl::Now())));
-  if (save.wait_for(wait) != std::future_status::ready) {
-    return absl::DeadlineExceededError(absl::StrCat("async save into '", key, "' still writing"));
+  if (deadline == absl::InfiniteFuture()) {
+    entry.done.wait();
+  } else {
+    const auto wait = std::chrono::microseconds(
+        std::max<int64_t>(0, absl::ToInt64Microseconds(deadline - absl::Now())));
+    if (entry.done.wait_for(wait) != std::future_status::ready) {
+      return absl::DeadlineExceededError(absl::StrCat("async save into '", key, "' still writing"));
+    }
   }
-  v1::CommandResult result = save.get();
+  v1::CommandResult result = entry.done.get();
   std::lock_guard<std::mutex> lock(mu_);
-  saves_.erase(key);
+  // Only this save's entry: a newer save into the same directory stays.
+  if (auto it = saves_.find(key); it != saves_.end() && it->second.id == entry.id) {
+    saves_.erase(it);
+  }
   return result;
 }
 

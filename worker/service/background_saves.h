@@ -28,7 +28,8 @@ class BackgroundSaves {
   BackgroundSaves& operator=(const BackgroundSaves&) = delete;
 
   // Writes `snapshot` into `path` in the background; `key` names the save
-  // for Await (the checkpoint directory as the coordinator sent it).
+  // for Await (the checkpoint directory as the coordinator sent it). Waits
+  // first for any save still running: they share one communicator.
   void Start(const std::string& key, ShardSnapshot snapshot, const std::string& path, int rank,
              uint64_t seq);
 
@@ -37,8 +38,13 @@ class BackgroundSaves {
   absl::StatusOr<v1::CommandResult> Await(const std::string& key, absl::Time deadline);
 
  private:
+  struct Entry {
+    uint64_t id = 0;
+    std::shared_future<v1::CommandResult> done;
+  };
   std::mutex mu_;
-  std::map<std::string, std::shared_future<v1::CommandResult>> saves_;
+  std::map<std::string, Entry> saves_;
+  uint64_t next_id_ = 0;
 };
 
 }  // namespace flatshard
