@@ -89,7 +89,7 @@ absl::Status CommandSequencer::Settle(const std::vector<absl::Status>& statuses)
   }
   const auto b = static_cast<size_t>(blamed);
   const absl::Status& cause = statuses[b];
-  const absl::Status failure(
+  absl::Status failure(
       cause.code(),
       unreachable ? absl::StrCat(
                         "rank ", blamed, " (", workers_[b]->address(),

@@ -180,10 +180,11 @@ TEST(ControlPlaneTest, TrainingThroughTheCoordinatorEqualsTheDataPlaneHarness) {
   stale.set_seq(before.last_completed_seq() + 1);
   absl::Notification done;
   absl::Status stale_status;
-  worker.Execute(&stale, absl::Now() + absl::Seconds(10), [&](absl::StatusOr<v1::CommandResult> r) {
-    stale_status = r.status();
-    done.Notify();
-  });
+  worker.Execute(&stale, absl::Now() + absl::Seconds(10),
+                 [&](const absl::StatusOr<v1::CommandResult>& r) {
+                   stale_status = r.status();
+                   done.Notify();
+                 });
   done.WaitForNotification();
   EXPECT_EQ(stale_status.code(), absl::StatusCode::kFailedPrecondition) << stale_status;
   EXPECT_THAT(std::string(stale_status.message()), HasSubstr("epoch"));

@@ -31,8 +31,9 @@ std::string FloatBytes(std::initializer_list<float> values) {
 std::string Handmade(const std::string& json, size_t data_bytes) {
   std::string out(8, '\0');
   const uint64_t n = json.size();
-  for (int i = 0; i < 8; ++i)
+  for (int i = 0; i < 8; ++i) {
     out[static_cast<size_t>(i)] = static_cast<char>((n >> (8 * i)) & 0xff);
+  }
   return out + json + std::string(data_bytes, '\x01');
 }
 
