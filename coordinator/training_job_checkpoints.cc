@@ -117,8 +117,8 @@ void TrainingJob::RunPendingSaves(const absl::Status& refuse, bool last) {
 
 absl::Status TrainingJob::MaybeScheduledSave() {
   const v1::CheckpointSchedule& schedule = spec_.checkpoints();
-  if (committer_.joinable())
-    committer_.join();  // an async save of this very step may be committing
+  // An async save of this very step may be committing.
+  if (committer_.joinable()) committer_.join();
   int64_t step = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
