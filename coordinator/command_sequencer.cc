@@ -33,7 +33,8 @@ absl::Status CommandSequencer::failure() const {
 }
 
 absl::Status CommandSequencer::Begin(v1::CommandBatch& batch) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
+  aborted_.wait(lock, [this] { return !aborting_; });
   if (!failure_.ok()) return failure_;
   batch.set_job_epoch(epoch_);
   batch.set_seq(last_seq_ + 1);
@@ -49,9 +50,13 @@ void CommandSequencer::Fail(int rank, const absl::Status& reason) {
     failure_ =
         rank < 0 ? reason
                  : absl::Status(reason.code(), absl::StrCat("rank ", rank, ": ", reason.message()));
+    aborting_ = true;
   }
   for (WorkerClient* worker : workers_) worker->CancelAll();
   AbortAll(std::string(reason.message()));
+  std::lock_guard<std::mutex> lock(mu_);
+  aborting_ = false;
+  aborted_.notify_all();
 }
 
 void CommandSequencer::AbortAll(const std::string& reason) {
@@ -72,8 +77,11 @@ absl::Status CommandSequencer::Settle(const std::vector<absl::Status>& statuses)
   }
   if (failed.empty()) return absl::OkStatus();
   {
-    std::lock_guard<std::mutex> lock(mu_);
-    // Fail() got there first (a missed heartbeat): that is the cause.
+    // Fail() got there first (a missed heartbeat): that is the cause. The
+    // batch fails only once Fail() has aborted every rank, so whoever sees
+    // the failure finds the survivors' collectives already aborted.
+    std::unique_lock<std::mutex> lock(mu_);
+    aborted_.wait(lock, [this] { return !aborting_; });
     if (!failure_.ok()) return failure_;
   }
   // A rank that no longer answers is the cause; the others failed because

@@ -7,6 +7,7 @@
 #ifndef FLATSHARD_COORDINATOR_COMMAND_SEQUENCER_H_
 #define FLATSHARD_COORDINATOR_COMMAND_SEQUENCER_H_
 
+#include <condition_variable>
 #include <cstdint>
 #include <mutex>
 #include <vector>
@@ -52,6 +53,8 @@ class CommandSequencer {
   const uint64_t epoch_;
   const absl::Duration batch_timeout_;
   mutable std::mutex mu_;
+  std::condition_variable aborted_;
+  bool aborting_ = false;  // Fail() is aborting the ranks
   uint64_t last_seq_ = 0;
   absl::Status failure_;
 };
