@@ -170,9 +170,11 @@ int ClusterCommands::Workers(std::ostream& out, std::ostream& err) {
   for (const v1::WorkerInfo& w : *workers) {
     rows.push_back({w.rank() < 0 ? "-" : absl::StrCat(w.rank()), w.worker_id(), w.device(),
                     w.address(), w.state(), FormatSeconds(w.heartbeat_age_seconds()),
-                    absl::StrCat(w.last_completed_seq())});
+                    absl::StrCat(w.last_completed_seq()),
+                    w.metrics_address().empty() ? "-" : w.metrics_address()});
   }
-  PrintTable({"RANK", "WORKER", "DEVICE", "ADDRESS", "STATE", "HEARTBEAT", "LAST-SEQ"}, rows, out);
+  PrintTable({"RANK", "WORKER", "DEVICE", "ADDRESS", "STATE", "HEARTBEAT", "LAST-SEQ", "METRICS"},
+             rows, out);
   if (workers->empty()) {
     out << "(no workers yet: start them with `flatshard up` or flatshard-worker)\n";
   }

@@ -1,5 +1,6 @@
 #include "client/local_cluster.h"
 
+#include <cstring>
 #include <filesystem>
 
 #include <sys/wait.h>
@@ -7,6 +8,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 
 #include "core/status_macros.h"
 
@@ -14,6 +16,9 @@ namespace flatshard {
 namespace {
 
 constexpr absl::string_view kCoordinatorBanner = "flatshard-coordinator listening on ";
+constexpr absl::string_view kCoordinatorMetrics = "flatshard-coordinator metrics on ";
+constexpr char kWorkerListening[] = " listening on ";
+constexpr char kWorkerMetrics[] = ", metrics on ";
 
 std::string Number(double v) { return absl::StrCat(v); }
 
@@ -32,33 +37,53 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
         absl::StrCat("--workers must be at least 1, got ", options.workers));
   }
   const std::string bin = options.bin_dir.empty() ? SelfDirectory() : options.bin_dir;
+  const std::string metrics_listen = options.metrics ? "127.0.0.1:0" : "";
   std::unique_ptr<LocalCluster> cluster(new LocalCluster());
   ASSIGN_OR_RETURN(
       cluster->coordinator_,
       ChildProcess::Spawn({bin + "/flatshard-coordinator", "--listen", options.listen,
                            "--heartbeat-interval", Number(options.heartbeat_interval_s),
                            "--heartbeat-timeout", Number(options.heartbeat_timeout_s),
-                           "--checkpoint-root", options.checkpoint_dir}));
+                           "--checkpoint-root", options.checkpoint_dir, "--metrics-listen",
+                           metrics_listen}));
   ASSIGN_OR_RETURN(std::string banner, cluster->coordinator_->ReadLine(options.start_timeout));
   if (!absl::StartsWith(banner, kCoordinatorBanner)) {
     return absl::InternalError(
         absl::StrCat("flatshard-coordinator said '", banner, "' instead of its address"));
   }
   cluster->address_ = banner.substr(kCoordinatorBanner.size());
+  if (options.metrics) {
+    ASSIGN_OR_RETURN(std::string line, cluster->coordinator_->ReadLine(options.start_timeout));
+    if (!absl::StartsWith(line, kCoordinatorMetrics)) {
+      return absl::InternalError(
+          absl::StrCat("flatshard-coordinator said '", line, "' instead of its metrics address"));
+    }
+    cluster->coordinator_metrics_ = line.substr(kCoordinatorMetrics.size());
+  }
   std::error_code ec;
   std::filesystem::create_directories(options.checkpoint_dir, ec);
   for (int i = 0; i < options.workers; ++i) {
     ASSIGN_OR_RETURN(
         std::unique_ptr<ChildProcess> worker,
-        ChildProcess::Spawn({bin + "/flatshard-worker", "--coordinator", cluster->address_,
-                             "--worker-id", absl::StrCat("worker-", i), "--rank", absl::StrCat(i),
-                             "--data-dir", options.data_dir, "--checkpoint-dir",
-                             options.checkpoint_dir, "--collective-timeout",
-                             Number(options.collective_timeout_s)}));
+        ChildProcess::Spawn(
+            {bin + "/flatshard-worker", "--coordinator", cluster->address_, "--worker-id",
+             absl::StrCat("worker-", i), "--rank", absl::StrCat(i), "--data-dir", options.data_dir,
+             "--checkpoint-dir", options.checkpoint_dir, "--collective-timeout",
+             Number(options.collective_timeout_s), "--metrics-listen", metrics_listen}));
     cluster->workers_.push_back(std::move(worker));
   }
   for (auto& worker : cluster->workers_) {
     ASSIGN_OR_RETURN(std::string line, worker->ReadLine(options.start_timeout));
+    // "flatshard-worker ID rank R listening on ADDR[, metrics on ADDR]"
+    const std::vector<std::string> parts =
+        absl::StrSplit(line, absl::MaxSplits(absl::ByString(kWorkerMetrics), 1));
+    const size_t listening = parts[0].find(kWorkerListening);
+    if (listening == std::string::npos || (options.metrics && parts.size() != 2)) {
+      return absl::InternalError(
+          absl::StrCat(worker->name(), " said '", line, "' instead of its addresses"));
+    }
+    cluster->worker_addresses_.push_back(parts[0].substr(listening + strlen(kWorkerListening)));
+    if (options.metrics) cluster->worker_metrics_.push_back(parts[1]);
     cluster->banners_.push_back(line);
   }
   return cluster;

@@ -25,6 +25,7 @@ struct LocalClusterOptions {
   double collective_timeout_s = 60.0;
   std::string data_dir = ".";
   std::string checkpoint_dir = "checkpoints";
+  bool metrics = true;  // every daemon serves /metrics on a free loopback port
   absl::Duration start_timeout = absl::Seconds(60);
 };
 
@@ -39,6 +40,11 @@ class LocalCluster {
   int num_workers() const { return static_cast<int>(workers_.size()); }
   // "flatshard-worker w0 rank 0 listening on 127.0.0.1:41234" lines, by worker.
   const std::vector<std::string>& worker_banners() const { return banners_; }
+  // host:port of each worker's WorkerService.
+  const std::vector<std::string>& worker_addresses() const { return worker_addresses_; }
+  // host:port of each daemon's /metrics (empty without metrics).
+  const std::string& coordinator_metrics() const { return coordinator_metrics_; }
+  const std::vector<std::string>& worker_metrics() const { return worker_metrics_; }
 
   // Stops the workers, then the coordinator; true when all exited cleanly.
   bool Stop();
@@ -53,6 +59,9 @@ class LocalCluster {
   std::unique_ptr<ChildProcess> coordinator_;
   std::vector<std::unique_ptr<ChildProcess>> workers_;
   std::vector<std::string> banners_;
+  std::vector<std::string> worker_addresses_;
+  std::string coordinator_metrics_;
+  std::vector<std::string> worker_metrics_;
 };
 
 }  // namespace flatshard

@@ -40,6 +40,23 @@ CLI::App* AddUpCommand(CLI::App& app, UpCommandOptions& o) {
       ->capture_default_str();
   up->add_option("--checkpoint-dir", o.cluster.checkpoint_dir, "Workers' checkpoint directory")
       ->capture_default_str();
+  up->add_flag("--prometheus", o.prometheus,
+               "Also run Prometheus (the Debian package) scraping every daemon, with "
+               "flatshard's alert rules; prints its URL");
+  up->add_option("--prometheus-listen", o.prometheus_options.listen,
+                 "Where that Prometheus serves (port 0: any free one)")
+      ->capture_default_str();
+  up->add_option("--scrape-interval", o.prometheus_options.scrape_interval_s,
+                 "Seconds between its scrapes and rule evaluations")
+      ->capture_default_str();
+  up->add_option("--prometheus-config-dir", o.prometheus_options.config_dir,
+                 "Directory with prometheus-local.yml and its rule files (default: "
+                 "share/flatshard/prometheus beside bin/)");
+  up->add_option("--prometheus-data-dir", o.prometheus_options.data_dir,
+                 "Keep its configuration and TSDB here (default: a temporary directory "
+                 "removed on exit)");
+  up->add_option("--prometheus-binary", o.prometheus_options.binary, "The prometheus executable")
+      ->capture_default_str();
   up->add_option("--bin-dir", o.cluster.bin_dir,
                  "Where flatshard-coordinator and flatshard-worker are (default: beside this "
                  "program)");
@@ -58,7 +75,17 @@ int RunUpCommand(const UpCommandOptions& o, std::ostream& out, std::ostream& err
   absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(o.cluster);
   if (!cluster.ok()) return ReportError("up", cluster.status(), err);
   out << "coordinator: " << (*cluster)->address() << "\n";
+  out << "coordinator metrics: " << (*cluster)->coordinator_metrics() << "\n";
   for (const std::string& banner : (*cluster)->worker_banners()) out << "  " << banner << "\n";
+  std::unique_ptr<LocalPrometheus> prometheus;
+  if (o.prometheus) {
+    absl::StatusOr<std::unique_ptr<LocalPrometheus>> started = LocalPrometheus::Start(
+        o.prometheus_options, (*cluster)->coordinator_metrics(), (*cluster)->worker_metrics());
+    if (!started.ok()) return ReportError("up --prometheus", started.status(), err);
+    prometheus = *std::move(started);
+    out << "prometheus: " << prometheus->url() << " (targets: " << prometheus->url()
+        << "/targets, alerts: " << prometheus->url() << "/alerts)" << std::endl;
+  }
 
   std::string job_name;
   if (!o.job_file.empty()) {
@@ -97,7 +124,8 @@ int RunUpCommand(const UpCommandOptions& o, std::ostream& out, std::ostream& err
   int signal = 0;
   sigwait(&signals, &signal);
   out << "\n" << strsignal(signal) << ": stopping the cluster..." << std::endl;
-  const bool clean = (*cluster)->Stop();
+  bool clean = prometheus == nullptr || prometheus->Stop();
+  clean &= (*cluster)->Stop();
   out << (clean ? "stopped cleanly" : "stopped (some daemons had to be killed)") << std::endl;
   return clean ? kExitOk : kExitFailed;
 }

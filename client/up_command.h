@@ -1,5 +1,6 @@
 // `flatshard up`: a local cluster (a coordinator and N CPU workers as child
-// processes) that runs until Ctrl-C or SIGTERM, then stops them cleanly.
+// processes) that runs until Ctrl-C or SIGTERM, then stops them cleanly;
+// with --prometheus, a Prometheus server scraping it too.
 #ifndef FLATSHARD_CLIENT_UP_COMMAND_H_
 #define FLATSHARD_CLIENT_UP_COMMAND_H_
 
@@ -9,6 +10,7 @@
 #include "CLI/CLI.hpp"
 
 #include "client/local_cluster.h"
+#include "client/local_prometheus.h"
 
 namespace flatshard {
 
@@ -16,6 +18,8 @@ struct UpCommandOptions {
   LocalClusterOptions cluster;
   std::string job_file;      // create this job once the workers are up
   std::string address_file;  // write the coordinator's address here
+  bool prometheus = false;   // also run a Prometheus scraping the cluster
+  LocalPrometheusOptions prometheus_options;
 };
 
 CLI::App* AddUpCommand(CLI::App& app, UpCommandOptions& options);

@@ -19,8 +19,11 @@ constexpr absl::Duration kProbeTimeout = absl::Seconds(1);
 }  // namespace
 
 CommandSequencer::CommandSequencer(std::vector<WorkerClient*> workers, uint64_t epoch,
-                                   absl::Duration batch_timeout)
-    : workers_(std::move(workers)), epoch_(epoch), batch_timeout_(batch_timeout) {}
+                                   absl::Duration batch_timeout, BatchObserver on_batch)
+    : workers_(std::move(workers)),
+      epoch_(epoch),
+      batch_timeout_(batch_timeout),
+      on_batch_(std::move(on_batch)) {}
 
 uint64_t CommandSequencer::last_seq() const {
   std::lock_guard<std::mutex> lock(mu_);
@@ -121,7 +124,8 @@ absl::StatusOr<std::vector<v1::CommandResult>> CommandSequencer::Run(v1::Command
   std::condition_variable all_done;
   size_t pending = world;
   bool aborting = false;
-  const absl::Time deadline = absl::Now() + batch_timeout_;
+  const absl::Time start = absl::Now();
+  const absl::Time deadline = start + batch_timeout_;
   for (size_t r = 0; r < world; ++r) {
     workers_[r]->Execute(&batch, deadline, [&, r](absl::StatusOr<v1::CommandResult> result) {
       std::lock_guard<std::mutex> lock(mu);
@@ -152,6 +156,7 @@ absl::StatusOr<std::vector<v1::CommandResult>> CommandSequencer::Run(v1::Command
     }
   }
   if (absl::Status s = Settle(statuses); !s.ok()) return s;
+  if (on_batch_) on_batch_(batch, absl::Now() - start);
   std::lock_guard<std::mutex> lock(mu_);
   last_seq_ = batch.seq();
   return results;

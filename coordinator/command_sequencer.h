@@ -9,6 +9,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <vector>
 
@@ -22,9 +23,12 @@ namespace flatshard {
 
 class CommandSequencer {
  public:
+  // Told of every batch that succeeded on all ranks and its round trip.
+  using BatchObserver = std::function<void(const v1::CommandBatch&, absl::Duration)>;
+
   // `workers[r]` is rank r. `batch_timeout` bounds one batch end to end.
-  CommandSequencer(std::vector<WorkerClient*> workers, uint64_t epoch,
-                   absl::Duration batch_timeout);
+  CommandSequencer(std::vector<WorkerClient*> workers, uint64_t epoch, absl::Duration batch_timeout,
+                   BatchObserver on_batch = {});
 
   // Runs `batch` (its commands, step, sync_gradients and control set by the
   // caller) on every rank; the results by rank. Errors name the rank.
@@ -52,6 +56,7 @@ class CommandSequencer {
   std::vector<WorkerClient*> workers_;
   const uint64_t epoch_;
   const absl::Duration batch_timeout_;
+  const BatchObserver on_batch_;
   mutable std::mutex mu_;
   std::condition_variable aborted_;
   bool aborting_ = false;  // Fail() is aborting the ranks

@@ -54,6 +54,11 @@ absl::StatusOr<v1::Job> Coordinator::CreateJob(const v1::JobSpec& spec) {
   return job_->ToProto();
 }
 
+std::shared_ptr<TrainingJob> Coordinator::current_job() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return job_;
+}
+
 absl::StatusOr<std::shared_ptr<TrainingJob>> Coordinator::FindJob(const std::string& name) const {
   std::lock_guard<std::mutex> lock(mu_);
   if (name.empty()) {

@@ -45,6 +45,8 @@ class Coordinator {
   // NOT_FOUND naming the job (and the one that exists, if any).
   absl::StatusOr<std::shared_ptr<TrainingJob>> FindJob(const std::string& name) const;
   absl::Status DeleteJob(const std::string& name);
+  // The job, or null when there is none.
+  std::shared_ptr<TrainingJob> current_job() const;
   // The job's rank of `worker_id`, or -1.
   int JobRank(const std::string& worker_id) const;
 

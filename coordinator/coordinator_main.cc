@@ -1,6 +1,7 @@
 // flatshard-coordinator: Membership (registration, heartbeats, the rendezvous
-// store) and JobService on one address. SIGTERM or SIGINT stops the job
-// (aborting the workers' collectives) and exits 0.
+// store) and JobService on one address, Prometheus metrics on another.
+// SIGTERM or SIGINT stops the job (aborting the workers' collectives) and
+// exits 0.
 #include <csignal>
 #include <cstring>
 #include <filesystem>
@@ -10,11 +11,18 @@
 #include <string>
 
 #include "CLI/CLI.hpp"
+#include "absl/time/clock.h"
+#include "metrics/build_info.h"
+#include "metrics/metrics_server.h"
+#include "metrics/rpc_metrics.h"
+#include "metrics/scrape_collector.h"
+#include "prometheus/registry.h"
 #include "rpc/grpc_server.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
 
 #include "coordinator/coordinator.h"
+#include "coordinator/coordinator_metrics.h"
 #include "coordinator/grpc_worker_client.h"
 #include "coordinator/service/job_service.h"
 #include "coordinator/service/membership_service.h"
@@ -30,6 +38,7 @@ struct Flags {
   double batch_timeout_s = 600.0;
   std::string address_file;
   std::string checkpoint_root = "./checkpoints";
+  std::string metrics_listen;  // default: --listen's host, any port
 };
 
 // Written whole then renamed, so a reader never sees half an address.
@@ -58,12 +67,18 @@ int Run(const Flags& f) {
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
+  // Declared before what they observe, so they outlive it.
+  auto registry = std::make_shared<prometheus::Registry>();
+  AddBuildInfo(*registry, "coordinator");
+  CoordinatorMetrics metrics(*registry);
+
   CoordinatorOptions options;
   options.heartbeat_interval = absl::Seconds(f.heartbeat_interval_s);
   options.heartbeat_timeout = absl::Seconds(f.heartbeat_timeout_s);
   options.job.configure_timeout = absl::Seconds(f.configure_timeout_s);
   options.job.batch_timeout = absl::Seconds(f.batch_timeout_s);
   options.job.checkpoint_root = f.checkpoint_root;
+  options.job.observer = &metrics;
   options.job.connect = [](const WorkerRecord& worker) -> std::unique_ptr<WorkerClient> {
     return std::make_unique<GrpcWorkerClient>(worker.address);
   };
@@ -73,11 +88,26 @@ int Run(const Flags& f) {
   Coordinator* c = coordinator.get();
   membership.set_abort_query([c](const std::string& id) { return c->AbortEpochFor(id); });
   JobServiceImpl jobs(c);
+  GrpcServer::Interceptors interceptors;
+  interceptors.push_back(RpcMetricsInterceptor(*registry));
   absl::StatusOr<std::unique_ptr<GrpcServer>> server =
-      GrpcServer::Start(f.listen, {&membership, &jobs});
+      GrpcServer::Start(f.listen, {&membership, &jobs}, std::move(interceptors));
   if (!server.ok()) {
     std::cerr << "flatshard-coordinator: --listen: " << server.status().message() << "\n";
     return 1;
+  }
+  std::unique_ptr<MetricsServer> metrics_server;
+  if (!f.metrics_listen.empty()) {
+    absl::StatusOr<std::unique_ptr<MetricsServer>> started = MetricsServer::Start(f.metrics_listen);
+    if (!started.ok()) {
+      std::cerr << "flatshard-coordinator: --metrics-listen: " << started.status().message()
+                << "\n";
+      return 1;
+    }
+    metrics_server = *std::move(started);
+    metrics_server->Serve(registry);
+    metrics_server->Serve(std::make_shared<ScrapeCollector>(
+        [&metrics, c](ScrapedGauges& g) { metrics.AddScrapeGauges(*c, absl::Now(), g); }));
   }
   coordinator->Start();
   const std::string address = (*server)->address();
@@ -86,11 +116,15 @@ int Run(const Flags& f) {
     return 1;
   }
   std::cout << "flatshard-coordinator listening on " << address << std::endl;
+  if (metrics_server != nullptr) {
+    std::cout << "flatshard-coordinator metrics on " << metrics_server->address() << std::endl;
+  }
 
   int signal = 0;
   sigwait(&signals, &signal);
   spdlog::info("flatshard-coordinator: {} received, shutting down", strsignal(signal));
-  coordinator.reset();  // stops the job and aborts the workers first
+  metrics_server.reset();  // its scrapes read the coordinator
+  coordinator.reset();     // stops the job and aborts the workers first
   (*server)->Shutdown();
   return 0;
 }
@@ -122,9 +156,17 @@ int Main(int argc, char** argv) {
                  "Directory holding <job>/<checkpoint>/ (the workers' --checkpoint-dir, "
                  "shared)")
       ->capture_default_str();
+  CLI::Option* metrics_listen =
+      app.add_option("--metrics-listen", f.metrics_listen,
+                     "Address of the Prometheus /metrics endpoint (default: the --listen host, any "
+                     "free port; printed "
+                     "at start; empty: no metrics)");
   app.add_option("--address-file", f.address_file,
                  "Write the address served on (host:port) to this file once listening");
   CLI11_PARSE(app, argc, argv);
+  if (metrics_listen->count() == 0) {
+    f.metrics_listen = flatshard::MetricsServer::DefaultAddress(f.listen);
+  }
   // stdout carries the one "listening on" line a launcher waits for; logs go to stderr.
   spdlog::set_default_logger(spdlog::stderr_color_mt("flatshard"));
   return flatshard::Run(f);

@@ -42,7 +42,8 @@ absl::StatusOr<int> MembershipTable::Register(const Registration& r, absl::Time 
     }
   }
   WorkerRecord& record = by_id_[r.worker_id];
-  record = WorkerRecord{r.worker_id, r.host, r.device, r.address, rank, now, 0, "registered"};
+  record = WorkerRecord{r.worker_id, r.host, r.device,     r.address,        rank,
+                        now,         0,      "registered", r.metrics_address};
   id_by_rank_[rank] = r.worker_id;
   return rank;
 }

@@ -26,6 +26,7 @@ struct WorkerRecord {
   absl::Time last_heartbeat;
   uint64_t last_completed_seq = 0;
   std::string state;
+  std::string metrics_address;
 };
 
 struct Registration {
@@ -34,6 +35,7 @@ struct Registration {
   std::string device;
   std::string address;
   int requested_rank = -1;  // -1: assign one
+  std::string metrics_address;
 };
 
 class MembershipTable {

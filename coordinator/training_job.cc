@@ -12,6 +12,18 @@
 #include "core/step_program.h"
 
 namespace flatshard {
+namespace {
+
+// The `kind` label of a batch's round trip.
+absl::string_view BatchKind(const v1::CommandBatch& batch) {
+  if (!batch.control()) return batch.sync_gradients() ? "step" : "micro_step";
+  for (const v1::Command& c : batch.commands()) {
+    if (c.has_save_shard() || c.has_load_shard()) return "checkpoint";
+  }
+  return "control";
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<TrainingJob>> TrainingJob::Create(const v1::JobSpec& spec,
                                                                  JobConfig config,
@@ -30,7 +42,9 @@ TrainingJob::TrainingJob(const v1::JobSpec& spec, JobConfig config, ModelIndex i
       units_(std::move(units)),
       options_(std::move(options)),
       states_(config_.name),
-      catalog_(options_.checkpoint_root, config_.name) {}
+      catalog_(options_.checkpoint_root, config_.name) {
+  if (options_.observer != nullptr) options_.observer->OnJobCreated(config_.name);
+}
 
 TrainingJob::~TrainingJob() {
   if (committer_.joinable()) committer_.join();
@@ -119,7 +133,15 @@ absl::Status TrainingJob::Form(const std::vector<WorkerRecord>& members) {
     std::vector<WorkerClient*> raw;
     raw.reserve(clients.size());
     for (auto& client : clients) raw.push_back(client.get());
-    sequencer_ = std::make_unique<CommandSequencer>(std::move(raw), epoch, options_.batch_timeout);
+    CommandSequencer::BatchObserver on_batch;
+    if (JobObserver* observer = options_.observer; observer != nullptr) {
+      on_batch = [observer, job = config_.name](const v1::CommandBatch& batch,
+                                                absl::Duration round_trip) {
+        observer->OnBatch(job, BatchKind(batch), round_trip);
+      };
+    }
+    sequencer_ = std::make_unique<CommandSequencer>(std::move(raw), epoch, options_.batch_timeout,
+                                                    std::move(on_batch));
     clients_ = std::move(clients);
     worker_ids_ = std::move(ids);
     unsharded_.clear();
@@ -262,6 +284,7 @@ absl::Status TrainingJob::Train(int64_t steps, int micro_steps,
     const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
     result.set_step_seconds(seconds);
     result.set_samples_per_second(seconds > 0 ? static_cast<double>(samples) / seconds : 0.0);
+    if (options_.observer != nullptr) options_.observer->OnStep(config_.name, result, samples);
     stopped_by_client = !on_step(result);
     RunPendingSaves(absl::OkStatus(), /*last=*/false);
     if (absl::Status scheduled = MaybeScheduledSave(); !scheduled.ok()) {

@@ -22,6 +22,7 @@
 
 #include "coordinator/checkpoint_catalog.h"
 #include "coordinator/command_sequencer.h"
+#include "coordinator/job_observer.h"
 #include "coordinator/job_state_machine.h"
 #include "coordinator/membership.h"
 #include "coordinator/worker_client.h"
@@ -37,6 +38,8 @@ struct TrainingJobOptions {
   // Checkpoints live in <checkpoint_root>/<job>/, which the workers reach as
   // their --checkpoint-dir (a shared directory).
   std::string checkpoint_root = "./checkpoints";
+  // Metrics: steps, batch round trips, checkpoint saves. Must outlive the job.
+  JobObserver* observer = nullptr;
 };
 
 class TrainingJob {

@@ -204,6 +204,15 @@ TrainingJob::SaveFuture TrainingJob::StartSave(const std::string& name, v1::Stat
                                                bool scheduled, bool async_save) {
   if (committer_.joinable()) committer_.join();  // one save's snapshot in memory at a time
   const absl::Time start = absl::Now();
+  // Every way a save ends goes through here once, for the metrics.
+  auto report = [this, type, start](absl::StatusOr<v1::CheckpointInfo> outcome) {
+    if (options_.observer != nullptr) {
+      options_.observer->OnCheckpointSave(config_.name, type, absl::Now() - start, outcome);
+    }
+    return outcome;
+  };
+  // A refused request (a bad or taken name) is the caller's error, not a
+  // failed checkpoint: it is not counted.
   if (absl::Status begun = catalog_.BeginSave(name); !begun.ok()) return Ready(begun);
   v1::Command command;
   command.mutable_save_shard()->set_directory(catalog_.RelativePartialDir(name));
@@ -217,14 +226,14 @@ TrainingJob::SaveFuture TrainingJob::StartSave(const std::string& name, v1::Stat
   const bool drain = async_save && !results.ok() && sequencer()->failure().ok();
   if (!results.ok() && !drain) {
     catalog_.AbandonSave(name);
-    return Ready(absl::Status(
+    return Ready(report(absl::Status(
         results.status().code(),
-        absl::StrCat("checkpoint '", name, "' was not saved: ", results.status().message())));
+        absl::StrCat("checkpoint '", name, "' was not saved: ", results.status().message()))));
   }
   const absl::Status refused = results.status();
   const int keep_last = spec_.checkpoints().keep_last();
   auto commit =
-      [this, name, type, start, keep_last](
+      [this, name, type, start, keep_last, report](
           CheckpointManifest m,
           const std::vector<v1::CommandResult>& written) -> absl::StatusOr<v1::CheckpointInfo> {
     for (const v1::CommandResult& r : written) {
@@ -235,12 +244,12 @@ TrainingJob::SaveFuture TrainingJob::StartSave(const std::string& name, v1::Stat
     absl::StatusOr<v1::CheckpointInfo> info = catalog_.Commit(m, keep_last);
     if (!info.ok()) {
       catalog_.AbandonSave(name);
-      return info.status();
+      return report(info.status());
     }
     spdlog::info("job {}: saved checkpoint {} ({}, step {}, {} bytes) in {}", config_.name, name,
                  std::string(StateDictTypeName(type)), info->step(), info->bytes(),
                  absl::FormatDuration(absl::Now() - start));
-    return info;
+    return report(std::move(info));
   };
   if (!async_save) return Ready(commit(std::move(manifest), *results));
 
@@ -254,7 +263,7 @@ TrainingJob::SaveFuture TrainingJob::StartSave(const std::string& name, v1::Stat
   const std::string directory = catalog_.RelativePartialDir(name);
   const absl::Duration timeout = options_.batch_timeout;
   committer_ = std::thread([this, promise, workers, directory, timeout, name, refused,
-                            manifest = std::move(manifest), commit]() mutable {
+                            manifest = std::move(manifest), commit, report]() mutable {
     std::vector<v1::CommandResult> written;
     // Every rank is awaited, even after one failed: each holds a snapshot
     // until its outcome is collected. A rank that cannot be reached is the
@@ -284,8 +293,8 @@ TrainingJob::SaveFuture TrainingJob::StartSave(const std::string& name, v1::Stat
       spdlog::error("job {}: async checkpoint {} failed: {}", config_.name, name,
                     std::string(failed.message()));
       promise->set_value(
-          absl::Status(failed.code(),
-                       absl::StrCat("checkpoint '", name, "' was not saved: ", failed.message())));
+          report(absl::Status(failed.code(), absl::StrCat("checkpoint '", name,
+                                                          "' was not saved: ", failed.message()))));
       return;
     }
     promise->set_value(commit(std::move(manifest), written));

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include <grpcpp/server.h>
+#include <grpcpp/support/server_interceptor.h>
 
 #include "absl/status/statusor.h"
 
@@ -16,9 +17,14 @@ namespace flatshard {
 
 class GrpcServer {
  public:
+  using Interceptors =
+      std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>;
+
   // `address` like "127.0.0.1:0". The services must outlive the server.
+  // `interceptors` see every call (the daemons' RPC metrics).
   static absl::StatusOr<std::unique_ptr<GrpcServer>> Start(
-      const std::string& address, const std::vector<grpc::Service*>& services);
+      const std::string& address, const std::vector<grpc::Service*>& services,
+      Interceptors interceptors = {});
   ~GrpcServer();  // shuts down, cancelling in-flight calls after a short grace
 
   int port() const { return port_; }

@@ -4,7 +4,8 @@
 # MLP, FULL_SHARD with bf16 all-gathers), trains it through the coordinator with
 # live progress while a second client takes a checkpoint on demand in the middle
 # of training, shows how to resume from it, gathers the trained parameters into
-# a safetensors file, and stops the cluster.
+# a safetensors file, and stops the cluster. A Prometheus server scrapes every
+# daemon meanwhile; the demo ends with what it saw.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -18,10 +19,11 @@ echo "== A GPT-style decoder planned as an 8-rank FULL_SHARD job (no cluster nee
   --world-size 8 --strategy FULL_SHARD --param-dtype bfloat16 | sed -n '1,6p;/^MEMORY/,$p'
 echo
 
-echo "== flatshard up: a coordinator and 4 workers, then the job from examples/mlp-job.yaml =="
+echo "== flatshard up: a coordinator, 4 workers and Prometheus, then the job from examples/mlp-job.yaml =="
 export OPENBLAS_NUM_THREADS=1
 "$bin" up --workers 4 --listen 127.0.0.1:0 --job examples/mlp-job.yaml \
-  --address-file "$out/coordinator" --checkpoint-dir "$out/checkpoints" >"$out/up.log" 2>&1 &
+  --address-file "$out/coordinator" --checkpoint-dir "$out/checkpoints" \
+  --prometheus --prometheus-listen 127.0.0.1:0 --scrape-interval 1 >"$out/up.log" 2>&1 &
 up_pid=$!
 trap 'kill -TERM $up_pid 2>/dev/null || true; wait $up_pid 2>/dev/null || true' EXIT
 # `up` writes the address file once every worker is up and the job is READY.
@@ -32,6 +34,7 @@ for _ in $(seq 1200); do
 done
 [[ -s "$out/coordinator" ]] || { echo "flatshard up did not come up; see $out/up.log"; exit 1; }
 addr=$(cat "$out/coordinator")
+prometheus=$(sed -n 's/^prometheus: \([^ ]*\).*/\1/p' "$out/up.log")
 sed -n '1,/Ctrl-C stops/p' "$out/up.log" | grep -v '^\[' | sed 's/^/  /'
 echo
 
@@ -64,6 +67,23 @@ echo
 echo "== flatshard summon: the trained model, gathered unit by unit =="
 "$bin" summon -c "$addr" -j mlp-demo --out "$out/mlp-demo.safetensors"
 echo
+echo "== what Prometheus ($prometheus) scraped: dashboards/ and docs/observability.md show the rest =="
+for q in 'flatshard_job_step' 'flatshard_loss' \
+    'sum by (op) (rate(flatshard_collective_bus_bytes_total[1m])) / sum by (op) (rate(flatshard_collective_duration_seconds_sum[1m]))' \
+    'max by (kind) (flatshard_memory_peak_bytes)' 'flatshard_checkpoints_total > 0'; do
+  python3 - "$prometheus" "$q" <<'PY' || true
+import json, sys, urllib.parse, urllib.request
+base, query = sys.argv[1], sys.argv[2]
+url = f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": query})
+result = json.load(urllib.request.urlopen(url, timeout=10))["data"]["result"]
+print(f"  {query}")
+for r in result:
+    labels = ",".join(f"{k}={v}" for k, v in r["metric"].items()
+                      if k in ("op", "kind", "type", "job_name"))
+    print(f"      {labels or '-':<32} {float(r['value'][1]):.4g}")
+PY
+done
+echo
 
 kill -TERM "$up_pid"
 wait "$up_pid" || true
@@ -76,4 +96,6 @@ echo "flatshard ckpt save|load|ls; unshard/reshard/summon/watch); offline, with 
 echo "flatshard ckpt inspect|verify|consolidate|reshard on $out/checkpoints/mlp-demo/mid-training."
 echo "'build/bin/flatshard --help' lists every command; docs/checkpoints.md, docs/job-spec.md and"
 echo "docs/control-plane.md explain checkpoints, the job file and how the coordinator drives workers."
+echo "'flatshard up --prometheus' runs Prometheus beside the cluster; import dashboards/*.json into"
+echo "Grafana (dashboards/provisioning/) and see docs/observability.md for every metric and alert."
 echo "Outputs are in $out."

@@ -7,7 +7,7 @@ PACKAGES=(
   build-essential cmake ninja-build pkg-config git
   protobuf-compiler libprotobuf-dev libgrpc++-dev protobuf-compiler-grpc
   libabsl-dev libgtest-dev libgmock-dev
-  prometheus-cpp-dev prometheus
+  prometheus-cpp-dev prometheus libcurl4-openssl-dev
   libgloo-dev libopenblas-dev libsqlite3-dev
   nlohmann-json3-dev libyaml-cpp-dev libcli11-dev libspdlog-dev libxxhash-dev
   clang-format clang-tidy

@@ -1,7 +1,7 @@
 // flatshard-worker: one per device. Serves WorkerService, registers with the
-// coordinator, heartbeats, and hosts the data plane the coordinator
-// configures. SIGTERM or SIGINT: abort the job's collectives, stop serving,
-// exit 0.
+// coordinator, heartbeats, hosts the data plane the coordinator configures,
+// and serves Prometheus metrics. SIGTERM or SIGINT: abort the job's
+// collectives, stop serving, exit 0.
 #include <csignal>
 #include <iostream>
 #include <memory>
@@ -12,13 +12,20 @@
 #include <unistd.h>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "metrics/build_info.h"
+#include "metrics/metrics_server.h"
+#include "metrics/rpc_metrics.h"
+#include "metrics/scrape_collector.h"
+#include "prometheus/registry.h"
 #include "rpc/grpc_server.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
 
 #include "worker/comm/grpc_store.h"
 #include "worker/service/heartbeat_loop.h"
+#include "worker/service/worker_metrics.h"
 #include "worker/service/worker_service.h"
 
 namespace flatshard {
@@ -35,6 +42,7 @@ struct Flags {
   std::string checkpoint_dir = "./checkpoints";
   double connect_timeout_s = 30;
   double collective_timeout_s = 60;
+  std::string metrics_listen;  // default: --listen's host, any port
 };
 
 int Run(const Flags& f) {
@@ -55,6 +63,11 @@ int Run(const Flags& f) {
       f.worker_id.empty() ? absl::StrCat(f.advertise_host, "-", getpid()) : f.worker_id;
   std::shared_ptr<grpc::Channel> channel =
       grpc::CreateChannel(f.coordinator, grpc::InsecureChannelCredentials());
+  // Declared before the service they observe, so they outlive it.
+  auto registry = std::make_shared<prometheus::Registry>();
+  AddBuildInfo(*registry, "worker");
+  WorkerMetrics metrics(*registry);
+
   WorkerServiceOptions options;
   options.data_dir = f.data_dir;
   options.checkpoint_dir = f.checkpoint_dir;
@@ -63,13 +76,42 @@ int Run(const Flags& f) {
   options.store_for_prefix = [channel](const std::string& prefix) -> std::shared_ptr<Store> {
     return std::make_shared<PrefixStore>(prefix, std::make_shared<GrpcStore>(channel));
   };
+  options.observer_for_job = [&metrics](const std::string& job, int rank) {
+    return metrics.ForJob(job, rank);
+  };
   WorkerServiceImpl service(options);
-  absl::StatusOr<std::unique_ptr<GrpcServer>> server = GrpcServer::Start(f.listen, {&service});
+  GrpcServer::Interceptors interceptors;
+  interceptors.push_back(RpcMetricsInterceptor(*registry));
+  absl::StatusOr<std::unique_ptr<GrpcServer>> server =
+      GrpcServer::Start(f.listen, {&service}, std::move(interceptors));
   if (!server.ok()) {
     std::cerr << "flatshard-worker: --listen: " << server.status().message() << "\n";
     return 1;
   }
   const std::string address = absl::StrCat(f.advertise_host, ":", (*server)->port());
+  std::unique_ptr<MetricsServer> metrics_server;
+  std::string metrics_address;
+  if (!f.metrics_listen.empty()) {
+    absl::StatusOr<std::unique_ptr<MetricsServer>> started = MetricsServer::Start(f.metrics_listen);
+    if (!started.ok()) {
+      std::cerr << "flatshard-worker: --metrics-listen: " << started.status().message() << "\n";
+      return 1;
+    }
+    metrics_server = *std::move(started);
+    metrics_server->Serve(registry);
+    metrics_server->Serve(std::make_shared<ScrapeCollector>(
+        [&service](ScrapedGauges& g) { WorkerMetrics::AddSnapshotGauges(service.Snapshot(), g); }));
+    metrics_address = absl::StrCat(f.advertise_host, ":", metrics_server->port());
+    const bool loopback_only = absl::StartsWith(f.metrics_listen, "127.") ||
+                               absl::StartsWith(f.metrics_listen, "localhost:");
+    if (loopback_only && !absl::StartsWith(f.advertise_host, "127.") &&
+        f.advertise_host != "localhost") {
+      spdlog::warn(
+          "--metrics-listen {} accepts loopback connections only, but this worker advertises "
+          "{}: a Prometheus on another host cannot scrape it (listen on 0.0.0.0 instead)",
+          f.metrics_listen, f.advertise_host);
+    }
+  }
 
   v1::RegisterRequest registration;
   registration.set_worker_id(worker_id);
@@ -77,6 +119,7 @@ int Run(const Flags& f) {
   registration.set_device(f.device);
   registration.set_address(address);
   registration.set_requested_rank(f.rank);
+  registration.set_metrics_address(metrics_address);
   HeartbeatLoop heartbeat(channel, registration, &service);
   absl::StatusOr<int> rank = heartbeat.Register(absl::Seconds(f.connect_timeout_s));
   if (!rank.ok()) {
@@ -85,6 +128,7 @@ int Run(const Flags& f) {
     return 1;
   }
   std::cout << "flatshard-worker " << worker_id << " rank " << *rank << " listening on " << address
+            << (metrics_address.empty() ? "" : absl::StrCat(", metrics on ", metrics_address))
             << std::endl;
   heartbeat.Start();
 
@@ -93,6 +137,7 @@ int Run(const Flags& f) {
   spdlog::info("flatshard-worker {}: {} received, shutting down", worker_id, strsignal(signal));
   heartbeat.Stop();
   service.AbortJob("worker shutting down");
+  metrics_server.reset();
   (*server)->Shutdown();
   return 0;
 }
@@ -125,6 +170,11 @@ int Main(int argc, char** argv) {
   app.add_option("--data-dir", f.data_dir, "Root of FILE data sets")->capture_default_str();
   app.add_option("--checkpoint-dir", f.checkpoint_dir, "Root of this worker's checkpoint files")
       ->capture_default_str();
+  CLI::Option* metrics_listen =
+      app.add_option("--metrics-listen", f.metrics_listen,
+                     "Address of the Prometheus /metrics endpoint (default: the --listen host, any "
+                     "free port; printed "
+                     "at start and registered with the coordinator; empty: no metrics)");
   app.add_option("--connect-timeout", f.connect_timeout_s,
                  "Seconds to wait for the coordinator at start")
       ->capture_default_str();
@@ -132,6 +182,9 @@ int Main(int argc, char** argv) {
                  "Seconds a collective may wait for a peer before failing")
       ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  if (metrics_listen->count() == 0) {
+    f.metrics_listen = flatshard::MetricsServer::DefaultAddress(f.listen);
+  }
   // stdout carries the one "listening on" line a launcher waits for; logs go to stderr.
   spdlog::set_default_logger(spdlog::stderr_color_mt("flatshard"));
   return flatshard::Run(f);

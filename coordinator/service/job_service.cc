@@ -60,6 +60,7 @@ grpc::Status JobServiceImpl::ListWorkers(grpc::ServerContext*,
     info->set_host(w.host);
     info->set_device(w.device);
     info->set_address(w.address);
+    info->set_metrics_address(w.metrics_address);
     info->set_state(w.state.empty() ? "registered" : w.state);
     info->set_heartbeat_age_seconds(absl::ToDoubleSeconds(now - w.last_heartbeat));
     info->set_last_completed_seq(w.last_completed_seq);

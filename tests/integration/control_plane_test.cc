@@ -171,8 +171,7 @@ TEST(ControlPlaneTest, TrainingThroughTheCoordinatorEqualsTheDataPlaneHarness) {
   // worker before any collective, and the job carries on.
   auto job = client.GetJob(spec->name());
   ASSERT_TRUE(job.ok());
-  const std::string banner = (*cluster)->worker_banners()[0];
-  GrpcWorkerClient worker(banner.substr(banner.rfind(' ') + 1));
+  GrpcWorkerClient worker((*cluster)->worker_addresses()[0]);
   v1::GetStatusResponse before = *worker.GetStatus(absl::Now() + absl::Seconds(10));
   EXPECT_EQ(before.state(), "ready");
   v1::CommandBatch stale;

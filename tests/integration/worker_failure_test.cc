@@ -89,8 +89,7 @@ TEST(WorkerFailureTest, SigkillMidStepFailsTheStepNamingTheRankAndSurvivorsAbort
   // Train returned only after every rank's batch did: the survivors are out
   // of their collectives, answer at once and refuse further batches.
   for (int rank : {0, 1, 3}) {
-    const std::string banner = cluster->worker_banners()[static_cast<size_t>(rank)];
-    GrpcWorkerClient worker(banner.substr(banner.rfind(' ') + 1));
+    GrpcWorkerClient worker(cluster->worker_addresses()[static_cast<size_t>(rank)]);
     auto status = worker.GetStatus(absl::Now() + absl::Seconds(5));
     ASSERT_TRUE(status.ok()) << "rank " << rank << ": " << status.status();
     EXPECT_THAT(status->state(), ::testing::AnyOf("aborted", "failed")) << "rank " << rank;
@@ -118,8 +117,7 @@ TEST(WorkerFailureTest, HungWorkerFailsTheStepAtTheHeartbeatTimeout) {
   EXPECT_GT(took, absl::Seconds(kHeartbeatTimeout / 2));
   EXPECT_LT(took, absl::Seconds(kHeartbeatTimeout + 1.5)) << trained;
   for (int rank : {0, 1, 3}) {
-    const std::string banner = cluster->worker_banners()[static_cast<size_t>(rank)];
-    GrpcWorkerClient worker(banner.substr(banner.rfind(' ') + 1));
+    GrpcWorkerClient worker(cluster->worker_addresses()[static_cast<size_t>(rank)]);
     auto status = worker.GetStatus(absl::Now() + absl::Seconds(5));
     ASSERT_TRUE(status.ok()) << "rank " << rank << ": " << status.status();
     EXPECT_EQ(status->state(), "aborted") << "rank " << rank;

@@ -11,6 +11,7 @@
 #include "core/clip_grad_norm.h"
 #include "core/flat_buffer.h"
 #include "core/status_macros.h"
+#include "worker/comm/observed_communicator.h"
 #include "worker/compute/param_init.h"
 
 namespace flatshard {
@@ -70,26 +71,37 @@ absl::Status FsdpRuntime::Build(const WrapPolicy& policy, std::shared_ptr<Store>
 
   // Communicators: the world, then (hybrid) this rank's shard and replicate
   // groups, created in the same order on every rank.
+  // Each is observed under the group it stands for (metrics' `group` label).
+  RuntimeObserver* observer = options_.observer;
+  auto observed = [observer](std::unique_ptr<Communicator> comm, absl::string_view group) {
+    return Observe(std::move(comm), observer == nullptr ? nullptr : observer->Collectives(group));
+  };
   ASSIGN_OR_RETURN(std::unique_ptr<GlooCommunicator> world,
                    GlooCommunicator::Create(std::move(store), rank_, world_size_, options_.gloo));
-  world_comm_ = std::move(world);
+  world_comm_ = observed(std::move(world), "world");
   const bool hybrid = IsHybrid(strategy_);
   if (hybrid) {
-    ASSIGN_OR_RETURN(shard_comm_, world_comm_->CreateSubgroup(
-                                      ranks_.ShardGroup(rank_),
-                                      absl::StrCat("shard", ranks_.ReplicaIndex(rank_))));
+    ASSIGN_OR_RETURN(
+        std::unique_ptr<Communicator> shard,
+        world_comm_->CreateSubgroup(ranks_.ShardGroup(rank_),
+                                    absl::StrCat("shard", ranks_.ReplicaIndex(rank_))));
+    shard_comm_ = observed(std::move(shard), "shard");
     if (ranks_.replicas > 1) {
-      ASSIGN_OR_RETURN(replicate_comm_, world_comm_->CreateSubgroup(
-                                            ranks_.ReplicateGroup(rank_),
-                                            absl::StrCat("replicate", ranks_.ShardRank(rank_))));
+      ASSIGN_OR_RETURN(
+          std::unique_ptr<Communicator> replicate,
+          world_comm_->CreateSubgroup(ranks_.ReplicateGroup(rank_),
+                                      absl::StrCat("replicate", ranks_.ShardRank(rank_))));
+      replicate_comm_ = observed(std::move(replicate), "replicate");
     }
   }
   Communicator* shard_comm = hybrid ? shard_comm_.get() : world_comm_.get();
   // Async checkpoint saves gather their snapshot over their own context, so a
   // background save never interleaves with training's collectives.
-  ASSIGN_OR_RETURN(checkpoint_comm_, world_comm_->CreateSubgroup(
-                                         ranks_.ShardGroup(rank_),
-                                         absl::StrCat("checkpoint", ranks_.ReplicaIndex(rank_))));
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<Communicator> checkpoint,
+      world_comm_->CreateSubgroup(ranks_.ShardGroup(rank_),
+                                  absl::StrCat("checkpoint", ranks_.ReplicaIndex(rank_))));
+  checkpoint_comm_ = observed(std::move(checkpoint), "checkpoint");
   const GradientDivideFactors divide =
       ComputeGradientDivideFactors(hybrid ? world_size_ : ranks_.shard_size);
 
@@ -199,8 +211,9 @@ absl::StatusOr<StepStats> FsdpRuntime::RunStep(const std::vector<v1::Command>& p
   }();
   program_ = nullptr;
   if (!status.ok()) return status;
-  stats_.compute_seconds =
-      SecondsSince(start) - stats_.exposed_comm_seconds - stats_.optimizer_seconds;
+  const double seconds = SecondsSince(start);
+  stats_.compute_seconds = seconds - stats_.exposed_comm_seconds - stats_.optimizer_seconds;
+  if (options_.observer != nullptr) options_.observer->OnStep(stats_, seconds);
   return stats_;
 }
 
@@ -335,6 +348,7 @@ absl::Status FsdpRuntime::Unshard(int unit, bool prefetch) {
     FlatParamUnit* target = units_[u].get();
     gathers_[u] = lane_->Submit([target] { return target->Gather(); });
     states_[u] = UnitState::kGathering;
+    if (options_.observer != nullptr) options_.observer->OnUnshard();
     peak_live_units_ = std::max(peak_live_units_, LiveNonRootUnits());
   }
   if (prefetch) return absl::OkStatus();
@@ -357,6 +371,9 @@ absl::Status FsdpRuntime::Reshard(int unit) {
   RETURN_IF_ERROR(CheckUnit(unit));
   RETURN_IF_ERROR(WaitGathered(unit));
   const auto u = static_cast<size_t>(unit);
+  if (states_[u] == UnitState::kUnsharded && options_.observer != nullptr) {
+    options_.observer->OnReshard();
+  }
   units_[u]->Free();
   states_[u] = UnitState::kSharded;
   return absl::OkStatus();

@@ -31,6 +31,7 @@
 #include "worker/device/memory_tracker.h"
 #include "worker/runtime/comm_lane.h"
 #include "worker/runtime/flat_param_unit.h"
+#include "worker/runtime/runtime_observer.h"
 
 namespace flatshard {
 
@@ -61,6 +62,8 @@ struct FsdpOptions {
   uint64_t seed = 0;  // parameter initialisation
   compute::LossKind loss = compute::LossKind::kMse;
   GlooOptions gloo;
+  // Metrics: collectives, unshards, reshards, steps. Must outlive the runtime.
+  RuntimeObserver* observer = nullptr;
 };
 
 // summon_full_params (reference §5.5).

@@ -88,6 +88,25 @@ WorkerStatus WorkerServiceImpl::Status() const {
   return status_;
 }
 
+WorkerSnapshot WorkerServiceImpl::Snapshot() const {
+  WorkerSnapshot snapshot;
+  std::shared_ptr<ActiveJob> job;
+  {
+    std::lock_guard<std::mutex> lock(state_mu_);
+    snapshot.status = status_;
+    job = job_;
+  }
+  if (job == nullptr) return snapshot;
+  // The memory counters are atomics; the shared_ptr keeps the runtime alive.
+  snapshot.job_name = job->config.name;
+  const MemoryTracker& memory = job->runtime->memory();
+  for (size_t k = 0; k < snapshot.memory.size(); ++k) {
+    snapshot.memory[k] = {memory.current(static_cast<MemoryKind>(k)),
+                          memory.peak(static_cast<MemoryKind>(k))};
+  }
+  return snapshot;
+}
+
 void WorkerServiceImpl::AbortJob(const std::string& reason) {
   std::shared_ptr<ActiveJob> job;
   {
@@ -144,6 +163,9 @@ grpc::Status WorkerServiceImpl::Configure(grpc::ServerContext* /*context*/,
       FsdpOptions fsdp = FsdpOptionsFromJob(job->config);
       fsdp.loss = job->data->loss();
       fsdp.gloo = options_.gloo;
+      if (options_.observer_for_job) {
+        fsdp.observer = options_.observer_for_job(job->config.name, job->rank);
+      }
       ASSIGN_OR_RETURN(job->runtime,
                        FsdpRuntime::Create(job->config.model, job->config.wrap_policy, fsdp,
                                            job->rank, job->config.world_size,

@@ -8,6 +8,7 @@
 #ifndef FLATSHARD_WORKER_SERVICE_WORKER_SERVICE_H_
 #define FLATSHARD_WORKER_SERVICE_WORKER_SERVICE_H_
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -17,6 +18,8 @@
 #include "flatshard/v1/worker.grpc.pb.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/comm/store.h"
+#include "worker/device/memory_tracker.h"
+#include "worker/runtime/runtime_observer.h"
 
 namespace flatshard {
 
@@ -27,6 +30,8 @@ struct WorkerServiceOptions {
   // coordinator under a PrefixStore in the daemon, a FileStore in tests).
   std::function<std::shared_ptr<Store>(const std::string& prefix)> store_for_prefix;
   GlooOptions gloo;  // hostname peers connect to; collective timeout
+  // The metrics observer for the runtime of `job` as `rank` (null: none).
+  std::function<RuntimeObserver*(const std::string& job, int rank)> observer_for_job;
 };
 
 // The worker's state as GetStatus and heartbeats report it.
@@ -36,6 +41,17 @@ struct WorkerStatus {
   uint64_t last_completed_seq = 0;
   std::string state;  // idle, configuring, ready, running, failed, aborted
   std::string abort_reason;
+};
+
+// What the metrics read at scrape time.
+struct WorkerSnapshot {
+  WorkerStatus status;
+  std::string job_name;  // empty: no job configured
+  struct Bytes {
+    int64_t current = 0;
+    int64_t peak = 0;
+  };
+  std::array<Bytes, static_cast<size_t>(MemoryKind::kCount)> memory{};
 };
 
 class WorkerServiceImpl final : public v1::WorkerService::Service {
@@ -59,6 +75,7 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
   // Fails the collectives of the current job, if any (idempotent).
   void AbortJob(const std::string& reason);
   WorkerStatus Status() const;
+  WorkerSnapshot Snapshot() const;
 
  private:
   struct ActiveJob;

@@ -1,0 +1,38 @@
+// What a TrainingJob reports as it runs, for the coordinator's metrics:
+// finished steps, command batch round trips, checkpoint saves. Optional
+// (TrainingJobOptions::observer); the job knows nothing of Prometheus.
+#ifndef FLATSHARD_COORDINATOR_JOB_OBSERVER_H_
+#define FLATSHARD_COORDINATOR_JOB_OBSERVER_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+
+#include "flatshard/v1/job.pb.h"
+
+namespace flatshard {
+
+class JobObserver {
+ public:
+  virtual ~JobObserver() = default;
+
+  // Called once per job, before anything else about it.
+  virtual void OnJobCreated(const std::string& job) = 0;
+  // An optimizer step finished on every rank; `samples` across the world.
+  virtual void OnStep(const std::string& job, const v1::StepResult& step, int64_t samples) = 0;
+  // A command batch succeeded on every rank after `round_trip`. `kind`:
+  // "step", "micro_step", "control", "checkpoint".
+  virtual void OnBatch(const std::string& job, absl::string_view kind,
+                       absl::Duration round_trip) = 0;
+  // A checkpoint save ended, committed or not, `duration` after it began.
+  virtual void OnCheckpointSave(const std::string& job, v1::StateDictType type,
+                                absl::Duration duration,
+                                const absl::StatusOr<v1::CheckpointInfo>& outcome) = 0;
+};
+
+}  // namespace flatshard
+
+#endif  // FLATSHARD_COORDINATOR_JOB_OBSERVER_H_
