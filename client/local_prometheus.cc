@@ -116,30 +116,50 @@ bool Answers(const std::string& url) {
   return ok;
 }
 
-}  // namespace
+// What Start needs from the options, checked.
+struct Resolved {
+  std::string host;
+  int port = 0;
+  std::string binary;
+  std::string config;  // the rendered prometheus.yml
+};
 
-absl::StatusOr<std::unique_ptr<LocalPrometheus>> LocalPrometheus::Start(
-    const LocalPrometheusOptions& options, const std::string& coordinator,
-    const std::vector<std::string>& workers) {
+absl::StatusOr<Resolved> Resolve(const LocalPrometheusOptions& options) {
   if (options.scrape_interval_s <= 0) {
     return absl::InvalidArgumentError(
         absl::StrCat("--scrape-interval must be positive, got ", options.scrape_interval_s));
   }
+  Resolved r;
   const size_t colon = options.listen.rfind(':');
-  int port = 0;
-  if (colon == std::string::npos || !absl::SimpleAtoi(options.listen.substr(colon + 1), &port) ||
-      port < 0 || port > 65535) {
+  if (colon == std::string::npos || !absl::SimpleAtoi(options.listen.substr(colon + 1), &r.port) ||
+      r.port < 0 || r.port > 65535) {
     return absl::InvalidArgumentError(absl::StrCat("--prometheus-listen '", options.listen,
                                                    "' must be host:port (port 0: any free one)"));
   }
-  const std::string host = options.listen.substr(0, colon);
-  ASSIGN_OR_RETURN(const std::string binary, FindBinary(options.binary));
+  r.host = options.listen.substr(0, colon);
+  ASSIGN_OR_RETURN(r.binary, FindBinary(options.binary));
   const std::string config_dir =
       options.config_dir.empty()
           ? absl::StrCat(LocalCluster::SelfDirectory(), "/../share/flatshard/prometheus")
           : options.config_dir;
-  ASSIGN_OR_RETURN(const std::string config, RenderConfig(config_dir, options.scrape_interval_s));
+  ASSIGN_OR_RETURN(r.config, RenderConfig(config_dir, options.scrape_interval_s));
+  return r;
+}
 
+}  // namespace
+
+absl::Status LocalPrometheus::Check(const LocalPrometheusOptions& options) {
+  return Resolve(options).status();
+}
+
+absl::StatusOr<std::unique_ptr<LocalPrometheus>> LocalPrometheus::Start(
+    const LocalPrometheusOptions& options, const std::string& coordinator,
+    const std::vector<std::string>& workers) {
+  ASSIGN_OR_RETURN(const Resolved resolved, Resolve(options));
+  const std::string& host = resolved.host;
+  const int port = resolved.port;
+  const std::string& binary = resolved.binary;
+  const std::string& config = resolved.config;
   std::unique_ptr<LocalPrometheus> prometheus(new LocalPrometheus());
   if (options.data_dir.empty()) {
     const char* tmp = std::getenv("TMPDIR");
@@ -173,7 +193,7 @@ absl::StatusOr<std::unique_ptr<LocalPrometheus>> LocalPrometheus::Start(
     ASSIGN_OR_RETURN(prometheus->process_,
                      ChildProcess::Spawn({binary, "--config.file=" + dir + "/prometheus.yml",
                                           "--storage.tsdb.path=" + dir + "/tsdb",
-                                          "--web.listen-address=" + listen, "--log.level=warn"}));
+                                          "--web.listen-address=" + listen, "--log.level=error"}));
     prometheus->url_ = absl::StrCat("http://", listen);
     const absl::Time deadline = absl::Now() + options.start_timeout;
     while (absl::Now() < deadline) {

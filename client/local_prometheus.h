@@ -32,6 +32,10 @@ struct LocalPrometheusOptions {
 
 class LocalPrometheus {
  public:
+  // The option errors Start would report (a bad address or interval, no
+  // binary, no configuration), found before anything is started.
+  static absl::Status Check(const LocalPrometheusOptions& options);
+
   // Starts Prometheus scraping `coordinator` and `workers` (host:port of
   // their /metrics) and returns once it answers /-/ready.
   static absl::StatusOr<std::unique_ptr<LocalPrometheus>> Start(

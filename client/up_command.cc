@@ -71,6 +71,12 @@ int RunUpCommand(const UpCommandOptions& o, std::ostream& out, std::ostream& err
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
+  // Refuse bad Prometheus options before starting anything.
+  if (o.prometheus) {
+    if (absl::Status ok = LocalPrometheus::Check(o.prometheus_options); !ok.ok()) {
+      return ReportError("up --prometheus", ok, err);
+    }
+  }
   out << "starting a coordinator and " << o.cluster.workers << " workers..." << std::endl;
   absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(o.cluster);
   if (!cluster.ok()) return ReportError("up", cluster.status(), err);

@@ -68,8 +68,21 @@ echo "== flatshard summon: the trained model, gathered unit by unit =="
 "$bin" summon -c "$addr" -j mlp-demo --out "$out/mlp-demo.safetensors"
 echo
 echo "== what Prometheus ($prometheus) scraped: dashboards/ and docs/observability.md show the rest =="
+# Prometheus starts scraping new targets a few seconds after it starts and
+# then every second: wait (bounded) until it has seen the last step.
+python3 - "$prometheus" "$("$bin" job status -c "$addr" -j mlp-demo --json | sed -n 's/.*"step": *"\{0,1\}\([0-9]*\).*/\1/p')" <<'PY' || true
+import json, sys, time, urllib.parse, urllib.request
+base, step = sys.argv[1], sys.argv[2]
+deadline = time.monotonic() + 60
+while time.monotonic() < deadline:
+    url = f"{base}/api/v1/query?" + urllib.parse.urlencode({"query": "flatshard_job_step"})
+    result = json.load(urllib.request.urlopen(url, timeout=10))["data"]["result"]
+    if result and result[0]["value"][1] == step:
+        break
+    time.sleep(0.5)
+PY
 for q in 'flatshard_job_step' 'flatshard_loss' \
-    'sum by (op) (rate(flatshard_collective_bus_bytes_total[1m])) / sum by (op) (rate(flatshard_collective_duration_seconds_sum[1m]))' \
+    'sum by (op) (rate(flatshard_collective_bus_bytes_total[1m])) / sum by (op) (rate(flatshard_collective_duration_seconds_sum[1m])) > 0' \
     'max by (kind) (flatshard_memory_peak_bytes)' 'flatshard_checkpoints_total > 0'; do
   python3 - "$prometheus" "$q" <<'PY' || true
 import json, sys, urllib.parse, urllib.request

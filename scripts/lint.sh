@@ -27,7 +27,7 @@ fi
 # Only translation units the build compiles with the host compiler.
 mapfile -t units < <(git ls-files '*.cc')
 if ! printf '%s\n' "${units[@]}" |
-    xargs -P "$(nproc)" -n 4 clang-tidy -p "$build_dir" --quiet 2>/dev/null >"$build_dir/clang-tidy.log"; then
+    xargs -P "$(nproc)" -n 1 clang-tidy -p "$build_dir" --quiet 2>/dev/null >"$build_dir/clang-tidy.log"; then
   grep -E "(warning|error):" "$build_dir/clang-tidy.log" | sort -u | head -50 >&2
   echo "lint.sh: clang-tidy reported problems (full log: $build_dir/clang-tidy.log)" >&2
   status=1

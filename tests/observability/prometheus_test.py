@@ -110,10 +110,34 @@ def rules_in_file(path):
     return int(re.search(r"SUCCESS: (\d+) rules found", out).group(1))
 
 
+def check_refusals(bin_dir, work):
+    """`up --prometheus` with options that cannot work says why, naming the
+    flag, and exits 2 before it starts anything."""
+    failures = []
+    any_port = ["--prometheus-listen", "127.0.0.1:0"]
+    cases = [
+        (any_port + ["--prometheus-binary", str(work / "no-such-prometheus")],
+         "--prometheus-binary"),
+        (any_port + ["--prometheus-config-dir", str(work / "no-such-dir")],
+         "--prometheus-config-dir"),
+        (["--prometheus-listen", "127.0.0.1"], "--prometheus-listen"),
+        (any_port + ["--scrape-interval", "0"], "--scrape-interval"),
+    ]
+    for extra, flag in cases:
+        run = subprocess.run([f"{bin_dir}/flatshard", "up", "--workers", "1", "--listen",
+                              "127.0.0.1:0", "--checkpoint-dir", str(work / "refused"),
+                              "--prometheus", *extra],
+                             capture_output=True, text=True, timeout=120)
+        if run.returncode != 2 or flag not in run.stderr or "starting" in run.stdout:
+            failures.append(f"up {' '.join(extra)}: exit {run.returncode}, stderr: {run.stderr}")
+    return failures
+
+
 def main():
     bin_dir, source, work = sys.argv[1], pathlib.Path(sys.argv[2]), pathlib.Path(sys.argv[3])
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
+    refusals = check_refusals(bin_dir, work)
     expected_rules = rules_in_file(source / "deploy/prometheus/flatshard-rules.yml")
     args = ["--workers", str(WORKERS), "--listen", "127.0.0.1:0", "--job",
             str(source / "examples/mlp-job.yaml"), "--checkpoint-dir", str(work / "ckpt"),
@@ -157,7 +181,7 @@ def main():
             return rules if done else None
         rules = wait_for("every rule evaluated after the run", evaluated_since_run)
 
-        failures = []
+        failures = refusals
         for rule in rules:
             if rule["health"] != "ok" or rule.get("lastError"):
                 failures.append(f"rule {rule['name']}: {rule['health']} {rule.get('lastError')}")
