@@ -2,7 +2,7 @@
 // low-precision cast, buffer allocation, the collective, the compute view /
 // gradient accumulation) against raw Gloo moving the same bytes, in W real
 // processes on loopback. Also Gloo's ReduceScatterHalvingDoubling against our
-// ring reduce-scatter (timing only: its results are wrong, see MEASURED.md).
+// ring reduce-scatter (timing only: its results are wrong, see bench/CEILINGS.md).
 // Prints a markdown table; busbw follows nccl-tests: (W-1)/W * bytes / time.
 //
 //   collectives_bench [--sizes-mib 1,16,64] [--worlds 2,4] [--iters 10]

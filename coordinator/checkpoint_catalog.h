@@ -1,7 +1,7 @@
 // The coordinator's side of a job's checkpoints on disk: <root>/<job>/ holds
 // one directory per committed checkpoint, "<name>.partial/" while a save is in
 // flight, and `latest` naming the newest. Commit is the second phase of
-// DESIGN.md §6's protocol: the workers have fsynced their files into the
+// docs/architecture.md §6's protocol: the workers have fsynced their files into the
 // partial directory; the manifest is written (durably) last, the directory
 // renamed to <name>, the job directory fsynced, and only then `latest` moved
 // and old checkpoints retired. A crash at any point leaves either no <name>

@@ -1,5 +1,5 @@
 // Fans each command batch of one job epoch out to every rank at once and
-// gathers the results (DESIGN.md §4). It stamps the epoch, the next seq and
+// gathers the results (docs/architecture.md §4). It stamps the epoch, the next seq and
 // the digest, so workers can refuse anything out of order. When a rank fails
 // the sequencer aborts the others (their collectives would otherwise wait for
 // the failed rank), names the rank that caused it, and refuses every later

@@ -2,7 +2,7 @@
 // the rendezvous store, and the job. A monitor thread forms a PENDING job as
 // soon as enough live workers have registered, and fails a running job whose
 // worker misses heartbeats for longer than the timeout, naming the rank.
-// One job at a time (DESIGN.md §1: a coordinator per training job).
+// One job at a time (docs/architecture.md §1: a coordinator per training job).
 #ifndef FLATSHARD_COORDINATOR_COORDINATOR_H_
 #define FLATSHARD_COORDINATOR_COORDINATOR_H_
 

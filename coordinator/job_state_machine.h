@@ -1,4 +1,4 @@
-// A job's lifecycle (DESIGN.md §4):
+// A job's lifecycle (docs/architecture.md §4):
 //
 //   PENDING -> FORMING -> READY -> TRAINING <-> IDLE
 //      any state but STOPPED -> FAILED -> FORMING (re-form) | STOPPED

@@ -1,4 +1,4 @@
-// TrainingJob's checkpoint operations (DESIGN.md §6): the coordinator's half
+// TrainingJob's checkpoint operations (docs/architecture.md §6): the coordinator's half
 // of the two-phase commit, checkpoints requested during Train, and loading.
 #include <chrono>
 #include <future>
@@ -40,7 +40,7 @@ v1::StateDictType TrainingJob::ResolveStateDictType(
                                 : spec_.state_dict_settings().state_dict_type();
   }
   if (type == v1::STATE_DICT_TYPE_UNSPECIFIED) type = v1::FULL_STATE_DICT;
-  // FSDP: NO_SHARD always behaves as FULL (reference §5.1).
+  // FSDP: NO_SHARD always behaves as FULL (docs/fsdp-semantics.md §5.1).
   if (!IsSharded(EffectiveStrategy(config_.sharding.strategy, config_.world_size)) &&
       type != v1::FULL_STATE_DICT) {
     spdlog::warn("job {}: {} with a non-sharded strategy is saved as FULL_STATE_DICT", name(),

@@ -1,4 +1,4 @@
-// A checkpoint's manifest.json (DESIGN.md §6): written last, by the
+// A checkpoint's manifest.json (docs/architecture.md §6): written last, by the
 // coordinator, after every worker has fsynced its files and reported their
 // checksums, so its presence is what makes a checkpoint exist. It embeds the
 // job spec, from which offline tools (consolidate, reshard) recompute the units

@@ -1,5 +1,5 @@
 // Reads a committed checkpoint directory: its manifest, and full tensors out of
-// FULL files or reassembled from the dim-0 chunks of SHARDED files (reference
+// FULL files or reassembled from the dim-0 chunks of SHARDED files (docs/fsdp-semantics.md
 // §5.3: rank r of W holds rows ChunkOf(dim0, W, r)), so a reader at any world
 // size or wrap policy gets the same values. Every file is checked against the
 // manifest's size and XXH3 before its first use; a mismatch is DATA_LOSS

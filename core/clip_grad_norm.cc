@@ -1,4 +1,4 @@
-// reference §8: FSDP clip_grad_norm_'s local norms, combination, coefficient and
+// docs/fsdp-semantics.md §8: FSDP clip_grad_norm_'s local norms, combination, coefficient and
 // scaling. See the header for what is rounded to float32 and why.
 #include "core/clip_grad_norm.h"
 

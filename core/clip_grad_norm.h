@@ -1,4 +1,4 @@
-// FSDP's clip_grad_norm_ (reference §8) as pure math over gradient spans: each
+// FSDP's clip_grad_norm_ (docs/fsdp-semantics.md §8) as pure math over gradient spans: each
 // worker's local contribution, the combination after the collective, the clip
 // coefficient and the scaling. The collective itself (SUM for finite p, MAX for
 // p = inf, over the shard group) happens outside core.

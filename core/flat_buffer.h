@@ -1,6 +1,6 @@
 // Moves bytes between original parameters, the flat buffer of a FlatParamLayout
 // and per-rank shards: FSDP's flatten_tensors, _get_shard and the unflatten views
-// (reference §1.1–1.3), over plain byte spans so host and offline tools share
+// (docs/fsdp-semantics.md §1.1–1.3), over plain byte spans so host and offline tools share
 // them. Element type is the buffer's; sizes are checked, never assumed.
 #ifndef FLATSHARD_CORE_FLAT_BUFFER_H_
 #define FLATSHARD_CORE_FLAT_BUFFER_H_

@@ -73,7 +73,7 @@ absl::StatusOr<FlatParamLayout> FlatParamLayout::Create(std::vector<FlatParamEnt
   int64_t total = 0;
   for (const FlatParamEntry& param : params) {
     if (layout.aligned_numel_ > 0) {
-      // reference §1.2: padding only when 0 < pad < aligned_numel, so never
+      // docs/fsdp-semantics.md §1.2: padding only when 0 < pad < aligned_numel, so never
       // before the first param.
       const int64_t pad = layout.aligned_numel_ - total % layout.aligned_numel_;
       if (pad > 0 && pad < layout.aligned_numel_) {
@@ -89,7 +89,7 @@ absl::StatusOr<FlatParamLayout> FlatParamLayout::Create(std::vector<FlatParamEnt
     total += numel;
   }
   if (layout.aligned_numel_ > 0) {
-    // "to avoid a copy for the post-backward reduce-scatter" (reference §1.2).
+    // "to avoid a copy for the post-backward reduce-scatter" (docs/fsdp-semantics.md §1.2).
     const int64_t pad = options.world_size - total % options.world_size;
     if (pad > 0 && pad < options.world_size) {
       add_padding(pad);

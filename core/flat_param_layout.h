@@ -1,4 +1,4 @@
-// The exact FSDP FlatParameter layout of one unit (reference §1): the order and
+// The exact FSDP FlatParameter layout of one unit (docs/fsdp-semantics.md §1): the order and
 // padding of the flat buffer, the shard size S = ceil(N/W), and each rank's
 // _ShardParamInfo and FlatParamShardMetadata. Everything is integer arithmetic on
 // element counts; no buffer is touched here (flat_buffer.h moves bytes).
@@ -15,7 +15,7 @@
 
 namespace flatshard {
 
-// FSDP aligns each parameter to 16 bytes of the compute dtype (reference §1.2).
+// FSDP aligns each parameter to 16 bytes of the compute dtype (docs/fsdp-semantics.md §1.2).
 inline constexpr int64_t kFlatParamAlignmentBytes = 16;
 // Padding inside the flat buffer is filled with 42 (`_FLAT_PARAM_PADDING_VALUE`);
 // shard right-padding (from _get_shard) is zero.
@@ -48,7 +48,7 @@ struct FlatRange {
   int64_t numel() const { return end - start + 1; }
 };
 
-// reference §1.4.
+// docs/fsdp-semantics.md §1.4.
 struct ShardParamInfo {
   bool in_shard = false;
   int64_t offset_in_shard = 0;
@@ -65,7 +65,7 @@ struct ShardInfo {
   std::vector<ShardParamInfo> params;  // one per original param (no padding)
 };
 
-// reference §1.5: only in-shard params are listed.
+// docs/fsdp-semantics.md §1.5: only in-shard params are listed.
 struct FlatParamShardMetadata {
   std::vector<std::string> param_names;
   std::vector<std::vector<int64_t>> param_shapes;
@@ -77,7 +77,7 @@ struct FlatParamShardMetadata {
 
 class FlatParamLayout {
  public:
-  // Validates like _validate_tensors_to_flatten (reference §1.1, §10): a
+  // Validates like _validate_tensors_to_flatten (docs/fsdp-semantics.md §1.1, §10): a
   // non-empty list, floating dtypes all equal, uniform requires_grad unless
   // use_orig_params. `unit_label` prefixes error messages.
   static absl::StatusOr<FlatParamLayout> Create(std::vector<FlatParamEntry> params,
@@ -124,7 +124,7 @@ class FlatParamLayout {
   int64_t param_numel_ = 0;
 };
 
-// torch.chunk(N, W) restated as integers (reference §1.3): chunk size
+// torch.chunk(N, W) restated as integers (docs/fsdp-semantics.md §1.3): chunk size
 // S = ceil(N/W), rank r holds [r*S, r*S + real_r) with real_r = clamp(N - r*S, 0, S)
 // and needs S - real_r elements of right padding. Also dim-0 chunking of SHARDED
 // state dicts.

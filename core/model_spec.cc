@@ -223,7 +223,7 @@ absl::StatusOr<ModelIndex> IndexModel(const ModelSpec& spec) {
   Walk(spec.root, "", -1, 0, index);
 
   // Union the tie groups; the primary is the first member in traversal order, as
-  // FSDP's shared_param_memo makes it (reference §1.1).
+  // FSDP's shared_param_memo makes it (docs/fsdp-semantics.md §1.1).
   std::vector<int> parent(index.params.size());
   for (size_t i = 0; i < parent.size(); ++i) parent[i] = static_cast<int>(i);
   std::function<int(int)> find = [&](int x) {

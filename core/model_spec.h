@@ -75,7 +75,7 @@ struct IndexedModule {
 };
 
 // A parameter in traversal order: module pre-order, then the module's own
-// parameters in declaration order (FSDP's flatten order, reference §1.1).
+// parameters in declaration order (FSDP's flatten order, docs/fsdp-semantics.md §1.1).
 struct IndexedParam {
   std::string fqn;
   int module = 0;

@@ -44,7 +44,7 @@ absl::Status CheckPolicyAgainstModel(const ModelIndex& index, const WrapPolicy& 
   return absl::OkStatus();
 }
 
-// _recursive_wrap (reference §9.1) with size_based_auto_wrap_policy.
+// _recursive_wrap (docs/fsdp-semantics.md §9.1) with size_based_auto_wrap_policy.
 class SizeBasedWrapper {
  public:
   SizeBasedWrapper(const ModelIndex& index, const WrapPolicy& policy, std::vector<bool>& wrapped)

@@ -1,4 +1,4 @@
-// Wrap policies and the FSDP units they cut a model into (reference §9.1). Units
+// Wrap policies and the FSDP units they cut a model into (docs/fsdp-semantics.md §9.1). Units
 // come out in module pre-order (the root first); each owns the parameters of its
 // subtree that no nested unit took, in FSDP's flatten order.
 #ifndef FLATSHARD_CORE_WRAP_POLICY_H_

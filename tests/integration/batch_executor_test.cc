@@ -1,4 +1,4 @@
-// The ordering invariant (DESIGN.md §4) between real processes: a batch with the
+// The ordering invariant (docs/architecture.md §4) between real processes: a batch with the
 // wrong epoch, an out-of-order seq or a digest that does not match its program is
 // refused before any collective, on every rank, and the job goes on afterwards
 // (a refused batch that had issued even one collective would desynchronise the

@@ -1,4 +1,4 @@
-// Checkpoints end to end (issue #5, DESIGN.md §6, reference §5–6): real
+// Checkpoints end to end (issue #5, docs/architecture.md §6, docs/fsdp-semantics.md §5–6): real
 // coordinators and worker daemons (LocalCluster), real files on disk. SHARDED
 // checkpoints reload at other world sizes bit for bit, FULL equals the
 // summoned model, LOCAL refuses another world size, resuming continues
@@ -130,7 +130,7 @@ std::string Dir(const std::string& root, const std::string& name) {
   return absl::StrCat(root, "/", kJob, "/", name);
 }
 
-// reference §5.3–5.4, §6.3–6.4.
+// docs/fsdp-semantics.md §5.3–5.4, §6.3–6.4.
 TEST(CheckpointTest, ShardedReloadsAtOtherWorldSizesBitForBitAndLocalDoesNot) {
   const std::string root = testing::MakeTempDir("ckpt-reshard") + "/checkpoints";
   {

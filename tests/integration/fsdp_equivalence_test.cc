@@ -1,8 +1,8 @@
-// The central data-plane test (DESIGN.md §9): W real worker processes training
+// The central data-plane test (docs/architecture.md §9): W real worker processes training
 // the 1M-parameter, 5-unit MLP (examples/mlp.yaml) over Gloo match single-process
 // unsharded training on the same global batch, step for step, under every
 // strategy (hybrid as 2x2), with and without use_orig_params padding and with
-// backward prefetch PRE / POST / NONE (reference §2.5, §3.4, §9.2). Also bf16
+// backward prefetch PRE / POST / NONE (docs/fsdp-semantics.md §2.5, §3.4, §9.2). Also bf16
 // params and reduction, no_sync accumulation, clip-grad-norm across shards
 // (§8) and the limit_all_gathers memory bound (§9.3).
 #include <cmath>
@@ -168,7 +168,7 @@ TEST_P(FsdpEquivalenceTest, MatchesUnshardedTraining) {
   }
   EXPECT_LE(std::sqrt(model_diff_sq), tolerance * std::sqrt(model_ref_sq));
 
-  // limit_all_gathers (reference §9.3): never more than two non-root units live,
+  // limit_all_gathers (docs/fsdp-semantics.md §9.3): never more than two non-root units live,
   // so the tracked all-gather buffers stay within the plan's bound (the root plus
   // the two largest units) for the strategies that free after forward.
   PlanOptions plan_options;

@@ -1,4 +1,4 @@
-// summon_full_params between real processes (reference §5.5, §3.6): full values
+// summon_full_params between real processes (docs/fsdp-semantics.md §5.5, §3.6): full values
 // and gradients equal unsharded training's, writeback persists changes and
 // writeback=false discards them, rank0_only, the rejected option combinations,
 // and sync_module_states broadcasting rank 0's initial values (§7.1).
@@ -123,7 +123,7 @@ int Body(const std::string& dir, int rank, int world) {
     const bool ok = rank == 0 ? got.params.size() == want_params.size() : got.params.empty();
     return ok ? absl::OkStatus() : absl::InternalError("rank0_only delivered wrong params");
   }));
-  // Rejected combinations (reference §5.5); nothing is gathered for them.
+  // Rejected combinations (docs/fsdp-semantics.md §5.5); nothing is gathered for them.
   rank0.writeback = true;
   auto rejected =
       (*runtime)->SummonFullParams(rank0, [](SummonedParams&) { return absl::OkStatus(); });

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Reads /metrics from every daemon of a local cluster that has trained and
-checkpointed, and checks DESIGN.md §7's conventions: every family has HELP
+checkpointed, and checks docs/architecture.md §7's conventions: every family has HELP
 and TYPE and the flatshard_ prefix, base units (_seconds, _bytes), _total on
 counters and only on them, labels from a fixed, bounded set (rank as a
 label, never a step or seq), series that do not multiply as training goes

@@ -3,7 +3,7 @@
 // Gloo's unbound buffers (Gloo's own pairs and slots; our algorithms):
 // - reduce-scatter waits for its sends before reusing a buffer, which
 //   Debian's ReduceScatterHalvingDoubling does not (wrong sums,
-//   shared/MEASURED.md);
+//   bench/CEILINGS.md);
 // - every wait can be interrupted by Abort(), which Gloo's built-in
 //   algorithms cannot (they create their buffers internally and ignore an
 //   aborted wait), so a rank blocked on a dead peer returns at once.

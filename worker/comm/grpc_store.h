@@ -1,6 +1,6 @@
 // The worker's Store over the coordinator's Membership service: Gloo rendezvous
 // and the NCCL unique id go through the coordinator, so no extra service is
-// needed (DESIGN.md §1). Waits are server-side (StoreWait), not polls.
+// needed (docs/architecture.md §1). Waits are server-side (StoreWait), not polls.
 #ifndef FLATSHARD_WORKER_COMM_GRPC_STORE_H_
 #define FLATSHARD_WORKER_COMM_GRPC_STORE_H_
 

@@ -1,6 +1,6 @@
 // Per-module callbacks around forward and backward, in PyTorch module-hook
 // order, so the FSDP runtime can unshard a unit when its module starts and
-// reshard it when the module is done (reference §2.3-2.4, §9.2). The layer
+// reshard it when the module is done (docs/fsdp-semantics.md §2.3-2.4, §9.2). The layer
 // library only calls hooks; it never decides anything about sharding.
 #ifndef FLATSHARD_WORKER_COMPUTE_MODULE_HOOKS_H_
 #define FLATSHARD_WORKER_COMPUTE_MODULE_HOOKS_H_

@@ -1,7 +1,7 @@
 // How layers find their parameters: by ModelIndex parameter index, through a
 // resolver the FSDP runtime implements over its unsharded flat buffers. Layers
 // never own or cache parameter storage, because FSDP frees it after forward and
-// re-gathers it into a new buffer before backward (reference §2.3-2.4).
+// re-gathers it into a new buffer before backward (docs/fsdp-semantics.md §2.3-2.4).
 #ifndef FLATSHARD_WORKER_COMPUTE_PARAM_RESOLVER_H_
 #define FLATSHARD_WORKER_COMPUTE_PARAM_RESOLVER_H_
 

@@ -1,4 +1,4 @@
-// Runs command batches on a worker strictly in (job_epoch, seq) order (DESIGN.md
+// Runs command batches on a worker strictly in (job_epoch, seq) order (docs/architecture.md
 // §4's ordering invariant): a batch for another epoch, out of sequence, or whose
 // program differs from the one this worker compiles itself from the same inputs
 // is refused before any collective is issued, so a confused coordinator cannot

@@ -100,7 +100,7 @@ absl::Status FlatParamUnit::ReduceGrad() {
   const size_t n = AsSize(layout().unpadded_unsharded_numel());
   const size_t s = shard_.count();
   const size_t world = sharded() ? AsSize(layout().world_size()) : 1;
-  // reference §3.2: pad to S*W in the reduce dtype (zeros past N), divide by pre.
+  // docs/fsdp-semantics.md §3.2: pad to S*W in the reduce dtype (zeros past N), divide by pre.
   HostBuffer padded(s * world, reduce_dtype, memory_, MemoryKind::kGradients,
                     HostBuffer::Init::kUninitialized);
   ConvertElements(DType::kFloat32, unsharded_grad_.data(), reduce_dtype, padded.data(), n);
@@ -120,7 +120,7 @@ absl::Status FlatParamUnit::ReduceGrad() {
       RETURN_IF_ERROR(replicate_comm_->AllReduce(reduced.data(), s, reduce_dtype, ReduceOp::kSum));
     }
   } else {
-    // reference §3.3: NO_SHARD all-reduces the whole gradient in place.
+    // docs/fsdp-semantics.md §3.3: NO_SHARD all-reduces the whole gradient in place.
     RETURN_IF_ERROR(shard_comm_->AllReduce(padded.data(), s, reduce_dtype, ReduceOp::kSum));
     reduced = std::move(padded);
   }

@@ -1,5 +1,5 @@
 // One FSDP unit on one rank: the flat parameter's buffers and the collectives
-// that move them (reference §2–§3). The fp32 master shard (S elements) lives for
+// that move them (docs/fsdp-semantics.md §2–§3). The fp32 master shard (S elements) lives for
 // the whole job; the padded all-gather buffer (S*W, param dtype) and its fp32
 // compute view exist only between Gather and Free; the unsharded gradient
 // (N, fp32) exists from the first backward touching the unit until its
@@ -93,7 +93,7 @@ class FlatParamUnit {
   absl::Status GatherShardValues(std::span<const float> values, std::vector<float>& out);
   // _get_shard: this rank's S elements of a full flat value (N floats).
   absl::Status ShardOf(std::span<const float> flat, std::span<float> shard) const;
-  // The same for the gradient shard (reference §3.6 unshard_grad): empty when no
+  // The same for the gradient shard (docs/fsdp-semantics.md §3.6 unshard_grad): empty when no
   // rank has a gradient; a rank without one contributes zeros.
   absl::Status GatherGradFullPrecision(std::vector<float>& out);
   // Writes `flat` (N floats) back into this rank's shard (summon writeback).

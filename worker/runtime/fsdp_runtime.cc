@@ -337,7 +337,7 @@ absl::Status FsdpRuntime::Unshard(int unit, bool prefetch) {
   RETURN_IF_ERROR(CheckUnit(unit));
   const auto u = static_cast<size_t>(unit);
   if (states_[u] == UnitState::kSharded) {
-    // reference §9.3: with limit_all_gathers at most two units (besides the
+    // docs/fsdp-semantics.md §9.3: with limit_all_gathers at most two units (besides the
     // root, which stays unsharded through forward) are live. Frees happen
     // synchronously on this lane, so a prefetch that would exceed the cap is
     // dropped; the unit is gathered when it is needed instead.
@@ -400,7 +400,7 @@ absl::Status FsdpRuntime::ClipGradNorm(double max_norm, double norm_type) {
   for (auto& unit : units_) {
     if (unit->has_grad_shard()) grads.emplace_back(unit->grad_shard());
   }
-  // reference §8: sharded grads' local p-th powers (or max) are reduced over
+  // docs/fsdp-semantics.md §8: sharded grads' local p-th powers (or max) are reduced over
   // the shard group; NO_SHARD grads are replicated, so the local norm is total.
   double local =
       IsInfNorm(norm_type) ? LocalGradNormInf(grads) : LocalGradNormPow(grads, norm_type);

@@ -66,7 +66,7 @@ struct FsdpOptions {
   RuntimeObserver* observer = nullptr;
 };
 
-// summon_full_params (reference §5.5).
+// summon_full_params (docs/fsdp-semantics.md §5.5).
 struct SummonOptions {
   bool writeback = true;        // copy the caller's changes back into the shards
   bool rank0_only = false;      // other ranks get nothing (and free at once)
@@ -121,7 +121,7 @@ class FsdpRuntime : public compute::ParamResolver, public compute::ModuleHooks {
 
   // The context-manager form: gathers, hands the values (and grads) to `body`,
   // then writes the params back into the shards if `writeback`. Errors for the
-  // option combinations FSDP rejects (reference §5.5, §10), naming the option.
+  // option combinations FSDP rejects (docs/fsdp-semantics.md §5.5, §10), naming the option.
   absl::Status SummonFullParams(const SummonOptions& options,
                                 const std::function<absl::Status(SummonedParams&)>& body);
 

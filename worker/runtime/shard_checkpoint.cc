@@ -274,7 +274,7 @@ std::string LocalLayoutDigest(const FsdpRuntime& runtime) {
 namespace {
 
 // torch's optimizer param_groups as a full optimizer state dict lists them
-// (reference §6.3: every FQN of every parameter, hyperparameters as they are).
+// (docs/fsdp-semantics.md §6.3: every FQN of every parameter, hyperparameters as they are).
 std::string ParamGroupsJson(const FsdpRuntime& runtime) {
   nlohmann::ordered_json group;
   const OptimizerConfig& optimizer = runtime.options().optimizer;
@@ -598,7 +598,7 @@ absl::Status CheckSameParams(const FsdpRuntime& runtime, const CheckpointReader&
 
 // Fills `shard` (S elements, this rank's piece of the flat layout) from full
 // tensors in the checkpoint, reading only the elements the shard covers
-// (reference §6.4's flatten-and-shard, without materialising the flat value).
+// (docs/fsdp-semantics.md §6.4's flatten-and-shard, without materialising the flat value).
 // `padding` fills alignment padding inside the flat: 42 for parameters as
 // FlattenParams does, 0 for optimizer state; the shard's right padding is 0.
 // NOT_FOUND propagates when `name_of` names a tensor the checkpoint lacks.
@@ -651,7 +651,7 @@ absl::Status StageTensors(FsdpRuntime& runtime, CheckpointReader& reader,
         static_cast<float>(kFlatParamPaddingValue), staged.shards[u], nullptr));
     for (const std::string& state : m.optimizer_states) {
       // A parameter without the state reads as zeros, which is what torch's
-      // Adam and SGD momentum start from (reference §6.4: zeros = no state).
+      // Adam and SGD momentum start from (docs/fsdp-semantics.md §6.4: zeros = no state).
       bool any = false;
       std::vector<float> values;
       RETURN_IF_ERROR(ReadShard(

@@ -1,6 +1,6 @@
-// One rank's part of saving and loading a checkpoint (DESIGN.md §6; reference
-// §5.2–5.4, §6.3–6.4). Every rank calls these together: FULL and SHARDED saves
-// all-gather unit by unit, so no rank ever holds more than one extra unit
+// One rank's part of saving and loading a checkpoint (docs/architecture.md §6;
+// docs/fsdp-semantics.md §5.2–5.4, §6.3–6.4). Every rank calls these together: FULL and
+// SHARDED saves all-gather unit by unit, so no rank ever holds more than one extra unit
 // unsharded, and write as they go.
 //   FULL     rank 0 writes model.safetensors (every FQN, tied aliases included)
 //            and optim.safetensors (<fqn>.<state>, <fqn>.step);

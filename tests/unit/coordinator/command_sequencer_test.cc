@@ -1,6 +1,6 @@
 // The sequencer's logic against in-process fake workers: seq and digest
 // stamping, results by rank, the failed rank named, survivors aborted, and
-// every later batch refused (DESIGN.md §4's ordering invariant).
+// every later batch refused (docs/architecture.md §4's ordering invariant).
 #include "coordinator/command_sequencer.h"
 
 #include <atomic>

@@ -1,4 +1,4 @@
-// The job lifecycle of DESIGN.md §4: which transitions are allowed, that a
+// The job lifecycle of docs/architecture.md §4: which transitions are allowed, that a
 // refused one changes nothing, and that watchers see every event in order.
 #include "coordinator/job_state_machine.h"
 

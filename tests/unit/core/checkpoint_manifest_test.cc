@@ -1,4 +1,4 @@
-// Checkpoint manifests (core/checkpoint_manifest.h, DESIGN.md §6): they
+// Checkpoint manifests (core/checkpoint_manifest.h, docs/architecture.md §6): they
 // round-trip, malformed ones are refused naming the field, and checkpoint
 // names cannot escape the checkpoint root or collide with its bookkeeping.
 #include "core/checkpoint_manifest.h"

@@ -1,4 +1,4 @@
-// Tests core/clip_grad_norm.h (reference §8): option checks, the local
+// Tests core/clip_grad_norm.h (docs/fsdp-semantics.md §8): option checks, the local
 // contributions against norms computed independently in double, the sharded
 // property (W shards with zero padding, their contributions SUM- or
 // MAX-reduced, give the unsharded norm for p = 1, 2, 3, inf), the non-sharded
@@ -74,7 +74,7 @@ TEST(ClipGradNormOptionsTest, ChecksNameTheField) {
   EXPECT_TRUE(std::isnan(TotalNormFromReduced(1.0, 0.0, -1.0)));
 }
 
-// reference §8 step 5: SUM for finite p, MAX for inf.
+// docs/fsdp-semantics.md §8 step 5: SUM for finite p, MAX for inf.
 TEST(ClipGradNormTest, ReduceOpFollowsTheNormType) {
   EXPECT_EQ(NormReduceOpFor(2.0), NormReduceOp::kSum);
   EXPECT_EQ(NormReduceOpFor(1.0), NormReduceOp::kSum);
@@ -126,7 +126,7 @@ TEST(ClipGradNormTest, NaNAndOverflowBehaveAsTorchsFloat32) {
   EXPECT_TRUE(std::isnan(TotalNormFromReduced(1.0, NAN, kInf)));
 }
 
-// The sharded property of reference §8: each of W ranks computes its padded
+// The sharded property of docs/fsdp-semantics.md §8: each of W ranks computes its padded
 // shard's contribution, the sum (or max) stands in for the all-reduce, and the
 // total equals the unsharded norm. Scaling the shards with the resulting
 // coefficient equals scaling the whole gradient.
@@ -166,7 +166,7 @@ TEST(ClipGradNormTest, ShardedContributionsReduceToTheUnshardedNorm) {
   }
 }
 
-// reference §8 step 5: replicated (non-sharded) grads are added after the
+// docs/fsdp-semantics.md §8 step 5: replicated (non-sharded) grads are added after the
 // all-reduce, once, not W times.
 TEST(ClipGradNormTest, NonShardedContributionJoinsAfterTheReduce) {
   const std::vector<float> sharded = RandomGrads(300, 8), replicated = RandomGrads(45, 9, 3.0f);

@@ -1,4 +1,4 @@
-// Tests core/flat_buffer.h: flatten_tensors with 42-valued padding (reference
+// Tests core/flat_buffer.h: flatten_tensors with 42-valued padding (docs/fsdp-semantics.md
 // §1.2), _get_shard's zero right-padding (§1.3), and the round trip
 // flatten -> shard -> gather -> unflatten over 1,000 random layouts.
 #include "core/flat_buffer.h"
@@ -110,7 +110,7 @@ TEST(FlatBufferPropertyTest, FlattenShardGatherUnflattenIsIdentity) {
     for (int r = 0; r < shards; ++r) {
       shard_data.emplace_back(static_cast<size_t>(layout->sharded_numel()) * es);
       ASSERT_TRUE(CopyShard(*layout, dtype, r, flat, shard_data.back()).ok());
-      // Right padding is zero (reference §1.3).
+      // Right padding is zero (docs/fsdp-semantics.md §1.3).
       const ShardInfo info = layout->ComputeShardInfo(r);
       const size_t real = static_cast<size_t>(layout->sharded_numel() - info.numel_padded) * es;
       for (size_t b = real; b < shard_data.back().size(); ++b) {

@@ -1,4 +1,4 @@
-// Tests core/flat_param_layout.h against reference/fsdp-semantics.md §1.2–1.5:
+// Tests core/flat_param_layout.h against docs/fsdp-semantics.md §1.2–1.5:
 // the worked examples (A(10), B(7), W=4 in both modes), torch.chunk edge cases,
 // the validation errors of §1.1/§10, and a property test over 1,000 random layouts.
 #include "core/flat_param_layout.h"
@@ -37,7 +37,7 @@ void ExpectInfo(const ShardParamInfo& info, bool in_shard, int64_t offset, int64
   EXPECT_EQ(info.intra_param_end_idx, intra_end);
 }
 
-// reference §1.2 worked example, use_orig_params=True.
+// docs/fsdp-semantics.md §1.2 worked example, use_orig_params=True.
 TEST(FlatParamLayoutTest, WorkedExampleUseOrigParams) {
   FlatParamLayout layout = MakeAB(/*use_orig_params=*/true);
   EXPECT_EQ(layout.aligned_numel(), 4);
@@ -61,7 +61,7 @@ TEST(FlatParamLayoutTest, WorkedExampleUseOrigParams) {
   ExpectInfo(r3.params[1], true, 0, 4, 3, 6);
 }
 
-// reference §1.2 and §1.4 worked examples, use_orig_params=False.
+// docs/fsdp-semantics.md §1.2 and §1.4 worked examples, use_orig_params=False.
 TEST(FlatParamLayoutTest, WorkedExampleWithoutOrigParams) {
   FlatParamLayout layout = MakeAB(/*use_orig_params=*/false);
   EXPECT_EQ(layout.aligned_numel(), 0);
@@ -100,7 +100,7 @@ TEST(FlatParamLayoutTest, WorkedExampleWithoutOrigParams) {
   EXPECT_EQ(r3.numel_padded, 3);
 }
 
-// reference §1.5: only in-shard params, offsets are intra-param [start, end].
+// docs/fsdp-semantics.md §1.5: only in-shard params, offsets are intra-param [start, end].
 TEST(FlatParamLayoutTest, ShardMetadataListsInShardParamsOnly) {
   FlatParamLayout layout = MakeAB(false);
   FlatParamShardMetadata m3 = layout.ComputeShardMetadata(3);
@@ -115,7 +115,7 @@ TEST(FlatParamLayoutTest, ShardMetadataListsInShardParamsOnly) {
   EXPECT_THAT(m0.param_names, ElementsAre("A"));
 }
 
-// reference §1.3: torch.chunk leaves trailing ranks empty (N=5, W=4: S=2).
+// docs/fsdp-semantics.md §1.3: torch.chunk leaves trailing ranks empty (N=5, W=4: S=2).
 TEST(FlatParamLayoutTest, ChunkSemanticsMatchTorchChunk) {
   EXPECT_EQ(ChunkSize(5, 4), 2);
   EXPECT_EQ(ChunkOf(5, 4, 0).length, 2);
@@ -127,7 +127,7 @@ TEST(FlatParamLayoutTest, ChunkSemanticsMatchTorchChunk) {
   EXPECT_EQ(ChunkOf(7, 1, 0).length, 7);
 }
 
-// reference §1.2: alignment is 16 bytes of the low-precision compute dtype.
+// docs/fsdp-semantics.md §1.2: alignment is 16 bytes of the low-precision compute dtype.
 TEST(FlatParamLayoutTest, AlignmentFollowsComputeDtype) {
   FlatParamLayoutOptions options;
   options.world_size = 3;
@@ -161,7 +161,7 @@ TEST(FlatParamLayoutTest, NoShardKeepsTheWholeFlatParameter) {
   ExpectInfo(info.params[0], true, 0, 10, 0, 9);
 }
 
-// reference §1.1 and §10: _validate_tensors_to_flatten.
+// docs/fsdp-semantics.md §1.1 and §10: _validate_tensors_to_flatten.
 TEST(FlatParamLayoutTest, RejectsWhatFsdpRejects) {
   FlatParamLayoutOptions options;
   options.world_size = 2;
@@ -219,7 +219,7 @@ TEST(FlatParamLayoutPropertyTest, ShardsTileAndLocateEveryElement) {
     const int64_t n = layout.unpadded_unsharded_numel();
     const int64_t s = layout.sharded_numel();
 
-    // Mode invariants (reference §1.2).
+    // Mode invariants (docs/fsdp-semantics.md §1.2).
     int64_t sum = 0;
     for (int64_t x : layout.numels_with_padding()) sum += x;
     ASSERT_EQ(sum, n);

@@ -1,7 +1,7 @@
 // Tests core/model_spec_yaml.h, core/model_spec.h and core/model_spec_proto.h: the
 // examples parse, FQNs follow PyTorch, JSON works like YAML, proto round-trips,
 // and bad specs fail with the file, the line, the field and the problem
-// (reference §10's spec-level errors among them).
+// (docs/fsdp-semantics.md §10's spec-level errors among them).
 #include "core/model_spec.h"
 
 #include <gmock/gmock.h>

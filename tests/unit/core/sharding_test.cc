@@ -1,4 +1,4 @@
-// Tests core/sharding.h: the divide-factor table (reference §3.4), the §2.5
+// Tests core/sharding.h: the divide-factor table (docs/fsdp-semantics.md §3.4), the §2.5
 // reshard table, world_size 1 -> NO_SHARD, the hybrid [replicas, shard] mesh and
 // its groups, and mixed-precision resolution (§4.2).
 #include "core/sharding.h"
@@ -12,7 +12,7 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-// reference §3.4: W=2 -> (2,1); 4 -> (2,2); 8 -> (4,2); 16 -> (4,4); 6 -> (4,1.5);
+// docs/fsdp-semantics.md §3.4: W=2 -> (2,1); 4 -> (2,2); 8 -> (4,2); 16 -> (4,4); 6 -> (4,1.5);
 // 3 -> (2,1.5); and pre * post == W always.
 TEST(GradientDivideFactorsTest, MatchesTheReferenceTable) {
   struct Row {
@@ -32,7 +32,7 @@ TEST(GradientDivideFactorsTest, MatchesTheReferenceTable) {
   EXPECT_EQ(ComputeGradientDivideFactors(1).pre, 1);
 }
 
-// reference §2.5.
+// docs/fsdp-semantics.md §2.5.
 TEST(StrategyRulesTest, ReshardTable) {
   using S = ShardingStrategy;
   EXPECT_TRUE(ReshardAfterForward(S::kFullShard, false));
@@ -74,7 +74,7 @@ TEST(RankLayoutTest, HybridMeshGroups) {
               ElementsAre(ElementsAre(0, 1, 2, 3), ElementsAre(4, 5, 6, 7)));
   EXPECT_THAT(layout->AllReplicateGroups(), ElementsAre(ElementsAre(0, 4), ElementsAre(1, 5),
                                                         ElementsAre(2, 6), ElementsAre(3, 7)));
-  // Hybrid divide factors use shard size * replicas (reference §3.4).
+  // Hybrid divide factors use shard size * replicas (docs/fsdp-semantics.md §3.4).
   EXPECT_EQ(ComputeGradientDivideFactors(layout->world_size).pre, 4);
 }
 
@@ -94,7 +94,7 @@ TEST(RankLayoutTest, Errors) {
   EXPECT_EQ(flat->replicas, 1);
 }
 
-// reference §4.2.
+// docs/fsdp-semantics.md §4.2.
 TEST(PrecisionTest, ResolvesLikeInitParamReduceDtypes) {
   ResolvedPrecision p = ResolvePrecision(DType::kFloat32, DType::kBFloat16, std::nullopt);
   EXPECT_EQ(p.param_dtype, DType::kBFloat16);

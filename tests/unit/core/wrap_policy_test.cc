@@ -1,4 +1,4 @@
-// Tests core/wrap_policy.h against reference §9.1: _recursive_wrap with the
+// Tests core/wrap_policy.h against docs/fsdp-semantics.md §9.1: _recursive_wrap with the
 // size-based policy (remainders, force-leaf, exclude), ModuleWrapPolicy on the GPT
 // example, explicit FQNs, always, and tied parameters across units (§1.1).
 #include "core/wrap_policy.h"
@@ -152,7 +152,7 @@ TEST(ModuleTypeWrapTest, GptExampleOneUnitPerBlockPlusRoot) {
   EXPECT_EQ(total, index->TotalNumel());
 }
 
-// Tied parameters must share a unit (reference §9.1): wrapping lm_head (a Linear)
+// Tied parameters must share a unit (docs/fsdp-semantics.md §9.1): wrapping lm_head (a Linear)
 // on its own would split it from wte.
 TEST(ModuleTypeWrapTest, TiedParametersSplitAcrossUnitsAreAnError) {
   auto spec = LoadModelSpecFile(testing_paths::Example("gpt-small.yaml"));

@@ -225,7 +225,7 @@ TEST(CoordinatorMetricsTest, ExportsStepsBatchesAndCheckpointOutcomes) {
   EXPECT_THAT(
       text,
       HasSubstr(R"(flatshard_checkpoint_duration_seconds_sum{job_name="demo",type="sharded"} 2)"));
-  // An unspecified type is FULL (reference §5); a failure commits nothing.
+  // An unspecified type is FULL (docs/fsdp-semantics.md §5); a failure commits nothing.
   EXPECT_THAT(text,
               HasSubstr(R"(flatshard_checkpoint_failures_total{job_name="demo",type="full"} 1)"));
   EXPECT_THAT(text, HasSubstr(R"(flatshard_checkpoints_total{job_name="demo",type="full"} 0)"));
