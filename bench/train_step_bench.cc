@@ -65,7 +65,7 @@ int main(int argc, char** argv) {
   using flatshard::BackwardPrefetch;
   using flatshard::LoadModelSpecFile;
   using flatshard::LocalTrainOptions;
-  using flatshard::OptimizerConfig;
+  using flatshard::OptimizerKind;
   using flatshard::ParseWrapPolicy;
   using flatshard::RunRank;
   std::vector<int> worlds = {2, 4};
@@ -95,8 +95,8 @@ int main(int argc, char** argv) {
       LocalTrainOptions options;
       options.spec = *spec;
       options.policy = *ParseWrapPolicy("module-type:Residual");
-      options.fsdp.backward_prefetch = prefetch;
-      options.fsdp.optimizer.kind = OptimizerConfig::Kind::kAdamW;
+      options.runtime.sharding.backward_prefetch = prefetch;
+      options.runtime.optimizer.kind = OptimizerKind::kAdamW;
       options.data.kind = flatshard::compute::DataKind::kRegression;
       options.data.global_batch_size = batch;
       options.data.input_features = 64;

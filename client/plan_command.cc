@@ -2,6 +2,8 @@
 
 #include <tuple>
 
+#include "absl/strings/str_cat.h"
+
 #include "client/plan_printer.h"
 #include "core/job_config.h"
 #include "core/job_spec_yaml.h"
@@ -9,6 +11,14 @@
 #include "core/plan.h"
 
 namespace flatshard {
+namespace {
+
+// `--optimizer sgd-momentum`: SGD that keeps a momentum buffer (the plan's
+// name for it, PlanOptimizerName). Any momentum != 0 plans the same.
+constexpr absl::string_view kSgdMomentum = "sgd-momentum";
+constexpr double kPlanMomentum = 0.9;
+
+}  // namespace
 
 CLI::App* AddPlanCommand(CLI::App& app, PlanCommandOptions& o) {
   CLI::App* plan = app.add_subcommand(
@@ -72,22 +82,23 @@ int RunPlanCommand(const PlanCommandOptions& o, std::ostream& out, std::ostream&
     if (!job.ok()) return fail(job.status());
     absl::StatusOr<JobConfig> config = JobConfigFromProto(*job);
     if (!config.ok()) return fail(config.status());
-    return print(ComputePlan(config->model, config->wrap_policy, PlanOptionsFromJob(*config)));
+    return print(ComputePlan(config->model, config->wrap_policy, config->world_size,
+                             config->sharding, config->optimizer));
   }
   absl::StatusOr<ModelSpec> spec = LoadModelSpecFile(o.model_path);
   if (!spec.ok()) return fail(spec.status());
   absl::StatusOr<WrapPolicy> policy = ParseWrapPolicy(o.policy);
   if (!policy.ok()) return fail(policy.status());
-  PlanOptions options;
-  options.world_size = o.world_size;
+  // The flags fill the same two settings structs a job file does.
+  ShardingSettings sharding;
   absl::StatusOr<ShardingStrategy> strategy = ParseShardingStrategy(o.strategy);
   if (!strategy.ok()) return fail(strategy.status());
-  options.strategy = *strategy;
-  options.hybrid_shard_group_size = o.hybrid_shard_group_size;
-  options.use_orig_params = o.use_orig_params;
+  sharding.strategy = *strategy;
+  sharding.hybrid_shard_group_size = o.hybrid_shard_group_size;
+  sharding.use_orig_params = o.use_orig_params;
   for (const auto& [flag, text, target] :
-       {std::tuple{"--param-dtype", &o.param_dtype, &options.param_dtype},
-        std::tuple{"--reduce-dtype", &o.reduce_dtype, &options.reduce_dtype}}) {
+       {std::tuple{"--param-dtype", &o.param_dtype, &sharding.param_dtype},
+        std::tuple{"--reduce-dtype", &o.reduce_dtype, &sharding.reduce_dtype}}) {
     if (text->empty()) continue;
     absl::StatusOr<DType> dtype = ParseDType(*text);
     if (!dtype.ok()) {
@@ -96,13 +107,23 @@ int RunPlanCommand(const PlanCommandOptions& o, std::ostream& out, std::ostream&
     }
     *target = *dtype;
   }
-  absl::StatusOr<OptimizerKind> optimizer = ParseOptimizerKind(o.optimizer);
-  if (!optimizer.ok()) return fail(optimizer.status());
-  options.optimizer = *optimizer;
-  options.amsgrad = o.amsgrad;
-  options.limit_all_gathers = !o.no_limit_all_gathers;
+  sharding.limit_all_gathers = !o.no_limit_all_gathers;
+  OptimizerSettings optimizer;
+  if (o.optimizer == kSgdMomentum) {
+    // Only whether SGD keeps a momentum buffer matters to the plan.
+    optimizer.kind = OptimizerKind::kSgd;
+    optimizer.sgd.momentum = kPlanMomentum;
+  } else {
+    absl::StatusOr<OptimizerKind> kind = ParseOptimizerKind(o.optimizer);
+    if (!kind.ok()) {
+      return fail(absl::InvalidArgumentError(absl::StrCat(
+          "unknown optimizer '", o.optimizer, "'; expected sgd, sgd-momentum, adam or adamw")));
+    }
+    optimizer.kind = *kind;
+  }
+  optimizer.adam.amsgrad = o.amsgrad;
 
-  return print(ComputePlan(*spec, *policy, options));
+  return print(ComputePlan(*spec, *policy, o.world_size, sharding, optimizer));
 }
 
 }  // namespace flatshard

@@ -29,8 +29,8 @@ void PrintPlan(const Plan& plan, std::ostream& out) {
   out << "model " << (plan.model_name.empty() ? "(unnamed)" : plan.model_name) << ": "
       << plan.total_params << " parameters in " << plan.units.size() << " units\n";
   out << "strategy " << ShardingStrategyName(plan.effective_strategy);
-  if (plan.effective_strategy != plan.options.strategy) {
-    out << " (asked " << ShardingStrategyName(plan.options.strategy) << ")";
+  if (plan.effective_strategy != plan.sharding.strategy) {
+    out << " (asked " << ShardingStrategyName(plan.sharding.strategy) << ")";
   }
   out << " over " << plan.ranks.world_size << " ranks";
   if (IsHybrid(plan.effective_strategy)) {
@@ -38,7 +38,7 @@ void PrintPlan(const Plan& plan, std::ostream& out) {
         << " shard ranks";
   }
   out << " | policy " << plan.policy << " | use_orig_params "
-      << (plan.options.use_orig_params ? "true" : "false") << "\n";
+      << (plan.sharding.use_orig_params ? "true" : "false") << "\n";
   out << "precision: param " << DTypeName(plan.precision.param_dtype) << ", reduce "
       << DTypeName(plan.precision.reduce_dtype) << " | gradient divide: pre " << plan.divide.pre
       << ", post " << plan.divide.post << "\n";
@@ -93,7 +93,7 @@ void PrintPlan(const Plan& plan, std::ostream& out) {
   out << "  sharded params      " << HumanBytes(m.sharded_param_bytes) << "\n";
   out << "  sharded grads       " << HumanBytes(m.grad_bytes) << "\n";
   out << "  optimizer state     " << HumanBytes(m.optimizer_state_bytes) << " ("
-      << OptimizerKindName(plan.options.optimizer) << ")\n";
+      << PlanOptimizerName(plan.optimizer) << ")\n";
   if (m.low_precision_shard_bytes > 0) {
     out << "  low-precision shard " << HumanBytes(m.low_precision_shard_bytes) << " (transient)\n";
   }

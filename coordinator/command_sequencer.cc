@@ -6,8 +6,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "rpc/command_batch.h"
 
-#include "core/step_program.h"
+#include "core/status_macros.h"
 
 namespace flatshard {
 namespace {
@@ -39,10 +40,12 @@ absl::Status CommandSequencer::Begin(v1::CommandBatch& batch) {
   std::unique_lock<std::mutex> lock(mu_);
   aborted_.wait(lock, [this] { return !aborting_; });
   if (!failure_.ok()) return failure_;
+  // A batch built wrongly (no kind, malformed commands) is refused here,
+  // before anything reaches a worker.
+  ASSIGN_OR_RETURN(std::string digest, BatchDigest(batch));
   batch.set_job_epoch(epoch_);
   batch.set_seq(last_seq_ + 1);
-  const std::vector<v1::Command> commands(batch.commands().begin(), batch.commands().end());
-  batch.set_digest(ProgramDigest(commands, batch.step(), batch.sync_gradients()));
+  batch.set_digest(std::move(digest));
   return absl::OkStatus();
 }
 

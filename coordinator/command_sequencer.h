@@ -30,8 +30,10 @@ class CommandSequencer {
   CommandSequencer(std::vector<WorkerClient*> workers, uint64_t epoch, absl::Duration batch_timeout,
                    BatchObserver on_batch = {});
 
-  // Runs `batch` (its commands, step, sync_gradients and control set by the
-  // caller) on every rank; the results by rank. Errors name the rank.
+  // Runs `batch` (its kind and content set by the caller; epoch, seq and
+  // digest stamped here) on every rank; the results by rank. Errors name the
+  // rank; a batch without a kind or with malformed content is
+  // INVALID_ARGUMENT before anything is sent.
   absl::StatusOr<std::vector<v1::CommandResult>> Run(v1::CommandBatch batch);
 
   // A summon batch: rank 0's chunks go to `sink`; the other ranks join the

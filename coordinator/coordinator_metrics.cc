@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "metrics/duration_buckets.h"
+#include "rpc/command_batch.h"
 
 #include "coordinator/coordinator.h"
 
@@ -20,6 +21,15 @@ using prometheus::Labels;
 constexpr v1::StateDictType kStateDictTypes[] = {v1::FULL_STATE_DICT, v1::SHARDED_STATE_DICT,
                                                  v1::LOCAL_STATE_DICT};
 constexpr const char* kBatchKinds[] = {"step", "micro_step", "control", "checkpoint"};
+
+// The `kind` label of a batch's round trip: the batch's kind, with no_sync
+// micro-steps apart from the steps that synchronize gradients.
+std::string BatchKindLabel(const v1::CommandBatch& batch) {
+  if (batch.kind_case() == v1::CommandBatch::kStep && !batch.step().sync_gradients()) {
+    return "micro_step";
+  }
+  return std::string(BatchKindName(batch.kind_case()));
+}
 
 // "full", "sharded", "local".
 std::string TypeLabel(v1::StateDictType type) {
@@ -145,9 +155,9 @@ void CoordinatorMetrics::OnStep(const std::string& job, const v1::StepResult& st
   exposed_comm_seconds_.Add(Job(job)).Increment(std::max(0.0, step.exposed_comm_seconds()));
 }
 
-void CoordinatorMetrics::OnBatch(const std::string& job, absl::string_view kind,
+void CoordinatorMetrics::OnBatch(const std::string& job, const v1::CommandBatch& batch,
                                  absl::Duration round_trip) {
-  batch_seconds_.Add({{"job_name", job}, {"kind", std::string(kind)}}, DurationBuckets())
+  batch_seconds_.Add({{"job_name", job}, {"kind", BatchKindLabel(batch)}}, DurationBuckets())
       .Observe(absl::ToDoubleSeconds(round_trip));
 }
 

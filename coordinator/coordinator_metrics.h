@@ -32,7 +32,8 @@ class CoordinatorMetrics final : public JobObserver {
 
   void OnJobCreated(const std::string& job) override;
   void OnStep(const std::string& job, const v1::StepResult& step, int64_t samples) override;
-  void OnBatch(const std::string& job, absl::string_view kind, absl::Duration round_trip) override;
+  void OnBatch(const std::string& job, const v1::CommandBatch& batch,
+               absl::Duration round_trip) override;
   void OnCheckpointSave(const std::string& job, v1::StateDictType type, absl::Duration duration,
                         const absl::StatusOr<v1::CheckpointInfo>& outcome) override;
 

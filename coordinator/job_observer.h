@@ -8,10 +8,10 @@
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 
 #include "flatshard/v1/job.pb.h"
+#include "flatshard/v1/worker.pb.h"
 
 namespace flatshard {
 
@@ -23,9 +23,8 @@ class JobObserver {
   virtual void OnJobCreated(const std::string& job) = 0;
   // An optimizer step finished on every rank; `samples` across the world.
   virtual void OnStep(const std::string& job, const v1::StepResult& step, int64_t samples) = 0;
-  // A command batch succeeded on every rank after `round_trip`. `kind`:
-  // "step", "micro_step", "control", "checkpoint".
-  virtual void OnBatch(const std::string& job, absl::string_view kind,
+  // A command batch succeeded on every rank after `round_trip`.
+  virtual void OnBatch(const std::string& job, const v1::CommandBatch& batch,
                        absl::Duration round_trip) = 0;
   // A checkpoint save ended, committed or not, `duration` after it began.
   virtual void OnCheckpointSave(const std::string& job, v1::StateDictType type,

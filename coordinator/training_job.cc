@@ -6,24 +6,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "rpc/command_batch.h"
 
 #include "core/sharding.h"
 #include "core/status_macros.h"
 #include "core/step_program.h"
 
 namespace flatshard {
-namespace {
-
-// The `kind` label of a batch's round trip.
-absl::string_view BatchKind(const v1::CommandBatch& batch) {
-  if (!batch.control()) return batch.sync_gradients() ? "step" : "micro_step";
-  for (const v1::Command& c : batch.commands()) {
-    if (c.has_save_shard() || c.has_load_shard()) return "checkpoint";
-  }
-  return "control";
-}
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<TrainingJob>> TrainingJob::Create(const v1::JobSpec& spec,
                                                                  JobConfig config,
@@ -137,7 +126,7 @@ absl::Status TrainingJob::Form(const std::vector<WorkerRecord>& members) {
     if (JobObserver* observer = options_.observer; observer != nullptr) {
       on_batch = [observer, job = config_.name](const v1::CommandBatch& batch,
                                                 absl::Duration round_trip) {
-        observer->OnBatch(job, BatchKind(batch), round_trip);
+        observer->OnBatch(job, batch, round_trip);
       };
     }
     sequencer_ = std::make_unique<CommandSequencer>(std::move(raw), epoch, options_.batch_timeout,
@@ -224,16 +213,15 @@ absl::Status TrainingJob::Train(int64_t steps, int micro_steps,
                            /*last=*/true);
     }
   } drain{this};
-  StepProgramOptions program;
-  program.strategy = EffectiveStrategy(config_.sharding.strategy, config_.world_size);
-  program.backward_prefetch = config_.sharding.backward_prefetch;
-  program.forward_prefetch = config_.sharding.forward_prefetch;
-  program.max_grad_norm = config_.optimizer.max_grad_norm;
-  program.grad_norm_type = config_.optimizer.grad_norm_type;
-  program.sync_gradients = true;
-  const std::vector<v1::Command> synced = CompileStepProgram(index_, units_, program);
-  program.sync_gradients = false;
-  const std::vector<v1::Command> micro = CompileStepProgram(index_, units_, program);
+  // The workers compile the same programs from the same job (FsdpRuntime::
+  // CompileProgram) and refuse a step whose digest differs.
+  const auto compile = [&](bool sync_gradients) {
+    return CompileStepProgram(index_, units_,
+                              StepProgramOptionsFor(config_.sharding, config_.optimizer,
+                                                    config_.world_size, sync_gradients));
+  };
+  const StepProgram synced = compile(/*sync_gradients=*/true);
+  const StepProgram micro = compile(/*sync_gradients=*/false);
   CommandSequencer* seq = sequencer();
 
   bool stopped_by_client = false;
@@ -245,14 +233,13 @@ absl::Status TrainingJob::Train(int64_t steps, int micro_steps,
     int64_t samples = 0;
     for (int k = 0; k <= micro_steps; ++k) {
       const bool sync = k == micro_steps;
-      v1::CommandBatch batch;
-      for (const v1::Command& c : sync ? synced : micro) *batch.add_commands() = c;
+      int64_t data_position = 0;
       {
         std::lock_guard<std::mutex> lock(mu_);
-        batch.set_step(data_position_);
+        data_position = data_position_;
       }
-      batch.set_sync_gradients(sync);
-      absl::StatusOr<std::vector<v1::CommandResult>> results = seq->Run(std::move(batch));
+      absl::StatusOr<std::vector<v1::CommandResult>> results =
+          seq->Run(MakeStepBatch(sync ? synced : micro, data_position, sync));
       if (!results.ok()) {
         FailWith(results.status());
         return results.status();
@@ -316,12 +303,9 @@ absl::StatusOr<std::vector<int>> TrainingJob::CheckUnits(const std::vector<int>&
   return out;
 }
 
-absl::Status TrainingJob::RunControl(const std::vector<v1::Command>& commands) {
-  v1::CommandBatch batch;
-  batch.set_control(true);
-  batch.set_step(-1);
-  for (const v1::Command& c : commands) *batch.add_commands() = c;
-  absl::StatusOr<std::vector<v1::CommandResult>> results = sequencer()->Run(std::move(batch));
+absl::Status TrainingJob::RunControl(const StepProgram& commands) {
+  absl::StatusOr<std::vector<v1::CommandResult>> results =
+      sequencer()->Run(MakeControlBatch(commands));
   if (!results.ok()) {
     FailWith(results.status());
     return results.status();
@@ -332,12 +316,8 @@ absl::Status TrainingJob::RunControl(const std::vector<v1::Command>& commands) {
 absl::Status TrainingJob::Unshard(const std::vector<int>& units) {
   ASSIGN_OR_RETURN(std::vector<int> which, CheckUnits(units));
   ASSIGN_OR_RETURN(std::unique_lock<std::mutex> op, BeginOperation("unshard"));
-  std::vector<v1::Command> commands;
-  for (int u : which) {
-    v1::Command c;
-    c.mutable_unshard()->set_unit(u);
-    commands.push_back(c);
-  }
+  StepProgram commands;
+  for (int u : which) commands.push_back(StepCommand::Unshard(u, /*prefetch=*/false));
   RETURN_IF_ERROR(RunControl(commands));
   std::lock_guard<std::mutex> lock(mu_);
   unsharded_.insert(which.begin(), which.end());
@@ -347,12 +327,8 @@ absl::Status TrainingJob::Unshard(const std::vector<int>& units) {
 absl::Status TrainingJob::Reshard(const std::vector<int>& units) {
   ASSIGN_OR_RETURN(std::vector<int> which, CheckUnits(units));
   ASSIGN_OR_RETURN(std::unique_lock<std::mutex> op, BeginOperation("reshard"));
-  std::vector<v1::Command> commands;
-  for (int u : which) {
-    v1::Command c;
-    c.mutable_reshard()->set_unit(u);
-    commands.push_back(c);
-  }
+  StepProgram commands;
+  for (int u : which) commands.push_back(StepCommand::Reshard(u));
   RETURN_IF_ERROR(RunControl(commands));
   std::lock_guard<std::mutex> lock(mu_);
   for (int u : which) unsharded_.erase(u);
@@ -371,11 +347,8 @@ absl::Status TrainingJob::Summon(bool with_grads, int64_t chunk_bytes,
   }
   ASSIGN_OR_RETURN(std::unique_lock<std::mutex> op, BeginOperation("summon parameters"));
   v1::CommandBatch batch;
-  batch.set_control(true);
-  batch.set_step(-1);
-  v1::Command* c = batch.add_commands();
-  c->mutable_summon_full_params()->set_with_grads(with_grads);
-  c->mutable_summon_full_params()->set_chunk_bytes(chunk_bytes);
+  batch.mutable_summon()->set_with_grads(with_grads);
+  batch.mutable_summon()->set_chunk_bytes(chunk_bytes);
   CommandSequencer* seq = sequencer();
   absl::Status status = seq->Summon(std::move(batch), sink);
   if (!status.ok() && !seq->failure().ok()) FailWith(status);

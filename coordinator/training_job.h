@@ -27,6 +27,7 @@
 #include "coordinator/membership.h"
 #include "coordinator/worker_client.h"
 #include "core/job_config.h"
+#include "core/step_program.h"
 #include "flatshard/v1/job.pb.h"
 
 namespace flatshard {
@@ -102,7 +103,7 @@ class TrainingJob {
   // Takes the operation slot, or explains why not (state, busy).
   absl::StatusOr<std::unique_lock<std::mutex>> BeginOperation(const char* what);
   absl::StatusOr<std::vector<int>> CheckUnits(const std::vector<int>& units) const;
-  absl::Status RunControl(const std::vector<v1::Command>& commands);
+  absl::Status RunControl(const StepProgram& commands);
   void FailWith(const absl::Status& status);
 
   // Checkpoints (training_job_checkpoints.cc).
@@ -121,7 +122,8 @@ class TrainingJob {
   }
   // Runs a checkpoint batch; per-rank checkpoint errors come back as a status
   // naming the rank, a failed batch also fails the job.
-  absl::StatusOr<std::vector<v1::CommandResult>> RunCheckpointBatch(const v1::Command& command);
+  absl::StatusOr<std::vector<v1::CommandResult>> RunCheckpointBatch(
+      const v1::CheckpointBatch& command);
   // Between steps of Train: the saves other clients asked for, and the
   // scheduled one. With `refuse` set they fail with it instead. `last`: Train
   // is ending; saves that arrive from then on take the operation slot

@@ -5,9 +5,11 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "rpc/status_proto.h"
 #include "spdlog/spdlog.h"
 
 #include "coordinator/training_job.h"
+#include "core/optimizer.h"
 #include "core/status_macros.h"
 
 namespace flatshard {
@@ -141,20 +143,17 @@ absl::Status TrainingJob::MaybeScheduledSave() {
 }
 
 absl::StatusOr<std::vector<v1::CommandResult>> TrainingJob::RunCheckpointBatch(
-    const v1::Command& command) {
+    const v1::CheckpointBatch& command) {
   v1::CommandBatch batch;
-  batch.set_control(true);
-  batch.set_step(-1);
-  *batch.add_commands() = command;
+  *batch.mutable_checkpoint() = command;
   absl::StatusOr<std::vector<v1::CommandResult>> results = sequencer()->Run(std::move(batch));
   if (!results.ok()) {
     FailWith(results.status());
     return results.status();
   }
   for (const v1::CommandResult& r : *results) {
-    if (r.error_code() != 0) {
-      return absl::Status(static_cast<absl::StatusCode>(r.error_code()),
-                          absl::StrCat("rank ", r.rank(), ": ", r.error()));
+    if (absl::Status s = StatusFromProto(r.checkpoint_status()); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("rank ", r.rank(), ": ", s.message()));
     }
   }
   return results;
@@ -180,18 +179,8 @@ CheckpointManifest TrainingJob::BuildManifest(const std::string& name, v1::State
     for (const UnitParam& p : unit.params) m.params[p.fqn] = {p.dtype, p.shape};
     for (const SharedParam& s : unit.shared) m.tied[s.fqn] = s.primary_fqn;
   }
-  switch (config_.optimizer.kind) {
-    case OptimizerSettings::Kind::kSgd:
-      m.optimizer = "sgd";
-      if (config_.optimizer.sgd.momentum != 0) m.optimizer_states = {"momentum_buffer"};
-      break;
-    case OptimizerSettings::Kind::kAdam:
-    case OptimizerSettings::Kind::kAdamW:
-      m.optimizer = config_.optimizer.kind == OptimizerSettings::Kind::kAdam ? "adam" : "adamw";
-      m.optimizer_states = {"exp_avg", "exp_avg_sq"};
-      if (config_.optimizer.adam.amsgrad) m.optimizer_states.emplace_back("max_exp_avg_sq");
-      break;
-  }
+  m.optimizer = std::string(OptimizerKindName(config_.optimizer.kind));
+  m.optimizer_states = OptimizerStateNames(config_.optimizer);
   m.data_seed = config_.data.seed;
   m.global_batch_size = config_.data.global_batch_size;
   m.init_seed = config_.seed;
@@ -214,7 +203,7 @@ TrainingJob::SaveFuture TrainingJob::StartSave(const std::string& name, v1::Stat
   // A refused request (a bad or taken name) is the caller's error, not a
   // failed checkpoint: it is not counted.
   if (absl::Status begun = catalog_.BeginSave(name); !begun.ok()) return Ready(begun);
-  v1::Command command;
+  v1::CheckpointBatch command;
   command.mutable_save_shard()->set_directory(catalog_.RelativePartialDir(name));
   command.mutable_save_shard()->mutable_settings()->set_state_dict_type(type);
   command.mutable_save_shard()->set_async_save(async_save);
@@ -278,10 +267,9 @@ TrainingJob::SaveFuture TrainingJob::StartSave(const std::string& name, v1::Stat
               result.status().code(),
               absl::StrCat("rank ", r, " did not finish its write: ", result.status().message()));
         }
-      } else if (result->error_code() != 0) {
+      } else if (absl::Status s = StatusFromProto(result->checkpoint_status()); !s.ok()) {
         if (reported.ok()) {
-          reported = absl::Status(static_cast<absl::StatusCode>(result->error_code()),
-                                  absl::StrCat("rank ", r, ": ", result->error()));
+          reported = absl::Status(s.code(), absl::StrCat("rank ", r, ": ", s.message()));
         }
       } else {
         written.push_back(*std::move(result));
@@ -305,7 +293,7 @@ TrainingJob::SaveFuture TrainingJob::StartSave(const std::string& name, v1::Stat
 absl::StatusOr<v1::CheckpointInfo> TrainingJob::LoadCheckpoint(const std::string& name) {
   ASSIGN_OR_RETURN(std::unique_lock<std::mutex> op, BeginOperation("load a checkpoint"));
   ASSIGN_OR_RETURN(CheckpointManifest manifest, catalog_.Read(name));
-  v1::Command command;
+  v1::CheckpointBatch command;
   command.mutable_load_shard()->set_directory(catalog_.RelativeDir(manifest.name));
   // Stage everywhere first: a rank that cannot read its part changes nothing.
   absl::StatusOr<std::vector<v1::CommandResult>> staged = RunCheckpointBatch(command);

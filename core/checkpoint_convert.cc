@@ -90,7 +90,8 @@ class TensorSource {
 
   absl::Status PlanLocal() {
     ASSIGN_OR_RETURN(JobConfig job, JobConfigFromProto(manifest().job_spec));
-    ASSIGN_OR_RETURN(Plan plan, ComputePlan(job.model, job.wrap_policy, PlanOptionsFromJob(job)));
+    ASSIGN_OR_RETURN(Plan plan, ComputePlan(job.model, job.wrap_policy, job.world_size,
+                                            job.sharding, job.optimizer));
     plan_ = std::move(plan);
     for (size_t u = 0; u < plan_->units.size(); ++u) {
       const Unit& unit = plan_->units[u].unit;

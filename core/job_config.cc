@@ -147,7 +147,7 @@ absl::StatusOr<OptimizerSettings> OptimizerFromProto(const v1::Optimizer& proto)
   }
   switch (proto.kind_case()) {
     case v1::Optimizer::kSgd: {
-      o.kind = OptimizerSettings::Kind::kSgd;
+      o.kind = OptimizerKind::kSgd;
       const auto& p = proto.sgd();
       o.sgd = SgdOptions{proto.lr(),   p.momentum(),     p.dampening(),
                          p.nesterov(), p.weight_decay(), p.maximize()};
@@ -159,7 +159,7 @@ absl::StatusOr<OptimizerSettings> OptimizerFromProto(const v1::Optimizer& proto)
     case v1::Optimizer::KIND_NOT_SET: {
       const bool adamw = proto.kind_case() != v1::Optimizer::kAdam;
       const v1::Optimizer::Adam& p = adamw ? proto.adamw() : proto.adam();
-      o.kind = adamw ? OptimizerSettings::Kind::kAdamW : OptimizerSettings::Kind::kAdam;
+      o.kind = adamw ? OptimizerKind::kAdamW : OptimizerKind::kAdam;
       o.adam.lr = proto.lr();
       if (p.beta1() != 0 || p.beta2() != 0) {
         o.adam.beta1 = p.beta1();
@@ -270,36 +270,13 @@ absl::StatusOr<JobConfig> JobConfigFromProto(const v1::JobSpec& spec) {
     job.rank_by_worker_id[worker] = rank;
   }
   // The whole layout must exist for this world size: units, dtypes, ties.
-  if (absl::Status s = ComputePlan(job.model, job.wrap_policy, PlanOptionsFromJob(job)).status();
+  if (absl::Status s =
+          ComputePlan(job.model, job.wrap_policy, job.world_size, job.sharding, job.optimizer)
+              .status();
       !s.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("job: ", s.message()));
   }
   return job;
-}
-
-PlanOptions PlanOptionsFromJob(const JobConfig& job) {
-  PlanOptions plan;
-  plan.world_size = job.world_size;
-  plan.strategy = job.sharding.strategy;
-  plan.hybrid_shard_group_size = job.sharding.hybrid_shard_group_size;
-  plan.use_orig_params = job.sharding.use_orig_params;
-  plan.param_dtype = job.sharding.param_dtype;
-  plan.reduce_dtype = job.sharding.reduce_dtype;
-  plan.limit_all_gathers = job.sharding.limit_all_gathers;
-  switch (job.optimizer.kind) {
-    case OptimizerSettings::Kind::kSgd:
-      plan.optimizer =
-          job.optimizer.sgd.momentum != 0.0 ? OptimizerKind::kSgdMomentum : OptimizerKind::kSgd;
-      break;
-    case OptimizerSettings::Kind::kAdam:
-      plan.optimizer = OptimizerKind::kAdam;
-      break;
-    case OptimizerSettings::Kind::kAdamW:
-      plan.optimizer = OptimizerKind::kAdamW;
-      break;
-  }
-  plan.amsgrad = job.optimizer.adam.amsgrad;
-  return plan;
 }
 
 absl::StatusOr<std::vector<Unit>> JobUnits(const JobConfig& job) {

@@ -8,7 +8,6 @@
 
 #include <cstdint>
 #include <map>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -16,35 +15,11 @@
 
 #include "core/model_spec.h"
 #include "core/optimizer.h"
-#include "core/plan.h"
 #include "core/sharding.h"
-#include "core/step_program.h"
 #include "core/wrap_policy.h"
 #include "flatshard/v1/job.pb.h"
 
 namespace flatshard {
-
-struct ShardingSettings {
-  ShardingStrategy strategy = ShardingStrategy::kFullShard;
-  int hybrid_shard_group_size = 0;
-  BackwardPrefetch backward_prefetch = BackwardPrefetch::kPre;
-  bool forward_prefetch = false;
-  bool limit_all_gathers = true;
-  bool use_orig_params = false;
-  std::optional<DType> param_dtype;
-  std::optional<DType> reduce_dtype;
-  bool cpu_offload = false;
-  bool sync_module_states = false;
-};
-
-struct OptimizerSettings {
-  enum class Kind { kSgd, kAdam, kAdamW };
-  Kind kind = Kind::kAdamW;
-  SgdOptions sgd;
-  AdamOptions adam;
-  double max_grad_norm = 0.0;  // 0: no clipping
-  double grad_norm_type = 2.0;
-};
 
 struct DataSettings {
   std::string kind;  // regression, classification, tokens, npy
@@ -54,6 +29,9 @@ struct DataSettings {
   std::string path;
 };
 
+// THE job configuration: everything else (the plan, the step programs, the
+// runtime's options, checkpoint manifests) takes its settings from here by
+// value, never by copying fields into look-alike structs.
 struct JobConfig {
   std::string name;
   ModelSpec model;
@@ -69,9 +47,6 @@ struct JobConfig {
 // Validates everything a job needs before any worker is touched, including that
 // the wrap policy cuts the model into valid units for the world size.
 absl::StatusOr<JobConfig> JobConfigFromProto(const v1::JobSpec& spec);
-
-// The plan's options for the job (what `flatshard plan` and Plan show).
-PlanOptions PlanOptionsFromJob(const JobConfig& job);
 
 // The job's units (ComputeUnits over its model and policy).
 absl::StatusOr<std::vector<Unit>> JobUnits(const JobConfig& job);

@@ -14,6 +14,7 @@
 #include "core/dtype.h"
 #include "core/model_spec_proto.h"
 #include "core/model_spec_yaml.h"
+#include "core/optimizer.h"
 #include "core/status_macros.h"
 #include "core/wrap_policy.h"
 #include "core/wrap_policy_proto.h"
@@ -57,12 +58,6 @@ constexpr EnumName<v1::DataSpec::Kind> kDataKinds[] = {
     {"classification", v1::DataSpec::CLASSIFICATION},
     {"tokens", v1::DataSpec::TOKEN_SEQUENCES},
     {"file", v1::DataSpec::FILE},
-};
-enum class OptimizerKind { kSgd, kAdam, kAdamW };
-constexpr EnumName<OptimizerKind> kOptimizerKinds[] = {
-    {"sgd", OptimizerKind::kSgd},
-    {"adam", OptimizerKind::kAdam},
-    {"adamw", OptimizerKind::kAdamW},
 };
 
 // Case-insensitive, so `full_shard` and `FULL_SHARD` both work.
@@ -243,7 +238,12 @@ absl::Status ReadOptimizer(const YamlField& field, v1::Optimizer& o) {
                       "betas", "eps", "amsgrad", "max_grad_norm", "grad_norm_type"}));
   OptimizerKind kind = OptimizerKind::kAdamW;
   if (field.Has("kind")) {
-    ASSIGN_OR_RETURN(kind, ReadEnum<OptimizerKind>(field.Child("kind"), kOptimizerKinds));
+    const EnumName<OptimizerKind> kinds[] = {
+        {OptimizerKindName(OptimizerKind::kSgd), OptimizerKind::kSgd},
+        {OptimizerKindName(OptimizerKind::kAdam), OptimizerKind::kAdam},
+        {OptimizerKindName(OptimizerKind::kAdamW), OptimizerKind::kAdamW},
+    };
+    ASSIGN_OR_RETURN(kind, ReadEnum<OptimizerKind>(field.Child("kind"), kinds));
   }
   // A setting of the other family would be silently dropped by the proto's oneof.
   const bool sgd = kind == OptimizerKind::kSgd;

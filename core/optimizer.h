@@ -14,6 +14,7 @@
 #define FLATSHARD_CORE_OPTIMIZER_H_
 
 #include <cstddef>
+#include <memory>
 #include <optional>
 #include <span>
 #include <string>
@@ -48,17 +49,54 @@ struct AdamOptions {
   bool decoupled_weight_decay = false;  // AdamW: param *= 1 - lr * weight_decay
 };
 
+// Which torch.optim optimizer a job trains with. SGD with momentum is SGD with
+// SgdOptions::momentum != 0 (it keeps one more state tensor), not a kind.
+enum class OptimizerKind { kSgd, kAdam, kAdamW };
+
+// "sgd", "adam", "adamw": the job file's `optimizer.kind` and the checkpoint
+// manifest's `optimizer`.
+absl::string_view OptimizerKindName(OptimizerKind kind);
+absl::StatusOr<OptimizerKind> ParseOptimizerKind(absl::string_view name);
+
+// The one description of a job's optimizer: the job config, the plan, the
+// runtime and the checkpoint manifest all read it. Only the options of `kind`
+// apply (`sgd` for kSgd, `adam` for kAdam/kAdamW; the runtime sets
+// decoupled_weight_decay from the kind).
+struct OptimizerSettings {
+  OptimizerKind kind = OptimizerKind::kAdamW;
+  SgdOptions sgd;
+  AdamOptions adam;
+  double max_grad_norm = 0.0;  // 0: no clipping
+  double grad_norm_type = 2.0;
+};
+
 // torch's constructor checks, as InvalidArgument naming the field:
 // "optimizer.lr must be >= 0, got -0.1". NaN fails every check, as it does in
 // torch (`not 0.0 <= lr`).
 absl::Status ValidateSgdOptions(const SgdOptions& options);
 absl::Status ValidateAdamOptions(const AdamOptions& options);
+// The checks of the options `settings.kind` uses.
+absl::Status ValidateOptimizerSettings(const OptimizerSettings& settings);
+
+// The state tensors a step keeps per parameter element, in torch's order:
+// momentum_buffer for SGD with momentum; exp_avg, exp_avg_sq and, with
+// amsgrad, max_exp_avg_sq for Adam/AdamW. Its size is what the plan charges
+// per shard element.
+std::vector<std::string> OptimizerStateNames(const OptimizerSettings& settings);
+int OptimizerStatesPerElement(const OptimizerSettings& settings);
 
 // One shard's optimizer state: torch's `step` counter and the named state
 // tensors, each S float32 elements. A tensor is absent until the optimizer
 // creates it (torch's lazy state) or a checkpoint loads it.
 class OptimizerState {
  public:
+  // Polymorphic: runtimes hold states of either kind by base pointer.
+  virtual ~OptimizerState() = default;
+  OptimizerState(const OptimizerState&) = default;
+  OptimizerState& operator=(const OptimizerState&) = default;
+  OptimizerState(OptimizerState&&) = default;
+  OptimizerState& operator=(OptimizerState&&) = default;
+
   // Elements S of the shard this state belongs to.
   size_t size() const { return size_; }
 
@@ -151,6 +189,15 @@ absl::Status SgdStep(std::span<float> params, std::span<const float> grads, SgdS
 // KeyError).
 absl::Status AdamStep(std::span<float> params, std::span<const float> grads, AdamState& state,
                       const AdamOptions& options);
+
+// A fresh state of S elements for `kind` (SgdState or AdamState).
+std::unique_ptr<OptimizerState> MakeOptimizerState(OptimizerKind kind, size_t size);
+
+// One step of `settings`' optimizer: SgdStep, or AdamStep with
+// decoupled_weight_decay set for AdamW. `state` must come from
+// MakeOptimizerState(settings.kind, ...) (InvalidArgument otherwise).
+absl::Status OptimizerStep(const OptimizerSettings& settings, std::span<float> params,
+                           std::span<const float> grads, OptimizerState& state);
 
 }  // namespace flatshard
 

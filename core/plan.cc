@@ -7,6 +7,7 @@
 #include "nlohmann/json.hpp"
 
 #include "core/status_macros.h"
+#include "core/unit_layout.h"
 
 namespace flatshard {
 namespace {
@@ -47,7 +48,7 @@ void PlanCollectives(Plan& plan) {
       continue;
     }
     // Forward all-gather, and a second one before backward when the unit was
-    // freed after forward (reference §2.5; the root never is).
+    // freed after forward (docs/fsdp-semantics.md §2.5; the root never is).
     const int gathers = ReshardAfterForward(s, u.unit.is_root) ? 2 : 1;
     const int64_t unsharded = u.layout.padded_unsharded_numel();
     const bool hybrid = IsHybrid(s);
@@ -64,7 +65,7 @@ void PlanCollectives(Plan& plan) {
 
 void PlanMemory(Plan& plan) {
   MemoryPlan& m = plan.memory_per_rank;
-  const int states = OptimizerStatesPerElement(plan.options.optimizer, plan.options.amsgrad);
+  const int states = OptimizerStatesPerElement(plan.optimizer);
   std::vector<int64_t> non_root_unsharded;
   int64_t root_unsharded = 0;
   int64_t all_unsharded = 0;
@@ -89,7 +90,7 @@ void PlanMemory(Plan& plan) {
   }
   if (IsSharded(plan.effective_strategy)) {
     // Without the limiter the CPU can issue every all-gather before the first
-    // buffer is freed. With it (reference §9.3) at most two freed-after-forward
+    // buffer is freed. With it (docs/fsdp-semantics.md §9.3) at most two freed-after-forward
     // units are live beside the root, which stays unsharded until backward ends.
     // ZeRO-2 strategies never free after forward, so all units are live then.
     m.peak_unsharded_bytes_no_limit = all_unsharded;
@@ -106,55 +107,27 @@ void PlanMemory(Plan& plan) {
   }
   m.total_bytes =
       m.sharded_param_bytes + m.grad_bytes + m.optimizer_state_bytes + m.low_precision_shard_bytes +
-      (plan.options.limit_all_gathers ? m.peak_unsharded_bytes : m.peak_unsharded_bytes_no_limit);
+      (plan.sharding.limit_all_gathers ? m.peak_unsharded_bytes : m.peak_unsharded_bytes_no_limit);
 }
 
 }  // namespace
 
-absl::StatusOr<OptimizerKind> ParseOptimizerKind(absl::string_view name) {
-  if (name == "sgd") return OptimizerKind::kSgd;
-  if (name == "sgd-momentum") return OptimizerKind::kSgdMomentum;
-  if (name == "adam") return OptimizerKind::kAdam;
-  if (name == "adamw") return OptimizerKind::kAdamW;
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown optimizer '", name, "'; expected sgd, sgd-momentum, adam or adamw"));
+std::string PlanOptimizerName(const OptimizerSettings& optimizer) {
+  if (optimizer.kind == OptimizerKind::kSgd && optimizer.sgd.momentum != 0.0) {
+    return "sgd-momentum";
+  }
+  return std::string(OptimizerKindName(optimizer.kind));
 }
 
-absl::string_view OptimizerKindName(OptimizerKind kind) {
-  switch (kind) {
-    case OptimizerKind::kSgd:
-      return "sgd";
-    case OptimizerKind::kSgdMomentum:
-      return "sgd-momentum";
-    case OptimizerKind::kAdam:
-      return "adam";
-    case OptimizerKind::kAdamW:
-      return "adamw";
+absl::StatusOr<Plan> ComputePlan(const ModelSpec& spec, const WrapPolicy& policy, int world_size,
+                                 const ShardingSettings& sharding,
+                                 const OptimizerSettings& optimizer) {
+  if (world_size < 1 || world_size > kMaxWorldSize) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("world_size must be between 1 and ", kMaxWorldSize, ", got ", world_size));
   }
-  return "?";
-}
-
-int OptimizerStatesPerElement(OptimizerKind kind, bool amsgrad) {
-  switch (kind) {
-    case OptimizerKind::kSgd:
-      return 0;
-    case OptimizerKind::kSgdMomentum:
-      return 1;
-    case OptimizerKind::kAdam:
-    case OptimizerKind::kAdamW:
-      return amsgrad ? 3 : 2;
-  }
-  return 0;
-}
-
-absl::StatusOr<Plan> ComputePlan(const ModelSpec& spec, const WrapPolicy& policy,
-                                 const PlanOptions& options) {
-  if (options.world_size < 1 || options.world_size > kMaxWorldSize) {
-    return absl::InvalidArgumentError(absl::StrCat("world_size must be between 1 and ",
-                                                   kMaxWorldSize, ", got ", options.world_size));
-  }
-  for (const auto& [name, dtype] : {std::pair{"param_dtype", options.param_dtype},
-                                    std::pair{"reduce_dtype", options.reduce_dtype}}) {
+  for (const auto& [name, dtype] : {std::pair{"param_dtype", sharding.param_dtype},
+                                    std::pair{"reduce_dtype", sharding.reduce_dtype}}) {
     if (dtype.has_value() && !IsFloating(*dtype)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "mixed_precision.", name, " must be a floating dtype, got ", DTypeName(*dtype)));
@@ -163,14 +136,16 @@ absl::StatusOr<Plan> ComputePlan(const ModelSpec& spec, const WrapPolicy& policy
   Plan plan;
   plan.model_name = spec.name;
   plan.policy = WrapPolicyToString(policy);
-  plan.options = options;
-  plan.effective_strategy = EffectiveStrategy(options.strategy, options.world_size);
-  if (plan.effective_strategy != options.strategy) {
-    plan.warnings.push_back(absl::StrCat("world_size 1: ", ShardingStrategyName(options.strategy),
+  plan.world_size = world_size;
+  plan.sharding = sharding;
+  plan.optimizer = optimizer;
+  plan.effective_strategy = EffectiveStrategy(sharding.strategy, world_size);
+  if (plan.effective_strategy != sharding.strategy) {
+    plan.warnings.push_back(absl::StrCat("world_size 1: ", ShardingStrategyName(sharding.strategy),
                                          " runs as NO_SHARD"));
   }
-  ASSIGN_OR_RETURN(plan.ranks, ComputeRankLayout(options.strategy, options.world_size,
-                                                 options.hybrid_shard_group_size));
+  ASSIGN_OR_RETURN(plan.ranks, ComputeRankLayout(sharding.strategy, world_size,
+                                                 sharding.hybrid_shard_group_size));
   ASSIGN_OR_RETURN(ModelIndex index, IndexModel(spec));
   ASSIGN_OR_RETURN(std::vector<Unit> units, ComputeUnits(index, policy));
   for (const std::string& type : policy.module_types) {
@@ -184,26 +159,14 @@ absl::StatusOr<Plan> ComputePlan(const ModelSpec& spec, const WrapPolicy& policy
   plan.total_params = index.TotalNumel();
   plan.divide = ComputeGradientDivideFactors(
       IsHybrid(plan.effective_strategy) ? plan.ranks.world_size : plan.ranks.shard_size);
-  for (Unit& unit : units) {
-    std::vector<FlatParamEntry> entries;
-    for (const UnitParam& p : unit.params) {
-      entries.push_back(FlatParamEntry{p.fqn, p.shape, p.dtype, p.requires_grad});
-    }
-    const ResolvedPrecision precision =
-        ResolvePrecision(entries.front().dtype, options.param_dtype, options.reduce_dtype);
-    plan.precision = precision;
-    FlatParamLayoutOptions layout_options;
-    layout_options.world_size = plan.ranks.shard_size;
-    layout_options.sharded = IsSharded(plan.effective_strategy);
-    layout_options.use_orig_params = options.use_orig_params;
-    layout_options.has_compute_dtype = precision.uses_param_mixed_precision;
-    layout_options.compute_dtype = precision.param_dtype;
-    ASSIGN_OR_RETURN(FlatParamLayout layout,
-                     FlatParamLayout::Create(std::move(entries), layout_options, UnitLabel(unit)));
-    UnitPlan u{std::move(unit), std::move(layout), {}};
-    const int shard_ranks = layout_options.sharded ? plan.ranks.shard_size : 1;
-    for (int r = 0; r < shard_ranks; ++r) u.shards.push_back(u.layout.ComputeShardInfo(r));
-    plan.units.push_back(std::move(u));
+  ASSIGN_OR_RETURN(std::vector<UnitLayout> layouts,
+                   ComputeUnitLayouts(units, sharding, plan.ranks));
+  const int shard_ranks = IsSharded(plan.effective_strategy) ? plan.ranks.shard_size : 1;
+  for (size_t u = 0; u < units.size(); ++u) {
+    plan.precision = layouts[u].precision;
+    UnitPlan unit{std::move(units[u]), std::move(layouts[u].layout), {}};
+    for (int r = 0; r < shard_ranks; ++r) unit.shards.push_back(unit.layout.ComputeShardInfo(r));
+    plan.units.push_back(std::move(unit));
   }
   PlanCollectives(plan);
   PlanMemory(plan);
@@ -220,17 +183,17 @@ std::string PlanToJson(const Plan& plan, int indent) {
   j["model"] = plan.model_name;
   j["total_params"] = plan.total_params;
   j["config"] = {
-      {"world_size", plan.options.world_size},
-      {"strategy", std::string(ShardingStrategyName(plan.options.strategy))},
+      {"world_size", plan.world_size},
+      {"strategy", std::string(ShardingStrategyName(plan.sharding.strategy))},
       {"effective_strategy", std::string(ShardingStrategyName(plan.effective_strategy))},
-      {"hybrid_shard_group_size", plan.options.hybrid_shard_group_size},
+      {"hybrid_shard_group_size", plan.sharding.hybrid_shard_group_size},
       {"wrap_policy", plan.policy},
-      {"use_orig_params", plan.options.use_orig_params},
-      {"param_dtype", dtype_or_null(plan.options.param_dtype)},
-      {"reduce_dtype", dtype_or_null(plan.options.reduce_dtype)},
-      {"optimizer", std::string(OptimizerKindName(plan.options.optimizer))},
-      {"amsgrad", plan.options.amsgrad},
-      {"limit_all_gathers", plan.options.limit_all_gathers},
+      {"use_orig_params", plan.sharding.use_orig_params},
+      {"param_dtype", dtype_or_null(plan.sharding.param_dtype)},
+      {"reduce_dtype", dtype_or_null(plan.sharding.reduce_dtype)},
+      {"optimizer", PlanOptimizerName(plan.optimizer)},
+      {"amsgrad", plan.optimizer.adam.amsgrad},
+      {"limit_all_gathers", plan.sharding.limit_all_gathers},
   };
   j["ranks"] = {{"world_size", plan.ranks.world_size},
                 {"shard_group_size", plan.ranks.shard_size},

@@ -7,7 +7,6 @@
 #define FLATSHARD_CORE_PLAN_H_
 
 #include <cstdint>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -15,29 +14,11 @@
 
 #include "core/flat_param_layout.h"
 #include "core/model_spec.h"
+#include "core/optimizer.h"
 #include "core/sharding.h"
 #include "core/wrap_policy.h"
 
 namespace flatshard {
-
-enum class OptimizerKind { kSgd, kSgdMomentum, kAdam, kAdamW };
-absl::StatusOr<OptimizerKind> ParseOptimizerKind(absl::string_view name);
-absl::string_view OptimizerKindName(OptimizerKind kind);
-// Fp32-shard-sized state tensors per parameter element (momentum_buffer;
-// exp_avg + exp_avg_sq [+ max_exp_avg_sq]).
-int OptimizerStatesPerElement(OptimizerKind kind, bool amsgrad);
-
-struct PlanOptions {
-  int world_size = 1;
-  ShardingStrategy strategy = ShardingStrategy::kFullShard;
-  int hybrid_shard_group_size = 0;
-  bool use_orig_params = false;
-  std::optional<DType> param_dtype;  // mixed precision; unset = off
-  std::optional<DType> reduce_dtype;
-  OptimizerKind optimizer = OptimizerKind::kAdamW;
-  bool amsgrad = false;
-  bool limit_all_gathers = true;
-};
 
 struct UnitPlan {
   Unit unit;
@@ -71,7 +52,10 @@ struct MemoryPlan {
 struct Plan {
   std::string model_name;
   std::string policy;
-  PlanOptions options;
+  // The inputs, as the job (or `flatshard plan`'s flags) gave them.
+  int world_size = 1;
+  ShardingSettings sharding;
+  OptimizerSettings optimizer;
   ShardingStrategy effective_strategy = ShardingStrategy::kFullShard;
   RankLayout ranks;
   ResolvedPrecision precision{DType::kFloat32, DType::kFloat32};
@@ -83,8 +67,15 @@ struct Plan {
   std::vector<std::string> warnings;
 };
 
-absl::StatusOr<Plan> ComputePlan(const ModelSpec& spec, const WrapPolicy& policy,
-                                 const PlanOptions& options);
+// The plan of a job: a JobConfig's model, wrap_policy, world_size, sharding
+// and optimizer (JobConfigFromProto validates a job by computing its plan).
+absl::StatusOr<Plan> ComputePlan(const ModelSpec& spec, const WrapPolicy& policy, int world_size,
+                                 const ShardingSettings& sharding,
+                                 const OptimizerSettings& optimizer);
+
+// The plan's name for the optimizer: OptimizerKindName, except "sgd-momentum"
+// for SGD with momentum, which keeps a state tensor (docs/plan-json.md).
+std::string PlanOptimizerName(const OptimizerSettings& optimizer);
 
 // Stable JSON form (docs/plan-json.md). `indent` < 0 gives one line.
 std::string PlanToJson(const Plan& plan, int indent = 2);

@@ -1,5 +1,5 @@
 // Sharding strategies and the rules that follow from them: when to free the
-// unsharded buffer (reference §2.5), the gradient pre/post divide factors (§3.4),
+// unsharded buffer (docs/fsdp-semantics.md §2.5), the gradient pre/post divide factors (§3.4),
 // the hybrid rank layout (a replicate-major [replicas, shard] mesh) and its
 // process groups, and mixed-precision dtype resolution (§4.2).
 #ifndef FLATSHARD_CORE_SHARDING_H_
@@ -34,13 +34,13 @@ bool IsSharded(ShardingStrategy strategy);
 // world_size == 1 forces NO_SHARD (upstream _init_core_state).
 ShardingStrategy EffectiveStrategy(ShardingStrategy strategy, int world_size);
 
-// reference §2.5, post-forward: the root never frees after forward.
+// docs/fsdp-semantics.md §2.5, post-forward: the root never frees after forward.
 bool ReshardAfterForward(ShardingStrategy strategy, bool is_root);
-// reference §2.5, post-backward: inside no_sync the ZeRO-2 strategies keep the
+// docs/fsdp-semantics.md §2.5, post-backward: inside no_sync the ZeRO-2 strategies keep the
 // unsharded params; NO_SHARD never frees.
 bool FreeAfterBackward(ShardingStrategy strategy, bool sync_gradients);
 
-// reference §3.4. pre * post == data-parallel world size.
+// docs/fsdp-semantics.md §3.4. pre * post == data-parallel world size.
 struct GradientDivideFactors {
   double pre = 1.0;
   double post = 1.0;
@@ -74,7 +74,28 @@ struct RankLayout {
 absl::StatusOr<RankLayout> ComputeRankLayout(ShardingStrategy strategy, int world_size,
                                              int hybrid_shard_group_size);
 
-// reference §4.2: the dtypes used for compute/all-gather and for reduction.
+// When backward prefetches the next unit's all-gather (docs/fsdp-semantics.md §9.2).
+enum class BackwardPrefetch { kPre, kPost, kNone };
+
+// How a job shards its units: FSDP's constructor arguments. The job config, the
+// plan, the step-program compiler and the runtime all read this one struct.
+struct ShardingSettings {
+  ShardingStrategy strategy = ShardingStrategy::kFullShard;
+  int hybrid_shard_group_size = 0;  // the hybrid strategies only
+  BackwardPrefetch backward_prefetch = BackwardPrefetch::kPre;
+  bool forward_prefetch = false;
+  bool limit_all_gathers = true;
+  bool use_orig_params = false;
+  std::optional<DType> param_dtype;  // mixed precision; unset: off
+  std::optional<DType> reduce_dtype;
+  // CPUOffload(offload_params): on a GPU build the master shard lives in pinned
+  // host memory; on a host build parameters are already there, so it changes
+  // nothing but is accepted and reported.
+  bool cpu_offload = false;
+  bool sync_module_states = false;
+};
+
+// docs/fsdp-semantics.md §4.2: the dtypes used for compute/all-gather and for reduction.
 struct ResolvedPrecision {
   DType param_dtype;   // _fwd_bwd_param_dtype
   DType reduce_dtype;  // _reduce_dtype

@@ -60,14 +60,16 @@ absl::StatusOr<LocalTrainOptions> BuildOptions(const Flags& f) {
   absl::StatusOr<WrapPolicy> policy = ParseWrapPolicy(f.policy);
   if (!policy.ok()) return policy.status();
   o.policy = *policy;
+  // The same two settings structs a job file fills (core/job_config.h).
+  ShardingSettings& sharding = o.runtime.sharding;
   absl::StatusOr<ShardingStrategy> strategy = ParseShardingStrategy(f.strategy);
   if (!strategy.ok()) return strategy.status();
-  o.fsdp.strategy = *strategy;
-  o.fsdp.hybrid_shard_group_size = f.hybrid_shard_size;
-  o.fsdp.use_orig_params = f.use_orig_params;
+  sharding.strategy = *strategy;
+  sharding.hybrid_shard_group_size = f.hybrid_shard_size;
+  sharding.use_orig_params = f.use_orig_params;
   for (const auto& [flag, text, target] :
-       {std::tuple{"--param-dtype", &f.param_dtype, &o.fsdp.param_dtype},
-        std::tuple{"--reduce-dtype", &f.reduce_dtype, &o.fsdp.reduce_dtype}}) {
+       {std::tuple{"--param-dtype", &f.param_dtype, &sharding.param_dtype},
+        std::tuple{"--reduce-dtype", &f.reduce_dtype, &sharding.reduce_dtype}}) {
     if (text->empty()) continue;
     absl::StatusOr<DType> dtype = ParseDType(*text);
     if (!dtype.ok()) {
@@ -76,31 +78,32 @@ absl::StatusOr<LocalTrainOptions> BuildOptions(const Flags& f) {
     *target = *dtype;
   }
   if (f.backward_prefetch == "pre") {
-    o.fsdp.backward_prefetch = BackwardPrefetch::kPre;
+    sharding.backward_prefetch = BackwardPrefetch::kPre;
   } else if (f.backward_prefetch == "post") {
-    o.fsdp.backward_prefetch = BackwardPrefetch::kPost;
+    sharding.backward_prefetch = BackwardPrefetch::kPost;
   } else if (f.backward_prefetch == "none") {
-    o.fsdp.backward_prefetch = BackwardPrefetch::kNone;
+    sharding.backward_prefetch = BackwardPrefetch::kNone;
   } else {
     return absl::InvalidArgumentError(absl::StrCat(
         "--backward-prefetch must be pre, post or none, got '", f.backward_prefetch, "'"));
   }
-  o.fsdp.forward_prefetch = f.forward_prefetch;
-  o.fsdp.limit_all_gathers = !f.no_limit_all_gathers;
-  if (f.optimizer == "sgd") {
-    o.fsdp.optimizer.kind = OptimizerConfig::Kind::kSgd;
-    o.fsdp.optimizer.sgd = SgdOptions{f.lr, 0.9, 0.0, false, f.weight_decay};
-  } else if (f.optimizer == "adam" || f.optimizer == "adamw") {
-    o.fsdp.optimizer.kind =
-        f.optimizer == "adam" ? OptimizerConfig::Kind::kAdam : OptimizerConfig::Kind::kAdamW;
-    o.fsdp.optimizer.adam.lr = f.lr;
-    o.fsdp.optimizer.adam.weight_decay = f.weight_decay;
-  } else {
+  sharding.forward_prefetch = f.forward_prefetch;
+  sharding.limit_all_gathers = !f.no_limit_all_gathers;
+  OptimizerSettings& optimizer = o.runtime.optimizer;
+  absl::StatusOr<OptimizerKind> optimizer_kind = ParseOptimizerKind(f.optimizer);
+  if (!optimizer_kind.ok()) {
     return absl::InvalidArgumentError(
         absl::StrCat("--optimizer must be sgd, adam or adamw, got '", f.optimizer, "'"));
   }
-  o.fsdp.max_grad_norm = f.max_grad_norm;
-  o.fsdp.seed = f.seed;
+  optimizer.kind = *optimizer_kind;
+  if (optimizer.kind == OptimizerKind::kSgd) {
+    optimizer.sgd = SgdOptions{f.lr, 0.9, 0.0, false, f.weight_decay};
+  } else {
+    optimizer.adam.lr = f.lr;
+    optimizer.adam.weight_decay = f.weight_decay;
+  }
+  optimizer.max_grad_norm = f.max_grad_norm;
+  o.runtime.seed = f.seed;
   o.steps = f.steps;
   o.no_sync_micro_steps = f.no_sync;
   o.summon_final_params = false;

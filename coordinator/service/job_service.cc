@@ -36,8 +36,8 @@ grpc::Status JobServiceImpl::Plan(grpc::ServerContext*, const v1::PlanRequest* r
                                   v1::PlanResponse* response) {
   absl::StatusOr<JobConfig> config = JobConfigFromProto(request->spec());
   if (!config.ok()) return ToGrpcStatus(config.status());
-  absl::StatusOr<flatshard::Plan> plan =
-      ComputePlan(config->model, config->wrap_policy, PlanOptionsFromJob(*config));
+  absl::StatusOr<flatshard::Plan> plan = ComputePlan(
+      config->model, config->wrap_policy, config->world_size, config->sharding, config->optimizer);
   if (!plan.ok()) return ToGrpcStatus(plan.status());
   response->set_plan_json(PlanToJson(*plan));
   return grpc::Status::OK;

@@ -10,6 +10,8 @@
 
 #include <gtest/gtest.h>
 
+#include "rpc/command_batch.h"
+
 #include "core/model_spec_yaml.h"
 #include "tests/integration/multiprocess.h"
 #include "worker/comm/file_store.h"
@@ -52,7 +54,9 @@ absl::StatusOr<Rank> Start(const std::string& dir, int rank, int world, absl::Du
   data_options.output_features = 4;
   auto data = compute::MakeDataSource(data_options);
   if (!data.ok()) return data.status();
-  FsdpOptions options;
+  RuntimeOptions options;
+  options.optimizer.kind = OptimizerKind::kSgd;
+  options.optimizer.sgd.lr = 0.01;
   options.gloo.timeout = timeout;
   auto store = FileStore::Open(dir);
   if (!store.ok()) return store.status();
@@ -90,18 +94,40 @@ int RefusalsBody(const std::string& dir, int rank, int world) {
               std::string::npos);
 
   v1::CommandBatch tampered = good;  // a command changed, digest kept
-  tampered.mutable_commands(1)->mutable_unshard()->set_unit(2);
+  tampered.mutable_step()->mutable_commands(1)->mutable_unshard()->set_unit(2);
   r = executor.Execute(tampered, *data);
   CHILD_CHECK(r.status().code() == absl::StatusCode::kInvalidArgument);
   CHILD_CHECK(std::string(r.status().message()).find("digest mismatch") != std::string::npos);
 
   v1::CommandBatch foreign = good;  // consistent digest, but not this job's program
-  foreign.mutable_commands()->RemoveLast();
-  std::vector<v1::Command> commands(foreign.commands().begin(), foreign.commands().end());
-  foreign.set_digest(ProgramDigest(commands, foreign.step(), foreign.sync_gradients()));
+  foreign.mutable_step()->mutable_commands()->RemoveLast();
+  foreign.set_digest(*BatchDigest(foreign));
   r = executor.Execute(foreign, *data);
   CHILD_CHECK(r.status().code() == absl::StatusCode::kInvalidArgument);
   CHILD_CHECK(std::string(r.status().message()).find("differs from the one this worker compiles") !=
+              std::string::npos);
+  v1::CommandBatch malformed = good;  // a negative unit: refused naming the field
+  malformed.mutable_step()->mutable_commands(1)->mutable_unshard()->set_unit(-1);
+  r = executor.Execute(malformed, *data);
+  CHILD_CHECK(r.status().code() == absl::StatusCode::kInvalidArgument);
+  CHILD_CHECK(
+      std::string(r.status().message()).find("step.commands[1].unshard.unit must be >= 0") !=
+      std::string::npos);
+
+  v1::CommandBatch kindless = good;  // no kind: nothing says what it is
+  kindless.clear_kind();
+  r = executor.Execute(kindless, *data);
+  CHILD_CHECK(r.status().code() == absl::StatusCode::kInvalidArgument);
+  CHILD_CHECK(std::string(r.status().message()).find("kind is not set") != std::string::npos);
+
+  // A well-formed batch of another kind is not run as a step.
+  v1::CommandBatch control = MakeControlBatch({StepCommand::Reshard(0)});
+  control.set_job_epoch(good.job_epoch());
+  control.set_seq(good.seq());
+  control.set_digest(*BatchDigest(control));
+  r = executor.Execute(control, *data);
+  CHILD_CHECK(r.status().code() == absl::StatusCode::kInvalidArgument);
+  CHILD_CHECK(std::string(r.status().message()).find("it is a control batch, not a step batch") !=
               std::string::npos);
   CHILD_CHECK(executor.last_completed_seq() == 0);
   CHILD_CHECK(started->runtime->memory().peak(MemoryKind::kUnshardedParams) == 0);

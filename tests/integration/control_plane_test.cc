@@ -77,7 +77,7 @@ TEST(ControlPlaneTest, TrainingThroughTheCoordinatorEqualsTheDataPlaneHarness) {
   LocalTrainOptions local;
   local.spec = config->model;
   local.policy = config->wrap_policy;
-  local.fsdp = FsdpOptionsFromJob(*config);
+  local.runtime = RuntimeOptionsFromJob(*config);
   absl::StatusOr<compute::DataSourceOptions> data = DataOptionsFromJob(*config, ".");
   ASSERT_TRUE(data.ok()) << data.status();
   local.data = *data;
@@ -175,6 +175,7 @@ TEST(ControlPlaneTest, TrainingThroughTheCoordinatorEqualsTheDataPlaneHarness) {
   v1::GetStatusResponse before = *worker.GetStatus(absl::Now() + absl::Seconds(10));
   EXPECT_EQ(before.state(), "ready");
   v1::CommandBatch stale;
+  stale.mutable_control();  // an empty control batch: only its epoch is wrong
   stale.set_job_epoch(job->epoch() + 7);
   stale.set_seq(before.last_completed_seq() + 1);
   absl::Notification done;
@@ -187,6 +188,20 @@ TEST(ControlPlaneTest, TrainingThroughTheCoordinatorEqualsTheDataPlaneHarness) {
   done.WaitForNotification();
   EXPECT_EQ(stale_status.code(), absl::StatusCode::kFailedPrecondition) << stale_status;
   EXPECT_THAT(std::string(stale_status.message()), HasSubstr("epoch"));
+  // A batch that does not say what it is never reaches the executor.
+  v1::CommandBatch kindless;
+  kindless.set_job_epoch(job->epoch());
+  kindless.set_seq(before.last_completed_seq() + 1);
+  absl::Notification kindless_done;
+  absl::Status kindless_status;
+  worker.Execute(&kindless, absl::Now() + absl::Seconds(10),
+                 [&](const absl::StatusOr<v1::CommandResult>& r) {
+                   kindless_status = r.status();
+                   kindless_done.Notify();
+                 });
+  kindless_done.WaitForNotification();
+  EXPECT_EQ(kindless_status.code(), absl::StatusCode::kInvalidArgument) << kindless_status;
+  EXPECT_THAT(std::string(kindless_status.message()), HasSubstr("kind is not set"));
 
   // The CLI's JSON: one line per step, continuing the step count.
   CliRun train = RunCli({"train", "-c", address, "-j", spec->name(), "--steps", "2", "--json"});

@@ -38,7 +38,7 @@ struct Config {
   bool use_orig_params = false;
   BackwardPrefetch prefetch = BackwardPrefetch::kPre;
   bool forward_prefetch = false;
-  OptimizerConfig::Kind optimizer = OptimizerConfig::Kind::kAdam;
+  OptimizerKind optimizer = OptimizerKind::kAdam;
   bool bf16 = false;
   int micro_steps = 0;
   double max_grad_norm = 0;
@@ -64,22 +64,24 @@ LocalTrainOptions MakeOptions(const Config& c) {
   EXPECT_TRUE(spec.ok()) << spec.status();
   o.spec = *spec;
   o.policy = *ParseWrapPolicy("module-type:Residual");
-  o.fsdp.strategy = c.strategy;
-  o.fsdp.hybrid_shard_group_size = c.hybrid;
-  o.fsdp.use_orig_params = c.use_orig_params;
-  o.fsdp.backward_prefetch = c.prefetch;
-  o.fsdp.forward_prefetch = c.forward_prefetch;
-  o.fsdp.optimizer.kind = c.optimizer;
-  o.fsdp.optimizer.sgd = SgdOptions{0.05, 0.9};
-  o.fsdp.optimizer.adam.lr = 1e-3;
-  o.fsdp.max_grad_norm = c.max_grad_norm;
-  o.fsdp.grad_norm_type = c.grad_norm_type;
-  o.fsdp.seed = 5;
-  o.fsdp.gloo.timeout = absl::Seconds(60);
+  ShardingSettings& sharding = o.runtime.sharding;
+  sharding.strategy = c.strategy;
+  sharding.hybrid_shard_group_size = c.hybrid;
+  sharding.use_orig_params = c.use_orig_params;
+  sharding.backward_prefetch = c.prefetch;
+  sharding.forward_prefetch = c.forward_prefetch;
   if (c.bf16) {
-    o.fsdp.param_dtype = DType::kBFloat16;
-    o.fsdp.reduce_dtype = DType::kBFloat16;
+    sharding.param_dtype = DType::kBFloat16;
+    sharding.reduce_dtype = DType::kBFloat16;
   }
+  OptimizerSettings& optimizer = o.runtime.optimizer;
+  optimizer.kind = c.optimizer;
+  optimizer.sgd = SgdOptions{0.05, 0.9};
+  optimizer.adam.lr = 1e-3;
+  optimizer.max_grad_norm = c.max_grad_norm;
+  optimizer.grad_norm_type = c.grad_norm_type;
+  o.runtime.seed = 5;
+  o.runtime.gloo.timeout = absl::Seconds(60);
   o.data = Data();
   o.steps = c.steps;
   o.no_sync_micro_steps = c.micro_steps;
@@ -118,9 +120,9 @@ TEST_P(FsdpEquivalenceTest, MatchesUnshardedTraining) {
     for (size_t s = 0; s < losses.size(); ++s) fsdp_losses[s] += losses[s] / c.world;
   }
 
-  FsdpOptions reference_options = options.fsdp;
-  reference_options.param_dtype.reset();
-  reference_options.reduce_dtype.reset();
+  RuntimeOptions reference_options = options.runtime;
+  reference_options.sharding.param_dtype.reset();
+  reference_options.sharding.reduce_dtype.reset();
   auto reference = testing::ReferenceTrainer::Create(options.spec, reference_options);
   ASSERT_TRUE(reference.ok()) << reference.status();
   auto data = compute::MakeDataSource(options.data);
@@ -171,12 +173,12 @@ TEST_P(FsdpEquivalenceTest, MatchesUnshardedTraining) {
   // limit_all_gathers (docs/fsdp-semantics.md §9.3): never more than two non-root units live,
   // so the tracked all-gather buffers stay within the plan's bound (the root plus
   // the two largest units) for the strategies that free after forward.
-  PlanOptions plan_options;
-  plan_options.world_size = c.world;
-  plan_options.strategy = c.strategy;
-  plan_options.hybrid_shard_group_size = c.hybrid;
-  plan_options.use_orig_params = c.use_orig_params;
-  auto plan = ComputePlan(options.spec, options.policy, plan_options);
+  ShardingSettings plan_sharding;
+  plan_sharding.strategy = c.strategy;
+  plan_sharding.hybrid_shard_group_size = c.hybrid;
+  plan_sharding.use_orig_params = c.use_orig_params;
+  auto plan =
+      ComputePlan(options.spec, options.policy, c.world, plan_sharding, options.runtime.optimizer);
   ASSERT_TRUE(plan.ok()) << plan.status();
   for (int r = 0; r < c.world; ++r) {
     std::ifstream memory(absl::StrCat(dir, "/memory-", r));
@@ -198,7 +200,7 @@ TEST_P(FsdpEquivalenceTest, MatchesUnshardedTraining) {
 
 using S = ShardingStrategy;
 using P = BackwardPrefetch;
-using O = OptimizerConfig::Kind;
+using O = OptimizerKind;
 
 INSTANTIATE_TEST_SUITE_P(
     Strategies, FsdpEquivalenceTest,

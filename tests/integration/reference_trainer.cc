@@ -6,18 +6,14 @@
 namespace flatshard::testing {
 
 absl::StatusOr<std::unique_ptr<ReferenceTrainer>> ReferenceTrainer::Create(
-    const ModelSpec& spec, const FsdpOptions& options) {
+    const ModelSpec& spec, const RuntimeOptions& options) {
   ASSIGN_OR_RETURN(ModelIndex index, IndexModel(spec));
   std::unique_ptr<ReferenceTrainer> trainer(new ReferenceTrainer(std::move(index), options));
   RETURN_IF_ERROR(trainer->store_.Init(trainer->index_, options.seed));
   ASSIGN_OR_RETURN(trainer->model_, compute::Model::Create(spec, trainer->index_, options.loss));
   for (size_t p = 0; p < trainer->index_.params.size(); ++p) {
     const size_t n = trainer->store_.values(static_cast<int>(p)).size();
-    if (options.optimizer.kind == OptimizerConfig::Kind::kSgd) {
-      trainer->states_.push_back(std::make_unique<SgdState>(n));
-    } else {
-      trainer->states_.push_back(std::make_unique<AdamState>(n));
-    }
+    trainer->states_.push_back(MakeOptimizerState(options.optimizer.kind, n));
   }
   return trainer;
 }
@@ -35,28 +31,21 @@ absl::StatusOr<double> ReferenceTrainer::Step(const std::vector<compute::Batch>&
     const int pi = static_cast<int>(p);
     if (index_.params[p].primary == pi && store_.trainable(pi)) primaries.push_back(pi);
   }
-  if (options_.max_grad_norm > 0) {
+  const OptimizerSettings& optimizer = options_.optimizer;
+  if (optimizer.max_grad_norm > 0) {
     std::vector<std::span<const float>> grads;
     grads.reserve(primaries.size());
     for (int p : primaries) grads.emplace_back(store_.grads(p));
-    const double norm_type = options_.grad_norm_type;
+    const double norm_type = optimizer.grad_norm_type;
     const double local =
         IsInfNorm(norm_type) ? LocalGradNormInf(grads) : LocalGradNormPow(grads, norm_type);
     last_grad_norm_ = TotalNormFromReduced(local, 0.0, norm_type);
-    const double coef = ClipCoefficient(options_.max_grad_norm, last_grad_norm_);
+    const double coef = ClipCoefficient(optimizer.max_grad_norm, last_grad_norm_);
     for (int p : primaries) ScaleGrads(store_.grads(p), coef);
   }
   for (int p : primaries) {
-    OptimizerState& state = *states_[static_cast<size_t>(p)];
-    if (options_.optimizer.kind == OptimizerConfig::Kind::kSgd) {
-      RETURN_IF_ERROR(SgdStep(store_.values(p), store_.grads(p), static_cast<SgdState&>(state),
-                              options_.optimizer.sgd));
-    } else {
-      AdamOptions adam = options_.optimizer.adam;
-      adam.decoupled_weight_decay = options_.optimizer.kind == OptimizerConfig::Kind::kAdamW;
-      RETURN_IF_ERROR(
-          AdamStep(store_.values(p), store_.grads(p), static_cast<AdamState&>(state), adam));
-    }
+    RETURN_IF_ERROR(OptimizerStep(optimizer, store_.values(p), store_.grads(p),
+                                  *states_[static_cast<size_t>(p)]));
   }
   return loss;
 }

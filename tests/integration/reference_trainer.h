@@ -23,7 +23,7 @@ namespace flatshard::testing {
 class ReferenceTrainer : public compute::ModuleHooks {
  public:
   static absl::StatusOr<std::unique_ptr<ReferenceTrainer>> Create(const ModelSpec& spec,
-                                                                  const FsdpOptions& options);
+                                                                  const RuntimeOptions& options);
 
   // Accumulates gradients over `batches` (each a whole global batch), then takes
   // one optimizer step (with clipping when configured). Returns the mean loss.
@@ -40,11 +40,11 @@ class ReferenceTrainer : public compute::ModuleHooks {
   absl::Status AfterBackward(int) override { return absl::OkStatus(); }
 
  private:
-  ReferenceTrainer(ModelIndex index, FsdpOptions options)
+  ReferenceTrainer(ModelIndex index, RuntimeOptions options)
       : index_(std::move(index)), options_(std::move(options)), store_(index_) {}
 
   ModelIndex index_;
-  FsdpOptions options_;
+  RuntimeOptions options_;
   compute::DenseParamStore store_;
   std::unique_ptr<compute::Model> model_;
   std::vector<std::unique_ptr<OptimizerState>> states_;  // by param index (primaries)

@@ -55,8 +55,10 @@ int Body(const std::string& dir, int rank, int world) {
   auto store = FileStore::Open(dir);
   CHILD_OK(store.status());
 
-  FsdpOptions options;
-  options.use_orig_params = true;
+  RuntimeOptions options;
+  options.optimizer.kind = OptimizerKind::kSgd;
+  options.optimizer.sgd.lr = 0.01;
+  options.sharding.use_orig_params = true;
   options.seed = 3;
   options.gloo.prefix = "main";
   auto runtime = FsdpRuntime::Create(spec, policy, options, rank, world, *store);
@@ -130,9 +132,9 @@ int Body(const std::string& dir, int rank, int world) {
   CHILD_CHECK(rejected.code() == absl::StatusCode::kUnimplemented);
 
   // A NO_SHARD job without use_orig_params rejects with_grads and offload_to_cpu.
-  FsdpOptions no_shard = options;
-  no_shard.strategy = ShardingStrategy::kNoShard;
-  no_shard.use_orig_params = false;
+  RuntimeOptions no_shard = options;
+  no_shard.sharding.strategy = ShardingStrategy::kNoShard;
+  no_shard.sharding.use_orig_params = false;
   no_shard.gloo.prefix = "noshard";
   auto plain = FsdpRuntime::Create(spec, policy, no_shard, rank, world, *store);
   CHILD_OK(plain.status());
@@ -150,8 +152,8 @@ int Body(const std::string& dir, int rank, int world) {
       std::string::npos);
 
   // CPUOffload on a host build: same values, master shards accounted as offloaded.
-  FsdpOptions offloaded = options;
-  offloaded.cpu_offload = true;
+  RuntimeOptions offloaded = options;
+  offloaded.sharding.cpu_offload = true;
   offloaded.gloo.prefix = "offload";
   auto host = FsdpRuntime::Create(spec, policy, offloaded, rank, world, *store);
   CHILD_OK(host.status());
@@ -169,15 +171,15 @@ int Body(const std::string& dir, int rank, int world) {
 
   // sync_module_states: every rank starts from rank 0's values even though each
   // rank's own initialisation differs.
-  FsdpOptions synced = options;
+  RuntimeOptions synced = options;
   synced.seed = 100 + static_cast<uint64_t>(rank);
-  synced.sync_module_states = true;
+  synced.sharding.sync_module_states = true;
   synced.gloo.prefix = "synced";
   auto broadcast = FsdpRuntime::Create(spec, policy, synced, rank, world, *store);
   CHILD_OK(broadcast.status());
   auto values = (*broadcast)->SummonFullParams();
   CHILD_OK(values.status());
-  FsdpOptions rank0_init = options;
+  RuntimeOptions rank0_init = options;
   rank0_init.seed = 100;
   auto fresh = testing::ReferenceTrainer::Create(spec, rank0_init);
   CHILD_OK(fresh.status());

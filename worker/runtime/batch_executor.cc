@@ -4,6 +4,9 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "rpc/command_batch.h"
+#include "rpc/status_proto.h"
+#include "rpc/step_program_proto.h"
 
 #include "core/status_macros.h"
 #include "core/step_program.h"
@@ -11,69 +14,65 @@
 namespace flatshard {
 
 v1::CommandBatch BatchExecutor::MakeBatch(int64_t step, bool sync_gradients) const {
-  v1::CommandBatch batch;
+  const StepProgram program = runtime_->CompileProgram(sync_gradients);
+  v1::CommandBatch batch = MakeStepBatch(program, step, sync_gradients);
   batch.set_job_epoch(epoch_);
   batch.set_seq(last_seq_ + 1);
-  batch.set_step(step);
-  batch.set_sync_gradients(sync_gradients);
-  const std::vector<v1::Command> program = runtime_->CompileProgram(sync_gradients);
-  for (const v1::Command& command : program) *batch.add_commands() = command;
   batch.set_digest(ProgramDigest(program, step, sync_gradients));
   return batch;
 }
 
-absl::Status BatchExecutor::CheckSequence(const v1::CommandBatch& batch) const {
+absl::Status BatchExecutor::CheckBatch(const v1::CommandBatch& batch,
+                                       v1::CommandBatch::KindCase expected) const {
+  const auto refuse = [&](absl::StatusCode code, absl::string_view why) {
+    return absl::Status(code, absl::StrCat("worker rank ", runtime_->rank(), " refuses batch seq ",
+                                           batch.seq(), ": ", why));
+  };
   if (!failure_.ok()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("worker rank ", runtime_->rank(), " refuses batch seq ", batch.seq(),
-                     ": an earlier batch failed (", failure_.message(), "); re-form the job"));
+    return refuse(
+        absl::StatusCode::kFailedPrecondition,
+        absl::StrCat("an earlier batch failed (", failure_.message(), "); re-form the job"));
   }
   if (batch.job_epoch() != epoch_) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "worker rank ", runtime_->rank(), " refuses batch seq ", batch.seq(),
-        ": it is for job epoch ", batch.job_epoch(), ", this worker is in epoch ", epoch_));
+    return refuse(absl::StatusCode::kFailedPrecondition,
+                  absl::StrCat("it is for job epoch ", batch.job_epoch(),
+                               ", this worker is in epoch ", epoch_));
   }
   if (batch.seq() != last_seq_ + 1) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("worker rank ", runtime_->rank(), " refuses batch seq ", batch.seq(),
-                     ": out of order, expected seq ", last_seq_ + 1));
+    return refuse(absl::StatusCode::kFailedPrecondition,
+                  absl::StrCat("out of order, expected seq ", last_seq_ + 1));
   }
-  const std::vector<v1::Command> sent(batch.commands().begin(), batch.commands().end());
-  const std::string sent_digest = ProgramDigest(sent, batch.step(), batch.sync_gradients());
-  if (sent_digest != batch.digest()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("worker rank ", runtime_->rank(), " refuses batch seq ", batch.seq(),
-                     ": digest mismatch (batch says ", absl::BytesToHexString(batch.digest()),
-                     ", its commands hash to ", absl::BytesToHexString(sent_digest), ")"));
+  absl::StatusOr<std::string> sent_digest = BatchDigest(batch);
+  if (!sent_digest.ok()) {
+    return refuse(absl::StatusCode::kInvalidArgument, sent_digest.status().message());
   }
-  return absl::OkStatus();
-}
-
-absl::Status BatchExecutor::Check(const v1::CommandBatch& batch) const {
-  RETURN_IF_ERROR(CheckSequence(batch));
-  if (batch.control()) {
-    return absl::InvalidArgumentError(absl::StrCat("worker rank ", runtime_->rank(),
-                                                   " refuses batch seq ", batch.seq(),
-                                                   ": it is a control batch, not a training step"));
+  if (*sent_digest != batch.digest()) {
+    return refuse(
+        absl::StatusCode::kInvalidArgument,
+        absl::StrCat("digest mismatch (batch says ", absl::BytesToHexString(batch.digest()),
+                     ", its content hashes to ", absl::BytesToHexString(*sent_digest), ")"));
   }
-  const std::vector<v1::Command> sent(batch.commands().begin(), batch.commands().end());
-  const std::string& sent_digest = batch.digest();
-  const std::vector<v1::Command> expected = runtime_->CompileProgram(batch.sync_gradients());
-  const std::string expected_digest = ProgramDigest(expected, batch.step(), batch.sync_gradients());
-  if (expected_digest != sent_digest) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("worker rank ", runtime_->rank(), " refuses batch seq ", batch.seq(),
-                     ": its program differs from the one this worker compiles for the job (",
-                     sent.size(), " vs ", expected.size(),
-                     " commands); coordinator and worker disagree on the job's configuration"));
+  if (batch.kind_case() != expected) {
+    return refuse(absl::StatusCode::kInvalidArgument,
+                  absl::StrCat("it is a ", BatchKindName(batch.kind_case()), " batch, not a ",
+                               BatchKindName(expected), " batch"));
   }
   return absl::OkStatus();
 }
 
 absl::StatusOr<v1::CommandResult> BatchExecutor::Execute(const v1::CommandBatch& batch,
                                                          const compute::Batch& data) {
-  RETURN_IF_ERROR(Check(batch));
-  const std::vector<v1::Command> program(batch.commands().begin(), batch.commands().end());
+  RETURN_IF_ERROR(CheckBatch(batch, v1::CommandBatch::kStep));
+  const v1::StepBatch& step = batch.step();
+  ASSIGN_OR_RETURN(StepProgram program, StepProgramFromProto(step.commands(), "step.commands"));
+  const StepProgram expected = runtime_->CompileProgram(step.sync_gradients());
+  if (ProgramDigest(expected, step.step(), step.sync_gradients()) != batch.digest()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker rank ", runtime_->rank(), " refuses batch seq ", batch.seq(),
+                     ": its program differs from the one this worker compiles for the job (",
+                     program.size(), " vs ", expected.size(),
+                     " commands); coordinator and worker disagree on the job's configuration"));
+  }
   absl::StatusOr<StepStats> stats = runtime_->RunStep(program, data);
   if (!stats.ok()) {
     failure_ = stats.status();
@@ -103,15 +102,12 @@ absl::Status BatchExecutor::Run(const v1::CommandBatch& batch,
 }
 
 absl::Status BatchExecutor::ExecuteControl(const v1::CommandBatch& batch) {
-  RETURN_IF_ERROR(CheckSequence(batch));
-  if (!batch.control()) {
-    return absl::InvalidArgumentError(absl::StrCat("worker rank ", runtime_->rank(),
-                                                   " refuses batch seq ", batch.seq(),
-                                                   ": a training step sent as a control batch"));
-  }
-  const std::vector<v1::Command> program(batch.commands().begin(), batch.commands().end());
-  for (const v1::Command& command : program) {
-    if (!command.has_unshard() && !command.has_reshard() && !command.has_barrier()) {
+  RETURN_IF_ERROR(CheckBatch(batch, v1::CommandBatch::kControl));
+  ASSIGN_OR_RETURN(StepProgram program,
+                   StepProgramFromProto(batch.control().commands(), "control.commands"));
+  for (const StepCommand& command : program) {
+    if (command.op != StepCommand::Op::kUnshard && command.op != StepCommand::Op::kReshard &&
+        command.op != StepCommand::Op::kBarrier) {
       return absl::InvalidArgumentError(
           absl::StrCat("worker rank ", runtime_->rank(), " refuses batch seq ", batch.seq(), ": ",
                        DescribeCommand(command), " is not a control command"));
@@ -122,17 +118,11 @@ absl::Status BatchExecutor::ExecuteControl(const v1::CommandBatch& batch) {
 
 absl::Status BatchExecutor::ExecuteSummon(
     const v1::CommandBatch& batch, const std::function<absl::Status(SummonedParams&)>& body) {
-  RETURN_IF_ERROR(CheckSequence(batch));
-  if (!batch.control() || batch.commands_size() != 1 ||
-      !batch.commands(0).has_summon_full_params()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("worker rank ", runtime_->rank(), " refuses batch seq ", batch.seq(),
-                     ": a summon batch is one SummonFullParams control command"));
-  }
+  RETURN_IF_ERROR(CheckBatch(batch, v1::CommandBatch::kSummon));
   SummonOptions options;
   options.writeback = false;
   options.rank0_only = true;
-  options.with_grads = batch.commands(0).summon_full_params().with_grads();
+  options.with_grads = batch.summon().with_grads();
   return Run(batch, [&] { return runtime_->SummonFullParams(options, body); });
 }
 
@@ -155,8 +145,7 @@ absl::Status CheckCheckpointDirectory(const std::string& directory) {
 }
 
 void SetError(v1::CommandResult& result, const absl::Status& status) {
-  result.set_error_code(static_cast<int>(status.code()));
-  result.set_error(std::string(status.message()));
+  *result.mutable_checkpoint_status() = StatusToProto(status);
 }
 
 }  // namespace
@@ -164,14 +153,8 @@ void SetError(v1::CommandResult& result, const absl::Status& status) {
 absl::StatusOr<v1::CommandResult> BatchExecutor::ExecuteCheckpoint(
     const v1::CommandBatch& batch, const std::string& checkpoint_root,
     std::optional<ShardSnapshot>* snapshot) {
-  RETURN_IF_ERROR(CheckSequence(batch));
-  if (!batch.control() || batch.commands_size() != 1 ||
-      (!batch.commands(0).has_save_shard() && !batch.commands(0).has_load_shard())) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("worker rank ", runtime_->rank(), " refuses batch seq ", batch.seq(),
-                     ": a checkpoint batch is one SaveShard or LoadShard control command"));
-  }
-  const v1::Command& command = batch.commands(0);
+  RETURN_IF_ERROR(CheckBatch(batch, v1::CommandBatch::kCheckpoint));
+  const v1::CheckpointBatch& command = batch.checkpoint();
   const std::string& directory = command.has_save_shard() ? command.save_shard().directory()
                                                           : command.load_shard().directory();
   RETURN_IF_ERROR(CheckCheckpointDirectory(directory));
@@ -196,7 +179,7 @@ absl::StatusOr<v1::CommandResult> BatchExecutor::ExecuteCheckpoint(
         return absl::OkStatus();
       }
       ASSIGN_OR_RETURN(ShardSaveResult saved, SaveShardCheckpoint(*runtime_, path, type));
-      if (!saved.write_status.ok() && result.error_code() == 0) {
+      if (!saved.write_status.ok() && !result.has_checkpoint_status()) {
         SetError(result, saved.write_status);
       }
       for (const CheckpointFile& f : saved.files) {

@@ -27,25 +27,25 @@ class BatchExecutor {
   BatchExecutor(FsdpRuntime* runtime, uint64_t job_epoch, uint64_t last_completed_seq = 0)
       : runtime_(runtime), epoch_(job_epoch), last_seq_(last_completed_seq) {}
 
-  // FAILED_PRECONDITION for a wrong epoch or seq, INVALID_ARGUMENT for a digest
-  // or program mismatch; in all three cases nothing ran. Errors while running
+  // A step batch (`kind` = step). FAILED_PRECONDITION for a wrong epoch or
+  // seq, INVALID_ARGUMENT for malformed commands, another kind, or a digest or
+  // program mismatch; in all these cases nothing ran. Errors while running
   // are returned as they come and poison the executor.
   absl::StatusOr<v1::CommandResult> Execute(const v1::CommandBatch& batch,
                                             const compute::Batch& data);
 
-  // A control batch (`control` set): manual Unshard / Reshard / Barrier ops
-  // outside a step, under the same epoch, seq and digest checks.
+  // A control batch: manual Unshard / Reshard / Barrier ops outside a step,
+  // under the same epoch, seq and digest checks.
   absl::Status ExecuteControl(const v1::CommandBatch& batch);
 
-  // A control batch holding one SummonFullParams op: gathers every parameter
-  // (a collective) and hands them to `body` (rank 0 only; other ranks get
-  // nothing and free at once).
+  // A summon batch: gathers every parameter (a collective) and hands them to
+  // `body` (rank 0 only; other ranks get nothing and free at once).
   absl::Status ExecuteSummon(const v1::CommandBatch& batch,
                              const std::function<absl::Status(SummonedParams&)>& body);
 
-  // A control batch holding one SaveShard or LoadShard op, its directory
-  // relative to `checkpoint_root`. A file this rank cannot write or read is
-  // reported in the result's error fields, not as a failed batch: every rank
+  // A checkpoint batch (one SaveShard or LoadShard), its directory relative
+  // to `checkpoint_root`. A file this rank cannot write or read is reported
+  // in the result's checkpoint_status, not as a failed batch: every rank
   // took part in the same collectives, so the job goes on and only the
   // checkpoint fails. A failed collective poisons the executor as usual.
   // An async SaveShard returns once the snapshot is taken: it is moved into
@@ -62,9 +62,8 @@ class BatchExecutor {
   uint64_t job_epoch() const { return epoch_; }
 
  private:
-  // Epoch, seq, digest and poisoning: what every batch must pass.
-  absl::Status CheckSequence(const v1::CommandBatch& batch) const;
-  absl::Status Check(const v1::CommandBatch& batch) const;  // a step batch
+  // Poisoning, epoch, seq, digest and kind: what every batch must pass.
+  absl::Status CheckBatch(const v1::CommandBatch& batch, v1::CommandBatch::KindCase expected) const;
   // Runs `run` for an accepted batch: success advances the seq, failure
   // poisons the executor.
   absl::Status Run(const v1::CommandBatch& batch, const std::function<absl::Status()>& run);

@@ -11,6 +11,7 @@
 #include "core/clip_grad_norm.h"
 #include "core/flat_buffer.h"
 #include "core/status_macros.h"
+#include "core/unit_layout.h"
 #include "worker/comm/observed_communicator.h"
 #include "worker/compute/param_init.h"
 
@@ -25,14 +26,14 @@ double SecondsSince(Clock::time_point start) {
 
 }  // namespace
 
-FsdpRuntime::FsdpRuntime(const ModelSpec& spec, ModelIndex index, FsdpOptions options, int rank,
+FsdpRuntime::FsdpRuntime(const ModelSpec& spec, ModelIndex index, RuntimeOptions options, int rank,
                          int world_size)
     : spec_(spec),
       index_(std::move(index)),
       options_(std::move(options)),
       rank_(rank),
       world_size_(world_size),
-      strategy_(EffectiveStrategy(options_.strategy, world_size)) {}
+      strategy_(EffectiveStrategy(options_.sharding.strategy, world_size)) {}
 
 FsdpRuntime::~FsdpRuntime() {
   if (lane_ != nullptr) lane_->Drain().IgnoreError();
@@ -40,7 +41,7 @@ FsdpRuntime::~FsdpRuntime() {
 
 absl::StatusOr<std::unique_ptr<FsdpRuntime>> FsdpRuntime::Create(const ModelSpec& spec,
                                                                  const WrapPolicy& policy,
-                                                                 const FsdpOptions& options,
+                                                                 const RuntimeOptions& options,
                                                                  int rank, int world_size,
                                                                  std::shared_ptr<Store> store) {
   if (world_size < 1 || rank < 0 || rank >= world_size) {
@@ -55,19 +56,12 @@ absl::StatusOr<std::unique_ptr<FsdpRuntime>> FsdpRuntime::Create(const ModelSpec
 }
 
 absl::Status FsdpRuntime::Build(const WrapPolicy& policy, std::shared_ptr<Store> store) {
+  const ShardingSettings& sharding = options_.sharding;
   ASSIGN_OR_RETURN(
-      ranks_, ComputeRankLayout(options_.strategy, world_size_, options_.hybrid_shard_group_size));
+      ranks_, ComputeRankLayout(sharding.strategy, world_size_, sharding.hybrid_shard_group_size));
   ASSIGN_OR_RETURN(unit_specs_, ComputeUnits(index_, policy));
   ASSIGN_OR_RETURN(model_, compute::Model::Create(spec_, index_, options_.loss));
-  switch (options_.optimizer.kind) {
-    case OptimizerConfig::Kind::kSgd:
-      RETURN_IF_ERROR(ValidateSgdOptions(options_.optimizer.sgd));
-      break;
-    case OptimizerConfig::Kind::kAdam:
-    case OptimizerConfig::Kind::kAdamW:
-      RETURN_IF_ERROR(ValidateAdamOptions(options_.optimizer.adam));
-      break;
-  }
+  RETURN_IF_ERROR(ValidateOptimizerSettings(options_.optimizer));
 
   // Communicators: the world, then (hybrid) this rank's shard and replicate
   // groups, created in the same order on every rank.
@@ -105,25 +99,14 @@ absl::Status FsdpRuntime::Build(const WrapPolicy& policy, std::shared_ptr<Store>
   const GradientDivideFactors divide =
       ComputeGradientDivideFactors(hybrid ? world_size_ : ranks_.shard_size);
 
+  ASSIGN_OR_RETURN(std::vector<UnitLayout> layouts,
+                   ComputeUnitLayouts(unit_specs_, sharding, ranks_));
   param_locations_.assign(index_.params.size(), ParamLocation{});
-  for (const Unit& unit : unit_specs_) {
-    std::vector<FlatParamEntry> entries;
-    for (const UnitParam& p : unit.params) {
-      entries.push_back(FlatParamEntry{p.fqn, p.shape, p.dtype, p.requires_grad});
-    }
-    const ResolvedPrecision precision =
-        ResolvePrecision(entries.front().dtype, options_.param_dtype, options_.reduce_dtype);
-    FlatParamLayoutOptions layout_options;
-    layout_options.world_size = ranks_.shard_size;
-    layout_options.sharded = IsSharded(strategy_);
-    layout_options.use_orig_params = options_.use_orig_params;
-    layout_options.has_compute_dtype = precision.uses_param_mixed_precision;
-    layout_options.compute_dtype = precision.param_dtype;
-    ASSIGN_OR_RETURN(FlatParamLayout layout,
-                     FlatParamLayout::Create(std::move(entries), layout_options, UnitLabel(unit)));
-    UnitRuntimeConfig config{unit,      std::move(layout), ranks_.ShardRank(rank_),
-                             strategy_, precision,         divide};
-    config.cpu_offload = options_.cpu_offload;
+  for (size_t u = 0; u < unit_specs_.size(); ++u) {
+    const Unit& unit = unit_specs_[u];
+    UnitRuntimeConfig config{unit,      std::move(layouts[u].layout), ranks_.ShardRank(rank_),
+                             strategy_, layouts[u].precision,         divide};
+    config.cpu_offload = sharding.cpu_offload;
     for (size_t i = 0; i < unit.params.size(); ++i) {
       param_locations_[static_cast<size_t>(unit.params[i].param_index)] = ParamLocation{
           unit.index, config.layout.param_ranges()[i].start, unit.params[i].requires_grad};
@@ -131,12 +114,8 @@ absl::Status FsdpRuntime::Build(const WrapPolicy& policy, std::shared_ptr<Store>
     unit_of_module_[unit.module_index] = unit.index;
     units_.push_back(std::make_unique<FlatParamUnit>(std::move(config), shard_comm,
                                                      replicate_comm_.get(), &memory_));
-    const size_t s = units_.back()->shard().size();
-    if (options_.optimizer.kind == OptimizerConfig::Kind::kSgd) {
-      optim_states_.push_back(std::make_unique<SgdState>(s));
-    } else {
-      optim_states_.push_back(std::make_unique<AdamState>(s));
-    }
+    optim_states_.push_back(
+        MakeOptimizerState(options_.optimizer.kind, units_.back()->shard().size()));
   }
   states_.assign(units_.size(), UnitState::kSharded);
   gathers_.assign(units_.size(), nullptr);
@@ -162,7 +141,7 @@ absl::Status FsdpRuntime::InitializeParams() {
     std::vector<float> flat(static_cast<size_t>(layout.unpadded_unsharded_numel()));
     RETURN_IF_ERROR(
         FlattenParams(layout, DType::kFloat32, spans, std::as_writable_bytes(std::span(flat))));
-    if (options_.sync_module_states) {
+    if (options_.sharding.sync_module_states) {
       RETURN_IF_ERROR(world_comm_->Broadcast(flat.data(), flat.size(), DType::kFloat32, 0));
     }
     RETURN_IF_ERROR(unit->LoadFull(flat));
@@ -170,18 +149,13 @@ absl::Status FsdpRuntime::InitializeParams() {
   return absl::OkStatus();
 }
 
-std::vector<v1::Command> FsdpRuntime::CompileProgram(bool sync_gradients) const {
-  StepProgramOptions options;
-  options.strategy = strategy_;
-  options.backward_prefetch = options_.backward_prefetch;
-  options.forward_prefetch = options_.forward_prefetch;
-  options.sync_gradients = sync_gradients;
-  options.max_grad_norm = options_.max_grad_norm;
-  options.grad_norm_type = options_.grad_norm_type;
-  return CompileStepProgram(index_, unit_specs_, options);
+StepProgram FsdpRuntime::CompileProgram(bool sync_gradients) const {
+  return CompileStepProgram(
+      index_, unit_specs_,
+      StepProgramOptionsFor(options_.sharding, options_.optimizer, world_size_, sync_gradients));
 }
 
-absl::StatusOr<StepStats> FsdpRuntime::RunStep(const std::vector<v1::Command>& program,
+absl::StatusOr<StepStats> FsdpRuntime::RunStep(const StepProgram& program,
                                                const compute::Batch& batch) {
   const Clock::time_point start = Clock::now();
   program_ = &program;
@@ -229,11 +203,9 @@ absl::Status FsdpRuntime::OnMarker(bool backward, bool done, int module_index) {
     return absl::InternalError(
         absl::StrCat("the model reached ", describe(), " but the step program has ended"));
   }
-  const v1::Command& next = (*program_)[cursor_];
-  const bool matches = backward ? next.has_backward() && next.backward().module() == module_index &&
-                                      next.backward().done() == done
-                                : next.has_forward() && next.forward().module() == module_index &&
-                                      next.forward().done() == done;
+  const StepCommand& next = (*program_)[cursor_];
+  const StepCommand::Op marker = backward ? StepCommand::Op::kBackward : StepCommand::Op::kForward;
+  const bool matches = next.op == marker && next.module == module_index && next.done == done;
   if (!matches) {
     return absl::InternalError(absl::StrCat(
         "the model reached ", describe(), " but the step program expects ", DescribeCommand(next)));
@@ -244,8 +216,8 @@ absl::Status FsdpRuntime::OnMarker(bool backward, bool done, int module_index) {
 
 absl::Status FsdpRuntime::RunUntilMarker() {
   while (cursor_ < program_->size()) {
-    const v1::Command& command = (*program_)[cursor_];
-    if (command.has_forward() || command.has_backward()) return absl::OkStatus();
+    const StepCommand& command = (*program_)[cursor_];
+    if (command.is_marker()) return absl::OkStatus();
     RETURN_IF_ERROR(Execute(command));
     ++cursor_;
   }
@@ -272,41 +244,43 @@ absl::Status FsdpRuntime::CheckUnit(int unit) const {
   return absl::OkStatus();
 }
 
-absl::Status FsdpRuntime::Execute(const v1::Command& command) {
-  switch (command.op_case()) {
-    case v1::Command::kUnshard:
-      return Unshard(command.unshard().unit(), command.unshard().prefetch());
-    case v1::Command::kReshard:
-      return Reshard(command.reshard().unit());
-    case v1::Command::kReduceGrad:
-      return ReduceGrad(command.reduce_grad().unit());
-    case v1::Command::kClipGradNorm:
-      return ClipGradNorm(command.clip_grad_norm().max_norm(),
-                          command.clip_grad_norm().norm_type());
-    case v1::Command::kOptimStep:
+absl::Status FsdpRuntime::Execute(const StepCommand& command) {
+  switch (command.op) {
+    case StepCommand::Op::kUnshard:
+      return Unshard(command.unit, command.prefetch);
+    case StepCommand::Op::kReshard:
+      return Reshard(command.unit);
+    case StepCommand::Op::kReduceGrad:
+      return ReduceGrad(command.unit);
+    case StepCommand::Op::kClipGradNorm:
+      return ClipGradNorm(command.max_norm, command.norm_type);
+    case StepCommand::Op::kOptimStep:
       return OptimStep();
-    case v1::Command::kZeroGrad:
+    case StepCommand::Op::kZeroGrad:
       for (auto& unit : units_) unit->ClearGradShard();
       return absl::OkStatus();
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("command ", DescribeCommand(command), " cannot run inside a step"));
+    case StepCommand::Op::kForward:
+    case StepCommand::Op::kBackward:
+    case StepCommand::Op::kBarrier:
+      break;
   }
+  return absl::InvalidArgumentError(
+      absl::StrCat("command ", DescribeCommand(command), " cannot run inside a step"));
 }
 
-absl::Status FsdpRuntime::RunControl(const std::vector<v1::Command>& program) {
+absl::Status FsdpRuntime::RunControl(const StepProgram& program) {
   if (program_ != nullptr) {
     return absl::FailedPreconditionError("control commands cannot run inside a step");
   }
-  for (const v1::Command& command : program) {
-    switch (command.op_case()) {
-      case v1::Command::kUnshard:
-        RETURN_IF_ERROR(Unshard(command.unshard().unit(), /*prefetch=*/false));
+  for (const StepCommand& command : program) {
+    switch (command.op) {
+      case StepCommand::Op::kUnshard:
+        RETURN_IF_ERROR(Unshard(command.unit, /*prefetch=*/false));
         break;
-      case v1::Command::kReshard:
-        RETURN_IF_ERROR(Reshard(command.reshard().unit()));
+      case StepCommand::Op::kReshard:
+        RETURN_IF_ERROR(Reshard(command.unit));
         break;
-      case v1::Command::kBarrier:
+      case StepCommand::Op::kBarrier:
         RETURN_IF_ERROR(world_comm_->Barrier());
         break;
       default:
@@ -341,7 +315,7 @@ absl::Status FsdpRuntime::Unshard(int unit, bool prefetch) {
     // root, which stays unsharded through forward) are live. Frees happen
     // synchronously on this lane, so a prefetch that would exceed the cap is
     // dropped; the unit is gathered when it is needed instead.
-    if (prefetch && options_.limit_all_gathers && !unit_specs_[u].is_root &&
+    if (prefetch && options_.sharding.limit_all_gathers && !unit_specs_[u].is_root &&
         LiveNonRootUnits() >= 2) {
       return absl::OkStatus();
     }
@@ -433,15 +407,8 @@ absl::Status FsdpRuntime::OptimStep() {
   for (size_t u = 0; u < units_.size(); ++u) {
     FlatParamUnit& unit = *units_[u];
     if (!unit.has_grad_shard()) continue;  // torch skips params whose grad is None
-    if (options_.optimizer.kind == OptimizerConfig::Kind::kSgd) {
-      RETURN_IF_ERROR(SgdStep(unit.shard(), unit.grad_shard(),
-                              static_cast<SgdState&>(*optim_states_[u]), options_.optimizer.sgd));
-    } else {
-      AdamOptions adam = options_.optimizer.adam;
-      adam.decoupled_weight_decay = options_.optimizer.kind == OptimizerConfig::Kind::kAdamW;
-      RETURN_IF_ERROR(AdamStep(unit.shard(), unit.grad_shard(),
-                               static_cast<AdamState&>(*optim_states_[u]), adam));
-    }
+    RETURN_IF_ERROR(
+        OptimizerStep(options_.optimizer, unit.shard(), unit.grad_shard(), *optim_states_[u]));
   }
   grads_stale_ = true;
   stats_.optimizer_seconds += SecondsSince(start);
@@ -463,84 +430,6 @@ compute::ParamSlot FsdpRuntime::Resolve(int param_index) {
   slot.value = unit.params() + where.offset;
   if (where.requires_grad && unit.grad() != nullptr) slot.grad = unit.grad() + where.offset;
   return slot;
-}
-
-absl::Status FsdpRuntime::SummonFullParams(
-    const SummonOptions& options, const std::function<absl::Status(SummonedParams&)>& body) {
-  if (options.with_grads && (!options_.use_orig_params || options.offload_to_cpu)) {
-    return absl::UnimplementedError(
-        "summon_full_params: with_grads needs use_orig_params=True and offload_to_cpu=False");
-  }
-  if (options.offload_to_cpu && !IsSharded(strategy_)) {
-    return absl::UnimplementedError(
-        "summon_full_params: offload_to_cpu is not supported with NO_SHARD");
-  }
-  if (options.writeback && options.rank0_only) {
-    return absl::UnimplementedError(
-        "summon_full_params: writeback with rank0_only is not supported");
-  }
-  if (program_ != nullptr) {
-    return absl::FailedPreconditionError(
-        "summon_full_params: cannot manually unshard parameters during forward/backward");
-  }
-  RETURN_IF_ERROR(lane_->Drain());
-  SummonedParams summoned;
-  std::vector<std::vector<float>> flats(units_.size());
-  for (size_t u = 0; u < units_.size(); ++u) {
-    FlatParamUnit& unit = *units_[u];
-    RETURN_IF_ERROR(unit.GatherFullPrecision(flats[u]));
-    std::vector<float> grad_flat;
-    if (options.with_grads) RETURN_IF_ERROR(unit.GatherGradFullPrecision(grad_flat));
-    if (options.rank0_only && rank_ != 0) continue;
-    const Unit& spec = unit.config().unit;
-    for (size_t i = 0; i < spec.params.size(); ++i) {
-      const FlatRange& range = unit.layout().param_ranges()[i];
-      summoned.params[spec.params[i].fqn].assign(flats[u].begin() + range.start,
-                                                 flats[u].begin() + range.end + 1);
-      if (!grad_flat.empty()) {
-        summoned.grads[spec.params[i].fqn].assign(grad_flat.begin() + range.start,
-                                                  grad_flat.begin() + range.end + 1);
-      }
-    }
-    for (const SharedParam& shared : spec.shared) {
-      summoned.params[shared.fqn] = summoned.params[shared.primary_fqn];
-    }
-  }
-  RETURN_IF_ERROR(body(summoned));
-  if (!options.writeback) return absl::OkStatus();
-  for (size_t u = 0; u < units_.size(); ++u) {
-    FlatParamUnit& unit = *units_[u];
-    const Unit& spec = unit.config().unit;
-    for (size_t i = 0; i < spec.params.size(); ++i) {
-      const std::vector<float>& values = summoned.params[spec.params[i].fqn];
-      const FlatRange& range = unit.layout().param_ranges()[i];
-      if (values.size() != static_cast<size_t>(range.numel())) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("summon_full_params: cannot writeback when the parameter shape changes ('",
-                         spec.params[i].fqn, "' has ", values.size(), " elements, expected ",
-                         range.numel(), ")"));
-      }
-      std::copy(values.begin(), values.end(), flats[u].begin() + range.start);
-    }
-    RETURN_IF_ERROR(unit.WriteBackFull(flats[u]));
-  }
-  return absl::OkStatus();
-}
-
-absl::StatusOr<std::map<std::string, std::vector<float>>> FsdpRuntime::SummonFullParams() {
-  RETURN_IF_ERROR(lane_->Drain());
-  std::map<std::string, std::vector<float>> out;
-  for (auto& unit : units_) {
-    std::vector<float> flat;
-    RETURN_IF_ERROR(unit->GatherFullPrecision(flat));
-    const Unit& spec = unit->config().unit;
-    for (size_t i = 0; i < spec.params.size(); ++i) {
-      const FlatRange& range = unit->layout().param_ranges()[i];
-      out[spec.params[i].fqn].assign(flat.begin() + range.start, flat.begin() + range.end + 1);
-    }
-    for (const SharedParam& shared : spec.shared) out[shared.fqn] = out[shared.primary_fqn];
-  }
-  return out;
 }
 
 }  // namespace flatshard

@@ -12,7 +12,6 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -35,30 +34,12 @@
 
 namespace flatshard {
 
-struct OptimizerConfig {
-  enum class Kind { kSgd, kAdam, kAdamW };
-  Kind kind = Kind::kSgd;
-  SgdOptions sgd{0.01};
-  AdamOptions adam;
-};
-
-struct FsdpOptions {
-  ShardingStrategy strategy = ShardingStrategy::kFullShard;
-  int hybrid_shard_group_size = 0;
-  bool use_orig_params = false;
-  std::optional<DType> param_dtype;
-  std::optional<DType> reduce_dtype;
-  BackwardPrefetch backward_prefetch = BackwardPrefetch::kPre;
-  bool forward_prefetch = false;
-  bool limit_all_gathers = true;
-  bool sync_module_states = false;
-  // CPUOffload(offload_params): on a GPU build the master shard lives in pinned
-  // host memory; on this host build parameters are already there, so it changes
-  // nothing but is accepted and reported.
-  bool cpu_offload = false;
-  OptimizerConfig optimizer;
-  double max_grad_norm = 0.0;  // 0: no clipping
-  double grad_norm_type = 2.0;
+// What one worker's runtime needs: the job's sharding and optimizer settings,
+// held as they are (core/job_config.h), plus what only a running worker has.
+// RuntimeOptionsFromJob (worker/service/job_options.h) builds it from a job.
+struct RuntimeOptions {
+  ShardingSettings sharding;
+  OptimizerSettings optimizer;
   uint64_t seed = 0;  // parameter initialisation
   compute::LossKind loss = compute::LossKind::kMse;
   GlooOptions gloo;
@@ -93,22 +74,22 @@ class FsdpRuntime : public compute::ParamResolver, public compute::ModuleHooks {
   // ranks call it), and initialises parameters deterministically from the seed.
   static absl::StatusOr<std::unique_ptr<FsdpRuntime>> Create(const ModelSpec& spec,
                                                              const WrapPolicy& policy,
-                                                             const FsdpOptions& options, int rank,
-                                                             int world_size,
+                                                             const RuntimeOptions& options,
+                                                             int rank, int world_size,
                                                              std::shared_ptr<Store> store);
   ~FsdpRuntime() override;
 
-  // The program of one step (sync_gradients = false for a no_sync micro-step).
-  std::vector<v1::Command> CompileProgram(bool sync_gradients) const;
+  // The program of one step (sync_gradients = false for a no_sync micro-step),
+  // compiled from the job's settings as the coordinator compiles it.
+  StepProgram CompileProgram(bool sync_gradients) const;
 
   // Runs `program` on the local batch: forward, backward and the ops around them.
-  absl::StatusOr<StepStats> RunStep(const std::vector<v1::Command>& program,
-                                    const compute::Batch& batch);
+  absl::StatusOr<StepStats> RunStep(const StepProgram& program, const compute::Batch& batch);
 
   // Runs control commands outside a step (manual Unshard / Reshard by unit,
   // Barrier), in order; a unit left unsharded stays so until a Reshard or the
   // next step's program reshards it. INVALID_ARGUMENT for any other command.
-  absl::Status RunControl(const std::vector<v1::Command>& program);
+  absl::Status RunControl(const StepProgram& program);
 
   // Fails every pending and future collective of this runtime (its
   // communicators'), from any thread: a peer died or the coordinator failed
@@ -133,7 +114,7 @@ class FsdpRuntime : public compute::ParamResolver, public compute::ModuleHooks {
   // Largest number of non-root units unsharded at once since the last reset.
   int peak_live_units() const { return peak_live_units_; }
   const ModelIndex& index() const { return index_; }
-  const FsdpOptions& options() const { return options_; }
+  const RuntimeOptions& options() const { return options_; }
   // The shard group on a context of its own: what background (async)
   // checkpoint writes gather over, concurrently with training.
   Communicator* checkpoint_comm() { return checkpoint_comm_.get(); }
@@ -156,14 +137,14 @@ class FsdpRuntime : public compute::ParamResolver, public compute::ModuleHooks {
     bool requires_grad = true;
   };
 
-  FsdpRuntime(const ModelSpec& spec, ModelIndex index, FsdpOptions options, int rank,
+  FsdpRuntime(const ModelSpec& spec, ModelIndex index, RuntimeOptions options, int rank,
               int world_size);
   absl::Status Build(const WrapPolicy& policy, std::shared_ptr<Store> store);
   absl::Status InitializeParams();
 
   absl::Status OnMarker(bool backward, bool done, int module_index);
   absl::Status RunUntilMarker();
-  absl::Status Execute(const v1::Command& command);
+  absl::Status Execute(const StepCommand& command);
   absl::Status Unshard(int unit, bool prefetch);
   absl::Status WaitGathered(int unit);
   absl::Status Reshard(int unit);
@@ -175,7 +156,7 @@ class FsdpRuntime : public compute::ParamResolver, public compute::ModuleHooks {
 
   const ModelSpec& spec_;
   ModelIndex index_;
-  FsdpOptions options_;
+  RuntimeOptions options_;
   int rank_;
   int world_size_;
   ShardingStrategy strategy_;
@@ -197,7 +178,7 @@ class FsdpRuntime : public compute::ParamResolver, public compute::ModuleHooks {
   std::unique_ptr<CommLane> lane_;  // declared last: joined first on destruction
 
   // Program execution state for the step in flight.
-  const std::vector<v1::Command>* program_ = nullptr;
+  const StepProgram* program_ = nullptr;
   size_t cursor_ = 0;
   StepStats stats_;
   int peak_live_units_ = 0;

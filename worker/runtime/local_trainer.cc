@@ -7,15 +7,15 @@ namespace flatshard {
 absl::StatusOr<LocalTrainResult> TrainLocalRank(
     const LocalTrainOptions& options, int rank, int world_size, std::shared_ptr<Store> store,
     const std::function<void(const LocalStepRecord&)>& on_step) {
-  FsdpOptions fsdp = options.fsdp;
+  RuntimeOptions runtime_options = options.runtime;
   ASSIGN_OR_RETURN(std::unique_ptr<compute::DataSource> data,
                    compute::MakeDataSource(options.data));
-  fsdp.loss = data->loss();
-  ASSIGN_OR_RETURN(
-      std::unique_ptr<FsdpRuntime> runtime,
-      FsdpRuntime::Create(options.spec, options.policy, fsdp, rank, world_size, std::move(store)));
-  const std::vector<v1::Command> micro = runtime->CompileProgram(/*sync_gradients=*/false);
-  const std::vector<v1::Command> synced = runtime->CompileProgram(/*sync_gradients=*/true);
+  runtime_options.loss = data->loss();
+  ASSIGN_OR_RETURN(std::unique_ptr<FsdpRuntime> runtime,
+                   FsdpRuntime::Create(options.spec, options.policy, runtime_options, rank,
+                                       world_size, std::move(store)));
+  const StepProgram micro = runtime->CompileProgram(/*sync_gradients=*/false);
+  const StepProgram synced = runtime->CompileProgram(/*sync_gradients=*/true);
   LocalTrainResult result;
   const int64_t per_step = options.no_sync_micro_steps + 1;
   for (int64_t step = 0; step < options.steps; ++step) {

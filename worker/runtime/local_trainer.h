@@ -25,7 +25,7 @@ namespace flatshard {
 struct LocalTrainOptions {
   ModelSpec spec;
   WrapPolicy policy;
-  FsdpOptions fsdp;
+  RuntimeOptions runtime;
   compute::DataSourceOptions data;
   int64_t steps = 1;
   // no_sync micro-steps before each synced step; each uses its own global batch

@@ -277,8 +277,8 @@ namespace {
 // (docs/fsdp-semantics.md §6.3: every FQN of every parameter, hyperparameters as they are).
 std::string ParamGroupsJson(const FsdpRuntime& runtime) {
   nlohmann::ordered_json group;
-  const OptimizerConfig& optimizer = runtime.options().optimizer;
-  if (optimizer.kind == OptimizerConfig::Kind::kSgd) {
+  const OptimizerSettings& optimizer = runtime.options().optimizer;
+  if (optimizer.kind == OptimizerKind::kSgd) {
     const SgdOptions& o = optimizer.sgd;
     group = {{"lr", o.lr},
              {"momentum", o.momentum},
@@ -498,18 +498,6 @@ uint64_t ShardSnapshot::bytes() const {
   return total;
 }
 
-std::string OptimizerName(const OptimizerConfig& optimizer) {
-  switch (optimizer.kind) {
-    case OptimizerConfig::Kind::kSgd:
-      return "sgd";
-    case OptimizerConfig::Kind::kAdam:
-      return "adam";
-    case OptimizerConfig::Kind::kAdamW:
-      return "adamw";
-  }
-  return "unknown";
-}
-
 namespace {
 
 absl::Status StageLocal(FsdpRuntime& runtime, CheckpointReader& reader, StagedCheckpoint& staged) {
@@ -680,7 +668,7 @@ absl::StatusOr<StagedCheckpoint> StageShardCheckpoint(FsdpRuntime& runtime,
                                                       const std::string& dir) {
   ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader, CheckpointReader::Open(dir));
   const CheckpointManifest& m = reader->manifest();
-  const std::string ours = OptimizerName(runtime.options().optimizer);
+  const std::string ours(OptimizerKindName(runtime.options().optimizer.kind));
   if (!m.optimizer_states.empty() && m.optimizer != ours) {
     return absl::FailedPreconditionError(
         absl::StrCat("checkpoint ", dir, " holds ", m.optimizer, " optimizer state (",
@@ -704,9 +692,9 @@ absl::StatusOr<StagedCheckpoint> StageShardCheckpoint(FsdpRuntime& runtime,
 }
 
 absl::Status ApplyStagedCheckpoint(FsdpRuntime& runtime, StagedCheckpoint staged) {
-  std::vector<v1::Command> reshard(runtime.units().size());
-  for (size_t u = 0; u < reshard.size(); ++u) {
-    reshard[u].mutable_reshard()->set_unit(static_cast<int>(u));
+  StepProgram reshard;
+  for (size_t u = 0; u < runtime.units().size(); ++u) {
+    reshard.push_back(StepCommand::Reshard(static_cast<int>(u)));
   }
   RETURN_IF_ERROR(runtime.RunControl(reshard));
   for (size_t u = 0; u < runtime.units().size(); ++u) {

@@ -88,9 +88,6 @@ absl::StatusOr<StagedCheckpoint> StageShardCheckpoint(FsdpRuntime& runtime, cons
 // any unit left unsharded first, so no stale view survives).
 absl::Status ApplyStagedCheckpoint(FsdpRuntime& runtime, StagedCheckpoint staged);
 
-// The manifest name of the job's optimizer ("sgd", "adam", "adamw").
-std::string OptimizerName(const OptimizerConfig& optimizer);
-
 // The digest of a runtime's flat layouts (units, params, padding, shard size,
 // world size), which LOCAL files record and loading compares.
 std::string LocalLayoutDigest(const FsdpRuntime& runtime);

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "rpc/status_proto.h"
 
 namespace flatshard {
 
@@ -39,8 +40,7 @@ void BackgroundSaves::Start(const std::string& key, ShardSnapshot snapshot, cons
         result.set_seq(seq);
         result.set_rank(rank);
         if (!written->write_status.ok()) {
-          result.set_error_code(static_cast<int>(written->write_status.code()));
-          result.set_error(std::string(written->write_status.message()));
+          *result.mutable_checkpoint_status() = StatusToProto(written->write_status);
         }
         for (const CheckpointFile& f : written->files) {
           v1::CheckpointFileInfo* info = result.add_files();

@@ -8,36 +8,12 @@
 
 namespace flatshard {
 
-FsdpOptions FsdpOptionsFromJob(const JobConfig& job) {
-  FsdpOptions o;
-  const ShardingSettings& s = job.sharding;
-  o.strategy = s.strategy;
-  o.hybrid_shard_group_size = s.hybrid_shard_group_size;
-  o.use_orig_params = s.use_orig_params;
-  o.param_dtype = s.param_dtype;
-  o.reduce_dtype = s.reduce_dtype;
-  o.backward_prefetch = s.backward_prefetch;
-  o.forward_prefetch = s.forward_prefetch;
-  o.limit_all_gathers = s.limit_all_gathers;
-  o.sync_module_states = s.sync_module_states;
-  o.cpu_offload = s.cpu_offload;
-  switch (job.optimizer.kind) {
-    case OptimizerSettings::Kind::kSgd:
-      o.optimizer.kind = OptimizerConfig::Kind::kSgd;
-      break;
-    case OptimizerSettings::Kind::kAdam:
-      o.optimizer.kind = OptimizerConfig::Kind::kAdam;
-      break;
-    case OptimizerSettings::Kind::kAdamW:
-      o.optimizer.kind = OptimizerConfig::Kind::kAdamW;
-      break;
-  }
-  o.optimizer.sgd = job.optimizer.sgd;
-  o.optimizer.adam = job.optimizer.adam;
-  o.max_grad_norm = job.optimizer.max_grad_norm;
-  o.grad_norm_type = job.optimizer.grad_norm_type;
-  o.seed = job.seed;
-  return o;
+RuntimeOptions RuntimeOptionsFromJob(const JobConfig& job) {
+  RuntimeOptions options;
+  options.sharding = job.sharding;
+  options.optimizer = job.optimizer;
+  options.seed = job.seed;
+  return options;
 }
 
 absl::StatusOr<compute::DataSourceOptions> DataOptionsFromJob(const JobConfig& job,

@@ -15,7 +15,10 @@
 
 namespace flatshard {
 
-FsdpOptions FsdpOptionsFromJob(const JobConfig& job);
+// The runtime's options for `job`: its sharding and optimizer settings as they
+// are, and its initialisation seed. The caller adds the runtime-only parts
+// (loss, Gloo options, observer).
+RuntimeOptions RuntimeOptionsFromJob(const JobConfig& job);
 
 // `data_dir` roots a FILE data set's relative path.
 absl::StatusOr<compute::DataSourceOptions> DataOptionsFromJob(const JobConfig& job,

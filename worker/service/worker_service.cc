@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "rpc/command_batch.h"
 
 #include "core/job_config.h"
 #include "core/status_macros.h"
@@ -160,14 +161,14 @@ grpc::Status WorkerServiceImpl::Configure(grpc::ServerContext* /*context*/,
       ASSIGN_OR_RETURN(compute::DataSourceOptions data_options,
                        DataOptionsFromJob(job->config, options_.data_dir));
       ASSIGN_OR_RETURN(job->data, compute::MakeDataSource(data_options));
-      FsdpOptions fsdp = FsdpOptionsFromJob(job->config);
-      fsdp.loss = job->data->loss();
-      fsdp.gloo = options_.gloo;
+      RuntimeOptions runtime = RuntimeOptionsFromJob(job->config);
+      runtime.loss = job->data->loss();
+      runtime.gloo = options_.gloo;
       if (options_.observer_for_job) {
-        fsdp.observer = options_.observer_for_job(job->config.name, job->rank);
+        runtime.observer = options_.observer_for_job(job->config.name, job->rank);
       }
       ASSIGN_OR_RETURN(job->runtime,
-                       FsdpRuntime::Create(job->config.model, job->config.wrap_policy, fsdp,
+                       FsdpRuntime::Create(job->config.model, job->config.wrap_policy, runtime,
                                            job->rank, job->config.world_size,
                                            options_.store_for_prefix(request->store_prefix())));
       job->executor = std::make_unique<BatchExecutor>(job->runtime.get(), job->epoch);
@@ -188,55 +189,114 @@ grpc::Status WorkerServiceImpl::Configure(grpc::ServerContext* /*context*/,
 grpc::Status WorkerServiceImpl::Execute(grpc::ServerContext* /*context*/,
                                         const v1::CommandBatch* request,
                                         v1::CommandResult* response) {
+  return ToGrpcStatus(RunBatch(*request, response, nullptr));
+}
+
+grpc::Status WorkerServiceImpl::Summon(grpc::ServerContext* /*context*/,
+                                       const v1::CommandBatch* request,
+                                       grpc::ServerWriter<v1::TensorChunk>* writer) {
+  return ToGrpcStatus(RunBatch(*request, nullptr, writer));
+}
+
+absl::Status WorkerServiceImpl::RunBatch(const v1::CommandBatch& batch, v1::CommandResult* result,
+                                         grpc::ServerWriter<v1::TensorChunk>* writer) {
   std::lock_guard<std::mutex> run(run_mu_);
   std::shared_ptr<ActiveJob> job = CurrentJob();
   if (job == nullptr) {
-    return ToGrpcStatus(absl::FailedPreconditionError(
-        "this worker has no job: the coordinator must Configure it first"));
+    return absl::FailedPreconditionError(
+        "this worker has no job: the coordinator must Configure it first");
   }
-  if (absl::Status begin = BeginBatch(); !begin.ok()) return ToGrpcStatus(begin);
-  absl::Status status;
-  const bool checkpoint =
-      request->control() && request->commands_size() == 1 &&
-      (request->commands(0).has_save_shard() || request->commands(0).has_load_shard());
-  if (checkpoint) {
-    std::optional<ShardSnapshot> snapshot;
-    absl::StatusOr<v1::CommandResult> result =
-        job->executor->ExecuteCheckpoint(*request, options_.checkpoint_dir, &snapshot);
-    if (result.ok()) {
-      if (snapshot.has_value()) {
-        const std::string& directory = request->commands(0).save_shard().directory();
-        job->saves.Start(directory, *std::move(snapshot),
-                         absl::StrCat(options_.checkpoint_dir, "/", directory), job->rank,
-                         request->seq());
-      }
-      *response = *result;
-    } else {
-      status = result.status();
-    }
-  } else if (request->control()) {
-    status = job->executor->ExecuteControl(*request);
-    if (status.ok()) {
-      response->set_seq(request->seq());
-      response->set_rank(job->rank);
-    }
-  } else {
-    absl::StatusOr<compute::Batch> data =
-        job->data->GetBatch(request->step(), job->rank, job->config.world_size);
-    if (!data.ok()) {
-      status = data.status();
-    } else {
-      absl::StatusOr<v1::CommandResult> result = job->executor->Execute(*request, *data);
-      if (result.ok()) {
-        *response = *result;
-        response->set_rank(job->rank);
-      } else {
-        status = result.status();
-      }
-    }
-  }
+  RETURN_IF_ERROR(BeginBatch());
+  absl::Status status = Dispatch(*job, batch, result, writer);
   EndBatch(status);
-  return ToGrpcStatus(status);
+  return status;
+}
+
+absl::Status WorkerServiceImpl::Dispatch(ActiveJob& job, const v1::CommandBatch& batch,
+                                         v1::CommandResult* result,
+                                         grpc::ServerWriter<v1::TensorChunk>* writer) {
+  const auto wrong_rpc = [&](absl::string_view rpc) {
+    return absl::InvalidArgumentError(absl::StrCat("a ", BatchKindName(batch.kind_case()),
+                                                   " batch goes through WorkerService.", rpc));
+  };
+  switch (batch.kind_case()) {
+    case v1::CommandBatch::kStep:
+      if (result == nullptr) return wrong_rpc("Execute");
+      return RunStep(job, batch, *result);
+    case v1::CommandBatch::kControl:
+      if (result == nullptr) return wrong_rpc("Execute");
+      RETURN_IF_ERROR(job.executor->ExecuteControl(batch));
+      result->set_seq(batch.seq());
+      result->set_rank(job.rank);
+      return absl::OkStatus();
+    case v1::CommandBatch::kCheckpoint:
+      if (result == nullptr) return wrong_rpc("Execute");
+      return RunCheckpoint(job, batch, *result);
+    case v1::CommandBatch::kSummon:
+      if (writer == nullptr) return wrong_rpc("Summon");
+      return RunSummon(job, batch, *writer);
+    case v1::CommandBatch::KIND_NOT_SET:
+      break;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("worker rank ", job.rank, " refuses batch seq ", batch.seq(),
+                   ": its kind is not set (a step, control, checkpoint or summon batch)"));
+}
+
+absl::Status WorkerServiceImpl::RunStep(ActiveJob& job, const v1::CommandBatch& batch,
+                                        v1::CommandResult& result) {
+  ASSIGN_OR_RETURN(compute::Batch data,
+                   job.data->GetBatch(batch.step().step(), job.rank, job.config.world_size));
+  ASSIGN_OR_RETURN(result, job.executor->Execute(batch, data));
+  result.set_rank(job.rank);
+  return absl::OkStatus();
+}
+
+absl::Status WorkerServiceImpl::RunCheckpoint(ActiveJob& job, const v1::CommandBatch& batch,
+                                              v1::CommandResult& result) {
+  std::optional<ShardSnapshot> snapshot;
+  ASSIGN_OR_RETURN(result,
+                   job.executor->ExecuteCheckpoint(batch, options_.checkpoint_dir, &snapshot));
+  if (snapshot.has_value()) {
+    const std::string& directory = batch.checkpoint().save_shard().directory();
+    job.saves.Start(directory, *std::move(snapshot),
+                    absl::StrCat(options_.checkpoint_dir, "/", directory), job.rank, batch.seq());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WorkerServiceImpl::RunSummon(ActiveJob& job, const v1::CommandBatch& batch,
+                                          grpc::ServerWriter<v1::TensorChunk>& writer) {
+  const int64_t chunk_bytes =
+      batch.summon().chunk_bytes() > 0 ? batch.summon().chunk_bytes() : kDefaultChunkBytes;
+  const ModelIndex& index = job.runtime->index();
+  return job.executor->ExecuteSummon(batch, [&](SummonedParams& summoned) -> absl::Status {
+    // A reader that went away stops the stream, not the collective: the
+    // other ranks are in it too, and the job must stay consistent.
+    bool reading = true;
+    auto emit = [&](const std::string& name, const std::string& fqn,
+                    const std::vector<float>& values) {
+      const IndexedParam& param = index.params[static_cast<size_t>(index.param_by_fqn.at(fqn))];
+      const auto* bytes = reinterpret_cast<const char*>(values.data());
+      const auto total = static_cast<int64_t>(values.size() * sizeof(float));
+      int64_t offset = 0;
+      do {
+        const int64_t n = std::min(chunk_bytes, total - offset);
+        v1::TensorChunk chunk;
+        chunk.set_fqn(name);
+        chunk.set_dtype(v1::DTYPE_FLOAT32);
+        for (int64_t d : param.spec->shape) chunk.add_shape(d);
+        chunk.set_offset_bytes(offset);
+        chunk.set_total_bytes(total);
+        chunk.set_data(bytes + offset, static_cast<size_t>(n));
+        if (reading) reading = writer.Write(chunk);
+        offset += n;
+      } while (offset < total);
+    };
+    for (const auto& [fqn, values] : summoned.params) emit(fqn, fqn, values);
+    for (const auto& [fqn, values] : summoned.grads) emit(fqn + ".grad", fqn, values);
+    return absl::OkStatus();
+  });
 }
 
 grpc::Status WorkerServiceImpl::AwaitSave(grpc::ServerContext* context,
@@ -254,54 +314,6 @@ grpc::Status WorkerServiceImpl::AwaitSave(grpc::ServerContext* context,
   if (!result.ok()) return ToGrpcStatus(result.status());
   *response = *std::move(result);
   return grpc::Status::OK;
-}
-
-grpc::Status WorkerServiceImpl::Summon(grpc::ServerContext* /*context*/,
-                                       const v1::CommandBatch* request,
-                                       grpc::ServerWriter<v1::TensorChunk>* writer) {
-  std::lock_guard<std::mutex> run(run_mu_);
-  std::shared_ptr<ActiveJob> job = CurrentJob();
-  if (job == nullptr) {
-    return ToGrpcStatus(absl::FailedPreconditionError(
-        "this worker has no job: the coordinator must Configure it first"));
-  }
-  int64_t chunk_bytes = kDefaultChunkBytes;
-  if (request->commands_size() == 1 && request->commands(0).has_summon_full_params() &&
-      request->commands(0).summon_full_params().chunk_bytes() > 0) {
-    chunk_bytes = request->commands(0).summon_full_params().chunk_bytes();
-  }
-  const ModelIndex& index = job->runtime->index();
-  if (absl::Status begin = BeginBatch(); !begin.ok()) return ToGrpcStatus(begin);
-  const absl::Status status =
-      job->executor->ExecuteSummon(*request, [&](SummonedParams& summoned) -> absl::Status {
-        // A reader that went away stops the stream, not the collective: the
-        // other ranks are in it too, and the job must stay consistent.
-        bool reading = true;
-        auto emit = [&](const std::string& name, const std::string& fqn,
-                        const std::vector<float>& values) {
-          const IndexedParam& param = index.params[static_cast<size_t>(index.param_by_fqn.at(fqn))];
-          const auto* bytes = reinterpret_cast<const char*>(values.data());
-          const auto total = static_cast<int64_t>(values.size() * sizeof(float));
-          int64_t offset = 0;
-          do {
-            const int64_t n = std::min(chunk_bytes, total - offset);
-            v1::TensorChunk chunk;
-            chunk.set_fqn(name);
-            chunk.set_dtype(v1::DTYPE_FLOAT32);
-            for (int64_t d : param.spec->shape) chunk.add_shape(d);
-            chunk.set_offset_bytes(offset);
-            chunk.set_total_bytes(total);
-            chunk.set_data(bytes + offset, static_cast<size_t>(n));
-            if (reading) reading = writer->Write(chunk);
-            offset += n;
-          } while (offset < total);
-        };
-        for (const auto& [fqn, values] : summoned.params) emit(fqn, fqn, values);
-        for (const auto& [fqn, values] : summoned.grads) emit(fqn + ".grad", fqn, values);
-        return absl::OkStatus();
-      });
-  EndBatch(status);
-  return ToGrpcStatus(status);
 }
 
 grpc::Status WorkerServiceImpl::GetStatus(grpc::ServerContext* /*context*/,

@@ -1,7 +1,8 @@
 // flatshard.v1.WorkerService: what a worker daemon does for the coordinator.
 // Configure builds the data plane of one job epoch (a collective: every rank
-// rendezvouses through the coordinator's store); Execute runs one step batch,
-// Summon one summon batch, both through the BatchExecutor's ordering checks.
+// rendezvouses through the coordinator's store); Execute runs one step,
+// control or checkpoint batch, Summon one summon batch, both routed by the
+// batch's kind and through the BatchExecutor's ordering checks.
 // Abort (or a heartbeat saying the job failed) fails the collectives in flight
 // so a step blocked on a dead peer returns instead of hanging; the daemon
 // keeps serving and can be configured again for a new epoch.
@@ -81,6 +82,19 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
   struct ActiveJob;
 
   std::shared_ptr<ActiveJob> CurrentJob() const;
+  // Execute and Summon: the job, BeginBatch, Dispatch, EndBatch.
+  absl::Status RunBatch(const v1::CommandBatch& batch, v1::CommandResult* result,
+                        grpc::ServerWriter<v1::TensorChunk>* writer);
+  // The one place a batch is routed, by its kind. `result` is the Execute
+  // RPC's answer, `writer` the Summon RPC's stream; exactly one is set, and a
+  // kind sent through the other RPC is refused. No kind: INVALID_ARGUMENT.
+  absl::Status Dispatch(ActiveJob& job, const v1::CommandBatch& batch, v1::CommandResult* result,
+                        grpc::ServerWriter<v1::TensorChunk>* writer);
+  absl::Status RunStep(ActiveJob& job, const v1::CommandBatch& batch, v1::CommandResult& result);
+  absl::Status RunCheckpoint(ActiveJob& job, const v1::CommandBatch& batch,
+                             v1::CommandResult& result);
+  absl::Status RunSummon(ActiveJob& job, const v1::CommandBatch& batch,
+                         grpc::ServerWriter<v1::TensorChunk>& writer);
   // Marks a batch running, or refuses it when the job was aborted.
   absl::Status BeginBatch();
   // Back to ready (or failed), unless an abort arrived meanwhile.

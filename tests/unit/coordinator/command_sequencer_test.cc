@@ -98,9 +98,9 @@ struct Fixture {
 
 v1::CommandBatch Batch() {
   v1::CommandBatch batch;
-  batch.add_commands()->mutable_optim_step();
-  batch.set_step(4);
-  batch.set_sync_gradients(true);
+  batch.mutable_step()->add_commands()->mutable_optim_step();
+  batch.mutable_step()->set_step(4);
+  batch.mutable_step()->set_sync_gradients(true);
   return batch;
 }
 
@@ -116,8 +116,22 @@ TEST(CommandSequencerTest, StampsEpochSeqAndDigestAndReturnsResultsByRank) {
   const v1::CommandBatch& sent = f.workers[1]->seen_.back();
   EXPECT_EQ(sent.job_epoch(), 3u);
   EXPECT_EQ(sent.seq(), 3u);
-  const std::vector<v1::Command> commands(sent.commands().begin(), sent.commands().end());
-  EXPECT_EQ(sent.digest(), ProgramDigest(commands, 4, true));
+  // The digest is core's, over core's program: what a worker recomputes.
+  EXPECT_EQ(sent.digest(), ProgramDigest({StepCommand::OptimStep()}, 4, true));
+}
+
+TEST(CommandSequencerTest, RefusesABatchWithoutAKindBeforeSendingIt) {
+  Fixture f(2);
+  auto results = f.sequencer->Run(v1::CommandBatch());
+  ASSERT_FALSE(results.ok());
+  EXPECT_EQ(results.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(results.status().message()), HasSubstr("kind is not set"));
+  EXPECT_TRUE(f.workers[0]->seen_.empty());
+  EXPECT_EQ(f.sequencer->last_seq(), 0u);
+  // Nothing was sent, so the next batch goes through as seq 1.
+  auto next = f.sequencer->Run(Batch());
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(f.sequencer->last_seq(), 1u);
 }
 
 TEST(CommandSequencerTest, NamesTheUnreachableRankAbortsTheOthersAndRefusesLaterBatches) {

@@ -40,7 +40,7 @@ TEST(JobConfigTest, GoodSpecConvertsWithFsdpDefaults) {
   EXPECT_EQ(job->sharding.backward_prefetch, BackwardPrefetch::kPre);
   EXPECT_TRUE(job->sharding.limit_all_gathers);  // unset means FSDP's default
   EXPECT_EQ(job->sharding.param_dtype, DType::kBFloat16);
-  EXPECT_EQ(job->optimizer.kind, OptimizerSettings::Kind::kAdamW);
+  EXPECT_EQ(job->optimizer.kind, OptimizerKind::kAdamW);
   EXPECT_EQ(job->optimizer.adam.beta2, 0.999);
   EXPECT_TRUE(job->optimizer.adam.decoupled_weight_decay);
   EXPECT_EQ(job->data.kind, "regression");

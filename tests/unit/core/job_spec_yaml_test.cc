@@ -52,7 +52,7 @@ TEST(JobSpecYamlTest, ExampleJobLoadsAndValidates) {
   EXPECT_TRUE(job->sharding.limit_all_gathers);
   EXPECT_EQ(job->sharding.param_dtype, DType::kBFloat16);
   EXPECT_EQ(job->sharding.reduce_dtype, DType::kFloat32);
-  EXPECT_EQ(job->optimizer.kind, OptimizerSettings::Kind::kAdamW);
+  EXPECT_EQ(job->optimizer.kind, OptimizerKind::kAdamW);
   EXPECT_DOUBLE_EQ(job->optimizer.adam.lr, 0.003);
   EXPECT_DOUBLE_EQ(job->optimizer.adam.weight_decay, 0.01);
   EXPECT_EQ(job->data.kind, "regression");
@@ -217,7 +217,7 @@ rank_by_worker_id: {w-a: 1, w-b: 0, w-c: 3, w-d: 2}
 
   auto job = JobConfigFromProto(*spec);
   ASSERT_TRUE(job.ok()) << job.status();
-  EXPECT_EQ(job->optimizer.kind, OptimizerSettings::Kind::kSgd);
+  EXPECT_EQ(job->optimizer.kind, OptimizerKind::kSgd);
   EXPECT_DOUBLE_EQ(job->optimizer.sgd.lr, 0.1);
   EXPECT_EQ(job->wrap_policy.min_num_params, 100000);
   EXPECT_EQ(job->data.kind, "npy");

@@ -28,10 +28,9 @@ class PlanTest : public ::testing::Test {
 };
 
 TEST_F(PlanTest, FullShardOnEightRanks) {
-  PlanOptions options;
-  options.world_size = 8;
-  options.param_dtype = DType::kBFloat16;
-  auto plan = ComputePlan(spec_, policy_, options);
+  ShardingSettings sharding;
+  sharding.param_dtype = DType::kBFloat16;
+  auto plan = ComputePlan(spec_, policy_, 8, sharding, OptimizerSettings{});
   ASSERT_TRUE(plan.ok()) << plan.status();
   ASSERT_EQ(plan->units.size(), 9u);
   EXPECT_EQ(plan->divide.pre, 4);
@@ -68,11 +67,10 @@ TEST_F(PlanTest, FullShardOnEightRanks) {
 }
 
 TEST_F(PlanTest, HybridAddsReplicaAllReduceAndShardsWithinTheGroup) {
-  PlanOptions options;
-  options.world_size = 8;
-  options.strategy = ShardingStrategy::kHybridShard;
-  options.hybrid_shard_group_size = 4;
-  auto plan = ComputePlan(spec_, policy_, options);
+  ShardingSettings sharding;
+  sharding.strategy = ShardingStrategy::kHybridShard;
+  sharding.hybrid_shard_group_size = 4;
+  auto plan = ComputePlan(spec_, policy_, 8, sharding, OptimizerSettings{});
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->units[1].shards.size(), 4u);
   EXPECT_EQ(plan->units[1].layout.sharded_numel(), 789760 / 4);
@@ -90,9 +88,7 @@ TEST_F(PlanTest, HybridAddsReplicaAllReduceAndShardsWithinTheGroup) {
 }
 
 TEST_F(PlanTest, SingleRankRunsAsNoShardWithAWarning) {
-  PlanOptions options;
-  options.world_size = 1;
-  auto plan = ComputePlan(spec_, policy_, options);
+  auto plan = ComputePlan(spec_, policy_, 1, ShardingSettings{}, OptimizerSettings{});
   ASSERT_TRUE(plan.ok());
   EXPECT_EQ(plan->effective_strategy, ShardingStrategy::kNoShard);
   ASSERT_EQ(plan->warnings.size(), 1u);
@@ -102,10 +98,9 @@ TEST_F(PlanTest, SingleRankRunsAsNoShardWithAWarning) {
 }
 
 TEST_F(PlanTest, JsonHasTheDocumentedFields) {
-  PlanOptions options;
-  options.world_size = 4;
-  options.use_orig_params = true;
-  auto plan = ComputePlan(spec_, policy_, options);
+  ShardingSettings sharding;
+  sharding.use_orig_params = true;
+  auto plan = ComputePlan(spec_, policy_, 4, sharding, OptimizerSettings{});
   ASSERT_TRUE(plan.ok());
   const nlohmann::json j = nlohmann::json::parse(PlanToJson(*plan));
   EXPECT_EQ(j["format"], "flatshard.plan/v1");
@@ -126,20 +121,45 @@ TEST_F(PlanTest, JsonHasTheDocumentedFields) {
   EXPECT_TRUE(j["collective_totals_per_step"].contains("reduce_scatter"));
 }
 
+TEST_F(PlanTest, OptimizerStatesFollowTheSettings) {
+  // SGD keeps a momentum buffer only with momentum; the plan names it apart.
+  OptimizerSettings sgd;
+  sgd.kind = OptimizerKind::kSgd;
+  auto plain = ComputePlan(spec_, policy_, 2, ShardingSettings{}, sgd);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->memory_per_rank.optimizer_state_bytes, 0);
+  EXPECT_EQ(nlohmann::json::parse(PlanToJson(*plain))["config"]["optimizer"], "sgd");
+  sgd.sgd.momentum = 0.9;
+  auto momentum = ComputePlan(spec_, policy_, 2, ShardingSettings{}, sgd);
+  ASSERT_TRUE(momentum.ok());
+  EXPECT_EQ(momentum->memory_per_rank.optimizer_state_bytes,
+            momentum->memory_per_rank.sharded_param_bytes);
+  EXPECT_EQ(nlohmann::json::parse(PlanToJson(*momentum))["config"]["optimizer"], "sgd-momentum");
+  OptimizerSettings adam;
+  adam.kind = OptimizerKind::kAdam;
+  adam.adam.amsgrad = true;
+  auto amsgrad = ComputePlan(spec_, policy_, 2, ShardingSettings{}, adam);
+  ASSERT_TRUE(amsgrad.ok());
+  EXPECT_EQ(amsgrad->memory_per_rank.optimizer_state_bytes,
+            3 * amsgrad->memory_per_rank.sharded_param_bytes);
+  const nlohmann::json config = nlohmann::json::parse(PlanToJson(*amsgrad))["config"];
+  EXPECT_EQ(config["optimizer"], "adam");
+  EXPECT_EQ(config["amsgrad"], true);
+}
+
 TEST_F(PlanTest, Errors) {
-  PlanOptions options;
-  options.world_size = 0;
-  EXPECT_THAT(std::string(ComputePlan(spec_, policy_, options).status().message()),
+  ShardingSettings sharding;
+  const OptimizerSettings optimizer;
+  EXPECT_THAT(std::string(ComputePlan(spec_, policy_, 0, sharding, optimizer).status().message()),
               HasSubstr("world_size must be between 1 and 65536, got 0"));
-  options.world_size = 6;
-  options.strategy = ShardingStrategy::kHybridShard;
-  options.hybrid_shard_group_size = 4;
-  EXPECT_THAT(std::string(ComputePlan(spec_, policy_, options).status().message()),
+  sharding.strategy = ShardingStrategy::kHybridShard;
+  sharding.hybrid_shard_group_size = 4;
+  EXPECT_THAT(std::string(ComputePlan(spec_, policy_, 6, sharding, optimizer).status().message()),
               HasSubstr("does not divide the world size 6"));
-  options.strategy = ShardingStrategy::kFullShard;
-  options.hybrid_shard_group_size = 0;
-  options.param_dtype = DType::kInt32;
-  EXPECT_THAT(std::string(ComputePlan(spec_, policy_, options).status().message()),
+  sharding.strategy = ShardingStrategy::kFullShard;
+  sharding.hybrid_shard_group_size = 0;
+  sharding.param_dtype = DType::kInt32;
+  EXPECT_THAT(std::string(ComputePlan(spec_, policy_, 6, sharding, optimizer).status().message()),
               HasSubstr("mixed_precision.param_dtype must be a floating dtype"));
   EXPECT_THAT(std::string(ParseOptimizerKind("lion").status().message()),
               HasSubstr("unknown optimizer"));

@@ -1,6 +1,6 @@
 // Tests core/step_program.h: the compiled schedule for root{embed, block0, block1,
-// head} (DESIGN.md §4's example) under each strategy and prefetch policy
-// (reference §2.5, §9.2), no_sync micro-steps, and the digest.
+// head} (docs/architecture.md §4's example) under each strategy and prefetch policy
+// (docs/fsdp-semantics.md §2.5, §9.2), no_sync micro-steps, and the digest.
 #include "core/step_program.h"
 
 #include <gmock/gmock.h>
@@ -45,7 +45,7 @@ class StepProgramTest : public ::testing::Test {
 
   std::string Program(const StepProgramOptions& options) const {
     std::vector<std::string> lines;
-    for (const v1::Command& c : CompileStepProgram(index_, units_, options)) {
+    for (const StepCommand& c : CompileStepProgram(index_, units_, options)) {
       lines.push_back(DescribeCommand(c));
     }
     return absl::StrJoin(lines, " ");
@@ -124,6 +124,51 @@ TEST_F(StepProgramTest, DigestCoversProgramStepAndSync) {
   EXPECT_NE(digest, ProgramDigest(program, 3, false));
   options.backward_prefetch = BackwardPrefetch::kNone;
   EXPECT_NE(digest, ProgramDigest(CompileStepProgram(index_, units_, options), 3, true));
+}
+
+TEST_F(StepProgramTest, OptionsForAJobComeFromItsSettings) {
+  ShardingSettings sharding;
+  sharding.strategy = ShardingStrategy::kShardGradOp;
+  sharding.backward_prefetch = BackwardPrefetch::kPost;
+  sharding.forward_prefetch = true;
+  OptimizerSettings optimizer;
+  optimizer.max_grad_norm = 1.5;
+  optimizer.grad_norm_type = 1.0;
+  const StepProgramOptions options = StepProgramOptionsFor(sharding, optimizer, 4, false);
+  EXPECT_EQ(options.strategy, ShardingStrategy::kShardGradOp);
+  EXPECT_EQ(options.backward_prefetch, BackwardPrefetch::kPost);
+  EXPECT_TRUE(options.forward_prefetch);
+  EXPECT_FALSE(options.sync_gradients);
+  EXPECT_EQ(options.max_grad_norm, 1.5);
+  EXPECT_EQ(options.grad_norm_type, 1.0);
+  // The strategy is the effective one: a single rank runs as NO_SHARD.
+  EXPECT_EQ(StepProgramOptionsFor(sharding, optimizer, 1, true).strategy,
+            ShardingStrategy::kNoShard);
+
+  // The job's settings give exactly the program of the same options by hand.
+  StepProgramOptions manual;
+  manual.strategy = ShardingStrategy::kShardGradOp;
+  manual.backward_prefetch = BackwardPrefetch::kPost;
+  manual.forward_prefetch = true;
+  manual.max_grad_norm = 1.5;
+  manual.grad_norm_type = 1.0;
+  const StepProgram synced = CompileStepProgram(
+      index_, units_, StepProgramOptionsFor(sharding, optimizer, 4, /*sync_gradients=*/true));
+  EXPECT_EQ(synced, CompileStepProgram(index_, units_, manual));
+  EXPECT_EQ(DescribeCommand(synced[synced.size() - 2]), "ClipGradNorm(1.5)");
+}
+
+TEST_F(StepProgramTest, EncodingIsCanonicalAndDigestsNameTheKind) {
+  const StepProgram program = CompileStepProgram(index_, units_, StepProgramOptions{});
+  const std::string bytes = EncodeStepProgram(program);
+  EXPECT_EQ(bytes.size(), 8 + 27 * program.size());
+  EXPECT_EQ(bytes, EncodeStepProgram(CompileStepProgram(index_, units_, StepProgramOptions{})));
+  StepProgram changed = program;
+  changed[1].unit = 2;
+  EXPECT_NE(bytes, EncodeStepProgram(changed));
+  // The same content under another kind has another digest.
+  EXPECT_NE(BatchContentDigest("step", bytes), BatchContentDigest("control", bytes));
+  EXPECT_EQ(BatchContentDigest("control", bytes).size(), 16u);
 }
 
 }  // namespace

@@ -203,7 +203,14 @@ TEST(CoordinatorMetricsTest, ExportsStepsBatchesAndCheckpointOutcomes) {
   step.add_rank_losses(0.2);
   step.add_rank_losses(0.3);
   metrics.OnStep("demo", step, 128);
-  metrics.OnBatch("demo", "step", absl::Milliseconds(3));
+  v1::CommandBatch batch;
+  batch.mutable_step()->set_sync_gradients(true);
+  metrics.OnBatch("demo", batch, absl::Milliseconds(3));
+  // The label is the batch's kind, no_sync micro-steps apart.
+  batch.mutable_step()->set_sync_gradients(false);
+  metrics.OnBatch("demo", batch, absl::Milliseconds(3));
+  batch.mutable_checkpoint()->mutable_save_shard();
+  metrics.OnBatch("demo", batch, absl::Milliseconds(3));
   v1::CheckpointInfo info;
   info.set_bytes(1 << 20);
   metrics.OnCheckpointSave("demo", v1::SHARDED_STATE_DICT, absl::Seconds(2), info);
@@ -218,6 +225,10 @@ TEST(CoordinatorMetricsTest, ExportsStepsBatchesAndCheckpointOutcomes) {
   EXPECT_THAT(
       text,
       HasSubstr(R"(flatshard_batch_round_trip_seconds_count{job_name="demo",kind="step"} 1)"));
+  EXPECT_THAT(text, HasSubstr(R"(flatshard_batch_round_trip_seconds_count{job_name="demo",)"
+                              R"(kind="micro_step"} 1)"));
+  EXPECT_THAT(text, HasSubstr(R"(flatshard_batch_round_trip_seconds_count{job_name="demo",)"
+                              R"(kind="checkpoint"} 1)"));
   EXPECT_THAT(text, HasSubstr(R"(flatshard_checkpoints_total{job_name="demo",type="sharded"} 1)"));
   EXPECT_THAT(
       text,

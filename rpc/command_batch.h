@@ -1,0 +1,37 @@
+// Command batches (flatshard.v1.CommandBatch) as both daemons build and check
+// them: the batch's kind is its `kind` oneof (step, control, checkpoint,
+// summon), never re-derived from its commands, and its digest covers the kind
+// and its content (docs/control-plane.md). The coordinator's sequencer stamps
+// BatchDigest into every batch; the worker recomputes it before running one.
+#ifndef FLATSHARD_RPC_COMMAND_BATCH_H_
+#define FLATSHARD_RPC_COMMAND_BATCH_H_
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+#include "core/step_program.h"
+#include "flatshard/v1/worker.pb.h"
+
+namespace flatshard {
+
+// Batches without epoch, seq and digest (the sequencer's to stamp).
+// A training step: `program` for global batch `step`.
+v1::CommandBatch MakeStepBatch(const StepProgram& program, int64_t step, bool sync_gradients);
+// Manual Unshard / Reshard / Barrier outside a step.
+v1::CommandBatch MakeControlBatch(const StepProgram& commands);
+
+// The digest of the batch's kind and content: for a step batch exactly
+// core's ProgramDigest of its program, step and sync flag. INVALID_ARGUMENT
+// naming the field for a batch without a kind, a checkpoint batch without
+// an op, or commands core cannot represent (rpc/step_program_proto.h).
+absl::StatusOr<std::string> BatchDigest(const v1::CommandBatch& batch);
+
+// "step", "control", "checkpoint", "summon"; "unset" for KIND_NOT_SET.
+absl::string_view BatchKindName(v1::CommandBatch::KindCase kind);
+
+}  // namespace flatshard
+
+#endif  // FLATSHARD_RPC_COMMAND_BATCH_H_
