@@ -30,6 +30,8 @@
 #include "worker/comm/file_store.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/comm/gloo_store_adapter.h"
+#include "worker/comm/host_collectives.h"
+#include "worker/device/host/host_device.h"
 #include "worker/runtime/flat_param_unit.h"
 
 namespace flatshard {
@@ -96,9 +98,23 @@ int RunRank(const std::string& dir, int rank, int world, size_t bytes, int iters
                            ShardingStrategy::kFullShard,
                            ResolvedPrecision{DType::kFloat32, DType::kFloat32},
                            ComputeGradientDivideFactors(world)};
-  FlatParamUnit unit(config, &comm, nullptr, &memory);
+  // The unit on the CPU device, as the runtime drives it: the collectives run
+  // on the communication stream's thread, the compute stream waits for them.
+  HostDevice host;
+  std::unique_ptr<Stream> compute = *host.CreateStream(StreamRole::kCompute, "compute");
+  std::unique_ptr<Stream> comm_stream = *host.CreateStream(StreamRole::kCommunication, "comm");
+  std::unique_ptr<HostCollectives> collectives = HostCollectives::Borrowing(&comm);
+  UnitPlacement placement{&host,   compute.get(), comm_stream.get(), &memory, collectives.get(),
+                          nullptr, &comm};
+  auto unit_or = FlatParamUnit::Create(config, placement);
+  if (!unit_or.ok()) {
+    std::cerr << unit_or.status() << "\n";
+    return 1;
+  }
+  FlatParamUnit& unit = **unit_or;
   t.unit_gather = MedianSeconds(iters, comm, [&] {
     (void)unit.Gather();
+    (void)compute->Wait(unit.gathered());
     unit.Free();
   });
 
@@ -107,8 +123,10 @@ int RunRank(const std::string& dir, int rank, int world, size_t bytes, int iters
     (void)comm.ReduceScatter(full.data(), reduced.data(), shard, DType::kFloat32);
   });
   t.unit_reduce = MedianSeconds(iters, comm, [&] {
-    unit.EnsureGrad();
+    (void)unit.EnsureGrad();
+    (void)comm_stream->Wait(**compute->Record());
     (void)unit.ReduceGrad();
+    (void)comm_stream->Synchronize();
   });
 
   std::vector<int> recv_elems(static_cast<size_t>(world), static_cast<int>(shard));

@@ -34,8 +34,11 @@ if(FLATSHARD_HAVE_CUDA)
     set(CMAKE_CUDA_ARCHITECTURES 80 90)
   endif()
   enable_language(CUDA)
-  # CMake 3.25 knows nvcc dialects up to C++17; the .cu files need no more.
-  set(CMAKE_CUDA_STANDARD 17)
+  # The kernels include the shared C++20 headers (core/, worker/device/). nvcc
+  # 12+ speaks C++20, but CMake 3.25 only knows its flags up to C++17: teach it.
+  set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+  set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
+  set(CMAKE_CUDA_STANDARD 20)
   set(CMAKE_CUDA_STANDARD_REQUIRED ON)
   add_library(flatshard::nccl UNKNOWN IMPORTED)
   set_target_properties(flatshard::nccl PROPERTIES

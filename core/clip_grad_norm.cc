@@ -8,38 +8,19 @@
 
 #include "absl/strings/str_cat.h"
 
+#include "core/clip_grad_norm_math.h"
+
 namespace flatshard {
 namespace {
 
 constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
 
+using clip_math::AbsPow;
+using clip_math::NaNMax;
+using clip_math::Root;
+using clip_math::RoundToFloat;
+
 bool IsValidNormType(double norm_type) { return norm_type > 0.0; }  // +inf passes, NaN fails
-
-// Rounds to float32 as torch's float32 result tensors are; out-of-range values
-// become inf, as in torch.
-double RoundToFloat(double value) { return static_cast<double>(static_cast<float>(value)); }
-
-// max that propagates NaN, like torch.maximum and the inf-norm reduction.
-double NaNMax(double a, double b) {
-  if (std::isnan(a)) return a;
-  if (std::isnan(b)) return b;
-  return std::max(a, b);
-}
-
-// |x|^p with the cheap exact forms for the common p.
-double AbsPow(double x, double p) {
-  const double a = std::fabs(x);
-  if (p == 1.0) return a;
-  if (p == 2.0) return a * a;
-  return std::pow(a, p);
-}
-
-// s^(1/p), the inverse of AbsPow on sums.
-double Root(double s, double p) {
-  if (p == 1.0) return s;
-  if (p == 2.0) return std::sqrt(s);
-  return std::pow(s, 1.0 / p);
-}
 
 // torch.linalg.vector_norm(g, p, dtype=float32) for finite p > 0: the sum is in
 // double here, the result a float32 value.
@@ -107,20 +88,14 @@ double LocalGradNormContribution(std::span<const std::span<const float>> grads, 
 double TotalNormFromReduced(double reduced_sum_pow_or_max, double nonsharded_pow_or_max,
                             double norm_type) {
   if (!IsValidNormType(norm_type)) return kNaN;
-  if (IsInfNorm(norm_type)) {
-    return RoundToFloat(NaNMax(reduced_sum_pow_or_max, nonsharded_pow_or_max));
-  }
-  return RoundToFloat(Root(reduced_sum_pow_or_max + nonsharded_pow_or_max, norm_type));
+  return clip_math::TotalNorm(reduced_sum_pow_or_max, nonsharded_pow_or_max, norm_type);
 }
 
 // §8 step 7 on float32 scalars, op by op: `total_norm + 1e-6` (the Python
 // scalar becomes float32), `max_norm / t` which Tensor.__rtruediv__ evaluates
 // as `t.reciprocal() * max_norm`, then torch.clamp(max=1.0), which keeps NaN.
 double ClipCoefficient(double max_norm, double total_norm) {
-  const float shifted = static_cast<float>(total_norm) + static_cast<float>(1e-6);
-  const float reciprocal = 1.0f / shifted;
-  const float coef = reciprocal * static_cast<float>(max_norm);
-  return static_cast<double>(std::isnan(coef) ? coef : std::min(coef, 1.0f));
+  return static_cast<double>(clip_math::ClipCoefficient(max_norm, total_norm));
 }
 
 void ScaleGrads(std::span<float> grads, double coef) {

@@ -1,7 +1,6 @@
 #include "core/dtype.h"
 
 #include <algorithm>
-#include <bit>
 #include <cctype>
 #include <cstring>
 #include <string>
@@ -138,61 +137,6 @@ absl::StatusOr<DType> ParseSafetensorsDType(absl::string_view name) {
   }
   return absl::InvalidArgumentError(absl::StrCat("unsupported safetensors dtype '", name,
                                                  "'; expected F32, F64, F16, BF16, I32 or I64"));
-}
-
-uint16_t FloatToBFloat16(float value) {
-  uint32_t bits = std::bit_cast<uint32_t>(value);
-  if ((bits & 0x7FFFFFFFu) > 0x7F800000u) {
-    // NaN: keep the sign and the top payload bits, force the quiet bit so a
-    // payload living only in the low bits cannot turn into infinity.
-    return static_cast<uint16_t>((bits >> 16) | 0x0040u);
-  }
-  // Round to nearest, ties to even: add 0x7FFF plus the lowest kept bit.
-  uint32_t rounding_bias = 0x7FFFu + ((bits >> 16) & 1u);
-  return static_cast<uint16_t>((bits + rounding_bias) >> 16);
-}
-
-float BFloat16ToFloat(uint16_t bits) {
-  return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16);
-}
-
-uint16_t FloatToHalf(float value) {
-  // F. Giesen's float_to_half_fast3_rtne: exact round-to-nearest-even, including
-  // subnormal results (done by letting the FPU round against a magic number).
-  constexpr uint32_t kF32Infinity = 255u << 23;
-  constexpr uint32_t kF16Max = (127u + 16u) << 23;  // 2^16: first value -> inf
-  constexpr uint32_t kDenormMagic = ((127u - 15u) + (23u - 10u) + 1u) << 23;
-  uint32_t x = std::bit_cast<uint32_t>(value);
-  const uint32_t sign = x & 0x80000000u;
-  x ^= sign;
-  uint32_t out;
-  if (x >= kF16Max) {
-    out = x > kF32Infinity ? 0x7E00u : 0x7C00u;
-  } else if (x < (113u << 23)) {  // below 2^-14: a half subnormal or zero
-    float f = std::bit_cast<float>(x) + std::bit_cast<float>(kDenormMagic);
-    out = std::bit_cast<uint32_t>(f) - kDenormMagic;
-  } else {
-    const uint32_t mantissa_odd = (x >> 13) & 1u;
-    x += (static_cast<uint32_t>(15 - 127) << 23) + 0xFFFu;
-    x += mantissa_odd;
-    out = x >> 13;
-  }
-  return static_cast<uint16_t>(out | (sign >> 16));
-}
-
-float HalfToFloat(uint16_t bits) {
-  const uint32_t sign = static_cast<uint32_t>(bits & 0x8000u) << 16;
-  const uint32_t exponent = (bits >> 10) & 0x1Fu;
-  const uint32_t mantissa = bits & 0x3FFu;
-  if (exponent == 0) {
-    // Zero or subnormal: mantissa * 2^-24 is exact in float.
-    float magnitude = static_cast<float>(mantissa) * 0x1p-24f;
-    return sign != 0 ? -magnitude : magnitude;
-  }
-  if (exponent == 31) {
-    return std::bit_cast<float>(sign | 0x7F800000u | (mantissa << 13));
-  }
-  return std::bit_cast<float>(sign | ((exponent + 112u) << 23) | (mantissa << 13));
 }
 
 double ReadElement(DType dtype, const std::byte* data, size_t index) {

@@ -11,6 +11,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
+#include "core/float16.h"
+
 namespace flatshard {
 
 enum class DType : uint8_t {
@@ -41,13 +43,8 @@ absl::StatusOr<DType> ParseDType(absl::string_view name);
 // Accepts exactly the safetensors names.
 absl::StatusOr<DType> ParseSafetensorsDType(absl::string_view name);
 
-// Round-to-nearest-even conversions, bit-exact with PyTorch's CPU casts. NaN stays
-// NaN (quieted), infinities and signed zeros are preserved, float16 overflow goes
-// to infinity and float16 subnormals are produced exactly.
-uint16_t FloatToBFloat16(float value);
-float BFloat16ToFloat(uint16_t bits);
-uint16_t FloatToHalf(float value);
-float HalfToFloat(uint16_t bits);
+// The float32 <-> 16-bit conversions (FloatToBFloat16, HalfToFloat, ...) live in
+// core/float16.h, shared with the device kernels.
 
 // Converts `count` elements between any two floating dtypes (through float32 for
 // the 16-bit types, through double otherwise). `src` and `dst` hold raw element

@@ -18,36 +18,24 @@
 //   Adam's state tensors (without L2 weight decay, which feeds the params back
 //   into the grad) match bit for bit. Other devices' kernels may round
 //   differently again.
-// std::fma is used exactly where torch fuses, and nothing else may be contracted
-// (flatshard builds with -std=c++20, where GCC's default is -ffp-contract=off).
+// fmaf is used exactly where torch fuses (core/optimizer_update.h), and nothing
+// else may be contracted (flatshard builds with -std=c++20, where GCC's default
+// is -ffp-contract=off; CUDA kernels build with --fmad=false).
 #include "core/optimizer.h"
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
+#include "core/optimizer_update.h"
 #include "core/status_macros.h"
 
 namespace flatshard {
 namespace {
-
-// ATen's lerp (aten/src/ATen/native/Lerp.h, is_lerp_weight_small) with the
-// vectorised kernel's fused multiply-add.
-inline float TorchLerp(float self, float end, float weight) {
-  const float diff = end - self;
-  return std::fabs(weight) < 0.5f ? std::fma(weight, diff, self)
-                                  : std::fma(weight - 1.0f, diff, end);
-}
-
-// torch.maximum: a NaN in either operand is the result.
-inline float TorchMaximum(float a, float b) {
-  if (std::isnan(a)) return a;
-  if (std::isnan(b)) return b;
-  return std::max(a, b);
-}
 
 absl::Status CheckNonNegative(absl::string_view field, double value) {
   if (!(value >= 0.0)) {  // NaN fails too, as torch's `not 0.0 <= value`
@@ -167,16 +155,6 @@ absl::Status OptimizerState::SetState(absl::string_view name, std::span<const fl
   return absl::OkStatus();
 }
 
-std::span<float> OptimizerState::GetOrCreate(size_t index) {
-  if (!tensors_[index].has_value()) tensors_[index].emplace(size_, 0.0f);  // zeros_like
-  return *tensors_[index];
-}
-
-std::optional<std::span<float>> OptimizerState::Find(size_t index) {
-  if (!tensors_[index].has_value()) return std::nullopt;
-  return std::span<float>(*tensors_[index]);
-}
-
 SgdState::SgdState(size_t size) : OptimizerState(size, {std::string(kMomentumBuffer)}, "sgd") {}
 
 AdamState::AdamState(size_t size)
@@ -184,120 +162,135 @@ AdamState::AdamState(size_t size)
           size, {std::string(kExpAvg), std::string(kExpAvgSq), std::string(kMaxExpAvgSq)}, "adam") {
 }
 
-// torch.optim.sgd._single_tensor_sgd, per element:
-//   grad = -grad if maximize
-//   grad = grad.add(param, alpha=weight_decay)             if weight_decay != 0
-//   buf  = grad.clone()                                    first momentum step
-//   buf  = buf.mul_(momentum).add_(grad, alpha=1-dampening) later ones
-//   grad = grad.add(buf, alpha=momentum) if nesterov else buf
-//   param.add_(grad, alpha=-lr)
-absl::Status SgdStep(std::span<float> params, std::span<const float> grads, SgdState& state,
-                     const SgdOptions& options) {
-  RETURN_IF_ERROR(ValidateSgdOptions(options));
-  RETURN_IF_ERROR(CheckSizes("SgdStep", params, grads, state));
-  state.IncrementStep();
-
-  const bool use_momentum = options.momentum != 0.0;
-  const bool first_momentum_step = use_momentum && !state.Has(0);
-  const std::span<float> buf = use_momentum ? state.GetOrCreate(0) : std::span<float>();
-  const float weight_decay = static_cast<float>(options.weight_decay);
-  const float momentum = static_cast<float>(options.momentum);
-  const float one_minus_dampening = static_cast<float>(1.0 - options.dampening);
-  const float neg_lr = static_cast<float>(-options.lr);
-
-  for (size_t i = 0; i < params.size(); ++i) {
-    float grad = options.maximize ? -grads[i] : grads[i];
-    if (options.weight_decay != 0.0) grad = std::fma(params[i], weight_decay, grad);
-    if (use_momentum) {
-      if (first_momentum_step) {
-        buf[i] = grad;
-      } else {
-        const float decayed = buf[i] * momentum;
-        buf[i] = std::fma(grad, one_minus_dampening, decayed);
-      }
-      grad = options.nesterov ? std::fma(buf[i], momentum, grad) : buf[i];
+absl::StatusOr<OptimizerStepPlan> PlanOptimizerStep(
+    const OptimizerSettings& settings, const std::function<bool(absl::string_view)>& present,
+    float step_before) {
+  RETURN_IF_ERROR(ValidateOptimizerSettings(settings));
+  OptimizerStepPlan plan;
+  // torch: step_t += 1 in float32, so the count stops growing at 2^24.
+  plan.step_after = step_before + 1.0f;
+  if (settings.kind == OptimizerKind::kSgd) {
+    // torch.optim.sgd._single_tensor_sgd, per element:
+    //   grad = -grad if maximize
+    //   grad = grad.add(param, alpha=weight_decay)             if weight_decay != 0
+    //   buf  = grad.clone()                                    first momentum step
+    //   buf  = buf.mul_(momentum).add_(grad, alpha=1-dampening) later ones
+    //   grad = grad.add(buf, alpha=momentum) if nesterov else buf
+    //   param.add_(grad, alpha=-lr)
+    const SgdOptions& o = settings.sgd;
+    SgdCoefficients& c = plan.sgd;
+    c.maximize = o.maximize;
+    c.weight_decay = o.weight_decay != 0.0;
+    c.weight_decay_value = static_cast<float>(o.weight_decay);
+    c.momentum = o.momentum != 0.0;
+    c.nesterov = o.nesterov;
+    c.momentum_value = static_cast<float>(o.momentum);
+    c.one_minus_dampening = static_cast<float>(1.0 - o.dampening);
+    c.neg_lr = static_cast<float>(-o.lr);
+    if (c.momentum) {
+      const std::string buffer(SgdState::kMomentumBuffer);
+      c.first_momentum_step = !present(buffer);
+      if (c.first_momentum_step) plan.create.push_back(buffer);
+      plan.use.push_back(buffer);
     }
-    params[i] = std::fma(grad, neg_lr, params[i]);
+    return plan;
   }
-  return absl::OkStatus();
-}
-
-// torch.optim.adam._single_tensor_adam (torch >= 2.6 folds AdamW in as
-// decoupled_weight_decay; adamw._single_tensor_adamw before it is the same
-// arithmetic), per element, after step_t += 1:
-//   param.mul_(1 - lr*weight_decay)                 AdamW, weight_decay != 0
-//   grad = grad.add(param, alpha=weight_decay)      Adam,  weight_decay != 0
-//   exp_avg.lerp_(grad, 1 - beta1)
-//   exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-//   torch.maximum(max_exp_avg_sq, exp_avg_sq, out=max_exp_avg_sq)   amsgrad
-//   denom = (v.sqrt() / bias_correction2_sqrt).add_(eps)   v = max or exp_avg_sq
-//   param.addcdiv_(exp_avg, denom, value=-step_size)
-// with, in Python double, step = float(step_t):
-//   bias_correction1 = 1 - beta1**step, bias_correction2 = 1 - beta2**step,
-//   step_size = lr / bias_correction1, bias_correction2_sqrt = bias_correction2**0.5.
-absl::Status AdamStep(std::span<float> params, std::span<const float> grads, AdamState& state,
-                      const AdamOptions& options) {
-  RETURN_IF_ERROR(ValidateAdamOptions(options));
-  RETURN_IF_ERROR(CheckSizes("AdamStep", params, grads, state));
-  constexpr size_t kExpAvgIndex = 0, kExpAvgSqIndex = 1, kMaxIndex = 2;
-
+  // torch.optim.adam._single_tensor_adam (torch >= 2.6 folds AdamW in as
+  // decoupled_weight_decay; adamw._single_tensor_adamw before it is the same
+  // arithmetic), per element, after step_t += 1 (core/optimizer_update.h), with,
+  // in Python double, step = float(step_t):
+  //   bias_correction1 = 1 - beta1**step, bias_correction2 = 1 - beta2**step,
+  //   step_size = lr / bias_correction1, bias_correction2_sqrt = bias_correction2**0.5.
+  const AdamOptions& o = settings.adam;
+  const std::string exp_avg(AdamState::kExpAvg), exp_avg_sq(AdamState::kExpAvgSq),
+      max_exp_avg_sq(AdamState::kMaxExpAvgSq);
   // torch's lazy init (`if len(state) == 0`): zeros, max_exp_avg_sq with amsgrad.
-  if (!state.Has(kExpAvgIndex) && !state.Has(kExpAvgSqIndex) && !state.Has(kMaxIndex)) {
-    state.GetOrCreate(kExpAvgIndex);
-    state.GetOrCreate(kExpAvgSqIndex);
-    if (options.amsgrad) state.GetOrCreate(kMaxIndex);
-  }
-  const std::optional<std::span<float>> exp_avg = state.Find(kExpAvgIndex);
-  const std::optional<std::span<float>> exp_avg_sq = state.Find(kExpAvgSqIndex);
-  const std::optional<std::span<float>> max_exp_avg_sq = state.Find(kMaxIndex);
-  if (!exp_avg.has_value() || !exp_avg_sq.has_value()) {
-    return absl::FailedPreconditionError(absl::StrCat("AdamStep: adam state has ",
-                                                      absl::StrJoin(state.StateNames(), ", "),
-                                                      " but needs both exp_avg and exp_avg_sq"));
-  }
-  if (options.amsgrad && !max_exp_avg_sq.has_value()) {
+  if (!present(exp_avg) && !present(exp_avg_sq) && !present(max_exp_avg_sq)) {
+    plan.create = {exp_avg, exp_avg_sq};
+    if (o.amsgrad) plan.create.push_back(max_exp_avg_sq);
+  } else if (!present(exp_avg) || !present(exp_avg_sq)) {
+    return absl::FailedPreconditionError(
+        "AdamStep: the adam state needs both exp_avg and exp_avg_sq, but a loaded state lacks one");
+  } else if (o.amsgrad && !present(max_exp_avg_sq)) {
     return absl::FailedPreconditionError(
         "AdamStep: optimizer.amsgrad is true but the adam state has no max_exp_avg_sq (it was "
         "created or loaded without amsgrad)");
   }
+  plan.use = {exp_avg, exp_avg_sq};
+  if (o.amsgrad) plan.use.push_back(max_exp_avg_sq);
+  const double step = plan.step_after;  // _get_value(step_t): the float32 count as a double
+  const double bias_correction1 = 1.0 - std::pow(o.beta1, step);
+  const double bias_correction2 = 1.0 - std::pow(o.beta2, step);
+  const double step_size = o.lr / bias_correction1;
+  const bool decoupled = settings.kind == OptimizerKind::kAdamW || o.decoupled_weight_decay;
+  AdamCoefficients& c = plan.adam;
+  c.maximize = o.maximize;
+  c.decoupled = decoupled && o.weight_decay != 0.0;
+  c.l2 = !decoupled && o.weight_decay != 0.0;
+  c.amsgrad = o.amsgrad;
+  c.decay_factor = static_cast<float>(1.0 - o.lr * o.weight_decay);
+  c.weight_decay = static_cast<float>(o.weight_decay);
+  c.lerp_weight = static_cast<float>(1.0 - o.beta1);
+  c.beta2 = static_cast<float>(o.beta2);
+  c.one_minus_beta2 = static_cast<float>(1.0 - o.beta2);
+  // `** 0.5`, correctly rounded like sqrt
+  c.bias_correction2_sqrt = static_cast<float>(std::sqrt(bias_correction2));
+  c.eps = static_cast<float>(o.eps);
+  c.neg_step_size = static_cast<float>(-step_size);
+  return plan;
+}
 
-  state.IncrementStep();
-  const double step = state.step();  // _get_value(step_t): the float32 count as a double
-  const double bias_correction1 = 1.0 - std::pow(options.beta1, step);
-  const double bias_correction2 = 1.0 - std::pow(options.beta2, step);
-  const double step_size = options.lr / bias_correction1;
-  const double bias_correction2_sqrt = std::sqrt(bias_correction2);  // `** 0.5`, correctly
-                                                                     // rounded like sqrt
-
-  const bool decoupled = options.decoupled_weight_decay && options.weight_decay != 0.0;
-  const bool l2 = !options.decoupled_weight_decay && options.weight_decay != 0.0;
-  const float decay_factor = static_cast<float>(1.0 - options.lr * options.weight_decay);
-  const float weight_decay = static_cast<float>(options.weight_decay);
-  const float lerp_weight = static_cast<float>(1.0 - options.beta1);
-  const float beta2 = static_cast<float>(options.beta2);
-  const float one_minus_beta2 = static_cast<float>(1.0 - options.beta2);
-  const float bias_sqrt = static_cast<float>(bias_correction2_sqrt);
-  const float eps = static_cast<float>(options.eps);
-  const float neg_step_size = static_cast<float>(-step_size);
-
-  std::span<float> m = *exp_avg;
-  std::span<float> v = *exp_avg_sq;
-  for (size_t i = 0; i < params.size(); ++i) {
-    float grad = options.maximize ? -grads[i] : grads[i];
-    if (decoupled) params[i] *= decay_factor;
-    if (l2) grad = std::fma(params[i], weight_decay, grad);
-    m[i] = TorchLerp(m[i], grad, lerp_weight);
-    const float decayed = v[i] * beta2;
-    v[i] = std::fma(one_minus_beta2 * grad, grad, decayed);
-    float second_moment = v[i];
-    if (options.amsgrad) {
-      (*max_exp_avg_sq)[i] = TorchMaximum((*max_exp_avg_sq)[i], v[i]);
-      second_moment = (*max_exp_avg_sq)[i];
+absl::Status OptimizerStep(const OptimizerSettings& settings, std::span<float> params,
+                           std::span<const float> grads, OptimizerState& state) {
+  const bool sgd = settings.kind == OptimizerKind::kSgd;
+  if (sgd != (dynamic_cast<SgdState*>(&state) != nullptr)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("OptimizerStep: ", OptimizerKindName(settings.kind), " needs an ",
+                     sgd ? "SgdState" : "AdamState"));
+  }
+  RETURN_IF_ERROR(CheckSizes(sgd ? "SgdStep" : "AdamStep", params, grads, state));
+  ASSIGN_OR_RETURN(OptimizerStepPlan plan,
+                   PlanOptimizerStep(
+                       settings, [&](absl::string_view name) { return state.HasState(name); },
+                       static_cast<float>(state.step())));
+  for (const std::string& name : plan.create) {
+    RETURN_IF_ERROR(state.SetState(name, std::vector<float>(state.size(), 0.0f)));  // zeros_like
+  }
+  std::vector<std::span<float>> use;
+  for (const std::string& name : plan.use) {
+    ASSIGN_OR_RETURN(std::span<float> values, state.State(name));
+    use.push_back(values);
+  }
+  state.set_step(plan.step_after);
+  if (sgd) {
+    float* buf = use.empty() ? nullptr : use[0].data();
+    for (size_t i = 0; i < params.size(); ++i) {
+      SgdUpdate(plan.sgd, params[i], grads[i], buf == nullptr ? nullptr : buf + i);
     }
-    const float denom = std::sqrt(second_moment) / bias_sqrt + eps;
-    params[i] = params[i] + (neg_step_size * m[i]) / denom;
+    return absl::OkStatus();
+  }
+  float* max = plan.adam.amsgrad ? use[2].data() : nullptr;
+  for (size_t i = 0; i < params.size(); ++i) {
+    AdamUpdate(plan.adam, params[i], grads[i], use[0][i], use[1][i],
+               max == nullptr ? nullptr : max + i);
   }
   return absl::OkStatus();
+}
+
+absl::Status SgdStep(std::span<float> params, std::span<const float> grads, SgdState& state,
+                     const SgdOptions& options) {
+  OptimizerSettings settings;
+  settings.kind = OptimizerKind::kSgd;
+  settings.sgd = options;
+  return OptimizerStep(settings, params, grads, state);
+}
+
+absl::Status AdamStep(std::span<float> params, std::span<const float> grads, AdamState& state,
+                      const AdamOptions& options) {
+  OptimizerSettings settings;
+  settings.kind = options.decoupled_weight_decay ? OptimizerKind::kAdamW : OptimizerKind::kAdam;
+  settings.adam = options;
+  return OptimizerStep(settings, params, grads, state);
 }
 
 }  // namespace flatshard

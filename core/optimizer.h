@@ -14,6 +14,7 @@
 #define FLATSHARD_CORE_OPTIMIZER_H_
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -23,6 +24,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+
+#include "core/optimizer_update.h"
 
 namespace flatshard {
 
@@ -128,14 +131,6 @@ class OptimizerState {
   // names it in messages ("sgd", "adam").
   OptimizerState(size_t size, std::vector<std::string> names, absl::string_view kind);
 
-  // The tensor at `index` of `names`, created zero-filled when absent.
-  std::span<float> GetOrCreate(size_t index);
-  // The tensor at `index`, or nullopt when absent.
-  std::optional<std::span<float>> Find(size_t index);
-  bool Has(size_t index) const { return tensors_[index].has_value(); }
-
-  void IncrementStep() { step_ += 1.0f; }  // torch: step_t += 1 (float32)
-
  private:
   std::optional<size_t> IndexOf(absl::string_view name) const;
 
@@ -155,10 +150,6 @@ class SgdState : public OptimizerState {
   static constexpr absl::string_view kMomentumBuffer = "momentum_buffer";
 
   explicit SgdState(size_t size);
-
- private:
-  friend absl::Status SgdStep(std::span<float>, std::span<const float>, SgdState&,
-                              const SgdOptions&);
 };
 
 // torch.optim.Adam / AdamW's state: `exp_avg`, `exp_avg_sq` and, with amsgrad,
@@ -171,10 +162,6 @@ class AdamState : public OptimizerState {
   static constexpr absl::string_view kMaxExpAvgSq = "max_exp_avg_sq";
 
   explicit AdamState(size_t size);
-
- private:
-  friend absl::Status AdamStep(std::span<float>, std::span<const float>, AdamState&,
-                               const AdamOptions&);
 };
 
 // One torch.optim.SGD step on a shard: params, grads and state all of S
@@ -193,7 +180,27 @@ absl::Status AdamStep(std::span<float> params, std::span<const float> grads, Ada
 // A fresh state of S elements for `kind` (SgdState or AdamState).
 std::unique_ptr<OptimizerState> MakeOptimizerState(OptimizerKind kind, size_t size);
 
-// One step of `settings`' optimizer: SgdStep, or AdamStep with
+// What one step of `settings`' optimizer does before its element updates
+// (core/optimizer_update.h), for any storage of the state tensors (host vectors
+// here, device buffers on workers): the tensors torch's lazy initialisation
+// creates (zero-filled), the tensors the update reads and writes in the update's
+// order (SGD: momentum_buffer when momentum != 0; Adam: exp_avg, exp_avg_sq
+// and, with amsgrad, max_exp_avg_sq), the step count after the step and the
+// update's scalars. `present` says whether a state tensor exists now.
+// InvalidArgument for invalid options, FailedPrecondition when loaded state
+// lacks a tensor the step needs (where torch would raise KeyError).
+struct OptimizerStepPlan {
+  std::vector<std::string> create;
+  std::vector<std::string> use;
+  float step_after = 0.0f;
+  SgdCoefficients sgd;    // kSgd
+  AdamCoefficients adam;  // kAdam, kAdamW
+};
+absl::StatusOr<OptimizerStepPlan> PlanOptimizerStep(
+    const OptimizerSettings& settings, const std::function<bool(absl::string_view)>& present,
+    float step_before);
+
+// One step of `settings`' optimizer on host memory: SgdStep, or AdamStep with
 // decoupled_weight_decay set for AdamW. `state` must come from
 // MakeOptimizerState(settings.kind, ...) (InvalidArgument otherwise).
 absl::Status OptimizerStep(const OptimizerSettings& settings, std::span<float> params,

@@ -57,23 +57,4 @@ std::unique_ptr<OptimizerState> MakeOptimizerState(OptimizerKind kind, size_t si
   return std::make_unique<AdamState>(size);
 }
 
-absl::Status OptimizerStep(const OptimizerSettings& settings, std::span<float> params,
-                           std::span<const float> grads, OptimizerState& state) {
-  if (settings.kind == OptimizerKind::kSgd) {
-    auto* sgd = dynamic_cast<SgdState*>(&state);
-    if (sgd == nullptr) {
-      return absl::InvalidArgumentError("OptimizerStep: sgd needs an SgdState");
-    }
-    return SgdStep(params, grads, *sgd, settings.sgd);
-  }
-  auto* adam = dynamic_cast<AdamState*>(&state);
-  if (adam == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("OptimizerStep: ", OptimizerKindName(settings.kind), " needs an AdamState"));
-  }
-  AdamOptions options = settings.adam;
-  options.decoupled_weight_decay = settings.kind == OptimizerKind::kAdamW;
-  return AdamStep(params, grads, *adam, options);
-}
-
 }  // namespace flatshard

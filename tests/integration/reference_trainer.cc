@@ -10,7 +10,11 @@ absl::StatusOr<std::unique_ptr<ReferenceTrainer>> ReferenceTrainer::Create(
   ASSIGN_OR_RETURN(ModelIndex index, IndexModel(spec));
   std::unique_ptr<ReferenceTrainer> trainer(new ReferenceTrainer(std::move(index), options));
   RETURN_IF_ERROR(trainer->store_.Init(trainer->index_, options.seed));
-  ASSIGN_OR_RETURN(trainer->model_, compute::Model::Create(spec, trainer->index_, options.loss));
+  ASSIGN_OR_RETURN(trainer->stream_,
+                   trainer->device_.CreateStream(StreamRole::kCompute, "reference"));
+  ASSIGN_OR_RETURN(trainer->model_,
+                   compute::Model::Create(spec, trainer->index_, options.loss,
+                                          {&trainer->device_, trainer->stream_.get(), nullptr}));
   for (size_t p = 0; p < trainer->index_.params.size(); ++p) {
     const size_t n = trainer->store_.values(static_cast<int>(p)).size();
     trainer->states_.push_back(MakeOptimizerState(options.optimizer.kind, n));

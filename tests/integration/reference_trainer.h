@@ -1,6 +1,7 @@
 // Single-process, unsharded training: the same model, initial values, data and
 // optimizer formulas as an FSDP job, on whole parameters and the global batch.
-// FSDP runs are held against it step for step.
+// FSDP runs are held against it step for step. It computes on the CPU device
+// with core's host optimizer, whatever device the runs it checks use.
 #ifndef FLATSHARD_TESTS_INTEGRATION_REFERENCE_TRAINER_H_
 #define FLATSHARD_TESTS_INTEGRATION_REFERENCE_TRAINER_H_
 
@@ -16,6 +17,7 @@
 #include "worker/compute/batch.h"
 #include "worker/compute/dense_param_store.h"
 #include "worker/compute/model.h"
+#include "worker/device/host/host_device.h"
 #include "worker/runtime/fsdp_runtime.h"
 
 namespace flatshard::testing {
@@ -45,6 +47,9 @@ class ReferenceTrainer : public compute::ModuleHooks {
 
   ModelIndex index_;
   RuntimeOptions options_;
+  // The reference computes on the CPU device: its parameters are host memory.
+  HostDevice device_;
+  std::unique_ptr<Stream> stream_;
   compute::DenseParamStore store_;
   std::unique_ptr<compute::Model> model_;
   std::vector<std::unique_ptr<OptimizerState>> states_;  // by param index (primaries)

@@ -1,95 +1,60 @@
 #include "worker/compute/activation.h"
 
-#include <cmath>
+#include "core/status_macros.h"
+#include "worker/device/kernels/element_ops.h"
 
 namespace flatshard::compute {
-namespace {
 
-constexpr float kInvSqrt2 = 0.70710678118654752440f;
-constexpr float kInvSqrt2Pi = 0.39894228040143267794f;  // 1/sqrt(2*pi), the N(0,1) density at 0
-constexpr float kSqrt2OverPi = 0.79788456080286535588f;
-constexpr float kGeluCubic = 0.044715f;
+float GeluErf(float x) { return kernels::GeluErf(x); }
+float GeluTanh(float x) { return kernels::GeluTanh(x); }
 
-// d/dx of 0.5 x (1 + erf(x / sqrt 2)) = Phi(x) + x phi(x).
-float GeluErfGrad(float x) {
-  const float cdf = 0.5f * (1.0f + std::erf(x * kInvSqrt2));
-  const float pdf = kInvSqrt2Pi * std::exp(-0.5f * x * x);
-  return cdf + x * pdf;
-}
-
-// d/dx of 0.5 x (1 + tanh(u)), u = sqrt(2/pi) (x + 0.044715 x^3).
-float GeluTanhGrad(float x) {
-  const float u = kSqrt2OverPi * (x + kGeluCubic * x * x * x);
-  const float t = std::tanh(u);
-  const float du = kSqrt2OverPi * (1.0f + 3.0f * kGeluCubic * x * x);
-  return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du;
-}
-
-}  // namespace
-
-float GeluErf(float x) { return 0.5f * x * (1.0f + std::erf(x * kInvSqrt2)); }
-
-float GeluTanh(float x) {
-  const float u = kSqrt2OverPi * (x + kGeluCubic * x * x * x);
-  return 0.5f * x * (1.0f + std::tanh(u));
-}
-
-absl::Status ReluLayer::DoForward(const Tensor& in, Tensor& out, const RunContext&) {
+absl::Status ReluLayer::DoForward(const Tensor& in, Tensor& out, const RunContext& ctx) {
   // y = max(x, 0), element-wise over [N, C]
-  out = in;
-  for (float& v : out.values) v = v > 0.0f ? v : 0.0f;
-  y_ = out;
+  ASSIGN_OR_RETURN(out, NewTensor(ctx.device, in.rows, in.cols));
+  RETURN_IF_ERROR(ctx.stream().ActivationForward(Activation::kRelu, in.span(), out.span()));
+  ASSIGN_OR_RETURN(y_, CloneTensor(ctx.device, out));
   return absl::OkStatus();
 }
 
-absl::Status ReluLayer::DoBackward(const Tensor& dout, Tensor& din, const RunContext&) {
-  if (dout.values.size() != y_.values.size()) {
+absl::Status ReluLayer::DoBackward(const Tensor& dout, Tensor& din, const RunContext& ctx) {
+  if (dout.size() != y_.size()) {
     return absl::InvalidArgumentError(Where() +
                                       "output gradient does not match the forward output");
   }
   // dx = dy where y > 0 (torch's convention: the gradient at 0 is 0)
-  din = dout;
-  for (size_t i = 0; i < din.values.size(); ++i) {
-    if (!(y_.values[i] > 0.0f)) din.values[i] = 0.0f;
-  }
+  ASSIGN_OR_RETURN(din, NewTensor(ctx.device, dout.rows, dout.cols));
+  RETURN_IF_ERROR(
+      ctx.stream().ActivationBackward(Activation::kRelu, y_.span(), dout.span(), din.span()));
   y_ = Tensor();
   return absl::OkStatus();
 }
 
-absl::Status GeluLayer::DoForward(const Tensor& in, Tensor& out, const RunContext&) {
-  x_ = in;
-  out = in;
-  if (approximate_ == Approximation::kTanh) {
-    for (float& v : out.values) v = GeluTanh(v);
-  } else {
-    for (float& v : out.values) v = GeluErf(v);
-  }
-  return absl::OkStatus();
+absl::Status GeluLayer::DoForward(const Tensor& in, Tensor& out, const RunContext& ctx) {
+  ASSIGN_OR_RETURN(x_, CloneTensor(ctx.device, in));
+  ASSIGN_OR_RETURN(out, NewTensor(ctx.device, in.rows, in.cols));
+  return ctx.stream().ActivationForward(activation(), in.span(), out.span());
 }
 
-absl::Status GeluLayer::DoBackward(const Tensor& dout, Tensor& din, const RunContext&) {
-  if (dout.values.size() != x_.values.size()) {
+absl::Status GeluLayer::DoBackward(const Tensor& dout, Tensor& din, const RunContext& ctx) {
+  if (dout.size() != x_.size()) {
     return absl::InvalidArgumentError(Where() +
                                       "output gradient does not match the forward output");
   }
   // dx = dy * gelu'(x)
-  din = dout;
-  const bool tanh = approximate_ == Approximation::kTanh;
-  for (size_t i = 0; i < din.values.size(); ++i) {
-    const float x = x_.values[i];
-    din.values[i] *= tanh ? GeluTanhGrad(x) : GeluErfGrad(x);
-  }
+  ASSIGN_OR_RETURN(din, NewTensor(ctx.device, dout.rows, dout.cols));
+  RETURN_IF_ERROR(
+      ctx.stream().ActivationBackward(activation(), x_.span(), dout.span(), din.span()));
   x_ = Tensor();
   return absl::OkStatus();
 }
 
-absl::Status IdentityLayer::DoForward(const Tensor& in, Tensor& out, const RunContext&) {
-  out = in;
+absl::Status IdentityLayer::DoForward(const Tensor& in, Tensor& out, const RunContext& ctx) {
+  ASSIGN_OR_RETURN(out, CloneTensor(ctx.device, in));
   return absl::OkStatus();
 }
 
-absl::Status IdentityLayer::DoBackward(const Tensor& dout, Tensor& din, const RunContext&) {
-  din = dout;
+absl::Status IdentityLayer::DoBackward(const Tensor& dout, Tensor& din, const RunContext& ctx) {
+  ASSIGN_OR_RETURN(din, CloneTensor(ctx.device, dout));
   return absl::OkStatus();
 }
 

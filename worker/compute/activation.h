@@ -33,6 +33,11 @@ class GeluLayer : public Layer {
   absl::Status DoBackward(const Tensor& dout, Tensor& din, const RunContext& ctx) override;
 
  private:
+  flatshard::Activation activation() const {
+    return approximate_ == Approximation::kTanh ? flatshard::Activation::kGeluTanh
+                                                : flatshard::Activation::kGeluErf;
+  }
+
   Approximation approximate_;
   Tensor x_;  // the input
 };

@@ -21,6 +21,17 @@ CausalSelfAttentionLayer::CausalSelfAttentionLayer(LayerInfo info,
       channels_(c_attn_->out_features() / 3),
       num_heads_(num_heads) {}
 
+HeadLayout CausalSelfAttentionLayer::Heads(int64_t row_stride, int64_t part) const {
+  HeadLayout layout;
+  layout.batch = batch_;
+  layout.seq = seq_;
+  layout.heads = num_heads_;
+  layout.head_dim = channels_ / num_heads_;
+  layout.row_stride = row_stride;
+  layout.col_offset = part * channels_;
+  return layout;
+}
+
 absl::Status CausalSelfAttentionLayer::DoForward(const Tensor& in, Tensor& out,
                                                  const RunContext& ctx) {
   const int64_t t = ctx.seq_len;
@@ -30,105 +41,122 @@ absl::Status CausalSelfAttentionLayer::DoForward(const Tensor& in, Tensor& out,
   }
   batch_ = in.rows / t;
   seq_ = t;
-  RETURN_IF_ERROR(c_attn_->Forward(in, qkv_, ctx));  // [B*T, C] -> [B*T, 3C]
+  Tensor qkv;
+  RETURN_IF_ERROR(c_attn_->Forward(in, qkv, ctx));  // [B*T, C] -> [B*T, 3C]
   Tensor y;
-  AttentionForward(qkv_, y);             // [B*T, 3C] -> [B*T, C]
-  return c_proj_->Forward(y, out, ctx);  // [B*T, C] -> [B*T, C]
+  RETURN_IF_ERROR(AttentionForward(ctx, qkv, y));  // [B*T, 3C] -> [B*T, C]
+  return c_proj_->Forward(y, out, ctx);            // [B*T, C] -> [B*T, C]
 }
 
 absl::Status CausalSelfAttentionLayer::DoBackward(const Tensor& dout, Tensor& din,
                                                   const RunContext& ctx) {
-  if (qkv_.rows != batch_ * seq_ || dout.rows != qkv_.rows) {
+  if (att_.empty() || dout.rows != batch_ * seq_) {
     return absl::FailedPreconditionError(Where() + "backward without a matching forward");
   }
   Tensor dy;
   RETURN_IF_ERROR(c_proj_->Backward(dout, dy, ctx));
   Tensor dqkv;
-  AttentionBackward(dy, dqkv);
-  qkv_ = Tensor();
-  att_.clear();
+  RETURN_IF_ERROR(AttentionBackward(ctx, dy, dqkv));
+  q_ = Tensor();
+  k_ = Tensor();
+  v_ = Tensor();
+  att_ = Tensor();
   return c_attn_->Backward(dqkv, din, ctx);
 }
 
-void CausalSelfAttentionLayer::AttentionForward(const Tensor& qkv, Tensor& y) {
+absl::Status CausalSelfAttentionLayer::AttentionForward(const RunContext& ctx, const Tensor& qkv,
+                                                        Tensor& y) {
   const int64_t B = batch_, T = seq_, C = channels_, H = num_heads_;
   const int64_t hd = C / H;
   const auto scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
-  ResizeZero(y, B * T, C);
-  att_.assign(static_cast<size_t>(B * H * T * T), 0.0f);
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t t = 0; t < T; ++t) {
-      for (int64_t h = 0; h < H; ++h) {
-        // q: qkv[b*T+t, h*hd : (h+1)*hd]; k and v sit C and 2C further along.
-        const float* q = qkv.Row(b * T + t) + h * hd;
-        float* att = att_.data() + ((b * H + h) * T + t) * T;  // att[b, h, t, :]
-        // scores[t2] = q . k[t2] * scale for t2 <= t (the causal mask)
-        float max_score = -std::numeric_limits<float>::infinity();
-        for (int64_t t2 = 0; t2 <= t; ++t2) {
-          const float* k = qkv.Row(b * T + t2) + C + h * hd;
-          float dot = 0.0f;
-          for (int64_t i = 0; i < hd; ++i) dot += q[i] * k[i];
-          att[t2] = dot * scale;
-          max_score = std::max(max_score, att[t2]);
-        }
-        // softmax over t2 <= t, shifted by the max for stability
-        float sum = 0.0f;
-        for (int64_t t2 = 0; t2 <= t; ++t2) {
-          att[t2] = std::exp(att[t2] - max_score);
-          sum += att[t2];
-        }
-        const float inv_sum = 1.0f / sum;
-        for (int64_t t2 = 0; t2 <= t; ++t2) att[t2] *= inv_sum;
-        // y[b*T+t, h*hd + i] = sum_t2 att[t2] * v[t2][i]
-        float* out = y.Row(b * T + t) + h * hd;
-        for (int64_t t2 = 0; t2 <= t; ++t2) {
-          const float* v = qkv.Row(b * T + t2) + 2 * C + h * hd;
-          for (int64_t i = 0; i < hd; ++i) out[i] += att[t2] * v[i];
-        }
-      }
-    }
-  }
+  Stream& stream = ctx.stream();
+  // q, k, v [B, H, T, hd] from their columns of qkv
+  ASSIGN_OR_RETURN(q_, NewTensor(ctx.device, B * H * T, hd));
+  ASSIGN_OR_RETURN(k_, NewTensor(ctx.device, B * H * T, hd));
+  ASSIGN_OR_RETURN(v_, NewTensor(ctx.device, B * H * T, hd));
+  RETURN_IF_ERROR(stream.SplitHeads(qkv.span(), Heads(3 * C, 0), q_.span()));
+  RETURN_IF_ERROR(stream.SplitHeads(qkv.span(), Heads(3 * C, 1), k_.span()));
+  RETURN_IF_ERROR(stream.SplitHeads(qkv.span(), Heads(3 * C, 2), v_.span()));
+  // scores[b, h] = q[b, h] k[b, h]^T  [T, T], for all B*H pairs
+  ASSIGN_OR_RETURN(Tensor scores, NewTensor(ctx.device, B * H * T, T));
+  GemmArgs qk;
+  qk.trans_b = true;
+  qk.m = T, qk.n = T, qk.k = hd;
+  qk.a = q_.span(), qk.lda = hd, qk.stride_a = T * hd;
+  qk.b = k_.span(), qk.ldb = hd, qk.stride_b = T * hd;
+  qk.c = scores.span(), qk.ldc = T, qk.stride_c = T * T;
+  qk.batch = B * H;
+  RETURN_IF_ERROR(stream.Gemm(qk));
+  // att = softmax over t2 <= t of scores * scale (the causal mask), 0 above
+  ASSIGN_OR_RETURN(att_, NewTensor(ctx.device, B * H * T, T));
+  RETURN_IF_ERROR(stream.CausalSoftmaxForward(scores.span(), T, scale, att_.span()));
+  // y[b, h] = att[b, h] v[b, h]  [T, hd]
+  ASSIGN_OR_RETURN(Tensor heads, NewTensor(ctx.device, B * H * T, hd));
+  GemmArgs av;
+  av.m = T, av.n = hd, av.k = T;
+  av.a = att_.span(), av.lda = T, av.stride_a = T * T;
+  av.b = v_.span(), av.ldb = hd, av.stride_b = T * hd;
+  av.c = heads.span(), av.ldc = hd, av.stride_c = T * hd;
+  av.batch = B * H;
+  RETURN_IF_ERROR(stream.Gemm(av));
+  // y [B*T, C]: the heads side by side
+  ASSIGN_OR_RETURN(y, NewTensor(ctx.device, B * T, C));
+  return stream.MergeHeads(heads.span(), Heads(C, 0), y.span());
 }
 
-void CausalSelfAttentionLayer::AttentionBackward(const Tensor& dy, Tensor& dqkv) const {
+absl::Status CausalSelfAttentionLayer::AttentionBackward(const RunContext& ctx, const Tensor& dy,
+                                                         Tensor& dqkv) const {
   const int64_t B = batch_, T = seq_, C = channels_, H = num_heads_;
   const int64_t hd = C / H;
   const auto scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(hd)));
-  ResizeZero(dqkv, B * T, 3 * C);
-  std::vector<float> datt(static_cast<size_t>(T));
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t t = 0; t < T; ++t) {
-      for (int64_t h = 0; h < H; ++h) {
-        const float* att = att_.data() + ((b * H + h) * T + t) * T;
-        const float* dout = dy.Row(b * T + t) + h * hd;
-        const float* q = qkv_.Row(b * T + t) + h * hd;
-        float* dq = dqkv.Row(b * T + t) + h * hd;
-        // datt[t2] = dout . v[t2];  dv[t2] += att[t2] * dout
-        float weighted = 0.0f;  // sum_t2 att[t2] * datt[t2], for the softmax backward
-        for (int64_t t2 = 0; t2 <= t; ++t2) {
-          const float* v = qkv_.Row(b * T + t2) + 2 * C + h * hd;
-          float* dv = dqkv.Row(b * T + t2) + 2 * C + h * hd;
-          float dot = 0.0f;
-          for (int64_t i = 0; i < hd; ++i) {
-            dot += dout[i] * v[i];
-            dv[i] += att[t2] * dout[i];
-          }
-          datt[static_cast<size_t>(t2)] = dot;
-          weighted += att[t2] * dot;
-        }
-        // dscore[t2] = att[t2] * (datt[t2] - weighted); score = q . k * scale
-        for (int64_t t2 = 0; t2 <= t; ++t2) {
-          const float dscore = att[t2] * (datt[static_cast<size_t>(t2)] - weighted) * scale;
-          const float* k = qkv_.Row(b * T + t2) + C + h * hd;
-          float* dk = dqkv.Row(b * T + t2) + C + h * hd;
-          for (int64_t i = 0; i < hd; ++i) {
-            dq[i] += dscore * k[i];
-            dk[i] += dscore * q[i];
-          }
-        }
-      }
-    }
-  }
+  Stream& stream = ctx.stream();
+  const int64_t pairs = B * H;
+  // dy's heads [B, H, T, hd]
+  ASSIGN_OR_RETURN(Tensor dheads, NewTensor(ctx.device, pairs * T, hd));
+  RETURN_IF_ERROR(stream.SplitHeads(dy.span(), Heads(C, 0), dheads.span()));
+  // datt = dy_h v^T [T, T]
+  ASSIGN_OR_RETURN(Tensor datt, NewTensor(ctx.device, pairs * T, T));
+  GemmArgs g1;
+  g1.trans_b = true;
+  g1.m = T, g1.n = T, g1.k = hd;
+  g1.a = dheads.span(), g1.lda = hd, g1.stride_a = T * hd;
+  g1.b = v_.span(), g1.ldb = hd, g1.stride_b = T * hd;
+  g1.c = datt.span(), g1.ldc = T, g1.stride_c = T * T;
+  g1.batch = pairs;
+  RETURN_IF_ERROR(stream.Gemm(g1));
+  // dv = att^T dy_h [T, hd]
+  ASSIGN_OR_RETURN(Tensor dv, NewTensor(ctx.device, pairs * T, hd));
+  GemmArgs g2;
+  g2.trans_a = true;
+  g2.m = T, g2.n = hd, g2.k = T;
+  g2.a = att_.span(), g2.lda = T, g2.stride_a = T * T;
+  g2.b = dheads.span(), g2.ldb = hd, g2.stride_b = T * hd;
+  g2.c = dv.span(), g2.ldc = hd, g2.stride_c = T * hd;
+  g2.batch = pairs;
+  RETURN_IF_ERROR(stream.Gemm(g2));
+  // dscores = att * (datt - sum(att * datt)) * scale, row by row
+  ASSIGN_OR_RETURN(Tensor dscores, NewTensor(ctx.device, pairs * T, T));
+  RETURN_IF_ERROR(stream.CausalSoftmaxBackward(att_.span(), datt.span(), T, scale, dscores.span()));
+  // dq = dscores k, dk = dscores^T q  [T, hd]
+  ASSIGN_OR_RETURN(Tensor dq, NewTensor(ctx.device, pairs * T, hd));
+  GemmArgs g3;
+  g3.m = T, g3.n = hd, g3.k = T;
+  g3.a = dscores.span(), g3.lda = T, g3.stride_a = T * T;
+  g3.b = k_.span(), g3.ldb = hd, g3.stride_b = T * hd;
+  g3.c = dq.span(), g3.ldc = hd, g3.stride_c = T * hd;
+  g3.batch = pairs;
+  RETURN_IF_ERROR(stream.Gemm(g3));
+  ASSIGN_OR_RETURN(Tensor dk, NewTensor(ctx.device, pairs * T, hd));
+  GemmArgs g4 = g3;
+  g4.trans_a = true;
+  g4.b = q_.span();
+  g4.c = dk.span();
+  RETURN_IF_ERROR(stream.Gemm(g4));
+  // dqkv [B*T, 3C] = [dq | dk | dv] in the heads' columns
+  ASSIGN_OR_RETURN(dqkv, NewTensor(ctx.device, B * T, 3 * C));
+  RETURN_IF_ERROR(stream.MergeHeads(dq.span(), Heads(3 * C, 0), dqkv.span()));
+  RETURN_IF_ERROR(stream.MergeHeads(dk.span(), Heads(3 * C, 1), dqkv.span()));
+  return stream.MergeHeads(dv.span(), Heads(3 * C, 2), dqkv.span());
 }
 
 }  // namespace flatshard::compute

@@ -27,19 +27,21 @@ class CausalSelfAttentionLayer : public Layer {
   absl::Status DoBackward(const Tensor& dout, Tensor& din, const RunContext& ctx) override;
 
  private:
-  // The parameter-free middle: qkv [B*T, 3C] -> y [B*T, C]; keeps att_.
-  void AttentionForward(const Tensor& qkv, Tensor& y);
-  // dy [B*T, C] -> dqkv [B*T, 3C], from qkv_ and att_.
-  void AttentionBackward(const Tensor& dy, Tensor& dqkv) const;
+  // The parameter-free middle: qkv [B*T, 3C] -> y [B*T, C]; keeps q_, k_, v_, att_.
+  absl::Status AttentionForward(const RunContext& ctx, const Tensor& qkv, Tensor& y);
+  // dy [B*T, C] -> dqkv [B*T, 3C], from q_, k_, v_ and att_.
+  absl::Status AttentionBackward(const RunContext& ctx, const Tensor& dy, Tensor& dqkv) const;
+  // q, k or v's heads inside qkv [B*T, 3C] (part 0, 1, 2), or y's inside [B*T, C].
+  HeadLayout Heads(int64_t row_stride, int64_t part) const;
 
   std::unique_ptr<LinearLayer> c_attn_;
   std::unique_ptr<LinearLayer> c_proj_;
-  int64_t channels_;        // C, the width of q, k and v
-  int64_t num_heads_;       // H
-  int64_t batch_ = 0;       // B of the last forward
-  int64_t seq_ = 0;         // T of the last forward
-  Tensor qkv_;              // [B*T, 3C]
-  std::vector<float> att_;  // softmax probabilities [B, H, T, T], zero above the diagonal
+  int64_t channels_;   // C, the width of q, k and v
+  int64_t num_heads_;  // H
+  int64_t batch_ = 0;  // B of the last forward
+  int64_t seq_ = 0;    // T of the last forward
+  Tensor q_, k_, v_;   // [B, H, T, head_dim] each
+  Tensor att_;         // softmax probabilities [B*H*T, T], zero above the diagonal
 };
 
 }  // namespace flatshard::compute

@@ -11,7 +11,7 @@ namespace flatshard::compute {
 absl::Status ChainForward(const std::vector<std::unique_ptr<Layer>>& layers, const Tensor& in,
                           Tensor& out, const RunContext& ctx) {
   if (layers.empty()) {
-    out = in;
+    ASSIGN_OR_RETURN(out, CloneTensor(ctx.device, in));
     return absl::OkStatus();
   }
   Tensor current;
@@ -26,23 +26,27 @@ absl::Status ChainForward(const std::vector<std::unique_ptr<Layer>>& layers, con
 
 absl::Status ChainBackward(const std::vector<std::unique_ptr<Layer>>& layers, const Tensor& dout,
                            Tensor& din, const RunContext& ctx) {
-  Tensor grad = dout;
+  if (layers.empty()) {
+    ASSIGN_OR_RETURN(din, CloneTensor(ctx.device, dout));
+    return absl::OkStatus();
+  }
+  Tensor current;
   for (size_t i = layers.size(); i-- > 0;) {
     Tensor prev;
-    RETURN_IF_ERROR(layers[i]->Backward(grad, prev, ctx));
-    grad = std::move(prev);
+    RETURN_IF_ERROR(layers[i]->Backward(i + 1 == layers.size() ? dout : current, prev, ctx));
+    current = std::move(prev);
   }
-  din = std::move(grad);
+  din = std::move(current);
   return absl::OkStatus();
 }
 
-absl::Status AddInPlace(Tensor& a, const Tensor& b, const std::string& where) {
-  if (a.rows != b.rows || a.cols != b.cols || a.values.size() != b.values.size()) {
+absl::Status AddInPlace(Tensor& a, const Tensor& b, const std::string& where,
+                        const RunContext& ctx) {
+  if (a.rows != b.rows || a.cols != b.cols) {
     return absl::InvalidArgumentError(absl::StrCat(where, "cannot add [", b.rows, ", ", b.cols,
                                                    "] to [", a.rows, ", ", a.cols, "]"));
   }
-  for (size_t i = 0; i < a.values.size(); ++i) a.values[i] += b.values[i];
-  return absl::OkStatus();
+  return ctx.stream().Add(a.span(), b.span());
 }
 
 SequentialLayer::SequentialLayer(LayerInfo info, std::vector<std::unique_ptr<Layer>> children)
@@ -62,13 +66,13 @@ ResidualLayer::ResidualLayer(LayerInfo info, std::vector<std::unique_ptr<Layer>>
 absl::Status ResidualLayer::DoForward(const Tensor& in, Tensor& out, const RunContext& ctx) {
   // y = x + f(x)
   RETURN_IF_ERROR(ChainForward(children_, in, out, ctx));
-  return AddInPlace(out, in, Where());
+  return AddInPlace(out, in, Where(), ctx);
 }
 
 absl::Status ResidualLayer::DoBackward(const Tensor& dout, Tensor& din, const RunContext& ctx) {
   // dx = dy + f'(x)^T dy
   RETURN_IF_ERROR(ChainBackward(children_, dout, din, ctx));
-  return AddInPlace(din, dout, Where());
+  return AddInPlace(din, dout, Where(), ctx);
 }
 
 }  // namespace flatshard::compute

@@ -46,7 +46,8 @@ absl::Status ChainBackward(const std::vector<std::unique_ptr<Layer>>& layers, co
                            Tensor& din, const RunContext& ctx);
 
 // a += b, element-wise; INVALID_ARGUMENT naming `where` when the shapes differ.
-absl::Status AddInPlace(Tensor& a, const Tensor& b, const std::string& where);
+absl::Status AddInPlace(Tensor& a, const Tensor& b, const std::string& where,
+                        const RunContext& ctx);
 
 }  // namespace flatshard::compute
 

@@ -36,7 +36,11 @@ absl::Status DenseParamStore::Init(const ModelIndex& index, uint64_t seed) {
 ParamSlot DenseParamStore::Resolve(int param_index) {
   if (param_index < 0 || param_index >= num_params()) return {};
   const auto p = static_cast<size_t>(primary_[static_cast<size_t>(param_index)]);
-  return {values_[p].data(), trainable_[p] ? grads_[p].data() : nullptr};
+  // Host memory is the CPU device's memory (worker/device/host/host_device.h).
+  ParamSlot slot;
+  slot.value = DeviceSpan<float>(values_[p].data(), values_[p].size());
+  if (trainable_[p]) slot.grad = DeviceSpan<float>(grads_[p].data(), grads_[p].size());
+  return slot;
 }
 
 std::span<float> DenseParamStore::values(int param_index) {

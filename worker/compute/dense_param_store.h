@@ -1,7 +1,9 @@
 // Whole (unsharded) parameters and grads in host memory behind the
 // ParamResolver interface: single-process training, the reference FSDP runs are
 // compared against, and the store the compute tests train with. Tied aliases
-// resolve to their primary's storage, as in FSDP.
+// resolve to their primary's storage, as in FSDP. Host memory is the CPU
+// device's memory, so the store serves models on the CPU device only (the
+// simulated device refuses its addresses, as a GPU would).
 #ifndef FLATSHARD_WORKER_COMPUTE_DENSE_PARAM_STORE_H_
 #define FLATSHARD_WORKER_COMPUTE_DENSE_PARAM_STORE_H_
 

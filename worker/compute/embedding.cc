@@ -1,6 +1,5 @@
 #include "worker/compute/embedding.h"
 
-#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -17,42 +16,40 @@ absl::Status EmbeddingLayer::DoForward(const Tensor&, Tensor& out, const RunCont
   if (ctx.ids == nullptr) {
     return absl::InvalidArgumentError(Where() + "needs token ids as input, but the batch has none");
   }
-  const std::vector<int32_t>& ids = *ctx.ids;
-  for (size_t i = 0; i < ids.size(); ++i) {
-    if (ids[i] < 0 || ids[i] >= num_) {
-      return absl::InvalidArgumentError(absl::StrCat(Where(), "token id ", ids[i], " at position ",
-                                                     i, " is outside [0, ", num_, ")"));
+  const std::span<const int32_t> host_ids = ctx.ids->host;
+  for (size_t i = 0; i < host_ids.size(); ++i) {
+    if (host_ids[i] < 0 || host_ids[i] >= num_) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          Where(), "token id ", host_ids[i], " at position ", i, " is outside [0, ", num_, ")"));
     }
   }
   ASSIGN_OR_RETURN(const ParamSlot w, Resolve(ctx, weight_));
-  const auto n = static_cast<int64_t>(ids.size());
-  ResizeZero(out, n, dim_);
+  const auto n = static_cast<int64_t>(host_ids.size());
+  ASSIGN_OR_RETURN(out, NewTensor(ctx.device, n, dim_));
   // out[i, :] = W[ids[i], :]
-  for (int64_t i = 0; i < n; ++i) {
-    const float* row = w.value + int64_t{ids[static_cast<size_t>(i)]} * dim_;
-    std::copy(row, row + dim_, out.Row(i));
-  }
-  ids_ = ids;
-  return absl::OkStatus();
+  RETURN_IF_ERROR(ctx.stream().EmbeddingForward(ctx.ids->device, w.value, dim_, out.span()));
+  // Backward needs the ids after the batch is gone: keep a device copy.
+  num_ids_ = host_ids.size();
+  ASSIGN_OR_RETURN(ids_, ctx.device.device->Allocate(num_ids_ * sizeof(int32_t), ctx.stream(),
+                                                     MemoryKind::kActivations, ctx.device.memory));
+  return ctx.stream().Copy(ids_.byte_span(), AsBytes(ctx.ids->device));
 }
 
 absl::Status EmbeddingLayer::DoBackward(const Tensor& dout, Tensor& din, const RunContext& ctx) {
   RETURN_IF_ERROR(CheckCols(dout, dim_, "output gradient"));
-  if (dout.rows != static_cast<int64_t>(ids_.size())) {
+  if (dout.rows != static_cast<int64_t>(num_ids_)) {
     return absl::InvalidArgumentError(absl::StrCat(Where(), "output gradient has ", dout.rows,
-                                                   " rows for ", ids_.size(), " forward ids"));
+                                                   " rows for ", num_ids_, " forward ids"));
   }
   ASSIGN_OR_RETURN(const ParamSlot w, Resolve(ctx, weight_));
-  if (w.grad != nullptr) {
-    // dW[ids[i], :] += dout[i, :]
-    for (int64_t i = 0; i < dout.rows; ++i) {
-      float* g = w.grad + int64_t{ids_[static_cast<size_t>(i)]} * dim_;
-      const float* dy = dout.Row(i);
-      for (int64_t j = 0; j < dim_; ++j) g[j] += dy[j];
-    }
+  if (!w.grad.empty() && dout.rows > 0) {
+    // dW[ids[i], :] += dout[i, :], in row order per id
+    RETURN_IF_ERROR(ctx.stream().EmbeddingBackward(ids_.span<const int32_t>().first(num_ids_),
+                                                   dout.span(), dim_, w.grad));
   }
   din = Tensor();
-  ids_.clear();
+  ids_.Release();
+  num_ids_ = 0;
   return absl::OkStatus();
 }
 

@@ -28,7 +28,8 @@ class EmbeddingLayer : public Layer {
   LayerParam weight_;
   int64_t num_;
   int64_t dim_;
-  std::vector<int32_t> ids_;  // the forward ids, for the scatter in backward
+  DeviceBuffer ids_;  // the forward ids (int32), for the scatter in backward
+  size_t num_ids_ = 0;
 };
 
 }  // namespace flatshard::compute

@@ -23,7 +23,7 @@ absl::Status GptLayer::DoForward(const Tensor&, Tensor& out, const RunContext& c
     return absl::InvalidArgumentError(Where() + "needs token ids as input, but the batch has none");
   }
   const int64_t t = ctx.seq_len;
-  const auto n = static_cast<int64_t>(ctx.ids->size());
+  const auto n = static_cast<int64_t>(ctx.ids->host.size());
   if (t <= 0 || n % t != 0) {
     return absl::InvalidArgumentError(
         absl::StrCat(Where(), n, " token ids are not a whole number of sequences of ", t));
@@ -39,16 +39,18 @@ absl::Status GptLayer::DoForward(const Tensor&, Tensor& out, const RunContext& c
   // pos [T, C] = wpe(0..T-1)
   positions_.resize(static_cast<size_t>(t));
   for (int64_t i = 0; i < t; ++i) positions_[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+  ASSIGN_OR_RETURN(DeviceBuffer positions,
+                   ctx.device.device->Allocate(positions_.size() * sizeof(int32_t), ctx.stream(),
+                                               MemoryKind::kActivations, ctx.device.memory));
+  RETURN_IF_ERROR(ctx.stream().CopyToDevice(positions.byte_span(),
+                                            std::as_bytes(std::span<const int32_t>(positions_))));
+  const TokenIds position_ids{positions.span<const int32_t>(), positions_};
   RunContext pos_ctx = ctx;
-  pos_ctx.ids = &positions_;
+  pos_ctx.ids = &position_ids;
   Tensor pos;
   RETURN_IF_ERROR(wpe_->Forward(Tensor(), pos, pos_ctx));
   // x[b*T + i, :] += pos[i, :]  (torch broadcasts pos over the batch)
-  for (int64_t r = 0; r < n; ++r) {
-    float* row = x.Row(r);
-    const float* p = pos.Row(r % t);
-    for (int64_t c = 0; c < x.cols; ++c) row[c] += p[c];
-  }
+  RETURN_IF_ERROR(ctx.stream().AddRowsModulo(x.span(), pos.span(), t));
   // Nothing below the embeddings reads ids.
   RunContext body_ctx = ctx;
   body_ctx.ids = nullptr;
@@ -66,12 +68,8 @@ absl::Status GptLayer::DoBackward(const Tensor& dout, Tensor& din, const RunCont
   RETURN_IF_ERROR(ln_f_->Backward(dx, dhidden, ctx));
   RETURN_IF_ERROR(h_->Backward(dhidden, dx, ctx));
   // dpos[i, :] = sum over the batch of dx[b*T + i, :]
-  Tensor dpos = ZeroTensor(seq_, dx.cols);
-  for (int64_t r = 0; r < dx.rows; ++r) {
-    const float* g = dx.Row(r);
-    float* p = dpos.Row(r % seq_);
-    for (int64_t c = 0; c < dx.cols; ++c) p[c] += g[c];
-  }
+  ASSIGN_OR_RETURN(Tensor dpos, NewTensor(ctx.device, seq_, dx.cols));
+  RETURN_IF_ERROR(ctx.stream().SumRowsModulo(dx.span(), seq_, dpos.span()));
   // Reverse execution order: wpe ran after wte, so its backward comes first.
   Tensor unused;
   RETURN_IF_ERROR(wpe_->Backward(dpos, unused, ctx));

@@ -25,15 +25,21 @@ std::string Layer::Where() const {
 
 absl::StatusOr<ParamSlot> Layer::Resolve(const RunContext& ctx, const LayerParam& param) const {
   ParamSlot slot = ctx.params->Resolve(param.index);
-  if (slot.value == nullptr) {
+  if (slot.value.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
         Where(), "parameter '", param.fqn, "' has no storage (is its FSDP unit unsharded?)"));
   }
   return slot;
 }
 
+absl::StatusOr<ParamSlot> Layer::ResolveOptional(const RunContext& ctx,
+                                                 const LayerParam& param) const {
+  if (!param.present()) return ParamSlot{};
+  return Resolve(ctx, param);
+}
+
 absl::Status Layer::CheckCols(const Tensor& t, int64_t cols, const char* what) const {
-  if (t.cols != cols || static_cast<int64_t>(t.values.size()) != t.rows * t.cols) {
+  if (t.cols != cols || t.buffer.bytes() < t.size() * sizeof(float)) {
     return absl::InvalidArgumentError(absl::StrCat(Where(), what, " has shape [", t.rows, ", ",
                                                    t.cols, "], expected ", cols, " columns"));
   }

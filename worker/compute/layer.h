@@ -6,6 +6,7 @@
 #define FLATSHARD_WORKER_COMPUTE_LAYER_H_
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -19,15 +20,25 @@
 
 namespace flatshard::compute {
 
+// Token ids an Embedding reads: on the device for the lookup, on the host to
+// validate them first (a kernel cannot report an id out of range).
+struct TokenIds {
+  DeviceSpan<const int32_t> device;
+  std::span<const int32_t> host;
+};
+
 // What one forward or backward pass hands down the layer tree.
 struct RunContext {
+  DeviceContext device;  // where tensors live and kernels run
   ParamResolver* params = nullptr;
   ModuleHooks* hooks = nullptr;
   // Tokens per sample: rows are [batch, seq_len] flattened. Attention needs it.
   int64_t seq_len = 1;
   // Token ids for an Embedding (the model's input ids, or GPT's positions).
   // Forward only: an Embedding copies the ids it needs for backward.
-  const std::vector<int32_t>* ids = nullptr;
+  const TokenIds* ids = nullptr;
+
+  Stream& stream() const { return *device.stream; }
 };
 
 // Identifies a module in errors and hooks.
@@ -72,6 +83,9 @@ class Layer {
 
   // Resolves `param`, failing when the resolver has no storage for it.
   absl::StatusOr<ParamSlot> Resolve(const RunContext& ctx, const LayerParam& param) const;
+
+  // Resolve for an optional parameter: an empty slot when the module lacks it.
+  absl::StatusOr<ParamSlot> ResolveOptional(const RunContext& ctx, const LayerParam& param) const;
 
   // INVALID_ARGUMENT unless `t` has `cols` columns; `what` names the tensor.
   absl::Status CheckCols(const Tensor& t, int64_t cols, const char* what) const;

@@ -28,8 +28,8 @@ class LayerNormLayer : public Layer {
   LayerParam bias_;
   int64_t dim_;  // 0: any width
   double eps_;
-  Tensor xhat_;              // (x - mean) * rstd, [N, dim]
-  std::vector<float> rstd_;  // 1 / sqrt(var + eps), [N]
+  Tensor xhat_;  // (x - mean) * rstd, [N, dim]
+  Tensor rstd_;  // 1 / sqrt(var + eps), [N, 1]
 };
 
 }  // namespace flatshard::compute

@@ -2,18 +2,9 @@
 
 #include <utility>
 
-#include <cblas.h>
-
 #include "core/status_macros.h"
 
 namespace flatshard::compute {
-namespace {
-
-// BLAS takes int dimensions; layer sizes are far below 2^31 (Create checks
-// the parameter shapes, the batch rows are checked by the model).
-blasint B(int64_t n) { return static_cast<blasint>(n); }
-
-}  // namespace
 
 LinearLayer::LinearLayer(LayerInfo info, LayerParam weight, LayerParam bias, int64_t in_features,
                          int64_t out_features)
@@ -27,19 +18,20 @@ absl::Status LinearLayer::DoForward(const Tensor& in, Tensor& out, const RunCont
   RETURN_IF_ERROR(CheckCols(in, in_, "input"));
   ASSIGN_OR_RETURN(const ParamSlot w, Resolve(ctx, weight_));
   const int64_t n = in.rows;
-  x_ = in;
-  ResizeZero(out, n, out_);
+  ASSIGN_OR_RETURN(x_, CloneTensor(ctx.device, in));
+  ASSIGN_OR_RETURN(out, NewTensor(ctx.device, n, out_));
   if (n == 0) return absl::OkStatus();
   // y[N, out] = x[N, in] @ W^T[in, out]
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, B(n), B(out_), B(in_), 1.0f,
-              in.values.data(), B(in_), w.value, B(in_), 0.0f, out.values.data(), B(out_));
+  GemmArgs g;
+  g.trans_b = true;
+  g.m = n, g.n = out_, g.k = in_;
+  g.a = in.span(), g.lda = in_;
+  g.b = w.value, g.ldb = in_;
+  g.c = out.span(), g.ldc = out_;
+  RETURN_IF_ERROR(ctx.stream().Gemm(g));
   if (bias_.present()) {
     ASSIGN_OR_RETURN(const ParamSlot b, Resolve(ctx, bias_));
-    // y[r, :] += b[:]
-    for (int64_t r = 0; r < n; ++r) {
-      float* y = out.Row(r);
-      for (int64_t o = 0; o < out_; ++o) y[o] += b.value[o];
-    }
+    RETURN_IF_ERROR(ctx.stream().AddBias(out.span(), b.value));  // y[r, :] += b
   }
   return absl::OkStatus();
 }
@@ -48,25 +40,29 @@ absl::Status LinearLayer::DoBackward(const Tensor& dout, Tensor& din, const RunC
   RETURN_IF_ERROR(CheckCols(dout, out_, "output gradient"));
   ASSIGN_OR_RETURN(const ParamSlot w, Resolve(ctx, weight_));
   const int64_t n = dout.rows;
-  ResizeZero(din, n, in_);
-  if (n == 0) return absl::OkStatus();
-  // dx[N, in] = dy[N, out] @ W[out, in]
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, B(n), B(in_), B(out_), 1.0f,
-              dout.values.data(), B(out_), w.value, B(in_), 0.0f, din.values.data(), B(in_));
-  if (w.grad != nullptr) {
-    // dW[out, in] += dy^T[out, N] @ x[N, in]
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, B(out_), B(in_), B(n), 1.0f,
-                dout.values.data(), B(out_), x_.values.data(), B(in_), 1.0f, w.grad, B(in_));
-  }
-  if (bias_.present()) {
-    ASSIGN_OR_RETURN(const ParamSlot b, Resolve(ctx, bias_));
-    if (b.grad != nullptr) {
-      // db[out] += sum over rows of dy[N, out]
-      for (int64_t r = 0; r < n; ++r) {
-        const float* dy = dout.Row(r);
-        for (int64_t o = 0; o < out_; ++o) b.grad[o] += dy[o];
-      }
+  ASSIGN_OR_RETURN(din, NewTensor(ctx.device, n, in_));
+  if (n > 0) {
+    // dx[N, in] = dy[N, out] @ W[out, in]
+    GemmArgs dx;
+    dx.m = n, dx.n = in_, dx.k = out_;
+    dx.a = dout.span(), dx.lda = out_;
+    dx.b = w.value, dx.ldb = in_;
+    dx.c = din.span(), dx.ldc = in_;
+    RETURN_IF_ERROR(ctx.stream().Gemm(dx));
+    if (!w.grad.empty()) {
+      // dW[out, in] += dy^T[out, N] @ x[N, in]
+      GemmArgs dw;
+      dw.trans_a = true;
+      dw.m = out_, dw.n = in_, dw.k = n;
+      dw.beta = 1.0f;
+      dw.a = dout.span(), dw.lda = out_;
+      dw.b = x_.span(), dw.ldb = in_;
+      dw.c = w.grad, dw.ldc = in_;
+      RETURN_IF_ERROR(ctx.stream().Gemm(dw));
     }
+    ASSIGN_OR_RETURN(const ParamSlot b, ResolveOptional(ctx, bias_));
+    // db[out] += sum over rows of dy[N, out]
+    if (!b.grad.empty()) RETURN_IF_ERROR(ctx.stream().AccumulateColumnSums(dout.span(), b.grad));
   }
   x_ = Tensor();  // activations live for one backward, as autograd frees its graph
   return absl::OkStatus();

@@ -1,6 +1,6 @@
 // torch.nn.Linear: y = x W^T + b with weight [out, in] and an optional bias
-// [out]. Forward and backward are one sgemm each (OpenBLAS), plus a loop for
-// the bias.
+// [out]. Forward and backward are GEMMs on the device (OpenBLAS on the CPU,
+// cuBLAS on a GPU) plus a bias kernel each.
 #ifndef FLATSHARD_WORKER_COMPUTE_LINEAR_H_
 #define FLATSHARD_WORKER_COMPUTE_LINEAR_H_
 

@@ -165,10 +165,10 @@ absl::StatusOr<Batch> NpyDataSource::GetBatch(int64_t step, int rank, int world_
   if (tokens_) {
     batch.ids.resize(n * w);
   } else {
-    batch.inputs = ZeroTensor(range.size(), width_);
+    batch.inputs = ZeroMatrix(range.size(), width_);
   }
   if (loss_ == LossKind::kMse) {
-    batch.targets = ZeroTensor(range.size(), target_width_);
+    batch.targets = ZeroMatrix(range.size(), target_width_);
   } else {
     batch.labels.resize(n * tw);
   }

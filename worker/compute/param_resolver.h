@@ -5,11 +5,13 @@
 #ifndef FLATSHARD_WORKER_COMPUTE_PARAM_RESOLVER_H_
 #define FLATSHARD_WORKER_COMPUTE_PARAM_RESOLVER_H_
 
+#include "worker/device/device_span.h"
+
 namespace flatshard::compute {
 
 struct ParamSlot {
-  float* value = nullptr;  // numel elements, row-major in the param's shape
-  float* grad = nullptr;   // backward ACCUMULATES (+=) into it; nullptr when frozen
+  DeviceSpan<float> value;  // numel elements, row-major in the param's shape
+  DeviceSpan<float> grad;   // backward ACCUMULATES (+=) into it; empty when frozen
 };
 
 // Maps ModelIndex param indices to current storage. Storage moves between
@@ -20,8 +22,9 @@ class ParamResolver {
  public:
   virtual ~ParamResolver() = default;
   // Called only between the owning module's BeforeForward/AfterForward (or
-  // BeforeBackward/AfterBackward) hooks. A null `value` is reported as an error
-  // naming the parameter (its unit was probably not unsharded).
+  // BeforeBackward/AfterBackward) hooks, on the thread issuing the model's work.
+  // An empty `value` is reported as an error naming the parameter (its unit was
+  // probably not unsharded). The spans are memory of the model's device.
   virtual ParamSlot Resolve(int param_index) = 0;
 };
 

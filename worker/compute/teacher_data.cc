@@ -106,9 +106,9 @@ absl::StatusOr<Batch> TeacherDataSource::GetBatch(int64_t step, int rank, int wo
   Batch batch;
   batch.batch_size = range.size();
   batch.seq_len = 1;
-  batch.inputs = ZeroTensor(range.size(), in_);
+  batch.inputs = ZeroMatrix(range.size(), in_);
   if (task_ == Task::kRegression) {
-    batch.targets = ZeroTensor(range.size(), out_);
+    batch.targets = ZeroMatrix(range.size(), out_);
   } else {
     batch.labels.resize(static_cast<size_t>(range.size()));
   }

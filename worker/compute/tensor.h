@@ -1,39 +1,51 @@
 // The activation tensor the layer library passes between layers: a row-major
-// float32 matrix. Token models flatten [batch, seq_len] into rows. This type
-// owns plain host memory and never knows about devices or parameters.
+// float32 matrix in device memory (worker/device/device.h). Token models flatten
+// [batch, seq_len] into rows. A Tensor owns its buffer; layers create them with
+// the helpers below on the model's DeviceContext and never read their elements
+// on the host (TensorToHost copies, for tests and for what leaves the device).
 #ifndef FLATSHARD_WORKER_COMPUTE_TENSOR_H_
 #define FLATSHARD_WORKER_COMPUTE_TENSOR_H_
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <vector>
+
+#include "absl/status/statusor.h"
+
+#include "worker/device/device.h"
+#include "worker/device/memory_tracker.h"
 
 namespace flatshard::compute {
 
-struct Tensor {  // row-major [rows, cols] float32 activations
-  int64_t rows = 0, cols = 0;
-  std::vector<float> values;
-
-  size_t size() const { return values.size(); }
-  float* Row(int64_t r) { return values.data() + r * cols; }
-  const float* Row(int64_t r) const { return values.data() + r * cols; }
+// Where a model's tensors live and its kernels run: the compute stream of the
+// worker's device. Activations are charged to `memory` (may be null).
+struct DeviceContext {
+  Device* device = nullptr;
+  Stream* stream = nullptr;
+  MemoryTracker* memory = nullptr;
 };
 
-// A zero-filled [rows, cols] tensor.
-inline Tensor ZeroTensor(int64_t rows, int64_t cols) {
-  Tensor t;
-  t.rows = rows;
-  t.cols = cols;
-  t.values.assign(static_cast<size_t>(rows * cols), 0.0f);
-  return t;
-}
+struct Tensor {  // row-major [rows, cols] float32
+  int64_t rows = 0, cols = 0;
+  DeviceBuffer buffer;
 
-// Reshapes `t` to [rows, cols], zero-filled, reusing its allocation.
-inline void ResizeZero(Tensor& t, int64_t rows, int64_t cols) {
-  t.rows = rows;
-  t.cols = cols;
-  t.values.assign(static_cast<size_t>(rows * cols), 0.0f);
-}
+  size_t size() const { return static_cast<size_t>(rows * cols); }
+  bool empty() const { return size() == 0; }
+  DeviceSpan<float> span() const { return buffer.span<float>().first(size()); }
+};
+
+// [rows, cols] with undefined contents (for outputs a kernel writes whole).
+absl::StatusOr<Tensor> NewTensor(const DeviceContext& ctx, int64_t rows, int64_t cols);
+// [rows, cols] of zeros.
+absl::StatusOr<Tensor> ZeroTensor(const DeviceContext& ctx, int64_t rows, int64_t cols);
+// A copy of `t`.
+absl::StatusOr<Tensor> CloneTensor(const DeviceContext& ctx, const Tensor& t);
+// [rows, cols] from host values (rows * cols of them).
+absl::StatusOr<Tensor> TensorFromHost(const DeviceContext& ctx, int64_t rows, int64_t cols,
+                                      std::span<const float> values);
+// The values of `t` on the host; waits for the stream.
+absl::StatusOr<std::vector<float>> TensorToHost(const DeviceContext& ctx, const Tensor& t);
 
 }  // namespace flatshard::compute
 

@@ -24,11 +24,11 @@ absl::Status TransformerBlockLayer::DoForward(const Tensor& in, Tensor& out,
   RETURN_IF_ERROR(ln_1_->Forward(in, normed, ctx));
   Tensor x1;
   RETURN_IF_ERROR(attn_->Forward(normed, x1, ctx));
-  RETURN_IF_ERROR(AddInPlace(x1, in, Where()));
+  RETURN_IF_ERROR(AddInPlace(x1, in, Where(), ctx));
   // out = x1 + mlp(ln_2(x1))
   RETURN_IF_ERROR(ln_2_->Forward(x1, normed, ctx));
   RETURN_IF_ERROR(mlp_->Forward(normed, out, ctx));
-  return AddInPlace(out, x1, Where());
+  return AddInPlace(out, x1, Where(), ctx);
 }
 
 absl::Status TransformerBlockLayer::DoBackward(const Tensor& dout, Tensor& din,
@@ -38,11 +38,11 @@ absl::Status TransformerBlockLayer::DoBackward(const Tensor& dout, Tensor& din,
   RETURN_IF_ERROR(mlp_->Backward(dout, dnormed, ctx));
   Tensor dx1;
   RETURN_IF_ERROR(ln_2_->Backward(dnormed, dx1, ctx));
-  RETURN_IF_ERROR(AddInPlace(dx1, dout, Where()));
+  RETURN_IF_ERROR(AddInPlace(dx1, dout, Where(), ctx));
   // dx = dx1 + ln_1'(attn'(dx1))
   RETURN_IF_ERROR(attn_->Backward(dx1, dnormed, ctx));
   RETURN_IF_ERROR(ln_1_->Backward(dnormed, din, ctx));
-  return AddInPlace(din, dx1, Where());
+  return AddInPlace(din, dx1, Where(), ctx);
 }
 
 }  // namespace flatshard::compute

@@ -16,6 +16,8 @@ absl::string_view MemoryKindName(MemoryKind kind) {
       return "gradients";
     case MemoryKind::kOptimizerState:
       return "optimizer_state";
+    case MemoryKind::kActivations:
+      return "activations";
     case MemoryKind::kCount:
       break;
   }

@@ -19,6 +19,7 @@ enum class MemoryKind : int {
   kUnshardedParams,    // padded all-gather buffers (+ fp32 compute views)
   kGradients,          // unsharded grads during backward, grad shards after
   kOptimizerState,
+  kActivations,  // the model's activations and their gradients during a step
   kCount,
 };
 

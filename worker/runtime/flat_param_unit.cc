@@ -2,32 +2,37 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
 #include "core/flat_buffer.h"
 #include "core/status_macros.h"
-#include "worker/comm/reduce_kernels.h"
 
 namespace flatshard {
 namespace {
 
 size_t AsSize(int64_t n) { return static_cast<size_t>(n); }
 
+DeviceSpan<const std::byte> Bytes(const DeviceBuffer& buffer) { return buffer.byte_span(); }
+
 }  // namespace
 
-FlatParamUnit::FlatParamUnit(UnitRuntimeConfig config, Communicator* shard_comm,
-                             Communicator* replicate_comm, MemoryTracker* memory)
-    : config_(std::move(config)),
-      shard_comm_(shard_comm),
-      replicate_comm_(replicate_comm),
-      memory_(memory),
-      shard_(AsSize(config_.layout.sharded_numel()), DType::kFloat32, memory,
-             config_.cpu_offload ? MemoryKind::kOffloadedParams : MemoryKind::kShardedParams) {}
+absl::StatusOr<std::unique_ptr<FlatParamUnit>> FlatParamUnit::Create(
+    UnitRuntimeConfig config, const UnitPlacement& placement) {
+  std::unique_ptr<FlatParamUnit> unit(new FlatParamUnit(std::move(config), placement));
+  const size_t s = AsSize(unit->layout().sharded_numel());
+  ASSIGN_OR_RETURN(unit->shard_,
+                   unit->Allocate(s * sizeof(float), *placement.compute,
+                                  unit->config_.cpu_offload ? MemoryKind::kOffloadedParams
+                                                            : MemoryKind::kShardedParams));
+  RETURN_IF_ERROR(placement.compute->Zero(unit->shard_.byte_span()));
+  return unit;
+}
 
-absl::Status FlatParamUnit::ShardOf(std::span<const float> flat, std::span<float> shard) const {
-  return CopyShard(layout(), DType::kFloat32, sharded() ? config_.shard_rank : 0,
-                   std::as_bytes(flat), std::as_writable_bytes(shard));
+absl::StatusOr<DeviceBuffer> FlatParamUnit::Allocate(size_t bytes, Stream& stream,
+                                                     MemoryKind kind) const {
+  return p_.device->Allocate(bytes, stream, kind, p_.memory);
 }
 
 int64_t FlatParamUnit::unsharded_bytes() const {
@@ -35,140 +40,187 @@ int64_t FlatParamUnit::unsharded_bytes() const {
 }
 
 absl::Status FlatParamUnit::Gather() {
+  Stream& comm = *p_.comm;
   const DType param_dtype = config_.precision.param_dtype;
+  const size_t es = DTypeSize(param_dtype);
   const size_t n = AsSize(layout().unpadded_unsharded_numel());
   if (!sharded()) {
     // NO_SHARD: the shard is the whole parameter; with mixed precision the
     // compute copy carries the low-precision rounding (FSDP's _mp_shard).
     if (param_dtype == DType::kFloat32) {
-      compute_view_ = shard_.as<float>();
-      return absl::OkStatus();
+      compute_view_ = shard_.span<float>().first(n);
+    } else {
+      ASSIGN_OR_RETURN(DeviceBuffer low, Allocate(n * es, comm, MemoryKind::kLowPrecisionShard));
+      RETURN_IF_ERROR(comm.Cast(DType::kFloat32, Bytes(shard_), param_dtype, low.byte_span(), n));
+      ASSIGN_OR_RETURN(compute_copy_,
+                       Allocate(n * sizeof(float), comm, MemoryKind::kUnshardedParams));
+      RETURN_IF_ERROR(
+          comm.Cast(param_dtype, Bytes(low), DType::kFloat32, compute_copy_.byte_span(), n));
+      low.Release(comm);
+      compute_view_ = compute_copy_.span<float>().first(n);
     }
-    HostBuffer low(n, param_dtype, memory_, MemoryKind::kLowPrecisionShard,
-                   HostBuffer::Init::kUninitialized);
-    ConvertElements(DType::kFloat32, shard_.data(), param_dtype, low.data(), n);
-    compute_copy_ = HostBuffer(n, DType::kFloat32, memory_, MemoryKind::kUnshardedParams,
-                               HostBuffer::Init::kUninitialized);
-    ConvertElements(param_dtype, low.data(), DType::kFloat32, compute_copy_.data(), n);
-    compute_view_ = compute_copy_.as<float>();
+    ASSIGN_OR_RETURN(gathered_event_, comm.Record());
     return absl::OkStatus();
   }
-  const size_t s = shard_.count();
-  const size_t world = AsSize(config_.layout.world_size());
-  HostBuffer low;
-  const void* input = shard_.data();
+  const size_t s = shard_.bytes() / sizeof(float);
+  const size_t world = AsSize(layout().world_size());
+  DeviceBuffer low;
+  DeviceSpan<const std::byte> input = Bytes(shard_);
   if (param_dtype != DType::kFloat32) {
-    low = HostBuffer(s, param_dtype, memory_, MemoryKind::kLowPrecisionShard,
-                     HostBuffer::Init::kUninitialized);
-    ConvertElements(DType::kFloat32, shard_.data(), param_dtype, low.data(), s);
-    input = low.data();
+    ASSIGN_OR_RETURN(low, Allocate(s * es, comm, MemoryKind::kLowPrecisionShard));
+    RETURN_IF_ERROR(comm.Cast(DType::kFloat32, Bytes(shard_), param_dtype, low.byte_span(), s));
+    input = Bytes(low);
   }
-  gathered_ = HostBuffer(s * world, param_dtype, memory_, MemoryKind::kUnshardedParams,
-                         HostBuffer::Init::kUninitialized);
-  RETURN_IF_ERROR(shard_comm_->AllGather(input, gathered_.data(), s, param_dtype));
-  low.Release();  // post_unshard frees the low-precision shard
+  ASSIGN_OR_RETURN(gathered_, Allocate(s * world * es, comm, MemoryKind::kUnshardedParams));
+  RETURN_IF_ERROR(p_.shard->AllGather(comm, input, gathered_.byte_span(), s, param_dtype));
+  low.Release(comm);  // post_unshard frees the low-precision shard
   if (param_dtype == DType::kFloat32) {
-    compute_view_ = gathered_.as<float>();
+    compute_view_ = gathered_.span<float>().first(n);
   } else {
-    compute_copy_ = HostBuffer(n, DType::kFloat32, memory_, MemoryKind::kUnshardedParams,
-                               HostBuffer::Init::kUninitialized);
-    ConvertElements(param_dtype, gathered_.data(), DType::kFloat32, compute_copy_.data(), n);
-    compute_view_ = compute_copy_.as<float>();
+    ASSIGN_OR_RETURN(compute_copy_,
+                     Allocate(n * sizeof(float), comm, MemoryKind::kUnshardedParams));
+    RETURN_IF_ERROR(
+        comm.Cast(param_dtype, Bytes(gathered_), DType::kFloat32, compute_copy_.byte_span(), n));
+    compute_view_ = compute_copy_.span<float>().first(n);
   }
+  ASSIGN_OR_RETURN(gathered_event_, comm.Record());
   return absl::OkStatus();
 }
 
 void FlatParamUnit::Free() {
-  compute_view_ = nullptr;
-  compute_copy_.Release();
-  gathered_.Release();
+  compute_view_ = {};
+  compute_copy_.Release(*p_.compute);
+  gathered_.Release(*p_.compute);
 }
 
-float* FlatParamUnit::EnsureGrad() {
+absl::StatusOr<DeviceSpan<float>> FlatParamUnit::EnsureGrad() {
   if (!unsharded_grad_.allocated()) {
-    unsharded_grad_ = HostBuffer(AsSize(layout().unpadded_unsharded_numel()), DType::kFloat32,
-                                 memory_, MemoryKind::kGradients);
+    const size_t n = AsSize(layout().unpadded_unsharded_numel());
+    ASSIGN_OR_RETURN(unsharded_grad_,
+                     Allocate(n * sizeof(float), *p_.compute, MemoryKind::kGradients));
+    RETURN_IF_ERROR(p_.compute->Zero(unsharded_grad_.byte_span()));
   }
-  return unsharded_grad_.as<float>();
+  return unsharded_grad_.span<float>();
 }
 
 absl::Status FlatParamUnit::ReduceGrad() {
-  // A unit that got no gradient this step still takes part, with zeros, so the
-  // ranks' collectives stay matched.
-  EnsureGrad();
-  const DType reduce_dtype = config_.precision.reduce_dtype;
-  const size_t n = AsSize(layout().unpadded_unsharded_numel());
-  const size_t s = shard_.count();
-  const size_t world = sharded() ? AsSize(layout().world_size()) : 1;
-  // docs/fsdp-semantics.md §3.2: pad to S*W in the reduce dtype (zeros past N), divide by pre.
-  HostBuffer padded(s * world, reduce_dtype, memory_, MemoryKind::kGradients,
-                    HostBuffer::Init::kUninitialized);
-  ConvertElements(DType::kFloat32, unsharded_grad_.data(), reduce_dtype, padded.data(), n);
-  const size_t es = DTypeSize(reduce_dtype);
-  std::memset(padded.data() + n * es, 0, (s * world - n) * es);
-  unsharded_grad_.Release();
-  if (config_.divide.pre > 1) {
-    DivideElements(reduce_dtype, padded.data(), s * world, config_.divide.pre);
+  if (!unsharded_grad_.allocated()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        UnitLabel(config_.unit), ": ReduceGrad without a gradient (EnsureGrad first)"));
   }
-  HostBuffer reduced;
+  Stream& comm = *p_.comm;
+  const DType reduce_dtype = config_.precision.reduce_dtype;
+  const size_t es = DTypeSize(reduce_dtype);
+  const size_t s = shard_.bytes() / sizeof(float);
+  const size_t world = sharded() ? AsSize(layout().world_size()) : 1;
+  // docs/fsdp-semantics.md §3.2: pad to S*W in the reduce dtype (zeros past N),
+  // divide by pre.
+  ASSIGN_OR_RETURN(DeviceBuffer padded, Allocate(s * world * es, comm, MemoryKind::kGradients));
+  RETURN_IF_ERROR(comm.PrepareGradForReduce(unsharded_grad_.span<float>(), reduce_dtype,
+                                            padded.byte_span(), s * world, config_.divide.pre));
+  unsharded_grad_.Release(comm);
+  DeviceBuffer reduced;
   if (sharded()) {
-    reduced = HostBuffer(s, reduce_dtype, memory_, MemoryKind::kGradients,
-                         HostBuffer::Init::kUninitialized);
-    RETURN_IF_ERROR(shard_comm_->ReduceScatter(padded.data(), reduced.data(), s, reduce_dtype));
-    padded.Release();
-    if (replicate_comm_ != nullptr) {
-      RETURN_IF_ERROR(replicate_comm_->AllReduce(reduced.data(), s, reduce_dtype, ReduceOp::kSum));
+    ASSIGN_OR_RETURN(reduced, Allocate(s * es, comm, MemoryKind::kGradients));
+    RETURN_IF_ERROR(
+        p_.shard->ReduceScatter(comm, Bytes(padded), reduced.byte_span(), s, reduce_dtype));
+    padded.Release(comm);
+    if (p_.replicate != nullptr) {
+      RETURN_IF_ERROR(
+          p_.replicate->AllReduce(comm, reduced.byte_span(), s, reduce_dtype, ReduceOp::kSum));
     }
   } else {
-    // docs/fsdp-semantics.md §3.3: NO_SHARD all-reduces the whole gradient in place.
-    RETURN_IF_ERROR(shard_comm_->AllReduce(padded.data(), s, reduce_dtype, ReduceOp::kSum));
+    // §3.3: NO_SHARD all-reduces the whole gradient in place.
+    RETURN_IF_ERROR(p_.shard->AllReduce(comm, padded.byte_span(), s, reduce_dtype, ReduceOp::kSum));
     reduced = std::move(padded);
   }
-  if (config_.divide.post > 1) DivideElements(reduce_dtype, reduced.data(), s, config_.divide.post);
-  // _accumulate_sharded_grad: cast to the parameter's dtype and add.
+  // _accumulate_sharded_grad: post-divide, cast to the parameter's dtype and add.
   if (!grad_shard_.allocated()) {
-    grad_shard_ = HostBuffer(s, DType::kFloat32, memory_, MemoryKind::kGradients);
+    ASSIGN_OR_RETURN(grad_shard_, Allocate(s * sizeof(float), comm, MemoryKind::kGradients));
+    RETURN_IF_ERROR(comm.Zero(grad_shard_.byte_span()));
   }
-  if (reduce_dtype == DType::kFloat32) {
-    float* acc = grad_shard_.as<float>();
-    const float* add = reduced.as<float>();
-    for (size_t i = 0; i < s; ++i) acc[i] += add[i];
-  } else {
-    std::vector<float> widened(s);
-    ConvertElements(reduce_dtype, reduced.data(), DType::kFloat32,
-                    reinterpret_cast<std::byte*>(widened.data()), s);
-    float* acc = grad_shard_.as<float>();
-    for (size_t i = 0; i < s; ++i) acc[i] += widened[i];
-  }
+  RETURN_IF_ERROR(comm.AccumulateReducedGrad(reduce_dtype, Bytes(reduced),
+                                             grad_shard_.span<float>(), config_.divide.post));
+  reduced.Release(comm);
   return absl::OkStatus();
 }
 
-absl::Status FlatParamUnit::GatherGradFullPrecision(std::vector<float>& out) {
+void FlatParamUnit::ClearGradShard() { grad_shard_.Release(*p_.compute); }
+
+absl::StatusOr<std::vector<float>> FlatParamUnit::ReadToHost(DeviceSpan<const float> values) const {
+  ASSIGN_OR_RETURN(PinnedBuffer staging, p_.device->AllocatePinned(values.size_bytes()));
+  RETURN_IF_ERROR(p_.compute->CopyToHost(staging.copy_target(), AsBytes(values)));
+  RETURN_IF_ERROR(p_.compute->Synchronize());
+  ASSIGN_OR_RETURN(std::span<const float> host, std::as_const(staging).Read<float>());
+  return std::vector<float>(host.begin(),
+                            host.begin() + static_cast<std::ptrdiff_t>(values.size()));
+}
+
+absl::StatusOr<std::vector<float>> FlatParamUnit::ReadShard() const {
+  return ReadToHost(shard_.span<const float>());
+}
+
+absl::StatusOr<std::vector<float>> FlatParamUnit::ReadGradShard() const {
+  if (!grad_shard_.allocated()) return std::vector<float>();
+  return ReadToHost(grad_shard_.span<const float>());
+}
+
+absl::Status FlatParamUnit::WriteShard(std::span<const float> values) {
+  const size_t s = shard_.bytes() / sizeof(float);
+  if (values.size() != s) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("shard values hold ", values.size(), " elements, the shard ", s));
+  }
+  ASSIGN_OR_RETURN(PinnedBuffer staging, p_.device->AllocatePinned(values.size_bytes()));
+  ASSIGN_OR_RETURN(std::span<float> host, staging.Write<float>());
+  std::copy(values.begin(), values.end(), host.begin());
+  RETURN_IF_ERROR(p_.compute->CopyToDevice(shard_.byte_span(), staging.copy_source()));
+  // The staging buffer goes with this scope: the copy must be done first.
+  return p_.compute->Synchronize();
+}
+
+absl::Status FlatParamUnit::ShardOf(std::span<const float> flat, std::span<float> shard) const {
+  return CopyShard(layout(), DType::kFloat32, sharded() ? config_.shard_rank : 0,
+                   std::as_bytes(flat), std::as_writable_bytes(shard));
+}
+
+absl::Status FlatParamUnit::LoadFull(std::span<const float> flat) {
+  std::vector<float> shard(shard_.bytes() / sizeof(float));
+  RETURN_IF_ERROR(ShardOf(flat, shard));
+  return WriteShard(shard);
+}
+
+absl::Status FlatParamUnit::GatherFullPrecision(std::vector<float>& out) const {
+  ASSIGN_OR_RETURN(std::vector<float> shard, ReadShard());
+  return GatherShardValues(shard, out);
+}
+
+absl::Status FlatParamUnit::GatherGradFullPrecision(std::vector<float>& out) const {
   // All ranks agree on whether any gradient exists before gathering.
   int32_t missing = grad_shard_.allocated() ? 0 : 1;
   if (sharded()) {
-    RETURN_IF_ERROR(shard_comm_->AllReduce(&missing, 1, DType::kInt32, ReduceOp::kSum));
+    RETURN_IF_ERROR(p_.host_shard->AllReduce(&missing, 1, DType::kInt32, ReduceOp::kSum));
   }
   const int world = sharded() ? layout().world_size() : 1;
   out.clear();
   if (missing == world) return absl::OkStatus();
-  const size_t s = shard_.count();
-  std::vector<float> local(s, 0.0f);
-  if (grad_shard_.allocated()) std::copy_n(grad_shard_.as<float>(), s, local.begin());
+  const size_t s = shard_.bytes() / sizeof(float);
+  ASSIGN_OR_RETURN(std::vector<float> local, ReadGradShard());
+  if (local.empty()) local.assign(s, 0.0f);
   if (!sharded()) {
     out = std::move(local);
     return absl::OkStatus();
   }
   out.resize(s * static_cast<size_t>(world));
-  RETURN_IF_ERROR(shard_comm_->AllGather(local.data(), out.data(), s, DType::kFloat32));
+  RETURN_IF_ERROR(p_.host_shard->AllGather(local.data(), out.data(), s, DType::kFloat32));
   out.resize(AsSize(layout().unpadded_unsharded_numel()));
   return absl::OkStatus();
 }
 
 absl::Status FlatParamUnit::GatherShardValues(std::span<const float> values,
-                                              std::vector<float>& out) {
+                                              std::vector<float>& out) const {
   const size_t n = AsSize(layout().unpadded_unsharded_numel());
-  const size_t s = shard_.count();
+  const size_t s = shard_.bytes() / sizeof(float);
   if (values.size() != s) {
     return absl::InvalidArgumentError(
         absl::StrCat("shard values hold ", values.size(), " elements, the shard ", s));
@@ -178,7 +230,7 @@ absl::Status FlatParamUnit::GatherShardValues(std::span<const float> values,
     return absl::OkStatus();
   }
   std::vector<float> all(s * AsSize(layout().world_size()));
-  RETURN_IF_ERROR(shard_comm_->AllGather(values.data(), all.data(), s, DType::kFloat32));
+  RETURN_IF_ERROR(p_.host_shard->AllGather(values.data(), all.data(), s, DType::kFloat32));
   all.resize(n);
   out = std::move(all);
   return absl::OkStatus();

@@ -1,11 +1,22 @@
-// The FSDP data plane of one worker: its units (FlatParamUnit), communicators,
-// communication lane and optimizer state, and the execution of a step program
+// The FSDP data plane of one worker: its units (FlatParamUnit), process groups,
+// streams and optimizer state on its Device, and the execution of a step program
 // (core/step_program.h) against the model's forward and backward. The model's
 // hooks fire at every module; at a unit's module the runtime checks that the
 // program expects that marker and runs the program's ops up to the next one
 // (unshard, prefetch, reshard, reduce), so what runs is exactly what the
 // coordinator compiled and every rank issues the same collectives in the same
 // order.
+//
+// One runtime for every device (docs/architecture.md §5): work is issued from
+// the calling thread onto two streams. Compute (the model, the optimizer) runs
+// on the compute stream; all-gathers and gradient reductions on the
+// communication stream, which runs ahead (prefetch) or behind (reductions) and
+// overlaps compute. Every cross-stream use is an explicit event wait: compute
+// waits for a unit's gather event before its parameters are used, the
+// communication stream waits for the backward before a reduction and for the
+// compute stream once per step before gathering shards the optimizer updated;
+// every buffer is released on the stream of its last use. The simulated device
+// checks all of it.
 #ifndef FLATSHARD_WORKER_RUNTIME_FSDP_RUNTIME_H_
 #define FLATSHARD_WORKER_RUNTIME_FSDP_RUNTIME_H_
 
@@ -27,9 +38,11 @@
 #include "worker/comm/store.h"
 #include "worker/compute/batch.h"
 #include "worker/compute/model.h"
+#include "worker/device/device.h"
 #include "worker/device/memory_tracker.h"
-#include "worker/runtime/comm_lane.h"
+#include "worker/runtime/device_optimizer_state.h"
 #include "worker/runtime/flat_param_unit.h"
+#include "worker/runtime/runtime_groups.h"
 #include "worker/runtime/runtime_observer.h"
 
 namespace flatshard {
@@ -42,6 +55,11 @@ struct RuntimeOptions {
   OptimizerSettings optimizer;
   uint64_t seed = 0;  // parameter initialisation
   compute::LossKind loss = compute::LossKind::kMse;
+  // The device to compute on (worker/device/device_factory.h); a CPU device when
+  // unset. Shared: a worker keeps one device across the job's re-formations.
+  std::shared_ptr<Device> device;
+  // Collectives for device memory: auto is NCCL on cuda, Gloo elsewhere.
+  CommBackend comm = CommBackend::kAuto;
   GlooOptions gloo;
   // Metrics: collectives, unshards, reshards, steps. Must outlive the runtime.
   RuntimeObserver* observer = nullptr;
@@ -64,7 +82,7 @@ struct StepStats {
   double loss = 0.0;        // this rank's mean loss on its local batch
   double grad_norm = -1.0;  // total norm before clipping, when clipping ran
   double compute_seconds = 0.0;
-  double exposed_comm_seconds = 0.0;  // compute lane waiting on the comm lane
+  double exposed_comm_seconds = 0.0;  // the compute stream waiting on the communication stream
   double optimizer_seconds = 0.0;
 };
 
@@ -115,11 +133,23 @@ class FsdpRuntime : public compute::ParamResolver, public compute::ModuleHooks {
   int peak_live_units() const { return peak_live_units_; }
   const ModelIndex& index() const { return index_; }
   const RuntimeOptions& options() const { return options_; }
+  Device& device() const { return *device_; }
   // The shard group on a context of its own: what background (async)
   // checkpoint writes gather over, concurrently with training.
-  Communicator* checkpoint_comm() { return checkpoint_comm_.get(); }
-  // Unit `unit`'s optimizer state (its shard's; checkpoints read and load it).
-  OptimizerState& optimizer_state(size_t unit) { return *optim_states_[unit]; }
+  Communicator* checkpoint_comm() { return groups_.checkpoint.get(); }
+  // The shard group for host memory: what synchronous saves gather over.
+  Communicator* host_shard_comm() { return groups_.host_shard_group(); }
+
+  // Waits for both streams: afterwards host code may read and write the
+  // shards and optimizer state through the units' and the methods' host views.
+  absl::Status SynchronizeStreams();
+  // Unit `unit`'s optimizer state as core's host type (checkpoints save it), and
+  // the reverse (checkpoints load it). The streams must be idle.
+  absl::StatusOr<std::unique_ptr<OptimizerState>> ReadOptimizerState(size_t unit) const;
+  absl::Status WriteOptimizerState(size_t unit, const OptimizerState& state);
+  std::vector<std::string> OptimizerStateNames(size_t unit) const {
+    return optim_states_[unit]->StateNames();
+  }
 
   // compute::ParamResolver
   compute::ParamSlot Resolve(int param_index) override;
@@ -134,6 +164,7 @@ class FsdpRuntime : public compute::ParamResolver, public compute::ModuleHooks {
   struct ParamLocation {
     int unit = -1;
     int64_t offset = 0;
+    int64_t numel = 0;
     bool requires_grad = true;
   };
 
@@ -153,6 +184,15 @@ class FsdpRuntime : public compute::ParamResolver, public compute::ModuleHooks {
   absl::Status OptimStep();
   int LiveNonRootUnits() const;
   absl::Status CheckUnit(int unit) const;
+  // The compute stream waits for everything issued on the communication stream
+  // so far; the wait is timed as exposed communication.
+  absl::Status WaitForComm();
+  // compute.Wait(event), timed as exposed communication.
+  absl::Status TimedWait(const Event& event);
+  // The communication stream waits for everything issued on compute so far.
+  absl::Status CommWaitsForCompute();
+  // The step's timings from its events, once the streams synchronized.
+  absl::Status CollectTimings();
 
   const ModelSpec& spec_;
   ModelIndex index_;
@@ -165,22 +205,30 @@ class FsdpRuntime : public compute::ParamResolver, public compute::ModuleHooks {
   std::map<int, int> unit_of_module_;
   std::vector<ParamLocation> param_locations_;
 
+  // Declaration order is teardown order reversed: buffers (units, optimizer
+  // state, the model's activations) go before the groups, the streams and the
+  // device they live on.
+  std::shared_ptr<Device> device_;
+  std::unique_ptr<Stream> compute_;
+  std::unique_ptr<Stream> comm_;
   MemoryTracker memory_;
-  std::unique_ptr<Communicator> world_comm_;
-  std::unique_ptr<Communicator> shard_comm_;       // null when the world is the shard group
-  std::unique_ptr<Communicator> replicate_comm_;   // hybrid only
-  std::unique_ptr<Communicator> checkpoint_comm_;  // the shard group again, for background saves
+  RuntimeGroups groups_;
   std::vector<std::unique_ptr<FlatParamUnit>> units_;
   std::vector<UnitState> states_;
-  std::vector<std::shared_ptr<Completion>> gathers_;
-  std::vector<std::unique_ptr<OptimizerState>> optim_states_;
+  std::vector<std::unique_ptr<DeviceOptimizerState>> optim_states_;
+  DeviceBuffer norm_;       // clip_grad_norm's reduced contribution, one double
+  PinnedBuffer norm_host_;  // its copy for StepStats
   std::unique_ptr<compute::Model> model_;
-  std::unique_ptr<CommLane> lane_;  // declared last: joined first on destruction
 
   // Program execution state for the step in flight.
   const StepProgram* program_ = nullptr;
   size_t cursor_ = 0;
   StepStats stats_;
+  // Events bracketing the step, its waits on the communication stream and the
+  // optimizer: the timings are read from them once the step synchronized.
+  std::shared_ptr<Event> step_start_, step_end_, optim_start_, optim_end_;
+  std::vector<std::pair<std::shared_ptr<Event>, std::shared_ptr<Event>>> waits_;
+  double clip_norm_type_ = 0.0;  // > 0 when this step clipped
   int peak_live_units_ = 0;
   // Gradients stay after OptimStep (readable by summon with_grads) and are
   // cleared when the next step starts, like zero_grad() before a forward.

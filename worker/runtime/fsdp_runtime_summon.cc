@@ -27,7 +27,10 @@ absl::Status FsdpRuntime::SummonFullParams(
     return absl::FailedPreconditionError(
         "summon_full_params: cannot manually unshard parameters during forward/backward");
   }
-  RETURN_IF_ERROR(lane_->Drain());
+  RETURN_IF_ERROR(device_->MakeCurrent());
+  // Summon reads and writes the shards through host copies (pinned staging) and
+  // gathers over the host group: the streams must be idle first.
+  RETURN_IF_ERROR(SynchronizeStreams());
   SummonedParams summoned;
   std::vector<std::vector<float>> flats(units_.size());
   for (size_t u = 0; u < units_.size(); ++u) {
@@ -72,7 +75,8 @@ absl::Status FsdpRuntime::SummonFullParams(
 }
 
 absl::StatusOr<std::map<std::string, std::vector<float>>> FsdpRuntime::SummonFullParams() {
-  RETURN_IF_ERROR(lane_->Drain());
+  RETURN_IF_ERROR(device_->MakeCurrent());
+  RETURN_IF_ERROR(SynchronizeStreams());
   std::map<std::string, std::vector<float>> out;
   for (auto& unit : units_) {
     std::vector<float> flat;

@@ -43,11 +43,10 @@ int64_t RowElements(const std::vector<int64_t>& shape) {
 }
 
 // The pieces of unit `u` that this rank writes, in file order.
-std::vector<Piece> UnitPieces(const FlatParamUnit& unit, const OptimizerState& optim,
+std::vector<Piece> UnitPieces(const FlatParamUnit& unit, const std::vector<std::string>& states,
                               v1::StateDictType type, int rank, int world) {
   std::vector<Piece> pieces;
   const Unit& spec = unit.config().unit;
-  const std::vector<std::string> states = optim.StateNames();
   if (type == v1::LOCAL_STATE_DICT) {
     const ShardInfo info = unit.layout().ComputeShardInfo(unit.config().shard_rank);
     const int64_t valid = unit.layout().sharded_numel() - info.numel_padded;
@@ -214,29 +213,6 @@ class SaveSource {
                               std::vector<float>& out) = 0;
 };
 
-class LiveSource : public SaveSource {
- public:
-  explicit LiveSource(FsdpRuntime& runtime) : runtime_(runtime) {}
-  std::span<const float> Shard(size_t u) const override {
-    return std::as_const(*runtime_.units()[u]).shard();
-  }
-  absl::StatusOr<std::span<const float>> State(size_t u, const std::string& name) const override {
-    return std::as_const(runtime_.optimizer_state(u)).State(name);
-  }
-  std::vector<std::string> StateNames(size_t u) const override {
-    return runtime_.optimizer_state(u).StateNames();
-  }
-  float Step(size_t u) const override {
-    return static_cast<float>(runtime_.optimizer_state(u).step());
-  }
-  absl::Status Gather(size_t u, std::span<const float> values, std::vector<float>& out) override {
-    return runtime_.units()[u]->GatherShardValues(values, out);
-  }
-
- private:
-  FsdpRuntime& runtime_;
-};
-
 }  // namespace
 
 // The files one rank writes and what goes into them, fixed when the save
@@ -349,7 +325,8 @@ absl::StatusOr<SavePlan> PlanSave(FsdpRuntime& runtime, v1::StateDictType type) 
   }
   plan.pieces.resize(units.size());
   for (size_t u = 0; u < units.size(); ++u) {
-    plan.pieces[u] = UnitPieces(*units[u], runtime.optimizer_state(u), type, plan.rank, plan.world);
+    plan.pieces[u] =
+        UnitPieces(*units[u], runtime.OptimizerStateNames(u), type, plan.rank, plan.world);
     for (const Piece& piece : plan.pieces[u]) {
       (piece.optim ? plan.optim : plan.model).slots.push_back(piece.slot);
     }
@@ -454,9 +431,12 @@ absl::StatusOr<ShardSaveResult> WriteFiles(SaveSource& source, const SavePlan& p
 
 absl::StatusOr<ShardSaveResult> SaveShardCheckpoint(FsdpRuntime& runtime, const std::string& dir,
                                                     v1::StateDictType type) {
-  ASSIGN_OR_RETURN(SavePlan plan, PlanSave(runtime, type));
-  LiveSource source(runtime);
-  return WriteFiles(source, plan, dir);
+  // The shards live on the device: a save copies them (and the optimizer
+  // state) to host memory first, then writes and gathers from the copies, over
+  // the host shard group since training is not running meanwhile.
+  ASSIGN_OR_RETURN(ShardSnapshot snapshot, SnapshotShardCheckpoint(runtime, type));
+  snapshot.comm = runtime.host_shard_comm();
+  return WriteShardSnapshot(snapshot, dir);
 }
 
 absl::StatusOr<ShardSnapshot> SnapshotShardCheckpoint(FsdpRuntime& runtime,
@@ -465,11 +445,14 @@ absl::StatusOr<ShardSnapshot> SnapshotShardCheckpoint(FsdpRuntime& runtime,
   ShardSnapshot snapshot;
   snapshot.plan = std::make_shared<const SavePlan>(std::move(plan));
   snapshot.comm = runtime.checkpoint_comm();
+  // Copies through pinned host memory: the streams must be idle.
+  RETURN_IF_ERROR(runtime.SynchronizeStreams());
   for (size_t u = 0; u < runtime.units().size(); ++u) {
     const FlatParamUnit& unit = *runtime.units()[u];
-    const OptimizerState& optim = runtime.optimizer_state(u);
+    ASSIGN_OR_RETURN(std::unique_ptr<OptimizerState> host_optim, runtime.ReadOptimizerState(u));
+    const OptimizerState& optim = *host_optim;
     ShardSnapshot::Unit copy;
-    copy.shard.assign(unit.shard().begin(), unit.shard().end());
+    ASSIGN_OR_RETURN(copy.shard, unit.ReadShard());
     copy.state_order = optim.StateNames();
     for (const std::string& name : copy.state_order) {
       ASSIGN_OR_RETURN(std::span<const float> values, optim.State(name));
@@ -697,20 +680,22 @@ absl::Status ApplyStagedCheckpoint(FsdpRuntime& runtime, StagedCheckpoint staged
     reshard.push_back(StepCommand::Reshard(static_cast<int>(u)));
   }
   RETURN_IF_ERROR(runtime.RunControl(reshard));
+  RETURN_IF_ERROR(runtime.SynchronizeStreams());
   for (size_t u = 0; u < runtime.units().size(); ++u) {
-    std::span<float> shard = runtime.units()[u]->shard();
-    if (staged.shards[u].size() != shard.size()) {
+    FlatParamUnit& unit = *runtime.units()[u];
+    const auto size = static_cast<size_t>(unit.layout().sharded_numel());
+    if (staged.shards[u].size() != size) {
       return absl::InternalError(absl::StrCat("staged shard of unit ", u, " has ",
-                                              staged.shards[u].size(), " elements, not ",
-                                              shard.size()));
+                                              staged.shards[u].size(), " elements, not ", size));
     }
-    std::copy(staged.shards[u].begin(), staged.shards[u].end(), shard.begin());
-    OptimizerState& optim = runtime.optimizer_state(u);
-    optim.Reset();
+    RETURN_IF_ERROR(unit.WriteShard(staged.shards[u]));
+    std::unique_ptr<OptimizerState> optim =
+        MakeOptimizerState(runtime.options().optimizer.kind, size);
     for (const auto& [name, values] : staged.states[u]) {
-      RETURN_IF_ERROR(optim.SetState(name, values));
+      RETURN_IF_ERROR(optim->SetState(name, values));
     }
-    if (staged.steps[u].has_value()) optim.set_step(*staged.steps[u]);
+    if (staged.steps[u].has_value()) optim->set_step(*staged.steps[u]);
+    RETURN_IF_ERROR(runtime.WriteOptimizerState(u, *optim));
   }
   return absl::OkStatus();
 }

@@ -40,10 +40,12 @@ struct ShardSaveResult {
 absl::StatusOr<ShardSaveResult> SaveShardCheckpoint(FsdpRuntime& runtime, const std::string& dir,
                                                     v1::StateDictType type);
 
-// An async save's snapshot: copies of this rank's shards and optimizer state
-// (a memcpy, no collectives) and the plan of the files to write. The
-// background writer gathers from the copies over the runtime's checkpoint
-// communicator, its own context, so training's collectives go on meanwhile.
+// A save's snapshot: host copies of this rank's shards and optimizer state
+// (device-to-host copies through pinned memory, no collectives) and the plan of
+// the files to write. An async save's background writer gathers from the
+// copies over the runtime's checkpoint communicator, its own Gloo context, so
+// training's collectives go on meanwhile and no device communicator is used
+// from a second thread; a synchronous save gathers over the host shard group.
 struct SavePlan;
 struct ShardSnapshot {
   struct Unit {
@@ -55,7 +57,7 @@ struct ShardSnapshot {
     bool sharded = true;
   };
   std::shared_ptr<const SavePlan> plan;
-  Communicator* comm = nullptr;  // FsdpRuntime::checkpoint_comm(); the runtime outlives the write
+  Communicator* comm = nullptr;  // checkpoint_comm() (async); the runtime outlives the write
   std::vector<Unit> units;
   uint64_t bytes() const;
 };

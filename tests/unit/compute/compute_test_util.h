@@ -23,6 +23,7 @@
 #include "worker/compute/model.h"
 #include "worker/compute/module_hooks.h"
 #include "worker/compute/rng.h"
+#include "worker/device/host/host_device.h"
 
 namespace flatshard::compute::testutil {
 
@@ -63,7 +64,17 @@ tied:
                          vocab, dim, context, 3 * dim, 4 * dim);
 }
 
+// The CPU device the compute tests run on: DenseParamStore keeps parameters in
+// host memory, which is that device's memory.
+struct TestDevice {
+  std::shared_ptr<HostDevice> device = std::make_shared<HostDevice>();
+  std::unique_ptr<Stream> stream = *device->CreateStream(StreamRole::kCompute, "compute");
+  MemoryTracker memory;
+  DeviceContext context() { return {device.get(), stream.get(), &memory}; }
+};
+
 struct TestModel {
+  std::unique_ptr<TestDevice> device = std::make_unique<TestDevice>();
   std::unique_ptr<ModelSpec> spec;  // heap-held: `index` points into it
   ModelIndex index;
   std::unique_ptr<Model> model;
@@ -81,7 +92,8 @@ inline absl::StatusOr<TestModel> BuildTestModel(const std::string& yaml, LossKin
   absl::StatusOr<ModelIndex> index = IndexModel(*tm.spec);
   if (!index.ok()) return index.status();
   tm.index = *std::move(index);
-  absl::StatusOr<std::unique_ptr<Model>> model = Model::Create(*tm.spec, tm.index, loss);
+  absl::StatusOr<std::unique_ptr<Model>> model =
+      Model::Create(*tm.spec, tm.index, loss, tm.device->context());
   if (!model.ok()) return model.status();
   tm.model = *std::move(model);
   tm.store = std::make_unique<DenseParamStore>(tm.index);
@@ -95,12 +107,12 @@ inline Batch RandomDenseBatch(int64_t rows, int64_t in, int64_t out, LossKind lo
   const CounterRng rng = CounterRng(seed).Fork("test-batch");
   Batch batch;
   batch.batch_size = rows;
-  batch.inputs = ZeroTensor(rows, in);
+  batch.inputs = ZeroMatrix(rows, in);
   for (size_t i = 0; i < batch.inputs.values.size(); ++i) {
     batch.inputs.values[i] = static_cast<float>(rng.Normal(i));
   }
   if (loss == LossKind::kMse) {
-    batch.targets = ZeroTensor(rows, out);
+    batch.targets = ZeroMatrix(rows, out);
     for (size_t i = 0; i < batch.targets.values.size(); ++i) {
       batch.targets.values[i] = static_cast<float>(rng.Fork("t").Normal(i));
     }

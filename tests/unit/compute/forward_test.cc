@@ -9,6 +9,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "core/status_macros.h"
 #include "tests/unit/compute/compute_test_util.h"
 #include "worker/compute/activation.h"
 #include "worker/compute/loss.h"
@@ -29,20 +30,65 @@ void Set(DenseParamStore& store, int param, const std::vector<float>& values) {
   std::copy(values.begin(), values.end(), dst.begin());
 }
 
-Tensor Matrix(int64_t rows, int64_t cols, std::vector<float> values) {
-  Tensor t;
+HostMatrix Matrix(int64_t rows, int64_t cols, std::vector<float> values) {
+  HostMatrix t;
   t.rows = rows;
   t.cols = cols;
   t.values = std::move(values);
   return t;
 }
 
-Batch DenseBatch(Tensor inputs, Tensor targets) {
+Batch DenseBatch(HostMatrix inputs, HostMatrix targets) {
   Batch batch;
   batch.batch_size = inputs.rows;
   batch.inputs = std::move(inputs);
   batch.targets = std::move(targets);
   return batch;
+}
+
+// The model output of the last forward, on the host.
+std::vector<float> Output(const testutil::TestModel& tm) { return *tm.model->OutputToHost(); }
+
+// A loss run on the CPU device: its value and gradient.
+struct LossResult {
+  double loss = 0;
+  std::vector<float> grad;
+};
+
+absl::StatusOr<LossResult> CrossEntropyOnHost(const HostMatrix& logits,
+                                              const std::vector<int32_t>& labels) {
+  testutil::TestDevice device;
+  const DeviceContext ctx = device.context();
+  ASSIGN_OR_RETURN(Tensor in, TensorFromHost(ctx, logits.rows, logits.cols, logits.values));
+  ASSIGN_OR_RETURN(DeviceBuffer label_buffer,
+                   ctx.device->Allocate(labels.size() * sizeof(int32_t), *ctx.stream,
+                                        MemoryKind::kActivations, nullptr));
+  RETURN_IF_ERROR(ctx.stream->CopyToDevice(label_buffer.byte_span(),
+                                           std::as_bytes(std::span<const int32_t>(labels))));
+  ASSIGN_OR_RETURN(DeviceBuffer loss, ctx.device->Allocate(sizeof(double), *ctx.stream,
+                                                           MemoryKind::kActivations, nullptr));
+  Tensor grad;
+  RETURN_IF_ERROR(CrossEntropyLoss(ctx, in, label_buffer.span<const int32_t>(), labels, grad,
+                                   loss.span<double>()));
+  LossResult result;
+  ASSIGN_OR_RETURN(result.grad, TensorToHost(ctx, grad));
+  result.loss = *HostDevice::HostAddress(loss.span<double>());
+  return result;
+}
+
+absl::StatusOr<LossResult> MseOnHost(const HostMatrix& out, const HostMatrix& target) {
+  testutil::TestDevice device;
+  const DeviceContext ctx = device.context();
+  ASSIGN_OR_RETURN(Tensor y, TensorFromHost(ctx, out.rows, out.cols, out.values));
+  ASSIGN_OR_RETURN(Tensor t, TensorFromHost(ctx, target.rows, target.cols, target.values));
+  ASSIGN_OR_RETURN(DeviceBuffer loss, ctx.device->Allocate(sizeof(double), *ctx.stream,
+                                                           MemoryKind::kActivations, nullptr));
+  Tensor grad;
+  RETURN_IF_ERROR(MseLoss(ctx, y, t, grad, loss.span<double>()));
+  LossResult result;
+  ASSIGN_OR_RETURN(result.grad, TensorToHost(ctx, grad));
+  result.loss = *HostDevice::HostAddress(loss.span<double>());
+  return result;
 }
 
 TEST(ForwardTest, LinearIsXWTransposePlusBias) {
@@ -54,11 +100,11 @@ TEST(ForwardTest, LinearIsXWTransposePlusBias) {
   Set(*tm->store, 0, {1, 2, 3, 4, 5, 6});  // weight [3, 2]
   Set(*tm->store, 1, {0.5f, -1, 2});       // bias [3]
   NoopModuleHooks hooks;
-  const Batch batch = DenseBatch(Matrix(2, 2, {1, -1, 0.5f, 2}), ZeroTensor(2, 3));
+  const Batch batch = DenseBatch(Matrix(2, 2, {1, -1, 0.5f, 2}), ZeroMatrix(2, 3));
   auto loss = tm->model->ForwardLoss(batch, *tm->store, hooks);
   ASSERT_TRUE(loss.ok()) << loss.status();
   // y = x W^T + b: [1-2+.5, 3-4-1, 5-6+2] and [.5+4+.5, 1.5+8-1, 2.5+12+2]
-  EXPECT_THAT(tm->model->output().values,
+  EXPECT_THAT(Output(*tm),
               Pointwise(FloatNear(kTol), std::vector<float>{-0.5f, -2, 1, 5, 8.5f, 16.5f}));
   // MSE against zeros: mean of the squares over all 6 elements.
   EXPECT_NEAR(*loss, 374.75 / 6.0, 1e-9);
@@ -74,12 +120,11 @@ TEST(ForwardTest, LayerNormNormalisesEachRow) {
   Set(*tm->store, 0, {1, 2, 1, 1});  // weight
   Set(*tm->store, 1, {0, 0, 1, 0});  // bias
   NoopModuleHooks hooks;
-  const Batch batch = DenseBatch(Matrix(1, 4, {1, 2, 3, 4}), ZeroTensor(1, 4));
+  const Batch batch = DenseBatch(Matrix(1, 4, {1, 2, 3, 4}), ZeroMatrix(1, 4));
   ASSERT_TRUE(tm->model->ForwardLoss(batch, *tm->store, hooks).ok());
   // mean 2.5, biased var 1.25, eps 1e-5: (x - 2.5) / sqrt(1.25001) * w + b
-  EXPECT_THAT(tm->model->output().values,
-              Pointwise(FloatNear(kTol),
-                        std::vector<float>{-1.3416354f, -0.8944236f, 1.4472118f, 1.3416354f}));
+  EXPECT_THAT(Output(*tm), Pointwise(FloatNear(kTol), std::vector<float>{-1.3416354f, -0.8944236f,
+                                                                         1.4472118f, 1.3416354f}));
 }
 
 TEST(ForwardTest, LayerNormHonoursEpsAndNoAffine) {
@@ -89,11 +134,10 @@ TEST(ForwardTest, LayerNormHonoursEpsAndNoAffine) {
       LossKind::kMse);
   ASSERT_TRUE(tm.ok()) << tm.status();
   NoopModuleHooks hooks;
-  const Batch batch = DenseBatch(Matrix(1, 4, {1, 2, 3, 4}), ZeroTensor(1, 4));
+  const Batch batch = DenseBatch(Matrix(1, 4, {1, 2, 3, 4}), ZeroMatrix(1, 4));
   ASSERT_TRUE(tm->model->ForwardLoss(batch, *tm->store, hooks).ok());
-  EXPECT_THAT(tm->model->output().values,
-              Pointwise(FloatNear(kTol),
-                        std::vector<float>{-1.3411045f, -0.4470348f, 0.4470348f, 1.3411045f}));
+  EXPECT_THAT(Output(*tm), Pointwise(FloatNear(kTol), std::vector<float>{-1.3411045f, -0.4470348f,
+                                                                         0.4470348f, 1.3411045f}));
 }
 
 TEST(ForwardTest, GeluMatchesTorchBothForms) {
@@ -118,58 +162,53 @@ TEST(ForwardTest, GeluMatchesTorchBothForms) {
         LossKind::kMse);
     ASSERT_TRUE(tm.ok()) << tm.status();
     NoopModuleHooks hooks;
-    const Batch batch = DenseBatch(Matrix(1, 8, x), ZeroTensor(1, 8));
+    const Batch batch = DenseBatch(Matrix(1, 8, x), ZeroMatrix(1, 8));
     ASSERT_TRUE(tm->model->ForwardLoss(batch, *tm->store, hooks).ok());
     const std::vector<double>& want = std::string(approximate) == "tanh" ? tanh_form : erf_form;
     for (size_t i = 0; i < x.size(); ++i) {
-      EXPECT_NEAR(tm->model->output().values[i], want[i], 1e-6) << approximate << " " << x[i];
+      EXPECT_NEAR(Output(*tm)[i], want[i], 1e-6) << approximate << " " << x[i];
     }
   }
 }
 
 TEST(ForwardTest, SoftmaxCrossEntropyMatchesHandComputedValues) {
   // log(e + e^2 + e^3) = 3.40760596444438
-  const Tensor logits = Matrix(2, 3, {1, 2, 3, 1, 2, 3});
+  const HostMatrix logits = Matrix(2, 3, {1, 2, 3, 1, 2, 3});
   const std::vector<int32_t> labels = {2, 0};
-  Tensor grad;
-  auto loss = CrossEntropyLoss(logits, labels, grad);
-  ASSERT_TRUE(loss.ok()) << loss.status();
-  EXPECT_NEAR(*loss, (0.40760596444438013 + 2.40760596444438) / 2.0, 1e-7);
+  auto result = CrossEntropyOnHost(logits, labels);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_NEAR(result->loss, (0.40760596444438013 + 2.40760596444438) / 2.0, 1e-7);
   // (softmax - onehot) / N
   const float s0 = 0.09003057f, s1 = 0.24472847f, s2 = 0.66524096f;
-  EXPECT_THAT(grad.values,
+  EXPECT_THAT(result->grad,
               Pointwise(FloatNear(1e-6f), std::vector<float>{s0 / 2, s1 / 2, (s2 - 1) / 2,
                                                              (s0 - 1) / 2, s1 / 2, s2 / 2}));
 }
 
 TEST(ForwardTest, CrossEntropyIsStableForHugeLogits) {
-  const Tensor logits = Matrix(2, 3, {1000, 0, -1000, 1000, 0, -1000});
+  const HostMatrix logits = Matrix(2, 3, {1000, 0, -1000, 1000, 0, -1000});
   const std::vector<int32_t> labels = {0, 2};
-  Tensor grad;
-  auto loss = CrossEntropyLoss(logits, labels, grad);
-  ASSERT_TRUE(loss.ok()) << loss.status();
-  EXPECT_NEAR(*loss, (0.0 + 2000.0) / 2.0, 1e-6);
-  for (float g : grad.values) EXPECT_TRUE(std::isfinite(g));
-  EXPECT_NEAR(grad.values[5], -0.5f, 1e-6f);
+  auto result = CrossEntropyOnHost(logits, labels);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_NEAR(result->loss, (0.0 + 2000.0) / 2.0, 1e-6);
+  for (float g : result->grad) EXPECT_TRUE(std::isfinite(g));
+  EXPECT_NEAR(result->grad[5], -0.5f, 1e-6f);
 }
 
 TEST(ForwardTest, LossErrorsNameTheProblem) {
-  Tensor grad;
   const std::vector<int32_t> bad_label = {3};
   EXPECT_THAT(
-      std::string(CrossEntropyLoss(Matrix(1, 3, {0, 0, 0}), bad_label, grad).status().message()),
+      std::string(CrossEntropyOnHost(Matrix(1, 3, {0, 0, 0}), bad_label).status().message()),
       ::testing::HasSubstr("label 3 of row 0 is outside [0, 3)"));
-  EXPECT_THAT(
-      std::string(MseLoss(Matrix(1, 2, {0, 0}), Matrix(2, 1, {0, 0}), grad).status().message()),
-      ::testing::HasSubstr("targets are [2, 1] but the model output is [1, 2]"));
+  EXPECT_THAT(std::string(MseOnHost(Matrix(1, 2, {0, 0}), Matrix(2, 1, {0, 0})).status().message()),
+              ::testing::HasSubstr("targets are [2, 1] but the model output is [1, 2]"));
 }
 
 TEST(ForwardTest, MseIsTheMeanOverAllElements) {
-  Tensor grad;
-  auto loss = MseLoss(Matrix(2, 2, {1, 2, 3, 4}), Matrix(2, 2, {0, 0, 0, 1}), grad);
-  ASSERT_TRUE(loss.ok());
-  EXPECT_DOUBLE_EQ(*loss, (1 + 4 + 9 + 9) / 4.0);
-  EXPECT_THAT(grad.values, ElementsAre(0.5f, 1.0f, 1.5f, 1.5f));  // 2 (y - t) / 4
+  auto result = MseOnHost(Matrix(2, 2, {1, 2, 3, 4}), Matrix(2, 2, {0, 0, 0, 1}));
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_DOUBLE_EQ(result->loss, (1 + 4 + 9 + 9) / 4.0);
+  EXPECT_THAT(result->grad, ElementsAre(0.5f, 1.0f, 1.5f, 1.5f));  // 2 (y - t) / 4
 }
 
 // One head, C = 2, T = 2: q = k = x, v = Wv x, c_proj = identity, so the
@@ -197,8 +236,7 @@ TEST(ForwardTest, CausalAttentionByHand) {
   NoopModuleHooks hooks;
   ASSERT_TRUE(tm->model->ForwardLoss(batch, store, hooks).ok());
   const float p1 = 0.66976155f;  // 1 / (1 + exp(-1/sqrt 2))
-  EXPECT_THAT(tm->model->output().values,
-              Pointwise(FloatNear(kTol), std::vector<float>{1, 3, 1 + p1, 3 + p1}));
+  EXPECT_THAT(Output(*tm), Pointwise(FloatNear(kTol), std::vector<float>{1, 3, 1 + p1, 3 + p1}));
 }
 
 TEST(ForwardTest, GptIsCausalAndUsesPositions) {
@@ -243,9 +281,9 @@ root:
   Batch b = a;
   b.ids[3] = 0;  // change only the last token
   ASSERT_TRUE(tm->model->ForwardLoss(a, *tm->store, hooks).ok());
-  const std::vector<float> out_a = tm->model->output().values;
+  const std::vector<float> out_a = Output(*tm);
   ASSERT_TRUE(tm->model->ForwardLoss(b, *tm->store, hooks).ok());
-  const std::vector<float> out_b = tm->model->output().values;
+  const std::vector<float> out_b = Output(*tm);
   ASSERT_EQ(out_a.size(), 20u);
   for (size_t i = 0; i < 15; ++i) {
     EXPECT_EQ(out_a[i], out_b[i]) << "earlier position changed at " << i;
@@ -256,7 +294,7 @@ root:
   Batch same = a;
   same.ids = {2, 2, 2, 2};
   ASSERT_TRUE(tm->model->ForwardLoss(same, *tm->store, hooks).ok());
-  const std::vector<float>& out = tm->model->output().values;
+  const std::vector<float> out = Output(*tm);
   EXPECT_NE(std::vector<float>(out.begin(), out.begin() + 5),
             std::vector<float>(out.begin() + 5, out.begin() + 10));
 }

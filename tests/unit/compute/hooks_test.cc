@@ -146,7 +146,8 @@ class StrictMovingResolver : public ParamResolver, public ModuleHooks {
       return {};
     }
     const auto primary = static_cast<size_t>(tm_.index.params[static_cast<size_t>(p)].primary);
-    return {values_[primary].data(), grads_[primary].data()};
+    return {DeviceSpan<float>(values_[primary].data(), values_[primary].size()),
+            DeviceSpan<float>(grads_[primary].data(), grads_[primary].size())};
   }
 
   absl::Status BeforeForward(int m) override { return Open(m); }

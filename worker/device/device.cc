@@ -1,0 +1,102 @@
+#include "worker/device/device.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+
+namespace flatshard {
+
+absl::string_view DeviceKindName(DeviceKind kind) {
+  switch (kind) {
+    case DeviceKind::kCpu:
+      return "cpu";
+    case DeviceKind::kCuda:
+      return "cuda";
+    case DeviceKind::kSim:
+      return "sim";
+  }
+  return "?";
+}
+
+absl::StatusOr<DeviceKind> ParseDeviceKind(absl::string_view name) {
+  for (DeviceKind kind : {DeviceKind::kCpu, DeviceKind::kCuda, DeviceKind::kSim}) {
+    if (name == DeviceKindName(kind)) return kind;
+  }
+  return absl::InvalidArgumentError(
+      absl::StrCat("unknown device kind '", name, "'; expected cpu, cuda or sim"));
+}
+
+DeviceBuffer::DeviceBuffer(Device* device, void* address, size_t bytes, Stream* home,
+                           MemoryTracker* tracker, MemoryKind kind)
+    : device_(device),
+      address_(address),
+      bytes_(bytes),
+      home_(home),
+      tracker_(tracker),
+      kind_(kind) {
+  if (tracker_ != nullptr) tracker_->Add(kind_, static_cast<int64_t>(bytes_));
+}
+
+DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept { *this = std::move(other); }
+
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
+  if (this != &other) {
+    Release();
+    device_ = std::exchange(other.device_, nullptr);
+    address_ = std::exchange(other.address_, nullptr);
+    bytes_ = std::exchange(other.bytes_, 0);
+    home_ = std::exchange(other.home_, nullptr);
+    tracker_ = other.tracker_;
+    kind_ = other.kind_;
+  }
+  return *this;
+}
+
+void DeviceBuffer::Release(Stream& stream) {
+  if (device_ == nullptr) return;
+  if (tracker_ != nullptr) tracker_->Sub(kind_, static_cast<int64_t>(bytes_));
+  device_->FreeRaw(address_, bytes_, stream);
+  device_ = nullptr;
+  address_ = nullptr;
+  bytes_ = 0;
+  home_ = nullptr;
+}
+
+void DeviceBuffer::Release() {
+  if (device_ != nullptr) Release(*home_);
+}
+
+PinnedBuffer::~PinnedBuffer() {
+  if (device_ != nullptr) device_->FreePinnedRaw(data_, bytes_);
+}
+
+PinnedBuffer::PinnedBuffer(PinnedBuffer&& other) noexcept { *this = std::move(other); }
+
+PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& other) noexcept {
+  if (this != &other) {
+    if (device_ != nullptr) device_->FreePinnedRaw(data_, bytes_);
+    device_ = std::exchange(other.device_, nullptr);
+    data_ = std::exchange(other.data_, nullptr);
+    bytes_ = std::exchange(other.bytes_, 0);
+  }
+  return *this;
+}
+
+absl::StatusOr<DeviceBuffer> Device::Allocate(size_t bytes, Stream& stream, MemoryKind kind,
+                                              MemoryTracker* tracker) {
+  if (&stream.device() != this) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("allocation on stream '", stream.name(), "' of another device"));
+  }
+  absl::StatusOr<void*> address = AllocateRaw(bytes, stream);
+  if (!address.ok()) return address.status();
+  return DeviceBuffer(this, *address, bytes, &stream, tracker, kind);
+}
+
+absl::StatusOr<PinnedBuffer> Device::AllocatePinned(size_t bytes) {
+  absl::StatusOr<std::byte*> data = AllocatePinnedRaw(bytes);
+  if (!data.ok()) return data.status();
+  return PinnedBuffer(this, *data, bytes);
+}
+
+}  // namespace flatshard

@@ -1,0 +1,35 @@
+#include "worker/device/host/cblas_api.h"
+
+#include <cstdio>
+#include <cstdlib>
+
+#include <dlfcn.h>
+
+namespace flatshard {
+namespace {
+
+// Debian's alternatives link: the pthread OpenBLAS build by default.
+constexpr const char* kLibrary = "libopenblas.so.0";
+
+CblasApi Load() {
+  void* library = dlopen(kLibrary, RTLD_NOW | RTLD_LOCAL);
+  CblasApi api;
+  if (library != nullptr)
+    api.sgemm = reinterpret_cast<decltype(api.sgemm)>(dlsym(library, "cblas_sgemm"));
+  if (api.sgemm == nullptr) {
+    const char* error = dlerror();
+    std::fprintf(stderr, "flatshard: cannot use %s (OpenBLAS, for the CPU kernels): %s\n", kLibrary,
+                 error != nullptr ? error : "no cblas_sgemm");
+    std::abort();
+  }
+  return api;
+}
+
+}  // namespace
+
+const CblasApi& Cblas() {
+  static const CblasApi api = Load();
+  return api;
+}
+
+}  // namespace flatshard

@@ -1,0 +1,330 @@
+#include "worker/device/host/host_kernels.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "core/clip_grad_norm_math.h"
+#include "worker/device/host/cblas_api.h"
+#include "worker/device/kernels/element_ops.h"
+
+namespace flatshard::host_kernels {
+namespace {
+
+using kernels::Element;
+
+// BLAS takes int dimensions; shapes here are far below 2^31 (layers check theirs).
+blasint B(int64_t n) { return static_cast<blasint>(n); }
+
+template <DType Src, DType Dst>
+void CastLoop(const std::byte* src, std::byte* dst, size_t count) {
+  const auto* s = reinterpret_cast<const typename Element<Src>::Storage*>(src);
+  auto* d = reinterpret_cast<typename Element<Dst>::Storage*>(dst);
+  for (size_t i = 0; i < count; ++i) kernels::CastElement<Src, Dst>(s, d, i);
+}
+
+template <DType D>
+void PrepareLoop(const float* grad, size_t grad_count, std::byte* out, size_t out_count,
+                 float pre) {
+  auto* o = reinterpret_cast<typename Element<D>::Storage*>(out);
+  for (size_t i = 0; i < out_count; ++i)
+    kernels::PrepareGradElement<D>(grad, grad_count, o, pre, i);
+}
+
+template <DType D>
+void AccumulateLoop(const std::byte* reduced, float* acc, size_t count, float post) {
+  const auto* r = reinterpret_cast<const typename Element<D>::Storage*>(reduced);
+  for (size_t i = 0; i < count; ++i) kernels::AccumulateReducedElement<D>(r, acc, post, i);
+}
+
+}  // namespace
+
+void Cast(DType src_dtype, const std::byte* src, DType dst_dtype, std::byte* dst, size_t count) {
+  constexpr DType kF32 = DType::kFloat32, kBF16 = DType::kBFloat16, kF16 = DType::kFloat16;
+  if (src_dtype == kF32 && dst_dtype == kBF16) return CastLoop<kF32, kBF16>(src, dst, count);
+  if (src_dtype == kBF16 && dst_dtype == kF32) return CastLoop<kBF16, kF32>(src, dst, count);
+  if (src_dtype == kF32 && dst_dtype == kF16) return CastLoop<kF32, kF16>(src, dst, count);
+  if (src_dtype == kF16 && dst_dtype == kF32) return CastLoop<kF16, kF32>(src, dst, count);
+  // Equal dtypes (a copy) and the rest: core's conversions.
+  ConvertElements(src_dtype, src, dst_dtype, dst, count);
+}
+
+void PrepareGradForReduce(const float* grad, size_t grad_count, DType reduce_dtype, std::byte* out,
+                          size_t out_count, double pre_divide) {
+  const auto pre = static_cast<float>(pre_divide);
+  switch (reduce_dtype) {
+    case DType::kBFloat16:
+      return PrepareLoop<DType::kBFloat16>(grad, grad_count, out, out_count, pre);
+    case DType::kFloat16:
+      return PrepareLoop<DType::kFloat16>(grad, grad_count, out, out_count, pre);
+    default:
+      return PrepareLoop<DType::kFloat32>(grad, grad_count, out, out_count, pre);
+  }
+}
+
+void AccumulateReducedGrad(DType reduce_dtype, const std::byte* reduced, float* acc, size_t count,
+                           double post_divide) {
+  const auto post = static_cast<float>(post_divide);
+  switch (reduce_dtype) {
+    case DType::kBFloat16:
+      return AccumulateLoop<DType::kBFloat16>(reduced, acc, count, post);
+    case DType::kFloat16:
+      return AccumulateLoop<DType::kFloat16>(reduced, acc, count, post);
+    default:
+      return AccumulateLoop<DType::kFloat32>(reduced, acc, count, post);
+  }
+}
+
+void Gemm(const HostGemm& gemm) {
+  const GemmArgs& g = *gemm.args;
+  for (int64_t i = 0; i < g.batch; ++i) {
+    Cblas().sgemm(CblasRowMajor, g.trans_a ? CblasTrans : CblasNoTrans,
+                  g.trans_b ? CblasTrans : CblasNoTrans, B(g.m), B(g.n), B(g.k), g.alpha,
+                  gemm.a + i * g.stride_a, B(g.lda), gemm.b + i * g.stride_b, B(g.ldb), g.beta,
+                  gemm.c + i * g.stride_c, B(g.ldc));
+  }
+}
+
+void AddBias(float* y, size_t rows, const float* bias, size_t cols) {
+  for (size_t r = 0; r < rows; ++r) {
+    float* row = y + r * cols;
+    for (size_t c = 0; c < cols; ++c) row[c] += bias[c];
+  }
+}
+
+void AccumulateColumnSums(const float* x, size_t rows, float* out, size_t cols) {
+  for (size_t r = 0; r < rows; ++r) {
+    const float* row = x + r * cols;
+    for (size_t c = 0; c < cols; ++c) out[c] += row[c];
+  }
+}
+
+void ActivationForward(Activation kind, const float* x, float* y, size_t count) {
+  for (size_t i = 0; i < count; ++i) y[i] = kernels::ActivationValue(kind, x[i]);
+}
+
+void ActivationBackward(Activation kind, const float* saved, const float* dy, float* dx,
+                        size_t count) {
+  for (size_t i = 0; i < count; ++i) dx[i] = kernels::ActivationGradient(kind, saved[i], dy[i]);
+}
+
+void Add(float* acc, const float* x, size_t count) {
+  for (size_t i = 0; i < count; ++i) acc[i] += x[i];
+}
+
+void AddRowsModulo(float* x, size_t rows, const float* table, size_t period, size_t cols) {
+  for (size_t r = 0; r < rows; ++r) {
+    float* row = x + r * cols;
+    const float* add = table + (r % period) * cols;
+    for (size_t c = 0; c < cols; ++c) row[c] += add[c];
+  }
+}
+
+void SumRowsModulo(const float* x, size_t rows, size_t period, size_t cols, float* out) {
+  std::fill(out, out + period * cols, 0.0f);
+  for (size_t r = 0; r < rows; ++r) {
+    const float* row = x + r * cols;
+    float* sum = out + (r % period) * cols;
+    for (size_t c = 0; c < cols; ++c) sum[c] += row[c];
+  }
+}
+
+void LayerNormForward(const float* x, size_t rows, size_t dim, const float* weight,
+                      const float* bias, double eps, float* y, float* xhat, float* rstd) {
+  for (size_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * dim;
+    // Row statistics in double: cheap, and var = E[(x - mean)^2] stays accurate.
+    double mean = 0.0;
+    for (size_t i = 0; i < dim; ++i) mean += xr[i];
+    mean /= static_cast<double>(dim);
+    double var = 0.0;
+    for (size_t i = 0; i < dim; ++i) var += (xr[i] - mean) * (xr[i] - mean);
+    var /= static_cast<double>(dim);  // biased, as torch
+    const float row_rstd = kernels::LayerNormRstd(var, eps);
+    rstd[r] = row_rstd;
+    for (size_t i = 0; i < dim; ++i) {
+      kernels::LayerNormForwardElement(xr, mean, row_rstd, weight, bias, xhat + r * dim,
+                                       y + r * dim, static_cast<int64_t>(i));
+    }
+  }
+}
+
+void LayerNormBackward(const float* dy, const float* xhat, const float* rstd, size_t rows,
+                       size_t dim, const float* weight, float* dx, float* weight_grad,
+                       float* bias_grad) {
+  for (size_t r = 0; r < rows; ++r) {
+    const float* dyr = dy + r * dim;
+    const float* xr = xhat + r * dim;
+    double mean_dnorm = 0.0;
+    double mean_dnorm_xhat = 0.0;
+    for (size_t i = 0; i < dim; ++i) {
+      const float dnorm = kernels::LayerNormDnorm(dyr, weight, static_cast<int64_t>(i));
+      mean_dnorm += dnorm;
+      mean_dnorm_xhat += dnorm * xr[i];
+    }
+    mean_dnorm /= static_cast<double>(dim);
+    mean_dnorm_xhat /= static_cast<double>(dim);
+    float* dxr = dx + r * dim;
+    for (size_t i = 0; i < dim; ++i) {
+      const float dnorm = kernels::LayerNormDnorm(dyr, weight, static_cast<int64_t>(i));
+      dxr[i] = kernels::LayerNormInputGrad(dnorm, xr[i], rstd[r], mean_dnorm, mean_dnorm_xhat);
+    }
+  }
+  // dw += sum_rows dy * xhat; db += sum_rows dy, summed in row order.
+  for (size_t r = 0; r < rows; ++r) {
+    const float* dyr = dy + r * dim;
+    const float* xr = xhat + r * dim;
+    for (size_t i = 0; i < dim; ++i) {
+      if (weight_grad != nullptr) weight_grad[i] += dyr[i] * xr[i];
+      if (bias_grad != nullptr) bias_grad[i] += dyr[i];
+    }
+  }
+}
+
+void EmbeddingForward(const int32_t* ids, size_t count, const float* table, size_t dim,
+                      float* out) {
+  for (size_t i = 0; i < count; ++i) {
+    const float* row = table + static_cast<size_t>(ids[i]) * dim;
+    std::copy(row, row + dim, out + i * dim);
+  }
+}
+
+void EmbeddingBackward(const int32_t* ids, size_t count, const float* dout, size_t dim,
+                       float* table_grad) {
+  for (size_t i = 0; i < count; ++i) {
+    float* g = table_grad + static_cast<size_t>(ids[i]) * dim;
+    const float* dy = dout + i * dim;
+    for (size_t j = 0; j < dim; ++j) g[j] += dy[j];
+  }
+}
+
+void SplitHeads(const float* rows, const HeadLayout& l, float* heads) {
+  const auto hd = static_cast<size_t>(l.head_dim);
+  for (int64_t b = 0; b < l.batch; ++b) {
+    for (int64_t h = 0; h < l.heads; ++h) {
+      for (int64_t t = 0; t < l.seq; ++t) {
+        const float* src = rows + (b * l.seq + t) * l.row_stride + l.col_offset + h * l.head_dim;
+        float* dst = heads + ((b * l.heads + h) * l.seq + t) * l.head_dim;
+        std::copy(src, src + hd, dst);
+      }
+    }
+  }
+}
+
+void MergeHeads(const float* heads, const HeadLayout& l, float* rows) {
+  const auto hd = static_cast<size_t>(l.head_dim);
+  for (int64_t b = 0; b < l.batch; ++b) {
+    for (int64_t h = 0; h < l.heads; ++h) {
+      for (int64_t t = 0; t < l.seq; ++t) {
+        const float* src = heads + ((b * l.heads + h) * l.seq + t) * l.head_dim;
+        float* dst = rows + (b * l.seq + t) * l.row_stride + l.col_offset + h * l.head_dim;
+        std::copy(src, src + hd, dst);
+      }
+    }
+  }
+}
+
+void CausalSoftmaxForward(const float* scores, size_t matrices, size_t seq, float scale,
+                          float* probs) {
+  for (size_t m = 0; m < matrices; ++m) {
+    for (size_t t = 0; t < seq; ++t) {
+      const float* s = scores + (m * seq + t) * seq;
+      float* p = probs + (m * seq + t) * seq;
+      // softmax over t2 <= t, shifted by the max for stability
+      float max = -std::numeric_limits<float>::infinity();
+      for (size_t t2 = 0; t2 <= t; ++t2) max = std::max(max, s[t2] * scale);
+      float sum = 0.0f;
+      for (size_t t2 = 0; t2 <= t; ++t2) {
+        p[t2] = expf(s[t2] * scale - max);
+        sum += p[t2];
+      }
+      const float inv_sum = 1.0f / sum;
+      for (size_t t2 = 0; t2 <= t; ++t2) p[t2] *= inv_sum;
+      for (size_t t2 = t + 1; t2 < seq; ++t2) p[t2] = 0.0f;
+    }
+  }
+}
+
+void CausalSoftmaxBackward(const float* probs, const float* dprobs, size_t matrices, size_t seq,
+                           float scale, float* dscores) {
+  for (size_t m = 0; m < matrices; ++m) {
+    for (size_t t = 0; t < seq; ++t) {
+      const float* p = probs + (m * seq + t) * seq;
+      const float* dp = dprobs + (m * seq + t) * seq;
+      float* ds = dscores + (m * seq + t) * seq;
+      float weighted = 0.0f;
+      for (size_t t2 = 0; t2 <= t; ++t2) weighted += p[t2] * dp[t2];
+      for (size_t t2 = 0; t2 <= t; ++t2) {
+        ds[t2] = kernels::SoftmaxInputGrad(p[t2], dp[t2], weighted, scale);
+      }
+      for (size_t t2 = t + 1; t2 < seq; ++t2) ds[t2] = 0.0f;
+    }
+  }
+}
+
+void MseLoss(const float* out, const float* target, size_t count, float* grad, double* loss) {
+  const auto n = static_cast<double>(count);
+  double sum = 0.0;
+  for (size_t i = 0; i < count; ++i) {
+    const double diff = double{out[i]} - double{target[i]};
+    sum += diff * diff;
+    grad[i] = static_cast<float>(2.0 * diff / n);
+  }
+  *loss = sum / n;
+}
+
+void CrossEntropyLoss(const float* logits, size_t rows, size_t classes, const int32_t* labels,
+                      float* grad, double* loss) {
+  const double inv_rows = 1.0 / static_cast<double>(rows);
+  double total = 0.0;
+  for (size_t r = 0; r < rows; ++r) {
+    const float* z = logits + r * classes;
+    float* g = grad + r * classes;
+    const auto label = static_cast<size_t>(labels[r]);
+    // log_softmax(z)[k] = z[k] - max - log(sum_j exp(z[j] - max))
+    float max = z[0];
+    for (size_t k = 1; k < classes; ++k) max = z[k] > max ? z[k] : max;
+    double sum = 0.0;
+    for (size_t k = 0; k < classes; ++k) sum += exp(static_cast<double>(z[k]) - max);
+    total += std::log(sum) - (double{z[label]} - max);
+    for (size_t k = 0; k < classes; ++k) {
+      g[k] = kernels::CrossEntropyGrad(kernels::ShiftedExp(z[k], max), sum, k == label, inv_rows);
+    }
+  }
+  *loss = total * inv_rows;
+}
+
+void SgdStep(const SgdCoefficients& c, float* params, const float* grads, float* momentum,
+             size_t count) {
+  for (size_t i = 0; i < count; ++i) {
+    SgdUpdate(c, params[i], grads[i], momentum != nullptr ? momentum + i : nullptr);
+  }
+}
+
+void AdamStep(const AdamCoefficients& c, float* params, const float* grads, float* exp_avg,
+              float* exp_avg_sq, float* max_exp_avg_sq, size_t count) {
+  for (size_t i = 0; i < count; ++i) {
+    AdamUpdate(c, params[i], grads[i], exp_avg[i], exp_avg_sq[i],
+               max_exp_avg_sq != nullptr ? max_exp_avg_sq + i : nullptr);
+  }
+}
+
+double GradAbsPowSum(const float* grads, size_t count, double norm_type) {
+  double sum = 0.0;
+  for (size_t i = 0; i < count; ++i) sum += clip_math::AbsPow(grads[i], norm_type);
+  return sum;
+}
+
+double GradAbsMax(const float* grads, size_t count) {
+  double max = 0.0;
+  for (size_t i = 0; i < count; ++i) max = clip_math::NaNMax(max, std::fabs(double{grads[i]}));
+  return max;
+}
+
+void ScaleGrads(float* grads, size_t count, float coef) {
+  for (size_t i = 0; i < count; ++i) grads[i] *= coef;
+}
+
+}  // namespace flatshard::host_kernels

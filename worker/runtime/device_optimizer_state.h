@@ -1,0 +1,56 @@
+// One shard's optimizer state on the device: torch's step counter and the named
+// state tensors (S floats each) as device buffers, created when core's step plan
+// says torch would (core/optimizer.h PlanOptimizerStep), and updated by one
+// fused kernel per step on the compute stream (core/optimizer_update.h's
+// arithmetic). Checkpoints see it as core's OptimizerState through host copies
+// (ToHost / FromHost), so the files and their rules are those of the host
+// optimizer.
+#ifndef FLATSHARD_WORKER_RUNTIME_DEVICE_OPTIMIZER_STATE_H_
+#define FLATSHARD_WORKER_RUNTIME_DEVICE_OPTIMIZER_STATE_H_
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+#include "core/optimizer.h"
+#include "worker/device/device.h"
+
+namespace flatshard {
+
+class DeviceOptimizerState {
+ public:
+  // State for a shard of `size` elements; buffers on `device`, work on `stream`.
+  DeviceOptimizerState(OptimizerKind kind, size_t size, Device* device, Stream* stream,
+                       MemoryTracker* memory);
+
+  // One step of `settings` (of this state's kind) on the stream: params +=
+  // update(grads, state). Nothing changes on error.
+  absl::Status Step(const OptimizerSettings& settings, DeviceSpan<float> params,
+                    DeviceSpan<const float> grads);
+
+  double step() const { return step_; }
+  // The tensors present, in torch's order.
+  std::vector<std::string> StateNames() const;
+
+  // A host copy (waits for the stream), and the reverse: replaces every tensor
+  // and the step with `state`'s (which must be of this kind and size).
+  absl::StatusOr<std::unique_ptr<OptimizerState>> ToHost() const;
+  absl::Status FromHost(const OptimizerState& state);
+
+ private:
+  OptimizerKind kind_;
+  size_t size_;
+  Device* device_;
+  Stream* stream_;
+  MemoryTracker* memory_;
+  float step_ = 0.0f;
+  std::vector<std::string> order_;               // every tensor the kind may keep
+  std::map<std::string, DeviceBuffer> tensors_;  // the present ones
+};
+
+}  // namespace flatshard
+
+#endif  // FLATSHARD_WORKER_RUNTIME_DEVICE_OPTIMIZER_STATE_H_
