@@ -4,7 +4,10 @@
 // strategy (hybrid as 2x2), with and without use_orig_params padding and with
 // backward prefetch PRE / POST / NONE (docs/fsdp-semantics.md §2.5, §3.4, §9.2). Also bf16
 // params and reduction, no_sync accumulation, clip-grad-norm across shards
-// (§8) and the limit_all_gathers memory bound (§9.3).
+// (§8) and the limit_all_gathers memory bound (§9.3). Every configuration runs
+// on the CPU device and again on the strict simulated device (docs/architecture.md
+// §5), whose streams run asynchronously and which refuses any buffer use the
+// runtime did not order with an event: the GPU path's evidence without a GPU.
 #include <cmath>
 #include <fstream>
 #include <iostream>
@@ -21,6 +24,7 @@
 #include "tests/integration/reference_trainer.h"
 #include "worker/comm/file_store.h"
 #include "worker/compute/data_source.h"
+#include "worker/device/device_factory.h"
 #include "worker/runtime/local_trainer.h"
 
 namespace flatshard {
@@ -44,6 +48,7 @@ struct Config {
   double max_grad_norm = 0;
   int steps = 20;
   double grad_norm_type = 2.0;
+  DeviceKind device = DeviceKind::kCpu;
 };
 
 void PrintTo(const Config& c, std::ostream* os) { *os << c.name; }
@@ -101,7 +106,18 @@ TEST_P(FsdpEquivalenceTest, MatchesUnshardedTraining) {
       [&](int rank) {
         auto store = FileStore::Open(dir + "/store");
         if (!store.ok()) return 2;
-        auto result = TrainLocalRank(options, rank, c.world, *store);
+        // The device is made in the rank's own process (its streams are threads).
+        LocalTrainOptions rank_options = options;
+        DeviceOptions device;
+        device.kind = c.device;
+        device.sim.seed = static_cast<uint64_t>(rank) + 1;
+        auto created = CreateDevice(device);
+        if (!created.ok()) {
+          std::cerr << "rank " << rank << ": " << created.status() << "\n";
+          return 2;
+        }
+        rank_options.runtime.device = *std::move(created);
+        auto result = TrainLocalRank(rank_options, rank, c.world, *store);
         if (!result.ok()) {
           std::cerr << "rank " << rank << ": " << result.status() << "\n";
           return 1;
@@ -202,35 +218,47 @@ using S = ShardingStrategy;
 using P = BackwardPrefetch;
 using O = OptimizerKind;
 
-INSTANTIATE_TEST_SUITE_P(
-    Strategies, FsdpEquivalenceTest,
-    ::testing::Values(
-        Config{"w1_single_rank", 1},
-        Config{"w2_full_shard_pre", 2, S::kFullShard, 0, false, P::kPre},
-        Config{"w2_full_shard_post_orig", 2, S::kFullShard, 0, true, P::kPost},
-        Config{"w2_full_shard_none_sgd", 2, S::kFullShard, 0, false, P::kNone, false, O::kSgd},
-        Config{"w2_shard_grad_op_orig", 2, S::kShardGradOp, 0, true, P::kPost},
-        Config{"w2_no_shard", 2, S::kNoShard, 0, false, P::kPre},
-        Config{"w4_full_shard_pre_fwd_prefetch", 4, S::kFullShard, 0, false, P::kPre, true},
-        Config{"w4_full_shard_orig_none_adamw", 4, S::kFullShard, 0, true, P::kNone, false,
-               O::kAdamW},
-        Config{"w4_shard_grad_op", 4, S::kShardGradOp, 0, false, P::kPre},
-        Config{"w4_no_shard_orig", 4, S::kNoShard, 0, true, P::kPost},
-        Config{"w4_hybrid_2x2", 4, S::kHybridShard, 2, false, P::kPre},
-        Config{"w4_hybrid_2x2_orig_post", 4, S::kHybridShard, 2, true, P::kPost},
-        Config{"w4_hybrid_zero2_2x2", 4, S::kHybridShardZero2, 2, false, P::kPre},
-        Config{"w4_hybrid_zero2_2x2_orig", 4, S::kHybridShardZero2, 2, true, P::kNone},
-        Config{"w4_clip_grad_norm", 4, S::kFullShard, 0, false, P::kPre, false, O::kAdam, false, 0,
-               0.05},
-        Config{"w4_clip_grad_norm_inf_hybrid", 4, S::kHybridShard, 2, false, P::kPre, false,
-               O::kSgd, false, 0, 0.01, 20, std::numeric_limits<double>::infinity()},
-        Config{"w2_no_sync_4_micro_steps", 2, S::kFullShard, 0, false, P::kPre, false, O::kSgd,
-               false, 4, 0, 4},
-        Config{"w4_no_sync_shard_grad_op", 4, S::kShardGradOp, 0, true, P::kPost, false, O::kSgd,
-               false, 4, 0, 4},
-        Config{"w4_bf16_params_and_reduce", 4, S::kFullShard, 0, false, P::kPre, false, O::kAdam,
-               true}),
-    [](const ::testing::TestParamInfo<Config>& param_info) { return param_info.param.name; });
+std::vector<Config> Configs(DeviceKind device) {
+  std::vector<Config> configs = {
+
+      Config{"w1_single_rank", 1},
+      Config{"w2_full_shard_pre", 2, S::kFullShard, 0, false, P::kPre},
+      Config{"w2_full_shard_post_orig", 2, S::kFullShard, 0, true, P::kPost},
+      Config{"w2_full_shard_none_sgd", 2, S::kFullShard, 0, false, P::kNone, false, O::kSgd},
+      Config{"w2_shard_grad_op_orig", 2, S::kShardGradOp, 0, true, P::kPost},
+      Config{"w2_no_shard", 2, S::kNoShard, 0, false, P::kPre},
+      Config{"w4_full_shard_pre_fwd_prefetch", 4, S::kFullShard, 0, false, P::kPre, true},
+      Config{"w4_full_shard_orig_none_adamw", 4, S::kFullShard, 0, true, P::kNone, false,
+             O::kAdamW},
+      Config{"w4_shard_grad_op", 4, S::kShardGradOp, 0, false, P::kPre},
+      Config{"w4_no_shard_orig", 4, S::kNoShard, 0, true, P::kPost},
+      Config{"w4_hybrid_2x2", 4, S::kHybridShard, 2, false, P::kPre},
+      Config{"w4_hybrid_2x2_orig_post", 4, S::kHybridShard, 2, true, P::kPost},
+      Config{"w4_hybrid_zero2_2x2", 4, S::kHybridShardZero2, 2, false, P::kPre},
+      Config{"w4_hybrid_zero2_2x2_orig", 4, S::kHybridShardZero2, 2, true, P::kNone},
+      Config{"w4_clip_grad_norm", 4, S::kFullShard, 0, false, P::kPre, false, O::kAdam, false, 0,
+             0.05},
+      Config{"w4_clip_grad_norm_inf_hybrid", 4, S::kHybridShard, 2, false, P::kPre, false, O::kSgd,
+             false, 0, 0.01, 20, std::numeric_limits<double>::infinity()},
+      Config{"w2_no_sync_4_micro_steps", 2, S::kFullShard, 0, false, P::kPre, false, O::kSgd, false,
+             4, 0, 4},
+      Config{"w4_no_sync_shard_grad_op", 4, S::kShardGradOp, 0, true, P::kPost, false, O::kSgd,
+             false, 4, 0, 4},
+      Config{"w4_bf16_params_and_reduce", 4, S::kFullShard, 0, false, P::kPre, false, O::kAdam,
+             true}};
+  for (Config& c : configs) c.device = device;
+  return configs;
+}
+
+std::string Name(const ::testing::TestParamInfo<Config>& param_info) {
+  return param_info.param.name;
+}
+
+INSTANTIATE_TEST_SUITE_P(Strategies, FsdpEquivalenceTest,
+                         ::testing::ValuesIn(Configs(DeviceKind::kCpu)), Name);
+// ctest label `sim`: the same suite on the strict simulated device.
+INSTANTIATE_TEST_SUITE_P(SimDevice, FsdpEquivalenceTest,
+                         ::testing::ValuesIn(Configs(DeviceKind::kSim)), Name);
 
 }  // namespace
 }  // namespace flatshard

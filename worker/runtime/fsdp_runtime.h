@@ -63,6 +63,10 @@ struct RuntimeOptions {
   GlooOptions gloo;
   // Metrics: collectives, unshards, reshards, steps. Must outlive the runtime.
   RuntimeObserver* observer = nullptr;
+  // Tests only: leaves out one of the runtime's event waits, to show that the
+  // simulated device catches the race (never set outside those tests).
+  enum class DroppedWait { kNone, kGather, kBackward };
+  DroppedWait testing_dropped_wait = DroppedWait::kNone;
 };
 
 // summon_full_params (docs/fsdp-semantics.md §5.5).

@@ -239,7 +239,9 @@ absl::Status FsdpRuntime::Unshard(int unit, bool prefetch) {
 absl::Status FsdpRuntime::WaitGathered(int unit) {
   const auto u = static_cast<size_t>(unit);
   if (states_[u] != UnitState::kGathering) return absl::OkStatus();
-  RETURN_IF_ERROR(TimedWait(units_[u]->gathered()));
+  if (options_.testing_dropped_wait != RuntimeOptions::DroppedWait::kGather) {
+    RETURN_IF_ERROR(TimedWait(units_[u]->gathered()));
+  }
   states_[u] = UnitState::kUnsharded;
   return absl::OkStatus();
 }
@@ -266,7 +268,9 @@ absl::Status FsdpRuntime::ReduceGrad(int unit) {
   RETURN_IF_ERROR(target.EnsureGrad().status());
   // The reduction reads what the backward wrote: the communication stream
   // waits for the compute stream's work so far.
-  RETURN_IF_ERROR(CommWaitsForCompute());
+  if (options_.testing_dropped_wait != RuntimeOptions::DroppedWait::kBackward) {
+    RETURN_IF_ERROR(CommWaitsForCompute());
+  }
   return target.ReduceGrad();
 }
 
