@@ -168,8 +168,12 @@ int ClusterCommands::Workers(std::ostream& out, std::ostream& err) {
   }
   std::vector<std::vector<std::string>> rows;
   for (const v1::WorkerInfo& w : *workers) {
-    rows.push_back({w.rank() < 0 ? "-" : absl::StrCat(w.rank()), w.worker_id(), w.device(),
-                    w.address(), w.state(), FormatSeconds(w.heartbeat_age_seconds()),
+    // "cuda (NVIDIA H100 80GB HBM3)"; cpu and sim name themselves.
+    const std::string device = w.device_name().empty() || w.device_name() == w.device()
+                                   ? w.device()
+                                   : absl::StrCat(w.device(), " (", w.device_name(), ")");
+    rows.push_back({w.rank() < 0 ? "-" : absl::StrCat(w.rank()), w.worker_id(), device, w.address(),
+                    w.state(), FormatSeconds(w.heartbeat_age_seconds()),
                     absl::StrCat(w.last_completed_seq()),
                     w.metrics_address().empty() ? "-" : w.metrics_address()});
   }

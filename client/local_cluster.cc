@@ -63,13 +63,32 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
   std::error_code ec;
   std::filesystem::create_directories(options.checkpoint_dir, ec);
   for (int i = 0; i < options.workers; ++i) {
-    ASSIGN_OR_RETURN(
-        std::unique_ptr<ChildProcess> worker,
-        ChildProcess::Spawn(
-            {bin + "/flatshard-worker", "--coordinator", cluster->address_, "--worker-id",
-             absl::StrCat("worker-", i), "--rank", absl::StrCat(i), "--data-dir", options.data_dir,
-             "--checkpoint-dir", options.checkpoint_dir, "--collective-timeout",
-             Number(options.collective_timeout_s), "--metrics-listen", metrics_listen}));
+    std::vector<std::string> args = {bin + "/flatshard-worker",
+                                     "--coordinator",
+                                     cluster->address_,
+                                     "--worker-id",
+                                     absl::StrCat("worker-", i),
+                                     "--rank",
+                                     absl::StrCat(i),
+                                     "--data-dir",
+                                     options.data_dir,
+                                     "--checkpoint-dir",
+                                     options.checkpoint_dir,
+                                     "--collective-timeout",
+                                     Number(options.collective_timeout_s),
+                                     "--metrics-listen",
+                                     metrics_listen,
+                                     "--device",
+                                     options.device,
+                                     "--comm",
+                                     options.comm};
+    if (options.device == "cuda") {
+      const int gpu =
+          options.gpus.empty() ? i : options.gpus[static_cast<size_t>(i) % options.gpus.size()];
+      args.insert(args.end(), {"--gpu", absl::StrCat(gpu)});
+    }
+    if (options.device == "sim") args.insert(args.end(), {"--sim-seed", absl::StrCat(i + 1)});
+    ASSIGN_OR_RETURN(std::unique_ptr<ChildProcess> worker, ChildProcess::Spawn(args));
     cluster->workers_.push_back(std::move(worker));
   }
   for (auto& worker : cluster->workers_) {

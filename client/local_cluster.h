@@ -1,4 +1,4 @@
-// A coordinator and N CPU workers on this machine as child processes: what
+// A coordinator and N workers on this machine as child processes: what
 // `flatshard up` runs and what the end-to-end tests start. Start returns once
 // the coordinator listens and every worker has registered (each says so on
 // its stdout); destruction stops them with SIGTERM, then SIGKILL.
@@ -25,7 +25,11 @@ struct LocalClusterOptions {
   double collective_timeout_s = 60.0;
   std::string data_dir = ".";
   std::string checkpoint_dir = "checkpoints";
-  bool metrics = true;  // every daemon serves /metrics on a free loopback port
+  bool metrics = true;         // every daemon serves /metrics on a free loopback port
+  std::string device = "cpu";  // every worker's --device: cpu, cuda or sim
+  std::string comm = "auto";   // every worker's --comm
+  // With device cuda: worker i drives gpus[i % gpus.size()]; empty: GPU i.
+  std::vector<int> gpus;
   absl::Duration start_timeout = absl::Seconds(60);
 };
 

@@ -16,10 +16,22 @@ namespace flatshard {
 CLI::App* AddUpCommand(CLI::App& app, UpCommandOptions& o) {
   CLI::App* up = app.add_subcommand(
       "up",
-      "Start a local cluster (a coordinator and N CPU workers) and keep it running until "
+      "Start a local cluster (a coordinator and N workers) and keep it running until "
       "Ctrl-C; then drive it from another terminal");
   up->add_option("--workers,-w", o.cluster.workers, "Number of worker daemons")
       ->capture_default_str();
+  up->add_option("--device", o.cluster.device,
+                 "The workers' device: cpu, cuda (one GPU each) or sim (the strict simulated GPU)")
+      ->check(CLI::IsMember({"cpu", "cuda", "sim"}))
+      ->capture_default_str();
+  up->add_option("--comm", o.cluster.comm,
+                 "The workers' collectives for device memory: auto, gloo or nccl")
+      ->check(CLI::IsMember({"auto", "gloo", "nccl"}))
+      ->capture_default_str();
+  up->add_option("--gpus", o.cluster.gpus,
+                 "With --device cuda: GPUs to use, worker i on the i-th (cycling; several "
+                 "workers per GPU need --comm gloo); default: worker i on GPU i")
+      ->delimiter(',');
   up->add_option("--listen", o.cluster.listen,
                  "Coordinator address (port 0: any free one; see --address-file)")
       ->capture_default_str();

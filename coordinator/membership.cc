@@ -2,6 +2,8 @@
 
 #include "absl/strings/str_cat.h"
 
+#include "core/device_kind.h"
+
 namespace flatshard {
 
 absl::StatusOr<int> MembershipTable::Register(const Registration& r, absl::Time now) {
@@ -11,6 +13,12 @@ absl::StatusOr<int> MembershipTable::Register(const Registration& r, absl::Time 
   if (r.address.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat("register.address must not be empty (worker '", r.worker_id, "')"));
+  }
+  // An empty device is a CPU worker (registrations predating device kinds).
+  const std::string device = r.device.empty() ? "cpu" : r.device;
+  if (absl::Status kind = ParseDeviceKind(device).status(); !kind.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("register.device of worker '", r.worker_id, "': ", kind.message()));
   }
   if (r.requested_rank < -1 || (world_size_ > 0 && r.requested_rank >= world_size_)) {
     return absl::InvalidArgumentError(absl::StrCat("register.requested_rank ", r.requested_rank,
@@ -42,8 +50,16 @@ absl::StatusOr<int> MembershipTable::Register(const Registration& r, absl::Time 
     }
   }
   WorkerRecord& record = by_id_[r.worker_id];
-  record = WorkerRecord{r.worker_id, r.host, r.device,     r.address,        rank,
-                        now,         0,      "registered", r.metrics_address};
+  record = WorkerRecord{r.worker_id,
+                        r.host,
+                        device,
+                        r.address,
+                        rank,
+                        now,
+                        0,
+                        "registered",
+                        r.metrics_address,
+                        r.device_name.empty() ? device : r.device_name};
   id_by_rank_[rank] = r.worker_id;
   return rank;
 }

@@ -27,6 +27,7 @@ struct WorkerRecord {
   uint64_t last_completed_seq = 0;
   std::string state;
   std::string metrics_address;
+  std::string device_name;
 };
 
 struct Registration {
@@ -36,6 +37,7 @@ struct Registration {
   std::string address;
   int requested_rank = -1;  // -1: assign one
   std::string metrics_address;
+  std::string device_name;
 };
 
 class MembershipTable {
@@ -43,7 +45,8 @@ class MembershipTable {
   // `world_size` bounds the ranks; 0 leaves them unbounded.
   explicit MembershipTable(int world_size) : world_size_(world_size) {}
 
-  // The worker's rank. INVALID_ARGUMENT for an empty id or address, or a rank
+  // The worker's rank. INVALID_ARGUMENT for an empty id or address, a device
+  // that is not a known kind (core/device_kind.h), or a rank
   // outside [0, world_size); ALREADY_EXISTS when the rank belongs to another
   // worker; RESOURCE_EXHAUSTED when every rank is taken.
   absl::StatusOr<int> Register(const Registration& registration, absl::Time now);

@@ -1,5 +1,6 @@
 #include "coordinator/training_job.h"
 
+#include <map>
 #include <thread>
 #include <utility>
 
@@ -62,6 +63,20 @@ CommandSequencer* TrainingJob::sequencer() const {
   return sequencer_.get();
 }
 
+absl::Status CheckOneDeviceKind(const std::vector<WorkerRecord>& members) {
+  std::map<std::string, std::vector<std::string>> by_kind;
+  for (const WorkerRecord& m : members) by_kind[m.device].push_back(m.worker_id);
+  if (by_kind.size() <= 1) return absl::OkStatus();
+  std::vector<std::string> parts;
+  for (const auto& [kind, ids] : by_kind) {
+    parts.push_back(absl::StrCat(kind, ": ", absl::StrJoin(ids, ", ")));
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat("the job's workers mix device kinds (", absl::StrJoin(parts, "; "),
+                   "); a job runs on one kind of device: stop the others or start workers with "
+                   "the same --device"));
+}
+
 absl::Status TrainingJob::Form(const std::vector<WorkerRecord>& members) {
   std::unique_lock<std::mutex> op(op_mu_);
   if (static_cast<int>(members.size()) != config_.world_size) {
@@ -71,6 +86,12 @@ absl::Status TrainingJob::Form(const std::vector<WorkerRecord>& members) {
   const v1::JobState from = states_.state();
   RETURN_IF_ERROR(
       states_.Transition(v1::FORMING, absl::StrCat("configuring ", members.size(), " workers")));
+  // One job, one kind of device: the ranks' collectives, kernels and
+  // checkpoints assume the same memory and arithmetic everywhere.
+  if (absl::Status kinds = CheckOneDeviceKind(members); !kinds.ok()) {
+    (void)states_.Transition(v1::FAILED, std::string(kinds.message()));
+    return kinds;
+  }
   std::vector<std::unique_ptr<WorkerClient>> clients;
   std::vector<std::string> ids;
   for (const WorkerRecord& member : members) {

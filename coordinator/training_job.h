@@ -43,6 +43,9 @@ struct TrainingJobOptions {
   JobObserver* observer = nullptr;
 };
 
+// FAILED_PRECONDITION naming the workers by device kind when `members` mix kinds.
+absl::Status CheckOneDeviceKind(const std::vector<WorkerRecord>& members);
+
 class TrainingJob {
  public:
   // `config` is JobConfigFromProto(spec).

@@ -21,7 +21,9 @@
 #include "core/model_spec_yaml.h"
 #include "worker/comm/file_store.h"
 #include "worker/compute/model.h"
+#include "worker/device/device_factory.h"
 #include "worker/runtime/local_trainer.h"
+#include "worker/runtime/runtime_groups.h"
 
 namespace flatshard {
 namespace {
@@ -48,6 +50,9 @@ struct Flags {
   int64_t batch = 32;
   int64_t seq_len = 32;
   uint64_t seed = 0;
+  std::string device = "cpu";
+  std::vector<int> gpus;  // cuda: rank r on gpus[r % size]; empty: GPU r
+  std::string comm = "auto";
   int rank = -1;  // internal: set by the launcher
   std::string store;
 };
@@ -104,6 +109,16 @@ absl::StatusOr<LocalTrainOptions> BuildOptions(const Flags& f) {
   }
   optimizer.max_grad_norm = f.max_grad_norm;
   o.runtime.seed = f.seed;
+  absl::StatusOr<DeviceKind> device = ParseDeviceKind(f.device);
+  if (!device.ok())
+    return absl::InvalidArgumentError(absl::StrCat("--device: ", device.status().message()));
+  absl::StatusOr<CommBackend> comm = ParseCommBackend(f.comm);
+  if (!comm.ok())
+    return absl::InvalidArgumentError(absl::StrCat("--comm: ", comm.status().message()));
+  if (absl::Status resolved = ResolveCommBackend(*comm, *device).status(); !resolved.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--comm: ", resolved.message()));
+  }
+  o.runtime.comm = *comm;
   o.steps = f.steps;
   o.no_sync_micro_steps = f.no_sync;
   o.summon_final_params = false;
@@ -139,6 +154,18 @@ int RunRank(const Flags& f) {
     std::cerr << "flatshard-train-local: " << options.status().message() << "\n";
     return 2;
   }
+  // Each rank makes its own device, in its own process.
+  DeviceOptions device;
+  device.kind = *ParseDeviceKind(f.device);
+  device.gpu = f.gpus.empty() ? f.rank : f.gpus[static_cast<size_t>(f.rank) % f.gpus.size()];
+  device.sim.seed = static_cast<uint64_t>(f.rank) + 1;
+  absl::StatusOr<std::shared_ptr<Device>> created = CreateDevice(device);
+  if (!created.ok()) {
+    std::cerr << "flatshard-train-local: rank " << f.rank << ": --device " << f.device << ": "
+              << created.status().message() << "\n";
+    return 2;
+  }
+  options->runtime.device = *std::move(created);
   auto store = FileStore::Open(f.store);
   if (!store.ok()) {
     std::cerr << "rank " << f.rank << ": " << store.status() << "\n";
@@ -211,10 +238,12 @@ int Launch(const Flags& f, int argc, char** argv) {
     children.push_back(pid);
   }
   int failed = 0;
+  bool refused = true;  // every failure was a refusal (exit 2): say so with exit 2
   for (size_t rank = 0; rank < children.size(); ++rank) {
     int status = 0;
     waitpid(children[rank], &status, 0);
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      refused = refused && WIFEXITED(status) && WEXITSTATUS(status) == 2;
       std::cerr << "flatshard-train-local: rank " << rank << " failed ("
                 << (WIFSIGNALED(status) ? absl::StrCat("signal ", WTERMSIG(status))
                                         : absl::StrCat("exit ", WEXITSTATUS(status)))
@@ -223,7 +252,8 @@ int Launch(const Flags& f, int argc, char** argv) {
     }
   }
   std::filesystem::remove_all(store);
-  return failed == 0 ? 0 : 1;
+  if (failed == 0) return 0;
+  return refused ? 2 : 1;
 }
 
 }  // namespace
@@ -259,6 +289,17 @@ int Main(int argc, char** argv) {
   app.add_option("--seq-len", f.seq_len, "Tokens per sample for token models")
       ->capture_default_str();
   app.add_option("--seed", f.seed, "Seed for parameters and data")->capture_default_str();
+  app.add_option("--device", f.device,
+                 "Device every rank computes on: cpu, cuda (rank r on GPU r) or sim (the strict "
+                 "simulated GPU)")
+      ->capture_default_str();
+  app.add_option("--gpus", f.gpus,
+                 "With --device cuda: GPUs for the ranks, rank r on the r-th (cycling; several "
+                 "ranks per GPU need --comm gloo)")
+      ->delimiter(',');
+  app.add_option("--comm", f.comm,
+                 "Collectives for device memory: auto (nccl on cuda, gloo otherwise), gloo or nccl")
+      ->capture_default_str();
   app.add_option("--rank", f.rank)->group("");  // internal
   app.add_option("--store", f.store, "Rendezvous directory (default: a temporary one)");
   try {

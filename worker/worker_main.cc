@@ -13,6 +13,7 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "metrics/build_info.h"
 #include "metrics/metrics_server.h"
@@ -24,6 +25,8 @@
 #include "spdlog/spdlog.h"
 
 #include "worker/comm/grpc_store.h"
+#include "worker/device/device_factory.h"
+#include "worker/runtime/runtime_groups.h"
 #include "worker/service/heartbeat_loop.h"
 #include "worker/service/worker_metrics.h"
 #include "worker/service/worker_service.h"
@@ -37,6 +40,10 @@ struct Flags {
   std::string advertise_host = "127.0.0.1";
   std::string worker_id;
   std::string device = "cpu";
+  int gpu = -1;  // -1: $LOCAL_RANK, else 0
+  std::string comm = "auto";
+  uint64_t sim_seed = 1;
+  int sim_max_delay_us = 50;
   int rank = -1;
   std::string data_dir = ".";
   std::string checkpoint_dir = "./checkpoints";
@@ -45,11 +52,37 @@ struct Flags {
   std::string metrics_listen;  // default: --listen's host, any port
 };
 
+// The GPU a worker drives by default: its local rank on the node, as launchers
+// (torchrun, Slurm's srun, `flatshard up`) set LOCAL_RANK; else the first.
+int DefaultGpu() {
+  const char* local_rank = std::getenv("LOCAL_RANK");
+  int gpu = 0;
+  if (local_rank != nullptr && absl::SimpleAtoi(local_rank, &gpu) && gpu >= 0) return gpu;
+  return 0;
+}
+
 int Run(const Flags& f) {
-  if (f.device != "cpu") {
-    std::cerr << "flatshard-worker: --device " << f.device
-              << ": this build's runtime drives host memory only (the CUDA/NCCL path compiles "
-                 "but is not wired into the worker yet); use --device cpu\n";
+  // The device first: a worker that cannot compute must not register.
+  absl::StatusOr<DeviceKind> kind = ParseDeviceKind(f.device);
+  absl::StatusOr<CommBackend> comm = ParseCommBackend(f.comm);
+  if (!kind.ok() || !comm.ok()) {
+    std::cerr << "flatshard-worker: " << (!kind.ok() ? "--device: " : "--comm: ")
+              << (!kind.ok() ? kind.status() : comm.status()).message() << "\n";
+    return 2;
+  }
+  if (absl::StatusOr<CommBackend> resolved = ResolveCommBackend(*comm, *kind); !resolved.ok()) {
+    std::cerr << "flatshard-worker: --comm: " << resolved.status().message() << "\n";
+    return 2;
+  }
+  DeviceOptions device_options;
+  device_options.kind = *kind;
+  device_options.gpu = f.gpu >= 0 ? f.gpu : DefaultGpu();
+  device_options.sim.seed = f.sim_seed;
+  device_options.sim.max_delay_us = f.sim_max_delay_us;
+  absl::StatusOr<std::shared_ptr<Device>> device = CreateDevice(device_options);
+  if (!device.ok()) {
+    std::cerr << "flatshard-worker: --device " << f.device << ": " << device.status().message()
+              << "\n";
     return 2;
   }
   // Signals are taken by sigwait below, so every thread must block them.
@@ -73,6 +106,8 @@ int Run(const Flags& f) {
   options.checkpoint_dir = f.checkpoint_dir;
   options.gloo.hostname = f.advertise_host;
   options.gloo.timeout = absl::Seconds(f.collective_timeout_s);
+  options.device = *device;
+  options.comm = *comm;
   options.store_for_prefix = [channel](const std::string& prefix) -> std::shared_ptr<Store> {
     return std::make_shared<PrefixStore>(prefix, std::make_shared<GrpcStore>(channel));
   };
@@ -116,7 +151,8 @@ int Run(const Flags& f) {
   v1::RegisterRequest registration;
   registration.set_worker_id(worker_id);
   registration.set_host(f.advertise_host);
-  registration.set_device(f.device);
+  registration.set_device(std::string(DeviceKindName(*kind)));
+  registration.set_device_name((*device)->name());
   registration.set_address(address);
   registration.set_requested_rank(f.rank);
   registration.set_metrics_address(metrics_address);
@@ -127,7 +163,8 @@ int Run(const Flags& f) {
               << ": " << rank.status().message() << "\n";
     return 1;
   }
-  std::cout << "flatshard-worker " << worker_id << " rank " << *rank << " listening on " << address
+  std::cout << "flatshard-worker " << worker_id << " rank " << *rank << " on " << (*device)->name()
+            << " listening on " << address
             << (metrics_address.empty() ? "" : absl::StrCat(", metrics on ", metrics_address))
             << std::endl;
   heartbeat.Start();
@@ -164,7 +201,23 @@ int Main(int argc, char** argv) {
   app.add_option("--worker-id", f.worker_id,
                  "Stable id; a restarted daemon with the same id keeps its rank (default "
                  "HOST-PID)");
-  app.add_option("--device", f.device, "Device: cpu")->capture_default_str();
+  app.add_option("--device", f.device,
+                 "Device to compute on: cpu, cuda (a GPU, NCCL collectives) or sim (the strict "
+                 "simulated GPU the tests use)")
+      ->capture_default_str();
+  app.add_option("--gpu", f.gpu,
+                 "With --device cuda: the GPU index among the visible ones (respects "
+                 "CUDA_VISIBLE_DEVICES; default: $LOCAL_RANK, else 0)");
+  app.add_option("--comm", f.comm,
+                 "Collectives for device memory: auto (nccl on cuda, gloo otherwise), gloo "
+                 "(on cuda: staged through pinned host memory; several ranks may share a GPU) or "
+                 "nccl")
+      ->capture_default_str();
+  app.add_option("--sim-seed", f.sim_seed, "With --device sim: seed of the random delays")
+      ->capture_default_str();
+  app.add_option("--sim-max-delay-us", f.sim_max_delay_us,
+                 "With --device sim: each operation waits up to this many microseconds first")
+      ->capture_default_str();
   app.add_option("--rank", f.rank, "Rank to ask for (-1: the coordinator assigns one)")
       ->capture_default_str();
   app.add_option("--data-dir", f.data_dir, "Root of FILE data sets")->capture_default_str();

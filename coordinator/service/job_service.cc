@@ -59,6 +59,7 @@ grpc::Status JobServiceImpl::ListWorkers(grpc::ServerContext*,
     info->set_rank(rank);
     info->set_host(w.host);
     info->set_device(w.device);
+    info->set_device_name(w.device_name);
     info->set_address(w.address);
     info->set_metrics_address(w.metrics_address);
     info->set_state(w.state.empty() ? "registered" : w.state);

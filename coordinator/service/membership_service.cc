@@ -11,8 +11,9 @@ namespace flatshard {
 
 grpc::Status MembershipService::Register(grpc::ServerContext*, const v1::RegisterRequest* request,
                                          v1::RegisterResponse* response) {
-  Registration r{request->worker_id(), request->host(),           request->device(),
-                 request->address(),   request->requested_rank(), request->metrics_address()};
+  Registration r{request->worker_id(),  request->host(),           request->device(),
+                 request->address(),    request->requested_rank(), request->metrics_address(),
+                 request->device_name()};
   absl::StatusOr<int> rank = members_->Register(r, absl::Now());
   if (!rank.ok()) return ToGrpcStatus(rank.status());
   response->set_rank(*rank);

@@ -64,9 +64,12 @@ struct Cluster {
   }
 };
 
-std::unique_ptr<Cluster> Start(const v1::JobSpec& spec, const std::string& root) {
+// `device`: the workers' --device (the sim instances carry the ctest label sim).
+std::unique_ptr<Cluster> Start(const v1::JobSpec& spec, const std::string& root,
+                               const std::string& device = "cpu") {
   LocalClusterOptions options;
   options.workers = spec.world_size();
+  options.device = device;
   options.bin_dir = FLATSHARD_BIN_DIR;
   options.checkpoint_dir = root;
   auto cluster = std::make_unique<Cluster>();
@@ -131,10 +134,14 @@ std::string Dir(const std::string& root, const std::string& name) {
 }
 
 // docs/fsdp-semantics.md §5.3–5.4, §6.3–6.4.
-TEST(CheckpointTest, ShardedReloadsAtOtherWorldSizesBitForBitAndLocalDoesNot) {
+// Every checkpoint test runs on CPU workers and on simulated-GPU workers, whose
+// shards live in device memory and are staged through pinned host buffers.
+class CheckpointTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CheckpointTest, ShardedReloadsAtOtherWorldSizesBitForBitAndLocalDoesNot) {
   const std::string root = testing::MakeTempDir("ckpt-reshard") + "/checkpoints";
   {
-    auto four = Start(Spec(4, false), root);
+    auto four = Start(Spec(4, false), root, GetParam());
     ASSERT_NE(four, nullptr);
     Train(*four->client, 3);  // so the optimizer has state to save
     ASSERT_TRUE(Save(*four->client, "sharded4", v1::SHARDED_STATE_DICT).ok());
@@ -166,7 +173,7 @@ TEST(CheckpointTest, ShardedReloadsAtOtherWorldSizesBitForBitAndLocalDoesNot) {
     v1::JobSpec spec = Spec(world, false);
     if (world == 2) spec.clear_wrap_policy();
     if (world == 3) spec.mutable_sharding()->set_use_orig_params(true);
-    auto cluster = Start(spec, root);
+    auto cluster = Start(spec, root, GetParam());
     ASSERT_NE(cluster, nullptr);
     absl::StatusOr<v1::CheckpointProgress> local = cluster->client->LoadCheckpoint(kJob, "local4");
     ASSERT_FALSE(local.ok());
@@ -210,10 +217,10 @@ TEST(CheckpointTest, ShardedReloadsAtOtherWorldSizesBitForBitAndLocalDoesNot) {
 
 // A checkpoint of another model is refused before anything changes, naming
 // the parameters that do not match.
-TEST(CheckpointTest, CheckpointOfAnotherModelIsRefused) {
+TEST_P(CheckpointTest, CheckpointOfAnotherModelIsRefused) {
   const std::string root = testing::MakeTempDir("ckpt-model") + "/checkpoints";
   {
-    auto cluster = Start(Spec(2, true), root);
+    auto cluster = Start(Spec(2, true), root, GetParam());
     ASSERT_NE(cluster, nullptr);
     ASSERT_TRUE(Save(*cluster->client, "mlp", v1::SHARDED_STATE_DICT).ok());
   }
@@ -222,7 +229,7 @@ TEST(CheckpointTest, CheckpointOfAnotherModelIsRefused) {
   for (v1::ModuleSpec& child : *other.mutable_model()->mutable_root()->mutable_children()) {
     if (child.name() == "output") child.set_name("head");
   }
-  auto cluster = Start(other, root);
+  auto cluster = Start(other, root, GetParam());
   ASSERT_NE(cluster, nullptr);
   absl::StatusOr<v1::CheckpointProgress> load = cluster->client->LoadCheckpoint(kJob, "mlp");
   ASSERT_FALSE(load.ok());
@@ -239,11 +246,11 @@ TEST(CheckpointTest, CheckpointOfAnotherModelIsRefused) {
 // is async and the 10 more steps start as soon as its snapshot is taken, so
 // this also shows the snapshot is the state at step 10, untouched by the
 // training that ran while it was written.
-TEST(CheckpointTest, ResumeContinuesTrainingExactly) {
+TEST_P(CheckpointTest, ResumeContinuesTrainingExactly) {
   const std::string root = testing::MakeTempDir("ckpt-resume") + "/checkpoints";
   std::vector<v1::StepResult> expected;
   {
-    auto first = Start(Spec(4, true), root);
+    auto first = Start(Spec(4, true), root, GetParam());
     ASSERT_NE(first, nullptr);
     Train(*first->client, 10);
     std::promise<void> snapshot_taken;
@@ -269,7 +276,7 @@ TEST(CheckpointTest, ResumeContinuesTrainingExactly) {
     ASSERT_TRUE(saved.ok()) << saved.status();
     ASSERT_EQ(expected.size(), 10u);
   }
-  auto second = Start(Spec(4, true), root);
+  auto second = Start(Spec(4, true), root, GetParam());
   ASSERT_NE(second, nullptr);
   absl::StatusOr<v1::CheckpointProgress> loaded = second->client->LoadCheckpoint(kJob, "latest");
   ASSERT_TRUE(loaded.ok()) << loaded.status();
@@ -295,9 +302,9 @@ void FlipByte(const std::string& path, int64_t from_end) {
   f.write(&c, 1);
 }
 
-TEST(CheckpointTest, DamagedCheckpointsAreRefusedNamingTheFileAndChangeNothing) {
+TEST_P(CheckpointTest, DamagedCheckpointsAreRefusedNamingTheFileAndChangeNothing) {
   const std::string root = testing::MakeTempDir("ckpt-damage") + "/checkpoints";
-  auto cluster = Start(Spec(2, true), root);
+  auto cluster = Start(Spec(2, true), root, GetParam());
   ASSERT_NE(cluster, nullptr);
   FlatshardClient& client = *cluster->client;
   Train(client, 2);
@@ -396,13 +403,13 @@ INSTANTIATE_TEST_SUITE_P(SyncAndAsync, KilledMidSaveTest, ::testing::Bool(),
 
 // A second client checkpoints while the first streams Train; scheduled
 // checkpoints and retention come from the job spec.
-TEST(CheckpointTest, CheckpointsDuringTrainingOnDemandAndOnSchedule) {
+TEST_P(CheckpointTest, CheckpointsDuringTrainingOnDemandAndOnSchedule) {
   const std::string root = testing::MakeTempDir("ckpt-during") + "/checkpoints";
   v1::JobSpec spec = Spec(2, true);
   spec.mutable_checkpoints()->set_every_steps(4);
   spec.mutable_checkpoints()->set_keep_last(2);
   spec.mutable_checkpoints()->mutable_settings()->set_state_dict_type(v1::LOCAL_STATE_DICT);
-  auto cluster = Start(spec, root);
+  auto cluster = Start(spec, root, GetParam());
   ASSERT_NE(cluster, nullptr);
   std::promise<void> first_step;
   std::vector<v1::StepResult> steps;
@@ -463,6 +470,11 @@ TEST(CheckpointTest, CheckpointsDuringTrainingOnDemandAndOnSchedule) {
   ASSERT_TRUE(second.DeleteCheckpoint(kJob, "step-00000012").ok());
   EXPECT_NE(*ReadFileToString(absl::StrCat(root, "/", kJob, "/latest")), "step-00000012\n");
 }
+
+INSTANTIATE_TEST_SUITE_P(Devices, CheckpointTest, ::testing::Values("cpu", "sim"),
+                         [](const ::testing::TestParamInfo<std::string>& p) {
+                           return p.param == "sim" ? std::string("SimDevice") : std::string("Cpu");
+                         });
 
 }  // namespace
 }  // namespace flatshard

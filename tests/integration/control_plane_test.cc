@@ -64,7 +64,12 @@ CliRun RunCli(const std::vector<std::string>& args) {
 
 std::string Joined(const CliRun& run) { return absl::StrJoin(run.lines, "\n"); }
 
-TEST(ControlPlaneTest, TrainingThroughTheCoordinatorEqualsTheDataPlaneHarness) {
+// The coordinator drives CPU workers, then simulated-GPU workers: their losses
+// must equal the CPU harness's exactly (the sim runs the CPU kernels, in an order
+// its event checks prove safe).
+class ControlPlaneTest : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(ControlPlaneTest, TrainingThroughTheCoordinatorEqualsTheDataPlaneHarness) {
   absl::StatusOr<v1::JobSpec> spec = LoadJobSpecFile(kJobFile);
   ASSERT_TRUE(spec.ok()) << spec.status();
   absl::StatusOr<JobConfig> config = JobConfigFromProto(*spec);
@@ -106,6 +111,7 @@ TEST(ControlPlaneTest, TrainingThroughTheCoordinatorEqualsTheDataPlaneHarness) {
   options.workers = kWorld;
   options.bin_dir = FLATSHARD_BIN_DIR;
   options.checkpoint_dir = dir + "/checkpoints";
+  options.device = GetParam();
   auto cluster = LocalCluster::Start(options);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   const std::string address = (*cluster)->address();
@@ -234,6 +240,11 @@ TEST(ControlPlaneTest, TrainingThroughTheCoordinatorEqualsTheDataPlaneHarness) {
   CliRun unreachable = RunCli({"workers", "-c", address});
   EXPECT_EQ(unreachable.exit_code, 3);
 }
+
+INSTANTIATE_TEST_SUITE_P(Devices, ControlPlaneTest, ::testing::Values("cpu", "sim"),
+                         [](const ::testing::TestParamInfo<std::string>& p) {
+                           return p.param == "sim" ? std::string("SimDevice") : std::string("Cpu");
+                         });
 
 }  // namespace
 }  // namespace flatshard

@@ -12,6 +12,7 @@
 #include "tests/integration/reference_trainer.h"
 #include "worker/comm/file_store.h"
 #include "worker/compute/data_source.h"
+#include "worker/device/device_factory.h"
 
 namespace flatshard {
 namespace {
@@ -42,7 +43,7 @@ double RelativeError(const std::vector<float>& a, const std::vector<float>& b) {
   return std::sqrt(diff) / std::max(std::sqrt(ref), 1e-30);
 }
 
-int Body(const std::string& dir, int rank, int world) {
+int Body(const std::string& dir, int rank, int world, DeviceKind kind) {
   static ModelSpec spec = *ParseModelSpec(kModel, "m.yaml");
   const WrapPolicy policy = *ParseWrapPolicy("module-type:Residual");
   compute::DataSourceOptions data_options;
@@ -55,7 +56,13 @@ int Body(const std::string& dir, int rank, int world) {
   auto store = FileStore::Open(dir);
   CHILD_OK(store.status());
 
+  DeviceOptions device;
+  device.kind = kind;
+  device.sim.seed = static_cast<uint64_t>(rank) + 3;
+  auto created = CreateDevice(device);
+  CHILD_OK(created.status());
   RuntimeOptions options;
+  options.device = *created;
   options.optimizer.kind = OptimizerKind::kSgd;
   options.optimizer.sgd.lr = 0.01;
   options.sharding.use_orig_params = true;
@@ -151,7 +158,7 @@ int Body(const std::string& dir, int rank, int world) {
       std::string(no_offload.message()).find("offload_to_cpu is not supported with NO_SHARD") !=
       std::string::npos);
 
-  // CPUOffload on a host build: same values, master shards accounted as offloaded.
+  // CPUOffload: same values, master shards accounted as offloaded.
   RuntimeOptions offloaded = options;
   offloaded.sharding.cpu_offload = true;
   offloaded.gloo.prefix = "offload";
@@ -159,7 +166,7 @@ int Body(const std::string& dir, int rank, int world) {
   CHILD_OK(host.status());
   int64_t shard_bytes = 0;
   for (const auto& unit : (*host)->units()) {
-    shard_bytes += static_cast<int64_t>(unit->shard().size() * sizeof(float));
+    shard_bytes += static_cast<int64_t>(unit->shard().size_bytes());
   }
   CHILD_CHECK((*host)->memory().current(MemoryKind::kOffloadedParams) == shard_bytes);
   CHILD_CHECK((*host)->memory().current(MemoryKind::kShardedParams) == 0);
@@ -187,12 +194,23 @@ int Body(const std::string& dir, int rank, int world) {
   return 0;
 }
 
-TEST(SummonFullParamsTest, ValuesGradsWritebackAndOptions) {
+// On CPU workers and on simulated-GPU workers (shards in device memory, summon
+// staged through pinned host buffers).
+class SummonFullParamsTest : public ::testing::TestWithParam<DeviceKind> {};
+
+TEST_P(SummonFullParamsTest, ValuesGradsWritebackAndOptions) {
   const std::string dir = MakeTempDir("summon");
   auto results = RunRanks(
-      2, [&](int rank) { return Body(dir, rank, 2); }, absl::Seconds(120));
+      2, [&](int rank) { return Body(dir, rank, 2, GetParam()); }, absl::Seconds(120));
   EXPECT_TRUE(AllRanksSucceeded(results));
 }
+
+INSTANTIATE_TEST_SUITE_P(Devices, SummonFullParamsTest,
+                         ::testing::Values(DeviceKind::kCpu, DeviceKind::kSim),
+                         [](const ::testing::TestParamInfo<DeviceKind>& p) {
+                           return p.param == DeviceKind::kSim ? std::string("SimDevice")
+                                                              : std::string("Cpu");
+                         });
 
 }  // namespace
 }  // namespace flatshard

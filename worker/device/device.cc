@@ -6,26 +6,6 @@
 
 namespace flatshard {
 
-absl::string_view DeviceKindName(DeviceKind kind) {
-  switch (kind) {
-    case DeviceKind::kCpu:
-      return "cpu";
-    case DeviceKind::kCuda:
-      return "cuda";
-    case DeviceKind::kSim:
-      return "sim";
-  }
-  return "?";
-}
-
-absl::StatusOr<DeviceKind> ParseDeviceKind(absl::string_view name) {
-  for (DeviceKind kind : {DeviceKind::kCpu, DeviceKind::kCuda, DeviceKind::kSim}) {
-    if (name == DeviceKindName(kind)) return kind;
-  }
-  return absl::InvalidArgumentError(
-      absl::StrCat("unknown device kind '", name, "'; expected cpu, cuda or sim"));
-}
-
 DeviceBuffer::DeviceBuffer(Device* device, void* address, size_t bytes, Stream* home,
                            MemoryTracker* tracker, MemoryKind kind)
     : device_(device),

@@ -26,16 +26,12 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
+#include "core/device_kind.h"
 #include "worker/device/device_span.h"
 #include "worker/device/memory_tracker.h"
 #include "worker/device/stream.h"
 
 namespace flatshard {
-
-enum class DeviceKind { kCpu, kCuda, kSim };
-absl::string_view DeviceKindName(DeviceKind kind);  // "cpu", "cuda", "sim"
-// INVALID_ARGUMENT naming the accepted kinds for anything else.
-absl::StatusOr<DeviceKind> ParseDeviceKind(absl::string_view name);
 
 // What a stream is for. On the CPU device the compute stream runs inline on the
 // calling thread (no hand-off cost for the many small kernels) and the others on

@@ -151,6 +151,8 @@ StepProgram FsdpRuntime::CompileProgram(bool sync_gradients) const {
 void FsdpRuntime::Abort(const std::string& reason) { groups_.Abort(reason); }
 
 absl::Status FsdpRuntime::SynchronizeStreams() {
+  // Called from whichever thread serves the request (checkpoints, summon).
+  RETURN_IF_ERROR(device_->MakeCurrent());
   absl::Status compute = compute_->Synchronize();
   absl::Status comm = comm_->Synchronize();
   return compute.ok() ? comm : compute;
@@ -161,6 +163,7 @@ absl::StatusOr<std::unique_ptr<OptimizerState>> FsdpRuntime::ReadOptimizerState(
 }
 
 absl::Status FsdpRuntime::WriteOptimizerState(size_t unit, const OptimizerState& state) {
+  RETURN_IF_ERROR(device_->MakeCurrent());
   return optim_states_[unit]->FromHost(state);
 }
 

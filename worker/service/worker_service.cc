@@ -164,6 +164,8 @@ grpc::Status WorkerServiceImpl::Configure(grpc::ServerContext* /*context*/,
       RuntimeOptions runtime = RuntimeOptionsFromJob(job->config);
       runtime.loss = job->data->loss();
       runtime.gloo = options_.gloo;
+      runtime.device = options_.device;
+      runtime.comm = options_.comm;
       if (options_.observer_for_job) {
         runtime.observer = options_.observer_for_job(job->config.name, job->rank);
       }

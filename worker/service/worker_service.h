@@ -19,7 +19,9 @@
 #include "flatshard/v1/worker.grpc.pb.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/comm/store.h"
+#include "worker/device/device.h"
 #include "worker/device/memory_tracker.h"
+#include "worker/runtime/runtime_groups.h"
 #include "worker/runtime/runtime_observer.h"
 
 namespace flatshard {
@@ -31,6 +33,10 @@ struct WorkerServiceOptions {
   // coordinator under a PrefixStore in the daemon, a FileStore in tests).
   std::function<std::shared_ptr<Store>(const std::string& prefix)> store_for_prefix;
   GlooOptions gloo;  // hostname peers connect to; collective timeout
+  // The device every job of this worker computes on (one per daemon, kept across
+  // re-formations), and the collectives backend for its memory.
+  std::shared_ptr<Device> device;
+  CommBackend comm = CommBackend::kAuto;
   // The metrics observer for the runtime of `job` as `rank` (null: none).
   std::function<RuntimeObserver*(const std::string& job, int rank)> observer_for_job;
 };

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include "coordinator/kv_store.h"
+#include "coordinator/training_job.h"
 
 namespace flatshard {
 namespace {
@@ -53,37 +54,60 @@ TEST(KvStoreTest, WaitWakesOnSetAndTimesOutNamingTheKeys) {
 TEST(MembershipTableTest, AssignsStableRanksAndRefusesConflicts) {
   MembershipTable table(3);
   const absl::Time now = absl::FromUnixSeconds(1000);
-  EXPECT_EQ(*table.Register({"w-a", "h", "cpu", "h:1", -1, ""}, now), 0);
-  EXPECT_EQ(*table.Register({"w-b", "h", "cpu", "h:2", 2, ""}, now), 2);
-  EXPECT_EQ(*table.Register({"w-c", "h", "cpu", "h:3", -1, ""}, now), 1);
+  EXPECT_EQ(*table.Register({"w-a", "h", "cpu", "h:1", -1, "", "cpu"}, now), 0);
+  EXPECT_EQ(*table.Register({"w-b", "h", "cpu", "h:2", 2, "", "cpu"}, now), 2);
+  EXPECT_EQ(*table.Register({"w-c", "h", "cpu", "h:3", -1, "", "cpu"}, now), 1);
   // A restarted daemon keeps its rank.
-  EXPECT_EQ(*table.Register({"w-a", "h", "cpu", "h:9", -1, "h:9400"}, now), 0);
-  EXPECT_EQ(table.Register({"w-d", "h", "cpu", "h:4", -1, ""}, now).status().code(),
+  EXPECT_EQ(*table.Register({"w-a", "h", "cpu", "h:9", -1, "h:9400", "cpu"}, now), 0);
+  EXPECT_EQ(table.Register({"w-d", "h", "cpu", "h:4", -1, "", "cpu"}, now).status().code(),
             absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(
-      std::string(table.Register({"w-e", "h", "cpu", "h:5", 2, ""}, now).status().message()),
+      std::string(table.Register({"w-e", "h", "cpu", "h:5", 2, "", "cpu"}, now).status().message()),
       HasSubstr("rank 2 already belongs to worker 'w-b'"));
-  EXPECT_EQ(table.Register({"w-a", "h", "cpu", "h:1", 1, ""}, now).status().code(),
+  EXPECT_EQ(table.Register({"w-a", "h", "cpu", "h:1", 1, "", "cpu"}, now).status().code(),
             absl::StatusCode::kAlreadyExists);
   EXPECT_THAT(
-      std::string(table.Register({"w-f", "h", "cpu", "h:6", 3, ""}, now).status().message()),
+      std::string(table.Register({"w-f", "h", "cpu", "h:6", 3, "", "cpu"}, now).status().message()),
       HasSubstr("requested_rank 3 is outside [0, 3)"));
-  EXPECT_THAT(std::string(table.Register({"", "h", "cpu", "h:6", -1, ""}, now).status().message()),
-              HasSubstr("worker_id must not be empty"));
-  EXPECT_THAT(std::string(table.Register({"w-g", "h", "cpu", "", -1, ""}, now).status().message()),
-              HasSubstr("address must not be empty"));
+  EXPECT_THAT(
+      std::string(table.Register({"", "h", "cpu", "h:6", -1, "", "cpu"}, now).status().message()),
+      HasSubstr("worker_id must not be empty"));
+  EXPECT_THAT(
+      std::string(table.Register({"w-g", "h", "cpu", "", -1, "", "cpu"}, now).status().message()),
+      HasSubstr("address must not be empty"));
+  EXPECT_THAT(
+      std::string(table.Register({"w-h", "h", "tpu", "h:7", -1, "", ""}, now).status().message()),
+      HasSubstr("register.device of worker 'w-h': unknown device kind 'tpu'; expected cpu, cuda "
+                "or sim"));
   ASSERT_EQ(table.List().size(), 3u);
   EXPECT_EQ(table.List()[1].worker_id, "w-c");
   // The re-registration's addresses replace the old ones.
   EXPECT_EQ(table.List()[0].address, "h:9");
   EXPECT_EQ(table.List()[0].metrics_address, "h:9400");
+  EXPECT_EQ(table.List()[0].device, "cpu");
+}
+
+TEST(MembershipTableTest, AJobRunsOnOneKindOfDevice) {
+  auto record = [&](const char* id, const char* device) {
+    WorkerRecord r;
+    r.worker_id = id;
+    r.device = device;
+    return r;
+  };
+  const WorkerRecord cpu_a = record("a", "cpu"), cpu_b = record("b", "cpu"),
+                     gpu = record("g", "cuda");
+  EXPECT_TRUE(CheckOneDeviceKind({cpu_a, cpu_b}).ok());
+  const absl::Status mixed = CheckOneDeviceKind({cpu_a, gpu, cpu_b});
+  EXPECT_EQ(mixed.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(mixed.message()),
+              HasSubstr("the job's workers mix device kinds (cpu: a, b; cuda: g)"));
 }
 
 TEST(MembershipTableTest, HeartbeatsAndStaleness) {
   MembershipTable table(0);
   const absl::Time t0 = absl::FromUnixSeconds(1000);
-  ASSERT_TRUE(table.Register({"w-a", "h", "cpu", "h:1", -1, ""}, t0).ok());
-  ASSERT_TRUE(table.Register({"w-b", "h", "cpu", "h:2", -1, ""}, t0).ok());
+  ASSERT_TRUE(table.Register({"w-a", "h", "cpu", "h:1", -1, "", "cpu"}, t0).ok());
+  ASSERT_TRUE(table.Register({"w-b", "h", "cpu", "h:2", -1, "", "cpu"}, t0).ok());
   ASSERT_TRUE(table.Heartbeat("w-a", 7, "training", t0 + absl::Seconds(9)).ok());
   EXPECT_EQ(table.Heartbeat("w-z", 1, "", t0).code(), absl::StatusCode::kNotFound);
   const auto stale = table.Stale(t0 + absl::Seconds(10), absl::Seconds(5));
