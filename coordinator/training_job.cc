@@ -68,6 +68,7 @@ absl::Status CheckOneDeviceKind(const std::vector<WorkerRecord>& members) {
   for (const WorkerRecord& m : members) by_kind[m.device].push_back(m.worker_id);
   if (by_kind.size() <= 1) return absl::OkStatus();
   std::vector<std::string> parts;
+  parts.reserve(by_kind.size());
   for (const auto& [kind, ids] : by_kind) {
     parts.push_back(absl::StrCat(kind, ": ", absl::StrJoin(ids, ", ")));
   }

@@ -262,17 +262,16 @@ absl::Status OptimizerStep(const OptimizerSettings& settings, std::span<float> p
     use.push_back(values);
   }
   state.set_step(plan.step_after);
+  float unused = 0.0f;  // the state an update does not keep (no momentum, no amsgrad)
   if (sgd) {
-    float* buf = use.empty() ? nullptr : use[0].data();
     for (size_t i = 0; i < params.size(); ++i) {
-      SgdUpdate(plan.sgd, params[i], grads[i], buf == nullptr ? nullptr : buf + i);
+      SgdUpdate(plan.sgd, params[i], grads[i], use.empty() ? unused : use[0][i]);
     }
     return absl::OkStatus();
   }
-  float* max = plan.adam.amsgrad ? use[2].data() : nullptr;
   for (size_t i = 0; i < params.size(); ++i) {
     AdamUpdate(plan.adam, params[i], grads[i], use[0][i], use[1][i],
-               max == nullptr ? nullptr : max + i);
+               plan.adam.amsgrad ? use[2][i] : unused);
   }
   return absl::OkStatus();
 }

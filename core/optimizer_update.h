@@ -51,19 +51,20 @@ struct SgdCoefficients {
 //   buf  = buf.mul_(momentum).add_(grad, alpha=1-dampening) later ones
 //   grad = grad.add(buf, alpha=momentum) if nesterov else buf
 //   param.add_(grad, alpha=-lr)
-// `buf` is the element's momentum buffer (unused without momentum).
+// `buf` is the element's momentum buffer (without momentum, any float: it is
+// neither read nor written).
 FLATSHARD_HOST_DEVICE inline void SgdUpdate(const SgdCoefficients& c, float& param, float grad,
-                                            float* buf) {
+                                            float& buf) {
   if (c.maximize) grad = -grad;
   if (c.weight_decay) grad = fmaf(param, c.weight_decay_value, grad);
   if (c.momentum) {
     if (c.first_momentum_step) {
-      *buf = grad;
+      buf = grad;
     } else {
-      const float decayed = *buf * c.momentum_value;
-      *buf = fmaf(grad, c.one_minus_dampening, decayed);
+      const float decayed = buf * c.momentum_value;
+      buf = fmaf(grad, c.one_minus_dampening, decayed);
     }
-    grad = c.nesterov ? fmaf(*buf, c.momentum_value, grad) : *buf;
+    grad = c.nesterov ? fmaf(buf, c.momentum_value, grad) : buf;
   }
   param = fmaf(grad, c.neg_lr, param);
 }
@@ -92,10 +93,10 @@ struct AdamCoefficients {
 //   torch.maximum(max_exp_avg_sq, exp_avg_sq, out=max_exp_avg_sq)   amsgrad
 //   denom = (v.sqrt() / bias_correction2_sqrt).add_(eps)   v = max or exp_avg_sq
 //   param.addcdiv_(exp_avg, denom, value=-step_size)
-// `max_exp_avg_sq` is used with amsgrad only.
+// `max_exp_avg_sq` is read and written with amsgrad only (otherwise any float).
 FLATSHARD_HOST_DEVICE inline void AdamUpdate(const AdamCoefficients& c, float& param, float grad,
                                              float& exp_avg, float& exp_avg_sq,
-                                             float* max_exp_avg_sq) {
+                                             float& max_exp_avg_sq) {
   if (c.maximize) grad = -grad;
   if (c.decoupled) param *= c.decay_factor;
   if (c.l2) grad = fmaf(param, c.weight_decay, grad);
@@ -104,8 +105,8 @@ FLATSHARD_HOST_DEVICE inline void AdamUpdate(const AdamCoefficients& c, float& p
   exp_avg_sq = fmaf(c.one_minus_beta2 * grad, grad, decayed);
   float second_moment = exp_avg_sq;
   if (c.amsgrad) {
-    *max_exp_avg_sq = TorchMaximum(*max_exp_avg_sq, exp_avg_sq);
-    second_moment = *max_exp_avg_sq;
+    max_exp_avg_sq = TorchMaximum(max_exp_avg_sq, exp_avg_sq);
+    second_moment = max_exp_avg_sq;
   }
   const float denom = sqrtf(second_moment) / c.bias_correction2_sqrt + c.eps;
   param = param + (c.neg_step_size * exp_avg) / denom;

@@ -110,11 +110,13 @@ absl::StatusOr<LocalTrainOptions> BuildOptions(const Flags& f) {
   optimizer.max_grad_norm = f.max_grad_norm;
   o.runtime.seed = f.seed;
   absl::StatusOr<DeviceKind> device = ParseDeviceKind(f.device);
-  if (!device.ok())
+  if (!device.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--device: ", device.status().message()));
+  }
   absl::StatusOr<CommBackend> comm = ParseCommBackend(f.comm);
-  if (!comm.ok())
+  if (!comm.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--comm: ", comm.status().message()));
+  }
   if (absl::Status resolved = ResolveCommBackend(*comm, *device).status(); !resolved.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("--comm: ", resolved.message()));
   }

@@ -64,7 +64,7 @@ NcclCollectives::~NcclCollectives() {
 }
 
 absl::StatusOr<std::unique_ptr<NcclCollectives>> NcclCollectives::Create(
-    std::shared_ptr<Store> store, int rank, int size, const NcclOptions& options) {
+    const std::shared_ptr<Store>& store, int rank, int size, const NcclOptions& options) {
   if (size < 1 || rank < 0 || rank >= size) {
     return absl::InvalidArgumentError(
         absl::StrCat("nccl: rank ", rank, " is outside a group of size ", size));

@@ -69,7 +69,8 @@ void RuntimeGroups::FlushObservations() {
   for (ObservedCollectives* o : observed) o->Flush();
 }
 
-absl::StatusOr<RuntimeGroups> ConnectRuntimeGroups(Device& device, std::shared_ptr<Store> store,
+absl::StatusOr<RuntimeGroups> ConnectRuntimeGroups(Device& device,
+                                                   const std::shared_ptr<Store>& store,
                                                    int rank, int world_size,
                                                    const RankLayout& ranks, bool hybrid,
                                                    const GroupOptions& options) {

@@ -191,11 +191,13 @@ TEST_F(CudaStreamReductionTest, GradNormAndClipMatch) {
   for (const double p : {2.0, 1.0, 3.0, inf}) {
     SCOPED_TRACE(absl::StrCat("norm_type ", p));
     std::vector<Both<float>> grads;
+    grads.reserve(std::size(sizes));
     for (size_t size : sizes) grads.push_back(Upload(Normal(size, 0.01f)));
     Both<double> contribution = Poisoned<double>(1);
     OnBoth([&](Stream& s, Side side) {
       std::vector<DeviceSpan<const float>> spans;
-      for (const Both<float>& g : grads) spans.push_back(g.on(side));
+      spans.reserve(grads.size());
+      for (const Both<float>& g : grads) spans.emplace_back(g.on(side));
       return s.GradNormContribution(spans, p, contribution.on(side));
     });
     ExpectClose(contribution, "contribution");
@@ -203,7 +205,8 @@ TEST_F(CudaStreamReductionTest, GradNormAndClipMatch) {
     Both<double> reduced = Upload(HostValues(contribution));
     OnBoth([&](Stream& s, Side side) {
       std::vector<DeviceSpan<float>> spans;
-      for (const Both<float>& g : grads) spans.push_back(g.on(side));
+      spans.reserve(grads.size());
+      for (const Both<float>& g : grads) spans.emplace_back(g.on(side));
       return s.ClipGrads(spans, reduced.on(side), p, 0.1);
     });
     for (const Both<float>& g : grads) ExpectBitEqual(g, "clipped grads");

@@ -10,6 +10,8 @@
 #define FLATSHARD_TESTS_UNIT_WORKER_CUDA_STREAM_TEST_UTIL_H_
 
 #include <algorithm>
+#include <array>
+#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -145,7 +147,8 @@ class CudaStreamTest : public ::testing::Test {
     const std::vector<T> host = HostValues(both), cuda = CudaValues(both);
     int reported = 0;
     for (size_t i = 0; i < host.size(); ++i) {
-      if (std::memcmp(&host[i], &cuda[i], sizeof(T)) == 0) continue;
+      using Bytes = std::array<unsigned char, sizeof(T)>;
+      if (std::bit_cast<Bytes>(host[i]) == std::bit_cast<Bytes>(cuda[i])) continue;
       ADD_FAILURE() << what << "[" << i << "]: host " << Printable(host[i]) << ", cuda "
                     << Printable(cuda[i]);
       if (++reported == 5) return;

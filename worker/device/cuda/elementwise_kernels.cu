@@ -145,15 +145,17 @@ __global__ void AddKernel(float* acc, const float* x, size_t count) {
 __global__ void SgdKernel(SgdCoefficients c, float* params, const float* grads, float* momentum,
                           size_t count) {
   for (size_t i = FirstIndex(); i < count; i += GridStride()) {
-    SgdUpdate(c, params[i], grads[i], momentum != nullptr ? momentum + i : nullptr);
+    float no_momentum = 0.0f;
+    SgdUpdate(c, params[i], grads[i], momentum != nullptr ? momentum[i] : no_momentum);
   }
 }
 
 __global__ void AdamKernel(AdamCoefficients c, float* params, const float* grads, float* exp_avg,
                            float* exp_avg_sq, float* max_exp_avg_sq, size_t count) {
   for (size_t i = FirstIndex(); i < count; i += GridStride()) {
+    float no_max = 0.0f;
     AdamUpdate(c, params[i], grads[i], exp_avg[i], exp_avg_sq[i],
-               max_exp_avg_sq != nullptr ? max_exp_avg_sq + i : nullptr);
+               max_exp_avg_sq != nullptr ? max_exp_avg_sq[i] : no_max);
   }
 }
 

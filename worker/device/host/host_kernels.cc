@@ -298,16 +298,18 @@ void CrossEntropyLoss(const float* logits, size_t rows, size_t classes, const in
 
 void SgdStep(const SgdCoefficients& c, float* params, const float* grads, float* momentum,
              size_t count) {
+  float no_momentum = 0.0f;
   for (size_t i = 0; i < count; ++i) {
-    SgdUpdate(c, params[i], grads[i], momentum != nullptr ? momentum + i : nullptr);
+    SgdUpdate(c, params[i], grads[i], momentum != nullptr ? momentum[i] : no_momentum);
   }
 }
 
 void AdamStep(const AdamCoefficients& c, float* params, const float* grads, float* exp_avg,
               float* exp_avg_sq, float* max_exp_avg_sq, size_t count) {
+  float no_max = 0.0f;
   for (size_t i = 0; i < count; ++i) {
     AdamUpdate(c, params[i], grads[i], exp_avg[i], exp_avg_sq[i],
-               max_exp_avg_sq != nullptr ? max_exp_avg_sq + i : nullptr);
+               max_exp_avg_sq != nullptr ? max_exp_avg_sq[i] : no_max);
   }
 }
 
