@@ -29,7 +29,8 @@ LABELS = {
     "op": "the collective ops",
     "group": "world, shard, replicate, checkpoint",
     "kind": "memory kinds, or batch kinds",
-    "state": "job states",
+    "state": "job states, or device memory states",
+    "device": "the device kinds: cpu, cuda, sim",
     "type": "state-dict types",
     "method": "the gRPC methods served",
     "code": "gRPC status codes",
@@ -143,7 +144,8 @@ def main():
                 failures.append(f"coordinator: no {family}")
         for family in ("flatshard_build_info", "flatshard_collective_duration_seconds",
                        "flatshard_collective_bytes_total", "flatshard_unshards_total",
-                       "flatshard_memory_bytes", "flatshard_rank_last_completed_seq"):
+                       "flatshard_memory_bytes", "flatshard_rank_last_completed_seq",
+                       "flatshard_device_memory_bytes"):
             if family not in first["worker 0"]:
                 failures.append(f"worker 0: no {family}")
 

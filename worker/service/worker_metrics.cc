@@ -161,6 +161,20 @@ RuntimeObserver* WorkerMetrics::ForJob(const std::string& job_name, int rank) {
 }
 
 void WorkerMetrics::AddSnapshotGauges(const WorkerSnapshot& snapshot, ScrapedGauges& gauges) {
+  if (!snapshot.device_kind.empty()) {
+    const DeviceMemoryStats& m = snapshot.device_memory;
+    for (const auto& [state, bytes] :
+         {std::pair{"pool_in_use", m.pool_in_use_bytes},
+          std::pair{"pool_reserved", m.pool_reserved_bytes}, std::pair{"free", m.device_free_bytes},
+          std::pair{"total", m.device_total_bytes}}) {
+      if (bytes < 0) continue;  // the device cannot tell (free/total off the GPU)
+      gauges.Add("flatshard_device_memory_bytes",
+                 "The worker's device memory: its pool's bytes in use and reserved, and the "
+                 "whole device's free and total bytes (GPUs)",
+                 {{"device", snapshot.device_kind}, {"state", state}},
+                 static_cast<double>(bytes));
+    }
+  }
   if (snapshot.job_name.empty()) return;
   const Labels job{{"job_name", snapshot.job_name}, {"rank", absl::StrCat(snapshot.status.rank)}};
   gauges.Add("flatshard_rank_last_completed_seq",

@@ -91,6 +91,10 @@ WorkerStatus WorkerServiceImpl::Status() const {
 
 WorkerSnapshot WorkerServiceImpl::Snapshot() const {
   WorkerSnapshot snapshot;
+  if (options_.device != nullptr) {
+    snapshot.device_kind = std::string(DeviceKindName(options_.device->kind()));
+    snapshot.device_memory = options_.device->MemoryStats();
+  }
   std::shared_ptr<ActiveJob> job;
   {
     std::lock_guard<std::mutex> lock(state_mu_);

@@ -59,6 +59,9 @@ struct WorkerSnapshot {
     int64_t peak = 0;
   };
   std::array<Bytes, static_cast<size_t>(MemoryKind::kCount)> memory{};
+  // The device's own view: its pool and, on a GPU, cudaMemGetInfo.
+  std::string device_kind;  // empty: no device
+  DeviceMemoryStats device_memory;
 };
 
 class WorkerServiceImpl final : public v1::WorkerService::Service {

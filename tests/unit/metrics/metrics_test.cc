@@ -182,6 +182,27 @@ TEST(WorkerMetricsTest, ExportsCollectivesStepsAndMemoryByJobAndRank) {
           R"(flatshard_memory_peak_bytes{job_name="demo",kind="unsharded_params",rank="3"} 8192)"));
   EXPECT_THAT(scraped, HasSubstr("# HELP flatshard_memory_bytes "));
   EXPECT_THAT(scraped, HasSubstr("# TYPE flatshard_memory_bytes gauge"));
+  EXPECT_THAT(scraped, Not(HasSubstr("flatshard_device_memory_bytes"))) << "no device, no series";
+
+  // A worker with a device reports its pool, and the whole device where it can
+  // tell (a GPU); a state the device cannot tell (-1) has no series at all.
+  snapshot.device_kind = "cuda";
+  snapshot.device_memory.pool_in_use_bytes = 1 << 20;
+  snapshot.device_memory.pool_reserved_bytes = 1 << 21;
+  snapshot.device_memory.device_free_bytes = -1;
+  snapshot.device_memory.device_total_bytes = int64_t{80} << 30;
+  const std::string with_device = Text(
+      ScrapeCollector([&](ScrapedGauges& g) { WorkerMetrics::AddSnapshotGauges(snapshot, g); }));
+  EXPECT_THAT(
+      with_device,
+      HasSubstr(R"(flatshard_device_memory_bytes{device="cuda",state="pool_in_use"} 1048576)"));
+  EXPECT_THAT(
+      with_device,
+      HasSubstr(R"(flatshard_device_memory_bytes{device="cuda",state="pool_reserved"} 2097152)"));
+  EXPECT_THAT(
+      with_device,
+      HasSubstr(R"(flatshard_device_memory_bytes{device="cuda",state="total"} 85899345920)"));
+  EXPECT_THAT(with_device, Not(HasSubstr(R"(state="free")")));
 }
 
 TEST(CoordinatorMetricsTest, ExportsStepsBatchesAndCheckpointOutcomes) {
