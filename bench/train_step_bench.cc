@@ -1,10 +1,12 @@
 // Training-step time breakdown of the FSDP data plane: W worker processes train
-// examples/mlp.yaml (1M parameters, 5 units) and rank 0 reports the median step
-// split into compute, exposed communication (compute lane waiting for the
-// communication lane) and optimizer, for each backward-prefetch policy side by
-// side in one run, so the overlap the prefetch buys shows as a ratio.
+// examples/mlp.yaml (1M parameters, 5 units) or the GPT of examples/gpt-small.yaml,
+// and rank 0 reports the median step split into compute, exposed communication
+// (the compute stream waiting for the communication stream) and optimizer, for
+// each backward-prefetch policy side by side in one run, so the overlap the
+// prefetch buys shows as a ratio. Timings are device time (events).
 //
-//   train_step_bench [--worlds 2,4] [--steps 30] [--batch 64]
+//   train_step_bench [--worlds 2,4] [--steps 30] [--batch 64] [--model mlp|gpt]
+//                    [--device cpu|sim|cuda] [--comm auto|gloo|nccl] [--gpus 0,1,...]
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -20,6 +22,7 @@
 
 #include "core/model_spec_yaml.h"
 #include "worker/comm/file_store.h"
+#include "worker/device/device_factory.h"
 #include "worker/runtime/local_trainer.h"
 
 namespace flatshard {
@@ -34,10 +37,20 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-int RunRank(const LocalTrainOptions& options, const std::string& dir, int rank, int world,
+int RunRank(LocalTrainOptions options, const DeviceOptions& device_options,
+            const std::vector<int>& gpus, const std::string& dir, int rank, int world,
             const std::string& out) {
   auto store = FileStore::Open(dir);
   if (!store.ok()) return 1;
+  DeviceOptions device = device_options;
+  device.gpu = gpus.empty() ? rank : gpus[static_cast<size_t>(rank) % gpus.size()];
+  device.sim.seed = static_cast<uint64_t>(rank) + 1;
+  auto created = CreateDevice(device);
+  if (!created.ok()) {
+    std::fprintf(stderr, "rank %d: %s\n", rank, std::string(created.status().message()).c_str());
+    return 2;
+  }
+  options.runtime.device = *std::move(created);
   auto result = TrainLocalRank(options, rank, world, *store);
   if (!result.ok()) {
     std::fprintf(stderr, "rank %d: %s\n", rank, std::string(result.status().message()).c_str());
@@ -71,19 +84,40 @@ int main(int argc, char** argv) {
   std::vector<int> worlds = {2, 4};
   int steps = 30;
   int64_t batch = 64;
+  std::string model = "mlp";
+  flatshard::DeviceOptions device;
+  flatshard::CommBackend comm = flatshard::CommBackend::kAuto;
+  std::vector<int> gpus;
+  auto ints = [](absl::string_view text) {
+    std::vector<int> values;
+    for (absl::string_view w : absl::StrSplit(text, ',')) {
+      int v = 0;
+      if (absl::SimpleAtoi(w, &v)) values.push_back(v);
+    }
+    return values;
+  };
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
-    if (flag == "--worlds") {
-      worlds.clear();
-      for (absl::string_view w : absl::StrSplit(argv[i + 1], ',')) {
-        int v = 0;
-        if (absl::SimpleAtoi(w, &v)) worlds.push_back(v);
-      }
-    }
+    if (flag == "--worlds") worlds = ints(argv[i + 1]);
     if (flag == "--steps") steps = std::atoi(argv[i + 1]);
     if (flag == "--batch") batch = std::atoll(argv[i + 1]);
+    if (flag == "--model") model = argv[i + 1];
+    if (flag == "--gpus") gpus = ints(argv[i + 1]);
+    if (flag == "--device" || flag == "--comm") {
+      absl::Status parsed = flag == "--device"
+                                ? flatshard::ParseDeviceKind(argv[i + 1]).status()
+                                : flatshard::ParseCommBackend(argv[i + 1]).status();
+      if (!parsed.ok()) {
+        std::fprintf(stderr, "%s: %s\n", flag.c_str(), std::string(parsed.message()).c_str());
+        return 2;
+      }
+      if (flag == "--device") device.kind = *flatshard::ParseDeviceKind(argv[i + 1]);
+      if (flag == "--comm") comm = *flatshard::ParseCommBackend(argv[i + 1]);
+    }
   }
-  auto spec = LoadModelSpecFile(std::string(FLATSHARD_SOURCE_DIR) + "/examples/mlp.yaml");
+  const bool gpt = model == "gpt";
+  auto spec = LoadModelSpecFile(std::string(FLATSHARD_SOURCE_DIR) +
+                                (gpt ? "/examples/gpt-small.yaml" : "/examples/mlp.yaml"));
   if (!spec.ok()) return 1;
   std::printf(
       "| W | backward prefetch | step | compute | exposed comm | optimizer | exposed "
@@ -94,13 +128,21 @@ int main(int argc, char** argv) {
           std::pair{"NONE", BackwardPrefetch::kNone}}) {
       LocalTrainOptions options;
       options.spec = *spec;
-      options.policy = *ParseWrapPolicy("module-type:Residual");
+      options.policy =
+          *ParseWrapPolicy(gpt ? "module-type:TransformerBlock" : "module-type:Residual");
       options.runtime.sharding.backward_prefetch = prefetch;
       options.runtime.optimizer.kind = OptimizerKind::kAdamW;
-      options.data.kind = flatshard::compute::DataKind::kRegression;
+      options.runtime.comm = comm;
       options.data.global_batch_size = batch;
-      options.data.input_features = 64;
-      options.data.output_features = 16;
+      if (gpt) {
+        options.data.kind = flatshard::compute::DataKind::kTokens;
+        options.data.seq_len = 64;
+        options.data.vocab_size = 4096;
+      } else {
+        options.data.kind = flatshard::compute::DataKind::kRegression;
+        options.data.input_features = 64;
+        options.data.output_features = 16;
+      }
       options.steps = steps;
       options.summon_final_params = false;
       const std::string dir = absl::StrCat(std::filesystem::temp_directory_path().string(),
@@ -109,7 +151,7 @@ int main(int argc, char** argv) {
       std::vector<pid_t> pids;
       for (int rank = 0; rank < world; ++rank) {
         const pid_t pid = fork();
-        if (pid == 0) _exit(RunRank(options, dir, rank, world, out));
+        if (pid == 0) _exit(RunRank(options, device, gpus, dir, rank, world, out));
         pids.push_back(pid);
       }
       bool ok = true;
