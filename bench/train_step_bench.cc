@@ -96,17 +96,45 @@ int main(int argc, char** argv) {
     }
     return values;
   };
-  for (int i = 1; i + 1 < argc; i += 2) {
+  static constexpr const char* kFlags[] = {"--worlds", "--steps",  "--batch", "--model",
+                                           "--gpus",   "--device", "--comm"};
+  for (int i = 1; i < argc; i += 2) {
     const std::string flag = argv[i];
+    if (flag == "-h" || flag == "--help") {
+      std::printf(
+          "train_step_bench: rank 0's median step split into compute, exposed communication and\n"
+          "optimizer, for each backward-prefetch policy, in W worker processes.\n"
+          "  --worlds 2,4            process counts\n"
+          "  --steps 30              steps per run (the median skips the first 3)\n"
+          "  --batch 64              samples per rank and step\n"
+          "  --model mlp|gpt         examples/mlp.yaml or examples/gpt-small.yaml\n"
+          "  --device cpu|sim|cuda   (default cpu)\n"
+          "  --comm auto|gloo|nccl   (default auto: nccl on cuda, gloo otherwise)\n"
+          "  --gpus 0,1              the GPU of each rank (default: rank)\n");
+      return 0;
+    }
+    if (std::find(std::begin(kFlags), std::end(kFlags), flag) == std::end(kFlags)) {
+      std::fprintf(stderr, "unknown flag %s (try --help)\n", flag.c_str());
+      return 2;
+    }
+    if (i + 1 >= argc) {
+      std::fprintf(stderr, "%s: needs a value (try --help)\n", flag.c_str());
+      return 2;
+    }
     if (flag == "--worlds") worlds = ints(argv[i + 1]);
     if (flag == "--steps") steps = std::atoi(argv[i + 1]);
     if (flag == "--batch") batch = std::atoll(argv[i + 1]);
-    if (flag == "--model") model = argv[i + 1];
+    if (flag == "--model") {
+      model = argv[i + 1];
+      if (model != "mlp" && model != "gpt") {
+        std::fprintf(stderr, "--model: '%s' is neither mlp nor gpt\n", model.c_str());
+        return 2;
+      }
+    }
     if (flag == "--gpus") gpus = ints(argv[i + 1]);
     if (flag == "--device" || flag == "--comm") {
-      absl::Status parsed = flag == "--device"
-                                ? flatshard::ParseDeviceKind(argv[i + 1]).status()
-                                : flatshard::ParseCommBackend(argv[i + 1]).status();
+      absl::Status parsed = flag == "--device" ? flatshard::ParseDeviceKind(argv[i + 1]).status()
+                                               : flatshard::ParseCommBackend(argv[i + 1]).status();
       if (!parsed.ok()) {
         std::fprintf(stderr, "%s: %s\n", flag.c_str(), std::string(parsed.message()).c_str());
         return 2;

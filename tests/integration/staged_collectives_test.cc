@@ -26,7 +26,8 @@ constexpr size_t kCount = 1001;  // odd: no accidental alignment
 
 std::vector<float> Values(int rank, size_t n, float scale) {
   std::vector<float> v(n);
-  for (size_t i = 0; i < n; ++i) v[i] = scale * static_cast<float>(rank + 1) + 0.25f * static_cast<float>(i % 7);
+  for (size_t i = 0; i < n; ++i)
+    v[i] = scale * static_cast<float>(rank + 1) + 0.25f * static_cast<float>(i % 7);
   return v;
 }
 
@@ -68,7 +69,9 @@ int Body(const std::string& dir, int rank) {
   CHILD_OK(all.status());
   for (int r = 0; r < kWorld; ++r) {
     const std::vector<float> want = Values(r, kCount, 1.0f);
-    CHILD_CHECK(std::equal(want.begin(), want.end(), all->begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(r) * kCount)));
+    CHILD_CHECK(
+        std::equal(want.begin(), want.end(),
+                   all->begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(r) * kCount)));
   }
 
   // Reduce-scatter: rank r gets the sum of every rank's chunk r.
@@ -82,7 +85,8 @@ int Body(const std::string& dir, int rank) {
   CHILD_OK(reduced.status());
   for (size_t i = 0; i < kCount; ++i) {
     float want = 0;
-    for (int r = 0; r < kWorld; ++r) want += Values(r, kCount * kWorld, 2.0f)[static_cast<size_t>(rank) * kCount + i];
+    for (int r = 0; r < kWorld; ++r)
+      want += Values(r, kCount * kWorld, 2.0f)[static_cast<size_t>(rank) * kCount + i];
     CHILD_CHECK(std::fabs((*reduced)[i] - want) <= 1e-4f * std::fabs(want));
   }
 
@@ -104,8 +108,8 @@ int Body(const std::string& dir, int rank) {
 
 TEST(StagedCollectivesSimDeviceTest, MatchDirectGlooResultsUnderTheSimulatedDevice) {
   const std::string dir = testing::MakeTempDir("staged");
-  auto results = testing::RunRanks(kWorld, [&](int rank) { return Body(dir, rank); },
-                                   absl::Seconds(120));
+  auto results = testing::RunRanks(
+      kWorld, [&](int rank) { return Body(dir, rank); }, absl::Seconds(120));
   EXPECT_TRUE(testing::AllRanksSucceeded(results));
 }
 

@@ -50,9 +50,8 @@ struct NcclOptions {
 class NcclCollectives : public Collectives {
  public:
   // FAILED_PRECONDITION without a usable device.
-  static absl::StatusOr<std::unique_ptr<NcclCollectives>> Create(const std::shared_ptr<Store>& store,
-                                                                 int rank, int size,
-                                                                 const NcclOptions& options);
+  static absl::StatusOr<std::unique_ptr<NcclCollectives>> Create(
+      const std::shared_ptr<Store>& store, int rank, int size, const NcclOptions& options);
   ~NcclCollectives() override;
 
   int rank() const override { return rank_; }

@@ -40,11 +40,9 @@ FsdpRuntime::~FsdpRuntime() {
   }
 }
 
-absl::StatusOr<std::unique_ptr<FsdpRuntime>> FsdpRuntime::Create(const ModelSpec& spec,
-                                                                 const WrapPolicy& policy,
-                                                                 const RuntimeOptions& options,
-                                                                 int rank, int world_size,
-                                                                 std::shared_ptr<Store> store) {
+absl::StatusOr<std::unique_ptr<FsdpRuntime>> FsdpRuntime::Create(
+    const ModelSpec& spec, const WrapPolicy& policy, const RuntimeOptions& options, int rank,
+    int world_size, const std::shared_ptr<Store>& store) {
   if (world_size < 1 || rank < 0 || rank >= world_size) {
     return absl::InvalidArgumentError(
         absl::StrCat("rank ", rank, " is outside a world of size ", world_size));
@@ -52,11 +50,11 @@ absl::StatusOr<std::unique_ptr<FsdpRuntime>> FsdpRuntime::Create(const ModelSpec
   ASSIGN_OR_RETURN(ModelIndex index, IndexModel(spec));
   std::unique_ptr<FsdpRuntime> runtime(
       new FsdpRuntime(spec, std::move(index), options, rank, world_size));
-  RETURN_IF_ERROR(runtime->Build(policy, std::move(store)));
+  RETURN_IF_ERROR(runtime->Build(policy, store));
   return runtime;
 }
 
-absl::Status FsdpRuntime::Build(const WrapPolicy& policy, std::shared_ptr<Store> store) {
+absl::Status FsdpRuntime::Build(const WrapPolicy& policy, const std::shared_ptr<Store>& store) {
   const ShardingSettings& sharding = options_.sharding;
   ASSIGN_OR_RETURN(
       ranks_, ComputeRankLayout(sharding.strategy, world_size_, sharding.hybrid_shard_group_size));
@@ -75,8 +73,8 @@ absl::Status FsdpRuntime::Build(const WrapPolicy& policy, std::shared_ptr<Store>
   groups.backend = options_.comm;
   groups.gloo = options_.gloo;
   groups.observer = options_.observer;
-  ASSIGN_OR_RETURN(groups_, ConnectRuntimeGroups(*device_, std::move(store), rank_, world_size_,
-                                                 ranks_, hybrid, groups));
+  ASSIGN_OR_RETURN(
+      groups_, ConnectRuntimeGroups(*device_, store, rank_, world_size_, ranks_, hybrid, groups));
   const GradientDivideFactors divide =
       ComputeGradientDivideFactors(hybrid ? world_size_ : ranks_.shard_size);
 

@@ -98,7 +98,7 @@ class FsdpRuntime : public compute::ParamResolver, public compute::ModuleHooks {
                                                              const WrapPolicy& policy,
                                                              const RuntimeOptions& options,
                                                              int rank, int world_size,
-                                                             std::shared_ptr<Store> store);
+                                                             const std::shared_ptr<Store>& store);
   ~FsdpRuntime() override;
 
   // The program of one step (sync_gradients = false for a no_sync micro-step),
@@ -174,7 +174,7 @@ class FsdpRuntime : public compute::ParamResolver, public compute::ModuleHooks {
 
   FsdpRuntime(const ModelSpec& spec, ModelIndex index, RuntimeOptions options, int rank,
               int world_size);
-  absl::Status Build(const WrapPolicy& policy, std::shared_ptr<Store> store);
+  absl::Status Build(const WrapPolicy& policy, const std::shared_ptr<Store>& store);
   absl::Status InitializeParams();
 
   absl::Status OnMarker(bool backward, bool done, int module_index);

@@ -70,10 +70,9 @@ void RuntimeGroups::FlushObservations() {
 }
 
 absl::StatusOr<RuntimeGroups> ConnectRuntimeGroups(Device& device,
-                                                   const std::shared_ptr<Store>& store,
-                                                   int rank, int world_size,
-                                                   const RankLayout& ranks, bool hybrid,
-                                                   const GroupOptions& options) {
+                                                   const std::shared_ptr<Store>& store, int rank,
+                                                   int world_size, const RankLayout& ranks,
+                                                   bool hybrid, const GroupOptions& options) {
   ASSIGN_OR_RETURN(const CommBackend backend, ResolveCommBackend(options.backend, device.kind()));
   RuntimeGroups g;
   // Host groups, created in the same order on every rank.
@@ -114,8 +113,9 @@ absl::StatusOr<RuntimeGroups> ConnectRuntimeGroups(Device& device,
     g.world = observed(borrow(g.host_world.get()), "world");
     if (hybrid) {
       g.shard = observed(borrow(g.host_shard.get()), "shard");
-      if (g.host_replicate != nullptr)
+      if (g.host_replicate != nullptr) {
         g.replicate = observed(borrow(g.host_replicate.get()), "replicate");
+      }
     }
     return g;
   }

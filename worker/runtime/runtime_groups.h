@@ -66,10 +66,9 @@ struct GroupOptions {
 
 // Every rank of the world calls it, in the same order.
 absl::StatusOr<RuntimeGroups> ConnectRuntimeGroups(Device& device,
-                                                   const std::shared_ptr<Store>& store,
-                                                   int rank, int world_size,
-                                                   const RankLayout& ranks, bool hybrid,
-                                                   const GroupOptions& options);
+                                                   const std::shared_ptr<Store>& store, int rank,
+                                                   int world_size, const RankLayout& ranks,
+                                                   bool hybrid, const GroupOptions& options);
 
 }  // namespace flatshard
 

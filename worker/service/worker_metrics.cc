@@ -171,8 +171,7 @@ void WorkerMetrics::AddSnapshotGauges(const WorkerSnapshot& snapshot, ScrapedGau
       gauges.Add("flatshard_device_memory_bytes",
                  "The worker's device memory: its pool's bytes in use and reserved, and the "
                  "whole device's free and total bytes (GPUs)",
-                 {{"device", snapshot.device_kind}, {"state", state}},
-                 static_cast<double>(bytes));
+                 {{"device", snapshot.device_kind}, {"state", state}}, static_cast<double>(bytes));
     }
   }
   if (snapshot.job_name.empty()) return;

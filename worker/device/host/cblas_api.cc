@@ -14,8 +14,9 @@ constexpr const char* kLibrary = "libopenblas.so.0";
 CblasApi Load() {
   void* library = dlopen(kLibrary, RTLD_NOW | RTLD_LOCAL);
   CblasApi api;
-  if (library != nullptr)
+  if (library != nullptr) {
     api.sgemm = reinterpret_cast<decltype(api.sgemm)>(dlsym(library, "cblas_sgemm"));
+  }
   if (api.sgemm == nullptr) {
     const char* error = dlerror();
     std::fprintf(stderr, "flatshard: cannot use %s (OpenBLAS, for the CPU kernels): %s\n", kLibrary,

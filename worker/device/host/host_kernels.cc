@@ -29,8 +29,9 @@ template <DType D>
 void PrepareLoop(const float* grad, size_t grad_count, std::byte* out, size_t out_count,
                  float pre) {
   auto* o = reinterpret_cast<typename Element<D>::Storage*>(out);
-  for (size_t i = 0; i < out_count; ++i)
+  for (size_t i = 0; i < out_count; ++i) {
     kernels::PrepareGradElement<D>(grad, grad_count, o, pre, i);
+  }
 }
 
 template <DType D>

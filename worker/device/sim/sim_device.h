@@ -103,8 +103,8 @@ class SimDevice : public Device {
     std::vector<uint64_t> clock;  // per stream: issued ops known complete before the next op
   };
 
-  absl::Status SubmitOn(SimStream& stream, absl::string_view op, const std::vector<MemoryAccess>& accesses,
-                        HostExecStream::Work work);
+  absl::Status SubmitOn(SimStream& stream, absl::string_view op,
+                        const std::vector<MemoryAccess>& accesses, HostExecStream::Work work);
   // Stream::Record / Wait / Synchronize and Event::Synchronize bookkeeping.
   std::vector<uint64_t> RecordClock(int stream);
   void MergeClock(int stream, const std::vector<uint64_t>& clock);
