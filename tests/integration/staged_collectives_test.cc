@@ -26,8 +26,9 @@ constexpr size_t kCount = 1001;  // odd: no accidental alignment
 
 std::vector<float> Values(int rank, size_t n, float scale) {
   std::vector<float> v(n);
-  for (size_t i = 0; i < n; ++i)
+  for (size_t i = 0; i < n; ++i) {
     v[i] = scale * static_cast<float>(rank + 1) + 0.25f * static_cast<float>(i % 7);
+  }
   return v;
 }
 
@@ -85,8 +86,9 @@ int Body(const std::string& dir, int rank) {
   CHILD_OK(reduced.status());
   for (size_t i = 0; i < kCount; ++i) {
     float want = 0;
-    for (int r = 0; r < kWorld; ++r)
+    for (int r = 0; r < kWorld; ++r) {
       want += Values(r, kCount * kWorld, 2.0f)[static_cast<size_t>(rank) * kCount + i];
+    }
     CHILD_CHECK(std::fabs((*reduced)[i] - want) <= 1e-4f * std::fabs(want));
   }
 

@@ -5,15 +5,15 @@
 namespace flatshard {
 
 absl::StatusOr<LocalTrainResult> TrainLocalRank(
-    const LocalTrainOptions& options, int rank, int world_size, std::shared_ptr<Store> store,
+    const LocalTrainOptions& options, int rank, int world_size, const std::shared_ptr<Store>& store,
     const std::function<void(const LocalStepRecord&)>& on_step) {
   RuntimeOptions runtime_options = options.runtime;
   ASSIGN_OR_RETURN(std::unique_ptr<compute::DataSource> data,
                    compute::MakeDataSource(options.data));
   runtime_options.loss = data->loss();
-  ASSIGN_OR_RETURN(std::unique_ptr<FsdpRuntime> runtime,
-                   FsdpRuntime::Create(options.spec, options.policy, runtime_options, rank,
-                                       world_size, std::move(store)));
+  ASSIGN_OR_RETURN(
+      std::unique_ptr<FsdpRuntime> runtime,
+      FsdpRuntime::Create(options.spec, options.policy, runtime_options, rank, world_size, store));
   const StepProgram micro = runtime->CompileProgram(/*sync_gradients=*/false);
   const StepProgram synced = runtime->CompileProgram(/*sync_gradients=*/true);
   LocalTrainResult result;

@@ -49,7 +49,7 @@ struct LocalTrainResult {
 
 // `on_step` (optional) sees each step as it completes.
 absl::StatusOr<LocalTrainResult> TrainLocalRank(
-    const LocalTrainOptions& options, int rank, int world_size, std::shared_ptr<Store> store,
+    const LocalTrainOptions& options, int rank, int world_size, const std::shared_ptr<Store>& store,
     const std::function<void(const LocalStepRecord&)>& on_step = nullptr);
 
 }  // namespace flatshard
