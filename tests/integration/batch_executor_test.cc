@@ -165,7 +165,10 @@ TEST(BatchExecutorTest, PeerRefusalTimesOutInsteadOfHanging) {
       2,
       [&](int rank) {
         auto started = Start(dir, rank, 2, absl::Seconds(3));
-        if (!started.ok()) return 1;
+        if (!started.ok()) {
+          std::cerr << "rank " << rank << " start: " << started.status() << "\n";
+          return 1;
+        }
         BatchExecutor executor(started->runtime.get(), 1);
         auto data = started->data->GetBatch(0, rank, 2);
         v1::CommandBatch batch = executor.MakeBatch(0, true);

@@ -30,7 +30,7 @@ absl::Status ReluLayer::DoBackward(const Tensor& dout, Tensor& din, const RunCon
 }
 
 absl::Status GeluLayer::DoForward(const Tensor& in, Tensor& out, const RunContext& ctx) {
-  ASSIGN_OR_RETURN(x_, CloneTensor(ctx.device, in));
+  x_ = SaveForBackward(in);
   ASSIGN_OR_RETURN(out, NewTensor(ctx.device, in.rows, in.cols));
   return ctx.stream().ActivationForward(activation(), in.span(), out.span());
 }

@@ -39,7 +39,7 @@ absl::StatusOr<ParamSlot> Layer::ResolveOptional(const RunContext& ctx,
 }
 
 absl::Status Layer::CheckCols(const Tensor& t, int64_t cols, const char* what) const {
-  if (t.cols != cols || t.buffer.bytes() < t.size() * sizeof(float)) {
+  if (t.cols != cols || t.capacity_bytes() < t.size() * sizeof(float)) {
     return absl::InvalidArgumentError(absl::StrCat(Where(), what, " has shape [", t.rows, ", ",
                                                    t.cols, "], expected ", cols, " columns"));
   }

@@ -18,7 +18,7 @@ absl::Status LinearLayer::DoForward(const Tensor& in, Tensor& out, const RunCont
   RETURN_IF_ERROR(CheckCols(in, in_, "input"));
   ASSIGN_OR_RETURN(const ParamSlot w, Resolve(ctx, weight_));
   const int64_t n = in.rows;
-  ASSIGN_OR_RETURN(x_, CloneTensor(ctx.device, in));
+  x_ = SaveForBackward(in);
   ASSIGN_OR_RETURN(out, NewTensor(ctx.device, n, out_));
   if (n == 0) return absl::OkStatus();
   // y[N, out] = x[N, in] @ W^T[in, out]

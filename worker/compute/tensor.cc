@@ -1,5 +1,7 @@
 #include "worker/compute/tensor.h"
 
+#include <utility>
+
 #include "absl/strings/str_cat.h"
 
 #include "core/status_macros.h"
@@ -14,9 +16,18 @@ absl::StatusOr<Tensor> NewTensor(const DeviceContext& ctx, int64_t rows, int64_t
   Tensor t;
   t.rows = rows;
   t.cols = cols;
-  ASSIGN_OR_RETURN(t.buffer, ctx.device->Allocate(t.size() * sizeof(float), *ctx.stream,
-                                                  MemoryKind::kActivations, ctx.memory));
+  ASSIGN_OR_RETURN(DeviceBuffer buffer, ctx.device->Allocate(t.size() * sizeof(float), *ctx.stream,
+                                                             MemoryKind::kActivations, ctx.memory));
+  t.buffer = std::make_shared<DeviceBuffer>(std::move(buffer));
   return t;
+}
+
+Tensor SaveForBackward(const Tensor& t) {
+  Tensor saved;
+  saved.rows = t.rows;
+  saved.cols = t.cols;
+  saved.buffer = t.buffer;
+  return saved;
 }
 
 absl::StatusOr<Tensor> ZeroTensor(const DeviceContext& ctx, int64_t rows, int64_t cols) {

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -28,11 +29,22 @@ struct DeviceContext {
 
 struct Tensor {  // row-major [rows, cols] float32
   int64_t rows = 0, cols = 0;
-  DeviceBuffer buffer;
+  // Shared only through SaveForBackward; otherwise a tensor is its buffer's one
+  // owner (move-only).
+  std::shared_ptr<DeviceBuffer> buffer;
+
+  Tensor() = default;
+  Tensor(Tensor&&) = default;
+  Tensor& operator=(Tensor&&) = default;
+  Tensor(const Tensor&) = delete;
+  Tensor& operator=(const Tensor&) = delete;
 
   size_t size() const { return static_cast<size_t>(rows * cols); }
   bool empty() const { return size() == 0; }
-  DeviceSpan<float> span() const { return buffer.span<float>().first(size()); }
+  size_t capacity_bytes() const { return buffer == nullptr ? 0 : buffer->bytes(); }
+  DeviceSpan<float> span() const {
+    return buffer == nullptr ? DeviceSpan<float>() : buffer->span<float>().first(size());
+  }
 };
 
 // [rows, cols] with undefined contents (for outputs a kernel writes whole).
@@ -41,6 +53,13 @@ absl::StatusOr<Tensor> NewTensor(const DeviceContext& ctx, int64_t rows, int64_t
 absl::StatusOr<Tensor> ZeroTensor(const DeviceContext& ctx, int64_t rows, int64_t cols);
 // A copy of `t`.
 absl::StatusOr<Tensor> CloneTensor(const DeviceContext& ctx, const Tensor& t);
+// A second handle on `t`'s storage, for a layer that keeps its input for the
+// backward pass (autograd's saved tensors) without copying it. Sound because
+// nothing writes a layer's input after the layer ran: every layer writes only
+// the fresh outputs it allocates, and the one in-place write (Residual adds the
+// skip into its chain's output) targets a tensor no layer saved (ReLU, which
+// saves its output, saves a copy for that reason).
+Tensor SaveForBackward(const Tensor& t);
 // [rows, cols] from host values (rows * cols of them).
 absl::StatusOr<Tensor> TensorFromHost(const DeviceContext& ctx, int64_t rows, int64_t cols,
                                       std::span<const float> values);

@@ -93,7 +93,7 @@ cudaError_t CastFrom(const void* src, DType dst_dtype, void* dst, size_t count,
 template <DType D>
 __global__ void PrepareGradKernel(const float* grad, size_t grad_count,
                                   typename Element<D>::Storage* out, size_t out_count,
-                                  float pre_divide) {
+                                  kernels::Divisor pre_divide) {
   for (size_t i = FirstIndex(); i < out_count; i += GridStride()) {
     kernels::PrepareGradElement<D>(grad, grad_count, out, pre_divide, i);
   }
@@ -103,13 +103,14 @@ template <DType D>
 cudaError_t PrepareGrad(const float* grad, size_t grad_count, void* out, size_t out_count,
                         float pre_divide, cudaStream_t stream) {
   PrepareGradKernel<D><<<BlocksFor(out_count), kThreads, 0, stream>>>(
-      grad, grad_count, static_cast<typename Element<D>::Storage*>(out), out_count, pre_divide);
+      grad, grad_count, static_cast<typename Element<D>::Storage*>(out), out_count,
+      kernels::Divisor::Of(pre_divide));
   return cudaGetLastError();
 }
 
 template <DType D>
 __global__ void AccumulateReducedKernel(const typename Element<D>::Storage* reduced, float* acc,
-                                        size_t count, float post_divide) {
+                                        size_t count, kernels::Divisor post_divide) {
   for (size_t i = FirstIndex(); i < count; i += GridStride()) {
     kernels::AccumulateReducedElement<D>(reduced, acc, post_divide, i);
   }
@@ -119,7 +120,8 @@ template <DType D>
 cudaError_t AccumulateReduced(const void* reduced, float* acc, size_t count, float post_divide,
                               cudaStream_t stream) {
   AccumulateReducedKernel<D><<<BlocksFor(count), kThreads, 0, stream>>>(
-      static_cast<const typename Element<D>::Storage*>(reduced), acc, count, post_divide);
+      static_cast<const typename Element<D>::Storage*>(reduced), acc, count,
+      kernels::Divisor::Of(post_divide));
   return cudaGetLastError();
 }
 

@@ -1,5 +1,6 @@
 #include "worker/device/host/host_device.h"
 
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -88,7 +89,7 @@ class ThreadStream : public HostExecStream {
 
   absl::StatusOr<std::shared_ptr<Event>> Record() override {
     auto event = std::make_shared<HostEvent>(&device());
-    thread_.PostAlways([event](const absl::Status& status) { event->Complete(status); });
+    thread_.RunOrPostAlways([event](const absl::Status& status) { event->Complete(status); });
     return event;
   }
 
@@ -98,6 +99,10 @@ class ThreadStream : public HostExecStream {
       return absl::InvalidArgumentError(
           absl::StrCat("stream '", name(), "' cannot wait on an event of another device"));
     }
+    // Work that already ran needs no waiting: nothing to queue.
+    if (std::optional<absl::Status> done = host->StatusIfDone(); done.has_value() && done->ok()) {
+      return absl::OkStatus();
+    }
     // The caller may drop its handle at once: the thread keeps the event alive.
     std::shared_ptr<HostEvent> target = const_cast<HostEvent*>(host)->shared_from_this();
     thread_.Post([target] { return target->Synchronize(); });
@@ -106,12 +111,12 @@ class ThreadStream : public HostExecStream {
 
   absl::Status Synchronize() override {
     auto event = std::make_shared<HostEvent>(&device());
-    thread_.PostAlways([event](const absl::Status& status) { event->Complete(status); });
+    thread_.RunOrPostAlways([event](const absl::Status& status) { event->Complete(status); });
     return event->Synchronize();
   }
 
-  void PostAlways(std::function<void(const absl::Status&)> task) {
-    thread_.PostAlways(std::move(task));
+  void RunOrPostAlways(const std::function<void(const absl::Status&)>& task) {
+    thread_.RunOrPostAlways(task);
   }
 
  private:
@@ -147,7 +152,7 @@ void HostDevice::FreeRaw(void* address, size_t bytes, Stream& stream) {
     in_use_ -= static_cast<int64_t>(bytes);
   };
   if (auto* thread = dynamic_cast<ThreadStream*>(&stream); thread != nullptr) {
-    thread->PostAlways([give](const absl::Status&) { give(); });
+    thread->RunOrPostAlways([give](const absl::Status&) { give(); });
   } else {
     give();  // the inline stream has run everything issued before this point
   }

@@ -19,6 +19,12 @@ bool HostEvent::done() const {
   return done_;
 }
 
+std::optional<absl::Status> HostEvent::StatusIfDone() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!done_) return std::nullopt;
+  return status_;
+}
+
 absl::Status HostEvent::Synchronize() {
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [this] { return done_; });

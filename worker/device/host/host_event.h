@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <optional>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -24,6 +25,8 @@ class HostEvent : public Event, public std::enable_shared_from_this<HostEvent> {
 
   void Complete(absl::Status status);
   bool done() const;
+  // The status once complete; nullopt while pending.
+  std::optional<absl::Status> StatusIfDone() const;
   const Device* device() const { return device_; }
 
   absl::Status Synchronize() override;

@@ -25,19 +25,35 @@ void CastLoop(const std::byte* src, std::byte* dst, size_t count) {
   for (size_t i = 0; i < count; ++i) kernels::CastElement<Src, Dst>(s, d, i);
 }
 
-template <DType D>
-void PrepareLoop(const float* grad, size_t grad_count, std::byte* out, size_t out_count,
-                 float pre) {
-  auto* o = reinterpret_cast<typename Element<D>::Storage*>(out);
-  for (size_t i = 0; i < out_count; ++i) {
-    kernels::PrepareGradElement<D>(grad, grad_count, o, pre, i);
+// The gradient and its padding in two loops, and the divisor's case decided
+// once per pass: a per-element branch would keep these hot loops (one pass over
+// every gradient each) from being straight lines.
+template <typename Loop>
+void WithDivisor(kernels::Divisor d, Loop&& loop) {
+  if (d.inverse != 0.0f) {
+    loop(kernels::ByExactInverse{d.inverse});
+  } else {
+    loop(kernels::ByDivision{d.divisor});
   }
 }
 
 template <DType D>
-void AccumulateLoop(const std::byte* reduced, float* acc, size_t count, float post) {
+void PrepareLoop(const float* grad, size_t grad_count, std::byte* out, size_t out_count,
+                 kernels::Divisor pre) {
+  auto* o = reinterpret_cast<typename Element<D>::Storage*>(out);
+  const size_t n = std::min(grad_count, out_count);
+  WithDivisor(pre, [&](auto divide) {
+    for (size_t i = 0; i < n; ++i) o[i] = kernels::PrepareGradValue<D>(grad[i], divide);
+  });
+  for (size_t i = n; i < out_count; ++i) o[i] = Element<D>::FromFloat(0.0f);
+}
+
+template <DType D>
+void AccumulateLoop(const std::byte* reduced, float* acc, size_t count, kernels::Divisor post) {
   const auto* r = reinterpret_cast<const typename Element<D>::Storage*>(reduced);
-  for (size_t i = 0; i < count; ++i) kernels::AccumulateReducedElement<D>(r, acc, post, i);
+  WithDivisor(post, [&](auto divide) {
+    for (size_t i = 0; i < count; ++i) kernels::AccumulateReducedElement<D>(r, acc, divide, i);
+  });
 }
 
 }  // namespace
@@ -54,7 +70,7 @@ void Cast(DType src_dtype, const std::byte* src, DType dst_dtype, std::byte* dst
 
 void PrepareGradForReduce(const float* grad, size_t grad_count, DType reduce_dtype, std::byte* out,
                           size_t out_count, double pre_divide) {
-  const auto pre = static_cast<float>(pre_divide);
+  const kernels::Divisor pre = kernels::Divisor::Of(pre_divide);
   switch (reduce_dtype) {
     case DType::kBFloat16:
       return PrepareLoop<DType::kBFloat16>(grad, grad_count, out, out_count, pre);
@@ -67,7 +83,7 @@ void PrepareGradForReduce(const float* grad, size_t grad_count, DType reduce_dty
 
 void AccumulateReducedGrad(DType reduce_dtype, const std::byte* reduced, float* acc, size_t count,
                            double post_divide) {
-  const auto post = static_cast<float>(post_divide);
+  const kernels::Divisor post = kernels::Divisor::Of(post_divide);
   switch (reduce_dtype) {
     case DType::kBFloat16:
       return AccumulateLoop<DType::kBFloat16>(reduced, acc, count, post);

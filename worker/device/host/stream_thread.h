@@ -31,6 +31,12 @@ class StreamThread {
   void Post(std::function<absl::Status()> work);
   // Queues `task`, which runs even after a failure and gets the first error.
   void PostAlways(std::function<void(const absl::Status&)> task);
+  // PostAlways, except that when nothing is queued or running, stream order is
+  // already satisfied and `task` runs at once on the calling thread. For the
+  // bookkeeping that follows cheap or no work (completing an event, returning
+  // memory): queueing it would wake the thread just to run it, a futex round
+  // trip each, several times per unit and step.
+  void RunOrPostAlways(const std::function<void(const absl::Status&)>& task);
 
  private:
   struct Task {
@@ -44,7 +50,8 @@ class StreamThread {
   std::condition_variable cv_;
   std::deque<Task> queue_;
   bool stopping_ = false;
-  absl::Status failure_;  // touched by the thread only
+  bool running_ = false;  // the thread is running a task it took off the queue
+  absl::Status failure_;  // written by the thread, under mu_
   std::thread thread_;
 };
 

@@ -51,28 +51,64 @@ FLATSHARD_HOST_DEVICE inline void CastElement(const typename Element<Src>::Stora
   dst[i] = Element<Dst>::FromFloat(Element<Src>::ToFloat(src[i]));
 }
 
+// Division by a gradient divide factor (docs/fsdp-semantics.md §3.2). torch
+// divides; when the factor is a power of two (the pre-divide factor always is,
+// and 1 means there is nothing to divide) the product with its inverse, which
+// is exact, rounds the same real number and so equals the quotient bit for bit
+// for every input, at the cost of a multiply rather than a division.
+struct Divisor {
+  float divisor = 1.0f;
+  float inverse = 1.0f;  // 1 / divisor when that is exact, else 0
+
+  // Host side: the factor as the kernels take it.
+  static Divisor Of(double factor) {
+    Divisor d;
+    d.divisor = static_cast<float>(factor);
+    int exponent = 0;
+    const bool power_of_two = std::frexp(d.divisor, &exponent) == 0.5f;
+    d.inverse = power_of_two ? 1.0f / d.divisor : 0.0f;
+    return d;
+  }
+  FLATSHARD_HOST_DEVICE float operator()(float x) const {
+    return inverse != 0.0f ? x * inverse : x / divisor;
+  }
+};
+// The two cases of Divisor with the choice made, for host loops that decide it
+// once per pass rather than per element (a GPU thread's uniform branch is free).
+struct ByExactInverse {
+  float inverse;
+  FLATSHARD_HOST_DEVICE float operator()(float x) const { return x * inverse; }
+};
+struct ByDivision {
+  float divisor;
+  FLATSHARD_HOST_DEVICE float operator()(float x) const { return x / divisor; }
+};
+
 // docs/fsdp-semantics.md §3.2: the gradient is cast to the reduce dtype, padded
 // with zeros to S*W and divided by the pre-divide factor in that dtype (torch's
-// div_ on a 16-bit tensor computes in float32 and rounds back).
+// div_ on a 16-bit tensor computes in float32 and rounds back). One element of
+// the unpadded gradient; the padding past it is zero.
+template <DType D, typename Div>
+FLATSHARD_HOST_DEVICE inline typename Element<D>::Storage PrepareGradValue(float grad,
+                                                                           Div pre_divide) {
+  const float rounded = Element<D>::ToFloat(Element<D>::FromFloat(grad));
+  return Element<D>::FromFloat(pre_divide(rounded));
+}
+
 template <DType D>
 FLATSHARD_HOST_DEVICE inline void PrepareGradElement(const float* grad, size_t grad_count,
                                                      typename Element<D>::Storage* out,
-                                                     float pre_divide, size_t i) {
-  if (i >= grad_count) {
-    out[i] = Element<D>::FromFloat(0.0f);
-    return;
-  }
-  const float rounded = Element<D>::ToFloat(Element<D>::FromFloat(grad[i]));
-  out[i] = Element<D>::FromFloat(rounded / pre_divide);
+                                                     Divisor pre_divide, size_t i) {
+  out[i] = i < grad_count ? PrepareGradValue<D>(grad[i], pre_divide) : Element<D>::FromFloat(0.0f);
 }
 
 // §3.2 post-divide in the reduce dtype, then §3.5's accumulation into the fp32
 // gradient shard (_saved_grad_shard += grad.to(float32)).
-template <DType D>
+template <DType D, typename Div>
 FLATSHARD_HOST_DEVICE inline void AccumulateReducedElement(
-    const typename Element<D>::Storage* reduced, float* acc, float post_divide, size_t i) {
+    const typename Element<D>::Storage* reduced, float* acc, Div post_divide, size_t i) {
   const float divided =
-      Element<D>::ToFloat(Element<D>::FromFloat(Element<D>::ToFloat(reduced[i]) / post_divide));
+      Element<D>::ToFloat(Element<D>::FromFloat(post_divide(Element<D>::ToFloat(reduced[i]))));
   acc[i] += divided;
 }
 
