@@ -74,6 +74,11 @@ int Run(const Flags& f) {
     std::cerr << "flatshard-worker: --comm: " << resolved.status().message() << "\n";
     return 2;
   }
+  if (f.gpu >= 0 && *kind != DeviceKind::kCuda) {
+    std::cerr << "flatshard-worker: --gpu " << f.gpu << " is only meaningful with --device cuda, "
+              << "not --device " << f.device << "\n";
+    return 2;
+  }
   DeviceOptions device_options;
   device_options.kind = *kind;
   device_options.gpu = f.gpu >= 0 ? f.gpu : DefaultGpu();
@@ -207,7 +212,8 @@ int Main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--gpu", f.gpu,
                  "With --device cuda: the GPU index among the visible ones (respects "
-                 "CUDA_VISIBLE_DEVICES; default: $LOCAL_RANK, else 0)");
+                 "CUDA_VISIBLE_DEVICES; default: $LOCAL_RANK, else 0)")
+      ->check(CLI::Range(0, 4095));
   app.add_option("--comm", f.comm,
                  "Collectives for device memory: auto (nccl on cuda, gloo otherwise), gloo "
                  "(on cuda: staged through pinned host memory; several ranks may share a GPU) or "
