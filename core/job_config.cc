@@ -1,9 +1,11 @@
 #include "core/job_config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 #include "core/flat_param_layout.h"
 #include "core/model_spec_proto.h"
@@ -260,14 +262,32 @@ absl::StatusOr<JobConfig> JobConfigFromProto(const v1::JobSpec& spec) {
   ASSIGN_OR_RETURN(job.optimizer, OptimizerFromProto(spec.optimizer()));
   ASSIGN_OR_RETURN(job.data, DataFromProto(spec.data(), job.world_size));
   job.seed = spec.seed();
+  // Ranks given explicitly must name every rank exactly once: a duplicate or a
+  // gap would leave the job waiting for a worker that can never be assigned.
+  std::map<int, std::string> worker_by_rank;
   for (const auto& [worker, rank] : spec.rank_by_worker_id()) {
+    if (worker.empty()) return Invalid("rank_by_worker_id", "has an empty worker id");
     if (rank < 0 || rank >= job.world_size) {
       return Invalid(absl::StrCat("rank_by_worker_id[", worker, "]"),
                      absl::StrCat("rank ", rank, " is outside [0, ", job.world_size, ")"));
     }
-  }
-  for (const auto& [worker, rank] : spec.rank_by_worker_id()) {
+    auto [it, inserted] = worker_by_rank.emplace(rank, worker);
+    if (!inserted) {
+      const auto& [first, second] = std::minmax(it->second, worker);
+      return Invalid("rank_by_worker_id",
+                     absl::StrCat("gives rank ", rank, " to both ", first, " and ", second));
+    }
     job.rank_by_worker_id[worker] = rank;
+  }
+  if (!worker_by_rank.empty() && static_cast<int>(worker_by_rank.size()) != job.world_size) {
+    std::vector<int> missing;
+    for (int r = 0; r < job.world_size; ++r) {
+      if (!worker_by_rank.contains(r)) missing.push_back(r);
+    }
+    return Invalid("rank_by_worker_id",
+                   absl::StrCat("names ", worker_by_rank.size(), " of the ", job.world_size,
+                                " ranks; missing rank(s) ", absl::StrJoin(missing, ", "),
+                                " (name every rank, or leave it out for registration order)"));
   }
   // The whole layout must exist for this world size: units, dtypes, ties.
   if (absl::Status s =

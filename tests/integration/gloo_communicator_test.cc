@@ -159,10 +159,12 @@ TEST(GlooCommunicatorTest, MissingPeerTimesOut) {
 // c10d-style abort: a collective blocked on a peer that never joins returns
 // ABORTED at once when another thread aborts the communicator, long before
 // the collective timeout, and every later collective is refused the same way.
-// The abort closes the aborter's connections, so a peer blocked on it (rank 1
-// receives from rank 0 in the ring) fails promptly too, without aborting
-// itself. Only rank 0 aborts first: which of two concurrent aborts wins the
-// race decides whether the other sees ABORTED or a reset, and CI saw both.
+// The abort closes the aborter's connections, so a peer that then waits on it
+// (rank 1 receives from rank 0 in the ring) fails promptly too, without
+// aborting itself. Rank 1 enters its collective only after rank 0 aborted:
+// entered earlier, it could receive rank 0's chunk before the abort and then
+// block on rank 2 (which never joins) until the collective timeout; and of two
+// concurrent aborts the winner of the race decides who sees ABORTED.
 TEST(GlooCommunicatorTest, AbortWakesABlockedCollective) {
   const std::string dir = MakeTempDir("gloo-abort");
   auto results = RunRanks(
@@ -177,6 +179,7 @@ TEST(GlooCommunicatorTest, AbortWakesABlockedCollective) {
           return 0;
         }
         std::vector<float> shard(1000, 1.0f), gathered(3000);
+        if (rank == 1) CHILD_OK((*store)->Wait({"aborted-0"}, absl::Seconds(60)));
         std::promise<void> started;
         absl::Status gather_status;
         const absl::Time begin = absl::Now();
@@ -185,7 +188,10 @@ TEST(GlooCommunicatorTest, AbortWakesABlockedCollective) {
           gather_status = comm->AllGather(shard.data(), gathered.data(), 1000, DType::kFloat32);
         });
         started.get_future().wait();
-        if (rank == 0) comm->Abort("rank 2 is gone");
+        if (rank == 0) {
+          comm->Abort("rank 2 is gone");
+          CHILD_OK((*store)->Set("aborted-0", "1"));
+        }
         gather.join();
         const absl::Duration took = absl::Now() - begin;
         std::cerr << "rank " << rank << ": " << gather_status << " after " << took << "\n";

@@ -123,8 +123,17 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
     context->connectFullMesh(adapter, device);
   });
   if (!status.ok()) return status;
-  return std::unique_ptr<GlooCommunicator>(
+  std::unique_ptr<GlooCommunicator> comm(
       new GlooCommunicator(std::move(store), device, context, rank, size, options));
+  // connectFullMesh returns on a rank once its own pairs are up, while a peer
+  // may still be reading the handshake; a rank that then aborted or exited
+  // would close the pair under that peer's rendezvous, which then waits out
+  // its whole timeout. After this barrier every member is connected.
+  if (absl::Status ready = comm->Barrier(); !ready.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("gloo rendezvous failed on rank ", rank, " of ", size, ": ", ready.message()));
+  }
+  return comm;
 }
 
 void GlooCommunicator::RingReduceScatterInPlace(std::byte* data, size_t count, DType dtype,

@@ -94,12 +94,6 @@ absl::StatusOr<RuntimeGroups> ConnectRuntimeGroups(Device& device,
                    g.host_world->CreateSubgroup(
                        shard_ranks, absl::StrCat("checkpoint", ranks.ReplicaIndex(rank))));
   g.checkpoint = Observe(std::move(checkpoint), ObserverOf(options, "checkpoint"));
-  // A rank finishes connectFullMesh of the last group as soon as its own pairs
-  // are up; a peer may still be reading the handshake. Without this barrier a
-  // rank that fails its first batch and exits closes the pair under a peer
-  // still in rendezvous, and the peer reports a rendezvous failure instead of
-  // the refusal.
-  RETURN_IF_ERROR(g.host_world->Barrier());
 
   // Device groups.
   auto observed = [&](std::unique_ptr<Collectives> c, absl::string_view group) {

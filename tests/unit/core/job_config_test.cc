@@ -142,6 +142,22 @@ INSTANTIATE_TEST_SUITE_P(
         BadJob{"rank_out_of_range",
                [](v1::JobSpec& s) { (*s.mutable_rank_by_worker_id())["w-1"] = 9; },
                "job.rank_by_worker_id[w-1] rank 9 is outside [0, 4)"},
+        BadJob{"rank_given_twice",
+               [](v1::JobSpec& s) {
+                 auto& ranks = *s.mutable_rank_by_worker_id();
+                 ranks["w-a"] = 0;
+                 ranks["w-b"] = 1;
+                 ranks["w-c"] = 1;
+                 ranks["w-d"] = 3;
+               },
+               "job.rank_by_worker_id gives rank 1 to both w-b and w-c"},
+        BadJob{"rank_missing",
+               [](v1::JobSpec& s) {
+                 auto& ranks = *s.mutable_rank_by_worker_id();
+                 ranks["w-a"] = 0;
+                 ranks["w-b"] = 2;
+               },
+               "job.rank_by_worker_id names 2 of the 4 ranks; missing rank(s) 1, 3"},
         BadJob{"tied_split_by_policy",
                [](v1::JobSpec& s) {
                  auto gpt = LoadModelSpecFile(testing_paths::Example("gpt-small.yaml"));
