@@ -13,6 +13,7 @@
 
 #include "client/cli_output.h"
 #include "client/flatshard_client.h"
+#include "core/job_config.h"
 #include "core/job_spec_yaml.h"
 #include "core/model_spec_proto.h"
 #include "core/safetensors.h"
@@ -21,6 +22,23 @@ namespace flatshard {
 namespace {
 
 std::string StateName(v1::JobState state) { return v1::JobState_Name(state); }
+
+// One line for an automatic recovery, as `job status` and `train` print it.
+std::string RecoverySummary(const v1::Recovery& r) {
+  return absl::StrFormat(
+      "rank(s) %s failed at step %d; re-formed at world size %d%s in %s, resumed at step %d "
+      "from %s (%d step(s) lost): %s",
+      r.failed_ranks().empty() ? std::string("?") : absl::StrJoin(r.failed_ranks(), ","),
+      r.failed_at_step(), r.world_size(), r.spare_used() ? " with a spare" : "",
+      FormatSeconds(r.seconds()), r.resumed_step(),
+      r.checkpoint().empty() ? std::string("initialization") : "checkpoint " + r.checkpoint(),
+      r.steps_lost(), r.cause());
+}
+
+int MaxRestarts(const v1::JobSpec& spec) {
+  return spec.recovery().has_max_restarts() ? spec.recovery().max_restarts()
+                                            : RecoverySettings{}.max_restarts;
+}
 
 }  // namespace
 
@@ -133,11 +151,19 @@ int ClusterCommands::JobStatus(std::ostream& out, std::ostream& err) {
   }
   out << "job:        " << job->spec().name() << "\n"
       << "state:      " << StateName(job->state()) << "\n"
-      << "world size: " << job->spec().world_size() << "\n"
+      << "world size: " << job->world_size()
+      << (job->world_size() != job->spec().world_size()
+              ? absl::StrCat(" (the spec's ", job->spec().world_size(), ", shrunk by recovery)")
+              : std::string())
+      << "\n"
       << "strategy:   " << v1::ShardingStrategy_Name(job->spec().sharding().strategy()) << "\n"
       << "step:       " << job->step() << "\n"
       << "epoch/seq:  " << job->epoch() << "/" << job->last_seq() << "\n";
   if (!job->failure().empty()) out << "failure:    " << job->failure() << "\n";
+  out << "restarts:   " << job->restarts() << " of " << MaxRestarts(job->spec()) << "\n";
+  if (job->has_last_recovery()) {
+    out << "recovered:  " << RecoverySummary(job->last_recovery()) << "\n";
+  }
   std::vector<std::vector<std::string>> rows;
   for (const v1::Unit& unit : job->units()) {
     rows.push_back({absl::StrCat(unit.index()),
@@ -207,6 +233,9 @@ int ClusterCommands::Train(std::ostream& out, std::ostream& err) {
     if (json_) {
       out << MessageToJson(r) << std::endl;
       return;
+    }
+    if (r.has_recovery()) {
+      out << (tty ? "\r\033[K" : "") << "recovered: " << RecoverySummary(r.recovery()) << "\n";
     }
     const double elapsed = absl::ToDoubleSeconds(absl::Now() - start);
     const double eta = elapsed / static_cast<double>(done) * static_cast<double>(steps_ - done);

@@ -45,8 +45,25 @@ absl::StatusOr<v1::Job> Coordinator::CreateJob(const v1::JobSpec& spec) {
         absl::StrCat("this coordinator runs one job at a time and job '", job_->name(),
                      "' exists; delete it first (flatshard job delete ", job_->name(), ")"));
   }
+  // Rendezvous keys an earlier job of this name left would hand its peers'
+  // dead addresses to the new epoch 1.
+  store_.DeletePrefix(absl::StrCat("job/", config.name));
+  TrainingJobOptions job_options = options_.job;
+  // Recovery looks for spares among the workers heartbeating now.
+  job_options.live_workers = [this] {
+    std::vector<WorkerRecord> live;
+    const absl::Time now = absl::Now();
+    for (const WorkerRecord& w : members_.List()) {
+      if (now - w.last_heartbeat <= options_.heartbeat_timeout) live.push_back(w);
+    }
+    return live;
+  };
+  job_options.mark_unreachable = [this](const std::string& id) { members_.MarkUnreachable(id); };
+  job_options.forget_store_prefix = [this](const std::string& prefix) {
+    store_.DeletePrefix(prefix);
+  };
   ASSIGN_OR_RETURN(std::unique_ptr<TrainingJob> job,
-                   TrainingJob::Create(spec, std::move(config), options_.job));
+                   TrainingJob::Create(spec, std::move(config), std::move(job_options)));
   job_ = std::move(job);
   spdlog::info("job '{}' created: world size {}, {} units", job_->name(), job_->config().world_size,
                job_->ToProto().units_size());
@@ -81,6 +98,7 @@ absl::Status Coordinator::DeleteJob(const std::string& name) {
     std::lock_guard<std::mutex> lock(mu_);
     if (job_ == job) job_ = nullptr;
   }
+  store_.DeletePrefix(absl::StrCat("job/", name));
   spdlog::info("job '{}' deleted", name);
   return absl::OkStatus();
 }

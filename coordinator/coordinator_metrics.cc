@@ -115,12 +115,28 @@ CoordinatorMetrics::CoordinatorMetrics(prometheus::Registry& registry)
       checkpoint_last_success_(BuildGauge()
                                    .Name("flatshard_checkpoint_last_success_timestamp_seconds")
                                    .Help("Unix time of the job's last committed checkpoint")
-                                   .Register(registry)) {}
+                                   .Register(registry)),
+      restarts_(BuildCounter()
+                    .Name("flatshard_job_restarts_total")
+                    .Help("Automatic recoveries from a failed rank")
+                    .Register(registry)),
+      recovery_seconds_(BuildHistogram()
+                            .Name("flatshard_job_recovery_duration_seconds")
+                            .Help("From a rank's failure to the job ready again (probe, spare "
+                                  "wait, re-form, checkpoint restore)")
+                            .Register(registry)),
+      steps_lost_(BuildCounter()
+                      .Name("flatshard_job_steps_lost_total")
+                      .Help("Optimizer steps redone because a recovery rewound to a checkpoint")
+                      .Register(registry)) {}
 
 void CoordinatorMetrics::OnJobCreated(const std::string& job) {
   // Every series a dashboard or alert reads exists from the start, at zero.
   steps_.Add(Job(job));
   step_seconds_.Add(Job(job), DurationBuckets());
+  restarts_.Add(Job(job));
+  recovery_seconds_.Add(Job(job), DurationBuckets());
+  steps_lost_.Add(Job(job));
   samples_.Add(Job(job));
   compute_seconds_.Add(Job(job));
   exposed_comm_seconds_.Add(Job(job));
@@ -178,6 +194,13 @@ void CoordinatorMetrics::OnCheckpointSave(const std::string& job, v1::StateDictT
   last_save_[job] = now;
 }
 
+void CoordinatorMetrics::OnRecovery(const std::string& job, const v1::Recovery& recovery) {
+  restarts_.Add(Job(job)).Increment();
+  recovery_seconds_.Add(Job(job), DurationBuckets()).Observe(recovery.seconds());
+  steps_lost_.Add(Job(job)).Increment(
+      static_cast<double>(std::max<int64_t>(0, recovery.steps_lost())));
+}
+
 void CoordinatorMetrics::AddScrapeGauges(Coordinator& coordinator, absl::Time now,
                                          ScrapedGauges& gauges) const {
   const absl::Duration timeout = coordinator.options().heartbeat_timeout;
@@ -196,13 +219,15 @@ void CoordinatorMetrics::AddScrapeGauges(Coordinator& coordinator, absl::Time no
   if (job == nullptr) return;
   const std::string& name = job->name();
   const v1::JobState state = job->states().state();
-  for (int s = v1::PENDING; s <= v1::STOPPED; ++s) {
+  for (int s = v1::PENDING; s <= v1::RECOVERING; ++s) {
     gauges.Add("flatshard_job_state", "1 for the state the job is in, 0 for the others",
                {{"job_name", name}, {"state", v1::JobState_Name(static_cast<v1::JobState>(s))}},
                s == state ? 1 : 0);
   }
-  gauges.Add("flatshard_job_world_size", "Ranks the job runs on", Job(name),
-             job->config().world_size);
+  gauges.Add("flatshard_job_world_size",
+             "Ranks the job runs on (fewer than its spec after a "
+             "recovery shrank it)",
+             Job(name), job->world_size());
   // Per rank of the job as formed (the rank its worker runs as), so these
   // agree with the workers' own series; spare or dropped registrations are
   // not part of the job and are only counted above.

@@ -36,6 +36,7 @@ class CoordinatorMetrics final : public JobObserver {
                absl::Duration round_trip) override;
   void OnCheckpointSave(const std::string& job, v1::StateDictType type, absl::Duration duration,
                         const absl::StatusOr<v1::CheckpointInfo>& outcome) override;
+  void OnRecovery(const std::string& job, const v1::Recovery& recovery) override;
 
   // The scrape-time gauges of `coordinator` as of `now`.
   void AddScrapeGauges(Coordinator& coordinator, absl::Time now, ScrapedGauges& gauges) const;
@@ -57,6 +58,9 @@ class CoordinatorMetrics final : public JobObserver {
   prometheus::Family<prometheus::Counter>& checkpoint_bytes_;
   prometheus::Family<prometheus::Histogram>& checkpoint_seconds_;
   prometheus::Family<prometheus::Gauge>& checkpoint_last_success_;
+  prometheus::Family<prometheus::Counter>& restarts_;
+  prometheus::Family<prometheus::Histogram>& recovery_seconds_;
+  prometheus::Family<prometheus::Counter>& steps_lost_;
 
   mutable std::mutex mu_;
   // By job: when it was created, and its last committed save (or nothing).

@@ -1,5 +1,5 @@
 // What a TrainingJob reports as it runs, for the coordinator's metrics:
-// finished steps, command batch round trips, checkpoint saves. Optional
+// finished steps, command batch round trips, checkpoint saves, recoveries. Optional
 // (TrainingJobOptions::observer); the job knows nothing of Prometheus.
 #ifndef FLATSHARD_COORDINATOR_JOB_OBSERVER_H_
 #define FLATSHARD_COORDINATOR_JOB_OBSERVER_H_
@@ -30,6 +30,8 @@ class JobObserver {
   virtual void OnCheckpointSave(const std::string& job, v1::StateDictType type,
                                 absl::Duration duration,
                                 const absl::StatusOr<v1::CheckpointInfo>& outcome) = 0;
+  // An automatic recovery brought the job back (docs/fault-tolerance.md).
+  virtual void OnRecovery(const std::string& job, const v1::Recovery& recovery) = 0;
 };
 
 }  // namespace flatshard

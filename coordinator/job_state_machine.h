@@ -1,6 +1,8 @@
 // A job's lifecycle (docs/architecture.md §4):
 //
 //   PENDING -> FORMING -> READY -> TRAINING <-> IDLE
+//      READY | TRAINING | IDLE -> RECOVERING -> FORMING (a rank failed and the
+//                                              job's recovery policy allows it)
 //      any state but STOPPED -> FAILED -> FORMING (re-form) | STOPPED
 //      any state -> STOPPED
 //

@@ -85,6 +85,14 @@ std::vector<WorkerRecord> MembershipTable::List() const {
   return out;
 }
 
+void MembershipTable::MarkUnreachable(const std::string& worker_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = by_id_.find(worker_id);
+  if (it == by_id_.end()) return;
+  it->second.last_heartbeat = absl::InfinitePast();
+  it->second.state = "unreachable";
+}
+
 std::vector<WorkerRecord> MembershipTable::Stale(absl::Time now, absl::Duration timeout) const {
   std::vector<WorkerRecord> out;
   for (WorkerRecord& record : List()) {

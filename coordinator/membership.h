@@ -54,6 +54,10 @@ class MembershipTable {
   absl::Status Heartbeat(const std::string& worker_id, uint64_t last_completed_seq,
                          const std::string& state, absl::Time now);
   std::vector<WorkerRecord> List() const;  // by rank
+  // A worker that did not answer a probe counts as stale at once, before its
+  // heartbeats time out, so neither formation nor recovery picks it; its next
+  // heartbeat (a stopped process resumed) makes it live again.
+  void MarkUnreachable(const std::string& worker_id);
   // Workers whose last heartbeat is older than `timeout`.
   std::vector<WorkerRecord> Stale(absl::Time now, absl::Duration timeout) const;
 

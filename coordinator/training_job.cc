@@ -32,12 +32,33 @@ TrainingJob::TrainingJob(const v1::JobSpec& spec, JobConfig config, ModelIndex i
       units_(std::move(units)),
       options_(std::move(options)),
       states_(config_.name),
+      epoch_config_(std::make_shared<const JobConfig>(config_)),
       catalog_(options_.checkpoint_root, config_.name) {
   if (options_.observer != nullptr) options_.observer->OnJobCreated(config_.name);
 }
 
 TrainingJob::~TrainingJob() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  if (recoverer_.joinable()) recoverer_.join();
   if (committer_.joinable()) committer_.join();
+}
+
+int TrainingJob::world_size() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return epoch_config_->world_size;
+}
+
+int TrainingJob::restarts() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return restarts_;
+}
+
+std::optional<v1::Recovery> TrainingJob::last_recovery() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return last_recovery_;
 }
 
 v1::Job TrainingJob::ToProto() const {
@@ -49,6 +70,9 @@ v1::Job TrainingJob::ToProto() const {
   job.set_epoch(epoch_);
   if (sequencer_ != nullptr) job.set_last_seq(sequencer_->last_seq());
   job.set_failure(states_.failure());
+  job.set_restarts(restarts_);
+  job.set_world_size(epoch_config_->world_size);
+  if (last_recovery_.has_value()) *job.mutable_last_recovery() = *last_recovery_;
   for (const Unit& unit : units_) *job.add_units() = UnitToProto(unit);
   return job;
 }
@@ -80,11 +104,26 @@ absl::Status CheckOneDeviceKind(const std::vector<WorkerRecord>& members) {
 
 absl::Status TrainingJob::Form(const std::vector<WorkerRecord>& members) {
   std::unique_lock<std::mutex> op(op_mu_);
-  if (static_cast<int>(members.size()) != config_.world_size) {
-    return absl::InternalError(
-        absl::StrCat("forming with ", members.size(), " workers, need ", config_.world_size));
+  v1::JobSpec spec;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    spec = spec_;
   }
-  const v1::JobState from = states_.state();
+  RETURN_IF_ERROR(FormLocked(members, spec, std::make_shared<const JobConfig>(config_)));
+  // The slot is free before anyone can see READY: a client that waited for
+  // READY and sends its first operation at once must not find the job busy.
+  op.unlock();
+  return states_.Transition(v1::READY, absl::StrCat("epoch ", ToProto().epoch(), ": ",
+                                                    members.size(), " workers configured"));
+}
+
+absl::Status TrainingJob::FormLocked(const std::vector<WorkerRecord>& members,
+                                     const v1::JobSpec& spec,
+                                     std::shared_ptr<const JobConfig> config) {
+  if (static_cast<int>(members.size()) != config->world_size) {
+    return absl::InternalError(
+        absl::StrCat("forming with ", members.size(), " workers, need ", config->world_size));
+  }
   RETURN_IF_ERROR(
       states_.Transition(v1::FORMING, absl::StrCat("configuring ", members.size(), " workers")));
   // One job, one kind of device: the ranks' collectives, kernels and
@@ -107,8 +146,8 @@ absl::Status TrainingJob::Form(const std::vector<WorkerRecord>& members) {
   v1::ConfigureRequest request;
   request.set_job(config_.name);
   request.set_job_epoch(epoch);
-  request.set_world_size(config_.world_size);
-  *request.mutable_spec() = spec_;
+  request.set_world_size(config->world_size);
+  *request.mutable_spec() = spec;
   for (const Unit& unit : units_) *request.add_units() = UnitToProto(unit);
   request.set_store_prefix(absl::StrCat("job/", config_.name, "/epoch/", epoch, "/"));
   // Configure is a collective (the ranks rendezvous), so all in parallel.
@@ -138,7 +177,6 @@ absl::Status TrainingJob::Form(const std::vector<WorkerRecord>& members) {
       return failure;
     }
   }
-  (void)from;
   {
     std::lock_guard<std::mutex> lock(mu_);
     std::vector<WorkerClient*> raw;
@@ -155,13 +193,15 @@ absl::Status TrainingJob::Form(const std::vector<WorkerRecord>& members) {
                                                     std::move(on_batch));
     clients_ = std::move(clients);
     worker_ids_ = std::move(ids);
+    members_ = members;
+    epoch_config_ = std::move(config);
     unsharded_.clear();
   }
-  // The slot is free before anyone can see READY: a client that waited for
-  // READY and sends its first operation at once must not find the job busy.
-  op.unlock();
-  return states_.Transition(
-      v1::READY, absl::StrCat("epoch ", epoch, ": ", members.size(), " workers configured"));
+  // Every rank is past the new epoch's rendezvous; the old one's keys are garbage.
+  if (epoch > 1 && options_.forget_store_prefix) {
+    options_.forget_store_prefix(absl::StrCat("job/", config_.name, "/epoch/", epoch - 1));
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_lock<std::mutex>> TrainingJob::BeginOperation(const char* what) {
@@ -236,35 +276,55 @@ absl::Status TrainingJob::Train(int64_t steps, int micro_steps,
     }
   } drain{this};
   // The workers compile the same programs from the same job (FsdpRuntime::
-  // CompileProgram) and refuse a step whose digest differs.
-  const auto compile = [&](bool sync_gradients) {
-    return CompileStepProgram(index_, units_,
-                              StepProgramOptionsFor(config_.sharding, config_.optimizer,
-                                                    config_.world_size, sync_gradients));
+  // CompileProgram) and refuse a step whose digest differs. A recovery may
+  // change the world size, and with it the programs.
+  struct Programs {
+    int world = 0;
+    StepProgram synced, micro;
+  } programs;
+  const auto compile = [&] {
+    const int world = world_size();
+    if (programs.world == world) return;
+    const auto program = [&](bool sync_gradients) {
+      return CompileStepProgram(
+          index_, units_,
+          StepProgramOptionsFor(config_.sharding, config_.optimizer, world, sync_gradients));
+    };
+    programs = {world, program(true), program(false)};
   };
-  const StepProgram synced = compile(/*sync_gradients=*/true);
-  const StepProgram micro = compile(/*sync_gradients=*/false);
-  CommandSequencer* seq = sequencer();
+  int64_t target = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    target = step_ + steps;  // a recovery rewinds step_; Train still ends at target
+  }
+  const auto current_step = [&] {
+    std::lock_guard<std::mutex> lock(mu_);
+    return step_;
+  };
 
   bool stopped_by_client = false;
-  for (int64_t s = 0; s < steps && !stopped_by_client; ++s) {
+  std::optional<v1::Recovery> recovered;  // reported with the next step
+  while (current_step() < target && !stopped_by_client) {
+    compile();
+    const int world = programs.world;
     const absl::Time start = absl::Now();
     v1::StepResult result;
     result.set_total_steps(steps);
-    std::vector<double> losses(static_cast<size_t>(config_.world_size), 0.0);
+    std::vector<double> losses(static_cast<size_t>(world), 0.0);
     int64_t samples = 0;
-    for (int k = 0; k <= micro_steps; ++k) {
+    absl::Status failed;
+    for (int k = 0; k <= micro_steps && failed.ok(); ++k) {
       const bool sync = k == micro_steps;
       int64_t data_position = 0;
       {
         std::lock_guard<std::mutex> lock(mu_);
         data_position = data_position_;
       }
-      absl::StatusOr<std::vector<v1::CommandResult>> results =
-          seq->Run(MakeStepBatch(sync ? synced : micro, data_position, sync));
+      absl::StatusOr<std::vector<v1::CommandResult>> results = sequencer()->Run(
+          MakeStepBatch(sync ? programs.synced : programs.micro, data_position, sync));
       if (!results.ok()) {
-        FailWith(results.status());
-        return results.status();
+        failed = results.status();
+        break;
       }
       double compute = 0, comm = 0;
       for (const v1::CommandResult& r : *results) {
@@ -279,16 +339,28 @@ absl::Status TrainingJob::Train(int64_t steps, int micro_steps,
       std::lock_guard<std::mutex> lock(mu_);
       ++data_position_;
     }
+    if (!failed.ok()) {
+      RETURN_IF_ERROR(OnBatchFailure(failed));
+      recovered = last_recovery();
+      RETURN_IF_ERROR(states_.TransitionFrom(
+          v1::READY, v1::TRAINING,
+          absl::StrCat("training resumes at step ", current_step(), " of ", target)));
+      continue;
+    }
     double sum = 0;
     for (double loss : losses) {
       result.add_rank_losses(loss);
       sum += loss;
     }
-    result.set_loss(sum / static_cast<double>(config_.world_size));
+    result.set_loss(sum / static_cast<double>(world));
     {
       std::lock_guard<std::mutex> lock(mu_);
       result.set_step(++step_);
       result.set_seq(sequencer_->last_seq());
+    }
+    if (recovered.has_value()) {
+      *result.mutable_recovery() = *recovered;
+      recovered.reset();
     }
     const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
     result.set_step_seconds(seconds);
@@ -297,6 +369,16 @@ absl::Status TrainingJob::Train(int64_t steps, int micro_steps,
     stopped_by_client = !on_step(result);
     RunPendingSaves(absl::OkStatus(), /*last=*/false);
     if (absl::Status scheduled = MaybeScheduledSave(); !scheduled.ok()) {
+      // A save that failed because a rank did recovered the job; training
+      // goes on from the checkpoint it restored.
+      if (states_.state() == v1::READY) {
+        RETURN_IF_ERROR(states_.TransitionFrom(
+            v1::READY, v1::TRAINING,
+            absl::StrCat("training resumes at step ", current_step(), " of ", target)));
+        recovered = last_recovery();
+        continue;
+      }
+      if (states_.state() != v1::TRAINING) return scheduled;
       RETURN_IF_ERROR(states_.Transition(
           v1::IDLE,
           absl::StrCat("training stopped: scheduled checkpoint failed: ", scheduled.message())));
@@ -305,7 +387,7 @@ absl::Status TrainingJob::Train(int64_t steps, int micro_steps,
   }
   RETURN_IF_ERROR(states_.Transition(v1::IDLE, stopped_by_client
                                                    ? "training stopped: the client went away"
-                                                   : absl::StrCat("trained ", steps, " steps")));
+                                                   : absl::StrCat("trained to step ", target)));
   if (stopped_by_client) return absl::CancelledError("the client stopped reading");
   return absl::OkStatus();
 }
@@ -329,7 +411,7 @@ absl::Status TrainingJob::RunControl(const StepProgram& commands) {
   absl::StatusOr<std::vector<v1::CommandResult>> results =
       sequencer()->Run(MakeControlBatch(commands));
   if (!results.ok()) {
-    FailWith(results.status());
+    (void)OnBatchFailure(results.status());
     return results.status();
   }
   return absl::OkStatus();
@@ -373,7 +455,7 @@ absl::Status TrainingJob::Summon(bool with_grads, int64_t chunk_bytes,
   batch.mutable_summon()->set_chunk_bytes(chunk_bytes);
   CommandSequencer* seq = sequencer();
   absl::Status status = seq->Summon(std::move(batch), sink);
-  if (!status.ok() && !seq->failure().ok()) FailWith(status);
+  if (!status.ok() && !seq->failure().ok()) (void)OnBatchFailure(status);
   return status;
 }
 
@@ -384,14 +466,11 @@ v1::StateDictSettings TrainingJob::SetStateDictSettings(const v1::StateDictSetti
   return previous;
 }
 
-void TrainingJob::FailRank(int rank, const absl::Status& reason) {
-  const v1::JobState state = states_.state();
-  if (state == v1::FAILED || state == v1::STOPPED || state == v1::PENDING) return;
-  if (CommandSequencer* seq = sequencer(); seq != nullptr) seq->Fail(rank, reason);
-  FailWith(absl::Status(reason.code(), absl::StrCat("rank ", rank, ": ", reason.message())));
-}
-
 void TrainingJob::Stop(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;  // a recovery in progress gives up
+  }
   if (CommandSequencer* seq = sequencer(); seq != nullptr) {
     seq->Fail(-1, absl::CancelledError(reason));
   }
@@ -403,6 +482,14 @@ void TrainingJob::Stop(const std::string& reason) {
   }
   (void)states_.Transition(v1::STOPPED, reason);
   states_.Close();
+  // A recovery thread sees stopping_ and ends; none may outlive the stop (it
+  // calls back into the coordinator's membership).
+  std::thread recoverer;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    recoverer = std::move(recoverer_);
+  }
+  if (recoverer.joinable()) recoverer.join();
 }
 
 std::optional<uint64_t> TrainingJob::AbortEpochFor(const std::string& worker_id) const {

@@ -41,6 +41,14 @@ struct TrainingJobOptions {
   std::string checkpoint_root = "./checkpoints";
   // Metrics: steps, batch round trips, checkpoint saves. Must outlive the job.
   JobObserver* observer = nullptr;
+  // Recovery: the registered workers heartbeating within the timeout (the
+  // coordinator's membership), and how long a worker may take to answer the
+  // liveness probe after a failure.
+  std::function<std::vector<WorkerRecord>()> live_workers;
+  std::function<void(const std::string& worker_id)> mark_unreachable;
+  // Deletes the rendezvous store's keys under a prefix (a finished epoch's).
+  std::function<void(const std::string& prefix)> forget_store_prefix;
+  absl::Duration probe_timeout = absl::Seconds(2);
 };
 
 // FAILED_PRECONDITION naming the workers by device kind when `members` mix kinds.
@@ -62,6 +70,8 @@ class TrainingJob {
   // Configures `members` (members[r] becomes rank r) as a new epoch:
   // FORMING, then READY, or FAILED naming the rank that could not configure.
   absl::Status Form(const std::vector<WorkerRecord>& members);
+  // Ranks of the current epoch (the spec's world size until a recovery shrank it).
+  int world_size() const;
 
   // Runs `steps` optimizer steps (each after `micro_steps` no_sync micro-steps),
   // calling `on_step` after each; `on_step` returning false (the client went
@@ -88,10 +98,16 @@ class TrainingJob {
   // is it applied; training then resumes at its step and data position.
   absl::StatusOr<v1::CheckpointInfo> LoadCheckpoint(const std::string& name);
   CheckpointCatalog& checkpoints() { return catalog_; }
+  // Automatic recoveries so far, and the last one (unset before the first).
+  int restarts() const;
+  std::optional<v1::Recovery> last_recovery() const;
 
-  // The heartbeat monitor's verdict: fails the batch in flight and the job.
+  // The heartbeat monitor's verdict: fails the batch in flight. The operation
+  // that ran it recovers (Train goes on); with no operation running, recovery
+  // runs on a thread of its own. Without restarts left the job is FAILED.
   void FailRank(int rank, const absl::Status& reason);
-  // Stops the job for good (deleted): aborts the workers' collectives.
+  // Stops the job for good (deleted): aborts the workers' collectives and
+  // waits for a recovery in progress to give up.
   void Stop(const std::string& reason);
 
   // The epoch `worker_id` must abort, if the job failed while it was in it.
@@ -108,6 +124,22 @@ class TrainingJob {
   absl::StatusOr<std::vector<int>> CheckUnits(const std::vector<int>& units) const;
   absl::Status RunControl(const StepProgram& commands);
   void FailWith(const absl::Status& status);
+  // Form's work with the operation slot held, at the world size of `config`.
+  absl::Status FormLocked(const std::vector<WorkerRecord>& members, const v1::JobSpec& spec,
+                          std::shared_ptr<const JobConfig> config);
+
+  // Recovery (training_job_recovery.cc), with the operation slot held: after
+  // `cause` failed a batch, re-forms (spares, else a smaller world) and
+  // restores the newest checkpoint the new world can load. OK when the job is
+  // READY again; otherwise the job is FAILED and the status says why.
+  absl::Status RecoverLocked(const absl::Status& cause, std::vector<int> failed_ranks);
+  // A batch failed under an operation: recovers when the policy allows, and
+  // returns the status the operation ends with (OK: recovered, go on).
+  absl::Status OnBatchFailure(const absl::Status& cause);
+  // The live members of the failed epoch, by rank (probed with GetStatus).
+  std::vector<int> ProbeMembers(std::vector<WorkerRecord>* alive);
+  // The newest committed checkpoint a world of `world_size` can load.
+  std::optional<std::string> RecoveryCheckpoint(int world_size) const;
 
   // Checkpoints (training_job_checkpoints.cc).
   struct PendingSave;
@@ -133,13 +165,14 @@ class TrainingJob {
   // themselves.
   void RunPendingSaves(const absl::Status& refuse, bool last);
   absl::Status MaybeScheduledSave();
+  absl::StatusOr<v1::CheckpointInfo> LoadLocked(const std::string& name);
   // Everything but the files, as the job stands now.
   CheckpointManifest BuildManifest(const std::string& name, v1::StateDictType type,
                                    bool scheduled) const;
   CommandSequencer* sequencer() const;
 
   v1::JobSpec spec_;
-  const JobConfig config_;
+  const JobConfig config_;  // as created; epoch_config_ holds the current world size
   const ModelIndex index_;
   const std::vector<Unit> units_;
   const TrainingJobOptions options_;
@@ -156,6 +189,14 @@ class TrainingJob {
   std::set<int> unsharded_;  // units a manual Unshard left unsharded
   bool training_ = false;    // Train holds the operation slot
   std::vector<std::shared_ptr<PendingSave>> pending_saves_;
+  std::shared_ptr<const JobConfig> epoch_config_;  // the current epoch's (world size)
+  std::vector<WorkerRecord> members_;              // the current epoch's, by rank
+  int restarts_ = 0;
+  std::optional<v1::Recovery> last_recovery_;
+  bool recovering_ = false;        // RecoverLocked runs (a failure inside it is final)
+  bool recovery_pending_ = false;  // recoverer_ has not finished
+  std::thread recoverer_;          // recovers a failure FailRank saw outside operations
+  bool stopping_ = false;          // Stop or the destructor: no more recoveries
 
   CheckpointCatalog catalog_;
   // The async save being written and committed; joined (under the operation

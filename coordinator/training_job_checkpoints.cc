@@ -43,7 +43,7 @@ v1::StateDictType TrainingJob::ResolveStateDictType(
   }
   if (type == v1::STATE_DICT_TYPE_UNSPECIFIED) type = v1::FULL_STATE_DICT;
   // FSDP: NO_SHARD always behaves as FULL (docs/fsdp-semantics.md §5.1).
-  if (!IsSharded(EffectiveStrategy(config_.sharding.strategy, config_.world_size)) &&
+  if (!IsSharded(EffectiveStrategy(config_.sharding.strategy, world_size())) &&
       type != v1::FULL_STATE_DICT) {
     spdlog::warn("job {}: {} with a non-sharded strategy is saved as FULL_STATE_DICT", name(),
                  std::string(StateDictTypeName(type)));
@@ -148,7 +148,8 @@ absl::StatusOr<std::vector<v1::CommandResult>> TrainingJob::RunCheckpointBatch(
   *batch.mutable_checkpoint() = command;
   absl::StatusOr<std::vector<v1::CommandResult>> results = sequencer()->Run(std::move(batch));
   if (!results.ok()) {
-    FailWith(results.status());
+    // The checkpoint failed either way; the job may recover for what follows.
+    (void)OnBatchFailure(results.status());
     return results.status();
   }
   for (const v1::CommandResult& r : *results) {
@@ -172,9 +173,9 @@ CheckpointManifest TrainingJob::BuildManifest(const std::string& name, v1::State
   }
   m.job_spec_digest = JobSpecDigest(m.job_spec);
   m.state_dict_type = type;
-  m.world_size = config_.world_size;
-  m.strategy = std::string(
-      ShardingStrategyName(EffectiveStrategy(config_.sharding.strategy, config_.world_size)));
+  m.world_size = world_size();
+  m.strategy =
+      std::string(ShardingStrategyName(EffectiveStrategy(config_.sharding.strategy, m.world_size)));
   for (const Unit& unit : units_) {
     for (const UnitParam& p : unit.params) m.params[p.fqn] = {p.dtype, p.shape};
     for (const SharedParam& s : unit.shared) m.tied[s.fqn] = s.primary_fqn;
@@ -292,6 +293,10 @@ TrainingJob::SaveFuture TrainingJob::StartSave(const std::string& name, v1::Stat
 
 absl::StatusOr<v1::CheckpointInfo> TrainingJob::LoadCheckpoint(const std::string& name) {
   ASSIGN_OR_RETURN(std::unique_lock<std::mutex> op, BeginOperation("load a checkpoint"));
+  return LoadLocked(name);
+}
+
+absl::StatusOr<v1::CheckpointInfo> TrainingJob::LoadLocked(const std::string& name) {
   ASSIGN_OR_RETURN(CheckpointManifest manifest, catalog_.Read(name));
   v1::CheckpointBatch command;
   command.mutable_load_shard()->set_directory(catalog_.RelativeDir(manifest.name));

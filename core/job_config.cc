@@ -190,6 +190,37 @@ absl::StatusOr<OptimizerSettings> OptimizerFromProto(const v1::Optimizer& proto)
   return o;
 }
 
+absl::StatusOr<RecoverySettings> RecoveryFromProto(const v1::RecoveryPolicy& proto,
+                                                   int world_size) {
+  constexpr int kMaxRestarts = 1000;
+  constexpr double kMaxSpareWaitS = 3600;
+  RecoverySettings r;
+  if (proto.has_max_restarts()) {
+    if (proto.max_restarts() < 0 || proto.max_restarts() > kMaxRestarts) {
+      return Invalid("recovery.max_restarts", absl::StrCat("must be between 0 and ", kMaxRestarts,
+                                                           ", got ", proto.max_restarts()));
+    }
+    r.max_restarts = proto.max_restarts();
+  }
+  if (proto.has_min_world_size()) {
+    if (proto.min_world_size() < 1 || proto.min_world_size() > world_size) {
+      return Invalid("recovery.min_world_size",
+                     absl::StrCat("must be between 1 and the world size ", world_size, ", got ",
+                                  proto.min_world_size()));
+    }
+    r.min_world_size = proto.min_world_size();
+  }
+  if (proto.has_spare_wait_s()) {
+    if (!std::isfinite(proto.spare_wait_s()) || proto.spare_wait_s() < 0 ||
+        proto.spare_wait_s() > kMaxSpareWaitS) {
+      return Invalid("recovery.spare_wait_s", absl::StrCat("must be between 0 and ", kMaxSpareWaitS,
+                                                           " seconds, got ", proto.spare_wait_s()));
+    }
+    r.spare_wait_s = proto.spare_wait_s();
+  }
+  return r;
+}
+
 absl::StatusOr<DataSettings> DataFromProto(const v1::DataSpec& proto, int world_size) {
   DataSettings d;
   switch (proto.kind()) {
@@ -262,6 +293,7 @@ absl::StatusOr<JobConfig> JobConfigFromProto(const v1::JobSpec& spec) {
   ASSIGN_OR_RETURN(job.optimizer, OptimizerFromProto(spec.optimizer()));
   ASSIGN_OR_RETURN(job.data, DataFromProto(spec.data(), job.world_size));
   job.seed = spec.seed();
+  ASSIGN_OR_RETURN(job.recovery, RecoveryFromProto(spec.recovery(), job.world_size));
   // Ranks given explicitly must name every rank exactly once: a duplicate or a
   // gap would leave the job waiting for a worker that can never be assigned.
   std::map<int, std::string> worker_by_rank;

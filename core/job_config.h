@@ -29,6 +29,13 @@ struct DataSettings {
   std::string path;
 };
 
+// What the coordinator does when a rank fails (RecoveryPolicy with defaults).
+struct RecoverySettings {
+  int max_restarts = 3;
+  int min_world_size = 1;
+  double spare_wait_s = 5.0;
+};
+
 // THE job configuration: everything else (the plan, the step programs, the
 // runtime's options, checkpoint manifests) takes its settings from here by
 // value, never by copying fields into look-alike structs.
@@ -42,6 +49,7 @@ struct JobConfig {
   DataSettings data;
   uint64_t seed = 0;
   std::map<std::string, int> rank_by_worker_id;  // empty: ranks in registration order
+  RecoverySettings recovery;
 };
 
 // Validates everything a job needs before any worker is touched, including that

@@ -323,6 +323,14 @@ absl::Status ReadCheckpoints(const YamlField& field, v1::CheckpointSchedule& c) 
   return absl::OkStatus();
 }
 
+absl::Status ReadRecovery(const YamlField& field, v1::RecoveryPolicy& r) {
+  RETURN_IF_ERROR(field.OnlyKeys({"max_restarts", "min_world_size", "spare_wait_s"}));
+  RETURN_IF_ERROR(IfInt32(field, "max_restarts", [&](int32_t v) { r.set_max_restarts(v); }));
+  RETURN_IF_ERROR(IfInt32(field, "min_world_size", [&](int32_t v) { r.set_min_world_size(v); }));
+  RETURN_IF_ERROR(IfDouble(field, "spare_wait_s", [&](double v) { r.set_spare_wait_s(v); }));
+  return absl::OkStatus();
+}
+
 absl::Status ReadRanks(const YamlField& field, v1::JobSpec& spec) {
   RETURN_IF_ERROR(field.ExpectMap());
   for (const auto& entry : field.node) {
@@ -342,7 +350,7 @@ absl::StatusOr<v1::JobSpec> ParseJobSpec(absl::string_view text, const std::stri
   const YamlField top{document, "", &source};
   RETURN_IF_ERROR(
       top.OnlyKeys({"name", "model", "wrap_policy", "world_size", "seed", "sharding", "optimizer",
-                    "data", "state_dict", "checkpoints", "rank_by_worker_id"}));
+                    "data", "state_dict", "checkpoints", "rank_by_worker_id", "recovery"}));
   v1::JobSpec spec;
   RETURN_IF_ERROR(IfString(top, "name", [&](std::string v) { spec.set_name(std::move(v)); }));
   if (top.Has("model")) {
@@ -377,6 +385,9 @@ absl::StatusOr<v1::JobSpec> ParseJobSpec(absl::string_view text, const std::stri
   }
   if (top.Has("rank_by_worker_id")) {
     RETURN_IF_ERROR(ReadRanks(top.Child("rank_by_worker_id"), spec));
+  }
+  if (top.Has("recovery")) {
+    RETURN_IF_ERROR(ReadRecovery(top.Child("recovery"), *spec.mutable_recovery()));
   }
   return spec;
 }

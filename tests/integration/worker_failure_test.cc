@@ -66,6 +66,8 @@ std::pair<absl::Status, absl::Duration> TrainAndSignalRank2(LocalCluster& cluste
 v1::JobSpec ReadyJob(FlatshardClient& client) {
   auto spec = LoadJobSpecFile(std::string(FLATSHARD_SOURCE_DIR) + "/examples/mlp-job.yaml");
   EXPECT_TRUE(spec.ok()) << spec.status();
+  // Detection and abort alone: recovery_test covers what recovery does next.
+  spec->mutable_recovery()->set_max_restarts(0);
   EXPECT_TRUE(client.CreateJob(*spec).ok());
   EXPECT_TRUE(client.WaitForState(spec->name(), {v1::READY}, absl::Seconds(120)).ok());
   return *spec;

@@ -41,7 +41,10 @@ TEST(JobStateMachineTest, IllegalTransitionsAreRefusedAndChangeNothing) {
        {Case{v1::PENDING, v1::TRAINING}, Case{v1::PENDING, v1::READY},
         Case{v1::FORMING, v1::TRAINING}, Case{v1::READY, v1::IDLE}, Case{v1::TRAINING, v1::READY},
         Case{v1::FAILED, v1::TRAINING}, Case{v1::STOPPED, v1::FORMING},
-        Case{v1::STOPPED, v1::STOPPED}, Case{v1::FAILED, v1::FAILED}}) {
+        Case{v1::STOPPED, v1::STOPPED}, Case{v1::FAILED, v1::FAILED},
+        Case{v1::PENDING, v1::RECOVERING}, Case{v1::FORMING, v1::RECOVERING},
+        Case{v1::FAILED, v1::RECOVERING}, Case{v1::RECOVERING, v1::READY},
+        Case{v1::RECOVERING, v1::TRAINING}, Case{v1::RECOVERING, v1::RECOVERING}}) {
     EXPECT_FALSE(JobStateMachine::Allowed(c.from, c.to))
         << v1::JobState_Name(c.from) << " -> " << v1::JobState_Name(c.to);
   }
@@ -54,6 +57,17 @@ TEST(JobStateMachineTest, IllegalTransitionsAreRefusedAndChangeNothing) {
   // A failed job can be re-formed.
   ASSERT_TRUE(m.Transition(v1::FAILED, "x").ok());
   EXPECT_TRUE(JobStateMachine::Allowed(v1::FAILED, v1::FORMING));
+}
+
+TEST(JobStateMachineTest, RecoveryGoesThroughFormingBackToReady) {
+  JobStateMachine m("j");
+  for (v1::JobState s : {v1::FORMING, v1::READY, v1::TRAINING, v1::RECOVERING, v1::FORMING,
+                         v1::READY, v1::TRAINING, v1::IDLE, v1::RECOVERING}) {
+    ASSERT_TRUE(m.Transition(s, "").ok()) << v1::JobState_Name(s);
+  }
+  // A recovery that cannot re-form ends the job.
+  ASSERT_TRUE(m.Transition(v1::FAILED, "no spare").ok());
+  EXPECT_EQ(m.failure(), "no spare");
 }
 
 TEST(JobStateMachineTest, TransitionFromRacesHaveOneWinner) {

@@ -116,5 +116,18 @@ TEST(MembershipTableTest, HeartbeatsAndStaleness) {
   EXPECT_EQ(table.List()[0].last_completed_seq, 7u);
 }
 
+TEST(MembershipTableTest, UnreachableIsStaleUntilTheNextHeartbeat) {
+  MembershipTable table(0);
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  ASSERT_TRUE(table.Register({"w-a", "h", "cpu", "h:1", -1, "", "cpu"}, t0).ok());
+  table.MarkUnreachable("w-a");
+  table.MarkUnreachable("w-unknown");  // ignored
+  auto stale = table.Stale(t0, absl::Seconds(5));
+  ASSERT_EQ(stale.size(), 1u);
+  EXPECT_EQ(stale[0].state, "unreachable");
+  ASSERT_TRUE(table.Heartbeat("w-a", 0, "idle", t0 + absl::Seconds(1)).ok());
+  EXPECT_TRUE(table.Stale(t0 + absl::Seconds(1), absl::Seconds(5)).empty());
+}
+
 }  // namespace
 }  // namespace flatshard

@@ -2,6 +2,7 @@
 // kind of bad spec is INVALID_ARGUMENT naming the field and the problem.
 #include "core/job_config.h"
 
+#include <cmath>
 #include <functional>
 
 #include <gmock/gmock.h>
@@ -142,6 +143,18 @@ INSTANTIATE_TEST_SUITE_P(
         BadJob{"rank_out_of_range",
                [](v1::JobSpec& s) { (*s.mutable_rank_by_worker_id())["w-1"] = 9; },
                "job.rank_by_worker_id[w-1] rank 9 is outside [0, 4)"},
+        BadJob{"negative_restarts",
+               [](v1::JobSpec& s) { s.mutable_recovery()->set_max_restarts(-1); },
+               "job.recovery.max_restarts must be between 0 and 1000, got -1"},
+        BadJob{"min_world_above_world",
+               [](v1::JobSpec& s) { s.mutable_recovery()->set_min_world_size(5); },
+               "job.recovery.min_world_size must be between 1 and the world size 4, got 5"},
+        BadJob{"zero_min_world",
+               [](v1::JobSpec& s) { s.mutable_recovery()->set_min_world_size(0); },
+               "job.recovery.min_world_size must be between 1 and the world size 4, got 0"},
+        BadJob{"nan_spare_wait",
+               [](v1::JobSpec& s) { s.mutable_recovery()->set_spare_wait_s(std::nan("")); },
+               "job.recovery.spare_wait_s must be between 0 and 3600 seconds"},
         BadJob{"rank_given_twice",
                [](v1::JobSpec& s) {
                  auto& ranks = *s.mutable_rank_by_worker_id();

@@ -145,6 +145,9 @@ TEST(JobSpecYamlTest, OmittedFieldsKeepJobConfigDefaults) {
   EXPECT_EQ(job->optimizer.adam.eps, 1e-8);
   EXPECT_EQ(job->optimizer.grad_norm_type, 2.0);
   EXPECT_EQ(job->data.kind, "regression");
+  EXPECT_EQ(job->recovery.max_restarts, 3);
+  EXPECT_EQ(job->recovery.min_world_size, 1);
+  EXPECT_DOUBLE_EQ(job->recovery.spare_wait_s, 5.0);
 }
 
 TEST(JobSpecYamlTest, EveryFieldReadsThrough) {
@@ -184,6 +187,7 @@ state_dict:
   optim: {offload_to_cpu: false}
 checkpoints: {every_steps: 10, keep_last: 2, async_save: true}
 rank_by_worker_id: {w-a: 1, w-b: 0, w-c: 3, w-d: 2}
+recovery: {max_restarts: 5, min_world_size: 2, spare_wait_s: 1.5}
 )";
   auto spec = ParseJobSpec(text, "all.yaml", ExamplesDir());
   ASSERT_TRUE(spec.ok()) << spec.status();
@@ -214,9 +218,13 @@ rank_by_worker_id: {w-a: 1, w-b: 0, w-c: 3, w-d: 2}
   EXPECT_EQ(spec->checkpoints().every_steps(), 10);
   EXPECT_TRUE(spec->checkpoints().async_save());
   EXPECT_EQ(spec->rank_by_worker_id().at("w-c"), 3);
+  EXPECT_EQ(spec->recovery().max_restarts(), 5);
 
   auto job = JobConfigFromProto(*spec);
   ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->recovery.max_restarts, 5);
+  EXPECT_EQ(job->recovery.min_world_size, 2);
+  EXPECT_DOUBLE_EQ(job->recovery.spare_wait_s, 1.5);
   EXPECT_EQ(job->optimizer.kind, OptimizerKind::kSgd);
   EXPECT_DOUBLE_EQ(job->optimizer.sgd.lr, 0.1);
   EXPECT_EQ(job->wrap_policy.min_num_params, 100000);

@@ -1,0 +1,44 @@
+// Who re-forms a job after a rank failed, and at what world size
+// (docs/fault-tolerance.md). Pure: the caller finds out who is alive; this
+// picks the seats. The survivors keep their order and the spares (live workers
+// outside the failed epoch, on the same kind of device) fill the seats of the
+// failed ranks; without enough of them the job shrinks to the largest world
+// size the job's spec accepts (the global batch and a hybrid shard group must
+// still divide it) that is at least recovery.min_world_size.
+#ifndef FLATSHARD_COORDINATOR_RECOVERY_PLAN_H_
+#define FLATSHARD_COORDINATOR_RECOVERY_PLAN_H_
+
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+#include "coordinator/membership.h"
+#include "core/job_config.h"
+#include "flatshard/v1/job.pb.h"
+
+namespace flatshard {
+
+struct RecoveryCandidates {
+  std::vector<WorkerRecord> survivors;  // the failed epoch's live members, by rank
+  std::vector<WorkerRecord> spares;     // live workers outside it, in membership order
+};
+
+struct RecoveryChoice {
+  std::vector<WorkerRecord> members;  // members[r] becomes rank r
+  v1::JobSpec spec;                   // the new epoch's spec (its world size)
+  JobConfig config;                   // JobConfigFromProto(spec)
+  bool spare_used = false;
+};
+
+// The world size recovery aims for: the spec's, or fewer when fewer workers
+// are there. `spec` is the job's spec as created; ranks pinned by
+// rank_by_worker_id are not kept (the failed worker's seat is given away).
+// FAILED_PRECONDITION, saying how many workers there are and what the job
+// needs, when no world size from min_world_size up works.
+absl::StatusOr<RecoveryChoice> ChooseRecovery(const v1::JobSpec& spec,
+                                              const RecoverySettings& recovery,
+                                              const RecoveryCandidates& candidates);
+
+}  // namespace flatshard
+
+#endif  // FLATSHARD_COORDINATOR_RECOVERY_PLAN_H_

@@ -1,0 +1,240 @@
+// TrainingJob's automatic recovery from a failed rank (docs/fault-tolerance.md):
+// the failed epoch is cancelled everywhere, the members that still answer are
+// kept, spares fill the failed seats (or the job shrinks, within its recovery
+// policy), a new epoch is configured, and the newest checkpoint the new world
+// can load is restored. Everything here runs with the operation slot held, so
+// no client operation sees a half-recovered job.
+#include <algorithm>
+#include <set>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "spdlog/spdlog.h"
+
+#include "coordinator/recovery_plan.h"
+#include "coordinator/training_job.h"
+#include "core/status_macros.h"
+
+namespace flatshard {
+
+void TrainingJob::FailRank(int rank, const absl::Status& reason) {
+  const v1::JobState state = states_.state();
+  if (state != v1::READY && state != v1::TRAINING && state != v1::IDLE) return;
+  const absl::Status cause(reason.code(), absl::StrCat("rank ", rank, ": ", reason.message()));
+  // An operation blocked on the failed rank returns now and recovers itself.
+  if (CommandSequencer* seq = sequencer(); seq != nullptr) seq->Fail(rank, reason);
+  // With no operation running, a thread takes the slot and recovers; when an
+  // operation did run, it recovered first and the epoch moved on.
+  std::thread finished;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_ || recovery_pending_) return;
+    recovery_pending_ = true;
+    finished = std::move(recoverer_);
+    const uint64_t epoch = epoch_;
+    recoverer_ = std::thread([this, cause, epoch] {
+      {
+        std::unique_lock<std::mutex> op(op_mu_);
+        bool current = false;
+        {
+          std::lock_guard<std::mutex> inner(mu_);
+          current = !stopping_ && epoch_ == epoch;
+        }
+        if (current) (void)OnBatchFailure(cause);
+      }
+      std::lock_guard<std::mutex> inner(mu_);
+      recovery_pending_ = false;
+    });
+  }
+  if (finished.joinable()) finished.join();  // it had cleared recovery_pending_: done
+}
+
+absl::Status TrainingJob::OnBatchFailure(const absl::Status& cause) {
+  int restarts = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    // A failure while recovering (the restore's own batches) is RecoverLocked's to report.
+    if (recovering_) return cause;
+    if (stopping_) return cause;
+    restarts = restarts_;
+  }
+  const v1::JobState state = states_.state();
+  if (state == v1::FAILED || state == v1::STOPPED) return cause;
+  const int max = config_.recovery.max_restarts;
+  if (restarts >= max) {
+    const absl::Status final_status(
+        cause.code(),
+        absl::StrCat(cause.message(),
+                     max == 0 ? std::string(" (recovery.max_restarts is 0: no automatic recovery)")
+                              : absl::StrCat(" (no automatic recovery left: recovery.max_restarts ",
+                                             max, " used)")));
+    FailWith(final_status);
+    return final_status;
+  }
+  return RecoverLocked(cause, {});
+}
+
+std::vector<int> TrainingJob::ProbeMembers(std::vector<WorkerRecord>* alive) {
+  std::vector<WorkerClient*> clients;
+  std::vector<WorkerRecord> members;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& client : clients_) clients.push_back(client.get());
+    members = members_;
+  }
+  // In parallel: a stopped (SIGSTOP) worker costs one probe timeout, not one per rank.
+  std::vector<absl::Status> answers(clients.size());
+  std::vector<std::thread> probes;
+  probes.reserve(clients.size());
+  const absl::Time deadline = absl::Now() + options_.probe_timeout;
+  for (size_t r = 0; r < clients.size(); ++r) {
+    probes.emplace_back([&, r] { answers[r] = clients[r]->GetStatus(deadline).status(); });
+  }
+  for (std::thread& t : probes) t.join();
+  std::vector<int> failed;
+  for (size_t r = 0; r < clients.size() && r < members.size(); ++r) {
+    if (answers[r].ok()) {
+      alive->push_back(members[r]);
+    } else {
+      failed.push_back(static_cast<int>(r));
+      if (options_.mark_unreachable) options_.mark_unreachable(members[r].worker_id);
+    }
+  }
+  return failed;
+}
+
+std::optional<std::string> TrainingJob::RecoveryCheckpoint(int world_size) const {
+  absl::StatusOr<std::vector<v1::CheckpointInfo>> committed = catalog_.List();
+  if (!committed.ok()) return std::nullopt;
+  // Newest first; a LOCAL state dict only loads at the world size it was saved at.
+  for (auto it = committed->rbegin(); it != committed->rend(); ++it) {
+    if (it->state_dict_type() != v1::LOCAL_STATE_DICT || it->world_size() == world_size) {
+      return it->name();
+    }
+  }
+  return std::nullopt;
+}
+
+absl::Status TrainingJob::RecoverLocked(const absl::Status& cause, std::vector<int> failed_ranks) {
+  const absl::Time began = absl::Now();
+  int64_t failed_step = 0;
+  int restart = 0;
+  std::set<std::string> old_ids;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    recovering_ = true;
+    failed_step = step_;
+    restart = ++restarts_;
+    old_ids.insert(worker_ids_.begin(), worker_ids_.end());
+  }
+  struct ClearRecovering {
+    TrainingJob* job;
+    ~ClearRecovering() {
+      std::lock_guard<std::mutex> lock(job->mu_);
+      job->recovering_ = false;
+    }
+  } clear{this};
+  const auto fail = [&](const absl::Status& why) {
+    const absl::Status status(why.code(),
+                              absl::StrCat(cause.message(), "; recovery failed: ", why.message()));
+    FailWith(status);
+    return status;
+  };
+  RETURN_IF_ERROR(states_.Transition(
+      v1::RECOVERING, absl::StrCat(cause.message(), "; recovering (restart ", restart, " of ",
+                                   config_.recovery.max_restarts, ")")));
+  // Nothing of the failed epoch may go on: batches in flight end, waits wake.
+  if (CommandSequencer* seq = sequencer(); seq != nullptr) seq->Fail(-1, cause);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& client : clients_) client->CancelAll();
+  }
+  RecoveryCandidates candidates;
+  std::vector<int> unreachable = ProbeMembers(&candidates.survivors);
+  failed_ranks.insert(failed_ranks.end(), unreachable.begin(), unreachable.end());
+  std::sort(failed_ranks.begin(), failed_ranks.end());
+  failed_ranks.erase(std::unique(failed_ranks.begin(), failed_ranks.end()), failed_ranks.end());
+
+  // Spares: live workers that were not in the failed epoch. Wait a bounded
+  // time for enough of them rather than shrink at once: a restarted daemon
+  // registers within seconds.
+  const absl::Time spare_deadline = began + absl::Seconds(config_.recovery.spare_wait_s);
+  while (true) {
+    candidates.spares.clear();
+    if (options_.live_workers) {
+      for (const WorkerRecord& w : options_.live_workers()) {
+        if (!old_ids.contains(w.worker_id)) candidates.spares.push_back(w);
+      }
+    }
+    const size_t have = candidates.survivors.size() + candidates.spares.size();
+    bool stopping = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping = stopping_;
+    }
+    if (stopping) return absl::CancelledError("the job is being stopped");
+    if (have >= static_cast<size_t>(config_.world_size) || absl::Now() >= spare_deadline) break;
+    absl::SleepFor(absl::Milliseconds(50));  // polls the membership, bounded by spare_wait_s
+  }
+  v1::JobSpec spec;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    spec = spec_;
+  }
+  absl::StatusOr<RecoveryChoice> choice = ChooseRecovery(spec, config_.recovery, candidates);
+  if (!choice.ok()) return fail(choice.status());
+  const int world = choice->config.world_size;
+  if (absl::Status formed = FormLocked(choice->members, choice->spec,
+                                       std::make_shared<const JobConfig>(choice->config));
+      !formed.ok()) {
+    return fail(formed);  // FormLocked named the rank
+  }
+  const std::optional<std::string> checkpoint = RecoveryCheckpoint(world);
+  if (checkpoint.has_value()) {
+    absl::StatusOr<v1::CheckpointInfo> loaded = LoadLocked(*checkpoint);
+    if (!loaded.ok()) return fail(loaded.status());
+  } else {
+    // No checkpoint: the new epoch starts from the seed's initialization.
+    std::lock_guard<std::mutex> lock(mu_);
+    step_ = 0;
+    data_position_ = 0;
+  }
+  v1::Recovery record;
+  record.set_cause(std::string(cause.message()));
+  for (int r : failed_ranks) record.add_failed_ranks(r);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    record.set_resumed_step(step_);
+    record.set_epoch(epoch_);
+  }
+  record.set_failed_at_step(failed_step);
+  record.set_steps_lost(failed_step - record.resumed_step());
+  record.set_world_size(world);
+  record.set_checkpoint(checkpoint.value_or(""));
+  record.set_spare_used(choice->spare_used);
+  record.set_seconds(absl::ToDoubleSeconds(absl::Now() - began));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    last_recovery_ = record;
+  }
+  const std::string summary = absl::StrCat(
+      "recovered in ",
+      absl::FormatDuration(absl::Trunc(absl::Now() - began, absl::Milliseconds(1))), ": rank(s) ",
+      failed_ranks.empty() ? std::string("?") : absl::StrJoin(failed_ranks, ","), " failed; epoch ",
+      record.epoch(), " at world size ", world,
+      world == config_.world_size
+          ? std::string(choice->spare_used ? " with a spare" : "")
+          : absl::StrCat(" (shrunk from ", config_.world_size, ": too few live workers)"),
+      "; resumed at step ", record.resumed_step(),
+      checkpoint.has_value() ? absl::StrCat(" from checkpoint ", *checkpoint)
+                             : std::string(" from initialization (no checkpoint)"),
+      ", ", record.steps_lost(), " step(s) lost");
+  spdlog::warn("job {}: {}", config_.name, summary);
+  if (options_.observer != nullptr) options_.observer->OnRecovery(config_.name, record);
+  return states_.Transition(v1::READY, summary);
+}
+
+}  // namespace flatshard
