@@ -23,8 +23,7 @@ bool JobStateMachine::Allowed(v1::JobState from, v1::JobState to) {
       return to == v1::TRAINING || to == v1::RECOVERING;
     case v1::TRAINING:
       return to == v1::IDLE || to == v1::RECOVERING;
-    case v1::RECOVERING:
-      return to == v1::FORMING;
+    case v1::RECOVERING:  // re-forms like a failed job, but by itself
     case v1::FAILED:
       return to == v1::FORMING;
     default:

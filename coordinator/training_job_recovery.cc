@@ -56,16 +56,16 @@ absl::Status TrainingJob::OnBatchFailure(const absl::Status& cause) {
   int restarts = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    // A failure while recovering (the restore's own batches) is RecoverLocked's to report.
-    if (recovering_) return cause;
-    if (stopping_) return cause;
+    // A failure while recovering (the restore's own batches) is RecoverLocked's
+    // to report; a stopping job does not recover.
+    if (recovering_ || stopping_) return cause;
     restarts = restarts_;
   }
   const v1::JobState state = states_.state();
   if (state == v1::FAILED || state == v1::STOPPED) return cause;
   const int max = config_.recovery.max_restarts;
   if (restarts >= max) {
-    const absl::Status final_status(
+    absl::Status final_status(
         cause.code(),
         absl::StrCat(cause.message(),
                      max == 0 ? std::string(" (recovery.max_restarts is 0: no automatic recovery)")
@@ -138,8 +138,8 @@ absl::Status TrainingJob::RecoverLocked(const absl::Status& cause, std::vector<i
     }
   } clear{this};
   const auto fail = [&](const absl::Status& why) {
-    const absl::Status status(why.code(),
-                              absl::StrCat(cause.message(), "; recovery failed: ", why.message()));
+    absl::Status status(why.code(),
+                        absl::StrCat(cause.message(), "; recovery failed: ", why.message()));
     FailWith(status);
     return status;
   };

@@ -41,6 +41,7 @@ std::vector<WorkerRecord> Workers(const std::vector<std::string>& ids,
 
 std::vector<std::string> Ids(const std::vector<WorkerRecord>& members) {
   std::vector<std::string> ids;
+  ids.reserve(members.size());
   for (const WorkerRecord& m : members) ids.push_back(m.worker_id);
   return ids;
 }
