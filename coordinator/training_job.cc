@@ -441,9 +441,9 @@ absl::Status TrainingJob::Reshard(const std::vector<int>& units) {
 
 absl::Status TrainingJob::Summon(bool with_grads, int64_t chunk_bytes,
                                  const WorkerClient::ChunkSink& sink) {
-  if (chunk_bytes < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("chunk_bytes must be >= 0 (0: 4 MiB), got ", chunk_bytes));
+  if (chunk_bytes < 0 || chunk_bytes > kMaxSummonChunkBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("chunk_bytes must be between 0 (4 MiB) and ",
+                                                   kMaxSummonChunkBytes, ", got ", chunk_bytes));
   }
   if (with_grads && !config_.sharding.use_orig_params) {
     return absl::InvalidArgumentError(

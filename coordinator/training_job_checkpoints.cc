@@ -76,6 +76,14 @@ absl::StatusOr<v1::CheckpointInfo> TrainingJob::SaveCheckpoint(
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (!training_) return op.status();
+      // Each waits with its own RPC and runs between two steps: a bound keeps
+      // clients from stacking more saves than training can make room for.
+      constexpr size_t kMaxQueuedSaves = 8;
+      if (pending_saves_.size() >= kMaxQueuedSaves) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "job '", config_.name, "' already has ", pending_saves_.size(),
+            " checkpoint saves queued behind its training (the limit); try again after a step"));
+      }
       auto pending = std::make_shared<PendingSave>();
       pending->name = requested;
       pending->type = type;

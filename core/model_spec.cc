@@ -26,6 +26,11 @@ std::string ModuleLabel(const std::string& fqn) {
   return fqn.empty() ? std::string("root module") : absl::StrCat("module '", fqn, "'");
 }
 
+// Bounds that keep every numel, byte count and offset derived from a model
+// (times a dtype size, plus padding, times a world size) far inside int64.
+constexpr int64_t kMaxParamElements = int64_t{1} << 40;
+constexpr int64_t kMaxModelElements = int64_t{1} << 44;
+
 class Validator {
  public:
   explicit Validator(const ModelSpec& spec) : spec_(spec) {}
@@ -94,11 +99,26 @@ class Validator {
   }
 
   absl::Status CheckParam(const ParamSpec& param, const std::string& fqn) {
+    int64_t numel = 1;
     for (size_t d = 0; d < param.shape.size(); ++d) {
       if (param.shape[d] <= 0) {
         return Error(param.source_line, absl::StrCat("parameter '", fqn, "': shape[", d,
                                                      "] must be > 0, got ", param.shape[d]));
       }
+      // Checked: a product past int64 would wrap and pass every later check.
+      if (param.shape[d] > kMaxParamElements / numel) {
+        return Error(param.source_line,
+                     absl::StrCat("parameter '", fqn, "' has more than ", kMaxParamElements,
+                                  " elements (shape [", absl::StrJoin(param.shape, ", "),
+                                  "]); flatshard's limit per parameter is 2^40"));
+      }
+      numel *= param.shape[d];
+    }
+    total_elements_ += numel;
+    if (total_elements_ > kMaxModelElements) {
+      return Error(param.source_line, absl::StrCat("the model has more than ", kMaxModelElements,
+                                                   " elements by parameter '", fqn,
+                                                   "'; flatshard's limit per model is 2^44"));
     }
     if (param.requires_grad && !IsFloating(param.dtype)) {
       return Error(param.source_line,
@@ -162,6 +182,7 @@ class Validator {
   const ModelSpec& spec_;
   std::map<std::string, const ParamSpec*> params_;
   int64_t total_params_ = 0;
+  int64_t total_elements_ = 0;  // each at most kMaxParamElements, so no overflow
 };
 
 void Walk(const ModuleSpec& module, const std::string& fqn, int parent, int depth,

@@ -19,6 +19,10 @@ namespace flatshard {
 
 // Batches without epoch, seq and digest (the sequencer's to stamp).
 // A training step: `program` for global batch `step`.
+// The largest summon chunk: a TensorChunk must stay well inside the 64 MiB
+// gRPC message limit every flatshard channel and server sets.
+constexpr int64_t kMaxSummonChunkBytes = int64_t{32} << 20;
+
 v1::CommandBatch MakeStepBatch(const StepProgram& program, int64_t step, bool sync_gradients);
 // Manual Unshard / Reshard / Barrier outside a step.
 v1::CommandBatch MakeControlBatch(const StepProgram& commands);

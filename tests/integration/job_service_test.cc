@@ -141,6 +141,9 @@ TEST_F(JobServiceTest, BadRequestsGetPreciseErrorsAndChangeNothing) {
   ExpectRefused(client_->SummonFullParams(job, false, -5, no_op), StatusCode::kInvalidArgument,
                 "chunk_bytes");
   ++kinds;
+  ExpectRefused(client_->SummonFullParams(job, false, int64_t{1} << 40, no_op),
+                StatusCode::kInvalidArgument, "chunk_bytes must be between 0 (4 MiB) and 33554432");
+  ++kinds;
   ExpectRefused(client_->SummonFullParams(job, true, 0, no_op), StatusCode::kInvalidArgument,
                 "use_orig_params");
   ++kinds;

@@ -273,6 +273,11 @@ absl::Status WorkerServiceImpl::RunCheckpoint(ActiveJob& job, const v1::CommandB
 
 absl::Status WorkerServiceImpl::RunSummon(ActiveJob& job, const v1::CommandBatch& batch,
                                           grpc::ServerWriter<v1::TensorChunk>& writer) {
+  if (batch.summon().chunk_bytes() < 0 || batch.summon().chunk_bytes() > kMaxSummonChunkBytes) {
+    return absl::InvalidArgumentError(absl::StrCat("summon.chunk_bytes must be between 0 and ",
+                                                   kMaxSummonChunkBytes, ", got ",
+                                                   batch.summon().chunk_bytes()));
+  }
   const int64_t chunk_bytes =
       batch.summon().chunk_bytes() > 0 ? batch.summon().chunk_bytes() : kDefaultChunkBytes;
   const ModelIndex& index = job.runtime->index();

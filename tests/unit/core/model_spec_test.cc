@@ -119,6 +119,32 @@ INSTANTIATE_TEST_SUITE_P(
                 "root:\n  type: Module\n  children:\n    - name: blk\n      type: Module\n"
                 "      params: [{name: w, shape: [3, -4]}]\n",
                 "parameter 'blk.w': shape[1] must be > 0, got -4"},
+        BadSpec{"linear_overflows",
+                "root:\n  type: Sequential\n  children:\n"
+                "    - {name: fc, type: Linear, in_features: 4000000000, "
+                "out_features: 4000000000}\n",
+                "parameter 'fc.weight' has more than 1099511627776 elements (shape "
+                "[4000000000, 4000000000])"},
+        BadSpec{"model_too_large",
+                "root:\n  type: Module\n  params:\n"
+                "    - {name: a, shape: [1099511627776]}\n"
+                "    - {name: b, shape: [1099511627776]}\n"
+                "    - {name: c, shape: [1099511627776]}\n"
+                "    - {name: d, shape: [1099511627776]}\n"
+                "    - {name: e, shape: [1099511627776]}\n"
+                "    - {name: f, shape: [1099511627776]}\n"
+                "    - {name: g, shape: [1099511627776]}\n"
+                "    - {name: h, shape: [1099511627776]}\n"
+                "    - {name: i, shape: [1099511627776]}\n"
+                "    - {name: j, shape: [1099511627776]}\n"
+                "    - {name: k, shape: [1099511627776]}\n"
+                "    - {name: l, shape: [1099511627776]}\n"
+                "    - {name: m, shape: [1099511627776]}\n"
+                "    - {name: n, shape: [1099511627776]}\n"
+                "    - {name: o, shape: [1099511627776]}\n"
+                "    - {name: p, shape: [1099511627776]}\n"
+                "    - {name: q, shape: [1]}\n",
+                "the model has more than 17592186044416 elements by parameter 'q'"},
         BadSpec{"shape_not_int", "root:\n  type: Module\n  params: [{name: w, shape: [3, big]}]\n",
                 "root.params[0].shape[1]: expected an integer, got 'big'"},
         BadSpec{"integer_trainable",
