@@ -5,6 +5,7 @@
 #include <tuple>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "spdlog/spdlog.h"
@@ -54,6 +55,20 @@ void CheckpointCatalog::AbandonSave(const std::string& name) {
   std::lock_guard<std::recursive_mutex> lock(mu_);
   std::error_code ec;
   fs::remove_all(Path(name) + std::string(kPartialSuffix), ec);
+}
+
+std::vector<std::string> CheckpointCatalog::RemoveStalePartials() {
+  std::lock_guard<std::recursive_mutex> lock(mu_);
+  std::vector<std::string> removed;
+  std::error_code ec;
+  for (const fs::directory_entry& entry : fs::directory_iterator(job_dir_, ec)) {
+    const std::string file = entry.path().filename().string();
+    if (!entry.is_directory(ec) || !absl::EndsWith(file, kPartialSuffix)) continue;
+    std::error_code removing;
+    fs::remove_all(entry.path(), removing);
+    if (!removing) removed.push_back(file.substr(0, file.size() - kPartialSuffix.size()));
+  }
+  return removed;
 }
 
 std::string CheckpointCatalog::LatestName() const {

@@ -35,6 +35,9 @@ class CheckpointCatalog {
   absl::Status BeginSave(const std::string& name);
   // Removes <name>.partial/ after a failed save.
   void AbandonSave(const std::string& name);
+  // Removes every <name>.partial/ (what a save a crash interrupted left) and
+  // returns the names. Only when no save can be in flight: at job creation.
+  std::vector<std::string> RemoveStalePartials();
   // Phase two. For a scheduled checkpoint, `keep_last` > 0 then deletes the
   // oldest scheduled checkpoints beyond that many (never on-demand ones).
   absl::StatusOr<v1::CheckpointInfo> Commit(const CheckpointManifest& manifest, int keep_last);

@@ -65,6 +65,10 @@ absl::StatusOr<v1::Job> Coordinator::CreateJob(const v1::JobSpec& spec) {
   ASSIGN_OR_RETURN(std::unique_ptr<TrainingJob> job,
                    TrainingJob::Create(spec, std::move(config), std::move(job_options)));
   job_ = std::move(job);
+  for (const std::string& partial : job_->checkpoints().RemoveStalePartials()) {
+    spdlog::warn("job '{}': removed {}.partial, a checkpoint save that never committed",
+                 job_->name(), partial);
+  }
   spdlog::info("job '{}' created: world size {}, {} units", job_->name(), job_->config().world_size,
                job_->ToProto().units_size());
   monitor_cv_.notify_all();
