@@ -125,6 +125,7 @@ SimDevice::~SimDevice() {
   for (auto& [fake, allocation] : allocations_) {
     BlockCache::Get().Give(allocation.real, allocation.real_bytes);
   }
+  for (const auto& [real, bytes] : quarantined_) BlockCache::Get().Give(real, bytes);
 }
 
 absl::StatusOr<std::unique_ptr<Stream>> SimDevice::CreateStream(StreamRole /*role*/,
@@ -376,7 +377,9 @@ void SimDevice::FreeRaw(void* address, size_t bytes, Stream& stream) {
           allocation.fake, allocation.bytes, allocation.stream, s.name, Describe(use)));
       std::fprintf(stderr, "flatshard %s\n", std::string(fault_.message()).c_str());
     }
-    return;  // the other stream may still touch the memory: never reuse it
+    // The other stream may still touch the memory: never reuse it.
+    quarantined_.emplace_back(allocation.real, allocation.real_bytes);
+    return;
   }
   std::byte* real = allocation.real;
   const size_t real_bytes = allocation.real_bytes;

@@ -31,6 +31,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -131,6 +132,9 @@ class SimDevice : public Device {
   std::vector<uint64_t> host_clock_;             // what the host has seen complete
   std::map<uintptr_t, Allocation> allocations_;  // by fake address
   std::map<uintptr_t, Pinned> pinned_;           // by host address
+  // Memory released while another stream may still use it (a fault): never
+  // reused, returned to the block cache only when the device goes away.
+  std::vector<std::pair<std::byte*, size_t>> quarantined_;
   uintptr_t next_fake_;
   int64_t in_use_ = 0;
   absl::Status fault_;
