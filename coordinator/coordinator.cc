@@ -16,7 +16,9 @@ namespace flatshard {
 Coordinator::Coordinator(CoordinatorOptions options)
     : options_(std::move(options)), members_(/*world_size=*/0) {}
 
-Coordinator::~Coordinator() {
+Coordinator::~Coordinator() { Shutdown("the coordinator is shutting down"); }
+
+void Coordinator::Shutdown(const std::string& reason) {
   {
     std::lock_guard<std::mutex> lock(monitor_mu_);
     stop_ = true;
@@ -28,7 +30,7 @@ Coordinator::~Coordinator() {
     std::lock_guard<std::mutex> lock(mu_);
     job = job_;
   }
-  if (job != nullptr) job->Stop("the coordinator is shutting down");
+  if (job != nullptr) job->Stop(reason);
   if (former_.joinable()) former_.join();
 }
 

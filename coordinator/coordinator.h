@@ -33,7 +33,13 @@ struct CoordinatorOptions {
 class Coordinator {
  public:
   explicit Coordinator(CoordinatorOptions options);
-  ~Coordinator();  // stops the monitor and the job
+  ~Coordinator();  // Shutdown
+
+  // Stops the monitor and the job (cancelling a formation in progress and
+  // aborting the workers' collectives), so that the operations the services
+  // run return promptly. The state stays readable until destruction, which
+  // must come after the gRPC server stopped. Idempotent.
+  void Shutdown(const std::string& reason);
 
   MembershipTable& members() { return members_; }
   KvStore& store() { return store_; }

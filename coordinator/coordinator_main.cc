@@ -11,6 +11,7 @@
 #include <string>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "metrics/build_info.h"
 #include "metrics/metrics_server.h"
@@ -124,8 +125,13 @@ int Run(const Flags& f) {
   sigwait(&signals, &signal);
   spdlog::info("flatshard-coordinator: {} received, shutting down", strsignal(signal));
   metrics_server.reset();  // its scrapes read the coordinator
-  coordinator.reset();     // stops the job and aborts the workers first
+  // Stopping the job first makes the services' long calls (Train, WatchEvents)
+  // return; the server then stops with no handler left inside the coordinator,
+  // and only then is the coordinator's state destroyed.
+  coordinator->Shutdown(absl::StrCat("the coordinator received ", strsignal(signal)));
   (*server)->Shutdown();
+  server->reset();
+  coordinator.reset();
   return 0;
 }
 

@@ -152,6 +152,14 @@ absl::Status TrainingJob::FormLocked(const std::vector<WorkerRecord>& members,
   request.set_store_prefix(absl::StrCat("job/", config_.name, "/epoch/", epoch, "/"));
   // Configure is a collective (the ranks rendezvous), so all in parallel.
   std::vector<absl::Status> statuses(members.size());
+  {
+    // Stop (SIGTERM, delete) cancels these calls rather than wait for the
+    // configure timeout.
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return absl::CancelledError("the job was stopped before it was formed");
+    forming_clients_.clear();
+    for (auto& client : clients) forming_clients_.push_back(client.get());
+  }
   std::vector<std::thread> threads;
   threads.reserve(members.size());
   const absl::Time deadline = absl::Now() + options_.configure_timeout;
@@ -167,6 +175,11 @@ absl::Status TrainingJob::FormLocked(const std::vector<WorkerRecord>& members,
     });
   }
   for (std::thread& t : threads) t.join();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    forming_clients_.clear();
+    if (stopping_) return absl::CancelledError("the job was stopped while it was being formed");
+  }
   for (size_t r = 0; r < members.size(); ++r) {
     if (!statuses[r].ok() && statuses[r].code() != absl::StatusCode::kCancelled) {
       absl::Status failure(
@@ -479,6 +492,7 @@ void TrainingJob::Stop(const std::string& reason) {
     // sequencer had already failed (and so cancelled nothing above).
     std::lock_guard<std::mutex> lock(mu_);
     for (const auto& client : clients_) client->CancelAll();
+    for (WorkerClient* client : forming_clients_) client->CancelAll();
   }
   (void)states_.Transition(v1::STOPPED, reason);
   states_.Close();

@@ -185,6 +185,7 @@ class TrainingJob {
   int64_t data_position_ = 0;  // global batches consumed (micro-steps included)
   std::vector<std::string> worker_ids_;
   std::vector<std::unique_ptr<WorkerClient>> clients_;
+  std::vector<WorkerClient*> forming_clients_;  // FormLocked's, while Configure runs
   std::unique_ptr<CommandSequencer> sequencer_;
   std::set<int> unsharded_;  // units a manual Unshard left unsharded
   bool training_ = false;    // Train holds the operation slot
