@@ -10,6 +10,7 @@ find_package(CLI11 CONFIG REQUIRED)
 find_package(spdlog CONFIG REQUIRED)
 find_package(prometheus-cpp CONFIG REQUIRED)
 find_package(CURL REQUIRED)
+find_package(SQLite3 REQUIRED)  # the coordinator's state (coordinator/state_store.h)
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)
 

@@ -1,0 +1,501 @@
+#include "coordinator/state_store.h"
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <utility>
+
+#include <fcntl.h>
+#include <sqlite3.h>
+#include <sys/file.h>
+#include <unistd.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+#include "core/status_macros.h"
+
+namespace flatshard {
+namespace {
+
+// Migration i (1-based) takes the schema from version i-1 to i. Append only:
+// a released migration never changes.
+constexpr const char* kMigrations[] = {
+    R"sql(
+CREATE TABLE jobs(
+  name TEXT PRIMARY KEY,
+  spec BLOB NOT NULL,
+  state TEXT NOT NULL,
+  failure TEXT NOT NULL,
+  epoch INTEGER NOT NULL,
+  step INTEGER NOT NULL,
+  data_position INTEGER NOT NULL,
+  last_seq INTEGER NOT NULL,
+  restarts INTEGER NOT NULL,
+  world_size INTEGER NOT NULL,
+  last_recovery BLOB,
+  updated_at REAL NOT NULL);
+CREATE TABLE job_members(
+  job TEXT NOT NULL REFERENCES jobs(name) ON DELETE CASCADE,
+  rank INTEGER NOT NULL,
+  worker_id TEXT NOT NULL,
+  PRIMARY KEY(job, rank));
+CREATE TABLE last_batches(
+  job TEXT PRIMARY KEY REFERENCES jobs(name) ON DELETE CASCADE,
+  epoch INTEGER NOT NULL,
+  seq INTEGER NOT NULL,
+  batch BLOB NOT NULL,
+  step_after INTEGER NOT NULL,
+  data_position_after INTEGER NOT NULL);
+CREATE TABLE operations(
+  job TEXT PRIMARY KEY REFERENCES jobs(name) ON DELETE CASCADE,
+  target_step INTEGER NOT NULL,
+  micro_steps INTEGER NOT NULL,
+  started_by TEXT NOT NULL,
+  started_at REAL NOT NULL);
+CREATE TABLE checkpoints(
+  job TEXT NOT NULL REFERENCES jobs(name) ON DELETE CASCADE,
+  name TEXT NOT NULL,
+  step INTEGER NOT NULL,
+  state_dict_type TEXT NOT NULL,
+  world_size INTEGER NOT NULL,
+  bytes INTEGER NOT NULL,
+  latest INTEGER NOT NULL,
+  PRIMARY KEY(job, name));
+CREATE TABLE workers(
+  worker_id TEXT PRIMARY KEY,
+  host TEXT NOT NULL,
+  device TEXT NOT NULL,
+  device_name TEXT NOT NULL,
+  address TEXT NOT NULL,
+  rank INTEGER NOT NULL,
+  metrics_address TEXT NOT NULL);
+)sql",
+};
+constexpr int kNumMigrations = static_cast<int>(std::size(kMigrations));
+static_assert(kNumMigrations == StateStore::kSchemaVersion);
+
+// One prepared statement; finalized on scope exit.
+class Statement {
+ public:
+  Statement(sqlite3* db, const char* sql) : db_(db) {
+    rc_ = sqlite3_prepare_v2(db, sql, -1, &stmt_, nullptr);
+  }
+  ~Statement() { sqlite3_finalize(stmt_); }
+  Statement(const Statement&) = delete;
+  Statement& operator=(const Statement&) = delete;
+
+  Statement& Text(int i, const std::string& v) {
+    Check(sqlite3_bind_text(stmt_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT));
+    return *this;
+  }
+  Statement& Blob(int i, const std::string& v) {
+    Check(sqlite3_bind_blob(stmt_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT));
+    return *this;
+  }
+  Statement& Int(int i, int64_t v) {
+    Check(sqlite3_bind_int64(stmt_, i, v));
+    return *this;
+  }
+  Statement& Real(int i, double v) {
+    Check(sqlite3_bind_double(stmt_, i, v));
+    return *this;
+  }
+  Statement& Null(int i) {
+    Check(sqlite3_bind_null(stmt_, i));
+    return *this;
+  }
+  // True while a row is there; a failure ends the rows and shows in status().
+  bool Next() {
+    if (rc_ != SQLITE_OK && rc_ != SQLITE_ROW) return false;
+    rc_ = sqlite3_step(stmt_);
+    return rc_ == SQLITE_ROW;
+  }
+  absl::Status Run() {
+    Next();
+    return status();
+  }
+  absl::Status status() const {
+    if (rc_ == SQLITE_OK || rc_ == SQLITE_ROW || rc_ == SQLITE_DONE) return absl::OkStatus();
+    return absl::InternalError(absl::StrCat("state store: ", sqlite3_errmsg(db_)));
+  }
+  int64_t ColumnInt(int i) const { return sqlite3_column_int64(stmt_, i); }
+  double ColumnReal(int i) const { return sqlite3_column_double(stmt_, i); }
+  bool ColumnNull(int i) const { return sqlite3_column_type(stmt_, i) == SQLITE_NULL; }
+  std::string ColumnString(int i) const {
+    const void* data = sqlite3_column_blob(stmt_, i);
+    const int size = sqlite3_column_bytes(stmt_, i);
+    return data == nullptr ? std::string() : std::string(static_cast<const char*>(data), static_cast<size_t>(size));
+  }
+
+ private:
+  void Check(int rc) {
+    if (rc_ == SQLITE_OK) rc_ = rc;
+  }
+  sqlite3* db_;
+  sqlite3_stmt* stmt_ = nullptr;
+  int rc_;
+};
+
+absl::Status ParseProto(const std::string& bytes, google::protobuf::Message* out,
+                        const std::string& what) {
+  if (!out->ParseFromString(bytes)) {
+    return absl::DataLossError(absl::StrCat("state store: ", what, " does not parse"));
+  }
+  return absl::OkStatus();
+}
+
+double Seconds(absl::Time t) { return absl::ToDoubleSeconds(t - absl::UnixEpoch()); }
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<StateStore>> StateStore::Open(const std::string& dir) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--state-dir ", dir, ": cannot create it: ", ec.message()));
+  }
+  const std::string lock_path = dir + "/LOCK";
+  const int fd = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--state-dir ", dir, ": cannot open ", lock_path, ": ", strerror(errno)));
+  }
+  // flock is released when the process dies, kill -9 included.
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    ::close(fd);
+    return absl::FailedPreconditionError(
+        absl::StrCat("--state-dir ", dir,
+                     " is in use by another flatshard-coordinator (it holds ", lock_path,
+                     "); stop it or give this one another --state-dir"));
+  }
+  const std::string path = dir + "/coordinator.db";
+  sqlite3* db = nullptr;
+  if (sqlite3_open_v2(path.c_str(), &db,
+                      SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_FULLMUTEX,
+                      nullptr) != SQLITE_OK) {
+    const std::string message = db == nullptr ? "out of memory" : sqlite3_errmsg(db);
+    sqlite3_close(db);
+    ::close(fd);
+    return absl::FailedPreconditionError(
+        absl::StrCat("--state-dir ", dir, ": cannot open ", path, ": ", message));
+  }
+  sqlite3_busy_timeout(db, 5000);
+  std::unique_ptr<StateStore> store(new StateStore(dir, db, fd));
+  {
+    std::lock_guard<std::mutex> lock(store->mu_);
+    RETURN_IF_ERROR(store->ExecLocked(
+        "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON;"));
+  }
+  RETURN_IF_ERROR(store->Migrate());
+  return store;
+}
+
+StateStore::StateStore(std::string dir, sqlite3* db, int lock_fd)
+    : dir_(std::move(dir)), db_(db), lock_fd_(lock_fd) {}
+
+StateStore::~StateStore() {
+  sqlite3_close(db_);
+  ::close(lock_fd_);
+}
+
+absl::Status StateStore::ExecLocked(const std::string& sql) {
+  char* message = nullptr;
+  if (sqlite3_exec(db_, sql.c_str(), nullptr, nullptr, &message) != SQLITE_OK) {
+    absl::Status status = absl::InternalError(
+        absl::StrCat("state store ", dir_, ": ", message == nullptr ? "error" : message));
+    sqlite3_free(message);
+    return status;
+  }
+  return absl::OkStatus();
+}
+
+int StateStore::schema_version() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  Statement s(db_, "PRAGMA user_version");
+  return s.Next() ? static_cast<int>(s.ColumnInt(0)) : -1;
+}
+
+absl::Status StateStore::Migrate() {
+  const int version = schema_version();
+  if (version > kSchemaVersion) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "--state-dir ", dir_, " was written by a newer flatshard (schema version ", version,
+        "; this build reads up to ", kSchemaVersion,
+        "): run the newer flatshard-coordinator, or give this one another --state-dir"));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  for (int v = version; v < kSchemaVersion; ++v) {
+    // One transaction per step: a crash mid-migration leaves the old version.
+    RETURN_IF_ERROR(ExecLocked(absl::StrCat("BEGIN IMMEDIATE; ", kMigrations[v],
+                                            "PRAGMA user_version = ", v + 1, "; COMMIT;")));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status StateStore::PutJob(const JobRecord& job) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const std::string& name = job.spec.name();
+  RETURN_IF_ERROR(ExecLocked("PRAGMA synchronous=FULL; BEGIN IMMEDIATE"));
+  absl::Status status = [&]() -> absl::Status {
+    Statement put(db_,
+                  "INSERT INTO jobs(name, spec, state, failure, epoch, step, data_position, "
+                  "last_seq, restarts, world_size, last_recovery, updated_at) VALUES "
+                  "(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12) ON CONFLICT(name) DO UPDATE SET "
+                  "spec=?2, state=?3, failure=?4, epoch=?5, step=?6, data_position=?7, "
+                  "last_seq=?8, restarts=?9, world_size=?10, last_recovery=?11, updated_at=?12");
+    put.Text(1, name)
+        .Blob(2, job.spec.SerializeAsString())
+        .Text(3, v1::JobState_Name(job.state))
+        .Text(4, job.failure)
+        .Int(5, static_cast<int64_t>(job.epoch))
+        .Int(6, job.step)
+        .Int(7, job.data_position)
+        .Int(8, static_cast<int64_t>(job.last_seq))
+        .Int(9, job.restarts)
+        .Int(10, job.world_size)
+        .Real(12, Seconds(absl::Now()));
+    if (job.last_recovery.has_value()) {
+      put.Blob(11, job.last_recovery->SerializeAsString());
+    } else {
+      put.Null(11);
+    }
+    RETURN_IF_ERROR(put.Run());
+    RETURN_IF_ERROR(Statement(db_, "DELETE FROM job_members WHERE job=?1").Text(1, name).Run());
+    for (size_t r = 0; r < job.worker_ids.size(); ++r) {
+      RETURN_IF_ERROR(
+          Statement(db_, "INSERT INTO job_members(job, rank, worker_id) VALUES (?1,?2,?3)")
+              .Text(1, name)
+              .Int(2, static_cast<int64_t>(r))
+              .Text(3, job.worker_ids[r])
+              .Run());
+    }
+    return absl::OkStatus();
+  }();
+  RETURN_IF_ERROR(ExecLocked(status.ok() ? "COMMIT" : "ROLLBACK"));
+  return status;
+}
+
+absl::Status StateStore::PutProgress(const std::string& job, int64_t step, int64_t data_position,
+                                     uint64_t last_seq) {
+  std::lock_guard<std::mutex> lock(mu_);
+  RETURN_IF_ERROR(ExecLocked("PRAGMA synchronous=NORMAL"));
+  absl::Status status =
+      Statement(db_,
+                "UPDATE jobs SET step=?2, data_position=?3, last_seq=?4, updated_at=?5 "
+                "WHERE name=?1")
+          .Text(1, job)
+          .Int(2, step)
+          .Int(3, data_position)
+          .Int(4, static_cast<int64_t>(last_seq))
+          .Real(5, Seconds(absl::Now()))
+          .Run();
+  RETURN_IF_ERROR(ExecLocked("PRAGMA synchronous=FULL"));
+  return status;
+}
+
+absl::Status StateStore::DeleteJob(const std::string& job) {
+  std::lock_guard<std::mutex> lock(mu_);
+  RETURN_IF_ERROR(ExecLocked("PRAGMA synchronous=FULL"));
+  return Statement(db_, "DELETE FROM jobs WHERE name=?1").Text(1, job).Run();
+}
+
+absl::StatusOr<std::vector<JobRecord>> StateStore::LoadJobs() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<JobRecord> jobs;
+  Statement s(db_,
+              "SELECT name, spec, state, failure, epoch, step, data_position, last_seq, "
+              "restarts, world_size, last_recovery FROM jobs ORDER BY name");
+  while (s.Next()) {
+    JobRecord job;
+    const std::string name = s.ColumnString(0);
+    RETURN_IF_ERROR(ParseProto(s.ColumnString(1), &job.spec, absl::StrCat("job ", name, " spec")));
+    if (!v1::JobState_Parse(s.ColumnString(2), &job.state)) {
+      return absl::DataLossError(
+          absl::StrCat("state store: job ", name, " has unknown state '", s.ColumnString(2), "'"));
+    }
+    job.failure = s.ColumnString(3);
+    job.epoch = static_cast<uint64_t>(s.ColumnInt(4));
+    job.step = s.ColumnInt(5);
+    job.data_position = s.ColumnInt(6);
+    job.last_seq = static_cast<uint64_t>(s.ColumnInt(7));
+    job.restarts = static_cast<int>(s.ColumnInt(8));
+    job.world_size = static_cast<int>(s.ColumnInt(9));
+    if (!s.ColumnNull(10)) {
+      v1::Recovery recovery;
+      RETURN_IF_ERROR(
+          ParseProto(s.ColumnString(10), &recovery, absl::StrCat("job ", name, " last recovery")));
+      job.last_recovery = recovery;
+    }
+    jobs.push_back(std::move(job));
+  }
+  RETURN_IF_ERROR(s.status());
+  for (JobRecord& job : jobs) {
+    Statement m(db_, "SELECT worker_id FROM job_members WHERE job=?1 ORDER BY rank");
+    m.Text(1, job.spec.name());
+    while (m.Next()) job.worker_ids.push_back(m.ColumnString(0));
+    RETURN_IF_ERROR(m.status());
+  }
+  return jobs;
+}
+
+absl::Status StateStore::PutLastBatch(const std::string& job, const BatchRecord& batch) {
+  std::lock_guard<std::mutex> lock(mu_);
+  RETURN_IF_ERROR(ExecLocked("PRAGMA synchronous=NORMAL"));
+  absl::Status status =
+      Statement(db_,
+                "INSERT OR REPLACE INTO last_batches(job, epoch, seq, batch, step_after, "
+                "data_position_after) VALUES (?1,?2,?3,?4,?5,?6)")
+          .Text(1, job)
+          .Int(2, static_cast<int64_t>(batch.batch.job_epoch()))
+          .Int(3, static_cast<int64_t>(batch.batch.seq()))
+          .Blob(4, batch.batch.SerializeAsString())
+          .Int(5, batch.step_after)
+          .Int(6, batch.data_position_after)
+          .Run();
+  RETURN_IF_ERROR(ExecLocked("PRAGMA synchronous=FULL"));
+  return status;
+}
+
+absl::StatusOr<std::optional<BatchRecord>> StateStore::LoadLastBatch(const std::string& job) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  Statement s(db_,
+              "SELECT batch, step_after, data_position_after FROM last_batches WHERE job=?1");
+  s.Text(1, job);
+  if (!s.Next()) {
+    RETURN_IF_ERROR(s.status());
+    return std::nullopt;
+  }
+  BatchRecord record;
+  RETURN_IF_ERROR(
+      ParseProto(s.ColumnString(0), &record.batch, absl::StrCat("job ", job, " last batch")));
+  record.step_after = s.ColumnInt(1);
+  record.data_position_after = s.ColumnInt(2);
+  return record;
+}
+
+absl::Status StateStore::PutOperation(const std::string& job,
+                                      const std::optional<TrainOperation>& op) {
+  std::lock_guard<std::mutex> lock(mu_);
+  RETURN_IF_ERROR(ExecLocked("PRAGMA synchronous=FULL"));
+  if (!op.has_value()) {
+    return Statement(db_, "DELETE FROM operations WHERE job=?1").Text(1, job).Run();
+  }
+  return Statement(db_,
+                   "INSERT OR REPLACE INTO operations(job, target_step, micro_steps, started_by, "
+                   "started_at) VALUES (?1,?2,?3,?4,?5)")
+      .Text(1, job)
+      .Int(2, op->target_step)
+      .Int(3, op->micro_steps)
+      .Text(4, op->started_by)
+      .Real(5, Seconds(op->started_at))
+      .Run();
+}
+
+absl::StatusOr<std::optional<TrainOperation>> StateStore::LoadOperation(
+    const std::string& job) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  Statement s(db_,
+              "SELECT target_step, micro_steps, started_by, started_at FROM operations "
+              "WHERE job=?1");
+  s.Text(1, job);
+  if (!s.Next()) {
+    RETURN_IF_ERROR(s.status());
+    return std::nullopt;
+  }
+  TrainOperation op;
+  op.target_step = s.ColumnInt(0);
+  op.micro_steps = static_cast<int>(s.ColumnInt(1));
+  op.started_by = s.ColumnString(2);
+  op.started_at = absl::UnixEpoch() + absl::Seconds(s.ColumnReal(3));
+  return op;
+}
+
+absl::Status StateStore::PutWorker(const WorkerRecord& worker) {
+  std::lock_guard<std::mutex> lock(mu_);
+  RETURN_IF_ERROR(ExecLocked("PRAGMA synchronous=FULL"));
+  return Statement(db_,
+                   "INSERT OR REPLACE INTO workers(worker_id, host, device, device_name, address, "
+                   "rank, metrics_address) VALUES (?1,?2,?3,?4,?5,?6,?7)")
+      .Text(1, worker.worker_id)
+      .Text(2, worker.host)
+      .Text(3, worker.device)
+      .Text(4, worker.device_name)
+      .Text(5, worker.address)
+      .Int(6, worker.rank)
+      .Text(7, worker.metrics_address)
+      .Run();
+}
+
+absl::StatusOr<std::vector<WorkerRecord>> StateStore::LoadWorkers() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<WorkerRecord> workers;
+  Statement s(db_,
+              "SELECT worker_id, host, device, device_name, address, rank, metrics_address "
+              "FROM workers ORDER BY rank");
+  while (s.Next()) {
+    WorkerRecord w;
+    w.worker_id = s.ColumnString(0);
+    w.host = s.ColumnString(1);
+    w.device = s.ColumnString(2);
+    w.device_name = s.ColumnString(3);
+    w.address = s.ColumnString(4);
+    w.rank = static_cast<int>(s.ColumnInt(5));
+    w.metrics_address = s.ColumnString(6);
+    workers.push_back(std::move(w));
+  }
+  RETURN_IF_ERROR(s.status());
+  return workers;
+}
+
+absl::Status StateStore::PutCheckpoints(const std::string& job,
+                                        const std::vector<v1::CheckpointInfo>& checkpoints) {
+  std::lock_guard<std::mutex> lock(mu_);
+  RETURN_IF_ERROR(ExecLocked("PRAGMA synchronous=FULL; BEGIN IMMEDIATE"));
+  absl::Status status = [&]() -> absl::Status {
+    RETURN_IF_ERROR(Statement(db_, "DELETE FROM checkpoints WHERE job=?1").Text(1, job).Run());
+    for (const v1::CheckpointInfo& c : checkpoints) {
+      RETURN_IF_ERROR(Statement(db_,
+                                "INSERT INTO checkpoints(job, name, step, state_dict_type, "
+                                "world_size, bytes, latest) VALUES (?1,?2,?3,?4,?5,?6,?7)")
+                          .Text(1, job)
+                          .Text(2, c.name())
+                          .Int(3, c.step())
+                          .Text(4, v1::StateDictType_Name(c.state_dict_type()))
+                          .Int(5, c.world_size())
+                          .Int(6, c.bytes())
+                          .Int(7, c.latest() ? 1 : 0)
+                          .Run());
+    }
+    return absl::OkStatus();
+  }();
+  RETURN_IF_ERROR(ExecLocked(status.ok() ? "COMMIT" : "ROLLBACK"));
+  return status;
+}
+
+absl::StatusOr<std::vector<v1::CheckpointInfo>> StateStore::LoadCheckpoints(
+    const std::string& job) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<v1::CheckpointInfo> out;
+  Statement s(db_,
+              "SELECT name, step, state_dict_type, world_size, bytes, latest FROM checkpoints "
+              "WHERE job=?1 ORDER BY step, name");
+  s.Text(1, job);
+  while (s.Next()) {
+    v1::CheckpointInfo c;
+    c.set_name(s.ColumnString(0));
+    c.set_step(s.ColumnInt(1));
+    v1::StateDictType type = v1::STATE_DICT_TYPE_UNSPECIFIED;
+    (void)v1::StateDictType_Parse(s.ColumnString(2), &type);
+    c.set_state_dict_type(type);
+    c.set_world_size(static_cast<int>(s.ColumnInt(3)));
+    c.set_bytes(s.ColumnInt(4));
+    c.set_latest(s.ColumnInt(5) != 0);
+    out.push_back(std::move(c));
+  }
+  RETURN_IF_ERROR(s.status());
+  return out;
+}
+
+}  // namespace flatshard

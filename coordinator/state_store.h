@@ -1,0 +1,126 @@
+// The coordinator's durable state (docs/fault-tolerance.md §"Coordinator
+// restart"): one SQLite database in WAL mode under --state-dir. It holds what
+// a restarted coordinator needs to find its job again: the job (spec, state,
+// epoch, step, data position, restarts, members by rank), the registered
+// workers, the committed checkpoints (the manifests on disk stay the source of
+// truth for their contents), the last command batch sent to each job's ranks
+// (written before it is sent, so a restart can tell whether it ran), and the
+// training operation in progress.
+//
+// State transitions are committed with synchronous=FULL (fsynced before the
+// call returns); per-step progress with synchronous=NORMAL, which survives the
+// process being killed at any moment (the WAL is in the page cache) but may
+// lose the last steps on power loss: a restart then finds the workers ahead of
+// the database and rolls back to the last checkpoint, never forward.
+//
+// A directory lock keeps a second coordinator off the same state dir. The
+// schema has a version (PRAGMA user_version) and forward migrations; a state
+// dir written by a newer flatshard is refused. Thread-safe.
+#ifndef FLATSHARD_COORDINATOR_STATE_STORE_H_
+#define FLATSHARD_COORDINATOR_STATE_STORE_H_
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+#include "coordinator/membership.h"
+#include "flatshard/v1/job.pb.h"
+#include "flatshard/v1/worker.pb.h"
+
+struct sqlite3;
+
+namespace flatshard {
+
+// A job as the coordinator last saw it.
+struct JobRecord {
+  v1::JobSpec spec;
+  v1::JobState state = v1::PENDING;
+  std::string failure;
+  uint64_t epoch = 0;
+  int64_t step = 0;
+  int64_t data_position = 0;
+  uint64_t last_seq = 0;  // of `epoch`
+  int restarts = 0;
+  int world_size = 0;                   // of `epoch`
+  std::vector<std::string> worker_ids;  // of `epoch`, by rank
+  std::optional<v1::Recovery> last_recovery;
+};
+
+// The last batch the sequencer sent, with what the job's progress is once it
+// has run on every rank.
+struct BatchRecord {
+  v1::CommandBatch batch;  // stamped: epoch, seq, digest
+  int64_t step_after = 0;
+  int64_t data_position_after = 0;
+};
+
+// A training operation the coordinator runs on its own (it outlives clients).
+struct TrainOperation {
+  int64_t target_step = 0;
+  int micro_steps = 0;
+  std::string started_by;
+  absl::Time started_at;
+};
+
+class StateStore {
+ public:
+  static constexpr int kSchemaVersion = 1;
+
+  // Creates `dir` if needed and opens (or creates) its database.
+  // FAILED_PRECONDITION when another process holds the directory, or when its
+  // schema is newer than this build reads; the message names the directory.
+  static absl::StatusOr<std::unique_ptr<StateStore>> Open(const std::string& dir);
+  ~StateStore();
+  StateStore(const StateStore&) = delete;
+  StateStore& operator=(const StateStore&) = delete;
+
+  const std::string& dir() const { return dir_; }
+  int schema_version() const;
+
+  // Jobs. PutJob replaces the row (durably: a state transition).
+  absl::Status PutJob(const JobRecord& job);
+  // Progress only (step, data position, last seq): not fsynced.
+  absl::Status PutProgress(const std::string& job, int64_t step, int64_t data_position,
+                           uint64_t last_seq);
+  absl::Status DeleteJob(const std::string& job);  // and everything it owns
+  absl::StatusOr<std::vector<JobRecord>> LoadJobs() const;
+
+  // The last batch sent to the job's ranks.
+  absl::Status PutLastBatch(const std::string& job, const BatchRecord& batch);
+  absl::StatusOr<std::optional<BatchRecord>> LoadLastBatch(const std::string& job) const;
+
+  // The training operation in progress (none after it ended).
+  absl::Status PutOperation(const std::string& job, const std::optional<TrainOperation>& op);
+  absl::StatusOr<std::optional<TrainOperation>> LoadOperation(const std::string& job) const;
+
+  // Registered workers.
+  absl::Status PutWorker(const WorkerRecord& worker);
+  absl::StatusOr<std::vector<WorkerRecord>> LoadWorkers() const;
+
+  // The job's committed checkpoints, as the catalog lists them after a commit,
+  // delete or retirement.
+  absl::Status PutCheckpoints(const std::string& job,
+                              const std::vector<v1::CheckpointInfo>& checkpoints);
+  absl::StatusOr<std::vector<v1::CheckpointInfo>> LoadCheckpoints(const std::string& job) const;
+
+ private:
+  StateStore(std::string dir, sqlite3* db, int lock_fd);
+  absl::Status Migrate();
+  // Runs `sql` (no results) on the connection; the caller holds mu_.
+  absl::Status ExecLocked(const std::string& sql);
+
+  const std::string dir_;
+  mutable std::mutex mu_;
+  sqlite3* db_;
+  int lock_fd_;
+};
+
+}  // namespace flatshard
+
+#endif  // FLATSHARD_COORDINATOR_STATE_STORE_H_

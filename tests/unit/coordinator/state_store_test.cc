@@ -1,0 +1,165 @@
+// StateStore on a real SQLite file: what is put comes back after the store is
+// closed and opened again, a second opener is kept off the directory, and a
+// database from a newer schema is refused rather than misread.
+#include "coordinator/state_store.h"
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sqlite3.h>
+
+namespace flatshard {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+std::string FreshDir(const std::string& tag) {
+  const fs::path dir = fs::path(::testing::TempDir()) / ("state-store-" + tag);
+  fs::remove_all(dir);
+  return dir.string();
+}
+
+JobRecord SomeJob() {
+  JobRecord job;
+  job.spec.set_name("gpt");
+  job.spec.set_world_size(4);
+  job.state = v1::TRAINING;
+  job.epoch = 3;
+  job.step = 41;
+  job.data_position = 82;
+  job.last_seq = 97;
+  job.restarts = 2;
+  job.world_size = 3;
+  job.worker_ids = {"w-b", "w-a", "w-c"};
+  v1::Recovery recovery;
+  recovery.set_cause("rank 1 died");
+  recovery.set_steps_lost(5);
+  job.last_recovery = recovery;
+  return job;
+}
+
+TEST(StateStoreTest, WhatIsPutSurvivesReopening) {
+  const std::string dir = FreshDir("reopen");
+  {
+    auto store = StateStore::Open(dir);
+    ASSERT_TRUE(store.ok()) << store.status();
+    EXPECT_EQ((*store)->schema_version(), StateStore::kSchemaVersion);
+    ASSERT_TRUE((*store)->PutJob(SomeJob()).ok());
+    ASSERT_TRUE((*store)->PutProgress("gpt", 42, 84, 99).ok());
+    BatchRecord batch;
+    batch.batch.set_job_epoch(3);
+    batch.batch.set_seq(100);
+    batch.batch.mutable_step()->set_step(84);
+    batch.step_after = 43;
+    batch.data_position_after = 85;
+    ASSERT_TRUE((*store)->PutLastBatch("gpt", batch).ok());
+    TrainOperation op;
+    op.target_step = 100;
+    op.micro_steps = 1;
+    op.started_by = "alice";
+    op.started_at = absl::FromUnixSeconds(1700000000);
+    ASSERT_TRUE((*store)->PutOperation("gpt", op).ok());
+    WorkerRecord worker;
+    worker.worker_id = "w-a";
+    worker.host = "h1";
+    worker.device = "cpu";
+    worker.address = "10.0.0.1:5000";
+    worker.rank = 1;
+    ASSERT_TRUE((*store)->PutWorker(worker).ok());
+    v1::CheckpointInfo c;
+    c.set_name("step-00000040");
+    c.set_step(40);
+    c.set_state_dict_type(v1::SHARDED_STATE_DICT);
+    c.set_world_size(3);
+    c.set_latest(true);
+    ASSERT_TRUE((*store)->PutCheckpoints("gpt", {c}).ok());
+  }
+  auto store = StateStore::Open(dir);
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto jobs = (*store)->LoadJobs();
+  ASSERT_TRUE(jobs.ok()) << jobs.status();
+  ASSERT_EQ(jobs->size(), 1u);
+  const JobRecord& job = (*jobs)[0];
+  EXPECT_EQ(job.spec.name(), "gpt");
+  EXPECT_EQ(job.spec.world_size(), 4);
+  EXPECT_EQ(job.state, v1::TRAINING);
+  EXPECT_EQ(job.epoch, 3u);
+  EXPECT_EQ(job.step, 42);  // the progress update
+  EXPECT_EQ(job.data_position, 84);
+  EXPECT_EQ(job.last_seq, 99u);
+  EXPECT_EQ(job.restarts, 2);
+  EXPECT_EQ(job.world_size, 3);
+  EXPECT_THAT(job.worker_ids, ElementsAre("w-b", "w-a", "w-c"));
+  ASSERT_TRUE(job.last_recovery.has_value());
+  EXPECT_EQ(job.last_recovery->steps_lost(), 5);
+  auto batch = (*store)->LoadLastBatch("gpt");
+  ASSERT_TRUE(batch.ok() && batch->has_value());
+  EXPECT_EQ((*batch)->batch.seq(), 100u);
+  EXPECT_EQ((*batch)->batch.step().step(), 84);
+  EXPECT_EQ((*batch)->step_after, 43);
+  auto op = (*store)->LoadOperation("gpt");
+  ASSERT_TRUE(op.ok() && op->has_value());
+  EXPECT_EQ((*op)->target_step, 100);
+  EXPECT_EQ((*op)->started_by, "alice");
+  EXPECT_EQ((*op)->started_at, absl::FromUnixSeconds(1700000000));
+  auto workers = (*store)->LoadWorkers();
+  ASSERT_TRUE(workers.ok());
+  ASSERT_EQ(workers->size(), 1u);
+  EXPECT_EQ((*workers)[0].address, "10.0.0.1:5000");
+  EXPECT_EQ((*workers)[0].rank, 1);
+  auto checkpoints = (*store)->LoadCheckpoints("gpt");
+  ASSERT_TRUE(checkpoints.ok());
+  ASSERT_EQ(checkpoints->size(), 1u);
+  EXPECT_EQ((*checkpoints)[0].state_dict_type(), v1::SHARDED_STATE_DICT);
+  EXPECT_TRUE((*checkpoints)[0].latest());
+
+  // The operation ends; the job is deleted with everything it owns.
+  ASSERT_TRUE((*store)->PutOperation("gpt", std::nullopt).ok());
+  EXPECT_FALSE((*store)->LoadOperation("gpt")->has_value());
+  ASSERT_TRUE((*store)->DeleteJob("gpt").ok());
+  EXPECT_TRUE((*store)->LoadJobs()->empty());
+  EXPECT_FALSE((*store)->LoadLastBatch("gpt")->has_value());
+  EXPECT_TRUE((*store)->LoadCheckpoints("gpt")->empty());
+}
+
+TEST(StateStoreTest, ASecondCoordinatorIsKeptOff) {
+  const std::string dir = FreshDir("lock");
+  auto first = StateStore::Open(dir);
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto second = StateStore::Open(dir);
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(second.status().message(), HasSubstr("in use by another flatshard-coordinator"));
+  first->reset();
+  EXPECT_TRUE(StateStore::Open(dir).ok());  // released with the first
+}
+
+TEST(StateStoreTest, ANewerSchemaIsRefused) {
+  const std::string dir = FreshDir("newer");
+  ASSERT_TRUE(StateStore::Open(dir).ok());
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open((dir + "/coordinator.db").c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db, "PRAGMA user_version = 99", nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3_close(db);
+  auto store = StateStore::Open(dir);
+  ASSERT_FALSE(store.ok());
+  EXPECT_EQ(store.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(store.status().message(), HasSubstr("newer flatshard (schema version 99"));
+  EXPECT_THAT(store.status().message(), HasSubstr(dir));
+}
+
+TEST(StateStoreTest, AnUnusableDirectoryIsNamed) {
+  const std::string file = FreshDir("file");
+  { std::ofstream(file) << "not a directory"; }
+  auto store = StateStore::Open(file + "/sub");
+  ASSERT_FALSE(store.ok());
+  EXPECT_THAT(store.status().message(), HasSubstr("--state-dir " + file + "/sub"));
+}
+
+}  // namespace
+}  // namespace flatshard
