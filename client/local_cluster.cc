@@ -1,5 +1,7 @@
 #include "client/local_cluster.h"
 
+#include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 
@@ -39,27 +41,19 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
   const std::string bin = options.bin_dir.empty() ? SelfDirectory() : options.bin_dir;
   const std::string metrics_listen = options.metrics ? "127.0.0.1:0" : "";
   std::unique_ptr<LocalCluster> cluster(new LocalCluster());
-  ASSIGN_OR_RETURN(
-      cluster->coordinator_,
-      ChildProcess::Spawn({bin + "/flatshard-coordinator", "--listen", options.listen,
-                           "--heartbeat-interval", Number(options.heartbeat_interval_s),
-                           "--heartbeat-timeout", Number(options.heartbeat_timeout_s),
-                           "--checkpoint-root", options.checkpoint_dir, "--metrics-listen",
-                           metrics_listen}));
-  ASSIGN_OR_RETURN(std::string banner, cluster->coordinator_->ReadLine(options.start_timeout));
-  if (!absl::StartsWith(banner, kCoordinatorBanner)) {
-    return absl::InternalError(
-        absl::StrCat("flatshard-coordinator said '", banner, "' instead of its address"));
-  }
-  cluster->address_ = banner.substr(kCoordinatorBanner.size());
-  if (options.metrics) {
-    ASSIGN_OR_RETURN(std::string line, cluster->coordinator_->ReadLine(options.start_timeout));
-    if (!absl::StartsWith(line, kCoordinatorMetrics)) {
-      return absl::InternalError(
-          absl::StrCat("flatshard-coordinator said '", line, "' instead of its metrics address"));
+  cluster->options_ = options;
+  cluster->bin_ = bin;
+  cluster->state_dir_ = options.state_dir;
+  if (options.state_dir.empty()) {
+    std::string pattern = (std::filesystem::temp_directory_path() / "flatshard-state-XXXXXX");
+    if (mkdtemp(pattern.data()) == nullptr) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot create a temporary state dir: ", strerror(errno)));
     }
-    cluster->coordinator_metrics_ = line.substr(kCoordinatorMetrics.size());
+    cluster->state_dir_ = pattern;
+    cluster->own_state_dir_ = true;
   }
+  RETURN_IF_ERROR(cluster->StartCoordinator(options.listen));
   std::error_code ec;
   std::filesystem::create_directories(options.checkpoint_dir, ec);
   for (int i = 0; i < options.workers; ++i) {
@@ -76,6 +70,8 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
                                      options.checkpoint_dir,
                                      "--collective-timeout",
                                      Number(options.collective_timeout_s),
+                                     "--coordinator-timeout",
+                                     Number(options.coordinator_timeout_s),
                                      "--metrics-listen",
                                      metrics_listen,
                                      "--device",
@@ -108,6 +104,39 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
   return cluster;
 }
 
+absl::Status LocalCluster::StartCoordinator(const std::string& listen) {
+  const LocalClusterOptions& options = options_;
+  const std::string& state_dir = state_dir_;
+  ASSIGN_OR_RETURN(
+      coordinator_,
+      ChildProcess::Spawn({bin_ + "/flatshard-coordinator", "--listen", listen,
+                           "--heartbeat-interval", Number(options.heartbeat_interval_s),
+                           "--heartbeat-timeout", Number(options.heartbeat_timeout_s),
+                           "--checkpoint-root", options.checkpoint_dir, "--state-dir", state_dir,
+                           "--metrics-listen", options.metrics ? "127.0.0.1:0" : ""}));
+  ASSIGN_OR_RETURN(std::string banner, coordinator_->ReadLine(options.start_timeout));
+  if (!absl::StartsWith(banner, kCoordinatorBanner)) {
+    return absl::InternalError(
+        absl::StrCat("flatshard-coordinator said '", banner, "' instead of its address"));
+  }
+  address_ = banner.substr(kCoordinatorBanner.size());
+  if (options.metrics) {
+    ASSIGN_OR_RETURN(std::string line, coordinator_->ReadLine(options.start_timeout));
+    if (!absl::StartsWith(line, kCoordinatorMetrics)) {
+      return absl::InternalError(
+          absl::StrCat("flatshard-coordinator said '", line, "' instead of its metrics address"));
+    }
+    coordinator_metrics_ = line.substr(kCoordinatorMetrics.size());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status LocalCluster::KillAndRestartCoordinator() {
+  coordinator_->Signal(SIGKILL);
+  (void)coordinator_->Terminate(absl::Seconds(10));  // reaps it
+  return StartCoordinator(address_);
+}
+
 bool LocalCluster::Stop() {
   bool clean = true;
   // Workers first: the coordinator would otherwise see them miss heartbeats.
@@ -123,6 +152,12 @@ bool LocalCluster::Stop() {
   return clean;
 }
 
-LocalCluster::~LocalCluster() { Stop(); }
+LocalCluster::~LocalCluster() {
+  Stop();
+  if (own_state_dir_) {
+    std::error_code ec;
+    std::filesystem::remove_all(state_dir_, ec);
+  }
+}
 
 }  // namespace flatshard

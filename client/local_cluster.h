@@ -23,8 +23,12 @@ struct LocalClusterOptions {
   double heartbeat_interval_s = 1.0;
   double heartbeat_timeout_s = 5.0;
   double collective_timeout_s = 60.0;
+  double coordinator_timeout_s = 10.0;  // every worker's --coordinator-timeout
   std::string data_dir = ".";
   std::string checkpoint_dir = "checkpoints";
+  // The coordinator's --state-dir; empty: a fresh temporary directory,
+  // removed with the cluster (nothing carries over to the next cluster).
+  std::string state_dir;
   bool metrics = true;         // every daemon serves /metrics on a free loopback port
   std::string device = "cpu";  // every worker's --device: cpu, cuda or sim
   std::string comm = "auto";   // every worker's --comm
@@ -52,13 +56,22 @@ class LocalCluster {
 
   // Stops the workers, then the coordinator; true when all exited cleanly.
   bool Stop();
+  // Kills the coordinator with SIGKILL (it gets no chance to clean up) and
+  // starts it again on the same address and state dir; returns once it
+  // listens. The workers are left running.
+  absl::Status KillAndRestartCoordinator();
 
   // The directory holding this executable (for bin_dir).
   static std::string SelfDirectory();
 
  private:
   LocalCluster() = default;
+  absl::Status StartCoordinator(const std::string& listen);
 
+  LocalClusterOptions options_;
+  std::string bin_;
+  std::string state_dir_;
+  bool own_state_dir_ = false;  // a temporary one: removed with the cluster
   std::string address_;
   std::unique_ptr<ChildProcess> coordinator_;
   std::vector<std::unique_ptr<ChildProcess>> workers_;

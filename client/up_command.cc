@@ -52,6 +52,9 @@ CLI::App* AddUpCommand(CLI::App& app, UpCommandOptions& o) {
       ->capture_default_str();
   up->add_option("--checkpoint-dir", o.cluster.checkpoint_dir, "Workers' checkpoint directory")
       ->capture_default_str();
+  up->add_option("--state-dir", o.cluster.state_dir,
+                 "The coordinator's durable state (default: <checkpoint-dir>/.coordinator-state); "
+                 "an `up` on the same state dir continues the job it holds");
   up->add_flag("--prometheus", o.prometheus,
                "Also run Prometheus (the Debian package) scraping every daemon, with "
                "flatshard's alert rules; prints its URL");
@@ -89,8 +92,12 @@ int RunUpCommand(const UpCommandOptions& o, std::ostream& out, std::ostream& err
       return ReportError("up --prometheus", ok, err);
     }
   }
+  LocalClusterOptions cluster_options = o.cluster;
+  if (cluster_options.state_dir.empty()) {
+    cluster_options.state_dir = o.cluster.checkpoint_dir + "/.coordinator-state";
+  }
   out << "starting a coordinator and " << o.cluster.workers << " workers..." << std::endl;
-  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(o.cluster);
+  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(cluster_options);
   if (!cluster.ok()) return ReportError("up", cluster.status(), err);
   out << "coordinator: " << (*cluster)->address() << "\n";
   out << "coordinator metrics: " << (*cluster)->coordinator_metrics() << "\n";
@@ -111,6 +118,14 @@ int RunUpCommand(const UpCommandOptions& o, std::ostream& out, std::ostream& err
     if (!spec.ok()) return ReportError("up", spec.status(), err);
     FlatshardClient client((*cluster)->address());
     absl::StatusOr<v1::Job> job = client.CreateJob(*spec);
+    if (job.status().code() == absl::StatusCode::kAlreadyExists) {
+      // The state dir brought it back: continue it rather than refuse.
+      job = client.GetJob(spec->name());
+      if (job.ok()) {
+        out << "job '" << spec->name() << "' is in the state dir (step " << job->step()
+            << "): continuing it; delete it to start over\n";
+      }
+    }
     if (!job.ok()) return ReportError("up", job.status(), err);
     absl::StatusOr<v1::JobState> state =
         client.WaitForState(spec->name(), {v1::READY}, absl::Seconds(120));

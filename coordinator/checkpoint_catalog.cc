@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <tuple>
+#include <utility>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -124,6 +125,7 @@ absl::StatusOr<v1::CheckpointInfo> CheckpointCatalog::Commit(const CheckpointMan
                   job_, manifest.name, std::string(moved.message()));
   }
   if (keep_last > 0 && manifest.scheduled) Retire(keep_last);
+  NotifyChanged();
   v1::CheckpointInfo info;
   info.set_name(manifest.name);
   info.set_step(manifest.step);
@@ -237,7 +239,21 @@ absl::Status CheckpointCatalog::Delete(const std::string& name) {
       RETURN_IF_ERROR(WriteLatest(rest.back().name()));
     }
   }
+  NotifyChanged();
   return absl::OkStatus();
+}
+
+void CheckpointCatalog::set_on_change(
+    std::function<void(const std::vector<v1::CheckpointInfo>&)> observer) {
+  std::lock_guard<std::recursive_mutex> lock(mu_);
+  on_change_ = std::move(observer);
+}
+
+void CheckpointCatalog::NotifyChanged() {
+  std::lock_guard<std::recursive_mutex> lock(mu_);
+  if (!on_change_) return;
+  absl::StatusOr<std::vector<v1::CheckpointInfo>> all = List();
+  if (all.ok()) on_change_(*all);
 }
 
 }  // namespace flatshard

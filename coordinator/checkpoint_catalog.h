@@ -9,6 +9,7 @@
 #ifndef FLATSHARD_COORDINATOR_CHECKPOINT_CATALOG_H_
 #define FLATSHARD_COORDINATOR_CHECKPOINT_CATALOG_H_
 
+#include <functional>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -48,6 +49,9 @@ class CheckpointCatalog {
   // Committed checkpoints, oldest first (by creation time, then name).
   absl::StatusOr<std::vector<v1::CheckpointInfo>> List() const;
   absl::Status Delete(const std::string& name);
+  // Called with the committed checkpoints after every commit, retirement and
+  // delete, under the catalog's lock (the state store records them).
+  void set_on_change(std::function<void(const std::vector<v1::CheckpointInfo>&)> observer);
 
  private:
   std::string Path(const std::string& name) const { return job_dir_ + "/" + name; }
@@ -55,12 +59,14 @@ class CheckpointCatalog {
   absl::Status WriteLatest(const std::string& name);
   // Deletes the oldest scheduled checkpoints beyond `keep_last`; best effort.
   void Retire(int keep_last);
+  void NotifyChanged();
 
   std::string job_;
   std::string job_dir_;
   // Commits run on the background committer while clients list, read and
   // delete: one directory operation at a time (Commit reads through List).
   mutable std::recursive_mutex mu_;
+  std::function<void(const std::vector<v1::CheckpointInfo>&)> on_change_;
 };
 
 }  // namespace flatshard

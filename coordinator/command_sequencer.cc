@@ -46,7 +46,20 @@ absl::Status CommandSequencer::Begin(v1::CommandBatch& batch) {
   batch.set_job_epoch(epoch_);
   batch.set_seq(last_seq_ + 1);
   batch.set_digest(std::move(digest));
+  const BatchJournal journal = journal_;
+  lock.unlock();
+  if (journal) journal(batch);
   return absl::OkStatus();
+}
+
+void CommandSequencer::ResumeAfter(uint64_t last_seq) {
+  std::lock_guard<std::mutex> lock(mu_);
+  last_seq_ = last_seq;
+}
+
+void CommandSequencer::set_journal(BatchJournal journal) {
+  std::lock_guard<std::mutex> lock(mu_);
+  journal_ = std::move(journal);
 }
 
 void CommandSequencer::Fail(int rank, const absl::Status& reason) {

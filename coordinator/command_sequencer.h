@@ -45,6 +45,14 @@ class CommandSequencer {
   // blame, the job was stopped). Thread-safe.
   void Fail(int rank, const absl::Status& reason);
 
+  // Before the first batch: a re-adopted epoch goes on after `last_seq`, the
+  // seq every rank reported as its last completed one.
+  void ResumeAfter(uint64_t last_seq);
+  // Told of every batch, stamped, just before it is sent: the state store's
+  // write-ahead record, by which a restarted coordinator tells whether it ran.
+  using BatchJournal = std::function<void(const v1::CommandBatch&)>;
+  void set_journal(BatchJournal journal);
+
   uint64_t epoch() const { return epoch_; }
   uint64_t last_seq() const;
   absl::Status failure() const;
@@ -64,6 +72,7 @@ class CommandSequencer {
   bool aborting_ = false;  // Fail() is aborting the ranks
   uint64_t last_seq_ = 0;
   absl::Status failure_;
+  BatchJournal journal_;
 };
 
 }  // namespace flatshard

@@ -30,8 +30,78 @@ void Coordinator::Shutdown(const std::string& reason) {
     std::lock_guard<std::mutex> lock(mu_);
     job = job_;
   }
-  if (job != nullptr) job->Stop(reason);
+  if (job != nullptr) {
+    // What stopping does (STOPPED, aborted ranks) is this process's end, not
+    // the job's: the state store keeps the job as it was for the next start.
+    job->DetachState();
+    job->Stop(reason);
+  }
   if (former_.joinable()) former_.join();
+}
+
+TrainingJobOptions Coordinator::JobOptions() {
+  TrainingJobOptions job_options = options_.job;
+  // Recovery looks for spares among the workers heartbeating now.
+  job_options.live_workers = [this] {
+    std::vector<WorkerRecord> live;
+    const absl::Time now = absl::Now();
+    for (const WorkerRecord& w : members_.List()) {
+      if (now - w.last_heartbeat <= options_.heartbeat_timeout) live.push_back(w);
+    }
+    return live;
+  };
+  job_options.find_worker = [this](const std::string& id) -> std::optional<WorkerRecord> {
+    for (const WorkerRecord& w : members_.List()) {
+      if (w.worker_id == id) return w;
+    }
+    return std::nullopt;
+  };
+  job_options.mark_unreachable = [this](const std::string& id) { members_.MarkUnreachable(id); };
+  job_options.forget_store_prefix = [this](const std::string& prefix) {
+    store_.DeletePrefix(prefix);
+  };
+  job_options.state = options_.state;
+  return job_options;
+}
+
+absl::Status Coordinator::RestoreState() {
+  StateStore* state = options_.state;
+  if (state == nullptr) return absl::OkStatus();
+  ASSIGN_OR_RETURN(std::vector<WorkerRecord> workers, state->LoadWorkers());
+  members_.Restore(workers);
+  members_.set_on_register([state](const WorkerRecord& w) {
+    if (absl::Status s = state->PutWorker(w); !s.ok()) {
+      spdlog::error("worker {}: {}", w.worker_id, std::string(s.message()));
+    }
+  });
+  ASSIGN_OR_RETURN(std::vector<JobRecord> jobs, state->LoadJobs());
+  for (const JobRecord& record : jobs) {
+    const std::string& name = record.spec.name();
+    if (job_ != nullptr) {
+      spdlog::warn("state dir {} also holds job '{}'; this coordinator runs one job ('{}')",
+                   state->dir(), name, job_->name());
+      continue;
+    }
+    ASSIGN_OR_RETURN(std::optional<BatchRecord> last_batch, state->LoadLastBatch(name));
+    absl::StatusOr<std::unique_ptr<TrainingJob>> job =
+        TrainingJob::Restore(record, last_batch, JobOptions());
+    if (!job.ok()) {
+      return absl::Status(job.status().code(),
+                          absl::StrCat("state dir ", state->dir(), ": job '", name,
+                                       "' cannot be restored: ", job.status().message()));
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    job_ = *std::move(job);
+    restored_at_ = absl::Now();
+    for (const std::string& partial : job_->checkpoints().RemoveStalePartials()) {
+      spdlog::warn("job '{}': removed {}.partial, a checkpoint save that never committed", name,
+                   partial);
+    }
+    spdlog::info("job '{}' restored from {}: {} at step {}, epoch {}", name, state->dir(),
+                 v1::JobState_Name(job_->states().state()), record.step, record.epoch);
+  }
+  spdlog::info("state dir {}: {} worker(s), {} job(s)", state->dir(), workers.size(), jobs.size());
+  return absl::OkStatus();
 }
 
 absl::StatusOr<v1::Job> Coordinator::CreateJob(const v1::JobSpec& spec) {
@@ -50,22 +120,8 @@ absl::StatusOr<v1::Job> Coordinator::CreateJob(const v1::JobSpec& spec) {
   // Rendezvous keys an earlier job of this name left would hand its peers'
   // dead addresses to the new epoch 1.
   store_.DeletePrefix(absl::StrCat("job/", config.name));
-  TrainingJobOptions job_options = options_.job;
-  // Recovery looks for spares among the workers heartbeating now.
-  job_options.live_workers = [this] {
-    std::vector<WorkerRecord> live;
-    const absl::Time now = absl::Now();
-    for (const WorkerRecord& w : members_.List()) {
-      if (now - w.last_heartbeat <= options_.heartbeat_timeout) live.push_back(w);
-    }
-    return live;
-  };
-  job_options.mark_unreachable = [this](const std::string& id) { members_.MarkUnreachable(id); };
-  job_options.forget_store_prefix = [this](const std::string& prefix) {
-    store_.DeletePrefix(prefix);
-  };
   ASSIGN_OR_RETURN(std::unique_ptr<TrainingJob> job,
-                   TrainingJob::Create(spec, std::move(config), std::move(job_options)));
+                   TrainingJob::Create(spec, std::move(config), JobOptions()));
   job_ = std::move(job);
   for (const std::string& partial : job_->checkpoints().RemoveStalePartials()) {
     spdlog::warn("job '{}': removed {}.partial, a checkpoint save that never committed",
@@ -105,6 +161,11 @@ absl::Status Coordinator::DeleteJob(const std::string& name) {
     if (job_ == job) job_ = nullptr;
   }
   store_.DeletePrefix(absl::StrCat("job/", name));
+  if (options_.state != nullptr) {
+    if (absl::Status s = options_.state->DeleteJob(name); !s.ok()) {
+      spdlog::error("job '{}': {}", name, std::string(s.message()));
+    }
+  }
   spdlog::info("job '{}' deleted", name);
   return absl::OkStatus();
 }
@@ -151,7 +212,35 @@ void Coordinator::Tick(absl::Time now) {
   CheckHeartbeats(job, now);
 }
 
+void Coordinator::MaybeReadopt(const std::shared_ptr<TrainingJob>& job, absl::Time now) {
+  const std::vector<std::string> ids = job->readoption_pending();
+  if (ids.empty() || job->states().state() != v1::RECOVERING) return;
+  // Every member of the epoch heartbeating again, or long enough waited for
+  // the rest: then Readopt decides (re-adopt, or roll back without them).
+  size_t live = 0;
+  for (const WorkerRecord& w : members_.List()) {
+    if (now - w.last_heartbeat <= options_.heartbeat_timeout &&
+        std::find(ids.begin(), ids.end(), w.worker_id) != ids.end()) {
+      ++live;
+    }
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (live < ids.size() && now - restored_at_ < 2 * options_.heartbeat_timeout) return;
+  if (forming_) return;
+  if (former_.joinable()) former_.join();
+  forming_ = true;
+  former_ = std::thread([this, job] {
+    if (absl::Status status = job->Readopt(); !status.ok()) {
+      spdlog::error("job '{}' could not be taken back: {}", job->name(),
+                    std::string(status.message()));
+    }
+    std::lock_guard<std::mutex> done(mu_);
+    forming_ = false;
+  });
+}
+
 void Coordinator::MaybeForm(const std::shared_ptr<TrainingJob>& job, absl::Time now) {
+  MaybeReadopt(job, now);
   if (job->states().state() != v1::PENDING) return;
   const JobConfig& config = job->config();
   std::vector<WorkerRecord> live;

@@ -19,6 +19,7 @@
 
 #include "coordinator/kv_store.h"
 #include "coordinator/membership.h"
+#include "coordinator/state_store.h"
 #include "coordinator/training_job.h"
 #include "flatshard/v1/job.pb.h"
 
@@ -28,6 +29,9 @@ struct CoordinatorOptions {
   absl::Duration heartbeat_interval = absl::Seconds(1);
   absl::Duration heartbeat_timeout = absl::Seconds(5);
   TrainingJobOptions job;  // job.connect: GrpcWorkerClient unless a test swaps it
+  // The durable state (--state-dir); null keeps everything in memory. Must
+  // outlive the coordinator.
+  StateStore* state = nullptr;
 };
 
 class Coordinator {
@@ -44,6 +48,11 @@ class Coordinator {
   MembershipTable& members() { return members_; }
   KvStore& store() { return store_; }
   const CoordinatorOptions& options() const { return options_; }
+
+  // Loads the workers and the job the state store holds (before Start). A
+  // job that had been formed comes back RECOVERING: the monitor re-adopts its
+  // workers once they heartbeat again, or rolls it back.
+  absl::Status RestoreState();
 
   // INVALID_ARGUMENT naming the field for a bad spec; ALREADY_EXISTS when a job
   // of that name exists; FAILED_PRECONDITION when another job is running.
@@ -64,7 +73,9 @@ class Coordinator {
   void Tick(absl::Time now);
 
  private:
+  TrainingJobOptions JobOptions();
   void MaybeForm(const std::shared_ptr<TrainingJob>& job, absl::Time now);
+  void MaybeReadopt(const std::shared_ptr<TrainingJob>& job, absl::Time now);
   void CheckHeartbeats(const std::shared_ptr<TrainingJob>& job, absl::Time now);
 
   CoordinatorOptions options_;
@@ -75,6 +86,7 @@ class Coordinator {
   std::shared_ptr<TrainingJob> job_;
   std::thread former_;  // forms the job off the monitor thread
   bool forming_ = false;
+  absl::Time restored_at_;  // when RestoreState brought a job back
 
   std::mutex monitor_mu_;
   std::condition_variable monitor_cv_;

@@ -1,7 +1,7 @@
 // flatshard-coordinator: Membership (registration, heartbeats, the rendezvous
 // store) and JobService on one address, Prometheus metrics on another.
-// SIGTERM or SIGINT stops the job (aborting the workers' collectives) and
-// exits 0.
+// SIGTERM or SIGINT stops serving (aborting the workers' collectives) and
+// exits 0; the job stays in --state-dir as it was, for the next start.
 #include <csignal>
 #include <cstring>
 #include <filesystem>
@@ -27,6 +27,7 @@
 #include "coordinator/grpc_worker_client.h"
 #include "coordinator/service/job_service.h"
 #include "coordinator/service/membership_service.h"
+#include "coordinator/state_store.h"
 
 namespace flatshard {
 namespace {
@@ -39,6 +40,7 @@ struct Flags {
   double batch_timeout_s = 600.0;
   std::string address_file;
   std::string checkpoint_root = "./checkpoints";
+  std::string state_dir = "./flatshard-state";
   std::string metrics_listen;  // default: --listen's host, any port
 };
 
@@ -73,7 +75,17 @@ int Run(const Flags& f) {
   AddBuildInfo(*registry, "coordinator");
   CoordinatorMetrics metrics(*registry);
 
+  absl::StatusOr<std::unique_ptr<StateStore>> state;
+  if (!f.state_dir.empty()) {
+    state = StateStore::Open(f.state_dir);
+    if (!state.ok()) {
+      std::cerr << "flatshard-coordinator: " << state.status().message() << "\n";
+      return 1;
+    }
+  }
+
   CoordinatorOptions options;
+  options.state = state.ok() ? state->get() : nullptr;
   options.heartbeat_interval = absl::Seconds(f.heartbeat_interval_s);
   options.heartbeat_timeout = absl::Seconds(f.heartbeat_timeout_s);
   options.job.configure_timeout = absl::Seconds(f.configure_timeout_s);
@@ -84,6 +96,10 @@ int Run(const Flags& f) {
     return std::make_unique<GrpcWorkerClient>(worker.address);
   };
   auto coordinator = std::make_unique<Coordinator>(options);
+  if (absl::Status restored = coordinator->RestoreState(); !restored.ok()) {
+    std::cerr << "flatshard-coordinator: --state-dir: " << restored.message() << "\n";
+    return 1;
+  }
   MembershipService membership(&coordinator->members(), &coordinator->store(),
                                options.heartbeat_interval);
   Coordinator* c = coordinator.get();
@@ -161,6 +177,11 @@ int Main(int argc, char** argv) {
   app.add_option("--checkpoint-root", f.checkpoint_root,
                  "Directory holding <job>/<checkpoint>/ (the workers' --checkpoint-dir, "
                  "shared)")
+      ->capture_default_str();
+  app.add_option("--state-dir", f.state_dir,
+                 "Directory of the durable state (SQLite: jobs, workers, checkpoints, the last "
+                 "batch); a coordinator restarted on it takes its job and workers back. Empty: "
+                 "memory only")
       ->capture_default_str();
   CLI::Option* metrics_listen =
       app.add_option("--metrics-listen", f.metrics_listen,

@@ -1,5 +1,7 @@
 #include "coordinator/job_state_machine.h"
 
+#include <utility>
+
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 
@@ -23,7 +25,11 @@ bool JobStateMachine::Allowed(v1::JobState from, v1::JobState to) {
       return to == v1::TRAINING || to == v1::RECOVERING;
     case v1::TRAINING:
       return to == v1::IDLE || to == v1::RECOVERING;
-    case v1::RECOVERING:  // re-forms like a failed job, but by itself
+    case v1::RECOVERING:
+      // Re-forms like a failed job, but by itself; a restarted coordinator
+      // re-adopts the workers as they are (READY) or rolls back (RECOVERING
+      // again, from a checkpoint).
+      return to == v1::FORMING || to == v1::READY || to == v1::RECOVERING;
     case v1::FAILED:
       return to == v1::FORMING;
     default:
@@ -55,18 +61,48 @@ absl::Status JobStateMachine::TransitionLocked(v1::JobState to, const std::strin
 }
 
 absl::Status JobStateMachine::Transition(v1::JobState to, const std::string& message) {
-  std::lock_guard<std::mutex> lock(mu_);
-  return TransitionLocked(to, message);
+  absl::Status status;
+  std::function<void()> observer;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    status = TransitionLocked(to, message);
+    observer = on_transition_;
+  }
+  // Outside the lock: the observer reads the job, which reads the state.
+  if (status.ok() && observer) observer();
+  return status;
 }
 
 absl::Status JobStateMachine::TransitionFrom(v1::JobState from, v1::JobState to,
                                              const std::string& message) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (state_ != from) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "job '", job_name_, "' is ", v1::JobState_Name(state_), ", not ", v1::JobState_Name(from)));
+  absl::Status status;
+  std::function<void()> observer;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (state_ != from) {
+      return absl::FailedPreconditionError(absl::StrCat("job '", job_name_, "' is ",
+                                                        v1::JobState_Name(state_), ", not ",
+                                                        v1::JobState_Name(from)));
+    }
+    status = TransitionLocked(to, message);
+    observer = on_transition_;
   }
-  return TransitionLocked(to, message);
+  if (status.ok() && observer) observer();
+  return status;
+}
+
+void JobStateMachine::Restore(v1::JobState state, const std::string& failure,
+                              const std::string& message) {
+  std::lock_guard<std::mutex> lock(mu_);
+  state_ = state;
+  failure_ = failure;
+  events_.push_back({state, message, absl::Now()});
+  changed_.notify_all();
+}
+
+void JobStateMachine::set_on_transition(std::function<void()> observer) {
+  std::lock_guard<std::mutex> lock(mu_);
+  on_transition_ = std::move(observer);
 }
 
 std::vector<JobEventRecord> JobStateMachine::EventsFrom(size_t next, absl::Time deadline) const {

@@ -3,6 +3,8 @@
 //   PENDING -> FORMING -> READY -> TRAINING <-> IDLE
 //      READY | TRAINING | IDLE -> RECOVERING -> FORMING (a rank failed and the
 //                                              job's recovery policy allows it)
+//      RECOVERING -> READY | RECOVERING      (a restarted coordinator re-adopts
+//                                              the workers, or rolls back)
 //      any state but STOPPED -> FAILED -> FORMING (re-form) | STOPPED
 //      any state -> STOPPED
 //
@@ -14,6 +16,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -53,6 +56,12 @@ class JobStateMachine {
 
   static bool Allowed(v1::JobState from, v1::JobState to);
 
+  // A restarted coordinator puts the job back in the state its state store
+  // holds, with an event saying so (no transition check: nothing came before).
+  void Restore(v1::JobState state, const std::string& failure, const std::string& message);
+  // Called after every transition, outside the lock (the job persists itself).
+  void set_on_transition(std::function<void()> observer);
+
  private:
   absl::Status TransitionLocked(v1::JobState to, const std::string& message);
 
@@ -63,6 +72,7 @@ class JobStateMachine {
   std::string failure_;
   std::vector<JobEventRecord> events_;
   bool closed_ = false;
+  std::function<void()> on_transition_;
 };
 
 }  // namespace flatshard

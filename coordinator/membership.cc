@@ -1,5 +1,7 @@
 #include "coordinator/membership.h"
 
+#include <utility>
+
 #include "absl/strings/str_cat.h"
 
 #include "core/device_kind.h"
@@ -61,7 +63,27 @@ absl::StatusOr<int> MembershipTable::Register(const Registration& r, absl::Time 
                         r.metrics_address,
                         r.device_name.empty() ? device : r.device_name};
   id_by_rank_[rank] = r.worker_id;
+  if (on_register_) on_register_(record);
   return rank;
+}
+
+void MembershipTable::Restore(const std::vector<WorkerRecord>& workers) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (WorkerRecord w : workers) {
+    if (w.worker_id.empty() || w.rank < 0 || id_by_rank_.contains(w.rank)) continue;
+    // Not live until it heartbeats: a restarted coordinator knows who was
+    // there, not who still is.
+    w.last_heartbeat = absl::InfinitePast();
+    w.last_completed_seq = 0;
+    w.state = "restored";
+    id_by_rank_[w.rank] = w.worker_id;
+    by_id_[w.worker_id] = std::move(w);
+  }
+}
+
+void MembershipTable::set_on_register(std::function<void(const WorkerRecord&)> observer) {
+  std::lock_guard<std::mutex> lock(mu_);
+  on_register_ = std::move(observer);
 }
 
 absl::Status MembershipTable::Heartbeat(const std::string& worker_id, uint64_t last_completed_seq,

@@ -6,6 +6,7 @@
 #define FLATSHARD_COORDINATOR_MEMBERSHIP_H_
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -58,6 +59,12 @@ class MembershipTable {
   // heartbeats time out, so neither formation nor recovery picks it; its next
   // heartbeat (a stopped process resumed) makes it live again.
   void MarkUnreachable(const std::string& worker_id);
+  // A restarted coordinator's registrations from its state store; each counts
+  // as live only once it heartbeats again.
+  void Restore(const std::vector<WorkerRecord>& workers);
+  // Called with every registration, under the table's lock (the state store
+  // writes it; it must not call back into the table).
+  void set_on_register(std::function<void(const WorkerRecord&)> observer);
   // Workers whose last heartbeat is older than `timeout`.
   std::vector<WorkerRecord> Stale(absl::Time now, absl::Duration timeout) const;
 
@@ -66,6 +73,7 @@ class MembershipTable {
   int world_size_;
   std::map<std::string, WorkerRecord> by_id_;
   std::map<int, std::string> id_by_rank_;
+  std::function<void(const WorkerRecord&)> on_register_;
 };
 
 }  // namespace flatshard

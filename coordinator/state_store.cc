@@ -125,7 +125,8 @@ class Statement {
   std::string ColumnString(int i) const {
     const void* data = sqlite3_column_blob(stmt_, i);
     const int size = sqlite3_column_bytes(stmt_, i);
-    return data == nullptr ? std::string() : std::string(static_cast<const char*>(data), static_cast<size_t>(size));
+    return data == nullptr ? std::string()
+                           : std::string(static_cast<const char*>(data), static_cast<size_t>(size));
   }
 
  private:
@@ -166,9 +167,8 @@ absl::StatusOr<std::unique_ptr<StateStore>> StateStore::Open(const std::string& 
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     ::close(fd);
     return absl::FailedPreconditionError(
-        absl::StrCat("--state-dir ", dir,
-                     " is in use by another flatshard-coordinator (it holds ", lock_path,
-                     "); stop it or give this one another --state-dir"));
+        absl::StrCat("--state-dir ", dir, " is in use by another flatshard-coordinator (it holds ",
+                     lock_path, "); stop it or give this one another --state-dir"));
   }
   const std::string path = dir + "/coordinator.db";
   sqlite3* db = nullptr;
@@ -360,8 +360,7 @@ absl::Status StateStore::PutLastBatch(const std::string& job, const BatchRecord&
 
 absl::StatusOr<std::optional<BatchRecord>> StateStore::LoadLastBatch(const std::string& job) const {
   std::lock_guard<std::mutex> lock(mu_);
-  Statement s(db_,
-              "SELECT batch, step_after, data_position_after FROM last_batches WHERE job=?1");
+  Statement s(db_, "SELECT batch, step_after, data_position_after FROM last_batches WHERE job=?1");
   s.Text(1, job);
   if (!s.Next()) {
     RETURN_IF_ERROR(s.status());

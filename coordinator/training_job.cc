@@ -33,8 +33,11 @@ TrainingJob::TrainingJob(const v1::JobSpec& spec, JobConfig config, ModelIndex i
       options_(std::move(options)),
       states_(config_.name),
       epoch_config_(std::make_shared<const JobConfig>(config_)),
+      state_store_(options_.state),
       catalog_(options_.checkpoint_root, config_.name) {
   if (options_.observer != nullptr) options_.observer->OnJobCreated(config_.name);
+  WatchState();
+  Persist();  // a new job (a restored one attaches the store afterwards)
 }
 
 TrainingJob::~TrainingJob() {
@@ -204,6 +207,7 @@ absl::Status TrainingJob::FormLocked(const std::vector<WorkerRecord>& members,
     }
     sequencer_ = std::make_unique<CommandSequencer>(std::move(raw), epoch, options_.batch_timeout,
                                                     std::move(on_batch));
+    sequencer_->set_journal([this](const v1::CommandBatch& batch) { JournalBatch(batch); });
     clients_ = std::move(clients);
     worker_ids_ = std::move(ids);
     members_ = members;
@@ -371,6 +375,7 @@ absl::Status TrainingJob::Train(int64_t steps, int micro_steps,
       result.set_step(++step_);
       result.set_seq(sequencer_->last_seq());
     }
+    PersistProgress();
     if (recovered.has_value()) {
       *result.mutable_recovery() = *recovered;
       recovered.reset();

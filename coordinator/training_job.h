@@ -25,6 +25,7 @@
 #include "coordinator/job_observer.h"
 #include "coordinator/job_state_machine.h"
 #include "coordinator/membership.h"
+#include "coordinator/state_store.h"
 #include "coordinator/worker_client.h"
 #include "core/job_config.h"
 #include "core/step_program.h"
@@ -49,6 +50,12 @@ struct TrainingJobOptions {
   // Deletes the rendezvous store's keys under a prefix (a finished epoch's).
   std::function<void(const std::string& prefix)> forget_store_prefix;
   absl::Duration probe_timeout = absl::Seconds(2);
+  // A registered worker by id, live or not (a restarted coordinator's
+  // membership); unset or nullopt: unknown.
+  std::function<std::optional<WorkerRecord>(const std::string& worker_id)> find_worker;
+  // Where the job keeps its state across coordinator restarts; null: memory
+  // only. Must outlive the job.
+  StateStore* state = nullptr;
 };
 
 // FAILED_PRECONDITION naming the workers by device kind when `members` mix kinds.
@@ -60,6 +67,12 @@ class TrainingJob {
   static absl::StatusOr<std::unique_ptr<TrainingJob>> Create(const v1::JobSpec& spec,
                                                              JobConfig config,
                                                              TrainingJobOptions options);
+  // A job a restarted coordinator found in its state store, with the last
+  // batch it had sent. A job that was formed comes back RECOVERING, waiting
+  // for Readopt; a FAILED one stays FAILED; one never formed is PENDING.
+  static absl::StatusOr<std::unique_ptr<TrainingJob>> Restore(
+      const JobRecord& record, const std::optional<BatchRecord>& last_batch,
+      TrainingJobOptions options);
   ~TrainingJob();
 
   const std::string& name() const { return config_.name; }
@@ -110,6 +123,19 @@ class TrainingJob {
   // waits for a recovery in progress to give up.
   void Stop(const std::string& reason);
 
+  // Restored jobs (training_job_state.cc): the workers of the epoch the
+  // restarted coordinator found (empty when there is nothing to re-adopt).
+  std::vector<std::string> readoption_pending() const;
+  // With every rank reporting the epoch and the same last completed seq, and
+  // that seq the last batch sent or the one before it, takes the workers back
+  // as they are: READY at the step they reached, nothing lost or repeated.
+  // Otherwise rolls back: recovers from the last committed checkpoint (a new
+  // epoch), saying why in the job's events.
+  absl::Status Readopt();
+  // From now on nothing is written to the state store: the coordinator is
+  // shutting down, and what it does to stop must not read as the job's end.
+  void DetachState();
+
   // The epoch `worker_id` must abort, if the job failed while it was in it.
   std::optional<uint64_t> AbortEpochFor(const std::string& worker_id) const;
   // Worker ids by rank (empty before the first formation).
@@ -140,6 +166,21 @@ class TrainingJob {
   std::vector<int> ProbeMembers(std::vector<WorkerRecord>* alive);
   // The newest committed checkpoint a world of `world_size` can load.
   std::optional<std::string> RecoveryCheckpoint(int world_size) const;
+
+  // The state store (training_job_state.cc): the whole record after every
+  // transition, progress after every batch, the write-ahead batch journal.
+  void Persist();
+  void PersistProgress();
+  void JournalBatch(const v1::CommandBatch& batch);
+  void WatchState();  // installs the hooks above
+  // Readopt's first half: every rank's report agrees with the state store.
+  // The progress the ranks are at; an error saying why not.
+  struct Progress {
+    int64_t step = 0;
+    int64_t data_position = 0;
+    uint64_t last_seq = 0;
+  };
+  absl::StatusOr<Progress> AgreedProgress(const std::vector<WorkerRecord>& members);
 
   // Checkpoints (training_job_checkpoints.cc).
   struct PendingSave;
@@ -198,6 +239,17 @@ class TrainingJob {
   bool recovery_pending_ = false;  // recoverer_ has not finished
   std::thread recoverer_;          // recovers a failure FailRank saw outside operations
   bool stopping_ = false;          // Stop or the destructor: no more recoveries
+
+  // A restored job waiting to be re-adopted.
+  struct Restored {
+    JobRecord record;
+    std::optional<BatchRecord> last_batch;
+    bool adoptable = true;  // false: it was mid-formation or mid-recovery
+  };
+  std::optional<Restored> restored_;
+
+  std::mutex persist_mu_;  // one writer at a time, so the last write is the newest state
+  StateStore* state_store_ = nullptr;  // guarded by persist_mu_; null once detached
 
   CheckpointCatalog catalog_;
   // The async save being written and committed; joined (under the operation

@@ -328,6 +328,7 @@ absl::StatusOr<v1::CheckpointInfo> TrainingJob::LoadLocked(const std::string& na
     data_position_ = manifest.data_position;
     unsharded_.clear();
   }
+  Persist();
   spdlog::info("job {}: loaded checkpoint {} (step {})", config_.name, manifest.name,
                manifest.step);
   v1::CheckpointInfo info;

@@ -222,9 +222,10 @@ absl::Status TrainingJob::RecoverLocked(const absl::Status& cause, std::vector<i
   }
   const std::string summary = absl::StrCat(
       "recovered in ",
-      absl::FormatDuration(absl::Trunc(absl::Now() - began, absl::Milliseconds(1))), ": rank(s) ",
-      failed_ranks.empty() ? std::string("?") : absl::StrJoin(failed_ranks, ","), " failed; epoch ",
-      record.epoch(), " at world size ", world,
+      absl::FormatDuration(absl::Trunc(absl::Now() - began, absl::Milliseconds(1))), ": ",
+      failed_ranks.empty() ? std::string("no rank lost")
+                           : absl::StrCat("rank(s) ", absl::StrJoin(failed_ranks, ","), " failed"),
+      "; epoch ", record.epoch(), " at world size ", world,
       world == config_.world_size
           ? std::string(choice->spare_used ? " with a spare" : "")
           : absl::StrCat(" (shrunk from ", config_.world_size, ": too few live workers)"),

@@ -28,6 +28,7 @@
 #include "worker/device/device_factory.h"
 #include "worker/runtime/runtime_groups.h"
 #include "worker/service/heartbeat_loop.h"
+#include "worker/service/worker_identity.h"
 #include "worker/service/worker_metrics.h"
 #include "worker/service/worker_service.h"
 
@@ -49,6 +50,8 @@ struct Flags {
   std::string checkpoint_dir = "./checkpoints";
   double connect_timeout_s = 30;
   double collective_timeout_s = 60;
+  double coordinator_timeout_s = 10;
+  std::string state_dir = "./flatshard-worker-state";
   std::string metrics_listen;  // default: --listen's host, any port
 };
 
@@ -97,8 +100,20 @@ int Run(const Flags& f) {
   sigaddset(&signals, SIGINT);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
-  const std::string worker_id =
-      f.worker_id.empty() ? absl::StrCat(f.advertise_host, "-", getpid()) : f.worker_id;
+  // An id stable across restarts: the coordinator keeps a worker's rank by it.
+  std::unique_ptr<WorkerIdentity> identity;
+  std::string worker_id = f.worker_id;
+  if (worker_id.empty() && !f.state_dir.empty()) {
+    absl::StatusOr<std::unique_ptr<WorkerIdentity>> claimed = WorkerIdentity::Claim(
+        f.state_dir, f.advertise_host, *kind == DeviceKind::kCuda ? device_options.gpu : -1);
+    if (!claimed.ok()) {
+      std::cerr << "flatshard-worker: " << claimed.status().message() << "\n";
+      return 1;
+    }
+    identity = *std::move(claimed);
+    worker_id = identity->id();
+  }
+  if (worker_id.empty()) worker_id = absl::StrCat(f.advertise_host, "-", getpid());
   std::shared_ptr<grpc::Channel> channel =
       grpc::CreateChannel(f.coordinator, grpc::InsecureChannelCredentials());
   // Declared before the service they observe, so they outlive it.
@@ -161,7 +176,7 @@ int Run(const Flags& f) {
   registration.set_address(address);
   registration.set_requested_rank(f.rank);
   registration.set_metrics_address(metrics_address);
-  HeartbeatLoop heartbeat(channel, registration, &service);
+  HeartbeatLoop heartbeat(channel, registration, &service, absl::Seconds(f.coordinator_timeout_s));
   absl::StatusOr<int> rank = heartbeat.Register(absl::Seconds(f.connect_timeout_s));
   if (!rank.ok()) {
     std::cerr << "flatshard-worker: cannot register with the coordinator at " << f.coordinator
@@ -204,8 +219,16 @@ int Main(int argc, char** argv) {
                  "Host the coordinator and peers reach this worker at (also Gloo's)")
       ->capture_default_str();
   app.add_option("--worker-id", f.worker_id,
-                 "Stable id; a restarted daemon with the same id keeps its rank (default "
-                 "HOST-PID)");
+                 "Stable id; a restarted daemon with the same id keeps its rank (default: the id "
+                 "of the seat it claims in --state-dir)");
+  app.add_option("--state-dir", f.state_dir,
+                 "Where worker ids are kept, one per seat (GPU N, or the lowest free CPU slot), "
+                 "so a restarted daemon comes back as itself. Empty: HOST-PID")
+      ->capture_default_str();
+  app.add_option("--coordinator-timeout", f.coordinator_timeout_s,
+                 "Seconds without an answer from the coordinator after which a batch in flight "
+                 "is aborted (a restarted coordinator then rolls back instead of waiting)")
+      ->capture_default_str();
   app.add_option("--device", f.device,
                  "Device to compute on: cpu, cuda (a GPU, NCCL collectives) or sim (the strict "
                  "simulated GPU the tests use)")

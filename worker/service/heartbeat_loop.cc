@@ -20,10 +20,12 @@ std::chrono::system_clock::time_point Deadline(absl::Duration d) {
 }  // namespace
 
 HeartbeatLoop::HeartbeatLoop(std::shared_ptr<grpc::Channel> channel,
-                             v1::RegisterRequest registration, WorkerServiceImpl* service)
+                             v1::RegisterRequest registration, WorkerServiceImpl* service,
+                             absl::Duration coordinator_timeout)
     : stub_(v1::Membership::NewStub(std::move(channel))),
       registration_(std::move(registration)),
-      service_(service) {}
+      service_(service),
+      coordinator_timeout_(coordinator_timeout) {}
 
 HeartbeatLoop::~HeartbeatLoop() { Stop(); }
 
@@ -80,10 +82,25 @@ absl::Status HeartbeatLoop::Beat() {
 
 void HeartbeatLoop::Run() {
   int failures = 0;
+  absl::Time last_answer = absl::Now();
   std::unique_lock<std::mutex> lock(mu_);
   while (!stop_) {
     lock.unlock();
     const absl::Status status = Beat();
+    if (status.ok()) {
+      last_answer = absl::Now();
+    } else if (absl::Now() - last_answer > coordinator_timeout_ &&
+               service_->Status().state == "running") {
+      // The coordinator is gone with a batch in flight: it may have reached
+      // only some ranks, whose collectives would wait for the others until
+      // the collective timeout. Abort it; a restarted coordinator then finds
+      // the ranks disagree and rolls back instead of waiting.
+      service_->AbortJob(absl::StrCat("no answer from the coordinator for ",
+                                      absl::FormatDuration(coordinator_timeout_),
+                                      " with a batch in flight"));
+      spdlog::warn("aborted the batch in flight: the coordinator has not answered for {}",
+                   absl::FormatDuration(absl::Now() - last_answer));
+    }
     lock.lock();
     if (!status.ok()) {
       // Say it once per outage, not once per beat.

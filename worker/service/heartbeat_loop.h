@@ -2,7 +2,8 @@
 // heartbeats at the interval the coordinator asks for, reporting its last
 // completed seq and state. A heartbeat answered with `abort` (the job failed
 // on another rank) aborts the worker's collectives; one answered NOT_FOUND (the
-// coordinator restarted) registers again under the same id.
+// coordinator restarted) registers again under the same id. A worker whose
+// coordinator stays silent with a batch in flight aborts the batch.
 #ifndef FLATSHARD_WORKER_SERVICE_HEARTBEAT_LOOP_H_
 #define FLATSHARD_WORKER_SERVICE_HEARTBEAT_LOOP_H_
 
@@ -23,8 +24,10 @@ namespace flatshard {
 
 class HeartbeatLoop {
  public:
+  // With a batch in flight and no answer from the coordinator for
+  // `coordinator_timeout`, the worker aborts the batch.
   HeartbeatLoop(std::shared_ptr<grpc::Channel> channel, v1::RegisterRequest registration,
-                WorkerServiceImpl* service);
+                WorkerServiceImpl* service, absl::Duration coordinator_timeout = absl::Seconds(10));
   ~HeartbeatLoop();
 
   // Waits up to `connect_timeout` for the coordinator, then registers; the rank.
@@ -39,6 +42,7 @@ class HeartbeatLoop {
   std::unique_ptr<v1::Membership::Stub> stub_;
   v1::RegisterRequest registration_;
   WorkerServiceImpl* service_;
+  const absl::Duration coordinator_timeout_;
   absl::Duration interval_ = absl::Seconds(1);
   std::mutex mu_;
   std::condition_variable cv_;

@@ -37,14 +37,13 @@ TEST(JobStateMachineTest, IllegalTransitionsAreRefusedAndChangeNothing) {
   struct Case {
     v1::JobState from, to;
   };
-  for (const Case& c :
-       {Case{v1::PENDING, v1::TRAINING}, Case{v1::PENDING, v1::READY},
-        Case{v1::FORMING, v1::TRAINING}, Case{v1::READY, v1::IDLE}, Case{v1::TRAINING, v1::READY},
-        Case{v1::FAILED, v1::TRAINING}, Case{v1::STOPPED, v1::FORMING},
-        Case{v1::STOPPED, v1::STOPPED}, Case{v1::FAILED, v1::FAILED},
-        Case{v1::PENDING, v1::RECOVERING}, Case{v1::FORMING, v1::RECOVERING},
-        Case{v1::FAILED, v1::RECOVERING}, Case{v1::RECOVERING, v1::READY},
-        Case{v1::RECOVERING, v1::TRAINING}, Case{v1::RECOVERING, v1::RECOVERING}}) {
+  for (const Case& c : {Case{v1::PENDING, v1::TRAINING}, Case{v1::PENDING, v1::READY},
+                        Case{v1::FORMING, v1::TRAINING}, Case{v1::READY, v1::IDLE},
+                        Case{v1::TRAINING, v1::READY}, Case{v1::FAILED, v1::TRAINING},
+                        Case{v1::STOPPED, v1::FORMING}, Case{v1::STOPPED, v1::STOPPED},
+                        Case{v1::FAILED, v1::FAILED}, Case{v1::PENDING, v1::RECOVERING},
+                        Case{v1::FORMING, v1::RECOVERING}, Case{v1::FAILED, v1::RECOVERING},
+                        Case{v1::RECOVERING, v1::TRAINING}, Case{v1::RECOVERING, v1::IDLE}}) {
     EXPECT_FALSE(JobStateMachine::Allowed(c.from, c.to))
         << v1::JobState_Name(c.from) << " -> " << v1::JobState_Name(c.to);
   }
@@ -68,6 +67,25 @@ TEST(JobStateMachineTest, RecoveryGoesThroughFormingBackToReady) {
   // A recovery that cannot re-form ends the job.
   ASSERT_TRUE(m.Transition(v1::FAILED, "no spare").ok());
   EXPECT_EQ(m.failure(), "no spare");
+}
+
+TEST(JobStateMachineTest, ARestoredJobIsReadoptedOrRolledBack) {
+  JobStateMachine m("j");
+  m.Restore(v1::RECOVERING, "", "the coordinator restarted");
+  EXPECT_EQ(m.state(), v1::RECOVERING);
+  const auto events = m.EventsFrom(0, absl::Now());
+  ASSERT_EQ(events.size(), 2u);  // created, restored
+  EXPECT_EQ(events[1].message, "the coordinator restarted");
+  // Re-adopted as it is, or rolled back (a recovery from a checkpoint).
+  EXPECT_TRUE(JobStateMachine::Allowed(v1::RECOVERING, v1::READY));
+  EXPECT_TRUE(JobStateMachine::Allowed(v1::RECOVERING, v1::RECOVERING));
+  int observed = 0;
+  m.set_on_transition([&] { ++observed; });
+  ASSERT_TRUE(m.Transition(v1::READY, "re-adopted").ok());
+  EXPECT_FALSE(m.Transition(v1::FORMING, "refused").ok());
+  EXPECT_EQ(observed, 1);  // told of transitions made, not of refused ones
+  m.Restore(v1::FAILED, "rank 1 died", "restored FAILED");
+  EXPECT_EQ(m.failure(), "rank 1 died");
 }
 
 TEST(JobStateMachineTest, TransitionFromRacesHaveOneWinner) {

@@ -1,0 +1,339 @@
+// TrainingJob across coordinator restarts (docs/fault-tolerance.md,
+// "Coordinator restart"): what the job writes to the state store, how a
+// restarted coordinator builds it again, and how it takes its workers back.
+//
+// The batch journal is a write-ahead record: every batch is written, stamped
+// with its epoch and seq and with the progress it leads to, before it is sent.
+// Progress is written after every batch. So when the coordinator dies at any
+// moment, its store holds either the state before the last batch (and the
+// batch), or the state after it; the ranks' reports say which one is true:
+// all at the batch's seq (it ran everywhere), all at the seq before it (it
+// ran nowhere), or anything else (it ran on some ranks: roll back).
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "spdlog/spdlog.h"
+
+#include "coordinator/training_job.h"
+#include "core/status_macros.h"
+
+namespace flatshard {
+namespace {
+
+// How long re-adoption waits for batches still running on the ranks.
+constexpr absl::Duration kReadoptSettleTime = absl::Seconds(15);
+
+}  // namespace
+
+void TrainingJob::WatchState() {
+  states_.set_on_transition([this] { Persist(); });
+  catalog_.set_on_change([this](const std::vector<v1::CheckpointInfo>& all) {
+    std::lock_guard<std::mutex> lock(persist_mu_);
+    if (state_store_ == nullptr) return;
+    if (absl::Status s = state_store_->PutCheckpoints(config_.name, all); !s.ok()) {
+      spdlog::error("job {}: {}", config_.name, std::string(s.message()));
+    }
+  });
+}
+
+void TrainingJob::DetachState() {
+  std::lock_guard<std::mutex> lock(persist_mu_);
+  state_store_ = nullptr;
+}
+
+void TrainingJob::Persist() {
+  std::lock_guard<std::mutex> persist(persist_mu_);
+  if (state_store_ == nullptr) return;
+  JobRecord record;
+  // Read under persist_mu_: of two writers, the second sees the newer state.
+  record.state = states_.state();
+  record.failure = states_.failure();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    record.spec = spec_;
+    record.epoch = epoch_;
+    record.step = step_;
+    record.data_position = data_position_;
+    record.last_seq = sequencer_ != nullptr ? sequencer_->last_seq() : 0;
+    record.restarts = restarts_;
+    record.world_size = epoch_config_->world_size;
+    record.worker_ids = worker_ids_;
+    record.last_recovery = last_recovery_;
+  }
+  if (absl::Status s = state_store_->PutJob(record); !s.ok()) {
+    // Training goes on without durability; a restart then rolls back.
+    spdlog::error("job {}: {}", config_.name, std::string(s.message()));
+  }
+}
+
+void TrainingJob::PersistProgress() {
+  std::lock_guard<std::mutex> persist(persist_mu_);
+  if (state_store_ == nullptr) return;
+  int64_t step = 0;
+  int64_t data_position = 0;
+  uint64_t last_seq = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    step = step_;
+    data_position = data_position_;
+    last_seq = sequencer_ != nullptr ? sequencer_->last_seq() : 0;
+  }
+  if (absl::Status s = state_store_->PutProgress(config_.name, step, data_position, last_seq);
+      !s.ok()) {
+    spdlog::error("job {}: {}", config_.name, std::string(s.message()));
+  }
+}
+
+void TrainingJob::JournalBatch(const v1::CommandBatch& batch) {
+  std::lock_guard<std::mutex> persist(persist_mu_);
+  if (state_store_ == nullptr) return;
+  BatchRecord record;
+  record.batch = batch;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const bool step = batch.has_step();
+    record.step_after = step_ + (step && batch.step().sync_gradients() ? 1 : 0);
+    record.data_position_after = data_position_ + (step ? 1 : 0);
+  }
+  if (absl::Status s = state_store_->PutLastBatch(config_.name, record); !s.ok()) {
+    spdlog::error("job {}: {}", config_.name, std::string(s.message()));
+  }
+}
+
+absl::StatusOr<std::unique_ptr<TrainingJob>> TrainingJob::Restore(
+    const JobRecord& record, const std::optional<BatchRecord>& last_batch,
+    TrainingJobOptions options) {
+  ASSIGN_OR_RETURN(JobConfig config, JobConfigFromProto(record.spec));
+  // Attached at the end: the store keeps the record as it is until the job
+  // changes state for real (a second restart must find the same record).
+  StateStore* store = options.state;
+  options.state = nullptr;
+  ASSIGN_OR_RETURN(std::unique_ptr<TrainingJob> job,
+                   Create(record.spec, std::move(config), std::move(options)));
+  const int world = record.world_size > 0 ? record.world_size : job->config_.world_size;
+  std::shared_ptr<const JobConfig> epoch_config;
+  if (world == job->config_.world_size) {
+    epoch_config = std::make_shared<const JobConfig>(job->config_);
+  } else {
+    // A recovery had shrunk the job: its epoch ran at the smaller world size.
+    v1::JobSpec epoch_spec = record.spec;
+    epoch_spec.set_world_size(world);
+    epoch_spec.clear_rank_by_worker_id();
+    ASSIGN_OR_RETURN(JobConfig shrunk, JobConfigFromProto(epoch_spec));
+    epoch_config = std::make_shared<const JobConfig>(std::move(shrunk));
+  }
+  {
+    std::lock_guard<std::mutex> lock(job->mu_);
+    job->epoch_ = record.epoch;
+    job->step_ = record.step;
+    job->data_position_ = record.data_position;
+    job->restarts_ = record.restarts;
+    job->last_recovery_ = record.last_recovery;
+    job->worker_ids_ = record.worker_ids;
+    job->epoch_config_ = std::move(epoch_config);
+  }
+  const std::string where = absl::StrCat("step ", record.step, ", epoch ", record.epoch, ", ",
+                                         record.worker_ids.size(), " ranks");
+  switch (record.state) {
+    case v1::FAILED:
+      job->states_.Restore(v1::FAILED, record.failure,
+                           absl::StrCat("restored by a restarted coordinator (", where,
+                                        "): FAILED: ", record.failure));
+      break;
+    case v1::PENDING:
+    case v1::FORMING:
+      if (record.epoch == 0) {
+        job->states_.Restore(v1::PENDING, "",
+                             "restored by a restarted coordinator: never formed, waiting for "
+                             "workers");
+        break;
+      }
+      [[fallthrough]];
+    default: {
+      Restored restored;
+      restored.record = record;
+      restored.last_batch = last_batch;
+      // Mid-formation or mid-recovery the ranks are in no state to go on.
+      restored.adoptable =
+          record.state == v1::READY || record.state == v1::TRAINING || record.state == v1::IDLE;
+      job->restored_ = std::move(restored);
+      job->states_.Restore(
+          v1::RECOVERING, "",
+          absl::StrCat("the coordinator restarted with the job ", v1::JobState_Name(record.state),
+                       " at ", where, "; waiting for its workers to report"));
+      break;
+    }
+  }
+  std::lock_guard<std::mutex> lock(job->persist_mu_);
+  job->state_store_ = store;
+  return job;
+}
+
+std::vector<std::string> TrainingJob::readoption_pending() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return restored_.has_value() ? restored_->record.worker_ids : std::vector<std::string>{};
+}
+
+absl::StatusOr<TrainingJob::Progress> TrainingJob::AgreedProgress(
+    const std::vector<WorkerRecord>& members) {
+  Restored restored;
+  std::vector<WorkerClient*> clients;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    restored = *restored_;
+    for (const auto& client : clients_) clients.push_back(client.get());
+  }
+  const JobRecord& record = restored.record;
+  if (!restored.adoptable) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("it was ", v1::JobState_Name(record.state), " when the coordinator stopped"));
+  }
+  std::vector<absl::StatusOr<v1::GetStatusResponse>> reports;
+  // A batch the old coordinator sent may still be running on a rank; it ends
+  // within a step, or the worker aborts it once it has lost its coordinator
+  // (flatshard-worker --coordinator-timeout). Bounded: then it counts as is.
+  const absl::Time settle_by = absl::Now() + kReadoptSettleTime;
+  while (true) {
+    reports.assign(clients.size(), absl::UnavailableError("not asked"));
+    std::vector<std::thread> probes;
+    probes.reserve(clients.size());
+    const absl::Time deadline = absl::Now() + options_.probe_timeout;
+    for (size_t r = 0; r < clients.size(); ++r) {
+      probes.emplace_back([&, r] { reports[r] = clients[r]->GetStatus(deadline); });
+    }
+    for (std::thread& t : probes) t.join();
+    bool running = false;
+    for (const auto& report : reports) running |= report.ok() && report->state() == "running";
+    if (!running || absl::Now() >= settle_by) break;
+    absl::SleepFor(absl::Milliseconds(100));  // polls the ranks, bounded by settle_by
+  }
+  std::vector<std::string> seen;
+  std::optional<uint64_t> agreed;
+  bool disagree = false;
+  for (size_t r = 0; r < reports.size(); ++r) {
+    if (!reports[r].ok()) {
+      return absl::UnavailableError(
+          absl::StrCat("rank ", r, " (worker ", members[r].worker_id,
+                       ") does not answer: ", reports[r].status().message()));
+    }
+    const v1::GetStatusResponse& report = *reports[r];
+    seen.push_back(absl::StrCat("rank ", r, ": epoch ", report.job_epoch(), " seq ",
+                                report.last_completed_seq(), " ", report.state()));
+    const bool usable = report.job_epoch() == record.epoch &&
+                        report.rank() == static_cast<int>(r) && report.state() == "ready";
+    if (!usable) disagree = true;
+    if (!agreed.has_value()) agreed = report.last_completed_seq();
+    if (*agreed != report.last_completed_seq()) disagree = true;
+  }
+  const auto explain = [&](const std::string& why) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(why, " (", absl::StrJoin(seen, "; "), "; the coordinator's last batch: ",
+                     restored.last_batch.has_value()
+                         ? absl::StrCat("epoch ", restored.last_batch->batch.job_epoch(), " seq ",
+                                        restored.last_batch->batch.seq())
+                         : std::string("none"),
+                     ")"));
+  };
+  if (disagree || !agreed.has_value()) return explain("the ranks disagree");
+  Progress progress{record.step, record.data_position, *agreed};
+  if (restored.last_batch.has_value() && restored.last_batch->batch.job_epoch() == record.epoch) {
+    const BatchRecord& last = *restored.last_batch;
+    if (*agreed == last.batch.seq()) {
+      // It ran everywhere; a checkpoint load moves the job to a step the
+      // journal does not know.
+      if (last.batch.has_checkpoint() && last.batch.checkpoint().has_load_shard()) {
+        return explain("the last batch loaded a checkpoint");
+      }
+      progress.step = last.step_after;
+      progress.data_position = last.data_position_after;
+      return progress;
+    }
+    if (*agreed + 1 == last.batch.seq()) {
+      // It ran nowhere: the state before it, which progress recorded.
+      progress.step =
+          last.step_after - (last.batch.has_step() && last.batch.step().sync_gradients() ? 1 : 0);
+      progress.data_position = last.data_position_after - (last.batch.has_step() ? 1 : 0);
+      return progress;
+    }
+    return explain("the ranks are at another seq than the coordinator's last batch");
+  }
+  if (*agreed != record.last_seq) {
+    return explain("the ranks are at another seq than the coordinator recorded");
+  }
+  return progress;
+}
+
+absl::Status TrainingJob::Readopt() {
+  std::unique_lock<std::mutex> op(op_mu_);
+  const absl::Time began = absl::Now();
+  Restored restored;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!restored_.has_value()) return absl::OkStatus();
+    restored = *restored_;
+  }
+  const JobRecord& record = restored.record;
+  // The epoch's members as the restarted coordinator knows them (addresses
+  // from its membership), and a client for each: recovery probes them too.
+  std::vector<WorkerRecord> members;
+  std::vector<std::unique_ptr<WorkerClient>> clients;
+  for (const std::string& id : record.worker_ids) {
+    std::optional<WorkerRecord> known;
+    if (options_.find_worker) known = options_.find_worker(id);
+    WorkerRecord member = known.value_or(WorkerRecord{});
+    member.worker_id = id;
+    members.push_back(member);
+    clients.push_back(options_.connect(member));
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    clients_ = std::move(clients);
+    members_ = members;
+  }
+  absl::StatusOr<Progress> progress = AgreedProgress(members);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    restored_.reset();
+  }
+  if (progress.ok()) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      std::vector<WorkerClient*> raw;
+      raw.reserve(clients_.size());
+      for (auto& client : clients_) raw.push_back(client.get());
+      CommandSequencer::BatchObserver on_batch;
+      if (JobObserver* observer = options_.observer; observer != nullptr) {
+        on_batch = [observer, job = config_.name](const v1::CommandBatch& batch,
+                                                  absl::Duration round_trip) {
+          observer->OnBatch(job, batch, round_trip);
+        };
+      }
+      sequencer_ = std::make_unique<CommandSequencer>(std::move(raw), record.epoch,
+                                                      options_.batch_timeout, std::move(on_batch));
+      sequencer_->ResumeAfter(progress->last_seq);
+      sequencer_->set_journal([this](const v1::CommandBatch& batch) { JournalBatch(batch); });
+      step_ = progress->step;
+      data_position_ = progress->data_position;
+      unsharded_.clear();
+    }
+    const std::string summary =
+        absl::StrCat("re-adopted ", members.size(), " workers of epoch ", record.epoch,
+                     " after a coordinator "
+                     "restart in ",
+                     absl::FormatDuration(absl::Trunc(absl::Now() - began, absl::Milliseconds(1))),
+                     ": every rank is at seq ", progress->last_seq, ", the job goes on at step ",
+                     progress->step, " (no step lost or repeated)");
+    spdlog::info("job {}: {}", config_.name, summary);
+    return states_.Transition(v1::READY, summary);
+  }
+  const absl::Status cause = absl::UnavailableError(
+      absl::StrCat("the coordinator restarted and cannot re-adopt epoch ", record.epoch, ": ",
+                   progress.status().message(), "; rolling back to the last checkpoint"));
+  spdlog::warn("job {}: {}", config_.name, std::string(cause.message()));
+  return RecoverLocked(cause, {});
+}
+
+}  // namespace flatshard

@@ -1,0 +1,69 @@
+// WorkerIdentity on real files and real flocks: live workers hold distinct
+// seats, a seat freed by a dead worker gives the next daemon the same id, and
+// a GPU's seat is that GPU's alone.
+#include "worker/service/worker_identity.h"
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+namespace flatshard {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+using ::testing::StartsWith;
+
+std::string FreshDir(const std::string& tag) {
+  const fs::path dir = fs::path(::testing::TempDir()) / ("worker-identity-" + tag);
+  fs::remove_all(dir);
+  return dir.string();
+}
+
+TEST(WorkerIdentityTest, LiveWorkersHoldDistinctSeatsAndARestartGetsItsIdBack) {
+  const std::string dir = FreshDir("slots");
+  auto a = WorkerIdentity::Claim(dir, "node1", -1);
+  auto b = WorkerIdentity::Claim(dir, "node1", -1);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_THAT((*a)->id(), StartsWith("node1-"));
+  EXPECT_NE((*a)->id(), (*b)->id());
+  EXPECT_EQ((*a)->seat_file(), dir + "/slot-0");
+  EXPECT_EQ((*b)->seat_file(), dir + "/slot-1");
+  const std::string first = (*a)->id();
+  a->reset();  // the first worker dies; its lock goes with it
+  auto restarted = WorkerIdentity::Claim(dir, "node1", -1);
+  ASSERT_TRUE(restarted.ok());
+  EXPECT_EQ((*restarted)->id(), first);
+  EXPECT_EQ((*restarted)->seat_file(), dir + "/slot-0");
+}
+
+TEST(WorkerIdentityTest, AGpuSeatIsThatGpusAlone) {
+  const std::string dir = FreshDir("gpu");
+  auto gpu3 = WorkerIdentity::Claim(dir, "node2", 3);
+  ASSERT_TRUE(gpu3.ok()) << gpu3.status();
+  EXPECT_EQ((*gpu3)->seat_file(), dir + "/gpu-3");
+  auto again = WorkerIdentity::Claim(dir, "node2", 3);
+  ASSERT_FALSE(again.ok());
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(again.status().message(), HasSubstr("another flatshard-worker drives GPU 3"));
+  const std::string id = (*gpu3)->id();
+  gpu3->reset();
+  auto back = WorkerIdentity::Claim(dir, "node2", 3);
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ((*back)->id(), id);
+}
+
+TEST(WorkerIdentityTest, AnUnusableDirectoryIsNamed) {
+  const std::string file = FreshDir("file");
+  { std::ofstream(file) << "not a directory"; }
+  auto claimed = WorkerIdentity::Claim(file + "/ids", "h", -1);
+  ASSERT_FALSE(claimed.ok());
+  EXPECT_THAT(claimed.status().message(), HasSubstr("--state-dir " + file + "/ids"));
+}
+
+}  // namespace
+}  // namespace flatshard
