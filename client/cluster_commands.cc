@@ -23,17 +23,20 @@ namespace {
 
 std::string StateName(v1::JobState state) { return v1::JobState_Name(state); }
 
-// One line for an automatic recovery, as `job status` and `train` print it.
+}  // namespace
+
 std::string RecoverySummary(const v1::Recovery& r) {
   return absl::StrFormat(
       "rank(s) %s failed at step %d; re-formed at world size %d%s in %s, resumed at step %d "
       "from %s (%d step(s) lost): %s",
-      r.failed_ranks().empty() ? std::string("?") : absl::StrJoin(r.failed_ranks(), ","),
+      r.failed_ranks().empty() ? std::string("none") : absl::StrJoin(r.failed_ranks(), ","),
       r.failed_at_step(), r.world_size(), r.spare_used() ? " with a spare" : "",
       FormatSeconds(r.seconds()), r.resumed_step(),
       r.checkpoint().empty() ? std::string("initialization") : "checkpoint " + r.checkpoint(),
       r.steps_lost(), r.cause());
 }
+
+namespace {
 
 int MaxRestarts(const v1::JobSpec& spec) {
   return spec.recovery().has_max_restarts() ? spec.recovery().max_restarts()
@@ -64,13 +67,22 @@ void ClusterCommands::Add(CLI::App& app) {
   workers_ = app.add_subcommand("workers", "List the registered workers and their heartbeats");
   workers_->add_option("--job,-j", job_, "Only the workers of this job");
 
-  train_ = app.add_subcommand("train", "Train N steps, streaming each step's loss and speed");
+  train_ = app.add_subcommand(
+      "train",
+      "Train N steps on the coordinator, streaming each step's loss and speed. The training "
+      "outlives this command: Ctrl-C asks it to stop after the current step (twice: leave it "
+      "running), and a cut stream leaves it running");
   AddJobOption(train_, job_);
-  train_->add_option("--steps,-n", steps_, "Optimizer steps to run")->required();
+  train_->add_option("--steps,-n", steps_, "Optimizer steps to run (not with --attach)");
   train_
       ->add_option("--no-sync-micro-steps", micro_steps_,
                    "Gradient-accumulation micro-steps (no_sync) before each synced step")
       ->capture_default_str();
+  train_->add_flag("--attach", attach_,
+                   "Follow the training already running on the coordinator, from its current step");
+  train_->add_flag("--detach", detach_, "Start the training and return at once; it runs by itself");
+  job_stop_ = job->add_subcommand("stop", "Ask the job's running training to stop after its step");
+  AddJobOption(job_stop_, job_);
 
   unshard_ = app.add_subcommand(
       "unshard", "All-gather units' full parameters on every rank (until `reshard`)");
@@ -91,8 +103,8 @@ void ClusterCommands::Add(CLI::App& app) {
   watch_ = app.add_subcommand("watch", "Print the job's state changes as they happen");
   AddJobOption(watch_, job_);
 
-  for (CLI::App* command : {job_create_, job_status_, job_delete_, workers_, train_, unshard_,
-                            reshard_, summon_, watch_}) {
+  for (CLI::App* command : {job_create_, job_status_, job_delete_, job_stop_, workers_, train_,
+                            unshard_, reshard_, summon_, watch_}) {
     AddCoordinatorOption(command, coordinator_);
     command->add_flag("--json", json_, "Machine-readable output (JSON)");
   }
@@ -102,6 +114,7 @@ int ClusterCommands::Run(std::ostream& out, std::ostream& err) {
   if (job_create_->parsed()) return JobCreate(out, err);
   if (job_status_->parsed()) return JobStatus(out, err);
   if (job_delete_->parsed()) return JobDelete(out, err);
+  if (job_stop_->parsed()) return JobStop(out, err);
   if (workers_->parsed()) return Workers(out, err);
   if (train_->parsed()) return Train(out, err);
   if (unshard_->parsed()) return Unshard(true, out, err);
@@ -164,6 +177,7 @@ int ClusterCommands::JobStatus(std::ostream& out, std::ostream& err) {
   if (job->has_last_recovery()) {
     out << "recovered:  " << RecoverySummary(job->last_recovery()) << "\n";
   }
+  if (job->has_training()) out << "training:   " << TrainingSummary(job->training()) << "\n";
   std::vector<std::vector<std::string>> rows;
   for (const v1::Unit& unit : job->units()) {
     rows.push_back({absl::StrCat(unit.index()),
@@ -207,59 +221,6 @@ int ClusterCommands::Workers(std::ostream& out, std::ostream& err) {
              rows, out);
   if (workers->empty()) {
     out << "(no workers yet: start them with `flatshard up` or flatshard-worker)\n";
-  }
-  return kExitOk;
-}
-
-int ClusterCommands::Train(std::ostream& out, std::ostream& err) {
-  if (steps_ <= 0) {
-    return ReportError(
-        "train", absl::InvalidArgumentError(absl::StrCat("--steps must be positive, got ", steps_)),
-        err);
-  }
-  FlatshardClient client(coordinator_);
-  const bool tty = !json_ && isatty(STDOUT_FILENO) != 0;
-  const absl::Time start = absl::Now();
-  double first_loss = 0, last_loss = 0;
-  int64_t first_step = 0, last_step = 0;
-  int64_t done = 0;
-  absl::Status status = client.Train(job_, steps_, micro_steps_, [&](const v1::StepResult& r) {
-    if (done++ == 0) {
-      first_loss = r.loss();
-      first_step = r.step();
-    }
-    last_loss = r.loss();
-    last_step = r.step();
-    if (json_) {
-      out << MessageToJson(r) << std::endl;
-      return;
-    }
-    if (r.has_recovery()) {
-      out << (tty ? "\r\033[K" : "") << "recovered: " << RecoverySummary(r.recovery()) << "\n";
-    }
-    const double elapsed = absl::ToDoubleSeconds(absl::Now() - start);
-    const double eta = elapsed / static_cast<double>(done) * static_cast<double>(steps_ - done);
-    // The gradient norm exists only when the job clips.
-    const std::string line = absl::StrFormat(
-        "step %d (%d/%d)  loss %.5f%s  %.0f samples/s  %s/step  ETA %s", r.step(), done, steps_,
-        r.loss(), r.grad_norm() < 0 ? "" : absl::StrFormat("  grad-norm %.4f", r.grad_norm()),
-        r.samples_per_second(), FormatMillis(r.step_seconds()), FormatSeconds(eta));
-    if (tty) {
-      out << "\r\033[K" << line << std::flush;
-    } else {
-      out << line << "\n";
-    }
-  });
-  if (tty) out << "\n";
-  if (!status.ok()) {
-    if (done > 0 && !json_) out << "stopped after " << done << " of " << steps_ << " steps\n";
-    return ReportError("train", status, err);
-  }
-  if (!json_) {
-    out << absl::StrFormat("trained %d steps in %s: loss %.5f (step %d) -> %.5f (step %d)\n", done,
-                           FormatSeconds(absl::ToDoubleSeconds(absl::Now() - start)), first_loss,
-                           first_step, last_loss, last_step)
-        << "Next: flatshard summon -j " << job_ << " --out model.safetensors, or train more\n";
   }
   return kExitOk;
 }

@@ -11,7 +11,14 @@
 
 #include "CLI/CLI.hpp"
 
+#include "flatshard/v1/job.pb.h"
+
 namespace flatshard {
+
+// One line for an automatic recovery, and one for a training operation, as
+// `job status` and `train` print them.
+std::string RecoverySummary(const v1::Recovery& recovery);
+std::string TrainingSummary(const v1::TrainingOperation& training);
 
 class ClusterCommands {
  public:
@@ -24,8 +31,9 @@ class ClusterCommands {
   int JobCreate(std::ostream& out, std::ostream& err);
   int JobStatus(std::ostream& out, std::ostream& err);
   int JobDelete(std::ostream& out, std::ostream& err);
+  int JobStop(std::ostream& out, std::ostream& err);  // train_command.cc
   int Workers(std::ostream& out, std::ostream& err);
-  int Train(std::ostream& out, std::ostream& err);
+  int Train(std::ostream& out, std::ostream& err);  // train_command.cc
   int Unshard(bool unshard, std::ostream& out, std::ostream& err);
   int Summon(std::ostream& out, std::ostream& err);
   int Watch(std::ostream& out, std::ostream& err);
@@ -39,6 +47,8 @@ class ClusterCommands {
   double wait_timeout_s_ = 120;
   int64_t steps_ = 0;
   int micro_steps_ = 0;
+  bool attach_ = false;
+  bool detach_ = false;
   std::vector<int> units_;
   std::string out_path_;
   bool with_grads_ = false;
@@ -47,6 +57,7 @@ class ClusterCommands {
   CLI::App* job_create_ = nullptr;
   CLI::App* job_status_ = nullptr;
   CLI::App* job_delete_ = nullptr;
+  CLI::App* job_stop_ = nullptr;
   CLI::App* workers_ = nullptr;
   CLI::App* train_ = nullptr;
   CLI::App* unshard_ = nullptr;

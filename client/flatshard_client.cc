@@ -95,16 +95,32 @@ absl::StatusOr<std::vector<v1::WorkerInfo>> FlatshardClient::ListWorkers(const s
 
 absl::Status FlatshardClient::Train(const std::string& job, int64_t steps, int no_sync_micro_steps,
                                     const std::function<void(const v1::StepResult&)>& on_step) {
-  grpc::ClientContext context;
   v1::TrainRequest request;
   request.set_job(job);
   request.set_steps(steps);
   request.set_no_sync_micro_steps(no_sync_micro_steps);
+  return Train(request, on_step);
+}
+
+absl::Status FlatshardClient::Train(const v1::TrainRequest& request,
+                                    const std::function<void(const v1::StepResult&)>& on_step) {
+  grpc::ClientContext context;
   std::unique_ptr<grpc::ClientReader<v1::StepResult>> reader = stub_->Train(&context, request);
   v1::StepResult result;
   while (reader->Read(&result)) on_step(result);
   grpc::Status status = reader->Finish();
   return status.ok() ? absl::OkStatus() : Error(status);
+}
+
+absl::StatusOr<v1::StopTrainingResponse> FlatshardClient::StopTraining(const std::string& job) {
+  grpc::ClientContext context;
+  SetDeadline(context, kUnaryTimeout);
+  v1::StopTrainingRequest request;
+  request.set_job(job);
+  v1::StopTrainingResponse response;
+  grpc::Status status = stub_->StopTraining(&context, request, &response);
+  if (!status.ok()) return Error(status);
+  return response;
 }
 
 absl::Status FlatshardClient::Unshard(const std::string& job, const std::vector<int>& units) {

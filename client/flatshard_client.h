@@ -31,9 +31,16 @@ class FlatshardClient {
   absl::Status DeleteJob(const std::string& name);
   absl::StatusOr<std::string> Plan(const v1::JobSpec& spec);
   absl::StatusOr<std::vector<v1::WorkerInfo>> ListWorkers(const std::string& job = "");
-  // Calls `on_step` for every step as the coordinator streams it.
+  // Starts a training operation and calls `on_step` for every step as the
+  // coordinator streams it. The operation outlives this call: a stream cut
+  // (UNAVAILABLE) leaves it running on the coordinator.
   absl::Status Train(const std::string& job, int64_t steps, int no_sync_micro_steps,
                      const std::function<void(const v1::StepResult&)>& on_step);
+  // The same with every option (attach, detach, started_by).
+  absl::Status Train(const v1::TrainRequest& request,
+                     const std::function<void(const v1::StepResult&)>& on_step);
+  // Asks the running training to end after its current step.
+  absl::StatusOr<v1::StopTrainingResponse> StopTraining(const std::string& job);
   absl::Status Unshard(const std::string& job, const std::vector<int>& units);
   absl::Status Reshard(const std::string& job, const std::vector<int>& units);
   absl::Status SummonFullParams(

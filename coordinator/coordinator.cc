@@ -83,8 +83,9 @@ absl::Status Coordinator::RestoreState() {
       continue;
     }
     ASSIGN_OR_RETURN(std::optional<BatchRecord> last_batch, state->LoadLastBatch(name));
+    ASSIGN_OR_RETURN(std::optional<v1::TrainingOperation> training, state->LoadOperation(name));
     absl::StatusOr<std::unique_ptr<TrainingJob>> job =
-        TrainingJob::Restore(record, last_batch, JobOptions());
+        TrainingJob::Restore(record, last_batch, training, JobOptions());
     if (!job.ok()) {
       return absl::Status(job.status().code(),
                           absl::StrCat("state dir ", state->dir(), ": job '", name,

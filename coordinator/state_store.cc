@@ -375,7 +375,7 @@ absl::StatusOr<std::optional<BatchRecord>> StateStore::LoadLastBatch(const std::
 }
 
 absl::Status StateStore::PutOperation(const std::string& job,
-                                      const std::optional<TrainOperation>& op) {
+                                      const std::optional<v1::TrainingOperation>& op) {
   std::lock_guard<std::mutex> lock(mu_);
   RETURN_IF_ERROR(ExecLocked("PRAGMA synchronous=FULL"));
   if (!op.has_value()) {
@@ -385,14 +385,14 @@ absl::Status StateStore::PutOperation(const std::string& job,
                    "INSERT OR REPLACE INTO operations(job, target_step, micro_steps, started_by, "
                    "started_at) VALUES (?1,?2,?3,?4,?5)")
       .Text(1, job)
-      .Int(2, op->target_step)
-      .Int(3, op->micro_steps)
-      .Text(4, op->started_by)
-      .Real(5, Seconds(op->started_at))
+      .Int(2, op->target_step())
+      .Int(3, op->no_sync_micro_steps())
+      .Text(4, op->started_by())
+      .Real(5, op->started_at_unix())
       .Run();
 }
 
-absl::StatusOr<std::optional<TrainOperation>> StateStore::LoadOperation(
+absl::StatusOr<std::optional<v1::TrainingOperation>> StateStore::LoadOperation(
     const std::string& job) const {
   std::lock_guard<std::mutex> lock(mu_);
   Statement s(db_,
@@ -403,11 +403,12 @@ absl::StatusOr<std::optional<TrainOperation>> StateStore::LoadOperation(
     RETURN_IF_ERROR(s.status());
     return std::nullopt;
   }
-  TrainOperation op;
-  op.target_step = s.ColumnInt(0);
-  op.micro_steps = static_cast<int>(s.ColumnInt(1));
-  op.started_by = s.ColumnString(2);
-  op.started_at = absl::UnixEpoch() + absl::Seconds(s.ColumnReal(3));
+  v1::TrainingOperation op;
+  op.set_target_step(s.ColumnInt(0));
+  op.set_no_sync_micro_steps(static_cast<int>(s.ColumnInt(1)));
+  op.set_started_by(s.ColumnString(2));
+  op.set_started_at_unix(s.ColumnReal(3));
+  op.set_running(true);
   return op;
 }
 

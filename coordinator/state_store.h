@@ -60,14 +60,6 @@ struct BatchRecord {
   int64_t data_position_after = 0;
 };
 
-// A training operation the coordinator runs on its own (it outlives clients).
-struct TrainOperation {
-  int64_t target_step = 0;
-  int micro_steps = 0;
-  std::string started_by;
-  absl::Time started_at;
-};
-
 class StateStore {
  public:
   static constexpr int kSchemaVersion = 1;
@@ -96,8 +88,8 @@ class StateStore {
   absl::StatusOr<std::optional<BatchRecord>> LoadLastBatch(const std::string& job) const;
 
   // The training operation in progress (none after it ended).
-  absl::Status PutOperation(const std::string& job, const std::optional<TrainOperation>& op);
-  absl::StatusOr<std::optional<TrainOperation>> LoadOperation(const std::string& job) const;
+  absl::Status PutOperation(const std::string& job, const std::optional<v1::TrainingOperation>& op);
+  absl::StatusOr<std::optional<v1::TrainingOperation>> LoadOperation(const std::string& job) const;
 
   // Registered workers.
   absl::Status PutWorker(const WorkerRecord& worker);

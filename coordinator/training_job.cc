@@ -46,6 +46,7 @@ TrainingJob::~TrainingJob() {
     stopping_ = true;
   }
   if (recoverer_.joinable()) recoverer_.join();
+  if (trainer_.joinable()) trainer_.join();
   if (committer_.joinable()) committer_.join();
 }
 
@@ -76,6 +77,7 @@ v1::Job TrainingJob::ToProto() const {
   job.set_restarts(restarts_);
   job.set_world_size(epoch_config_->world_size);
   if (last_recovery_.has_value()) *job.mutable_last_recovery() = *last_recovery_;
+  if (run_ != nullptr) *job.mutable_training() = run_->operation();
   for (const Unit& unit : units_) *job.add_units() = UnitToProto(unit);
   return job;
 }
@@ -254,162 +256,6 @@ void TrainingJob::FailWith(const absl::Status& status) {
   (void)states_.Transition(v1::FAILED, std::string(status.message()));
 }
 
-absl::Status TrainingJob::Train(int64_t steps, int micro_steps,
-                                const std::function<bool(const v1::StepResult&)>& on_step) {
-  if (steps <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat("train.steps must be positive, got ", steps));
-  }
-  if (micro_steps < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("train.no_sync_micro_steps must be >= 0, got ", micro_steps));
-  }
-  ASSIGN_OR_RETURN(std::unique_lock<std::mutex> op, BeginOperation("train"));
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!unsharded_.empty()) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("cannot train while units ", absl::StrJoin(unsharded_, ","),
-                       " are manually unsharded; reshard them first (flatshard reshard)"));
-    }
-  }
-  const v1::JobState from = states_.state();
-  RETURN_IF_ERROR(
-      states_.TransitionFrom(from, v1::TRAINING, absl::StrCat("training ", steps, " steps")));
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    training_ = true;
-  }
-  // Saves other clients asked for while this Train ran are never left
-  // waiting: they run after the last step, or fail with the job's failure.
-  struct DrainSaves {
-    TrainingJob* job;
-    ~DrainSaves() {
-      const bool failed = job->states_.state() == v1::FAILED;
-      job->RunPendingSaves(failed ? absl::FailedPreconditionError(absl::StrCat(
-                                        "the job failed before the checkpoint could be taken: ",
-                                        job->states_.failure()))
-                                  : absl::OkStatus(),
-                           /*last=*/true);
-    }
-  } drain{this};
-  // The workers compile the same programs from the same job (FsdpRuntime::
-  // CompileProgram) and refuse a step whose digest differs. A recovery may
-  // change the world size, and with it the programs.
-  struct Programs {
-    int world = 0;
-    StepProgram synced, micro;
-  } programs;
-  const auto compile = [&] {
-    const int world = world_size();
-    if (programs.world == world) return;
-    const auto program = [&](bool sync_gradients) {
-      return CompileStepProgram(
-          index_, units_,
-          StepProgramOptionsFor(config_.sharding, config_.optimizer, world, sync_gradients));
-    };
-    programs = {world, program(true), program(false)};
-  };
-  int64_t target = 0;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    target = step_ + steps;  // a recovery rewinds step_; Train still ends at target
-  }
-  const auto current_step = [&] {
-    std::lock_guard<std::mutex> lock(mu_);
-    return step_;
-  };
-
-  bool stopped_by_client = false;
-  std::optional<v1::Recovery> recovered;  // reported with the next step
-  while (current_step() < target && !stopped_by_client) {
-    compile();
-    const int world = programs.world;
-    const absl::Time start = absl::Now();
-    v1::StepResult result;
-    result.set_total_steps(steps);
-    std::vector<double> losses(static_cast<size_t>(world), 0.0);
-    int64_t samples = 0;
-    absl::Status failed;
-    for (int k = 0; k <= micro_steps && failed.ok(); ++k) {
-      const bool sync = k == micro_steps;
-      int64_t data_position = 0;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        data_position = data_position_;
-      }
-      absl::StatusOr<std::vector<v1::CommandResult>> results = sequencer()->Run(
-          MakeStepBatch(sync ? programs.synced : programs.micro, data_position, sync));
-      if (!results.ok()) {
-        failed = results.status();
-        break;
-      }
-      double compute = 0, comm = 0;
-      for (const v1::CommandResult& r : *results) {
-        losses[static_cast<size_t>(r.rank())] += r.loss() / static_cast<double>(micro_steps + 1);
-        samples += r.samples();
-        compute = std::max(compute, r.compute_seconds());
-        comm = std::max(comm, r.exposed_comm_seconds());
-      }
-      result.set_compute_seconds(result.compute_seconds() + compute);
-      result.set_exposed_comm_seconds(result.exposed_comm_seconds() + comm);
-      if (sync) result.set_grad_norm((*results)[0].grad_norm());
-      std::lock_guard<std::mutex> lock(mu_);
-      ++data_position_;
-    }
-    if (!failed.ok()) {
-      RETURN_IF_ERROR(OnBatchFailure(failed));
-      recovered = last_recovery();
-      RETURN_IF_ERROR(states_.TransitionFrom(
-          v1::READY, v1::TRAINING,
-          absl::StrCat("training resumes at step ", current_step(), " of ", target)));
-      continue;
-    }
-    double sum = 0;
-    for (double loss : losses) {
-      result.add_rank_losses(loss);
-      sum += loss;
-    }
-    result.set_loss(sum / static_cast<double>(world));
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      result.set_step(++step_);
-      result.set_seq(sequencer_->last_seq());
-    }
-    PersistProgress();
-    if (recovered.has_value()) {
-      *result.mutable_recovery() = *recovered;
-      recovered.reset();
-    }
-    const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
-    result.set_step_seconds(seconds);
-    result.set_samples_per_second(seconds > 0 ? static_cast<double>(samples) / seconds : 0.0);
-    if (options_.observer != nullptr) options_.observer->OnStep(config_.name, result, samples);
-    stopped_by_client = !on_step(result);
-    RunPendingSaves(absl::OkStatus(), /*last=*/false);
-    if (absl::Status scheduled = MaybeScheduledSave(); !scheduled.ok()) {
-      // A save that failed because a rank did recovered the job; training
-      // goes on from the checkpoint it restored.
-      if (states_.state() == v1::READY) {
-        RETURN_IF_ERROR(states_.TransitionFrom(
-            v1::READY, v1::TRAINING,
-            absl::StrCat("training resumes at step ", current_step(), " of ", target)));
-        recovered = last_recovery();
-        continue;
-      }
-      if (states_.state() != v1::TRAINING) return scheduled;
-      RETURN_IF_ERROR(states_.Transition(
-          v1::IDLE,
-          absl::StrCat("training stopped: scheduled checkpoint failed: ", scheduled.message())));
-      return scheduled;
-    }
-  }
-  RETURN_IF_ERROR(states_.Transition(v1::IDLE, stopped_by_client
-                                                   ? "training stopped: the client went away"
-                                                   : absl::StrCat("trained to step ", target)));
-  if (stopped_by_client) return absl::CancelledError("the client stopped reading");
-  return absl::OkStatus();
-}
-
 absl::StatusOr<std::vector<int>> TrainingJob::CheckUnits(const std::vector<int>& units) const {
   std::vector<int> out = units;
   if (out.empty()) {
@@ -502,13 +348,16 @@ void TrainingJob::Stop(const std::string& reason) {
   (void)states_.Transition(v1::STOPPED, reason);
   states_.Close();
   // A recovery thread sees stopping_ and ends; none may outlive the stop (it
-  // calls back into the coordinator's membership).
-  std::thread recoverer;
+  // calls back into the coordinator's membership). The training operation's
+  // Train returns with the sequencer's failure.
+  std::thread recoverer, trainer;
   {
     std::lock_guard<std::mutex> lock(mu_);
     recoverer = std::move(recoverer_);
+    trainer = std::move(trainer_);
   }
   if (recoverer.joinable()) recoverer.join();
+  if (trainer.joinable()) trainer.join();
 }
 
 std::optional<uint64_t> TrainingJob::AbortEpochFor(const std::string& worker_id) const {

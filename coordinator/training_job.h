@@ -26,6 +26,7 @@
 #include "coordinator/job_state_machine.h"
 #include "coordinator/membership.h"
 #include "coordinator/state_store.h"
+#include "coordinator/training_run.h"
 #include "coordinator/worker_client.h"
 #include "core/job_config.h"
 #include "core/step_program.h"
@@ -72,7 +73,7 @@ class TrainingJob {
   // for Readopt; a FAILED one stays FAILED; one never formed is PENDING.
   static absl::StatusOr<std::unique_ptr<TrainingJob>> Restore(
       const JobRecord& record, const std::optional<BatchRecord>& last_batch,
-      TrainingJobOptions options);
+      const std::optional<v1::TrainingOperation>& training, TrainingJobOptions options);
   ~TrainingJob();
 
   const std::string& name() const { return config_.name; }
@@ -89,8 +90,25 @@ class TrainingJob {
   // Runs `steps` optimizer steps (each after `micro_steps` no_sync micro-steps),
   // calling `on_step` after each; `on_step` returning false (the client went
   // away) stops after that step.
+  // `on_started` runs once the job is TRAINING (the operation slot is taken),
+  // `on_ended` just before it goes IDLE (reached its target, stopped, or a
+  // scheduled checkpoint failed), with the status Train returns then.
+  using EndedHook = std::function<void(const absl::Status&, const std::string& outcome)>;
   absl::Status Train(int64_t steps, int micro_steps,
-                     const std::function<bool(const v1::StepResult&)>& on_step);
+                     const std::function<bool(const v1::StepResult&)>& on_step,
+                     const std::function<void()>& on_started = {}, const EndedHook& on_ended = {});
+
+  // The training operation (training_job_train.cc): Train on a thread of the
+  // job's, to step() + `steps`, kept in the state dir until it ends. Returns
+  // once the job is TRAINING, or why it could not start (FAILED_PRECONDITION
+  // naming the training already running).
+  absl::StatusOr<std::shared_ptr<TrainingRun>> StartTraining(int64_t steps, int micro_steps,
+                                                             const std::string& started_by);
+  // The running or last training operation (null before the first).
+  std::shared_ptr<TrainingRun> training() const;
+  // Asks the running training to end after its current step; the job's step
+  // now. FAILED_PRECONDITION when none runs.
+  absl::StatusOr<int64_t> StopTraining();
   absl::Status Unshard(const std::vector<int>& units);  // empty: every unit
   absl::Status Reshard(const std::vector<int>& units);
   absl::Status Summon(bool with_grads, int64_t chunk_bytes, const WorkerClient::ChunkSink& sink);
@@ -130,7 +148,8 @@ class TrainingJob {
   // that seq the last batch sent or the one before it, takes the workers back
   // as they are: READY at the step they reached, nothing lost or repeated.
   // Otherwise rolls back: recovers from the last committed checkpoint (a new
-  // epoch), saying why in the job's events.
+  // epoch), saying why in the job's events. Either way, a training operation
+  // that was running goes on to its target step.
   absl::Status Readopt();
   // From now on nothing is written to the state store: the coordinator is
   // shutting down, and what it does to stop must not read as the job's end.
@@ -181,6 +200,13 @@ class TrainingJob {
     uint64_t last_seq = 0;
   };
   absl::StatusOr<Progress> AgreedProgress(const std::vector<WorkerRecord>& members);
+  absl::Status ReadoptLocked();  // Readopt with the operation slot
+
+  // The training operation's thread body, its launch, and its record.
+  absl::StatusOr<std::shared_ptr<TrainingRun>> LaunchRun(const v1::TrainingOperation& op);
+  void RunTraining(const std::shared_ptr<TrainingRun>& run);
+  void SaveOperation(const std::optional<v1::TrainingOperation>& op);
+  void ResumeTraining();  // the restored operation, if any
 
   // Checkpoints (training_job_checkpoints.cc).
   struct PendingSave;
@@ -247,6 +273,10 @@ class TrainingJob {
     bool adoptable = true;  // false: it was mid-formation or mid-recovery
   };
   std::optional<Restored> restored_;
+  std::optional<v1::TrainingOperation> resume_;  // restored, started once READY
+
+  std::shared_ptr<TrainingRun> run_;  // the running or last training operation
+  std::thread trainer_;               // runs run_; joined by the next one, Stop, ~
 
   std::mutex persist_mu_;  // one writer at a time, so the last write is the newest state
   StateStore* state_store_ = nullptr;  // guarded by persist_mu_; null once detached

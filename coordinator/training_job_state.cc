@@ -105,7 +105,7 @@ void TrainingJob::JournalBatch(const v1::CommandBatch& batch) {
 
 absl::StatusOr<std::unique_ptr<TrainingJob>> TrainingJob::Restore(
     const JobRecord& record, const std::optional<BatchRecord>& last_batch,
-    TrainingJobOptions options) {
+    const std::optional<v1::TrainingOperation>& training, TrainingJobOptions options) {
   ASSIGN_OR_RETURN(JobConfig config, JobConfigFromProto(record.spec));
   // Attached at the end: the store keeps the record as it is until the job
   // changes state for real (a second restart must find the same record).
@@ -134,6 +134,7 @@ absl::StatusOr<std::unique_ptr<TrainingJob>> TrainingJob::Restore(
     job->last_recovery_ = record.last_recovery;
     job->worker_ids_ = record.worker_ids;
     job->epoch_config_ = std::move(epoch_config);
+    if (record.state != v1::FAILED) job->resume_ = training;
   }
   const std::string where = absl::StrCat("step ", record.step, ", epoch ", record.epoch, ", ",
                                          record.worker_ids.size(), " ranks");
@@ -267,6 +268,13 @@ absl::StatusOr<TrainingJob::Progress> TrainingJob::AgreedProgress(
 }
 
 absl::Status TrainingJob::Readopt() {
+  absl::Status status = ReadoptLocked();
+  // The slot is free again: the restored training takes it.
+  if (states_.state() == v1::READY) ResumeTraining();
+  return status;
+}
+
+absl::Status TrainingJob::ReadoptLocked() {
   std::unique_lock<std::mutex> op(op_mu_);
   const absl::Time began = absl::Now();
   Restored restored;

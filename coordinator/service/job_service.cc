@@ -73,10 +73,56 @@ grpc::Status JobServiceImpl::Train(grpc::ServerContext* context, const v1::Train
                                    grpc::ServerWriter<v1::StepResult>* writer) {
   absl::StatusOr<std::shared_ptr<TrainingJob>> job = coordinator_->FindJob(request->job());
   if (!job.ok()) return ToGrpcStatus(job.status());
-  return ToGrpcStatus((*job)->Train(request->steps(), request->no_sync_micro_steps(),
-                                    [&](const v1::StepResult& result) {
-                                      return !context->IsCancelled() && writer->Write(result);
-                                    }));
+  if (request->attach() && request->detach()) {
+    return ToGrpcStatus(absl::InvalidArgumentError("train: attach and detach exclude each other"));
+  }
+  std::shared_ptr<TrainingRun> run;
+  uint64_t cursor = 0;
+  if (request->attach()) {
+    run = (*job)->training();
+    if (run == nullptr || !run->operation().running()) {
+      return ToGrpcStatus(absl::FailedPreconditionError(absl::StrCat(
+          "job '", request->job(), "' is not training; start with `flatshard train -j ",
+          request->job(), " --steps N`")));
+    }
+    cursor = run->published();  // from the current step on
+  } else {
+    const std::string started_by =
+        request->started_by().empty() ? context->peer() : request->started_by();
+    absl::StatusOr<std::shared_ptr<TrainingRun>> started =
+        (*job)->StartTraining(request->steps(), request->no_sync_micro_steps(), started_by);
+    if (!started.ok()) return ToGrpcStatus(started.status());
+    run = *std::move(started);
+    if (request->detach()) return grpc::Status::OK;
+  }
+  // Stream until the operation ends; a client that goes away leaves it running.
+  while (true) {
+    TrainingRun::Results next = run->Next(cursor, absl::Now() + absl::Seconds(1));
+    for (const v1::StepResult& result : next.results) {
+      if (context->IsCancelled() || !writer->Write(result)) {
+        return grpc::Status(grpc::StatusCode::CANCELLED,
+                            "the client went away; the training goes on");
+      }
+    }
+    cursor = next.next;
+    if (next.finished) return ToGrpcStatus(next.status);
+    if (context->IsCancelled()) {
+      return grpc::Status(grpc::StatusCode::CANCELLED,
+                          "the client went away; the training goes on");
+    }
+  }
+}
+
+grpc::Status JobServiceImpl::StopTraining(grpc::ServerContext*,
+                                          const v1::StopTrainingRequest* request,
+                                          v1::StopTrainingResponse* response) {
+  absl::StatusOr<std::shared_ptr<TrainingJob>> job = coordinator_->FindJob(request->job());
+  if (!job.ok()) return ToGrpcStatus(job.status());
+  absl::StatusOr<int64_t> step = (*job)->StopTraining();
+  if (!step.ok()) return ToGrpcStatus(step.status());
+  response->set_was_running(true);
+  response->set_step(*step);
+  return grpc::Status::OK;
 }
 
 grpc::Status JobServiceImpl::Unshard(grpc::ServerContext*, const v1::UnshardRequest* request,

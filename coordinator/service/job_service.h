@@ -26,6 +26,8 @@ class JobServiceImpl final : public v1::JobService::Service {
                            v1::ListWorkersResponse* response) override;
   grpc::Status Train(grpc::ServerContext* context, const v1::TrainRequest* request,
                      grpc::ServerWriter<v1::StepResult>* writer) override;
+  grpc::Status StopTraining(grpc::ServerContext* context, const v1::StopTrainingRequest* request,
+                            v1::StopTrainingResponse* response) override;
   grpc::Status Unshard(grpc::ServerContext* context, const v1::UnshardRequest* request,
                        v1::UnshardResponse* response) override;
   grpc::Status Reshard(grpc::ServerContext* context, const v1::ReshardRequest* request,
