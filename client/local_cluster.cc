@@ -86,6 +86,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
     if (options.device == "sim") args.insert(args.end(), {"--sim-seed", absl::StrCat(i + 1)});
     ASSIGN_OR_RETURN(std::unique_ptr<ChildProcess> worker, ChildProcess::Spawn(args));
     cluster->workers_.push_back(std::move(worker));
+    cluster->worker_args_.push_back(args);
   }
   for (auto& worker : cluster->workers_) {
     ASSIGN_OR_RETURN(std::string line, worker->ReadLine(options.start_timeout));
@@ -135,6 +136,26 @@ absl::Status LocalCluster::KillAndRestartCoordinator() {
   coordinator_->Signal(SIGKILL);
   (void)coordinator_->Terminate(absl::Seconds(10));  // reaps it
   return StartCoordinator(address_);
+}
+
+absl::Status LocalCluster::RestartWorker(int i) {
+  const auto w = static_cast<size_t>(i);
+  if (w >= workers_.size()) {
+    return absl::InvalidArgumentError(absl::StrCat("no worker ", i));
+  }
+  if (!workers_[w]->Wait(absl::ZeroDuration()).has_value()) {
+    return absl::FailedPreconditionError(absl::StrCat(workers_[w]->name(), " is still running"));
+  }
+  ASSIGN_OR_RETURN(workers_[w], ChildProcess::Spawn(worker_args_[w]));
+  ASSIGN_OR_RETURN(std::string line, workers_[w]->ReadLine(options_.start_timeout));
+  const size_t listening = line.find(kWorkerListening);
+  if (listening == std::string::npos) {
+    return absl::InternalError(
+        absl::StrCat(workers_[w]->name(), " said '", line, "' instead of its addresses"));
+  }
+  const std::string rest = line.substr(listening + strlen(kWorkerListening));
+  worker_addresses_[w] = rest.substr(0, rest.find(','));
+  return absl::OkStatus();
 }
 
 bool LocalCluster::Stop() {

@@ -60,6 +60,9 @@ class LocalCluster {
   // starts it again on the same address and state dir; returns once it
   // listens. The workers are left running.
   absl::Status KillAndRestartCoordinator();
+  // Starts worker `i` again with the arguments it had (its id, so it keeps its
+  // rank) after it died; returns once it has registered. It must have exited.
+  absl::Status RestartWorker(int i);
 
   // The directory holding this executable (for bin_dir).
   static std::string SelfDirectory();
@@ -75,6 +78,7 @@ class LocalCluster {
   std::string address_;
   std::unique_ptr<ChildProcess> coordinator_;
   std::vector<std::unique_ptr<ChildProcess>> workers_;
+  std::vector<std::vector<std::string>> worker_args_;
   std::vector<std::string> banners_;
   std::vector<std::string> worker_addresses_;
   std::string coordinator_metrics_;

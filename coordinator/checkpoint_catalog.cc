@@ -149,8 +149,16 @@ void CheckpointCatalog::Retire(int keep_last) {
   }
   std::error_code ec;
   const int excess = static_cast<int>(scheduled.size()) - keep_last;
+  const std::string latest = LatestName();
   for (int i = 0; i < excess; ++i) {
     const std::string& old = scheduled[static_cast<size_t>(i)];
+    // What `latest` names (its update may have failed) and what a load is
+    // reading stay; a later retirement takes them.
+    if (old == latest || pinned_.contains(old)) {
+      spdlog::info("job {}: keeping scheduled checkpoint {} beyond keep_last {}: {}", job_, old,
+                   keep_last, old == latest ? "`latest` names it" : "it is being loaded");
+      continue;
+    }
     spdlog::info("job {}: retiring scheduled checkpoint {} (keep_last {})", job_, old, keep_last);
     fs::remove(absl::StrCat(Path(old), "/", kManifestFileName), ec);
     fs::remove_all(Path(old), ec);
@@ -241,6 +249,17 @@ absl::Status CheckpointCatalog::Delete(const std::string& name) {
   }
   NotifyChanged();
   return absl::OkStatus();
+}
+
+CheckpointCatalog::Pin::Pin(CheckpointCatalog* catalog, std::string name)
+    : catalog_(catalog), name_(std::move(name)) {
+  std::lock_guard<std::recursive_mutex> lock(catalog_->mu_);
+  ++catalog_->pinned_[name_];
+}
+
+CheckpointCatalog::Pin::~Pin() {
+  std::lock_guard<std::recursive_mutex> lock(catalog_->mu_);
+  if (--catalog_->pinned_[name_] == 0) catalog_->pinned_.erase(name_);
 }
 
 void CheckpointCatalog::set_on_change(

@@ -10,6 +10,7 @@
 #define FLATSHARD_COORDINATOR_CHECKPOINT_CATALOG_H_
 
 #include <functional>
+#include <map>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -40,7 +41,8 @@ class CheckpointCatalog {
   // returns the names. Only when no save can be in flight: at job creation.
   std::vector<std::string> RemoveStalePartials();
   // Phase two. For a scheduled checkpoint, `keep_last` > 0 then deletes the
-  // oldest scheduled checkpoints beyond that many (never on-demand ones).
+  // oldest scheduled checkpoints beyond that many (never on-demand ones, the
+  // one `latest` names, or one a load has pinned).
   absl::StatusOr<v1::CheckpointInfo> Commit(const CheckpointManifest& manifest, int keep_last);
 
   // A committed checkpoint's manifest; "latest" resolves the pointer.
@@ -49,6 +51,19 @@ class CheckpointCatalog {
   // Committed checkpoints, oldest first (by creation time, then name).
   absl::StatusOr<std::vector<v1::CheckpointInfo>> List() const;
   absl::Status Delete(const std::string& name);
+  // Keeps retention off checkpoint `name` while it lives (a load reads it).
+  class Pin {
+   public:
+    Pin(CheckpointCatalog* catalog, std::string name);
+    ~Pin();
+    Pin(const Pin&) = delete;
+    Pin& operator=(const Pin&) = delete;
+
+   private:
+    CheckpointCatalog* catalog_;
+    std::string name_;
+  };
+
   // Called with the committed checkpoints after every commit, retirement and
   // delete, under the catalog's lock (the state store records them).
   void set_on_change(std::function<void(const std::vector<v1::CheckpointInfo>&)> observer);
@@ -67,6 +82,7 @@ class CheckpointCatalog {
   // delete: one directory operation at a time (Commit reads through List).
   mutable std::recursive_mutex mu_;
   std::function<void(const std::vector<v1::CheckpointInfo>&)> on_change_;
+  std::map<std::string, int> pinned_;  // names being loaded, with counts
 };
 
 }  // namespace flatshard

@@ -1,5 +1,6 @@
 #include "coordinator/training_job.h"
 
+#include <chrono>
 #include <map>
 #include <thread>
 #include <utility>
@@ -108,7 +109,7 @@ absl::Status CheckOneDeviceKind(const std::vector<WorkerRecord>& members) {
 }
 
 absl::Status TrainingJob::Form(const std::vector<WorkerRecord>& members) {
-  std::unique_lock<std::mutex> op(op_mu_);
+  OperationLock op(op_mu_);
   v1::JobSpec spec;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -223,7 +224,7 @@ absl::Status TrainingJob::FormLocked(const std::vector<WorkerRecord>& members,
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::unique_lock<std::mutex>> TrainingJob::BeginOperation(const char* what) {
+absl::StatusOr<TrainingJob::OperationLock> TrainingJob::BeginOperation(const char* what) {
   const v1::JobState state = states_.state();
   switch (state) {
     case v1::PENDING:
@@ -243,7 +244,10 @@ absl::StatusOr<std::unique_lock<std::mutex>> TrainingJob::BeginOperation(const c
     default:
       break;
   }
-  std::unique_lock<std::mutex> op(op_mu_, std::try_to_lock);
+  OperationLock op(op_mu_, std::try_to_lock);
+  if (!op.owns_lock() && states_.state() == v1::READY) {
+    (void)op.try_lock_for(std::chrono::seconds(5));
+  }
   if (!op.owns_lock()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "cannot ", what, ": job '", config_.name, "' is busy (", v1::JobState_Name(states_.state()),
@@ -283,7 +287,7 @@ absl::Status TrainingJob::RunControl(const StepProgram& commands) {
 
 absl::Status TrainingJob::Unshard(const std::vector<int>& units) {
   ASSIGN_OR_RETURN(std::vector<int> which, CheckUnits(units));
-  ASSIGN_OR_RETURN(std::unique_lock<std::mutex> op, BeginOperation("unshard"));
+  ASSIGN_OR_RETURN(OperationLock op, BeginOperation("unshard"));
   StepProgram commands;
   for (int u : which) commands.push_back(StepCommand::Unshard(u, /*prefetch=*/false));
   RETURN_IF_ERROR(RunControl(commands));
@@ -294,7 +298,7 @@ absl::Status TrainingJob::Unshard(const std::vector<int>& units) {
 
 absl::Status TrainingJob::Reshard(const std::vector<int>& units) {
   ASSIGN_OR_RETURN(std::vector<int> which, CheckUnits(units));
-  ASSIGN_OR_RETURN(std::unique_lock<std::mutex> op, BeginOperation("reshard"));
+  ASSIGN_OR_RETURN(OperationLock op, BeginOperation("reshard"));
   StepProgram commands;
   for (int u : which) commands.push_back(StepCommand::Reshard(u));
   RETURN_IF_ERROR(RunControl(commands));
@@ -313,7 +317,7 @@ absl::Status TrainingJob::Summon(bool with_grads, int64_t chunk_bytes,
     return absl::InvalidArgumentError(
         "with_grads needs sharding.use_orig_params: true (FSDP's summon_full_params rule)");
   }
-  ASSIGN_OR_RETURN(std::unique_lock<std::mutex> op, BeginOperation("summon parameters"));
+  ASSIGN_OR_RETURN(OperationLock op, BeginOperation("summon parameters"));
   v1::CommandBatch batch;
   batch.mutable_summon()->set_with_grads(with_grads);
   batch.mutable_summon()->set_chunk_bytes(chunk_bytes);

@@ -165,7 +165,11 @@ class TrainingJob {
               TrainingJobOptions options);
 
   // Takes the operation slot, or explains why not (state, busy).
-  absl::StatusOr<std::unique_lock<std::mutex>> BeginOperation(const char* what);
+  // A READY job whose slot is held is finishing an internal re-form (a
+  // recovery, a re-adoption, growing back) that has already said READY: the
+  // call waits for it (a few seconds at most) instead of being refused.
+  using OperationLock = std::unique_lock<std::timed_mutex>;
+  absl::StatusOr<OperationLock> BeginOperation(const char* what);
   absl::StatusOr<std::vector<int>> CheckUnits(const std::vector<int>& units) const;
   absl::Status RunControl(const StepProgram& commands);
   void FailWith(const absl::Status& status);
@@ -185,6 +189,11 @@ class TrainingJob {
   std::vector<int> ProbeMembers(std::vector<WorkerRecord>* alive);
   // The newest committed checkpoint a world of `world_size` can load.
   std::optional<std::string> RecoveryCheckpoint(int world_size) const;
+  // Between steps of Train, after a scheduled checkpoint: a job a recovery
+  // shrank grows back to its spec's world size when enough workers are live
+  // again (a new epoch, the checkpoint of this step loaded, nothing lost).
+  // OK also when it does not grow; the job is then still TRAINING, else READY.
+  absl::Status MaybeGrow();
 
   // The state store (training_job_state.cc): the whole record after every
   // transition, progress after every batch, the write-ahead batch journal.
@@ -245,8 +254,8 @@ class TrainingJob {
   const TrainingJobOptions options_;
   JobStateMachine states_;
 
-  std::mutex op_mu_;       // one operation at a time
-  mutable std::mutex mu_;  // guards everything below
+  std::timed_mutex op_mu_;  // one operation at a time
+  mutable std::mutex mu_;   // guards everything below
   uint64_t epoch_ = 0;
   int64_t step_ = 0;           // optimizer steps completed
   int64_t data_position_ = 0;  // global batches consumed (micro-steps included)

@@ -62,7 +62,7 @@ absl::StatusOr<v1::CheckpointInfo> TrainingJob::SaveCheckpoint(
   if (!requested.empty()) RETURN_IF_ERROR(ValidateCheckpointName(requested));
   const v1::StateDictType type = ResolveStateDictType(settings);
   SaveFuture done;
-  absl::StatusOr<std::unique_lock<std::mutex>> op = BeginOperation("save a checkpoint");
+  absl::StatusOr<OperationLock> op = BeginOperation("save a checkpoint");
   if (op.ok()) {
     std::string name = requested;
     if (name.empty()) {
@@ -300,12 +300,14 @@ TrainingJob::SaveFuture TrainingJob::StartSave(const std::string& name, v1::Stat
 }
 
 absl::StatusOr<v1::CheckpointInfo> TrainingJob::LoadCheckpoint(const std::string& name) {
-  ASSIGN_OR_RETURN(std::unique_lock<std::mutex> op, BeginOperation("load a checkpoint"));
+  ASSIGN_OR_RETURN(OperationLock op, BeginOperation("load a checkpoint"));
   return LoadLocked(name);
 }
 
 absl::StatusOr<v1::CheckpointInfo> TrainingJob::LoadLocked(const std::string& name) {
   ASSIGN_OR_RETURN(CheckpointManifest manifest, catalog_.Read(name));
+  // An async save's commit may retire old checkpoints meanwhile: not this one.
+  const CheckpointCatalog::Pin pin(&catalog_, manifest.name);
   v1::CheckpointBatch command;
   command.mutable_load_shard()->set_directory(catalog_.RelativeDir(manifest.name));
   // Stage everywhere first: a rank that cannot read its part changes nothing.

@@ -37,7 +37,7 @@ void TrainingJob::FailRank(int rank, const absl::Status& reason) {
     const uint64_t epoch = epoch_;
     recoverer_ = std::thread([this, cause, epoch] {
       {
-        std::unique_lock<std::mutex> op(op_mu_);
+        OperationLock op(op_mu_);
         bool current = false;
         {
           std::lock_guard<std::mutex> inner(mu_);
@@ -235,6 +235,76 @@ absl::Status TrainingJob::RecoverLocked(const absl::Status& cause, std::vector<i
       ", ", record.steps_lost(), " step(s) lost");
   spdlog::warn("job {}: {}", config_.name, summary);
   if (options_.observer != nullptr) options_.observer->OnRecovery(config_.name, record);
+  return states_.Transition(v1::READY, summary);
+}
+
+absl::Status TrainingJob::MaybeGrow() {
+  const int world = world_size();
+  if (world >= config_.world_size) return absl::OkStatus();
+  int64_t step = 0;
+  std::vector<WorkerRecord> members;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    step = step_;
+    members = members_;
+  }
+  // Only at a scheduled checkpoint of this very step: growing loses no step.
+  int64_t every = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    every = spec_.checkpoints().every_steps();
+  }
+  if (every <= 0 || step % every != 0) return absl::OkStatus();
+  if (committer_.joinable()) committer_.join();  // an async save committing it
+  const std::optional<std::string> checkpoint = RecoveryCheckpoint(config_.world_size);
+  if (!checkpoint.has_value()) return absl::OkStatus();
+  absl::StatusOr<CheckpointManifest> manifest = catalog_.Read(*checkpoint);
+  if (!manifest.ok() || manifest->step != step) return absl::OkStatus();
+  // Workers outside the epoch, heartbeating, on the same kind of device.
+  std::set<std::string> in_epoch;
+  for (const WorkerRecord& m : members) in_epoch.insert(m.worker_id);
+  std::vector<WorkerRecord> joining;
+  if (options_.live_workers) {
+    for (const WorkerRecord& w : options_.live_workers()) {
+      if (in_epoch.contains(w.worker_id) || (!members.empty() && w.device != members[0].device)) {
+        continue;
+      }
+      if (static_cast<int>(members.size() + joining.size()) < config_.world_size) {
+        joining.push_back(w);
+      }
+    }
+  }
+  if (static_cast<int>(members.size() + joining.size()) < config_.world_size) {
+    return absl::OkStatus();
+  }
+  const absl::Time began = absl::Now();
+  std::vector<std::string> names;
+  names.reserve(joining.size());
+  for (const WorkerRecord& w : joining) names.push_back(w.worker_id);
+  members.insert(members.end(), joining.begin(), joining.end());
+  RETURN_IF_ERROR(states_.Transition(
+      v1::RECOVERING,
+      absl::StrCat("growing back from world size ", world, " to ", config_.world_size, " (",
+                   absl::StrJoin(names, ", "), " joined) at checkpoint ", *checkpoint)));
+  v1::JobSpec spec;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    spec = spec_;
+  }
+  spec.clear_rank_by_worker_id();
+  absl::Status grown = FormLocked(members, spec, std::make_shared<const JobConfig>(config_));
+  if (grown.ok()) grown = LoadLocked(*checkpoint).status();
+  if (!grown.ok()) {
+    // A joining worker failed: recover as from any failure (it shrinks again).
+    return RecoverLocked(
+        absl::Status(grown.code(), absl::StrCat("growing back failed: ", grown.message())), {});
+  }
+  const std::string summary =
+      absl::StrCat("grew back to world size ", config_.world_size, " at step ", step,
+                   " from checkpoint ", *checkpoint, " in ",
+                   absl::FormatDuration(absl::Trunc(absl::Now() - began, absl::Milliseconds(1))),
+                   " (no step lost)");
+  spdlog::info("job {}: {}", config_.name, summary);
   return states_.Transition(v1::READY, summary);
 }
 

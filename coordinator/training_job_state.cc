@@ -275,7 +275,7 @@ absl::Status TrainingJob::Readopt() {
 }
 
 absl::Status TrainingJob::ReadoptLocked() {
-  std::unique_lock<std::mutex> op(op_mu_);
+  OperationLock op(op_mu_);
   const absl::Time began = absl::Now();
   Restored restored;
   {

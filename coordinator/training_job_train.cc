@@ -29,7 +29,7 @@ absl::Status TrainingJob::Train(int64_t steps, int micro_steps,
     return absl::InvalidArgumentError(
         absl::StrCat("train.no_sync_micro_steps must be >= 0, got ", micro_steps));
   }
-  ASSIGN_OR_RETURN(std::unique_lock<std::mutex> op, BeginOperation("train"));
+  ASSIGN_OR_RETURN(OperationLock op, BeginOperation("train"));
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!unsharded_.empty()) {
@@ -170,6 +170,13 @@ absl::Status TrainingJob::Train(int64_t steps, int micro_steps,
       if (on_ended) on_ended(scheduled, why);
       RETURN_IF_ERROR(states_.Transition(v1::IDLE, why));
       return scheduled;
+    }
+    if (absl::Status grown = MaybeGrow(); !grown.ok()) return grown;  // the job FAILED
+    if (states_.state() == v1::READY) {  // it grew: a new epoch, a bigger world
+      RETURN_IF_ERROR(
+          states_.TransitionFrom(v1::READY, v1::TRAINING,
+                                 absl::StrCat("training resumes at step ", current_step(), " of ",
+                                              target, " at world size ", world_size())));
     }
   }
   const std::string outcome = stopped_by_client

@@ -169,6 +169,51 @@ TEST(RecoveryTest, WithoutASpareTheJobShrinksToTheLargestValidWorldSize) {
   EXPECT_EQ(ranked, 2);
 }
 
+TEST(RecoveryTest, AShrunkJobGrowsBackAtTheNextCheckpoint) {
+  const std::string dir = testing::MakeTempDir("recovery-grow");
+  std::unique_ptr<LocalCluster> cluster = StartCluster(4, dir);
+  ASSERT_NE(cluster, nullptr);
+  FlatshardClient client(cluster->address());
+  const v1::JobSpec spec = RecoveringJob(/*max_restarts=*/3, /*spare_wait_s=*/0.5);
+  CreateAndWaitReady(client, spec);
+  const int victim = WorkerIndexOfRank(*cluster, client, spec.name(), 1);
+  TrainRun run = TrainAndKill(*cluster, client, spec.name(), 10, /*kill_after=*/4, /*rank=*/1);
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  auto job = client.GetJob(spec.name());
+  ASSERT_TRUE(job.ok());
+  ASSERT_EQ(job->world_size(), 2);  // shrunk: 3 live workers do not split a batch of 32
+  const uint64_t shrunk_epoch = job->epoch();
+
+  // The dead worker comes back under its id; with the idle survivor that makes
+  // four. The next scheduled checkpoint (step 12) is the boundary.
+  ASSERT_TRUE(cluster->RestartWorker(victim).ok());
+  std::map<int64_t, int> ranks_by_step;
+  ASSERT_TRUE(
+      client
+          .Train(spec.name(), 6, 0,
+                 [&](const v1::StepResult& r) { ranks_by_step[r.step()] = r.rank_losses_size(); })
+          .ok());
+  job = client.GetJob(spec.name());
+  ASSERT_TRUE(job.ok());
+  EXPECT_EQ(job->step(), 16);
+  EXPECT_EQ(job->world_size(), 4);
+  EXPECT_EQ(job->epoch(), shrunk_epoch + 1);
+  EXPECT_EQ(job->restarts(), 1);  // growing is not a failure
+  // Every step once, none lost: 11 and 12 at world size 2, then 4.
+  ASSERT_EQ(ranks_by_step.size(), 6u);
+  EXPECT_EQ(ranks_by_step[11], 2);
+  EXPECT_EQ(ranks_by_step[12], 2);
+  for (int64_t step = 13; step <= 16; ++step) EXPECT_EQ(ranks_by_step[step], 4) << step;
+  std::string grew;
+  (void)client.WatchEvents(spec.name(), [&](const v1::JobEvent& e) {
+    if (e.message().find("grew back") != std::string::npos) grew = e.message();
+    // Up to the IDLE that ends the training to step 16 (events replay from creation).
+    return !(e.state() == v1::IDLE && e.message().find("step 16") != std::string::npos);
+  });
+  EXPECT_THAT(grew, HasSubstr("grew back to world size 4 at step 12 from checkpoint "
+                              "step-00000012"));
+}
+
 TEST(RecoveryTest, NoRestartsLeftFailsTheJobSayingSo) {
   const std::string dir = testing::MakeTempDir("recovery-none");
   std::unique_ptr<LocalCluster> cluster = StartCluster(4, dir);

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -35,6 +36,49 @@ TEST(CheckpointCatalogTest, RemovesStalePartialsOnly) {
   // A job directory that does not exist yet has nothing to remove.
   CheckpointCatalog fresh(root.string(), "new-job");
   EXPECT_TRUE(fresh.RemoveStalePartials().empty());
+}
+
+// Commits an empty scheduled checkpoint of `step` (no files: retention and
+// `latest` are what is tested).
+void CommitScheduled(CheckpointCatalog& catalog, int64_t step, int keep_last) {
+  const std::string name = "step-0000000" + std::to_string(step);
+  ASSERT_TRUE(catalog.BeginSave(name).ok());
+  CheckpointManifest m;
+  m.name = name;
+  m.job = "j";
+  m.step = step;
+  m.scheduled = true;
+  m.world_size = 1;
+  m.created_unix_micros = step;  // oldest first
+  auto info = catalog.Commit(m, keep_last);
+  ASSERT_TRUE(info.ok()) << info.status();
+}
+
+std::vector<std::string> Names(const CheckpointCatalog& catalog) {
+  std::vector<std::string> out;
+  absl::StatusOr<std::vector<v1::CheckpointInfo>> all = catalog.List();
+  EXPECT_TRUE(all.ok()) << all.status();
+  if (!all.ok()) return out;
+  for (const v1::CheckpointInfo& c : *all) out.push_back(c.name());
+  return out;
+}
+
+TEST(CheckpointCatalogTest, RetentionSparesACheckpointBeingLoaded) {
+  const fs::path root = fs::path(::testing::TempDir()) / "catalog-pins";
+  fs::remove_all(root);
+  CheckpointCatalog catalog(root.string(), "j");
+  CommitScheduled(catalog, 1, /*keep_last=*/1);
+  {
+    const CheckpointCatalog::Pin loading(&catalog, "step-00000001");
+    CommitScheduled(catalog, 2, /*keep_last=*/1);
+    EXPECT_THAT(Names(catalog), ::testing::ElementsAre("step-00000001", "step-00000002"));
+    EXPECT_TRUE(catalog.Read("step-00000001").ok());
+  }
+  CommitScheduled(catalog, 3, /*keep_last=*/1);  // unpinned: both older ones go
+  EXPECT_THAT(Names(catalog), ::testing::ElementsAre("step-00000003"));
+  auto latest = catalog.Read("latest");
+  ASSERT_TRUE(latest.ok());
+  EXPECT_EQ(latest->name, "step-00000003");
 }
 
 }  // namespace
