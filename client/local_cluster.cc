@@ -84,6 +84,9 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
       args.insert(args.end(), {"--gpu", absl::StrCat(gpu)});
     }
     if (options.device == "sim") args.insert(args.end(), {"--sim-seed", absl::StrCat(i + 1)});
+    if (auto extra = options.worker_flags.find(i); extra != options.worker_flags.end()) {
+      args.insert(args.end(), extra->second.begin(), extra->second.end());
+    }
     ASSIGN_OR_RETURN(std::unique_ptr<ChildProcess> worker, ChildProcess::Spawn(args));
     cluster->workers_.push_back(std::move(worker));
     cluster->worker_args_.push_back(args);

@@ -5,6 +5,7 @@
 #ifndef FLATSHARD_CLIENT_LOCAL_CLUSTER_H_
 #define FLATSHARD_CLIENT_LOCAL_CLUSTER_H_
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -35,6 +36,8 @@ struct LocalClusterOptions {
   // With device cuda: worker i drives gpus[i % gpus.size()]; empty: GPU i.
   std::vector<int> gpus;
   absl::Duration start_timeout = absl::Seconds(60);
+  // More flags for worker i (tests: --inject-file-faults on one rank).
+  std::map<int, std::vector<std::string>> worker_flags;
 };
 
 class LocalCluster {

@@ -266,13 +266,17 @@ TrainingJob::SaveFuture TrainingJob::StartSave(const std::string& name, v1::Stat
     // Every rank is awaited, even after one failed: each holds a snapshot
     // until its outcome is collected. A rank that cannot be reached is the
     // cause; the others then only report that their gathers lost it.
-    absl::Status unreachable, reported = refused;
+    // A rank whose process is gone (UNAVAILABLE) is blamed before one that
+    // answers but lost its save (its job was aborted because of the first).
+    absl::Status unreachable, lost, reported = refused;
     const absl::Time deadline = absl::Now() + timeout;  // one for all ranks
     for (size_t r = 0; r < workers.size(); ++r) {
       absl::StatusOr<v1::CommandResult> result = workers[r]->AwaitSave(directory, deadline);
       if (!result.ok()) {
-        if (unreachable.ok()) {
-          unreachable = absl::Status(
+        const bool gone = result.status().code() == absl::StatusCode::kUnavailable;
+        absl::Status& slot = gone ? unreachable : lost;
+        if (slot.ok()) {
+          slot = absl::Status(
               result.status().code(),
               absl::StrCat("rank ", r, " did not finish its write: ", result.status().message()));
         }
@@ -284,7 +288,7 @@ TrainingJob::SaveFuture TrainingJob::StartSave(const std::string& name, v1::Stat
         written.push_back(*std::move(result));
       }
     }
-    const absl::Status failed = !unreachable.ok() ? unreachable : reported;
+    const absl::Status failed = !unreachable.ok() ? unreachable : !lost.ok() ? lost : reported;
     if (!failed.ok()) {
       catalog_.AbandonSave(name);
       spdlog::error("job {}: async checkpoint {} failed: {}", config_.name, name,

@@ -1,11 +1,7 @@
 #include "core/safetensors_file_writer.h"
 
-#include <cerrno>
-#include <cstring>
 #include <utility>
 
-#include <fcntl.h>
-#include <unistd.h>
 #include <xxhash.h>
 
 #include "absl/strings/str_cat.h"
@@ -15,33 +11,34 @@
 
 namespace flatshard {
 
-SafetensorsFileWriter::SafetensorsFileWriter(std::string path, int fd,
+SafetensorsFileWriter::SafetensorsFileWriter(std::string path, FileSystem* fs,
+                                             std::unique_ptr<WritableFile> file,
                                              std::vector<SafetensorsSlot> slots)
-    : path_(std::move(path)), fd_(fd), slots_(std::move(slots)), hash_(XXH3_createState()) {
+    : path_(std::move(path)),
+      fs_(fs),
+      file_(std::move(file)),
+      slots_(std::move(slots)),
+      hash_(XXH3_createState()) {
   XXH3_64bits_reset(hash_);
 }
 
 SafetensorsFileWriter::~SafetensorsFileWriter() {
-  if (fd_ >= 0) ::close(fd_);
-  if (!finished_) ::unlink(path_.c_str());
+  file_.reset();
+  if (!finished_) (void)fs_->RemoveFile(path_);
   XXH3_freeState(hash_);
 }
 
 absl::StatusOr<std::unique_ptr<SafetensorsFileWriter>> SafetensorsFileWriter::Create(
     const std::string& path, std::vector<SafetensorsSlot> slots,
-    const std::map<std::string, std::string>& metadata) {
+    const std::map<std::string, std::string>& metadata, FileSystem* fs) {
   absl::StatusOr<std::string> header = EncodeSafetensorsHeader(slots, metadata);
   if (!header.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(path, ": ", header.status().message()));
   }
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    const int err = errno;
-    const std::string message = absl::StrCat("cannot create ", path, ": ", std::strerror(err));
-    return err == EEXIST ? absl::AlreadyExistsError(message) : absl::UnavailableError(message);
-  }
+  if (fs == nullptr) fs = FileSystem::Default();
+  ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, fs->NewWritableFile(path));
   std::unique_ptr<SafetensorsFileWriter> writer(
-      new SafetensorsFileWriter(path, fd, std::move(slots)));
+      new SafetensorsFileWriter(path, fs, std::move(file), std::move(slots)));
   RETURN_IF_ERROR(writer->Write(header->data(), header->size()));
   return writer;
 }
@@ -49,17 +46,7 @@ absl::StatusOr<std::unique_ptr<SafetensorsFileWriter>> SafetensorsFileWriter::Cr
 absl::Status SafetensorsFileWriter::Write(const char* data, size_t size) {
   XXH3_64bits_update(hash_, data, size);
   bytes_ += size;
-  while (size > 0) {
-    const ssize_t wrote = ::write(fd_, data, size);
-    if (wrote < 0 && errno == EINTR) continue;
-    if (wrote < 0) {
-      return absl::UnavailableError(
-          absl::StrCat("cannot write ", path_, ": ", std::strerror(errno)));
-    }
-    data += wrote;
-    size -= static_cast<size_t>(wrote);
-  }
-  return absl::OkStatus();
+  return file_->Append(absl::string_view(data, size));
 }
 
 absl::Status SafetensorsFileWriter::Append(absl::string_view name, std::span<const float> values) {
@@ -90,11 +77,8 @@ absl::StatusOr<FileDigest> SafetensorsFileWriter::Finish() {
                                                       " tensors were never written, the first '",
                                                       slots_[next_].name, "'"));
   }
-  if (::fsync(fd_) != 0) {
-    return absl::UnavailableError(absl::StrCat("cannot fsync ", path_, ": ", std::strerror(errno)));
-  }
-  ::close(fd_);
-  fd_ = -1;
+  RETURN_IF_ERROR(file_->Sync());
+  RETURN_IF_ERROR(file_->Close());
   finished_ = true;
   return FileDigest{bytes_, Xxh3Hex(XXH3_64bits_digest(hash_))};
 }

@@ -18,6 +18,7 @@
 
 #include "core/dtype.h"
 #include "core/durable_file.h"
+#include "core/file_system.h"
 #include "core/safetensors.h"
 
 struct XXH3_state_s;
@@ -28,9 +29,10 @@ class SafetensorsFileWriter {
  public:
   // Creates `path` (ALREADY_EXISTS if it does) and writes the header for
   // `slots`, whose data must then be appended in this order.
+  // Writes through `fs` (null: FileSystem::Default()), which must outlive it.
   static absl::StatusOr<std::unique_ptr<SafetensorsFileWriter>> Create(
       const std::string& path, std::vector<SafetensorsSlot> slots,
-      const std::map<std::string, std::string>& metadata = {});
+      const std::map<std::string, std::string>& metadata = {}, FileSystem* fs = nullptr);
   ~SafetensorsFileWriter();  // an unfinished file is removed
   SafetensorsFileWriter(const SafetensorsFileWriter&) = delete;
   SafetensorsFileWriter& operator=(const SafetensorsFileWriter&) = delete;
@@ -43,11 +45,13 @@ class SafetensorsFileWriter {
   absl::StatusOr<FileDigest> Finish();
 
  private:
-  SafetensorsFileWriter(std::string path, int fd, std::vector<SafetensorsSlot> slots);
+  SafetensorsFileWriter(std::string path, FileSystem* fs, std::unique_ptr<WritableFile> file,
+                        std::vector<SafetensorsSlot> slots);
   absl::Status Write(const char* data, size_t size);
 
   std::string path_;
-  int fd_;
+  FileSystem* fs_;
+  std::unique_ptr<WritableFile> file_;
   std::vector<SafetensorsSlot> slots_;
   size_t next_ = 0;
   uint64_t bytes_ = 0;

@@ -24,6 +24,7 @@
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
 
+#include "core/fault_injecting_file_system.h"
 #include "worker/comm/grpc_store.h"
 #include "worker/device/device_factory.h"
 #include "worker/runtime/runtime_groups.h"
@@ -51,6 +52,7 @@ struct Flags {
   double connect_timeout_s = 30;
   double collective_timeout_s = 60;
   double coordinator_timeout_s = 10;
+  std::string inject_file_faults;  // tests only
   std::string state_dir = "./flatshard-worker-state";
   std::string metrics_listen;  // default: --listen's host, any port
 };
@@ -121,7 +123,23 @@ int Run(const Flags& f) {
   AddBuildInfo(*registry, "worker");
   WorkerMetrics metrics(*registry);
 
+  // Checkpoint files go through a file system that fails on purpose when a
+  // fault-injection test asks for it.
+  std::unique_ptr<FaultInjectingFileSystem> faulty_files;
+  if (!f.inject_file_faults.empty()) {
+    absl::StatusOr<std::vector<FileFault>> faults = ParseFileFaults(f.inject_file_faults);
+    if (!faults.ok()) {
+      std::cerr << "flatshard-worker: --inject-file-faults: " << faults.status().message() << "\n";
+      return 2;
+    }
+    faulty_files =
+        std::make_unique<FaultInjectingFileSystem>(FileSystem::Default(), *std::move(faults));
+    spdlog::warn("--inject-file-faults {}: checkpoint writes will fail on purpose",
+                 f.inject_file_faults);
+  }
+
   WorkerServiceOptions options;
+  options.file_system = faulty_files.get();
   options.data_dir = f.data_dir;
   options.checkpoint_dir = f.checkpoint_dir;
   options.gloo.hostname = f.advertise_host;
@@ -225,6 +243,10 @@ int Main(int argc, char** argv) {
                  "Where worker ids are kept, one per seat (GPU N, or the lowest free CPU slot), "
                  "so a restarted daemon comes back as itself. Empty: HOST-PID")
       ->capture_default_str();
+  app.add_option("--inject-file-faults", f.inject_file_faults,
+                 "Fault-injection tests only: make checkpoint writes fail, e.g. "
+                 "disk-full:NAME[:BYTES], sync-error:NAME, crash:NAME[:BYTES] for files whose path "
+                 "contains NAME (comma-separated)");
   app.add_option("--coordinator-timeout", f.coordinator_timeout_s,
                  "Seconds without an answer from the coordinator after which a batch in flight "
                  "is aborted (a restarted coordinator then rolls back instead of waiting)")

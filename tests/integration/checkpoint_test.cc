@@ -66,8 +66,10 @@ struct Cluster {
 
 // `device`: the workers' --device (the sim instances carry the ctest label sim).
 std::unique_ptr<Cluster> Start(const v1::JobSpec& spec, const std::string& root,
-                               const std::string& device = "cpu") {
+                               const std::string& device = "cpu",
+                               std::map<int, std::vector<std::string>> worker_flags = {}) {
   LocalClusterOptions options;
+  options.worker_flags = std::move(worker_flags);
   options.workers = spec.world_size();
   options.device = device;
   options.bin_dir = FLATSHARD_BIN_DIR;
@@ -372,9 +374,9 @@ class KilledMidSaveTest : public ::testing::TestWithParam<bool> {};
 TEST_P(KilledMidSaveTest, LeavesNoCheckpointAndEarlierOnesVerify) {
   const bool async_save = GetParam();
   const std::string root = testing::MakeTempDir("ckpt-kill") + "/checkpoints";
-  ASSERT_EQ(setenv("FLATSHARD_FAILPOINT_KILL_IN_SAVE", "doomed:1", 1), 0);
-  auto cluster = Start(Spec(2, true), root);
-  unsetenv("FLATSHARD_FAILPOINT_KILL_IN_SAVE");
+  // Rank 1's process dies once 4 KiB of its first file of "doomed" are written.
+  auto cluster =
+      Start(Spec(2, true), root, "cpu", {{1, {"--inject-file-faults", "crash:doomed:4096"}}});
   ASSERT_NE(cluster, nullptr);
   FlatshardClient& client = *cluster->client;
   Train(client, 1);
@@ -397,6 +399,43 @@ TEST_P(KilledMidSaveTest, LeavesNoCheckpointAndEarlierOnesVerify) {
 }
 
 INSTANTIATE_TEST_SUITE_P(SyncAndAsync, KilledMidSaveTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& p) {
+                           return p.param ? "Async" : "Sync";
+                         });
+
+// A full disk on one rank (through the injected file system: the bytes that
+// fit, then ENOSPC), sync and async: the save fails naming the rank and the
+// error, nothing of it is left, `latest` still names the previous checkpoint,
+// and the job trains and saves on.
+class DiskFullTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(DiskFullTest, TheSaveFailsCleanlyAndTheJobGoesOn) {
+  const bool async_save = GetParam();
+  const std::string root = testing::MakeTempDir("ckpt-full") + "/checkpoints";
+  auto cluster = Start(Spec(2, true), root, "cpu",
+                       {{1, {"--inject-file-faults", "disk-full:no-space:100000"}}});
+  ASSERT_NE(cluster, nullptr);
+  FlatshardClient& client = *cluster->client;
+  Train(client, 1);
+  ASSERT_TRUE(Save(client, "before", v1::SHARDED_STATE_DICT).ok());
+  absl::StatusOr<v1::CheckpointProgress> full =
+      Save(client, "no-space", v1::SHARDED_STATE_DICT, async_save);
+  ASSERT_FALSE(full.ok());
+  EXPECT_THAT(std::string(full.status().message()), HasSubstr("rank 1"));
+  EXPECT_THAT(std::string(full.status().message()), HasSubstr("No space left on device"));
+  EXPECT_FALSE(fs::exists(Dir(root, "no-space")));
+  EXPECT_FALSE(fs::exists(Dir(root, "no-space.partial")));
+  EXPECT_EQ(*ReadFileToString(absl::StrCat(root, "/", kJob, "/latest")), "before\n");
+  // The job is unharmed: it trains, and a save elsewhere commits.
+  Train(client, 1);
+  ASSERT_TRUE(Save(client, "after", v1::SHARDED_STATE_DICT).ok());
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> after =
+      CheckpointReader::Open(Dir(root, "after"));
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_TRUE((*after)->VerifyAll().ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(SyncAndAsync, DiskFullTest, ::testing::Bool(),
                          [](const ::testing::TestParamInfo<bool>& p) {
                            return p.param ? "Async" : "Sync";
                          });

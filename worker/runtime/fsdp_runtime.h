@@ -28,6 +28,7 @@
 
 #include "absl/status/statusor.h"
 
+#include "core/file_system.h"
 #include "core/model_spec.h"
 #include "core/optimizer.h"
 #include "core/sharding.h"
@@ -63,6 +64,9 @@ struct RuntimeOptions {
   GlooOptions gloo;
   // Metrics: collectives, unshards, reshards, steps. Must outlive the runtime.
   RuntimeObserver* observer = nullptr;
+  // Where checkpoint files are written (null: FileSystem::Default()); the
+  // fault-injection tests give one that fails. Must outlive the runtime.
+  FileSystem* file_system = nullptr;
   // Tests only: leaves out one of the runtime's event waits, to show that the
   // simulated device catches the race (never set outside those tests).
   enum class DroppedWait { kNone, kGather, kBackward };

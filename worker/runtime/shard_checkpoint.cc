@@ -1,7 +1,5 @@
 #include "worker/runtime/shard_checkpoint.h"
 
-#include <csignal>
-#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -35,8 +33,6 @@ struct Piece {
   int64_t count = 0;
 };
 
-std::string FlatName(const Unit& unit) { return JoinFqn(unit.module_fqn, "_flat_param"); }
-
 int64_t RowElements(const std::vector<int64_t>& shape) {
   if (shape.empty() || shape[0] == 0) return 0;
   return NumElements(shape) / shape[0];
@@ -50,7 +46,7 @@ std::vector<Piece> UnitPieces(const FlatParamUnit& unit, const std::vector<std::
   if (type == v1::LOCAL_STATE_DICT) {
     const ShardInfo info = unit.layout().ComputeShardInfo(unit.config().shard_rank);
     const int64_t valid = unit.layout().sharded_numel() - info.numel_padded;
-    const std::string flat = FlatName(spec);
+    const std::string flat = LocalFlatTensorName(spec);
     pieces.push_back(
         {{flat, DType::kFloat32, {valid}}, false, Piece::Source::kLocalFlat, "", 0, valid});
     for (const std::string& s : states) {
@@ -138,22 +134,6 @@ std::vector<Piece> UnitPieces(const FlatParamUnit& unit, const std::vector<std::
   return pieces;
 }
 
-// Failpoint for tests: FLATSHARD_FAILPOINT_KILL_IN_SAVE="<substring>:<rank>"
-// SIGKILLs that rank right after it wrote its first tensor into a checkpoint
-// directory containing <substring>: a crash in the middle of a save, without
-// racing a signal against the write.
-void MaybeKillInSave(const std::string& path, int rank) {
-  const char* spec = std::getenv("FLATSHARD_FAILPOINT_KILL_IN_SAVE");
-  if (spec == nullptr) return;
-  const std::string value(spec);
-  const size_t colon = value.rfind(':');
-  if (colon == std::string::npos) return;
-  if (path.find(value.substr(0, colon)) != std::string::npos &&
-      value.substr(colon + 1) == std::to_string(rank)) {
-    std::raise(SIGKILL);
-  }
-}
-
 // Where a save's tensors go, in file order: straight into the file (a
 // synchronous save) or into host memory (an async save's snapshot).
 class TensorSink {
@@ -167,10 +147,10 @@ class TensorSink {
 class TolerantWriter : public TensorSink {
  public:
   TolerantWriter(const std::string& path, std::vector<SafetensorsSlot> slots,
-                 const std::map<std::string, std::string>& metadata, int rank)
-      : path_(path), name_(std::filesystem::path(path).filename().string()), rank_(rank) {
+                 const std::map<std::string, std::string>& metadata, int rank, FileSystem* fs)
+      : name_(std::filesystem::path(path).filename().string()), rank_(rank) {
     absl::StatusOr<std::unique_ptr<SafetensorsFileWriter>> writer =
-        SafetensorsFileWriter::Create(path, std::move(slots), metadata);
+        SafetensorsFileWriter::Create(path, std::move(slots), metadata, fs);
     if (writer.ok()) {
       writer_ = *std::move(writer);
     } else {
@@ -179,8 +159,6 @@ class TolerantWriter : public TensorSink {
   }
   void Append(const std::string& name, std::span<const float> values) override {
     if (status_.ok()) status_ = writer_->Append(name, values);
-    if (!appended_) MaybeKillInSave(path_, rank_);
-    appended_ = true;
   }
   absl::StatusOr<CheckpointFile> Finish() {
     RETURN_IF_ERROR(status_);
@@ -189,10 +167,8 @@ class TolerantWriter : public TensorSink {
   }
 
  private:
-  std::string path_;
   std::string name_;
   int rank_;
-  bool appended_ = false;
   std::unique_ptr<SafetensorsFileWriter> writer_;
   absl::Status status_;
 };
@@ -414,13 +390,13 @@ ShardSaveResult FinishWriters(const std::vector<TolerantWriter*>& writers) {
 
 // Streams `source` into this rank's files in `dir`.
 absl::StatusOr<ShardSaveResult> WriteFiles(SaveSource& source, const SavePlan& plan,
-                                           const std::string& dir) {
+                                           const std::string& dir, FileSystem* fs) {
   std::unique_ptr<TolerantWriter> model, optim;
   if (plan.writes) {
     model = std::make_unique<TolerantWriter>(absl::StrCat(dir, "/", plan.model.name),
-                                             plan.model.slots, plan.model.metadata, plan.rank);
+                                             plan.model.slots, plan.model.metadata, plan.rank, fs);
     optim = std::make_unique<TolerantWriter>(absl::StrCat(dir, "/", plan.optim.name),
-                                             plan.optim.slots, plan.optim.metadata, plan.rank);
+                                             plan.optim.slots, plan.optim.metadata, plan.rank, fs);
   }
   RETURN_IF_ERROR(StreamSave(source, plan, model.get(), optim.get()));
   if (!plan.writes) return ShardSaveResult{};
@@ -445,6 +421,7 @@ absl::StatusOr<ShardSnapshot> SnapshotShardCheckpoint(FsdpRuntime& runtime,
   ShardSnapshot snapshot;
   snapshot.plan = std::make_shared<const SavePlan>(std::move(plan));
   snapshot.comm = runtime.checkpoint_comm();
+  snapshot.file_system = runtime.options().file_system;
   // Copies through pinned host memory: the streams must be idle.
   RETURN_IF_ERROR(runtime.SynchronizeStreams());
   for (size_t u = 0; u < runtime.units().size(); ++u) {
@@ -469,7 +446,7 @@ absl::StatusOr<ShardSnapshot> SnapshotShardCheckpoint(FsdpRuntime& runtime,
 absl::StatusOr<ShardSaveResult> WriteShardSnapshot(const ShardSnapshot& snapshot,
                                                    const std::string& dir) {
   SnapshotSource source(snapshot);
-  return WriteFiles(source, *snapshot.plan, dir);
+  return WriteFiles(source, *snapshot.plan, dir, snapshot.file_system);
 }
 
 uint64_t ShardSnapshot::bytes() const {
@@ -479,225 +456,6 @@ uint64_t ShardSnapshot::bytes() const {
     for (const auto& [name, values] : unit.states) total += values.size() * sizeof(float);
   }
   return total;
-}
-
-namespace {
-
-absl::Status StageLocal(FsdpRuntime& runtime, CheckpointReader& reader, StagedCheckpoint& staged) {
-  const CheckpointManifest& m = reader.manifest();
-  const int rank = runtime.rank();
-  auto refuse = [&](absl::string_view why) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "checkpoint ", reader.dir(), " is a LOCAL_STATE_DICT saved at world size ", m.world_size,
-        " (", m.strategy, "), ", why,
-        ". LOCAL state dicts hold flat shards tied to one layout and world size: load a "
-        "SHARDED or FULL checkpoint instead, or convert this one offline with `flatshard ckpt "
-        "consolidate`"));
-  };
-  if (m.world_size != runtime.world_size()) {
-    return refuse(absl::StrCat("this job has world size ", runtime.world_size()));
-  }
-  ASSIGN_OR_RETURN(SafetensorsReader * model,
-                   reader.File(RankFileName("model", rank, m.world_size)));
-  ASSIGN_OR_RETURN(SafetensorsReader * optim,
-                   reader.File(RankFileName("optim", rank, m.world_size)));
-  auto digest = model->header().metadata.find("layout_digest");
-  if (digest == model->header().metadata.end() || digest->second != LocalLayoutDigest(runtime)) {
-    return refuse(
-        "and this job's flat layout differs (another wrap policy, model, strategy "
-        "or alignment)");
-  }
-  for (size_t u = 0; u < runtime.units().size(); ++u) {
-    const FlatParamUnit& unit = *runtime.units()[u];
-    const auto s = static_cast<uint64_t>(unit.layout().sharded_numel());
-    const std::string flat = FlatName(unit.config().unit);
-    ASSIGN_OR_RETURN(const SafetensorsEntry* entry, model->Find(flat));
-    ASSIGN_OR_RETURN(staged.shards[u], model->ReadFloats(flat, 0, entry->numel()));
-    if (staged.shards[u].size() > s) {
-      return absl::InvalidArgumentError(absl::StrCat(model->path(), ": '", flat, "' holds ",
-                                                     staged.shards[u].size(),
-                                                     " elements, more than the shard's ", s));
-    }
-    staged.shards[u].resize(s, 0.0f);
-    for (const std::string& state : m.optimizer_states) {
-      const std::string name = absl::StrCat(flat, ".", state);
-      absl::StatusOr<const SafetensorsEntry*> found = optim->Find(name);
-      if (!found.ok()) continue;
-      ASSIGN_OR_RETURN(std::vector<float> values, optim->ReadFloats(name, 0, (*found)->numel()));
-      values.resize(s, 0.0f);
-      staged.states[u][state] = std::move(values);
-    }
-    const std::string step = absl::StrCat(flat, ".step");
-    if (optim->Find(step).ok()) {
-      ASSIGN_OR_RETURN(std::vector<float> value, optim->ReadFloats(step, 0, 1));
-      staged.steps[u] = value[0];
-    }
-  }
-  return absl::OkStatus();
-}
-
-absl::Status CheckSameParams(const FsdpRuntime& runtime, const CheckpointReader& reader) {
-  const CheckpointManifest& m = reader.manifest();
-  std::vector<std::string> missing, mismatched;
-  std::set<std::string> ours;
-  for (const auto& unit : runtime.units()) {
-    for (const UnitParam& p : unit->config().unit.params) {
-      ours.insert(p.fqn);
-      auto it = m.params.find(p.fqn);
-      if (it == m.params.end()) {
-        missing.push_back(p.fqn);
-      } else if (it->second.shape != p.shape) {
-        mismatched.push_back(absl::StrCat(p.fqn, " [", absl::StrJoin(it->second.shape, ", "),
-                                          "] vs [", absl::StrJoin(p.shape, ", "), "]"));
-      }
-    }
-  }
-  std::vector<std::string> unexpected;
-  for (const auto& [fqn, info] : m.params) {
-    if (!ours.contains(fqn)) unexpected.push_back(fqn);
-  }
-  if (missing.empty() && unexpected.empty() && mismatched.empty()) return absl::OkStatus();
-  std::string why;
-  if (!missing.empty()) absl::StrAppend(&why, "; missing ", absl::StrJoin(missing, ", "));
-  if (!unexpected.empty()) absl::StrAppend(&why, "; unexpected ", absl::StrJoin(unexpected, ", "));
-  if (!mismatched.empty()) {
-    absl::StrAppend(&why, "; shape differs for ", absl::StrJoin(mismatched, ", "));
-  }
-  return absl::FailedPreconditionError(
-      absl::StrCat("checkpoint ", reader.dir(), " does not fit this model", why));
-}
-
-// Fills `shard` (S elements, this rank's piece of the flat layout) from full
-// tensors in the checkpoint, reading only the elements the shard covers
-// (docs/fsdp-semantics.md §6.4's flatten-and-shard, without materialising the flat value).
-// `padding` fills alignment padding inside the flat: 42 for parameters as
-// FlattenParams does, 0 for optimizer state; the shard's right padding is 0.
-// NOT_FOUND propagates when `name_of` names a tensor the checkpoint lacks.
-absl::Status ReadShard(CheckpointReader& reader, absl::string_view kind, const FlatParamUnit& unit,
-                       const std::function<std::string(const UnitParam&)>& name_of, float padding,
-                       std::vector<float>& shard, bool* any_found) {
-  const FlatParamLayout& layout = unit.layout();
-  const Unit& spec = unit.config().unit;
-  const auto s = static_cast<size_t>(layout.sharded_numel());
-  const int shard_rank = unit.sharded() ? unit.config().shard_rank : 0;
-  shard.assign(s, 0.0f);
-  const int64_t shard_begin = unit.sharded() ? layout.sharded_numel() * shard_rank : 0;
-  const int64_t shard_end = shard_begin + static_cast<int64_t>(s);
-  int64_t offset = 0;
-  for (size_t i = 0; i < layout.numels_with_padding().size(); ++i) {
-    const int64_t n = layout.numels_with_padding()[i];
-    if (layout.is_padding_mask()[i] && padding != 0.0f) {
-      const int64_t lo = std::max(offset, shard_begin), hi = std::min(offset + n, shard_end);
-      for (int64_t k = lo; k < hi; ++k) shard[static_cast<size_t>(k - shard_begin)] = padding;
-    }
-    offset += n;
-  }
-  const ShardInfo info = layout.ComputeShardInfo(shard_rank);
-  for (size_t i = 0; i < spec.params.size(); ++i) {
-    const ShardParamInfo& p = info.params[i];
-    if (!p.in_shard || p.numel_in_shard == 0) continue;
-    const std::string name = name_of(spec.params[i]);
-    if (name.empty()) continue;
-    absl::StatusOr<std::vector<float>> values = reader.ReadRange(
-        kind, name, spec.params[i].shape, static_cast<uint64_t>(p.intra_param_start_idx),
-        static_cast<uint64_t>(p.intra_param_end_idx) + 1);
-    if (absl::IsNotFound(values.status()) && any_found != nullptr) continue;
-    if (!values.ok()) return values.status();
-    std::copy(values->begin(), values->end(),
-              shard.begin() + static_cast<std::ptrdiff_t>(p.offset_in_shard));
-    if (any_found != nullptr) *any_found = true;
-  }
-  return absl::OkStatus();
-}
-
-absl::Status StageTensors(FsdpRuntime& runtime, CheckpointReader& reader,
-                          StagedCheckpoint& staged) {
-  RETURN_IF_ERROR(CheckSameParams(runtime, reader));
-  const CheckpointManifest& m = reader.manifest();
-  for (size_t u = 0; u < runtime.units().size(); ++u) {
-    const FlatParamUnit& unit = *runtime.units()[u];
-    const Unit& spec = unit.config().unit;
-    RETURN_IF_ERROR(ReadShard(
-        reader, "model", unit, [](const UnitParam& p) { return p.fqn; },
-        static_cast<float>(kFlatParamPaddingValue), staged.shards[u], nullptr));
-    for (const std::string& state : m.optimizer_states) {
-      // A parameter without the state reads as zeros, which is what torch's
-      // Adam and SGD momentum start from (docs/fsdp-semantics.md §6.4: zeros = no state).
-      bool any = false;
-      std::vector<float> values;
-      RETURN_IF_ERROR(ReadShard(
-          reader, "optim", unit,
-          [&](const UnitParam& p) {
-            return p.requires_grad ? absl::StrCat(p.fqn, ".", state) : std::string();
-          },
-          0.0f, values, &any));
-      if (any) staged.states[u][state] = std::move(values);
-    }
-    for (const UnitParam& p : spec.params) {
-      absl::StatusOr<std::vector<float>> step =
-          reader.ReadFull("optim", absl::StrCat(p.fqn, ".step"), {});
-      if (absl::IsNotFound(step.status())) continue;
-      if (!step.ok()) return step.status();
-      staged.steps[u] = (*step)[0];
-      break;
-    }
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
-
-absl::StatusOr<StagedCheckpoint> StageShardCheckpoint(FsdpRuntime& runtime,
-                                                      const std::string& dir) {
-  ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader, CheckpointReader::Open(dir));
-  const CheckpointManifest& m = reader->manifest();
-  const std::string ours(OptimizerKindName(runtime.options().optimizer.kind));
-  if (!m.optimizer_states.empty() && m.optimizer != ours) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("checkpoint ", dir, " holds ", m.optimizer, " optimizer state (",
-                     absl::StrJoin(m.optimizer_states, ", "), "); this job's optimizer is ", ours));
-  }
-  StagedCheckpoint staged;
-  staged.manifest = m;
-  const size_t units = runtime.units().size();
-  staged.shards.resize(units);
-  staged.states.resize(units);
-  staged.steps.resize(units);
-  // Every file is checked before anything is read: a damaged checkpoint is
-  // refused whole, even where this rank would not have read the damage.
-  RETURN_IF_ERROR(reader->VerifyAll());
-  if (m.state_dict_type == v1::LOCAL_STATE_DICT) {
-    RETURN_IF_ERROR(StageLocal(runtime, *reader, staged));
-  } else {
-    RETURN_IF_ERROR(StageTensors(runtime, *reader, staged));
-  }
-  return staged;
-}
-
-absl::Status ApplyStagedCheckpoint(FsdpRuntime& runtime, StagedCheckpoint staged) {
-  StepProgram reshard;
-  for (size_t u = 0; u < runtime.units().size(); ++u) {
-    reshard.push_back(StepCommand::Reshard(static_cast<int>(u)));
-  }
-  RETURN_IF_ERROR(runtime.RunControl(reshard));
-  RETURN_IF_ERROR(runtime.SynchronizeStreams());
-  for (size_t u = 0; u < runtime.units().size(); ++u) {
-    FlatParamUnit& unit = *runtime.units()[u];
-    const auto size = static_cast<size_t>(unit.layout().sharded_numel());
-    if (staged.shards[u].size() != size) {
-      return absl::InternalError(absl::StrCat("staged shard of unit ", u, " has ",
-                                              staged.shards[u].size(), " elements, not ", size));
-    }
-    RETURN_IF_ERROR(unit.WriteShard(staged.shards[u]));
-    std::unique_ptr<OptimizerState> optim =
-        MakeOptimizerState(runtime.options().optimizer.kind, size);
-    for (const auto& [name, values] : staged.states[u]) {
-      RETURN_IF_ERROR(optim->SetState(name, values));
-    }
-    if (staged.steps[u].has_value()) optim->set_step(*staged.steps[u]);
-    RETURN_IF_ERROR(runtime.WriteOptimizerState(u, *optim));
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace flatshard

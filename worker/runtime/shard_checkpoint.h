@@ -23,6 +23,7 @@
 #include "absl/status/statusor.h"
 
 #include "core/checkpoint_manifest.h"
+#include "core/model_spec.h"
 #include "core/safetensors_file_writer.h"
 #include "worker/runtime/fsdp_runtime.h"
 
@@ -57,7 +58,8 @@ struct ShardSnapshot {
     bool sharded = true;
   };
   std::shared_ptr<const SavePlan> plan;
-  Communicator* comm = nullptr;  // checkpoint_comm() (async); the runtime outlives the write
+  Communicator* comm = nullptr;       // checkpoint_comm() (async); the runtime outlives the write
+  FileSystem* file_system = nullptr;  // the runtime's (null: FileSystem::Default())
   std::vector<Unit> units;
   uint64_t bytes() const;
 };
@@ -89,6 +91,11 @@ absl::StatusOr<StagedCheckpoint> StageShardCheckpoint(FsdpRuntime& runtime, cons
 // Replaces the shards and optimizer state with a staged checkpoint (reshards
 // any unit left unsharded first, so no stale view survives).
 absl::Status ApplyStagedCheckpoint(FsdpRuntime& runtime, StagedCheckpoint staged);
+
+// A LOCAL checkpoint's name for a unit's flat shard: <module>._flat_param.
+inline std::string LocalFlatTensorName(const Unit& unit) {
+  return JoinFqn(unit.module_fqn, "_flat_param");
+}
 
 // The digest of a runtime's flat layouts (units, params, padding, shard size,
 // world size), which LOCAL files record and loading compares.

@@ -170,6 +170,7 @@ grpc::Status WorkerServiceImpl::Configure(grpc::ServerContext* /*context*/,
       runtime.gloo = options_.gloo;
       runtime.device = options_.device;
       runtime.comm = options_.comm;
+      runtime.file_system = options_.file_system;
       if (options_.observer_for_job) {
         runtime.observer = options_.observer_for_job(job->config.name, job->rank);
       }

@@ -16,6 +16,7 @@
 #include <mutex>
 #include <string>
 
+#include "core/file_system.h"
 #include "flatshard/v1/worker.grpc.pb.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/comm/store.h"
@@ -39,6 +40,8 @@ struct WorkerServiceOptions {
   CommBackend comm = CommBackend::kAuto;
   // The metrics observer for the runtime of `job` as `rank` (null: none).
   std::function<RuntimeObserver*(const std::string& job, int rank)> observer_for_job;
+  // Where checkpoint files are written (null: FileSystem::Default()).
+  FileSystem* file_system = nullptr;
 };
 
 // The worker's state as GetStatus and heartbeats report it.

@@ -1,0 +1,105 @@
+#include "core/fault_injecting_file_system.h"
+
+#include <algorithm>
+#include <csignal>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+
+#include "core/status_macros.h"
+
+namespace flatshard {
+namespace {
+
+class FaultyFile : public WritableFile {
+ public:
+  FaultyFile(std::unique_ptr<WritableFile> base, std::string path, std::vector<FileFault> faults)
+      : base_(std::move(base)), path_(std::move(path)), faults_(std::move(faults)) {}
+
+  absl::Status Append(absl::string_view data) override {
+    for (const FileFault& f : faults_) {
+      if (f.kind == FileFault::Kind::kCrash && written_ + data.size() > f.after_bytes) {
+        std::raise(SIGKILL);  // a crash mid-write, at a chosen byte
+      }
+      if (f.kind == FileFault::Kind::kDiskFull && written_ + data.size() > f.after_bytes) {
+        // What a full disk does: the bytes that fit, then ENOSPC.
+        const uint64_t fit = f.after_bytes > written_ ? f.after_bytes - written_ : 0;
+        RETURN_IF_ERROR(base_->Append(data.substr(0, fit)));
+        written_ += fit;
+        return absl::UnavailableError(
+            absl::StrCat("cannot write ", path_, ": ", std::strerror(ENOSPC)));
+      }
+    }
+    RETURN_IF_ERROR(base_->Append(data));
+    written_ += data.size();
+    return absl::OkStatus();
+  }
+  absl::Status Sync() override {
+    for (const FileFault& f : faults_) {
+      if (f.kind == FileFault::Kind::kSyncError) {
+        return absl::UnavailableError(
+            absl::StrCat("cannot fsync ", path_, ": ", std::strerror(EIO)));
+      }
+    }
+    return base_->Sync();
+  }
+  absl::Status Close() override { return base_->Close(); }
+
+ private:
+  std::unique_ptr<WritableFile> base_;
+  std::string path_;
+  std::vector<FileFault> faults_;
+  uint64_t written_ = 0;
+};
+
+}  // namespace
+
+absl::StatusOr<std::vector<FileFault>> ParseFileFaults(const std::string& spec) {
+  std::vector<FileFault> out;
+  for (absl::string_view part : absl::StrSplit(spec, ',', absl::SkipEmpty())) {
+    const std::vector<std::string> fields = absl::StrSplit(part, ':');
+    FileFault fault;
+    const auto bad = [&](const std::string& why) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("file fault '", part, "': ", why,
+                       " (expected disk-full:SUBSTRING[:BYTES], sync-error:SUBSTRING or "
+                       "crash:SUBSTRING[:BYTES])"));
+    };
+    if (fields.size() < 2 || fields.size() > 3 || fields[1].empty()) {
+      return bad("wrong number of fields");
+    }
+    if (fields[0] == "disk-full") {
+      fault.kind = FileFault::Kind::kDiskFull;
+    } else if (fields[0] == "sync-error") {
+      fault.kind = FileFault::Kind::kSyncError;
+    } else if (fields[0] == "crash") {
+      fault.kind = FileFault::Kind::kCrash;
+    } else {
+      return bad(absl::StrCat("unknown kind '", fields[0], "'"));
+    }
+    fault.path_contains = fields[1];
+    if (fields.size() == 3 && !absl::SimpleAtoi(fields[2], &fault.after_bytes)) {
+      return bad(absl::StrCat("BYTES '", fields[2], "' is not a number"));
+    }
+    if (fields.size() == 3 && fault.kind == FileFault::Kind::kSyncError) {
+      return bad("sync-error takes no BYTES");
+    }
+    out.push_back(std::move(fault));
+  }
+  return out;
+}
+
+absl::StatusOr<std::unique_ptr<WritableFile>> FaultInjectingFileSystem::NewWritableFile(
+    const std::string& path) {
+  ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, base_->NewWritableFile(path));
+  std::vector<FileFault> mine;
+  std::copy_if(faults_.begin(), faults_.end(), std::back_inserter(mine),
+               [&](const FileFault& f) { return path.find(f.path_contains) != std::string::npos; });
+  if (mine.empty()) return file;
+  return std::make_unique<FaultyFile>(std::move(file), path, std::move(mine));
+}
+
+}  // namespace flatshard

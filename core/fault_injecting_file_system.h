@@ -1,0 +1,47 @@
+// A FileSystem that fails on purpose (tests, the fault-injection suite, and
+// flatshard-worker --inject-file-faults): for files whose path contains a
+// given substring it fills the disk (a short write, then ENOSPC) after a number
+// of bytes, fails fsync with EIO, or kills the process (SIGKILL, no cleanup)
+// once a number of bytes were written. Everything else goes to the wrapped
+// file system unchanged.
+#ifndef FLATSHARD_CORE_FAULT_INJECTING_FILE_SYSTEM_H_
+#define FLATSHARD_CORE_FAULT_INJECTING_FILE_SYSTEM_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+#include "core/file_system.h"
+
+namespace flatshard {
+
+struct FileFault {
+  enum class Kind { kDiskFull, kSyncError, kCrash };
+  Kind kind = Kind::kDiskFull;
+  std::string path_contains;  // which files
+  uint64_t after_bytes = 0;   // disk full / crash once this many bytes are in the file
+};
+
+// "disk-full:SUBSTRING[:BYTES]", "sync-error:SUBSTRING", "crash:SUBSTRING[:BYTES]";
+// several separated by commas. INVALID_ARGUMENT naming the bad part.
+absl::StatusOr<std::vector<FileFault>> ParseFileFaults(const std::string& spec);
+
+class FaultInjectingFileSystem : public FileSystem {
+ public:
+  FaultInjectingFileSystem(FileSystem* base, std::vector<FileFault> faults)
+      : base_(base), faults_(std::move(faults)) {}
+
+  absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) override;
+  absl::Status RemoveFile(const std::string& path) override { return base_->RemoveFile(path); }
+
+ private:
+  FileSystem* base_;
+  std::vector<FileFault> faults_;
+};
+
+}  // namespace flatshard
+
+#endif  // FLATSHARD_CORE_FAULT_INJECTING_FILE_SYSTEM_H_

@@ -1,0 +1,41 @@
+// The file operations checkpoint writers use, behind an interface (LevelDB's
+// Env is the model), so that tests and the fault-injection suite can make a
+// disk fill up, fail or crash a process at a chosen point of a real save
+// without touching the production write path. FileSystem::Default() is POSIX.
+#ifndef FLATSHARD_CORE_FILE_SYSTEM_H_
+#define FLATSHARD_CORE_FILE_SYSTEM_H_
+
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+namespace flatshard {
+
+// A file being written from the start. Errors are UNAVAILABLE (the disk or
+// the OS refused) naming the path and the OS's reason.
+class WritableFile {
+ public:
+  virtual ~WritableFile() = default;  // closes (without syncing)
+  // All of `data`, or an error (a short write is retried, then reported).
+  virtual absl::Status Append(absl::string_view data) = 0;
+  virtual absl::Status Sync() = 0;  // fsync
+  virtual absl::Status Close() = 0;
+};
+
+class FileSystem {
+ public:
+  virtual ~FileSystem() = default;
+  // Creates `path`: ALREADY_EXISTS if it exists, UNAVAILABLE otherwise.
+  virtual absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(
+      const std::string& path) = 0;
+  virtual absl::Status RemoveFile(const std::string& path) = 0;
+
+  // The real one (POSIX); lives for the whole process.
+  static FileSystem* Default();
+};
+
+}  // namespace flatshard
+
+#endif  // FLATSHARD_CORE_FILE_SYSTEM_H_

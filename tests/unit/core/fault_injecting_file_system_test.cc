@@ -1,0 +1,89 @@
+// FaultInjectingFileSystem under SafetensorsFileWriter, on real files: a full
+// disk keeps the bytes that fit and fails with ENOSPC, a failing fsync fails
+// Finish, an unfinished file is removed, other files are untouched, and a bad
+// fault spec is refused naming the part.
+#include "core/fault_injecting_file_system.h"
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "core/safetensors_file_writer.h"
+
+namespace flatshard {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+std::string FreshDir(const std::string& tag) {
+  const fs::path dir = fs::path(::testing::TempDir()) / ("faulty-fs-" + tag);
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  return dir.string();
+}
+
+FaultInjectingFileSystem Faulty(const std::string& spec) {
+  auto faults = ParseFileFaults(spec);
+  EXPECT_TRUE(faults.ok()) << faults.status();
+  return FaultInjectingFileSystem(FileSystem::Default(),
+                                  faults.ok() ? *faults : std::vector<FileFault>{});
+}
+
+TEST(FaultInjectingFileSystemTest, AFullDiskFailsTheAppendAndTheFileIsRemoved) {
+  const std::string dir = FreshDir("full");
+  FaultInjectingFileSystem faulty = Faulty("disk-full:model:200");
+  const std::vector<float> values(1000, 1.0f);
+  {
+    auto writer = SafetensorsFileWriter::Create(dir + "/model.safetensors",
+                                                {{"w", DType::kFloat32, {1000}}}, {}, &faulty);
+    ASSERT_TRUE(writer.ok()) << writer.status();  // the header fits in 200 bytes
+    const absl::Status appended = (*writer)->Append("w", values);
+    EXPECT_EQ(appended.code(), absl::StatusCode::kUnavailable);
+    EXPECT_THAT(appended.message(), HasSubstr("No space left on device"));
+    EXPECT_EQ(fs::file_size(dir + "/model.safetensors"), 200u);  // what fit
+  }
+  EXPECT_FALSE(fs::exists(dir + "/model.safetensors"));  // never finished: removed
+  // Another file is not affected.
+  auto other = SafetensorsFileWriter::Create(dir + "/optim.safetensors",
+                                             {{"w", DType::kFloat32, {1000}}}, {}, &faulty);
+  ASSERT_TRUE(other.ok());
+  ASSERT_TRUE((*other)->Append("w", values).ok());
+  auto digest = (*other)->Finish();
+  ASSERT_TRUE(digest.ok()) << digest.status();
+  EXPECT_EQ(digest->bytes, fs::file_size(dir + "/optim.safetensors"));
+}
+
+TEST(FaultInjectingFileSystemTest, AFailingFsyncFailsFinish) {
+  const std::string dir = FreshDir("eio");
+  FaultInjectingFileSystem faulty = Faulty("sync-error:model");
+  auto writer = SafetensorsFileWriter::Create(dir + "/model.safetensors",
+                                              {{"w", DType::kFloat32, {4}}}, {}, &faulty);
+  ASSERT_TRUE(writer.ok());
+  ASSERT_TRUE((*writer)->Append("w", std::vector<float>(4, 2.0f)).ok());
+  const auto finished = (*writer)->Finish();
+  ASSERT_FALSE(finished.ok());
+  EXPECT_THAT(finished.status().message(), HasSubstr("cannot fsync"));
+  EXPECT_THAT(finished.status().message(), HasSubstr("Input/output error"));
+}
+
+TEST(FaultInjectingFileSystemTest, BadSpecsAreRefusedNamingThePart) {
+  for (const char* spec :
+       {"disk-full", "melt:model", "disk-full:model:lots", "sync-error:m:3", "crash::5"}) {
+    auto faults = ParseFileFaults(spec);
+    ASSERT_FALSE(faults.ok()) << spec;
+    EXPECT_EQ(faults.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(faults.status().message(), HasSubstr(std::string("'") + spec + "'")) << spec;
+  }
+  auto two = ParseFileFaults("disk-full:a:10,crash:b");
+  ASSERT_TRUE(two.ok());
+  ASSERT_EQ(two->size(), 2u);
+  EXPECT_EQ((*two)[0].after_bytes, 10u);
+  EXPECT_EQ((*two)[1].kind, FileFault::Kind::kCrash);
+}
+
+}  // namespace
+}  // namespace flatshard
