@@ -96,6 +96,8 @@ void JobStateMachine::Restore(v1::JobState state, const std::string& failure,
   std::lock_guard<std::mutex> lock(mu_);
   state_ = state;
   failure_ = failure;
+  // The history starts here: "job created" happened before the restart.
+  events_.clear();
   events_.push_back({state, message, absl::Now()});
   changed_.notify_all();
 }

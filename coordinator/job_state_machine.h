@@ -57,7 +57,8 @@ class JobStateMachine {
   static bool Allowed(v1::JobState from, v1::JobState to);
 
   // A restarted coordinator puts the job back in the state its state store
-  // holds, with an event saying so (no transition check: nothing came before).
+  // holds; the event saying so starts the job's history (no transition
+  // check: nothing came before in this process).
   void Restore(v1::JobState state, const std::string& failure, const std::string& message);
   // Called after every transition, outside the lock (the job persists itself).
   void set_on_transition(std::function<void()> observer);

@@ -198,20 +198,10 @@ absl::Status TrainingJob::FormLocked(const std::vector<WorkerRecord>& members,
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
-    std::vector<WorkerClient*> raw;
-    raw.reserve(clients.size());
-    for (auto& client : clients) raw.push_back(client.get());
-    CommandSequencer::BatchObserver on_batch;
-    if (JobObserver* observer = options_.observer; observer != nullptr) {
-      on_batch = [observer, job = config_.name](const v1::CommandBatch& batch,
-                                                absl::Duration round_trip) {
-        observer->OnBatch(job, batch, round_trip);
-      };
-    }
-    sequencer_ = std::make_unique<CommandSequencer>(std::move(raw), epoch, options_.batch_timeout,
-                                                    std::move(on_batch));
-    sequencer_->set_journal([this](const v1::CommandBatch& batch) { JournalBatch(batch); });
-    clients_ = std::move(clients);
+    // The old sequencer goes before the old clients it points at.
+    std::vector<std::unique_ptr<WorkerClient>> old_clients =
+        std::exchange(clients_, std::move(clients));
+    sequencer_ = MakeSequencerLocked(epoch);
     worker_ids_ = std::move(ids);
     members_ = members;
     epoch_config_ = std::move(config);
@@ -222,6 +212,24 @@ absl::Status TrainingJob::FormLocked(const std::vector<WorkerRecord>& members,
     options_.forget_store_prefix(absl::StrCat("job/", config_.name, "/epoch/", epoch - 1));
   }
   return absl::OkStatus();
+}
+
+std::unique_ptr<CommandSequencer> TrainingJob::MakeSequencerLocked(uint64_t epoch) {
+  std::vector<WorkerClient*> raw;
+  raw.reserve(clients_.size());
+  for (auto& client : clients_) raw.push_back(client.get());
+  CommandSequencer::BatchObserver on_batch;
+  if (JobObserver* observer = options_.observer; observer != nullptr) {
+    on_batch = [observer, job = config_.name](const v1::CommandBatch& batch,
+                                              absl::Duration round_trip) {
+      observer->OnBatch(job, batch, round_trip);
+    };
+  }
+  auto sequencer = std::make_unique<CommandSequencer>(std::move(raw), epoch, options_.batch_timeout,
+                                                      std::move(on_batch));
+  // The state store's write-ahead record of every batch (training_job_state.cc).
+  sequencer->set_journal([this](const v1::CommandBatch& batch) { JournalBatch(batch); });
+  return sequencer;
 }
 
 absl::StatusOr<TrainingJob::OperationLock> TrainingJob::BeginOperation(const char* what) {
@@ -245,7 +253,8 @@ absl::StatusOr<TrainingJob::OperationLock> TrainingJob::BeginOperation(const cha
       break;
   }
   OperationLock op(op_mu_, std::try_to_lock);
-  if (!op.owns_lock() && states_.state() == v1::READY) {
+  if (const v1::JobState now = states_.state();
+      !op.owns_lock() && (now == v1::READY || now == v1::IDLE)) {
     (void)op.try_lock_for(std::chrono::seconds(5));
   }
   if (!op.owns_lock()) {

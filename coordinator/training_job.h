@@ -165,9 +165,10 @@ class TrainingJob {
               TrainingJobOptions options);
 
   // Takes the operation slot, or explains why not (state, busy).
-  // A READY job whose slot is held is finishing an internal re-form (a
-  // recovery, a re-adoption, growing back) that has already said READY: the
-  // call waits for it (a few seconds at most) instead of being refused.
+  // A job READY or IDLE whose slot is held is usually finishing something
+  // that already said so (a training's last saves after IDLE, a recovery,
+  // re-adoption or growth after READY): the call waits up to 5 s for the slot
+  // before it is refused. A TRAINING job refuses at once.
   using OperationLock = std::unique_lock<std::timed_mutex>;
   absl::StatusOr<OperationLock> BeginOperation(const char* what);
   absl::StatusOr<std::vector<int>> CheckUnits(const std::vector<int>& units) const;
@@ -246,6 +247,9 @@ class TrainingJob {
   CheckpointManifest BuildManifest(const std::string& name, v1::StateDictType type,
                                    bool scheduled) const;
   CommandSequencer* sequencer() const;
+  // A sequencer over clients_ for `epoch`, with the metrics observer and the
+  // batch journal; mu_ held.
+  std::unique_ptr<CommandSequencer> MakeSequencerLocked(uint64_t epoch);
 
   v1::JobSpec spec_;
   const JobConfig config_;  // as created; epoch_config_ holds the current world size

@@ -309,20 +309,8 @@ absl::Status TrainingJob::ReadoptLocked() {
   if (progress.ok()) {
     {
       std::lock_guard<std::mutex> lock(mu_);
-      std::vector<WorkerClient*> raw;
-      raw.reserve(clients_.size());
-      for (auto& client : clients_) raw.push_back(client.get());
-      CommandSequencer::BatchObserver on_batch;
-      if (JobObserver* observer = options_.observer; observer != nullptr) {
-        on_batch = [observer, job = config_.name](const v1::CommandBatch& batch,
-                                                  absl::Duration round_trip) {
-          observer->OnBatch(job, batch, round_trip);
-        };
-      }
-      sequencer_ = std::make_unique<CommandSequencer>(std::move(raw), record.epoch,
-                                                      options_.batch_timeout, std::move(on_batch));
+      sequencer_ = MakeSequencerLocked(record.epoch);
       sequencer_->ResumeAfter(progress->last_seq);
-      sequencer_->set_journal([this](const v1::CommandBatch& batch) { JournalBatch(batch); });
       step_ = progress->step;
       data_position_ = progress->data_position;
       unsharded_.clear();
