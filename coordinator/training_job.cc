@@ -138,7 +138,7 @@ absl::Status TrainingJob::FormLocked(const std::vector<WorkerRecord>& members,
     (void)states_.Transition(v1::FAILED, std::string(kinds.message()));
     return kinds;
   }
-  std::vector<std::unique_ptr<WorkerClient>> clients;
+  std::vector<std::shared_ptr<WorkerClient>> clients;
   std::vector<std::string> ids;
   for (const WorkerRecord& member : members) {
     clients.push_back(options_.connect(member));
@@ -199,7 +199,7 @@ absl::Status TrainingJob::FormLocked(const std::vector<WorkerRecord>& members,
   {
     std::lock_guard<std::mutex> lock(mu_);
     // The old sequencer goes before the old clients it points at.
-    std::vector<std::unique_ptr<WorkerClient>> old_clients =
+    std::vector<std::shared_ptr<WorkerClient>> old_clients =
         std::exchange(clients_, std::move(clients));
     sequencer_ = MakeSequencerLocked(epoch);
     worker_ids_ = std::move(ids);

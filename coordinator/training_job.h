@@ -264,11 +264,13 @@ class TrainingJob {
   int64_t step_ = 0;           // optimizer steps completed
   int64_t data_position_ = 0;  // global batches consumed (micro-steps included)
   std::vector<std::string> worker_ids_;
-  std::vector<std::unique_ptr<WorkerClient>> clients_;
-  std::vector<WorkerClient*> forming_clients_;  // FormLocked's, while Configure runs
-  std::unique_ptr<CommandSequencer> sequencer_;
-  std::set<int> unsharded_;  // units a manual Unshard left unsharded
-  bool training_ = false;    // Train holds the operation slot
+  // Shared: an async save's committer keeps the clients of its epoch alive
+  // while a recovery replaces them.
+  std::vector<std::shared_ptr<WorkerClient>> clients_;
+  std::vector<WorkerClient*> forming_clients_;   // FormLocked's, while Configure runs
+  std::shared_ptr<CommandSequencer> sequencer_;  // shared with an async save's committer
+  std::set<int> unsharded_;                      // units a manual Unshard left unsharded
+  bool training_ = false;                        // Train holds the operation slot
   std::vector<std::shared_ptr<PendingSave>> pending_saves_;
   std::shared_ptr<const JobConfig> epoch_config_;  // the current epoch's (world size)
   std::vector<WorkerRecord> members_;              // the current epoch's, by rank

@@ -251,16 +251,18 @@ TrainingJob::SaveFuture TrainingJob::StartSave(const std::string& name, v1::Stat
   };
   if (!async_save) return Ready(commit(std::move(manifest), *results));
 
-  std::vector<WorkerClient*> workers;
+  std::vector<std::shared_ptr<WorkerClient>> workers;
+  std::shared_ptr<CommandSequencer> seq;  // this save's epoch's, kept alive with its clients
   {
     std::lock_guard<std::mutex> lock(mu_);
-    for (const auto& client : clients_) workers.push_back(client.get());
+    workers = clients_;
+    seq = sequencer_;
   }
   auto promise = std::make_shared<std::promise<absl::StatusOr<v1::CheckpointInfo>>>();
   SaveFuture done = promise->get_future().share();
   const std::string directory = catalog_.RelativePartialDir(name);
   const absl::Duration timeout = options_.batch_timeout;
-  committer_ = std::thread([this, promise, workers, directory, timeout, name, refused,
+  committer_ = std::thread([this, promise, workers, seq, directory, timeout, name, refused,
                             manifest = std::move(manifest), commit, report]() mutable {
     std::vector<v1::CommandResult> written;
     // Every rank is awaited, even after one failed: each holds a snapshot
@@ -271,6 +273,9 @@ TrainingJob::SaveFuture TrainingJob::StartSave(const std::string& name, v1::Stat
     absl::Status unreachable, lost, reported = refused;
     const absl::Time deadline = absl::Now() + timeout;  // one for all ranks
     for (size_t r = 0; r < workers.size(); ++r) {
+      // The job failed meanwhile: its recovery re-forms the ranks (dropping
+      // their snapshots); waiting on them could only hang on a stopped one.
+      if (seq != nullptr && !seq->failure().ok()) break;
       absl::StatusOr<v1::CommandResult> result = workers[r]->AwaitSave(directory, deadline);
       if (!result.ok()) {
         const bool gone = result.status().code() == absl::StatusCode::kUnavailable;
@@ -288,7 +293,13 @@ TrainingJob::SaveFuture TrainingJob::StartSave(const std::string& name, v1::Stat
         written.push_back(*std::move(result));
       }
     }
-    const absl::Status failed = !unreachable.ok() ? unreachable : !lost.ok() ? lost : reported;
+    // The job failing meanwhile names the rank it lost (its sequencer's
+    // failure); a rank that only lost its save because of that is not it.
+    const absl::Status job_failure = seq != nullptr ? seq->failure() : absl::OkStatus();
+    const absl::Status failed = !unreachable.ok()   ? unreachable
+                                : !job_failure.ok() ? job_failure
+                                : !lost.ok()        ? lost
+                                                    : reported;
     if (!failed.ok()) {
       catalog_.AbandonSave(name);
       spdlog::error("job {}: async checkpoint {} failed: {}", config_.name, name,

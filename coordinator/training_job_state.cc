@@ -287,7 +287,7 @@ absl::Status TrainingJob::ReadoptLocked() {
   // The epoch's members as the restarted coordinator knows them (addresses
   // from its membership), and a client for each: recovery probes them too.
   std::vector<WorkerRecord> members;
-  std::vector<std::unique_ptr<WorkerClient>> clients;
+  std::vector<std::shared_ptr<WorkerClient>> clients;
   for (const std::string& id : record.worker_ids) {
     std::optional<WorkerRecord> known;
     if (options_.find_worker) known = options_.find_worker(id);
