@@ -52,6 +52,7 @@ class NoopCommunicator final : public Communicator {
   absl::Status AllReduce(void*, size_t, DType, ReduceOp) override { return {}; }
   absl::Status Broadcast(void*, size_t, DType, int) override { return {}; }
   absl::Status Barrier() override { return {}; }
+  absl::Status SendRecv(const void*, size_t, int, void*, size_t, int) override { return {}; }
   void Abort(const std::string&) override {}
   absl::StatusOr<std::unique_ptr<Communicator>> CreateSubgroup(const std::vector<int>&,
                                                                absl::string_view) override {

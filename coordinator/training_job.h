@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <future>
 #include <memory>
 #include <mutex>
@@ -25,6 +26,7 @@
 #include "coordinator/job_observer.h"
 #include "coordinator/job_state_machine.h"
 #include "coordinator/membership.h"
+#include "coordinator/peer_snapshot_plan.h"
 #include "coordinator/state_store.h"
 #include "coordinator/training_run.h"
 #include "coordinator/worker_client.h"
@@ -187,14 +189,23 @@ class TrainingJob {
   // returns the status the operation ends with (OK: recovered, go on).
   absl::Status OnBatchFailure(const absl::Status& cause);
   // The live members of the failed epoch, by rank (probed with GetStatus).
-  std::vector<int> ProbeMembers(std::vector<WorkerRecord>* alive);
+  std::vector<int> ProbeMembers(
+      std::vector<WorkerRecord>* alive,
+      std::map<std::string, std::vector<v1::PeerSnapshotHeld>>* held = nullptr);
   // The newest committed checkpoint a world of `world_size` can load.
-  std::optional<std::string> RecoveryCheckpoint(int world_size) const;
+  std::optional<v1::CheckpointInfo> RecoveryCheckpoint(int world_size) const;
   // Between steps of Train, after a scheduled checkpoint: a job a recovery
   // shrank grows back to its spec's world size when enough workers are live
   // again (a new epoch, the checkpoint of this step loaded, nothing lost).
   // OK also when it does not grow; the job is then still TRAINING, else READY.
   absl::Status MaybeGrow();
+
+  // In-memory peer snapshots (training_job_snapshots.cc): after every K-th
+  // step (checkpoints.in_memory_every_steps) every rank takes one; a non-OK
+  // status is a failed batch. A restore returns false when the snapshots
+  // could not rebuild the state (the job is unchanged: use a checkpoint).
+  absl::Status MaybeTakePeerSnapshot();
+  absl::StatusOr<bool> RestorePeerSnapshotLocked(const PeerSnapshotChoice& choice);
 
   // The state store (training_job_state.cc): the whole record after every
   // transition, progress after every batch, the write-ahead batch journal.
@@ -276,6 +287,7 @@ class TrainingJob {
   std::vector<WorkerRecord> members_;              // the current epoch's, by rank
   int restarts_ = 0;
   std::optional<v1::Recovery> last_recovery_;
+  PeerSnapshotMarks peer_marks_;  // the peer snapshots every rank took, newest last
   bool recovering_ = false;        // RecoverLocked runs (a failure inside it is final)
   bool recovery_pending_ = false;  // recoverer_ has not finished
   std::thread recoverer_;          // recovers a failure FailRank saw outside operations

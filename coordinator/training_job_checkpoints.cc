@@ -344,6 +344,7 @@ absl::StatusOr<v1::CheckpointInfo> TrainingJob::LoadLocked(const std::string& na
     step_ = manifest.step;
     data_position_ = manifest.data_position;
     unsharded_.clear();
+    peer_marks_.clear();  // they describe a history this load left
   }
   Persist();
   spdlog::info("job {}: loaded checkpoint {} (step {})", config_.name, manifest.name,

@@ -5,6 +5,7 @@
 // can load is restored. Everything here runs with the operation slot held, so
 // no client operation sees a half-recovered job.
 #include <algorithm>
+#include <map>
 #include <set>
 #include <thread>
 #include <utility>
@@ -77,7 +78,9 @@ absl::Status TrainingJob::OnBatchFailure(const absl::Status& cause) {
   return RecoverLocked(cause, {});
 }
 
-std::vector<int> TrainingJob::ProbeMembers(std::vector<WorkerRecord>* alive) {
+std::vector<int> TrainingJob::ProbeMembers(
+    std::vector<WorkerRecord>* alive,
+    std::map<std::string, std::vector<v1::PeerSnapshotHeld>>* held) {
   std::vector<WorkerClient*> clients;
   std::vector<WorkerRecord> members;
   {
@@ -86,18 +89,22 @@ std::vector<int> TrainingJob::ProbeMembers(std::vector<WorkerRecord>* alive) {
     members = members_;
   }
   // In parallel: a stopped (SIGSTOP) worker costs one probe timeout, not one per rank.
-  std::vector<absl::Status> answers(clients.size());
+  std::vector<absl::StatusOr<v1::GetStatusResponse>> answers(clients.size());
   std::vector<std::thread> probes;
   probes.reserve(clients.size());
   const absl::Time deadline = absl::Now() + options_.probe_timeout;
   for (size_t r = 0; r < clients.size(); ++r) {
-    probes.emplace_back([&, r] { answers[r] = clients[r]->GetStatus(deadline).status(); });
+    probes.emplace_back([&, r] { answers[r] = clients[r]->GetStatus(deadline); });
   }
   for (std::thread& t : probes) t.join();
   std::vector<int> failed;
   for (size_t r = 0; r < clients.size() && r < members.size(); ++r) {
     if (answers[r].ok()) {
       alive->push_back(members[r]);
+      if (held != nullptr) {
+        (*held)[members[r].worker_id].assign(answers[r]->peer_snapshots().begin(),
+                                             answers[r]->peer_snapshots().end());
+      }
     } else {
       failed.push_back(static_cast<int>(r));
       if (options_.mark_unreachable) options_.mark_unreachable(members[r].worker_id);
@@ -106,13 +113,13 @@ std::vector<int> TrainingJob::ProbeMembers(std::vector<WorkerRecord>* alive) {
   return failed;
 }
 
-std::optional<std::string> TrainingJob::RecoveryCheckpoint(int world_size) const {
+std::optional<v1::CheckpointInfo> TrainingJob::RecoveryCheckpoint(int world_size) const {
   absl::StatusOr<std::vector<v1::CheckpointInfo>> committed = catalog_.List();
   if (!committed.ok()) return std::nullopt;
   // Newest first; a LOCAL state dict only loads at the world size it was saved at.
   for (auto it = committed->rbegin(); it != committed->rend(); ++it) {
     if (it->state_dict_type() != v1::LOCAL_STATE_DICT || it->world_size() == world_size) {
-      return it->name();
+      return *it;
     }
   }
   return std::nullopt;
@@ -153,7 +160,8 @@ absl::Status TrainingJob::RecoverLocked(const absl::Status& cause, std::vector<i
     for (const auto& client : clients_) client->CancelAll();
   }
   RecoveryCandidates candidates;
-  std::vector<int> unreachable = ProbeMembers(&candidates.survivors);
+  std::map<std::string, std::vector<v1::PeerSnapshotHeld>> held;  // by worker id
+  std::vector<int> unreachable = ProbeMembers(&candidates.survivors, &held);
   failed_ranks.insert(failed_ranks.end(), unreachable.begin(), unreachable.end());
   std::sort(failed_ranks.begin(), failed_ranks.end());
   failed_ranks.erase(std::unique(failed_ranks.begin(), failed_ranks.end()), failed_ranks.end());
@@ -192,8 +200,32 @@ absl::Status TrainingJob::RecoverLocked(const absl::Status& cause, std::vector<i
       !formed.ok()) {
     return fail(formed);  // FormLocked named the rank
   }
-  const std::optional<std::string> checkpoint = RecoveryCheckpoint(world);
-  if (checkpoint.has_value()) {
+  std::optional<std::string> checkpoint;
+  const std::optional<v1::CheckpointInfo> newest = RecoveryCheckpoint(world);
+  // The survivors' in-memory peer snapshots, when they hold a newer step than
+  // the newest checkpoint; the checkpoint otherwise, or when they fail.
+  bool from_memory = false;
+  std::optional<PeerSnapshotChoice> snapshot;
+  {
+    std::vector<std::string> ids;
+    for (const WorkerRecord& m : choice->members) ids.push_back(m.worker_id);
+    PeerSnapshotMarks marks;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      marks = peer_marks_;
+    }
+    snapshot = ChoosePeerSnapshot(config_.name, ids, held, marks,
+                                  newest.has_value() ? newest->step() : -1);
+  }
+  if (snapshot.has_value()) {
+    absl::StatusOr<bool> restored = RestorePeerSnapshotLocked(*snapshot);
+    if (!restored.ok()) return fail(restored.status());
+    from_memory = *restored;
+  }
+  if (from_memory) {
+    // Restored: nothing to load.
+  } else if (newest.has_value()) {
+    checkpoint = newest->name();
     absl::StatusOr<v1::CheckpointInfo> loaded = LoadLocked(*checkpoint);
     if (!loaded.ok()) return fail(loaded.status());
   } else {
@@ -214,6 +246,7 @@ absl::Status TrainingJob::RecoverLocked(const absl::Status& cause, std::vector<i
   record.set_steps_lost(failed_step - record.resumed_step());
   record.set_world_size(world);
   record.set_checkpoint(checkpoint.value_or(""));
+  record.set_from_peer_snapshot(from_memory);
   record.set_spare_used(choice->spare_used);
   record.set_seconds(absl::ToDoubleSeconds(absl::Now() - began));
   {
@@ -230,8 +263,10 @@ absl::Status TrainingJob::RecoverLocked(const absl::Status& cause, std::vector<i
           ? std::string(choice->spare_used ? " with a spare" : "")
           : absl::StrCat(" (shrunk from ", config_.world_size, ": too few live workers)"),
       "; resumed at step ", record.resumed_step(),
-      checkpoint.has_value() ? absl::StrCat(" from checkpoint ", *checkpoint)
-                             : std::string(" from initialization (no checkpoint)"),
+      from_memory ? absl::StrCat(" from in-memory peer snapshots (", snapshot->copies_used,
+                                 " rank(s) from a neighbour's copy)")
+      : checkpoint.has_value() ? absl::StrCat(" from checkpoint ", *checkpoint)
+                               : std::string(" from initialization (no checkpoint)"),
       ", ", record.steps_lost(), " step(s) lost");
   spdlog::warn("job {}: {}", config_.name, summary);
   if (options_.observer != nullptr) options_.observer->OnRecovery(config_.name, record);
@@ -256,8 +291,9 @@ absl::Status TrainingJob::MaybeGrow() {
   }
   if (every <= 0 || step % every != 0) return absl::OkStatus();
   if (committer_.joinable()) committer_.join();  // an async save committing it
-  const std::optional<std::string> checkpoint = RecoveryCheckpoint(config_.world_size);
-  if (!checkpoint.has_value()) return absl::OkStatus();
+  const std::optional<v1::CheckpointInfo> newest = RecoveryCheckpoint(config_.world_size);
+  if (!newest.has_value()) return absl::OkStatus();
+  const std::string* checkpoint = &newest->name();
   absl::StatusOr<CheckpointManifest> manifest = catalog_.Read(*checkpoint);
   if (!manifest.ok() || manifest->step != step) return absl::OkStatus();
   // Workers outside the epoch, heartbeating, on the same kind of device.

@@ -153,6 +153,14 @@ absl::Status TrainingJob::Train(int64_t steps, int micro_steps,
     result.set_samples_per_second(seconds > 0 ? static_cast<double>(samples) / seconds : 0.0);
     if (options_.observer != nullptr) options_.observer->OnStep(config_.name, result, samples);
     stopped_by_client = !on_step(result);
+    if (absl::Status snapshot = MaybeTakePeerSnapshot(); !snapshot.ok()) {
+      RETURN_IF_ERROR(OnBatchFailure(snapshot));
+      recovered = last_recovery();
+      RETURN_IF_ERROR(states_.TransitionFrom(
+          v1::READY, v1::TRAINING,
+          absl::StrCat("training resumes at step ", current_step(), " of ", target)));
+      continue;
+    }
     RunPendingSaves(absl::OkStatus(), /*last=*/false);
     if (absl::Status scheduled = MaybeScheduledSave(); !scheduled.ok()) {
       // A save that failed because a rank did recovered the job; training

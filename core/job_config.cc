@@ -221,6 +221,25 @@ absl::StatusOr<RecoverySettings> RecoveryFromProto(const v1::RecoveryPolicy& pro
   return r;
 }
 
+absl::StatusOr<CheckpointSettings> CheckpointsFromProto(const v1::CheckpointSchedule& proto) {
+  CheckpointSettings c;
+  if (proto.every_steps() < 0) {
+    return Invalid("checkpoints.every_steps",
+                   absl::StrCat("must be >= 0 (0: only on demand), got ", proto.every_steps()));
+  }
+  if (proto.keep_last() < 0) {
+    return Invalid("checkpoints.keep_last",
+                   absl::StrCat("must be >= 0 (0: keep all), got ", proto.keep_last()));
+  }
+  if (proto.in_memory_every_steps() < 0) {
+    return Invalid("checkpoints.in_memory_every_steps",
+                   absl::StrCat("must be >= 0 (0: no in-memory peer snapshots), got ",
+                                proto.in_memory_every_steps()));
+  }
+  c.in_memory_every_steps = proto.in_memory_every_steps();
+  return c;
+}
+
 absl::StatusOr<DataSettings> DataFromProto(const v1::DataSpec& proto, int world_size) {
   DataSettings d;
   switch (proto.kind()) {
@@ -294,6 +313,7 @@ absl::StatusOr<JobConfig> JobConfigFromProto(const v1::JobSpec& spec) {
   ASSIGN_OR_RETURN(job.data, DataFromProto(spec.data(), job.world_size));
   job.seed = spec.seed();
   ASSIGN_OR_RETURN(job.recovery, RecoveryFromProto(spec.recovery(), job.world_size));
+  ASSIGN_OR_RETURN(job.checkpoints, CheckpointsFromProto(spec.checkpoints()));
   // Ranks given explicitly must name every rank exactly once: a duplicate or a
   // gap would leave the job waiting for a worker that can never be assigned.
   std::map<int, std::string> worker_by_rank;

@@ -39,6 +39,13 @@ struct RecoverySettings {
 // THE job configuration: everything else (the plan, the step programs, the
 // runtime's options, checkpoint manifests) takes its settings from here by
 // value, never by copying fields into look-alike structs.
+// What the workers must know of checkpoints.* (the schedule itself is the
+// coordinator's, read from the spec).
+struct CheckpointSettings {
+  // Peer snapshots after every K-th step (docs/fault-tolerance.md); 0: off.
+  int64_t in_memory_every_steps = 0;
+};
+
 struct JobConfig {
   std::string name;
   ModelSpec model;
@@ -50,6 +57,7 @@ struct JobConfig {
   uint64_t seed = 0;
   std::map<std::string, int> rank_by_worker_id;  // empty: ranks in registration order
   RecoverySettings recovery;
+  CheckpointSettings checkpoints;
 };
 
 // Validates everything a job needs before any worker is touched, including that

@@ -58,7 +58,8 @@ absl::StatusOr<std::string> BatchDigest(const v1::CommandBatch& batch) {
     case v1::CommandBatch::kCheckpoint:
       if (batch.checkpoint().op_case() == v1::CheckpointBatch::OP_NOT_SET) {
         return absl::InvalidArgumentError(
-            "checkpoint.op is not set: a checkpoint batch holds one save_shard or load_shard");
+            "checkpoint.op is not set: a checkpoint batch holds one save_shard, load_shard, "
+            "take_peer_snapshot or restore_peer_snapshot");
       }
       return BatchContentDigest(kind, CanonicalBytes(batch.checkpoint()));
     case v1::CommandBatch::kSummon:

@@ -23,24 +23,12 @@
 #include "client/local_cluster.h"
 #include "core/job_spec_yaml.h"
 #include "tests/integration/multiprocess.h"
+#include "tests/integration/recovery_harness.h"
 
 namespace flatshard {
 namespace {
 
 using ::testing::HasSubstr;
-
-std::unique_ptr<LocalCluster> StartCluster(int workers, const std::string& checkpoint_dir) {
-  LocalClusterOptions options;
-  options.workers = workers;
-  options.bin_dir = FLATSHARD_BIN_DIR;
-  options.heartbeat_interval_s = 0.25;
-  options.heartbeat_timeout_s = 2.0;
-  options.collective_timeout_s = 120;  // recovery must not wait for it
-  options.checkpoint_dir = checkpoint_dir;
-  auto cluster = LocalCluster::Start(options);
-  EXPECT_TRUE(cluster.ok()) << cluster.status();
-  return cluster.ok() ? *std::move(cluster) : nullptr;
-}
 
 // The demo job, checkpointing SHARDED every 3 steps, at world size 4.
 v1::JobSpec RecoveringJob(int max_restarts, double spare_wait_s) {
@@ -54,48 +42,13 @@ v1::JobSpec RecoveringJob(int max_restarts, double spare_wait_s) {
   return *spec;
 }
 
-void CreateAndWaitReady(FlatshardClient& client, const v1::JobSpec& spec) {
-  ASSERT_TRUE(client.CreateJob(spec).ok());
-  auto ready = client.WaitForState(spec.name(), {v1::READY}, absl::Seconds(120));
-  ASSERT_TRUE(ready.ok()) << ready.status();
-}
+using testing::CreateAndWaitReady;
+using testing::TrainAndKill;
+using testing::TrainRun;
+using testing::WorkerIndexOfRank;
 
-// The cluster's worker process that runs `rank` in the job now.
-int WorkerIndexOfRank(LocalCluster& cluster, FlatshardClient& client, const std::string& job,
-                      int rank) {
-  auto workers = client.ListWorkers(job);
-  EXPECT_TRUE(workers.ok()) << workers.status();
-  for (const v1::WorkerInfo& w : *workers) {
-    if (w.rank() != rank) continue;
-    for (int i = 0; i < cluster.num_workers(); ++i) {
-      if (cluster.worker_addresses()[static_cast<size_t>(i)] == w.address()) return i;
-    }
-  }
-  ADD_FAILURE() << "no worker runs rank " << rank;
-  return -1;
-}
-
-struct TrainRun {
-  absl::Status status;
-  std::map<int64_t, double> loss_by_step;  // the last loss seen for each step
-  int recoveries_reported = 0;
-};
-
-// Trains `steps`; after `kill_after` step results, SIGKILLs the worker of `rank`.
-TrainRun TrainAndKill(LocalCluster& cluster, FlatshardClient& client, const std::string& job,
-                      int64_t steps, int kill_after, int rank) {
-  const int victim = WorkerIndexOfRank(cluster, client, job, rank);
-  TrainRun run;
-  int seen = 0;
-  run.status = client.Train(job, steps, 0, [&](const v1::StepResult& r) {
-    run.loss_by_step[r.step()] = r.loss();
-    if (r.has_recovery()) {
-      ++run.recoveries_reported;
-      std::cerr << "recovered: " << r.recovery().ShortDebugString() << "\n";
-    }
-    if (++seen == kill_after && victim >= 0) cluster.worker(victim).Signal(SIGKILL);
-  });
-  return run;
+std::unique_ptr<LocalCluster> StartCluster(int workers, const std::string& checkpoint_dir) {
+  return testing::StartRecoveryCluster(workers, checkpoint_dir);
 }
 
 TEST(RecoveryTest, SpareTakesTheSeatAndTrainingFinishesBitExactWithAResumedRun) {
@@ -106,7 +59,7 @@ TEST(RecoveryTest, SpareTakesTheSeatAndTrainingFinishesBitExactWithAResumedRun) 
   v1::JobSpec spec = RecoveringJob(/*max_restarts=*/3, /*spare_wait_s=*/30);
   CreateAndWaitReady(client, spec);
 
-  TrainRun run = TrainAndKill(*cluster, client, spec.name(), 12, /*kill_after=*/5, /*rank=*/2);
+  TrainRun run = TrainAndKill(*cluster, client, spec.name(), 12, /*kill_after=*/5, {2});
   ASSERT_TRUE(run.status.ok()) << run.status;
   EXPECT_EQ(run.recoveries_reported, 1);
   auto job = client.GetJob(spec.name());
@@ -152,7 +105,7 @@ TEST(RecoveryTest, WithoutASpareTheJobShrinksToTheLargestValidWorldSize) {
   const v1::JobSpec spec = RecoveringJob(/*max_restarts=*/3, /*spare_wait_s=*/0.5);
   CreateAndWaitReady(client, spec);
 
-  TrainRun run = TrainAndKill(*cluster, client, spec.name(), 10, /*kill_after=*/4, /*rank=*/1);
+  TrainRun run = TrainAndKill(*cluster, client, spec.name(), 10, /*kill_after=*/4, {1});
   ASSERT_TRUE(run.status.ok()) << run.status;
   auto job = client.GetJob(spec.name());
   ASSERT_TRUE(job.ok());
@@ -177,7 +130,7 @@ TEST(RecoveryTest, AShrunkJobGrowsBackAtTheNextCheckpoint) {
   const v1::JobSpec spec = RecoveringJob(/*max_restarts=*/3, /*spare_wait_s=*/0.5);
   CreateAndWaitReady(client, spec);
   const int victim = WorkerIndexOfRank(*cluster, client, spec.name(), 1);
-  TrainRun run = TrainAndKill(*cluster, client, spec.name(), 10, /*kill_after=*/4, /*rank=*/1);
+  TrainRun run = TrainAndKill(*cluster, client, spec.name(), 10, /*kill_after=*/4, {1});
   ASSERT_TRUE(run.status.ok()) << run.status;
   auto job = client.GetJob(spec.name());
   ASSERT_TRUE(job.ok());
@@ -221,7 +174,7 @@ TEST(RecoveryTest, NoRestartsLeftFailsTheJobSayingSo) {
   FlatshardClient client(cluster->address());
   const v1::JobSpec spec = RecoveringJob(/*max_restarts=*/0, /*spare_wait_s=*/0);
   CreateAndWaitReady(client, spec);
-  TrainRun run = TrainAndKill(*cluster, client, spec.name(), 1000, /*kill_after=*/2, /*rank=*/3);
+  TrainRun run = TrainAndKill(*cluster, client, spec.name(), 1000, /*kill_after=*/2, {3});
   EXPECT_FALSE(run.status.ok());
   EXPECT_THAT(std::string(run.status.message()), HasSubstr("recovery.max_restarts is 0"));
   auto job = client.GetJob(spec.name());

@@ -10,8 +10,15 @@
 
 namespace flatshard {
 
-enum class CollectiveOp : int { kAllGather, kReduceScatter, kAllReduce, kBroadcast, kBarrier };
-inline constexpr int kNumCollectiveOps = 5;
+enum class CollectiveOp : int {
+  kAllGather,
+  kReduceScatter,
+  kAllReduce,
+  kBroadcast,
+  kBarrier,
+  kSendRecv,
+};
+inline constexpr int kNumCollectiveOps = static_cast<int>(CollectiveOp::kSendRecv) + 1;
 
 // "all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier".
 absl::string_view CollectiveOpName(CollectiveOp op);

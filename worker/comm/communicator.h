@@ -53,6 +53,14 @@ class Communicator {
 
   virtual absl::Status Barrier() = 0;
 
+  // Point to point: sends `send_bytes` from `send` to rank `to` and receives
+  // `recv_bytes` into `recv` from rank `from`, and returns when both are done.
+  // Every rank of the group calls it together (a ring shift: to = r + 1,
+  // from = r - 1), as with the collectives, so their message slots agree; a
+  // rank that only sends or only receives passes 0 bytes for the other half.
+  virtual absl::Status SendRecv(const void* send, size_t send_bytes, int to, void* recv,
+                                size_t recv_bytes, int from) = 0;
+
   // Makes every pending and future collective on this communicator fail
   // promptly with `reason` instead of waiting for a peer that will never come
   // (a rank died, the coordinator failed the step). Callable from any thread

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 
 #include <gloo/rendezvous/context.h>
 #include <gloo/transport/pair.h>
@@ -246,6 +247,37 @@ absl::Status GlooCommunicator::Broadcast(void* buffer, size_t count, DType dtype
       data->recv(root, slot);
       data.WaitRecv();
     }
+  });
+}
+
+absl::Status GlooCommunicator::SendRecv(const void* send, size_t send_bytes, int to, void* recv,
+                                        size_t recv_bytes, int from) {
+  if (to < 0 || to >= size_ || from < 0 || from >= size_) {
+    return absl::InvalidArgumentError(absl::StrCat("send_recv peers ", to, " and ", from,
+                                                   " must be inside a group of size ", size_));
+  }
+  return Guard("send_recv", [&] {
+    // Every rank takes one slot per call, so a ring shift's sends and
+    // receives meet on the same slot.
+    const auto slot = static_cast<uint64_t>(context_->nextSlot());
+    if (to == rank_ && from == rank_) {
+      std::memcpy(recv, send, std::min(send_bytes, recv_bytes));
+      return;
+    }
+    std::optional<ActiveBuffer> in;
+    std::optional<ActiveBuffer> out;
+    if (recv_bytes > 0) {
+      in.emplace(*this, recv, recv_bytes);
+      (*in)->recv(from, slot);
+    }
+    if (send_bytes > 0) {
+      // Gloo's unbound buffer is not const-correct: a send only reads it.
+      // NOLINTNEXTLINE(cppcoreguidelines-pro-type-const-cast)
+      out.emplace(*this, const_cast<void*>(send), send_bytes);
+      (*out)->send(to, slot);
+      out->WaitSend();
+    }
+    if (in.has_value()) in->WaitRecv();
   });
 }
 

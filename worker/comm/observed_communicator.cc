@@ -14,6 +14,8 @@ absl::string_view CollectiveOpName(CollectiveOp op) {
       return "broadcast";
     case CollectiveOp::kBarrier:
       return "barrier";
+    case CollectiveOp::kSendRecv:
+      return "send_recv";
   }
   return "unknown";
 }
@@ -43,6 +45,12 @@ absl::Status ObservedCommunicator::AllReduce(void* buffer, size_t count, DType d
 absl::Status ObservedCommunicator::Broadcast(void* buffer, size_t count, DType dtype, int root) {
   return Timed(CollectiveOp::kBroadcast, static_cast<int64_t>(count * DTypeSize(dtype)), 1.0,
                [&] { return inner_->Broadcast(buffer, count, dtype, root); });
+}
+
+absl::Status ObservedCommunicator::SendRecv(const void* send, size_t send_bytes, int to,
+                                            void* recv, size_t recv_bytes, int from) {
+  return Timed(CollectiveOp::kSendRecv, static_cast<int64_t>(send_bytes + recv_bytes), 1.0,
+               [&] { return inner_->SendRecv(send, send_bytes, to, recv, recv_bytes, from); });
 }
 
 absl::Status ObservedCommunicator::Barrier() {

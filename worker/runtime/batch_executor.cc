@@ -150,11 +150,32 @@ void SetError(v1::CommandResult& result, const absl::Status& status) {
 
 }  // namespace
 
+absl::StatusOr<v1::CommandResult> BatchExecutor::ExecutePeerSnapshot(
+    const v1::CommandBatch& batch, const std::function<absl::Status(v1::CommandResult&)>& body) {
+  RETURN_IF_ERROR(CheckBatch(batch, v1::CommandBatch::kCheckpoint));
+  if (!batch.checkpoint().has_take_peer_snapshot() &&
+      !batch.checkpoint().has_restore_peer_snapshot()) {
+    return absl::InvalidArgumentError(absl::StrCat("worker rank ", runtime_->rank(),
+                                                   " refuses batch seq ", batch.seq(),
+                                                   ": not a peer snapshot batch"));
+  }
+  v1::CommandResult result;
+  result.set_seq(batch.seq());
+  result.set_rank(runtime_->rank());
+  RETURN_IF_ERROR(Run(batch, [&] { return body(result); }));
+  return result;
+}
+
 absl::StatusOr<v1::CommandResult> BatchExecutor::ExecuteCheckpoint(
     const v1::CommandBatch& batch, const std::string& checkpoint_root,
     std::optional<ShardSnapshot>* snapshot) {
   RETURN_IF_ERROR(CheckBatch(batch, v1::CommandBatch::kCheckpoint));
   const v1::CheckpointBatch& command = batch.checkpoint();
+  if (!command.has_save_shard() && !command.has_load_shard()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker rank ", runtime_->rank(), " refuses batch seq ", batch.seq(),
+                     ": a checkpoint batch here holds one save_shard or load_shard"));
+  }
   const std::string& directory = command.has_save_shard() ? command.save_shard().directory()
                                                           : command.load_shard().directory();
   RETURN_IF_ERROR(CheckCheckpointDirectory(directory));

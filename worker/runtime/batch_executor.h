@@ -54,6 +54,13 @@ class BatchExecutor {
                                                       const std::string& checkpoint_root,
                                                       std::optional<ShardSnapshot>* snapshot);
 
+  // A checkpoint batch taking or restoring in-memory peer snapshots: checked
+  // like every batch, then `body` runs it (the worker service holds the
+  // snapshots). Its non-OK status is a failed batch; `body` reports data
+  // problems in the result's checkpoint_status instead.
+  absl::StatusOr<v1::CommandResult> ExecutePeerSnapshot(
+      const v1::CommandBatch& batch, const std::function<absl::Status(v1::CommandResult&)>& body);
+
   // Builds the batch a coordinator would send for the next step (what the
   // standalone harness and tests use).
   v1::CommandBatch MakeBatch(int64_t step, bool sync_gradients) const;

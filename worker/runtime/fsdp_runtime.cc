@@ -73,6 +73,7 @@ absl::Status FsdpRuntime::Build(const WrapPolicy& policy, const std::shared_ptr<
   groups.backend = options_.comm;
   groups.gloo = options_.gloo;
   groups.observer = options_.observer;
+  groups.peer_snapshots = options_.peer_snapshots;
   ASSIGN_OR_RETURN(
       groups_, ConnectRuntimeGroups(*device_, store, rank_, world_size_, ranks_, hybrid, groups));
   const GradientDivideFactors divide =

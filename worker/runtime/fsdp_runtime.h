@@ -67,6 +67,9 @@ struct RuntimeOptions {
   // Where checkpoint files are written (null: FileSystem::Default()); the
   // fault-injection tests give one that fails. Must outlive the runtime.
   FileSystem* file_system = nullptr;
+  // Connect a communicator for in-memory peer snapshot exchanges
+  // (checkpoints.in_memory_every_steps > 0).
+  bool peer_snapshots = false;
   // Tests only: leaves out one of the runtime's event waits, to show that the
   // simulated device catches the race (never set outside those tests).
   enum class DroppedWait { kNone, kGather, kBackward };
@@ -145,6 +148,10 @@ class FsdpRuntime : public compute::ParamResolver, public compute::ModuleHooks {
   // The shard group on a context of its own: what background (async)
   // checkpoint writes gather over, concurrently with training.
   Communicator* checkpoint_comm() { return groups_.checkpoint.get(); }
+  // The peer snapshot exchanges' world group (null unless options().peer_snapshots).
+  Communicator* snapshot_comm() { return groups_.snapshot.get(); }
+  // The whole world over host memory (a peer snapshot restore broadcasts on it).
+  Communicator* host_world_comm() { return groups_.host_world.get(); }
   // The shard group for host memory: what synchronous saves gather over.
   Communicator* host_shard_comm() { return groups_.host_shard_group(); }
 

@@ -60,7 +60,8 @@ void RuntimeGroups::Abort(const std::string& reason) {
     if (c != nullptr) c->Abort(reason);
   }
   for (Communicator* c :
-       {checkpoint.get(), host_replicate.get(), host_shard.get(), host_world.get()}) {
+       {snapshot.get(), checkpoint.get(), host_replicate.get(), host_shard.get(),
+        host_world.get()}) {
     if (c != nullptr) c->Abort(reason);
   }
 }
@@ -94,6 +95,13 @@ absl::StatusOr<RuntimeGroups> ConnectRuntimeGroups(Device& device,
                    g.host_world->CreateSubgroup(
                        shard_ranks, absl::StrCat("checkpoint", ranks.ReplicaIndex(rank))));
   g.checkpoint = Observe(std::move(checkpoint), ObserverOf(options, "checkpoint"));
+  if (options.peer_snapshots) {
+    std::vector<int> everyone(static_cast<size_t>(world_size));
+    for (int r = 0; r < world_size; ++r) everyone[static_cast<size_t>(r)] = r;
+    ASSIGN_OR_RETURN(std::unique_ptr<Communicator> snapshot,
+                     g.host_world->CreateSubgroup(everyone, "snapshot"));
+    g.snapshot = Observe(std::move(snapshot), ObserverOf(options, "snapshot"));
+  }
 
   // Device groups.
   auto observed = [&](std::unique_ptr<Collectives> c, absl::string_view group) {

@@ -42,6 +42,9 @@ struct RuntimeGroups {
   std::unique_ptr<Communicator> host_shard;      // hybrid: this rank's shard group
   std::unique_ptr<Communicator> host_replicate;  // hybrid, gloo: what `replicate` runs on
   std::unique_ptr<Communicator> checkpoint;      // the shard group again, its own context
+  // The world again, its own context: peer snapshot exchanges run on it from a
+  // background thread (GroupOptions::peer_snapshots only).
+  std::unique_ptr<Communicator> snapshot;
   std::unique_ptr<Collectives> world;
   std::unique_ptr<Collectives> shard;      // hybrid only
   std::unique_ptr<Collectives> replicate;  // hybrid with more than one replica
@@ -62,6 +65,7 @@ struct GroupOptions {
   CommBackend backend = CommBackend::kAuto;
   GlooOptions gloo;
   RuntimeObserver* observer = nullptr;
+  bool peer_snapshots = false;  // connect RuntimeGroups::snapshot
 };
 
 // Every rank of the world calls it, in the same order.

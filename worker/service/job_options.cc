@@ -13,6 +13,7 @@ RuntimeOptions RuntimeOptionsFromJob(const JobConfig& job) {
   options.sharding = job.sharding;
   options.optimizer = job.optimizer;
   options.seed = job.seed;
+  options.peer_snapshots = job.checkpoints.in_memory_every_steps > 0;
   return options;
 }
 

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "rpc/command_batch.h"
+#include "rpc/status_proto.h"
 
 #include "core/job_config.h"
 #include "core/status_macros.h"
@@ -13,6 +14,7 @@
 #include "worker/compute/data_source.h"
 #include "worker/runtime/batch_executor.h"
 #include "worker/runtime/fsdp_runtime.h"
+#include "worker/runtime/peer_snapshot.h"
 #include "worker/service/background_saves.h"
 #include "worker/service/job_options.h"
 
@@ -156,6 +158,10 @@ grpc::Status WorkerServiceImpl::Configure(grpc::ServerContext* /*context*/,
     // returns and releases run_mu_.
     AbortJob(absl::StrCat("re-configured for epoch ", job->epoch));
     std::lock_guard<std::mutex> run(run_mu_);
+    // The old epoch's snapshot exchange (aborted with it) ends before its
+    // runtime goes; the snapshots it holds stay, for a restore in this epoch.
+    peer_snapshots_.Quiesce();
+    peer_snapshots_.Configuring(job->config.name, job->epoch);
     {
       std::lock_guard<std::mutex> lock(state_mu_);
       job_ = nullptr;
@@ -261,6 +267,10 @@ absl::Status WorkerServiceImpl::RunStep(ActiveJob& job, const v1::CommandBatch& 
 
 absl::Status WorkerServiceImpl::RunCheckpoint(ActiveJob& job, const v1::CommandBatch& batch,
                                               v1::CommandResult& result) {
+  if (batch.checkpoint().has_take_peer_snapshot() ||
+      batch.checkpoint().has_restore_peer_snapshot()) {
+    return RunPeerSnapshot(job, batch, result);
+  }
   std::optional<ShardSnapshot> snapshot;
   ASSIGN_OR_RETURN(result,
                    job.executor->ExecuteCheckpoint(batch, options_.checkpoint_dir, &snapshot));
@@ -269,6 +279,44 @@ absl::Status WorkerServiceImpl::RunCheckpoint(ActiveJob& job, const v1::CommandB
     job.saves.Start(directory, *std::move(snapshot),
                     absl::StrCat(options_.checkpoint_dir, "/", directory), job.rank, batch.seq());
   }
+  return absl::OkStatus();
+}
+
+absl::Status WorkerServiceImpl::RunPeerSnapshot(ActiveJob& job, const v1::CommandBatch& batch,
+                                                v1::CommandResult& result) {
+  const v1::CheckpointBatch& command = batch.checkpoint();
+  const std::string& name = job.config.name;
+  ASSIGN_OR_RETURN(
+      result, job.executor->ExecutePeerSnapshot(batch, [&](v1::CommandResult& r) -> absl::Status {
+        if (command.has_take_peer_snapshot()) {
+          const int64_t step = command.take_peer_snapshot().step();
+          absl::StatusOr<std::string> taken = CapturePeerSnapshot(*job.runtime, job.epoch, step);
+          if (!taken.ok()) {  // training goes on; only this snapshot is missing
+            *r.mutable_checkpoint_status() = StatusToProto(taken.status());
+            return absl::OkStatus();
+          }
+          const PeerSnapshotInfo info{job.epoch, step, job.rank, job.config.world_size,
+                                      static_cast<int>(job.runtime->units().size())};
+          peer_snapshots_.Take(name, info, std::make_shared<const std::string>(*std::move(taken)),
+                               job.runtime->snapshot_comm());
+          return absl::OkStatus();
+        }
+        const v1::CheckpointBatch::RestorePeerSnapshot& restore = command.restore_peer_snapshot();
+        PeerRestoreRequest request;
+        request.from_epoch = restore.from_epoch();
+        request.step = restore.step();
+        request.from_world_size = restore.from_world_size();
+        request.holder.assign(restore.holder().begin(), restore.holder().end());
+        ASSIGN_OR_RETURN(PeerRestoreOutcome outcome,
+                         RestoreFromPeerSnapshots(*job.runtime, request, [&](int old_rank) {
+                           return peer_snapshots_.Find(name, request.from_epoch, request.step,
+                                                       old_rank);
+                         }));
+        if (!outcome.data_status.ok()) {
+          *r.mutable_checkpoint_status() = StatusToProto(outcome.data_status);
+        }
+        return absl::OkStatus();
+      }));
   return absl::OkStatus();
 }
 
@@ -336,6 +384,9 @@ grpc::Status WorkerServiceImpl::GetStatus(grpc::ServerContext* /*context*/,
   response->set_job_epoch(status.job_epoch);
   response->set_last_completed_seq(status.last_completed_seq);
   response->set_state(status.state);
+  for (v1::PeerSnapshotHeld& held : peer_snapshots_.Held()) {
+    *response->add_peer_snapshots() = std::move(held);
+  }
   return grpc::Status::OK;
 }
 

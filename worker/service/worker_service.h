@@ -24,6 +24,7 @@
 #include "worker/device/memory_tracker.h"
 #include "worker/runtime/runtime_groups.h"
 #include "worker/runtime/runtime_observer.h"
+#include "worker/service/peer_snapshot_store.h"
 
 namespace flatshard {
 
@@ -105,6 +106,8 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
   absl::Status RunStep(ActiveJob& job, const v1::CommandBatch& batch, v1::CommandResult& result);
   absl::Status RunCheckpoint(ActiveJob& job, const v1::CommandBatch& batch,
                              v1::CommandResult& result);
+  absl::Status RunPeerSnapshot(ActiveJob& job, const v1::CommandBatch& batch,
+                               v1::CommandResult& result);
   absl::Status RunSummon(ActiveJob& job, const v1::CommandBatch& batch,
                          grpc::ServerWriter<v1::TensorChunk>& writer);
   // Marks a batch running, or refuses it when the job was aborted.
@@ -118,6 +121,9 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
   std::mutex run_mu_;
   mutable std::mutex state_mu_;  // guards job_ and status_
   std::shared_ptr<ActiveJob> job_;
+  // After job_: destroyed first, it waits for an exchange that still uses
+  // the job's (by then aborted) snapshot communicator.
+  PeerSnapshotStore peer_snapshots_;
   WorkerStatus status_;
 };
 

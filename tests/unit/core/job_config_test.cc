@@ -155,6 +155,13 @@ INSTANTIATE_TEST_SUITE_P(
         BadJob{"nan_spare_wait",
                [](v1::JobSpec& s) { s.mutable_recovery()->set_spare_wait_s(std::nan("")); },
                "job.recovery.spare_wait_s must be between 0 and 3600 seconds"},
+        BadJob{"negative_in_memory_every_steps",
+               [](v1::JobSpec& s) { s.mutable_checkpoints()->set_in_memory_every_steps(-2); },
+               "job.checkpoints.in_memory_every_steps must be >= 0 (0: no in-memory peer "
+               "snapshots), got -2"},
+        BadJob{"negative_every_steps",
+               [](v1::JobSpec& s) { s.mutable_checkpoints()->set_every_steps(-1); },
+               "job.checkpoints.every_steps must be >= 0 (0: only on demand), got -1"},
         BadJob{"rank_given_twice",
                [](v1::JobSpec& s) {
                  auto& ranks = *s.mutable_rank_by_worker_id();

@@ -185,7 +185,7 @@ state_dict:
   type: SHARDED_STATE_DICT
   offload_to_cpu: true
   optim: {offload_to_cpu: false}
-checkpoints: {every_steps: 10, keep_last: 2, async_save: true}
+checkpoints: {every_steps: 10, keep_last: 2, async_save: true, in_memory_every_steps: 1}
 rank_by_worker_id: {w-a: 1, w-b: 0, w-c: 3, w-d: 2}
 recovery: {max_restarts: 5, min_world_size: 2, spare_wait_s: 1.5}
 )";
@@ -217,6 +217,7 @@ recovery: {max_restarts: 5, min_world_size: 2, spare_wait_s: 1.5}
   EXPECT_FALSE(spec->state_dict_settings().optim_state_dict_config().offload_to_cpu());
   EXPECT_EQ(spec->checkpoints().every_steps(), 10);
   EXPECT_TRUE(spec->checkpoints().async_save());
+  EXPECT_EQ(spec->checkpoints().in_memory_every_steps(), 1);
   EXPECT_EQ(spec->rank_by_worker_id().at("w-c"), 3);
   EXPECT_EQ(spec->recovery().max_restarts(), 5);
 

@@ -44,6 +44,7 @@ class FakeCommunicator final : public Communicator {
   absl::Status AllReduce(void*, size_t, DType, ReduceOp) override { return Next(); }
   absl::Status Broadcast(void*, size_t, DType, int) override { return Next(); }
   absl::Status Barrier() override { return Next(); }
+  absl::Status SendRecv(const void*, size_t, int, void*, size_t, int) override { return Next(); }
   void Abort(const std::string&) override {}
   absl::StatusOr<std::unique_ptr<Communicator>> CreateSubgroup(const std::vector<int>& ranks,
                                                                absl::string_view) override {
