@@ -20,7 +20,7 @@ enum class CollectiveOp : int {
 };
 inline constexpr int kNumCollectiveOps = static_cast<int>(CollectiveOp::kSendRecv) + 1;
 
-// "all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier".
+// "all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier", "send_recv".
 absl::string_view CollectiveOpName(CollectiveOp op);
 
 struct CollectiveSample {

@@ -221,7 +221,9 @@ absl::Status CheckFilled(const FsdpRuntime& runtime, const Rebuild& rebuild) {
 absl::StatusOr<std::string> CapturePeerSnapshot(FsdpRuntime& runtime, uint64_t epoch,
                                                 int64_t step) {
   RETURN_IF_ERROR(runtime.SynchronizeStreams());
-  std::string payload;
+  // The header goes in front once the payload's length and checksum are
+  // known; its room is kept so the payload is written once, in place.
+  std::string payload(sizeof(Header), '\0');
   ByteWriter out(payload);
   for (size_t u = 0; u < runtime.units().size(); ++u) {
     const FlatParamUnit& unit = *runtime.units()[u];
@@ -270,13 +272,10 @@ absl::StatusOr<std::string> CapturePeerSnapshot(FsdpRuntime& runtime, uint64_t e
   header.step = step;
   header.rank = runtime.rank();
   header.world_size = runtime.world_size();
-  header.payload_bytes = payload.size();
-  header.payload_xxh3 = XXH3_64bits(payload.data(), payload.size());
-  std::string bytes;
-  bytes.reserve(sizeof(Header) + payload.size());
-  ByteWriter(bytes).Put(header);
-  bytes += payload;
-  return bytes;
+  header.payload_bytes = payload.size() - sizeof(Header);
+  header.payload_xxh3 = XXH3_64bits(payload.data() + sizeof(Header), header.payload_bytes);
+  std::memcpy(payload.data(), &header, sizeof(Header));
+  return payload;
 }
 
 absl::StatusOr<PeerSnapshotInfo> ReadPeerSnapshotInfo(std::string_view bytes) {

@@ -183,6 +183,10 @@ void WorkerMetrics::AddSnapshotGauges(const WorkerSnapshot& snapshot, ScrapedGau
              static_cast<double>(snapshot.status.last_completed_seq));
   gauges.Add("flatshard_rank_job_epoch", "Job epoch (formation) this rank runs", job,
              static_cast<double>(snapshot.status.job_epoch));
+  gauges.Add("flatshard_peer_snapshot_bytes",
+             "Host bytes of in-memory peer snapshots this worker holds, its own and its ring "
+             "predecessor's (checkpoints.in_memory_every_steps)",
+             job, static_cast<double>(snapshot.peer_snapshot_bytes));
   for (size_t k = 0; k < snapshot.memory.size(); ++k) {
     Labels labels = job;
     labels["kind"] = std::string(MemoryKindName(static_cast<MemoryKind>(k)));

@@ -103,6 +103,7 @@ WorkerSnapshot WorkerServiceImpl::Snapshot() const {
     snapshot.status = status_;
     job = job_;
   }
+  snapshot.peer_snapshot_bytes = peer_snapshots_.bytes();
   if (job == nullptr) return snapshot;
   // The memory counters are atomics; the shared_ptr keeps the runtime alive.
   snapshot.job_name = job->config.name;

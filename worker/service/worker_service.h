@@ -66,6 +66,7 @@ struct WorkerSnapshot {
   // The device's own view: its pool and, on a GPU, cudaMemGetInfo.
   std::string device_kind;  // empty: no device
   DeviceMemoryStats device_memory;
+  int64_t peer_snapshot_bytes = 0;  // in-memory peer snapshots held (own and received)
 };
 
 class WorkerServiceImpl final : public v1::WorkerService::Service {

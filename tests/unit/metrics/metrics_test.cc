@@ -167,6 +167,7 @@ TEST(WorkerMetricsTest, ExportsCollectivesStepsAndMemoryByJobAndRank) {
   snapshot.status.rank = 3;
   snapshot.status.last_completed_seq = 42;
   snapshot.memory[static_cast<size_t>(MemoryKind::kUnshardedParams)] = {4096, 8192};
+  snapshot.peer_snapshot_bytes = 3000;
   ScrapedGauges gauges;
   WorkerMetrics::AddSnapshotGauges(snapshot, gauges);
   const std::string scraped = Text(
@@ -181,6 +182,7 @@ TEST(WorkerMetricsTest, ExportsCollectivesStepsAndMemoryByJobAndRank) {
       scraped,
       HasSubstr(
           R"(flatshard_memory_peak_bytes{job_name="demo",kind="unsharded_params",rank="3"} 8192)"));
+  EXPECT_THAT(scraped, HasSubstr(R"(flatshard_peer_snapshot_bytes{job_name="demo",rank="3"} 3000)"));
   EXPECT_THAT(scraped, HasSubstr("# HELP flatshard_memory_bytes "));
   EXPECT_THAT(scraped, HasSubstr("# TYPE flatshard_memory_bytes gauge"));
   EXPECT_THAT(scraped, Not(HasSubstr("flatshard_device_memory_bytes"))) << "no device, no series";

@@ -1,0 +1,201 @@
+// The cost of in-memory peer snapshots (issue #11 §5): the demo job
+// (examples/mlp-job.yaml, 4 ranks) trained on a real local cluster with
+// checkpoints.in_memory_every_steps 0 (off) and K, interleaved
+// (off, K, off, K, ...: this machine is noisy), the median step time of each
+// and their ratio; the host memory the snapshots take per worker (its
+// flatshard_peer_snapshot_bytes gauge) against the shard and optimizer state
+// they copy; and the time a recovery from memory takes against one from a
+// checkpoint.
+//
+//   peer_snapshot_bench [--workers 4] [--every 1] [--steps 40] [--rounds 3]
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <csignal>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <curl/curl.h>
+
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+
+#include "client/flatshard_client.h"
+#include "client/local_cluster.h"
+#include "core/job_spec_yaml.h"
+
+namespace flatshard {
+namespace {
+
+double Median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+size_t Append(char* data, size_t size, size_t n, void* out) {
+  static_cast<std::string*>(out)->append(data, size * n);
+  return size * n;
+}
+
+// The value of the first sample of `metric` on the /metrics page at `address`.
+double Scrape(const std::string& address, const std::string& metric) {
+  std::string body;
+  CURL* curl = curl_easy_init();
+  const std::string url = "http://" + address + "/metrics";
+  curl_easy_setopt(curl, CURLOPT_URL, url.c_str());
+  curl_easy_setopt(curl, CURLOPT_WRITEFUNCTION, &Append);
+  curl_easy_setopt(curl, CURLOPT_WRITEDATA, &body);
+  const bool ok = curl_easy_perform(curl) == CURLE_OK;
+  curl_easy_cleanup(curl);
+  if (!ok) return -1;
+  for (absl::string_view line : absl::StrSplit(body, '\n')) {
+    const bool labelled = metric.find('{') != std::string::npos;
+    if (!absl::StartsWith(line, labelled ? metric : metric + "{")) continue;
+    double value = 0;
+    if (absl::SimpleAtod(line.substr(line.rfind(' ') + 1), &value)) return value;
+  }
+  return -1;
+}
+
+struct Flags {
+  int workers = 4;
+  int every = 1;
+  int steps = 40;
+  int rounds = 3;
+};
+
+Flags ParseFlags(int argc, char** argv) {
+  Flags f;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    const std::string name = argv[i];
+    const int value = std::atoi(argv[i + 1]);
+    if (name == "--workers") f.workers = value;
+    if (name == "--every") f.every = value;
+    if (name == "--steps") f.steps = value;
+    if (name == "--rounds") f.rounds = value;
+  }
+  return f;
+}
+
+v1::JobSpec Job(int every, int64_t checkpoint_every) {
+  auto spec = LoadJobSpecFile(std::string(FLATSHARD_SOURCE_DIR) + "/examples/mlp-job.yaml");
+  if (!spec.ok()) {
+    std::fprintf(stderr, "%s\n", spec.status().ToString().c_str());
+    std::exit(1);
+  }
+  spec->mutable_checkpoints()->set_in_memory_every_steps(every);
+  spec->mutable_checkpoints()->set_every_steps(checkpoint_every);
+  spec->mutable_state_dict_settings()->set_state_dict_type(v1::SHARDED_STATE_DICT);
+  spec->mutable_recovery()->set_spare_wait_s(30);
+  return *spec;
+}
+
+bool Create(FlatshardClient& client, const v1::JobSpec& spec) {
+  if (!client.CreateJob(spec).ok()) return false;
+  return client.WaitForState(spec.name(), {v1::READY}, absl::Seconds(120)).ok();
+}
+
+// Step times (seconds) of `steps` steps, the first 3 left out (warm-up): the
+// wall time between two step results reaching this client, so everything the
+// coordinator does per step counts (the snapshot batch follows the step's).
+std::vector<double> StepTimes(FlatshardClient& client, const std::string& job, int steps) {
+  std::vector<double> times;
+  absl::Time last = absl::Now();
+  const absl::Status trained = client.Train(job, steps, 0, [&](const v1::StepResult& r) {
+    const absl::Time now = absl::Now();
+    if (r.step() > 3) times.push_back(absl::ToDoubleSeconds(now - last));
+    last = now;
+  });
+  if (!trained.ok()) std::fprintf(stderr, "train: %s\n", trained.ToString().c_str());
+  return times;
+}
+
+int WorkerOfRank(LocalCluster& cluster, FlatshardClient& client, const std::string& job,
+                 int rank) {
+  auto workers = client.ListWorkers(job);
+  if (!workers.ok()) return -1;
+  for (const v1::WorkerInfo& w : *workers) {
+    if (w.rank() != rank) continue;
+    for (int i = 0; i < cluster.num_workers(); ++i) {
+      if (cluster.worker_addresses()[static_cast<size_t>(i)] == w.address()) return i;
+    }
+  }
+  return -1;
+}
+
+int Main(int argc, char** argv) {
+  const Flags flags = ParseFlags(argc, argv);
+  curl_global_init(CURL_GLOBAL_DEFAULT);
+  LocalClusterOptions options;
+  options.workers = flags.workers + 1;  // one spare for the recovery timings
+  options.bin_dir = FLATSHARD_BIN_DIR;
+  options.heartbeat_interval_s = 0.25;
+  options.heartbeat_timeout_s = 2.0;
+  char dir[] = "/tmp/peer-snapshot-bench.XXXXXX";
+  if (::mkdtemp(dir) == nullptr) return 1;
+  options.checkpoint_dir = dir;
+  auto cluster = LocalCluster::Start(options);
+  if (!cluster.ok()) {
+    std::fprintf(stderr, "%s\n", cluster.status().ToString().c_str());
+    return 1;
+  }
+  FlatshardClient client((*cluster)->address());
+
+  std::map<int, std::vector<double>> medians;  // by K
+  double snapshot_bytes = 0, optimizer_bytes = 0, shard_bytes = 0;
+  for (int round = 0; round < flags.rounds; ++round) {
+    for (const int every : {0, flags.every}) {
+      const v1::JobSpec spec = Job(every, 0);
+      if (!Create(client, spec)) return 1;
+      const double median = Median(StepTimes(client, spec.name(), flags.steps));
+      medians[every].push_back(median);
+      std::printf("round %d  K=%d  median step %.2f ms\n", round, every, median * 1e3);
+      if (every > 0) {
+        const std::string rank0 = (*cluster)->worker_metrics()[static_cast<size_t>(
+            WorkerOfRank(**cluster, client, spec.name(), 0))];
+        snapshot_bytes = Scrape(rank0, "flatshard_peer_snapshot_bytes");
+        shard_bytes = Scrape(rank0, "flatshard_memory_bytes{job_name=\"mlp-demo\",kind=\"sharded_params\"");
+        optimizer_bytes = Scrape(rank0, "flatshard_memory_bytes{job_name=\"mlp-demo\",kind=\"optimizer_state\"");
+      }
+      if (!client.DeleteJob(spec.name()).ok()) return 1;
+    }
+  }
+  const double off = Median(medians[0]);
+  const double on = Median(medians[flags.every]);
+  std::printf("\nstep time, median of %d rounds: off %.2f ms, K=%d %.2f ms, ratio %.3f (%+.1f%%)\n",
+              flags.rounds, off * 1e3, flags.every, on * 1e3, on / off, (on / off - 1) * 100);
+  std::printf("rank 0 holds %.2f MB of peer snapshots for %.2f MB of shard + optimizer state "
+              "(%.1fx)\n",
+              snapshot_bytes / 1e6, (shard_bytes + optimizer_bytes) / 1e6,
+              snapshot_bytes / std::max(1.0, shard_bytes + optimizer_bytes));
+
+  // Recovery from memory vs from a checkpoint: the same kill, the same spare.
+  for (const bool memory : {true, false}) {
+    const v1::JobSpec spec = Job(memory ? flags.every : 0, memory ? 0 : 5);
+    if (!Create(client, spec)) return 1;
+    const int victim = WorkerOfRank(**cluster, client, spec.name(), 1);
+    int seen = 0;
+    v1::Recovery recovery;
+    (void)client.Train(spec.name(), 12, 0, [&](const v1::StepResult& r) {
+      if (r.has_recovery()) recovery = r.recovery();
+      if (++seen == 8) (*cluster)->worker(victim).Signal(SIGKILL);
+    });
+    std::printf("recovery from %s: %.3f s from the failure to ready, %lld step(s) lost\n",
+                memory ? "peer snapshots" : "checkpoint", recovery.seconds(),
+                static_cast<long long>(recovery.steps_lost()));
+    (void)client.DeleteJob(spec.name());
+    if (!(*cluster)->RestartWorker(victim).ok()) return 1;
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace flatshard
+
+int main(int argc, char** argv) { return flatshard::Main(argc, argv); }
