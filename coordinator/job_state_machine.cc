@@ -19,7 +19,8 @@ bool JobStateMachine::Allowed(v1::JobState from, v1::JobState to) {
     case v1::PENDING:
       return to == v1::FORMING;
     case v1::FORMING:
-      return to == v1::READY;
+      // A recovery's re-formation that a second failure interrupted recovers again.
+      return to == v1::READY || to == v1::RECOVERING;
     case v1::READY:
     case v1::IDLE:
       return to == v1::TRAINING || to == v1::RECOVERING;

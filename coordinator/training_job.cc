@@ -115,7 +115,11 @@ absl::Status TrainingJob::Form(const std::vector<WorkerRecord>& members) {
     std::lock_guard<std::mutex> lock(mu_);
     spec = spec_;
   }
-  RETURN_IF_ERROR(FormLocked(members, spec, std::make_shared<const JobConfig>(config_)));
+  if (absl::Status formed = FormLocked(members, spec, std::make_shared<const JobConfig>(config_));
+      !formed.ok()) {
+    if (formed.code() != absl::StatusCode::kCancelled) FailWith(formed);
+    return formed;
+  }
   // The slot is free before anyone can see READY: a client that waited for
   // READY and sends its first operation at once must not find the job busy.
   op.unlock();
@@ -192,7 +196,11 @@ absl::Status TrainingJob::FormLocked(const std::vector<WorkerRecord>& members,
           statuses[r].code(),
           absl::StrCat("rank ", r, " (worker ", members[r].worker_id, " at ", members[r].address,
                        ") could not be configured: ", statuses[r].message()));
-      (void)states_.Transition(v1::FAILED, std::string(failure.message()));
+      // Not a candidate for the next try (a recovery retries; Form fails the job).
+      if (options_.mark_unreachable && (statuses[r].code() == absl::StatusCode::kUnavailable ||
+                                        statuses[r].code() == absl::StatusCode::kDeadlineExceeded)) {
+        options_.mark_unreachable(members[r].worker_id);
+      }
       return failure;
     }
   }

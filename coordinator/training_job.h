@@ -185,6 +185,10 @@ class TrainingJob {
   // restores the newest checkpoint the new world can load. OK when the job is
   // READY again; otherwise the job is FAILED and the status says why.
   absl::Status RecoverLocked(const absl::Status& cause, std::vector<int> failed_ranks);
+  // One try of it; `*retryable` says whether a failure of the try may be
+  // recovered from again (a rank lost meanwhile) or is final.
+  absl::Status RecoverOnce(const absl::Status& cause, std::vector<int> failed_ranks,
+                           bool* retryable);
   // A batch failed under an operation: recovers when the policy allows, and
   // returns the status the operation ends with (OK: recovered, go on).
   absl::Status OnBatchFailure(const absl::Status& cause);

@@ -336,7 +336,14 @@ absl::StatusOr<v1::CheckpointInfo> TrainingJob::LoadLocked(const std::string& na
   command.mutable_load_shard()->set_apply(true);
   absl::StatusOr<std::vector<v1::CommandResult>> applied = RunCheckpointBatch(command);
   if (!applied.ok()) {
-    FailWith(applied.status());
+    // Half applied. A recovery's load is retried by the recovery; a client's
+    // load whose batch failed was recovered by RunCheckpointBatch already.
+    bool in_recovery = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      in_recovery = recovering_;
+    }
+    if (!in_recovery && states_.state() != v1::READY) FailWith(applied.status());
     return applied.status();
   }
   {

@@ -126,16 +126,9 @@ std::optional<v1::CheckpointInfo> TrainingJob::RecoveryCheckpoint(int world_size
 }
 
 absl::Status TrainingJob::RecoverLocked(const absl::Status& cause, std::vector<int> failed_ranks) {
-  const absl::Time began = absl::Now();
-  int64_t failed_step = 0;
-  int restart = 0;
-  std::set<std::string> old_ids;
   {
     std::lock_guard<std::mutex> lock(mu_);
     recovering_ = true;
-    failed_step = step_;
-    restart = ++restarts_;
-    old_ids.insert(worker_ids_.begin(), worker_ids_.end());
   }
   struct ClearRecovering {
     TrainingJob* job;
@@ -144,11 +137,56 @@ absl::Status TrainingJob::RecoverLocked(const absl::Status& cause, std::vector<i
       job->recovering_ = false;
     }
   } clear{this};
-  const auto fail = [&](const absl::Status& why) {
-    absl::Status status(why.code(),
+  // A second failure while recovering (a worker that dies during the
+  // re-formation or the restore) is recovered from again, each try counting
+  // as a restart; too few workers, or no restart left, fail the job.
+  absl::Status why = cause;
+  while (true) {
+    bool retryable = false;
+    absl::Status attempt = RecoverOnce(why, failed_ranks, &retryable);
+    if (attempt.ok()) return attempt;
+    int restarts = 0;
+    bool stopping = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      restarts = restarts_;
+      stopping = stopping_;
+    }
+    if (stopping || attempt.code() == absl::StatusCode::kCancelled) return attempt;
+    const int max = config_.recovery.max_restarts;
+    if (!retryable || restarts >= max) {
+      absl::Status final_status =
+          retryable ? absl::Status(attempt.code(),
+                                   absl::StrCat(attempt.message(),
+                                                " (no automatic recovery left: "
+                                                "recovery.max_restarts ",
+                                                max, " used)"))
+                    : attempt;
+      FailWith(final_status);
+      return final_status;
+    }
+    spdlog::warn("job {}: {}; recovering again", config_.name, std::string(attempt.message()));
+    why = attempt;
+    failed_ranks.clear();
+  }
+}
+
+absl::Status TrainingJob::RecoverOnce(const absl::Status& cause, std::vector<int> failed_ranks,
+                                      bool* retryable) {
+  const absl::Time began = absl::Now();
+  int64_t failed_step = 0;
+  int restart = 0;
+  std::set<std::string> old_ids;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    failed_step = step_;
+    restart = ++restarts_;
+    old_ids.insert(worker_ids_.begin(), worker_ids_.end());
+  }
+  const auto fail = [&](const absl::Status& why, bool retry) {
+    *retryable = retry;
+    return absl::Status(why.code(),
                         absl::StrCat(cause.message(), "; recovery failed: ", why.message()));
-    FailWith(status);
-    return status;
   };
   RETURN_IF_ERROR(states_.Transition(
       v1::RECOVERING, absl::StrCat(cause.message(), "; recovering (restart ", restart, " of ",
@@ -193,12 +231,12 @@ absl::Status TrainingJob::RecoverLocked(const absl::Status& cause, std::vector<i
     spec = spec_;
   }
   absl::StatusOr<RecoveryChoice> choice = ChooseRecovery(spec, config_.recovery, candidates);
-  if (!choice.ok()) return fail(choice.status());
+  if (!choice.ok()) return fail(choice.status(), false);
   const int world = choice->config.world_size;
   if (absl::Status formed = FormLocked(choice->members, choice->spec,
                                        std::make_shared<const JobConfig>(choice->config));
       !formed.ok()) {
-    return fail(formed);  // FormLocked named the rank
+    return fail(formed, true);  // FormLocked named the rank
   }
   std::optional<std::string> checkpoint;
   const std::optional<v1::CheckpointInfo> newest = RecoveryCheckpoint(world);
@@ -219,7 +257,7 @@ absl::Status TrainingJob::RecoverLocked(const absl::Status& cause, std::vector<i
   }
   if (snapshot.has_value()) {
     absl::StatusOr<bool> restored = RestorePeerSnapshotLocked(*snapshot);
-    if (!restored.ok()) return fail(restored.status());
+    if (!restored.ok()) return fail(restored.status(), true);
     from_memory = *restored;
   }
   if (from_memory) {
@@ -227,7 +265,7 @@ absl::Status TrainingJob::RecoverLocked(const absl::Status& cause, std::vector<i
   } else if (newest.has_value()) {
     checkpoint = newest->name();
     absl::StatusOr<v1::CheckpointInfo> loaded = LoadLocked(*checkpoint);
-    if (!loaded.ok()) return fail(loaded.status());
+    if (!loaded.ok()) return fail(loaded.status(), true);
   } else {
     // No checkpoint: the new epoch starts from the seed's initialization.
     std::lock_guard<std::mutex> lock(mu_);

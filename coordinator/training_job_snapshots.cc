@@ -14,7 +14,7 @@
 namespace flatshard {
 namespace {
 
-// Marks kept: the workers keep two generations of each kind, so older ones
+// Marks kept: the workers keep three generations of each kind, so older ones
 // cannot be restored anyway.
 constexpr size_t kMarksKept = 4;
 

@@ -6,7 +6,7 @@
 
 #include "core/status_macros.h"
 #include "worker/comm/host_collectives.h"
-#include "worker/comm/idle_priority.h"
+#include "worker/comm/background_priority.h"
 #include "worker/comm/observed_communicator.h"
 #include "worker/comm/staged_collectives.h"
 
@@ -99,9 +99,9 @@ absl::StatusOr<RuntimeGroups> ConnectRuntimeGroups(Device& device,
   if (options.peer_snapshots) {
     std::vector<int> everyone(static_cast<size_t>(world_size));
     for (int r = 0; r < world_size; ++r) everyone[static_cast<size_t>(r)] = r;
-    // Its transport thread inherits SCHED_IDLE (worker/comm/idle_priority.h).
+    // Its transport thread inherits a lower priority (worker/comm/background_priority.h).
     absl::StatusOr<std::unique_ptr<Communicator>> snapshot;
-    RunAtIdlePriority([&] { snapshot = g.host_world->CreateSubgroup(everyone, "snapshot"); });
+    RunAtBackgroundPriority([&] { snapshot = g.host_world->CreateSubgroup(everyone, "snapshot"); });
     if (!snapshot.ok()) return snapshot.status();
     g.snapshot = Observe(*std::move(snapshot), ObserverOf(options, "snapshot"));
   }

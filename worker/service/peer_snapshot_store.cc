@@ -6,7 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "spdlog/spdlog.h"
 
-#include "worker/comm/idle_priority.h"
+#include "worker/comm/background_priority.h"
 
 namespace flatshard {
 namespace {
@@ -28,8 +28,9 @@ void PeerSnapshotStore::Take(const std::string& job, const PeerSnapshotInfo& inf
   Keep(Entry{job, info, true, own});
   if (info.world_size < 2 || comm == nullptr) return;  // no neighbour to hold a copy
   exchange_ = std::async(std::launch::async, [this, job, info, own = std::move(own), comm] {
-    // Only CPU time training leaves idle (worker/comm/idle_priority.h).
-    (void)LowerThisThreadToIdlePriority();
+    // Behind training for the CPU, yet done within about a step
+    // (worker/comm/background_priority.h).
+    (void)LowerThisThreadToBackgroundPriority();
     Exchange(job, info, own, comm);
   });
 }

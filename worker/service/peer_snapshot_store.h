@@ -22,7 +22,10 @@ namespace flatshard {
 
 class PeerSnapshotStore {
  public:
-  explicit PeerSnapshotStore(int keep = 2) : keep_(keep) {}
+  // Three of each: the exchange of generation g may still run while a rank
+  // takes g + 1 (and its neighbour g + 2), so g - 1 is the newest one that is
+  // surely complete everywhere, and every rank must still hold it.
+  explicit PeerSnapshotStore(int keep = 3) : keep_(keep) {}
   // Waits for the exchange in flight.
   ~PeerSnapshotStore();
   PeerSnapshotStore(const PeerSnapshotStore&) = delete;

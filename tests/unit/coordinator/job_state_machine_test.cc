@@ -42,7 +42,7 @@ TEST(JobStateMachineTest, IllegalTransitionsAreRefusedAndChangeNothing) {
                         Case{v1::TRAINING, v1::READY}, Case{v1::FAILED, v1::TRAINING},
                         Case{v1::STOPPED, v1::FORMING}, Case{v1::STOPPED, v1::STOPPED},
                         Case{v1::FAILED, v1::FAILED}, Case{v1::PENDING, v1::RECOVERING},
-                        Case{v1::FORMING, v1::RECOVERING}, Case{v1::FAILED, v1::RECOVERING},
+                        Case{v1::FAILED, v1::RECOVERING},
                         Case{v1::RECOVERING, v1::TRAINING}, Case{v1::RECOVERING, v1::IDLE}}) {
     EXPECT_FALSE(JobStateMachine::Allowed(c.from, c.to))
         << v1::JobState_Name(c.from) << " -> " << v1::JobState_Name(c.to);
@@ -56,6 +56,8 @@ TEST(JobStateMachineTest, IllegalTransitionsAreRefusedAndChangeNothing) {
   // A failed job can be re-formed.
   ASSERT_TRUE(m.Transition(v1::FAILED, "x").ok());
   EXPECT_TRUE(JobStateMachine::Allowed(v1::FAILED, v1::FORMING));
+  // A recovery's re-formation that another failure interrupts recovers again.
+  EXPECT_TRUE(JobStateMachine::Allowed(v1::FORMING, v1::RECOVERING));
 }
 
 TEST(JobStateMachineTest, RecoveryGoesThroughFormingBackToReady) {

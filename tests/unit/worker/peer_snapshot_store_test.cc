@@ -1,5 +1,5 @@
 // What a worker keeps of in-memory peer snapshots (worker/service/peer_snapshot_store.h):
-// the last two generations of each kind, one job's only, and nothing of an
+// the last three generations of each kind, one job's only, and nothing of an
 // earlier incarnation of the job once it is configured again. (The exchange
 // between real processes: tests/integration/peer_snapshot_recovery_test.cc.)
 #include "worker/service/peer_snapshot_store.h"
@@ -19,8 +19,8 @@ void Take(PeerSnapshotStore& store, const std::string& job, uint64_t epoch, int6
              nullptr);
 }
 
-TEST(PeerSnapshotStoreTest, KeepsTheLastTwoGenerationsTaken) {
-  PeerSnapshotStore store;
+TEST(PeerSnapshotStoreTest, KeepsTheLastGenerationsTaken) {
+  PeerSnapshotStore store(/*keep=*/2);
   for (int64_t step = 1; step <= 3; ++step) Take(store, "j", 1, step);
   EXPECT_EQ(store.Find("j", 1, 1, 0), nullptr);
   ASSERT_NE(store.Find("j", 1, 2, 0), nullptr);
