@@ -42,9 +42,16 @@ namespace {
 
 namespace fs = std::filesystem;
 
-enum class Fault { kKillMidStep, kKillAtCheckpoint, kStopWorker, kKillCoordinator };
+enum class Fault {
+  kKillMidStep,
+  kKillAtCheckpoint,
+  kStopWorker,
+  kKillCoordinator,
+  kKillDuringRecovery,  // a rank, then the spare replacing it while the job recovers
+};
 constexpr Fault kFaults[] = {Fault::kKillMidStep, Fault::kKillAtCheckpoint, Fault::kStopWorker,
-                             Fault::kKillCoordinator};
+                             Fault::kKillCoordinator, Fault::kKillDuringRecovery};
+constexpr int kNumFaults = static_cast<int>(std::size(kFaults));
 
 const char* Name(Fault f) {
   switch (f) {
@@ -56,6 +63,8 @@ const char* Name(Fault f) {
       return "SIGSTOP worker";
     case Fault::kKillCoordinator:
       return "SIGKILL coordinator";
+    case Fault::kKillDuringRecovery:
+      return "SIGKILL worker, then its spare mid-recovery";
   }
   return "?";
 }
@@ -80,7 +89,9 @@ double Percentile(std::vector<double> v, double p) {
 
 class FaultSuite {
  public:
-  explicit FaultSuite(const std::string& dir) : dir_(dir) {}
+  // `in_memory_every_steps`: checkpoints.in_memory_every_steps (0: off).
+  FaultSuite(const std::string& dir, int in_memory_every_steps)
+      : dir_(dir), in_memory_every_steps_(in_memory_every_steps) {}
 
   bool Start() {
     LocalClusterOptions options;
@@ -102,6 +113,7 @@ class FaultSuite {
     if (!spec.ok()) return false;
     spec->mutable_checkpoints()->set_every_steps(3);
     spec->mutable_checkpoints()->set_keep_last(2);
+    spec->mutable_checkpoints()->set_in_memory_every_steps(in_memory_every_steps_);
     spec->mutable_state_dict_settings()->set_state_dict_type(v1::SHARDED_STATE_DICT);
     spec->mutable_recovery()->set_max_restarts(1000);  // the most allowed: every round may restart
     spec->mutable_recovery()->set_spare_wait_s(5);
@@ -138,12 +150,20 @@ class FaultSuite {
     const v1::Job at_fault = Job();
     const absl::Time injected = absl::Now();
     int victim = -1;
+    int second_victim = -1;
     if (fault == Fault::kKillCoordinator) {
       if (!cluster_->KillAndRestartCoordinator().ok()) return outcome;
     } else {
       victim = WorkerOfRank(std::uniform_int_distribution<int>(0, 3)(random));
       if (victim < 0) return outcome;
+      second_victim = fault == Fault::kKillDuringRecovery ? SpareWorker() : -1;
       cluster_->worker(victim).Signal(fault == Fault::kStopWorker ? SIGSTOP : SIGKILL);
+      if (second_victim >= 0) {
+        // While the recovery configures the spare into the failed seat or
+        // restores the state (it takes 0.1-0.6 s here).
+        absl::SleepFor(absl::Milliseconds(std::uniform_int_distribution<int>(20, 300)(random)));
+        cluster_->worker(second_victim).Signal(SIGKILL);
+      }
     }
     // Resumed: training again, in a new epoch (recovered) or the same one
     // (a re-adopting coordinator).
@@ -160,6 +180,10 @@ class FaultSuite {
       }
       (void)cluster_->worker(victim).Wait(absl::Seconds(10));
       EXPECT_TRUE(cluster_->RestartWorker(victim).ok());
+    }
+    if (second_victim >= 0) {
+      (void)cluster_->worker(second_victim).Wait(absl::Seconds(10));
+      EXPECT_TRUE(cluster_->RestartWorker(second_victim).ok());
     }
     const bool done = WaitFor([&](const v1::Job& j) {
       return j.state() == v1::IDLE && !j.training().running() && j.step() == target;
@@ -240,23 +264,40 @@ class FaultSuite {
     return -1;
   }
 
+  // The live worker outside the job (the spare), or -1.
+  int SpareWorker() {
+    auto workers = client_->ListWorkers(job_);
+    if (!workers.ok()) return -1;
+    for (const v1::WorkerInfo& w : *workers) {
+      if (w.rank() >= 0) continue;
+      for (int i = 0; i < cluster_->num_workers(); ++i) {
+        if (cluster_->worker_addresses()[static_cast<size_t>(i)] == w.address()) return i;
+      }
+    }
+    return -1;
+  }
+
   std::string dir_;
+  int in_memory_every_steps_ = 0;
   std::unique_ptr<LocalCluster> cluster_;
   std::unique_ptr<FlatshardClient> client_;
   std::string job_;
 };
 
 TEST(FaultSuite, RandomFaultsAreRecoveredAndNoCheckpointIsCorrupt) {
-  const int rounds = EnvInt("FLATSHARD_FAULT_ROUNDS", 4);
+  const int rounds = EnvInt("FLATSHARD_FAULT_ROUNDS", kNumFaults);
   const int seed = EnvInt("FLATSHARD_FAULT_SEED", 1);
-  FaultSuite suite(testing::MakeTempDir("fault-suite"));
+  const int in_memory = EnvInt("FLATSHARD_FAULT_IN_MEMORY", 1);
+  FaultSuite suite(testing::MakeTempDir("fault-suite"), in_memory);
   ASSERT_TRUE(suite.Start());
   std::mt19937 random(static_cast<uint32_t>(seed));
   std::map<Fault, std::vector<Outcome>> by_fault;
   for (int round = 0; round < rounds; ++round) {
     // The first rounds cover every kind once; then at random.
     const Fault fault =
-        round < 4 ? kFaults[round] : kFaults[std::uniform_int_distribution<int>(0, 3)(random)];
+        round < kNumFaults
+            ? kFaults[round]
+            : kFaults[std::uniform_int_distribution<int>(0, kNumFaults - 1)(random)];
     const Outcome outcome = suite.Round(fault, random);
     std::cerr << absl::StrFormat("round %d: %s: %s, resumed in %.2f s, %d step(s) lost\n",
                                  round + 1, Name(fault),
@@ -285,9 +326,9 @@ TEST(FaultSuite, RandomFaultsAreRecoveredAndNoCheckpointIsCorrupt) {
                           Percentile(lost, 0.5), Percentile(lost, 1.0));
   }
   absl::StrAppendFormat(&report,
-                        "\n%d of %d faults recovered (seed %d); %d checkpoints committed at the "
-                        "end; corrupt or partial checkpoints: %d\n",
-                        recovered, injected, seed, suite.checkpoints_seen(), bad);
+                        "\n%d of %d faults recovered (seed %d, in_memory_every_steps %d); %d "
+                        "checkpoints committed at the end; corrupt or partial checkpoints: %d\n",
+                        recovered, injected, seed, in_memory, suite.checkpoints_seen(), bad);
   std::cout << report;
   if (const char* path = std::getenv("FLATSHARD_FAULT_REPORT"); path != nullptr) {
     std::ofstream(path) << report;

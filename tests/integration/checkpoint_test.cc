@@ -6,6 +6,8 @@
 // the middle of a save leaves no checkpoint behind, and a second client can
 // checkpoint a job another client is training.
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -17,6 +19,8 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/mount.h>
+#include <sys/statvfs.h>
 #include <sys/wait.h>
 
 #include "absl/strings/str_cat.h"
@@ -446,6 +450,65 @@ INSTANTIATE_TEST_SUITE_P(SyncAndAsync, DiskFullTest, ::testing::Bool(),
                          [](const ::testing::TestParamInfo<bool>& p) {
                            return p.param ? "Async" : "Sync";
                          });
+
+// The same with a real full disk: the checkpoint root is a small tmpfs the
+// test mounts, filled up after a first checkpoint so the next cannot fit.
+// Needs CAP_SYS_ADMIN (root in CI); skipped with the reason elsewhere.
+TEST(RealDiskFullTest, ASaveOnAFullTmpfsFailsCleanlyAndTheJobGoesOn) {
+  const std::string root = testing::MakeTempDir("ckpt-tmpfs") + "/checkpoints";
+  fs::create_directories(root);
+  if (::mount("flatshard-test", root.c_str(), "tmpfs", 0, "size=16m") != 0) {
+    GTEST_SKIP() << "cannot mount a tmpfs at " << root << ": " << std::strerror(errno)
+                 << " (needs CAP_SYS_ADMIN)";
+  }
+  struct Unmount {
+    std::string path;
+    ~Unmount() { ::umount2(path.c_str(), MNT_DETACH); }
+  } unmount{root};
+  auto cluster = Start(Spec(2, true), root, "cpu");
+  ASSERT_NE(cluster, nullptr);
+  FlatshardClient& client = *cluster->client;
+  Train(client, 1);
+  ASSERT_TRUE(Save(client, "before", v1::SHARDED_STATE_DICT).ok());
+  uintmax_t checkpoint_bytes = 0;
+  for (const auto& entry : fs::recursive_directory_iterator(Dir(root, "before"))) {
+    if (entry.is_regular_file()) checkpoint_bytes += entry.file_size();
+  }
+  ASSERT_GT(checkpoint_bytes, 0u);
+  // Leave room for half a checkpoint.
+  struct statvfs disk {};
+  ASSERT_EQ(::statvfs(root.c_str(), &disk), 0);
+  const uintmax_t free_bytes = uintmax_t{disk.f_bavail} * disk.f_frsize;
+  ASSERT_GT(free_bytes, checkpoint_bytes / 2);
+  const std::string filler = root + "/filler";
+  {
+    std::ofstream out(filler, std::ios::binary);
+    const std::string block(1 << 16, 'x');
+    for (uintmax_t left = free_bytes - checkpoint_bytes / 2; left > 0;) {
+      const auto n = static_cast<std::streamsize>(std::min<uintmax_t>(left, block.size()));
+      out.write(block.data(), n);
+      left -= static_cast<uintmax_t>(n);
+    }
+  }
+  absl::StatusOr<v1::CheckpointProgress> full = Save(client, "no-space", v1::SHARDED_STATE_DICT);
+  ASSERT_FALSE(full.ok());
+  EXPECT_THAT(std::string(full.status().message()), HasSubstr("No space left on device"));
+  EXPECT_FALSE(fs::exists(Dir(root, "no-space")));
+  EXPECT_FALSE(fs::exists(Dir(root, "no-space.partial")));
+  EXPECT_EQ(*ReadFileToString(absl::StrCat(root, "/", kJob, "/latest")), "before\n");
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> before =
+      CheckpointReader::Open(Dir(root, "before"));
+  ASSERT_TRUE(before.ok()) << before.status();
+  EXPECT_TRUE((*before)->VerifyAll().ok());
+  // Space freed, the job saves again.
+  fs::remove(filler);
+  Train(client, 1);
+  ASSERT_TRUE(Save(client, "after", v1::SHARDED_STATE_DICT).ok());
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> after =
+      CheckpointReader::Open(Dir(root, "after"));
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_TRUE((*after)->VerifyAll().ok());
+}
 
 // A second client checkpoints while the first streams Train; scheduled
 // checkpoints and retention come from the job spec.

@@ -86,6 +86,10 @@ class GlooCommunicator::ActiveBuffer {
 
  private:
   [[noreturn]] void Aborted() {
+    // The wait was woken (Abort) or timed out, but the transport thread may
+    // still be writing into this buffer or completing it: with the pairs
+    // closed it no longer can, so the caller may free the memory at once.
+    comm_.ClosePairs();
     std::lock_guard<std::mutex> lock(comm_.abort_mu_);
     throw CollectiveAborted(comm_.abort_reason_);
   }
@@ -321,6 +325,12 @@ void GlooCommunicator::Abort(const std::string& reason) {
     }
   }
   // Resets the sockets, so peers blocked on this rank fail at once too.
+  ClosePairs();
+}
+
+void GlooCommunicator::ClosePairs() {
+  // Pair::close takes the pair's lock, which its reads and completions hold:
+  // once it returns, nothing more lands in any buffer. Idempotent.
   for (int peer = 0; peer < size_; ++peer) {
     if (peer == rank_) continue;
     auto& pair = context_->getPair(peer);

@@ -66,6 +66,8 @@ class GlooCommunicator : public Communicator {
 
   template <typename Fn>
   absl::Status Guard(absl::string_view op, Fn&& fn);
+  // Closes the sockets to every peer (Abort, and a wait that gave up).
+  void ClosePairs();
 
   // The ring algorithms; they throw (Gloo does) and run inside a Guard.
   void RingReduceScatterInPlace(std::byte* data, size_t count, DType dtype, ReduceOp op);
