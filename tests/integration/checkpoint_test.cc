@@ -457,7 +457,7 @@ INSTANTIATE_TEST_SUITE_P(SyncAndAsync, DiskFullTest, ::testing::Bool(),
 TEST(RealDiskFullTest, ASaveOnAFullTmpfsFailsCleanlyAndTheJobGoesOn) {
   const std::string root = testing::MakeTempDir("ckpt-tmpfs") + "/checkpoints";
   fs::create_directories(root);
-  if (::mount("flatshard-test", root.c_str(), "tmpfs", 0, "size=16m") != 0) {
+  if (::mount("flatshard-test", root.c_str(), "tmpfs", 0, "size=64m") != 0) {
     GTEST_SKIP() << "cannot mount a tmpfs at " << root << ": " << std::strerror(errno)
                  << " (needs CAP_SYS_ADMIN)";
   }
