@@ -87,6 +87,10 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
     if (auto extra = options.worker_flags.find(i); extra != options.worker_flags.end()) {
       args.insert(args.end(), extra->second.begin(), extra->second.end());
     }
+    if (auto prefix = options.worker_command_prefix.find(i);
+        prefix != options.worker_command_prefix.end()) {
+      args.insert(args.begin(), prefix->second.begin(), prefix->second.end());
+    }
     ASSIGN_OR_RETURN(std::unique_ptr<ChildProcess> worker, ChildProcess::Spawn(args));
     cluster->workers_.push_back(std::move(worker));
     cluster->worker_args_.push_back(args);

@@ -38,6 +38,9 @@ struct LocalClusterOptions {
   absl::Duration start_timeout = absl::Seconds(60);
   // More flags for worker i (tests: --inject-file-faults on one rank).
   std::map<int, std::vector<std::string>> worker_flags;
+  // A command worker i runs under (tests: {"ip", "netns", "exec", NS} puts it
+  // in a network namespace).
+  std::map<int, std::vector<std::string>> worker_command_prefix;
 };
 
 class LocalCluster {
