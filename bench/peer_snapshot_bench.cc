@@ -9,10 +9,10 @@
 //
 //   peer_snapshot_bench [--workers 4] [--every 1] [--steps 40] [--rounds 3]
 #include <algorithm>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <csignal>
 #include <map>
 #include <string>
 #include <vector>
@@ -116,8 +116,7 @@ std::vector<double> StepTimes(FlatshardClient& client, const std::string& job, i
   return times;
 }
 
-int WorkerOfRank(LocalCluster& cluster, FlatshardClient& client, const std::string& job,
-                 int rank) {
+int WorkerOfRank(LocalCluster& cluster, FlatshardClient& client, const std::string& job, int rank) {
   auto workers = client.ListWorkers(job);
   if (!workers.ok()) return -1;
   for (const v1::WorkerInfo& w : *workers) {
@@ -160,8 +159,10 @@ int Main(int argc, char** argv) {
         const std::string rank0 = (*cluster)->worker_metrics()[static_cast<size_t>(
             WorkerOfRank(**cluster, client, spec.name(), 0))];
         snapshot_bytes = Scrape(rank0, "flatshard_peer_snapshot_bytes");
-        shard_bytes = Scrape(rank0, "flatshard_memory_bytes{job_name=\"mlp-demo\",kind=\"sharded_params\"");
-        optimizer_bytes = Scrape(rank0, "flatshard_memory_bytes{job_name=\"mlp-demo\",kind=\"optimizer_state\"");
+        shard_bytes =
+            Scrape(rank0, "flatshard_memory_bytes{job_name=\"mlp-demo\",kind=\"sharded_params\"");
+        optimizer_bytes =
+            Scrape(rank0, "flatshard_memory_bytes{job_name=\"mlp-demo\",kind=\"optimizer_state\"");
       }
       if (!client.DeleteJob(spec.name()).ok()) return 1;
     }
@@ -170,10 +171,11 @@ int Main(int argc, char** argv) {
   const double on = Median(medians[flags.every]);
   std::printf("\nstep time, median of %d rounds: off %.2f ms, K=%d %.2f ms, ratio %.3f (%+.1f%%)\n",
               flags.rounds, off * 1e3, flags.every, on * 1e3, on / off, (on / off - 1) * 100);
-  std::printf("rank 0 holds %.2f MB of peer snapshots for %.2f MB of shard + optimizer state "
-              "(%.1fx)\n",
-              snapshot_bytes / 1e6, (shard_bytes + optimizer_bytes) / 1e6,
-              snapshot_bytes / std::max(1.0, shard_bytes + optimizer_bytes));
+  std::printf(
+      "rank 0 holds %.2f MB of peer snapshots for %.2f MB of shard + optimizer state "
+      "(%.1fx)\n",
+      snapshot_bytes / 1e6, (shard_bytes + optimizer_bytes) / 1e6,
+      snapshot_bytes / std::max(1.0, shard_bytes + optimizer_bytes));
 
   // Recovery from memory vs from a checkpoint: the same kill, the same spare.
   for (const bool memory : {true, false}) {

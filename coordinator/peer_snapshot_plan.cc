@@ -11,8 +11,12 @@ std::optional<PeerSnapshotChoice> ChoosePeerSnapshot(
     const auto& [key, mark] = *it;
     const auto& [epoch, step] = key;
     if (step <= newer_than || mark.world_size < 1) continue;
-    PeerSnapshotChoice choice{epoch, step, mark.world_size, mark.data_position,
-                              std::vector<int>(static_cast<size_t>(mark.world_size), -1), 0};
+    PeerSnapshotChoice choice{epoch,
+                              step,
+                              mark.world_size,
+                              mark.data_position,
+                              std::vector<int>(static_cast<size_t>(mark.world_size), -1),
+                              0};
     std::vector<bool> own(static_cast<size_t>(mark.world_size), false);
     for (size_t r = 0; r < members.size(); ++r) {
       auto found = held.find(members[r]);

@@ -197,8 +197,9 @@ absl::Status TrainingJob::FormLocked(const std::vector<WorkerRecord>& members,
           absl::StrCat("rank ", r, " (worker ", members[r].worker_id, " at ", members[r].address,
                        ") could not be configured: ", statuses[r].message()));
       // Not a candidate for the next try (a recovery retries; Form fails the job).
-      if (options_.mark_unreachable && (statuses[r].code() == absl::StatusCode::kUnavailable ||
-                                        statuses[r].code() == absl::StatusCode::kDeadlineExceeded)) {
+      if (options_.mark_unreachable &&
+          (statuses[r].code() == absl::StatusCode::kUnavailable ||
+           statuses[r].code() == absl::StatusCode::kDeadlineExceeded)) {
         options_.mark_unreachable(members[r].worker_id);
       }
       return failure;

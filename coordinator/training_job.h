@@ -8,8 +8,8 @@
 
 #include <cstdint>
 #include <functional>
-#include <map>
 #include <future>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -291,7 +291,7 @@ class TrainingJob {
   std::vector<WorkerRecord> members_;              // the current epoch's, by rank
   int restarts_ = 0;
   std::optional<v1::Recovery> last_recovery_;
-  PeerSnapshotMarks peer_marks_;  // the peer snapshots every rank took, newest last
+  PeerSnapshotMarks peer_marks_;   // the peer snapshots every rank took, newest last
   bool recovering_ = false;        // RecoverLocked runs (a failure inside it is final)
   bool recovery_pending_ = false;  // recoverer_ has not finished
   std::thread recoverer_;          // recovers a failure FailRank saw outside operations

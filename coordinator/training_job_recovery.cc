@@ -156,11 +156,10 @@ absl::Status TrainingJob::RecoverLocked(const absl::Status& cause, std::vector<i
     const int max = config_.recovery.max_restarts;
     if (!retryable || restarts >= max) {
       absl::Status final_status =
-          retryable ? absl::Status(attempt.code(),
-                                   absl::StrCat(attempt.message(),
-                                                " (no automatic recovery left: "
-                                                "recovery.max_restarts ",
-                                                max, " used)"))
+          retryable ? absl::Status(attempt.code(), absl::StrCat(attempt.message(),
+                                                                " (no automatic recovery left: "
+                                                                "recovery.max_restarts ",
+                                                                max, " used)"))
                     : attempt;
       FailWith(final_status);
       return final_status;

@@ -319,8 +319,8 @@ absl::Status ReadCheckpoints(const YamlField& field, v1::CheckpointSchedule& c) 
   RETURN_IF_ERROR(
       field.OnlyKeys({"every_steps", "keep_last", "async_save", "in_memory_every_steps"}));
   RETURN_IF_ERROR(IfInt64(field, "every_steps", [&](int64_t v) { c.set_every_steps(v); }));
-  RETURN_IF_ERROR(IfInt64(field, "in_memory_every_steps",
-                          [&](int64_t v) { c.set_in_memory_every_steps(v); }));
+  RETURN_IF_ERROR(
+      IfInt64(field, "in_memory_every_steps", [&](int64_t v) { c.set_in_memory_every_steps(v); }));
   RETURN_IF_ERROR(IfInt32(field, "keep_last", [&](int32_t v) { c.set_keep_last(v); }));
   RETURN_IF_ERROR(IfBool(field, "async_save", [&](bool v) { c.set_async_save(v); }));
   return absl::OkStatus();

@@ -295,9 +295,8 @@ TEST(FaultSuite, RandomFaultsAreRecoveredAndNoCheckpointIsCorrupt) {
   for (int round = 0; round < rounds; ++round) {
     // The first rounds cover every kind once; then at random.
     const Fault fault =
-        round < kNumFaults
-            ? kFaults[round]
-            : kFaults[std::uniform_int_distribution<int>(0, kNumFaults - 1)(random)];
+        round < kNumFaults ? kFaults[round]
+                           : kFaults[std::uniform_int_distribution<int>(0, kNumFaults - 1)(random)];
     const Outcome outcome = suite.Round(fault, random);
     std::cerr << absl::StrFormat("round %d: %s: %s, resumed in %.2f s, %d step(s) lost\n",
                                  round + 1, Name(fault),

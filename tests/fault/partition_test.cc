@@ -7,8 +7,6 @@
 // spare and finishes its steps; when the link heals, the cut-off worker finds
 // its epoch gone, drops the batch it was stuck in and serves as a spare.
 // Needs root (network namespaces); skipped with the reason elsewhere.
-#include <unistd.h>
-
 #include <csignal>
 #include <map>
 #include <memory>
@@ -17,6 +15,7 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -60,8 +59,7 @@ class PartitionableNamespace {
     const int id = static_cast<int>(::getpid() % 100000);
     auto ns = std::unique_ptr<PartitionableNamespace>(new PartitionableNamespace(id));
     const std::string& name = ns->name_;
-    for (const std::vector<std::string>& step :
-         std::vector<std::vector<std::string>>{
+    for (const std::vector<std::string>& step : std::vector<std::vector<std::string>>{
              {"netns", "add", name},
              {"link", "add", ns->host_link_, "type", "veth", "peer", "name", ns->ns_link_},
              {"link", "set", ns->ns_link_, "netns", name},

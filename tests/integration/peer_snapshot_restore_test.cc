@@ -216,12 +216,15 @@ void RestoreAndCompare(const std::string& dir, int world, const std::function<in
 }
 
 TEST_F(PeerSnapshotRestoreTest, SameWorldSizeInAnotherOrderIsBitExact) {
-  RestoreAndCompare(dir_, 4, [](int k) { return (k + 1) % 4; }, /*bit_exact_after_step=*/true);
+  RestoreAndCompare(
+      dir_, 4, [](int k) { return (k + 1) % 4; }, /*bit_exact_after_step=*/true);
 }
 
 TEST_F(PeerSnapshotRestoreTest, ReshardsInMemoryToThreeAndToTwoRanks) {
-  RestoreAndCompare(dir_, 3, [](int k) { return k % 3; }, /*bit_exact_after_step=*/false);
-  RestoreAndCompare(dir_, 2, [](int k) { return 1 - k % 2; }, /*bit_exact_after_step=*/false);
+  RestoreAndCompare(
+      dir_, 3, [](int k) { return k % 3; }, /*bit_exact_after_step=*/false);
+  RestoreAndCompare(
+      dir_, 2, [](int k) { return 1 - k % 2; }, /*bit_exact_after_step=*/false);
 }
 
 // A holder without the snapshot, or with a damaged one: every rank reports
@@ -247,8 +250,8 @@ TEST_F(PeerSnapshotRestoreTest, AMissingOrDamagedSnapshotChangesNothing) {
                 return std::make_shared<const std::string>(ReadFile(dir_ + name));
               });
           CHILD_OK(outcome.status());  // the collectives themselves went fine
-          CHILD_CHECK(outcome->data_status.code() == (missing ? absl::StatusCode::kNotFound
-                                                              : absl::StatusCode::kDataLoss));
+          CHILD_CHECK(outcome->data_status.code() ==
+                      (missing ? absl::StatusCode::kNotFound : absl::StatusCode::kDataLoss));
           std::cerr << "rank " << rank << ": " << outcome->data_status << "\n";
           auto after = Summon(**runtime);
           CHILD_OK(after.status());

@@ -41,8 +41,8 @@ inline void CreateAndWaitReady(FlatshardClient& client, const v1::JobSpec& spec)
 }
 
 // The cluster's worker process that runs `rank` in the job now.
-inline int WorkerIndexOfRank(LocalCluster& cluster, FlatshardClient& client,
-                             const std::string& job, int rank) {
+inline int WorkerIndexOfRank(LocalCluster& cluster, FlatshardClient& client, const std::string& job,
+                             int rank) {
   auto workers = client.ListWorkers(job);
   EXPECT_TRUE(workers.ok()) << workers.status();
   for (const v1::WorkerInfo& w : *workers) {
@@ -62,10 +62,10 @@ struct TrainRun {
 };
 
 // Trains `steps`; after `kill_after` step results, SIGKILLs the workers of `ranks`.
-inline TrainRun TrainAndKill(LocalCluster& cluster, FlatshardClient& client,
-                             const std::string& job, int64_t steps, int kill_after,
-                             const std::vector<int>& ranks) {
+inline TrainRun TrainAndKill(LocalCluster& cluster, FlatshardClient& client, const std::string& job,
+                             int64_t steps, int kill_after, const std::vector<int>& ranks) {
   std::vector<int> victims;
+  victims.reserve(ranks.size());
   for (int rank : ranks) victims.push_back(WorkerIndexOfRank(cluster, client, job, rank));
   TrainRun run;
   int seen = 0;

@@ -1,12 +1,12 @@
 #include "worker/comm/background_priority.h"
 
-#include <sys/resource.h>
-#include <sys/syscall.h>
-#include <unistd.h>
-
 #include <cerrno>
 #include <cstring>
 #include <thread>
+
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "absl/strings/str_cat.h"
 
@@ -17,8 +17,8 @@ absl::Status LowerThisThreadToBackgroundPriority() {
   // id sets only this one.
   const auto tid = static_cast<id_t>(syscall(SYS_gettid));
   if (setpriority(PRIO_PROCESS, tid, kBackgroundNice) != 0) {
-    return absl::InternalError(absl::StrCat("setpriority(", kBackgroundNice,
-                                            "): ", std::strerror(errno)));
+    return absl::InternalError(
+        absl::StrCat("setpriority(", kBackgroundNice, "): ", std::strerror(errno)));
   }
   return absl::OkStatus();
 }

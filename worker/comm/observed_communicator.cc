@@ -47,8 +47,8 @@ absl::Status ObservedCommunicator::Broadcast(void* buffer, size_t count, DType d
                [&] { return inner_->Broadcast(buffer, count, dtype, root); });
 }
 
-absl::Status ObservedCommunicator::SendRecv(const void* send, size_t send_bytes, int to,
-                                            void* recv, size_t recv_bytes, int from) {
+absl::Status ObservedCommunicator::SendRecv(const void* send, size_t send_bytes, int to, void* recv,
+                                            size_t recv_bytes, int from) {
   return Timed(CollectiveOp::kSendRecv, static_cast<int64_t>(send_bytes + recv_bytes), 1.0,
                [&] { return inner_->SendRecv(send, send_bytes, to, recv, recv_bytes, from); });
 }

@@ -26,8 +26,8 @@ class ObservedCommunicator final : public Communicator {
   absl::Status ReduceScatter(const void* input, void* output, size_t count, DType dtype) override;
   absl::Status AllReduce(void* buffer, size_t count, DType dtype, ReduceOp op) override;
   absl::Status Broadcast(void* buffer, size_t count, DType dtype, int root) override;
-  absl::Status SendRecv(const void* send, size_t send_bytes, int to, void* recv,
-                        size_t recv_bytes, int from) override;
+  absl::Status SendRecv(const void* send, size_t send_bytes, int to, void* recv, size_t recv_bytes,
+                        int from) override;
   absl::Status Barrier() override;
   void Abort(const std::string& reason) override { inner_->Abort(reason); }
   // The subgroup is the inner communicator's, not observed: the caller wraps

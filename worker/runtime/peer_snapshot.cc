@@ -1,12 +1,12 @@
 #include "worker/runtime/peer_snapshot.h"
 
-#include <xxhash.h>
-
 #include <algorithm>
 #include <cstring>
 #include <map>
 #include <span>
 #include <utility>
+
+#include <xxhash.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -91,8 +91,8 @@ struct UnitView {
   float step = 0;
   std::vector<std::string> state_names;
   std::vector<Piece> pieces;
-  const char* shard = nullptr;               // shard_numel floats
-  std::vector<const char*> states;           // per state name, shard_numel floats
+  const char* shard = nullptr;      // shard_numel floats
+  std::vector<const char*> states;  // per state name, shard_numel floats
 };
 
 absl::StatusOr<UnitView> ReadUnit(ByteReader& in, int u) {
@@ -113,8 +113,8 @@ absl::StatusOr<UnitView> ReadUnit(ByteReader& in, int u) {
   view.pieces.resize(pieces);
   for (Piece& p : view.pieces) {
     if (!in.Get(p.param) || !in.Get(p.intra_start) || !in.Get(p.count) ||
-        !in.Get(p.offset_in_shard) || p.intra_start < 0 || p.count < 0 ||
-        p.offset_in_shard < 0 || p.offset_in_shard + p.count > view.shard_numel) {
+        !in.Get(p.offset_in_shard) || p.intra_start < 0 || p.count < 0 || p.offset_in_shard < 0 ||
+        p.offset_in_shard + p.count > view.shard_numel) {
       return Damaged(absl::StrCat("unit ", u, " has a bad parameter piece"));
     }
   }
@@ -163,9 +163,9 @@ absl::Status Merge(const FsdpRuntime& runtime, std::string_view bytes, Rebuild& 
     } else if (view.state_names.size() != states.size() ||
                !std::all_of(view.state_names.begin(), view.state_names.end(),
                             [&](const std::string& n) { return states.contains(n); })) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "the peer snapshots disagree on unit ", u, "'s optimizer state (",
-          absl::StrJoin(view.state_names, ","), ")"));
+      return absl::FailedPreconditionError(absl::StrCat("the peer snapshots disagree on unit ", u,
+                                                        "'s optimizer state (",
+                                                        absl::StrJoin(view.state_names, ","), ")"));
     }
     rebuild.staged.steps[u] = view.step;
     for (const Piece& piece : view.pieces) {
@@ -259,8 +259,8 @@ absl::StatusOr<std::string> CapturePeerSnapshot(FsdpRuntime& runtime, uint64_t e
     for (const std::string& name : names) {
       ASSIGN_OR_RETURN(std::span<const float> state, optim->State(name));
       if (state.size() != shard.size()) {
-        return absl::InternalError(absl::StrCat("unit ", u, "'s optimizer state '", name,
-                                                "' has ", state.size(), " elements, its shard ",
+        return absl::InternalError(absl::StrCat("unit ", u, "'s optimizer state '", name, "' has ",
+                                                state.size(), " elements, its shard ",
                                                 shard.size()));
       }
       out.Append(state.data(), values);
@@ -308,9 +308,8 @@ absl::StatusOr<PeerRestoreOutcome> RestoreFromPeerSnapshots(
   }
   for (int h : request.holder) {
     if (h < 0 || h >= world->size()) {
-      return absl::InvalidArgumentError(absl::StrCat("restore_peer_snapshot: holder rank ", h,
-                                                     " is outside a world of size ",
-                                                     world->size()));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "restore_peer_snapshot: holder rank ", h, " is outside a world of size ", world->size()));
     }
   }
   Rebuild rebuild;
@@ -352,14 +351,14 @@ absl::StatusOr<PeerRestoreOutcome> RestoreFromPeerSnapshots(
     absl::StatusOr<PeerSnapshotInfo> info = ReadPeerSnapshotInfo(bytes);
     if (!info.ok()) {
       data = info.status();
-    } else if (info->epoch != request.from_epoch || info->step != request.step ||
-               info->rank != k || info->world_size != request.from_world_size ||
+    } else if (info->epoch != request.from_epoch || info->step != request.step || info->rank != k ||
+               info->world_size != request.from_world_size ||
                info->units != static_cast<int>(units)) {
-      data = absl::FailedPreconditionError(absl::StrCat(
-          "rank ", root, " sent the snapshot of epoch ", info->epoch, " step ", info->step,
-          " rank ", info->rank, " of ", info->world_size, " (", info->units,
-          " units) for epoch ", request.from_epoch, " step ", request.step, " rank ", k, " of ",
-          request.from_world_size));
+      data = absl::FailedPreconditionError(
+          absl::StrCat("rank ", root, " sent the snapshot of epoch ", info->epoch, " step ",
+                       info->step, " rank ", info->rank, " of ", info->world_size, " (",
+                       info->units, " units) for epoch ", request.from_epoch, " step ",
+                       request.step, " rank ", k, " of ", request.from_world_size));
     } else {
       data = Merge(runtime, bytes, rebuild);
     }

@@ -36,8 +36,7 @@ struct PeerSnapshotInfo {
 
 // This rank's state now, labelled as the snapshot of `step` in `epoch`.
 // Synchronizes the streams (the copies read device memory).
-absl::StatusOr<std::string> CapturePeerSnapshot(FsdpRuntime& runtime, uint64_t epoch,
-                                                int64_t step);
+absl::StatusOr<std::string> CapturePeerSnapshot(FsdpRuntime& runtime, uint64_t epoch, int64_t step);
 
 // The header of a snapshot, after checking its magic, version, length and
 // checksum: DATA_LOSS naming what is wrong for a damaged one.

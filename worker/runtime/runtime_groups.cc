@@ -5,8 +5,8 @@
 #include "absl/strings/str_cat.h"
 
 #include "core/status_macros.h"
-#include "worker/comm/host_collectives.h"
 #include "worker/comm/background_priority.h"
+#include "worker/comm/host_collectives.h"
 #include "worker/comm/observed_communicator.h"
 #include "worker/comm/staged_collectives.h"
 
@@ -60,9 +60,8 @@ void RuntimeGroups::Abort(const std::string& reason) {
   for (Collectives* c : {replicate.get(), shard.get(), world.get()}) {
     if (c != nullptr) c->Abort(reason);
   }
-  for (Communicator* c :
-       {snapshot.get(), checkpoint.get(), host_replicate.get(), host_shard.get(),
-        host_world.get()}) {
+  for (Communicator* c : {snapshot.get(), checkpoint.get(), host_replicate.get(), host_shard.get(),
+                          host_world.get()}) {
     if (c != nullptr) c->Abort(reason);
   }
 }

@@ -43,23 +43,23 @@ void PeerSnapshotStore::Exchange(const std::string& job, const PeerSnapshotInfo&
   const auto failed = [&](const absl::Status& why) {
     // Not fatal: the job trains on; a recovery that needs this generation
     // finds it missing and uses an older one or a checkpoint.
-    spdlog::warn("job {}: peer snapshot of step {} not exchanged with rank {}: {}", job,
-                 info.step, prev, why.ToString());
+    spdlog::warn("job {}: peer snapshot of step {} not exchanged with rank {}: {}", job, info.step,
+                 prev, why.ToString());
   };
   auto out_size = static_cast<int64_t>(own->size());
   int64_t in_size = 0;
-  if (absl::Status s = comm->SendRecv(&out_size, sizeof(out_size), next, &in_size,
-                                      sizeof(in_size), prev);
+  if (absl::Status s =
+          comm->SendRecv(&out_size, sizeof(out_size), next, &in_size, sizeof(in_size), prev);
       !s.ok()) {
     return failed(s);
   }
   if (in_size <= 0 || in_size > kMaxSnapshotBytes) {
-    return failed(absl::DataLossError(absl::StrCat("rank ", prev, " announced ", in_size,
-                                                   " bytes")));
+    return failed(
+        absl::DataLossError(absl::StrCat("rank ", prev, " announced ", in_size, " bytes")));
   }
   auto received = std::make_shared<std::string>(static_cast<size_t>(in_size), '\0');
-  if (absl::Status s = comm->SendRecv(own->data(), own->size(), next, received->data(),
-                                      received->size(), prev);
+  if (absl::Status s =
+          comm->SendRecv(own->data(), own->size(), next, received->data(), received->size(), prev);
       !s.ok()) {
     return failed(s);
   }
@@ -67,9 +67,9 @@ void PeerSnapshotStore::Exchange(const std::string& job, const PeerSnapshotInfo&
   if (!theirs.ok()) return failed(theirs.status());
   if (theirs->epoch != info.epoch || theirs->step != info.step || theirs->rank != prev ||
       theirs->world_size != info.world_size) {
-    return failed(absl::FailedPreconditionError(
-        absl::StrCat("received the snapshot of epoch ", theirs->epoch, " step ", theirs->step,
-                     " rank ", theirs->rank)));
+    return failed(absl::FailedPreconditionError(absl::StrCat("received the snapshot of epoch ",
+                                                             theirs->epoch, " step ", theirs->step,
+                                                             " rank ", theirs->rank)));
   }
   Keep(Entry{job, *theirs, false, std::move(received)});
 }

@@ -37,13 +37,13 @@ TEST(JobStateMachineTest, IllegalTransitionsAreRefusedAndChangeNothing) {
   struct Case {
     v1::JobState from, to;
   };
-  for (const Case& c : {Case{v1::PENDING, v1::TRAINING}, Case{v1::PENDING, v1::READY},
-                        Case{v1::FORMING, v1::TRAINING}, Case{v1::READY, v1::IDLE},
-                        Case{v1::TRAINING, v1::READY}, Case{v1::FAILED, v1::TRAINING},
-                        Case{v1::STOPPED, v1::FORMING}, Case{v1::STOPPED, v1::STOPPED},
-                        Case{v1::FAILED, v1::FAILED}, Case{v1::PENDING, v1::RECOVERING},
-                        Case{v1::FAILED, v1::RECOVERING},
-                        Case{v1::RECOVERING, v1::TRAINING}, Case{v1::RECOVERING, v1::IDLE}}) {
+  for (const Case& c :
+       {Case{v1::PENDING, v1::TRAINING}, Case{v1::PENDING, v1::READY},
+        Case{v1::FORMING, v1::TRAINING}, Case{v1::READY, v1::IDLE}, Case{v1::TRAINING, v1::READY},
+        Case{v1::FAILED, v1::TRAINING}, Case{v1::STOPPED, v1::FORMING},
+        Case{v1::STOPPED, v1::STOPPED}, Case{v1::FAILED, v1::FAILED},
+        Case{v1::PENDING, v1::RECOVERING}, Case{v1::FAILED, v1::RECOVERING},
+        Case{v1::RECOVERING, v1::TRAINING}, Case{v1::RECOVERING, v1::IDLE}}) {
     EXPECT_FALSE(JobStateMachine::Allowed(c.from, c.to))
         << v1::JobState_Name(c.from) << " -> " << v1::JobState_Name(c.to);
   }

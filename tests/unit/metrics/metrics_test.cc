@@ -182,7 +182,8 @@ TEST(WorkerMetricsTest, ExportsCollectivesStepsAndMemoryByJobAndRank) {
       scraped,
       HasSubstr(
           R"(flatshard_memory_peak_bytes{job_name="demo",kind="unsharded_params",rank="3"} 8192)"));
-  EXPECT_THAT(scraped, HasSubstr(R"(flatshard_peer_snapshot_bytes{job_name="demo",rank="3"} 3000)"));
+  EXPECT_THAT(scraped,
+              HasSubstr(R"(flatshard_peer_snapshot_bytes{job_name="demo",rank="3"} 3000)"));
   EXPECT_THAT(scraped, HasSubstr("# HELP flatshard_memory_bytes "));
   EXPECT_THAT(scraped, HasSubstr("# TYPE flatshard_memory_bytes gauge"));
   EXPECT_THAT(scraped, Not(HasSubstr("flatshard_device_memory_bytes"))) << "no device, no series";
