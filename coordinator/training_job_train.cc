@@ -88,6 +88,15 @@ absl::Status TrainingJob::Train(int64_t steps, int micro_steps,
 
   bool stopped_by_client = false;
   std::optional<v1::Recovery> recovered;  // reported with the next step
+  // A batch failed: recover (OnBatchFailure fails the job when it cannot),
+  // then train on from the step the recovery left the job at.
+  const auto recover = [&](const absl::Status& failure) -> absl::Status {
+    RETURN_IF_ERROR(OnBatchFailure(failure));
+    recovered = last_recovery();
+    return states_.TransitionFrom(
+        v1::READY, v1::TRAINING,
+        absl::StrCat("training resumes at step ", current_step(), " of ", target));
+  };
   while (current_step() < target && !stopped_by_client) {
     compile();
     const int world = programs.world;
@@ -125,11 +134,7 @@ absl::Status TrainingJob::Train(int64_t steps, int micro_steps,
       ++data_position_;
     }
     if (!failed.ok()) {
-      RETURN_IF_ERROR(OnBatchFailure(failed));
-      recovered = last_recovery();
-      RETURN_IF_ERROR(states_.TransitionFrom(
-          v1::READY, v1::TRAINING,
-          absl::StrCat("training resumes at step ", current_step(), " of ", target)));
+      RETURN_IF_ERROR(recover(failed));
       continue;
     }
     double sum = 0;
@@ -154,11 +159,7 @@ absl::Status TrainingJob::Train(int64_t steps, int micro_steps,
     if (options_.observer != nullptr) options_.observer->OnStep(config_.name, result, samples);
     stopped_by_client = !on_step(result);
     if (absl::Status snapshot = MaybeTakePeerSnapshot(); !snapshot.ok()) {
-      RETURN_IF_ERROR(OnBatchFailure(snapshot));
-      recovered = last_recovery();
-      RETURN_IF_ERROR(states_.TransitionFrom(
-          v1::READY, v1::TRAINING,
-          absl::StrCat("training resumes at step ", current_step(), " of ", target)));
+      RETURN_IF_ERROR(recover(snapshot));
       continue;
     }
     RunPendingSaves(absl::OkStatus(), /*last=*/false);

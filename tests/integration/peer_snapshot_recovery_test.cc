@@ -76,10 +76,7 @@ TEST(PeerSnapshotRecoveryTest, ASpareResumesFromMemoryBitExactLosingAtMostOneSte
   EXPECT_GE(r.resumed_step(), 3);  // step 4's copies may still have been in flight
   EXPECT_LE(r.steps_lost(), 1);
   // Every loss, before and after the recovery, is the uninterrupted run's.
-  for (const auto& [step, loss] : reference) {
-    ASSERT_TRUE(run.loss_by_step.contains(step)) << step;
-    EXPECT_EQ(run.loss_by_step[step], loss) << "step " << step;  // bit for bit
-  }
+  testing::ExpectSameLosses(run.loss_by_step, reference);
 }
 
 TEST(PeerSnapshotRecoveryTest, WithoutASpareTheJobReshardsInMemoryToASmallerWorld) {

@@ -84,6 +84,16 @@ inline TrainRun TrainAndKill(LocalCluster& cluster, FlatshardClient& client, con
   return run;
 }
 
+// Every step of `want` has the same loss in `got`, bit for bit.
+inline void ExpectSameLosses(const std::map<int64_t, double>& got,
+                             const std::map<int64_t, double>& want) {
+  for (const auto& [step, loss] : want) {
+    auto it = got.find(step);
+    ASSERT_NE(it, got.end()) << "no loss for step " << step;
+    EXPECT_EQ(it->second, loss) << "step " << step;  // bit for bit
+  }
+}
+
 }  // namespace flatshard::testing
 
 #endif  // FLATSHARD_TESTS_INTEGRATION_RECOVERY_HARNESS_H_

@@ -91,10 +91,7 @@ TEST(RecoveryTest, SpareTakesTheSeatAndTrainingFinishesBitExactWithAResumedRun) 
                          [&](const v1::StepResult& s) { resumed[s.step()] = s.loss(); })
                   .ok());
   ASSERT_EQ(resumed.size(), static_cast<size_t>(12 - r.resumed_step()));
-  for (const auto& [step, loss] : resumed) {
-    ASSERT_TRUE(run.loss_by_step.contains(step)) << step;
-    EXPECT_EQ(run.loss_by_step[step], loss) << "step " << step;  // bit for bit
-  }
+  testing::ExpectSameLosses(run.loss_by_step, resumed);
 }
 
 TEST(RecoveryTest, WithoutASpareTheJobShrinksToTheLargestValidWorldSize) {
