@@ -2,9 +2,9 @@
 // coordinators and worker daemons (LocalCluster), real files on disk. SHARDED
 // checkpoints reload at other world sizes bit for bit, FULL equals the
 // summoned model, LOCAL refuses another world size, resuming continues
-// training exactly, damaged files are refused by name, a worker killed in
-// the middle of a save leaves no checkpoint behind, and a second client can
-// checkpoint a job another client is training.
+// training exactly, damaged files are refused by name, and a second client
+// can checkpoint a job another client is training. The failure paths (a
+// worker killed mid-save, a full disk): checkpoint_faults_test.cc.
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
@@ -35,113 +35,23 @@
 #include "core/durable_file.h"
 #include "core/job_spec_yaml.h"
 #include "core/safetensors_reader.h"
+#include "tests/integration/checkpoint_harness.h"
 #include "tests/integration/multiprocess.h"
 
 namespace flatshard {
 namespace {
 
 namespace fs = std::filesystem;
+using checkpoint_testing::Dir;
+using checkpoint_testing::ExpectSameTensors;
+using checkpoint_testing::kJob;
+using checkpoint_testing::ReadTensors;
+using checkpoint_testing::Save;
+using checkpoint_testing::Spec;
+using checkpoint_testing::Start;
+using checkpoint_testing::Train;
 using ::testing::HasSubstr;
 
-const std::string kJobFile = std::string(FLATSHARD_SOURCE_DIR) + "/examples/mlp-job.yaml";
-constexpr char kJob[] = "mlp-demo";
-
-// The example job at `world` ranks; a batch every world size here divides.
-v1::JobSpec Spec(int world, bool fp32) {
-  absl::StatusOr<v1::JobSpec> spec = LoadJobSpecFile(kJobFile);
-  EXPECT_TRUE(spec.ok()) << spec.status();
-  spec->set_world_size(world);
-  spec->mutable_data()->set_global_batch_size(48);
-  spec->mutable_checkpoints()->set_keep_last(0);
-  if (fp32) spec->mutable_sharding()->clear_mixed_precision();
-  return *spec;
-}
-
-struct Cluster {
-  std::unique_ptr<LocalCluster> processes;
-  std::unique_ptr<FlatshardClient> client;
-
-  ~Cluster() {
-    if (processes != nullptr) {
-      EXPECT_TRUE(processes->Stop()) << "a daemon did not stop cleanly";
-    }
-  }
-};
-
-// `device`: the workers' --device (the sim instances carry the ctest label sim).
-std::unique_ptr<Cluster> Start(const v1::JobSpec& spec, const std::string& root,
-                               const std::string& device = "cpu",
-                               std::map<int, std::vector<std::string>> worker_flags = {}) {
-  LocalClusterOptions options;
-  options.worker_flags = std::move(worker_flags);
-  options.workers = spec.world_size();
-  options.device = device;
-  options.bin_dir = FLATSHARD_BIN_DIR;
-  options.checkpoint_dir = root;
-  auto cluster = std::make_unique<Cluster>();
-  absl::StatusOr<std::unique_ptr<LocalCluster>> started = LocalCluster::Start(options);
-  EXPECT_TRUE(started.ok()) << started.status();
-  if (!started.ok()) return nullptr;
-  cluster->processes = *std::move(started);
-  cluster->client = std::make_unique<FlatshardClient>(cluster->processes->address());
-  EXPECT_TRUE(cluster->client->CreateJob(spec).ok());
-  absl::StatusOr<v1::JobState> ready =
-      cluster->client->WaitForState(spec.name(), {v1::READY}, absl::Seconds(120));
-  EXPECT_TRUE(ready.ok()) << ready.status();
-  return cluster;
-}
-
-std::vector<v1::StepResult> Train(FlatshardClient& client, int64_t steps) {
-  std::vector<v1::StepResult> results;
-  absl::Status status =
-      client.Train(kJob, steps, 0, [&](const v1::StepResult& r) { results.push_back(r); });
-  EXPECT_TRUE(status.ok()) << status;
-  return results;
-}
-
-absl::StatusOr<v1::CheckpointProgress> Save(FlatshardClient& client, const std::string& name,
-                                            v1::StateDictType type, bool async_save = false,
-                                            int* progress_messages = nullptr) {
-  v1::SaveCheckpointRequest request;
-  request.set_job(kJob);
-  request.set_name(name);
-  request.set_async_save(async_save);
-  request.mutable_settings()->set_state_dict_type(type);
-  return client.SaveCheckpoint(request, [&](const v1::CheckpointProgress&) {
-    if (progress_messages != nullptr) ++*progress_messages;
-  });
-}
-
-std::map<std::string, SafetensorsTensor> ReadTensors(const std::string& path) {
-  absl::StatusOr<std::string> bytes = ReadFileToString(path);
-  EXPECT_TRUE(bytes.ok()) << bytes.status();
-  if (!bytes.ok()) return {};
-  auto tensors = ParseSafetensors(*bytes, nullptr, path);
-  EXPECT_TRUE(tensors.ok()) << tensors.status();
-  return tensors.ok() ? *tensors : std::map<std::string, SafetensorsTensor>{};
-}
-
-// Tensor by tensor, bytes compared: bit-identical or a message naming the first
-// tensor that differs.
-void ExpectSameTensors(const std::string& a, const std::string& b) {
-  const auto ta = ReadTensors(a), tb = ReadTensors(b);
-  ASSERT_FALSE(ta.empty());
-  ASSERT_EQ(ta.size(), tb.size()) << a << " vs " << b;
-  for (const auto& [name, tensor] : ta) {
-    ASSERT_TRUE(tb.contains(name)) << name << " missing from " << b;
-    EXPECT_EQ(tensor.shape, tb.at(name).shape) << name;
-    EXPECT_TRUE(tensor.data == tb.at(name).data)
-        << name << " differs between " << a << " and " << b;
-  }
-}
-
-std::string Dir(const std::string& root, const std::string& name) {
-  return absl::StrCat(root, "/", kJob, "/", name);
-}
-
-// docs/fsdp-semantics.md §5.3–5.4, §6.3–6.4.
-// Every checkpoint test runs on CPU workers and on simulated-GPU workers, whose
-// shards live in device memory and are staged through pinned host buffers.
 class CheckpointTest : public ::testing::TestWithParam<std::string> {};
 
 TEST_P(CheckpointTest, ShardedReloadsAtOtherWorldSizesBitForBitAndLocalDoesNot) {
@@ -369,145 +279,6 @@ TEST_P(CheckpointTest, DamagedCheckpointsAreRefusedNamingTheFileAndChangeNothing
   EXPECT_EQ(WEXITSTATUS(*status), 1);
   EXPECT_THAT(output, HasSubstr("BAD   model-rank00001-of-00002.safetensors"));
   EXPECT_THAT(output, HasSubstr("ok    model-rank00000-of-00002.safetensors"));
-}
-
-// Sync: rank 1 dies while the save batch runs. Async: it dies in the
-// background write, after the snapshot let training go on.
-class KilledMidSaveTest : public ::testing::TestWithParam<bool> {};
-
-TEST_P(KilledMidSaveTest, LeavesNoCheckpointAndEarlierOnesVerify) {
-  const bool async_save = GetParam();
-  const std::string root = testing::MakeTempDir("ckpt-kill") + "/checkpoints";
-  // Rank 1's process dies once 4 KiB of its first file of "doomed" are written.
-  auto cluster =
-      Start(Spec(2, true), root, "cpu", {{1, {"--inject-file-faults", "crash:doomed:4096"}}});
-  ASSERT_NE(cluster, nullptr);
-  FlatshardClient& client = *cluster->client;
-  Train(client, 1);
-  ASSERT_TRUE(Save(client, "before", v1::SHARDED_STATE_DICT).ok());
-  absl::StatusOr<v1::CheckpointProgress> doomed =
-      Save(client, "doomed", v1::SHARDED_STATE_DICT, async_save);
-  ASSERT_FALSE(doomed.ok());
-  EXPECT_THAT(std::string(doomed.status().message()), HasSubstr("was not saved"));
-  // Sync, the batch names the dead rank. Async, the background writes are
-  // awaited rank by rank, and when rank 0's write hangs on the dead rank until
-  // the heartbeat timeout its recovery may drop rank 0's save first, which is
-  // then what the message names (a known weakness: docs/fault-tolerance.md).
-  if (!async_save) {
-    EXPECT_THAT(std::string(doomed.status().message()), HasSubstr("rank 1"));
-  }
-  EXPECT_FALSE(fs::exists(Dir(root, "doomed")));
-  EXPECT_FALSE(fs::exists(Dir(root, "doomed.partial")));
-  absl::StatusOr<std::unique_ptr<CheckpointReader>> before =
-      CheckpointReader::Open(Dir(root, "before"));
-  ASSERT_TRUE(before.ok()) << before.status();
-  EXPECT_TRUE((*before)->VerifyAll().ok());
-  EXPECT_EQ(*ReadFileToString(absl::StrCat(root, "/", kJob, "/latest")), "before\n");
-  // The killed worker makes the daemons' clean stop impossible to assert;
-  // take the cluster down without the check.
-  cluster->processes->Stop();
-  cluster->processes.reset();
-}
-
-INSTANTIATE_TEST_SUITE_P(SyncAndAsync, KilledMidSaveTest, ::testing::Bool(),
-                         [](const ::testing::TestParamInfo<bool>& p) {
-                           return p.param ? "Async" : "Sync";
-                         });
-
-// A full disk on one rank (through the injected file system: the bytes that
-// fit, then ENOSPC), sync and async: the save fails naming the rank and the
-// error, nothing of it is left, `latest` still names the previous checkpoint,
-// and the job trains and saves on.
-class DiskFullTest : public ::testing::TestWithParam<bool> {};
-
-TEST_P(DiskFullTest, TheSaveFailsCleanlyAndTheJobGoesOn) {
-  const bool async_save = GetParam();
-  const std::string root = testing::MakeTempDir("ckpt-full") + "/checkpoints";
-  auto cluster = Start(Spec(2, true), root, "cpu",
-                       {{1, {"--inject-file-faults", "disk-full:no-space:100000"}}});
-  ASSERT_NE(cluster, nullptr);
-  FlatshardClient& client = *cluster->client;
-  Train(client, 1);
-  ASSERT_TRUE(Save(client, "before", v1::SHARDED_STATE_DICT).ok());
-  absl::StatusOr<v1::CheckpointProgress> full =
-      Save(client, "no-space", v1::SHARDED_STATE_DICT, async_save);
-  ASSERT_FALSE(full.ok());
-  EXPECT_THAT(std::string(full.status().message()), HasSubstr("rank 1"));
-  EXPECT_THAT(std::string(full.status().message()), HasSubstr("No space left on device"));
-  EXPECT_FALSE(fs::exists(Dir(root, "no-space")));
-  EXPECT_FALSE(fs::exists(Dir(root, "no-space.partial")));
-  EXPECT_EQ(*ReadFileToString(absl::StrCat(root, "/", kJob, "/latest")), "before\n");
-  // The job is unharmed: it trains, and a save elsewhere commits.
-  Train(client, 1);
-  ASSERT_TRUE(Save(client, "after", v1::SHARDED_STATE_DICT).ok());
-  absl::StatusOr<std::unique_ptr<CheckpointReader>> after =
-      CheckpointReader::Open(Dir(root, "after"));
-  ASSERT_TRUE(after.ok()) << after.status();
-  EXPECT_TRUE((*after)->VerifyAll().ok());
-}
-
-INSTANTIATE_TEST_SUITE_P(SyncAndAsync, DiskFullTest, ::testing::Bool(),
-                         [](const ::testing::TestParamInfo<bool>& p) {
-                           return p.param ? "Async" : "Sync";
-                         });
-
-// The same with a real full disk: the checkpoint root is a small tmpfs the
-// test mounts, filled up after a first checkpoint so the next cannot fit.
-// Needs CAP_SYS_ADMIN (root in CI); skipped with the reason elsewhere.
-TEST(RealDiskFullTest, ASaveOnAFullTmpfsFailsCleanlyAndTheJobGoesOn) {
-  const std::string root = testing::MakeTempDir("ckpt-tmpfs") + "/checkpoints";
-  fs::create_directories(root);
-  if (::mount("flatshard-test", root.c_str(), "tmpfs", 0, "size=64m") != 0) {
-    GTEST_SKIP() << "cannot mount a tmpfs at " << root << ": " << std::strerror(errno)
-                 << " (needs CAP_SYS_ADMIN)";
-  }
-  struct Unmount {
-    std::string path;
-    ~Unmount() { ::umount2(path.c_str(), MNT_DETACH); }
-  } unmount{root};
-  auto cluster = Start(Spec(2, true), root, "cpu");
-  ASSERT_NE(cluster, nullptr);
-  FlatshardClient& client = *cluster->client;
-  Train(client, 1);
-  ASSERT_TRUE(Save(client, "before", v1::SHARDED_STATE_DICT).ok());
-  uintmax_t checkpoint_bytes = 0;
-  for (const auto& entry : fs::recursive_directory_iterator(Dir(root, "before"))) {
-    if (entry.is_regular_file()) checkpoint_bytes += entry.file_size();
-  }
-  ASSERT_GT(checkpoint_bytes, 0u);
-  // Leave room for half a checkpoint.
-  struct statvfs disk {};
-  ASSERT_EQ(::statvfs(root.c_str(), &disk), 0);
-  const uintmax_t free_bytes = uintmax_t{disk.f_bavail} * disk.f_frsize;
-  ASSERT_GT(free_bytes, checkpoint_bytes / 2);
-  const std::string filler = root + "/filler";
-  {
-    std::ofstream out(filler, std::ios::binary);
-    const std::string block(1 << 16, 'x');
-    for (uintmax_t left = free_bytes - checkpoint_bytes / 2; left > 0;) {
-      const auto n = static_cast<std::streamsize>(std::min<uintmax_t>(left, block.size()));
-      out.write(block.data(), n);
-      left -= static_cast<uintmax_t>(n);
-    }
-  }
-  absl::StatusOr<v1::CheckpointProgress> full = Save(client, "no-space", v1::SHARDED_STATE_DICT);
-  ASSERT_FALSE(full.ok());
-  EXPECT_THAT(std::string(full.status().message()), HasSubstr("No space left on device"));
-  EXPECT_FALSE(fs::exists(Dir(root, "no-space")));
-  EXPECT_FALSE(fs::exists(Dir(root, "no-space.partial")));
-  EXPECT_EQ(*ReadFileToString(absl::StrCat(root, "/", kJob, "/latest")), "before\n");
-  absl::StatusOr<std::unique_ptr<CheckpointReader>> before =
-      CheckpointReader::Open(Dir(root, "before"));
-  ASSERT_TRUE(before.ok()) << before.status();
-  EXPECT_TRUE((*before)->VerifyAll().ok());
-  // Space freed, the job saves again.
-  fs::remove(filler);
-  Train(client, 1);
-  ASSERT_TRUE(Save(client, "after", v1::SHARDED_STATE_DICT).ok());
-  absl::StatusOr<std::unique_ptr<CheckpointReader>> after =
-      CheckpointReader::Open(Dir(root, "after"));
-  ASSERT_TRUE(after.ok()) << after.status();
-  EXPECT_TRUE((*after)->VerifyAll().ok());
 }
 
 // A second client checkpoints while the first streams Train; scheduled

@@ -1,0 +1,191 @@
+// Checkpoints on the failure paths, with real daemons and real files: a
+// worker killed in the middle of a save (sync and async) leaves no checkpoint
+// and the earlier ones verify; a full disk on one rank (through the injected
+// file system, sync and async, and once for real on a small tmpfs) fails the
+// save cleanly and the job trains and saves on (docs/fault-tolerance.md).
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/mount.h>
+#include <sys/statvfs.h>
+#include <sys/wait.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "nlohmann/json.hpp"
+
+#include "client/child_process.h"
+#include "client/flatshard_client.h"
+#include "client/local_cluster.h"
+#include "core/checkpoint_convert.h"
+#include "core/checkpoint_reader.h"
+#include "core/durable_file.h"
+#include "core/job_spec_yaml.h"
+#include "core/safetensors_reader.h"
+#include "tests/integration/checkpoint_harness.h"
+#include "tests/integration/multiprocess.h"
+
+namespace flatshard {
+namespace {
+
+namespace fs = std::filesystem;
+using checkpoint_testing::Dir;
+using checkpoint_testing::kJob;
+using checkpoint_testing::Save;
+using checkpoint_testing::Spec;
+using checkpoint_testing::Start;
+using checkpoint_testing::Train;
+using ::testing::HasSubstr;
+
+// Sync: rank 1 dies while the save batch runs. Async: it dies in the
+// background write, after the snapshot let training go on.
+class KilledMidSaveTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(KilledMidSaveTest, LeavesNoCheckpointAndEarlierOnesVerify) {
+  const bool async_save = GetParam();
+  const std::string root = testing::MakeTempDir("ckpt-kill") + "/checkpoints";
+  // Rank 1's process dies once 4 KiB of its first file of "doomed" are written.
+  auto cluster =
+      Start(Spec(2, true), root, "cpu", {{1, {"--inject-file-faults", "crash:doomed:4096"}}});
+  ASSERT_NE(cluster, nullptr);
+  FlatshardClient& client = *cluster->client;
+  Train(client, 1);
+  ASSERT_TRUE(Save(client, "before", v1::SHARDED_STATE_DICT).ok());
+  absl::StatusOr<v1::CheckpointProgress> doomed =
+      Save(client, "doomed", v1::SHARDED_STATE_DICT, async_save);
+  ASSERT_FALSE(doomed.ok());
+  EXPECT_THAT(std::string(doomed.status().message()), HasSubstr("was not saved"));
+  // Sync, the batch names the dead rank. Async, the background writes are
+  // awaited rank by rank, and when rank 0's write hangs on the dead rank until
+  // the heartbeat timeout its recovery may drop rank 0's save first, which is
+  // then what the message names (a known weakness: docs/fault-tolerance.md).
+  if (!async_save) {
+    EXPECT_THAT(std::string(doomed.status().message()), HasSubstr("rank 1"));
+  }
+  EXPECT_FALSE(fs::exists(Dir(root, "doomed")));
+  EXPECT_FALSE(fs::exists(Dir(root, "doomed.partial")));
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> before =
+      CheckpointReader::Open(Dir(root, "before"));
+  ASSERT_TRUE(before.ok()) << before.status();
+  EXPECT_TRUE((*before)->VerifyAll().ok());
+  EXPECT_EQ(*ReadFileToString(absl::StrCat(root, "/", kJob, "/latest")), "before\n");
+  // The killed worker makes the daemons' clean stop impossible to assert;
+  // take the cluster down without the check.
+  cluster->processes->Stop();
+  cluster->processes.reset();
+}
+
+INSTANTIATE_TEST_SUITE_P(SyncAndAsync, KilledMidSaveTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& p) {
+                           return p.param ? "Async" : "Sync";
+                         });
+
+// A full disk on one rank (through the injected file system: the bytes that
+// fit, then ENOSPC), sync and async: the save fails naming the rank and the
+// error, nothing of it is left, `latest` still names the previous checkpoint,
+// and the job trains and saves on.
+class DiskFullTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(DiskFullTest, TheSaveFailsCleanlyAndTheJobGoesOn) {
+  const bool async_save = GetParam();
+  const std::string root = testing::MakeTempDir("ckpt-full") + "/checkpoints";
+  auto cluster = Start(Spec(2, true), root, "cpu",
+                       {{1, {"--inject-file-faults", "disk-full:no-space:100000"}}});
+  ASSERT_NE(cluster, nullptr);
+  FlatshardClient& client = *cluster->client;
+  Train(client, 1);
+  ASSERT_TRUE(Save(client, "before", v1::SHARDED_STATE_DICT).ok());
+  absl::StatusOr<v1::CheckpointProgress> full =
+      Save(client, "no-space", v1::SHARDED_STATE_DICT, async_save);
+  ASSERT_FALSE(full.ok());
+  EXPECT_THAT(std::string(full.status().message()), HasSubstr("rank 1"));
+  EXPECT_THAT(std::string(full.status().message()), HasSubstr("No space left on device"));
+  EXPECT_FALSE(fs::exists(Dir(root, "no-space")));
+  EXPECT_FALSE(fs::exists(Dir(root, "no-space.partial")));
+  EXPECT_EQ(*ReadFileToString(absl::StrCat(root, "/", kJob, "/latest")), "before\n");
+  // The job is unharmed: it trains, and a save elsewhere commits.
+  Train(client, 1);
+  ASSERT_TRUE(Save(client, "after", v1::SHARDED_STATE_DICT).ok());
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> after =
+      CheckpointReader::Open(Dir(root, "after"));
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_TRUE((*after)->VerifyAll().ok());
+}
+
+INSTANTIATE_TEST_SUITE_P(SyncAndAsync, DiskFullTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& p) {
+                           return p.param ? "Async" : "Sync";
+                         });
+
+// The same with a real full disk: the checkpoint root is a small tmpfs the
+// test mounts, filled up after a first checkpoint so the next cannot fit.
+// Needs CAP_SYS_ADMIN (root in CI); skipped with the reason elsewhere.
+TEST(RealDiskFullTest, ASaveOnAFullTmpfsFailsCleanlyAndTheJobGoesOn) {
+  const std::string root = testing::MakeTempDir("ckpt-tmpfs") + "/checkpoints";
+  fs::create_directories(root);
+  if (::mount("flatshard-test", root.c_str(), "tmpfs", 0, "size=64m") != 0) {
+    GTEST_SKIP() << "cannot mount a tmpfs at " << root << ": " << std::strerror(errno)
+                 << " (needs CAP_SYS_ADMIN)";
+  }
+  struct Unmount {
+    std::string path;
+    ~Unmount() { ::umount2(path.c_str(), MNT_DETACH); }
+  } unmount{root};
+  auto cluster = Start(Spec(2, true), root, "cpu");
+  ASSERT_NE(cluster, nullptr);
+  FlatshardClient& client = *cluster->client;
+  Train(client, 1);
+  ASSERT_TRUE(Save(client, "before", v1::SHARDED_STATE_DICT).ok());
+  uintmax_t checkpoint_bytes = 0;
+  for (const auto& entry : fs::recursive_directory_iterator(Dir(root, "before"))) {
+    if (entry.is_regular_file()) checkpoint_bytes += entry.file_size();
+  }
+  ASSERT_GT(checkpoint_bytes, 0u);
+  // Leave room for half a checkpoint.
+  struct statvfs disk {};
+  ASSERT_EQ(::statvfs(root.c_str(), &disk), 0);
+  const uintmax_t free_bytes = uintmax_t{disk.f_bavail} * disk.f_frsize;
+  ASSERT_GT(free_bytes, checkpoint_bytes / 2);
+  const std::string filler = root + "/filler";
+  {
+    std::ofstream out(filler, std::ios::binary);
+    const std::string block(1 << 16, 'x');
+    for (uintmax_t left = free_bytes - checkpoint_bytes / 2; left > 0;) {
+      const auto n = static_cast<std::streamsize>(std::min<uintmax_t>(left, block.size()));
+      out.write(block.data(), n);
+      left -= static_cast<uintmax_t>(n);
+    }
+  }
+  absl::StatusOr<v1::CheckpointProgress> full = Save(client, "no-space", v1::SHARDED_STATE_DICT);
+  ASSERT_FALSE(full.ok());
+  EXPECT_THAT(std::string(full.status().message()), HasSubstr("No space left on device"));
+  EXPECT_FALSE(fs::exists(Dir(root, "no-space")));
+  EXPECT_FALSE(fs::exists(Dir(root, "no-space.partial")));
+  EXPECT_EQ(*ReadFileToString(absl::StrCat(root, "/", kJob, "/latest")), "before\n");
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> before =
+      CheckpointReader::Open(Dir(root, "before"));
+  ASSERT_TRUE(before.ok()) << before.status();
+  EXPECT_TRUE((*before)->VerifyAll().ok());
+  // Space freed, the job saves again.
+  fs::remove(filler);
+  Train(client, 1);
+  ASSERT_TRUE(Save(client, "after", v1::SHARDED_STATE_DICT).ok());
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> after =
+      CheckpointReader::Open(Dir(root, "after"));
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_TRUE((*after)->VerifyAll().ok());
+}
+
+}  // namespace
+}  // namespace flatshard
