@@ -74,7 +74,7 @@ class SimulatedWorker final : public WorkerClient {
   absl::Status Configure(const v1::ConfigureRequest&, absl::Time) override {
     return absl::OkStatus();
   }
-  absl::Status Abort(const std::string&, absl::Time) override { return absl::OkStatus(); }
+  absl::Status Abort(uint64_t, const std::string&, absl::Time) override { return absl::OkStatus(); }
   absl::StatusOr<v1::GetStatusResponse> GetStatus(absl::Time) override {
     return v1::GetStatusResponse();
   }

@@ -10,6 +10,8 @@
 
 #include "CLI/CLI.hpp"
 
+#include "client/flatshard_client.h"
+
 namespace flatshard {
 
 class CheckpointCommands {
@@ -27,7 +29,7 @@ class CheckpointCommands {
   int Verify(std::ostream& out, std::ostream& err);
   int Convert(bool consolidate, std::ostream& out, std::ostream& err);
 
-  std::string coordinator_ = "127.0.0.1:7070";
+  CoordinatorTarget coordinator_;
   bool json_ = false;
   std::string job_;
   std::string name_;

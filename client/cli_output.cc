@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "google/protobuf/util/json_util.h"
+#include "rpc/tls_flags.h"
 
 namespace flatshard {
 
@@ -20,6 +21,9 @@ int ExitCodeFor(const absl::Status& status) {
     case absl::StatusCode::kFailedPrecondition:
     case absl::StatusCode::kOutOfRange:
     case absl::StatusCode::kUnimplemented:
+    case absl::StatusCode::kUnauthenticated:
+    case absl::StatusCode::kPermissionDenied:
+    case absl::StatusCode::kResourceExhausted:
       return kExitRefused;
     case absl::StatusCode::kUnavailable:
       return absl::StartsWith(status.message(), "no coordinator at") ? kExitUnreachable
@@ -72,12 +76,22 @@ std::string FormatMillis(double seconds) {
   return FormatSeconds(seconds);
 }
 
-void AddCoordinatorOption(CLI::App* command, std::string& coordinator) {
+void AddCoordinatorOption(CLI::App* command, CoordinatorTarget& coordinator) {
   command
-      ->add_option("--coordinator,-c", coordinator,
+      ->add_option("--coordinator,-c", coordinator.address,
                    "Coordinator address (env FLATSHARD_COORDINATOR)")
       ->envname("FLATSHARD_COORDINATOR")
       ->capture_default_str();
+  AddTlsFlags(*command, coordinator.tls, "the coordinator");
+  command
+      ->add_option("--token", coordinator.token,
+                   "Bearer token for the coordinator's --tokens-file (env FLATSHARD_TOKEN)")
+      ->envname("FLATSHARD_TOKEN");
+  command
+      ->add_option("--token-file", coordinator.token_file,
+                   "File whose first line is the token (env FLATSHARD_TOKEN_FILE; `flatshard up "
+                   "--tls` writes one)")
+      ->envname("FLATSHARD_TOKEN_FILE");
 }
 
 void AddJobOption(CLI::App* command, std::string& job) {

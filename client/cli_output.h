@@ -15,6 +15,8 @@
 #include "absl/status/status.h"
 #include "google/protobuf/message.h"
 
+#include "client/flatshard_client.h"
+
 namespace flatshard {
 
 inline constexpr int kExitOk = 0;
@@ -31,9 +33,10 @@ int ReportError(const std::string& command, const absl::Status& status, std::ost
 void PrintTable(const std::vector<std::string>& header,
                 const std::vector<std::vector<std::string>>& rows, std::ostream& out);
 
-// The options every cluster subcommand takes.
-void AddCoordinatorOption(CLI::App* command,
-                          std::string& coordinator);     // -c, env FLATSHARD_COORDINATOR
+// The options every cluster subcommand takes: -c (env FLATSHARD_COORDINATOR),
+// --tls-cert/--tls-key/--tls-ca (FLATSHARD_TLS_*), --token (FLATSHARD_TOKEN)
+// and --token-file (FLATSHARD_TOKEN_FILE).
+void AddCoordinatorOption(CLI::App* command, CoordinatorTarget& coordinator);
 void AddJobOption(CLI::App* command, std::string& job);  // -j, env FLATSHARD_JOB, required
 
 // A message as --json prints it (proto field names, defaults included).

@@ -11,6 +11,7 @@
 
 #include "CLI/CLI.hpp"
 
+#include "client/flatshard_client.h"
 #include "flatshard/v1/job.pb.h"
 
 namespace flatshard {
@@ -38,7 +39,7 @@ class ClusterCommands {
   int Summon(std::ostream& out, std::ostream& err);
   int Watch(std::ostream& out, std::ostream& err);
 
-  std::string coordinator_ = "127.0.0.1:7070";
+  CoordinatorTarget coordinator_;
   bool json_ = false;
   std::string job_;
   std::string job_file_;

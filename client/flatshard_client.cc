@@ -1,12 +1,18 @@
 #include "client/flatshard_client.h"
 
+#include <fstream>
+#include <optional>
+
 #include <grpcpp/client_context.h>
 #include <grpcpp/create_channel.h>
 #include <grpcpp/security/credentials.h>
 #include <grpcpp/support/channel_arguments.h>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "rpc/call_metadata.h"
 
+#include "core/status_macros.h"
 #include "proto/grpc_status.h"
 
 namespace flatshard {
@@ -21,26 +27,58 @@ void SetDeadline(grpc::ClientContext& context, absl::Duration timeout) {
 
 }  // namespace
 
-FlatshardClient::FlatshardClient(const std::string& address) : address_(address) {
+FlatshardClient::FlatshardClient(const std::string& address)
+    : FlatshardClient(CoordinatorTarget{address, {}, "", ""}) {}
+
+FlatshardClient::FlatshardClient(const CoordinatorTarget& target) : address_(target.address) {
+  absl::StatusOr<std::optional<TlsMaterial>> tls = LoadTls(target.tls, TlsRole::kClient);
+  token_ = target.token;
+  if (!tls.ok()) {
+    setup_ = tls.status();
+  } else if (token_.empty() && !target.token_file.empty()) {
+    std::ifstream in(target.token_file);
+    if (!in || !std::getline(in, token_) || token_.empty()) {
+      setup_ = absl::InvalidArgumentError(absl::StrCat(
+          "--token-file '", target.token_file, "' cannot be read or its first line is empty"));
+    }
+    token_ = std::string(absl::StripAsciiWhitespace(token_));
+  }
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  const TlsMaterial* material = tls.ok() && tls->has_value() ? &**tls : nullptr;
   stub_ = v1::JobService::NewStub(
-      grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+      grpc::CreateCustomChannel(target.address, ChannelCredentials(material), args));
+}
+
+absl::Status FlatshardClient::Prepare(grpc::ClientContext& context) const {
+  if (!setup_.ok()) return setup_;
+  if (!token_.empty()) context.AddMetadata(kAuthorizationKey, "Bearer " + token_);
+  return absl::OkStatus();
 }
 
 absl::Status FlatshardClient::Error(const grpc::Status& status) const {
   absl::Status s = FromGrpcStatus(status);
-  if (status.error_code() == grpc::StatusCode::UNAVAILABLE &&
-      status.error_message().find("connect") != std::string::npos) {
-    return absl::UnavailableError(absl::StrCat("no coordinator at ", address_, " (",
-                                               status.error_message(),
-                                               "); start one with `flatshard up`"));
+  if (status.error_code() != grpc::StatusCode::UNAVAILABLE) return s;
+  const std::string& message = status.error_message();
+  // A TLS server closes a plaintext connection, and a mutual-TLS server one
+  // without a client certificate, before any call: say that, not "no
+  // coordinator".
+  if (message.find("failed to connect") == std::string::npos) return s;  // from the server
+  if (message.find("Socket closed") != std::string::npos ||
+      message.find("andshake") != std::string::npos || message.find("SSL") != std::string::npos ||
+      message.find("ssl") != std::string::npos) {
+    return absl::UnavailableError(absl::StrCat(
+        "the coordinator at ", address_, " refused the connection during setup (", message,
+        "): it serves TLS; give --tls-ca (FLATSHARD_TLS_CA), and --tls-cert/--tls-key when it "
+        "requires client certificates"));
   }
-  return s;
+  return absl::UnavailableError(absl::StrCat("no coordinator at ", address_, " (", message,
+                                             "); start one with `flatshard up`"));
 }
 
 absl::StatusOr<v1::Job> FlatshardClient::CreateJob(const v1::JobSpec& spec) {
   grpc::ClientContext context;
+  RETURN_IF_ERROR(Prepare(context));
   SetDeadline(context, kUnaryTimeout);
   v1::CreateJobRequest request;
   *request.mutable_spec() = spec;
@@ -52,6 +90,7 @@ absl::StatusOr<v1::Job> FlatshardClient::CreateJob(const v1::JobSpec& spec) {
 
 absl::StatusOr<v1::Job> FlatshardClient::GetJob(const std::string& name) {
   grpc::ClientContext context;
+  RETURN_IF_ERROR(Prepare(context));
   SetDeadline(context, kUnaryTimeout);
   v1::GetJobRequest request;
   request.set_name(name);
@@ -63,6 +102,7 @@ absl::StatusOr<v1::Job> FlatshardClient::GetJob(const std::string& name) {
 
 absl::Status FlatshardClient::DeleteJob(const std::string& name) {
   grpc::ClientContext context;
+  RETURN_IF_ERROR(Prepare(context));
   SetDeadline(context, kUnaryTimeout);
   v1::DeleteJobRequest request;
   request.set_name(name);
@@ -73,6 +113,7 @@ absl::Status FlatshardClient::DeleteJob(const std::string& name) {
 
 absl::StatusOr<std::string> FlatshardClient::Plan(const v1::JobSpec& spec) {
   grpc::ClientContext context;
+  RETURN_IF_ERROR(Prepare(context));
   SetDeadline(context, kUnaryTimeout);
   v1::PlanRequest request;
   *request.mutable_spec() = spec;
@@ -84,6 +125,7 @@ absl::StatusOr<std::string> FlatshardClient::Plan(const v1::JobSpec& spec) {
 
 absl::StatusOr<std::vector<v1::WorkerInfo>> FlatshardClient::ListWorkers(const std::string& job) {
   grpc::ClientContext context;
+  RETURN_IF_ERROR(Prepare(context));
   SetDeadline(context, kUnaryTimeout);
   v1::ListWorkersRequest request;
   request.set_job(job);
@@ -105,6 +147,7 @@ absl::Status FlatshardClient::Train(const std::string& job, int64_t steps, int n
 absl::Status FlatshardClient::Train(const v1::TrainRequest& request,
                                     const std::function<void(const v1::StepResult&)>& on_step) {
   grpc::ClientContext context;
+  RETURN_IF_ERROR(Prepare(context));
   std::unique_ptr<grpc::ClientReader<v1::StepResult>> reader = stub_->Train(&context, request);
   v1::StepResult result;
   while (reader->Read(&result)) on_step(result);
@@ -114,6 +157,7 @@ absl::Status FlatshardClient::Train(const v1::TrainRequest& request,
 
 absl::StatusOr<v1::StopTrainingResponse> FlatshardClient::StopTraining(const std::string& job) {
   grpc::ClientContext context;
+  RETURN_IF_ERROR(Prepare(context));
   SetDeadline(context, kUnaryTimeout);
   v1::StopTrainingRequest request;
   request.set_job(job);
@@ -125,6 +169,7 @@ absl::StatusOr<v1::StopTrainingResponse> FlatshardClient::StopTraining(const std
 
 absl::Status FlatshardClient::Unshard(const std::string& job, const std::vector<int>& units) {
   grpc::ClientContext context;
+  RETURN_IF_ERROR(Prepare(context));
   SetDeadline(context, kUnaryTimeout);
   v1::UnshardRequest request;
   request.set_job(job);
@@ -136,6 +181,7 @@ absl::Status FlatshardClient::Unshard(const std::string& job, const std::vector<
 
 absl::Status FlatshardClient::Reshard(const std::string& job, const std::vector<int>& units) {
   grpc::ClientContext context;
+  RETURN_IF_ERROR(Prepare(context));
   SetDeadline(context, kUnaryTimeout);
   v1::ReshardRequest request;
   request.set_job(job);
@@ -149,6 +195,7 @@ absl::Status FlatshardClient::SummonFullParams(
     const std::string& job, bool with_grads, int64_t chunk_bytes,
     const std::function<absl::Status(const v1::TensorChunk&)>& on_chunk) {
   grpc::ClientContext context;
+  RETURN_IF_ERROR(Prepare(context));
   v1::SummonFullParamsRequest request;
   request.set_job(job);
   request.set_with_grads(with_grads);
@@ -172,6 +219,7 @@ absl::Status FlatshardClient::SummonFullParams(
 absl::StatusOr<v1::StateDictSettings> FlatshardClient::SetStateDictSettings(
     const std::string& job, const v1::StateDictSettings& settings) {
   grpc::ClientContext context;
+  RETURN_IF_ERROR(Prepare(context));
   SetDeadline(context, kUnaryTimeout);
   v1::SetStateDictSettingsRequest request;
   request.set_job(job);
@@ -204,6 +252,7 @@ absl::StatusOr<v1::CheckpointProgress> FlatshardClient::SaveCheckpoint(
     const v1::SaveCheckpointRequest& request,
     const std::function<void(const v1::CheckpointProgress&)>& on_progress) {
   grpc::ClientContext context;
+  RETURN_IF_ERROR(Prepare(context));
   std::unique_ptr<grpc::ClientReader<v1::CheckpointProgress>> reader =
       stub_->SaveCheckpoint(&context, request);
   absl::StatusOr<v1::CheckpointProgress> last = LastProgress(*reader, on_progress);
@@ -215,6 +264,7 @@ absl::StatusOr<v1::CheckpointProgress> FlatshardClient::SaveCheckpoint(
 absl::StatusOr<v1::CheckpointProgress> FlatshardClient::LoadCheckpoint(const std::string& job,
                                                                        const std::string& name) {
   grpc::ClientContext context;
+  RETURN_IF_ERROR(Prepare(context));
   v1::LoadCheckpointRequest request;
   request.set_job(job);
   request.set_name(name);
@@ -229,6 +279,7 @@ absl::StatusOr<v1::CheckpointProgress> FlatshardClient::LoadCheckpoint(const std
 absl::StatusOr<std::vector<v1::CheckpointInfo>> FlatshardClient::ListCheckpoints(
     const std::string& job) {
   grpc::ClientContext context;
+  RETURN_IF_ERROR(Prepare(context));
   SetDeadline(context, kUnaryTimeout);
   v1::ListCheckpointsRequest request;
   request.set_job(job);
@@ -241,6 +292,7 @@ absl::StatusOr<std::vector<v1::CheckpointInfo>> FlatshardClient::ListCheckpoints
 
 absl::Status FlatshardClient::DeleteCheckpoint(const std::string& job, const std::string& name) {
   grpc::ClientContext context;
+  RETURN_IF_ERROR(Prepare(context));
   SetDeadline(context, kUnaryTimeout);
   v1::DeleteCheckpointRequest request;
   request.set_job(job);
@@ -253,6 +305,7 @@ absl::Status FlatshardClient::DeleteCheckpoint(const std::string& job, const std
 absl::Status FlatshardClient::WatchEvents(
     const std::string& job, const std::function<bool(const v1::JobEvent&)>& on_event) {
   grpc::ClientContext context;
+  RETURN_IF_ERROR(Prepare(context));
   v1::WatchEventsRequest request;
   request.set_job(job);
   std::unique_ptr<grpc::ClientReader<v1::JobEvent>> reader = stub_->WatchEvents(&context, request);
@@ -272,6 +325,7 @@ absl::StatusOr<v1::JobState> FlatshardClient::WaitForState(const std::string& jo
                                                            const std::set<v1::JobState>& states,
                                                            absl::Duration timeout) {
   grpc::ClientContext context;
+  RETURN_IF_ERROR(Prepare(context));
   SetDeadline(context, timeout);
   v1::WatchEventsRequest request;
   request.set_job(job);

@@ -11,18 +11,31 @@
 #include <string>
 #include <vector>
 
+#include <grpcpp/client_context.h>
+
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "rpc/tls_credentials.h"
 
 #include "flatshard/v1/job.grpc.pb.h"
 
 namespace flatshard {
 
+// Where the coordinator is and how to prove who we are to it.
+struct CoordinatorTarget {
+  std::string address = "127.0.0.1:7070";  // -c, FLATSHARD_COORDINATOR
+  TlsFiles tls;                            // --tls-*, FLATSHARD_TLS_*
+  std::string token;                       // --token, FLATSHARD_TOKEN
+  std::string token_file;                  // --token-file, FLATSHARD_TOKEN_FILE
+};
+
 class FlatshardClient {
  public:
   // Does not connect yet; the first call does (and fails UNAVAILABLE naming
-  // the address if nothing listens there).
-  explicit FlatshardClient(const std::string& address);
+  // the address if nothing listens there). A bad TLS or token file fails
+  // every call with INVALID_ARGUMENT naming it.
+  explicit FlatshardClient(const std::string& address);  // plaintext, no token
+  explicit FlatshardClient(const CoordinatorTarget& target);
 
   const std::string& address() const { return address_; }
 
@@ -69,8 +82,12 @@ class FlatshardClient {
 
  private:
   absl::Status Error(const grpc::Status& status) const;
+  // The token on the call; the setup error if the target's files were bad.
+  absl::Status Prepare(grpc::ClientContext& context) const;
 
   std::string address_;
+  absl::Status setup_;
+  std::string token_;
   std::unique_ptr<v1::JobService::Stub> stub_;
 };
 

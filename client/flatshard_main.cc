@@ -6,6 +6,7 @@
 #include "client/checkpoint_commands.h"
 #include "client/cluster_commands.h"
 #include "client/plan_command.h"
+#include "client/security_commands.h"
 #include "client/up_command.h"
 
 namespace {
@@ -26,6 +27,8 @@ int Run(int argc, char** argv) {
   cluster.Add(app);
   flatshard::CheckpointCommands checkpoints;
   checkpoints.Add(app);
+  flatshard::SecurityCommands security;
+  security.Add(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -35,6 +38,7 @@ int Run(int argc, char** argv) {
   if (plan->parsed()) return flatshard::RunPlanCommand(plan_options, std::cout, std::cerr);
   if (up->parsed()) return flatshard::RunUpCommand(up_options, std::cout, std::cerr);
   if (int code = checkpoints.Run(std::cout, std::cerr); code >= 0) return code;
+  if (int code = security.Run(std::cout, std::cerr); code >= 0) return code;
   return cluster.Run(std::cout, std::cerr);
 }
 

@@ -11,7 +11,9 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "rpc/secrets.h"
 
+#include "client/cluster_security.h"
 #include "core/status_macros.h"
 
 namespace flatshard {
@@ -54,6 +56,9 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
     cluster->own_state_dir_ = true;
   }
   RETURN_IF_ERROR(cluster->StartCoordinator(options.listen));
+  cluster->command_token_ = RandomSecret();
+  const std::string command_token_file = cluster->state_dir_ + "/command.token";
+  RETURN_IF_ERROR(WritePrivateFile(command_token_file, cluster->command_token_ + "\n"));
   std::error_code ec;
   std::filesystem::create_directories(options.checkpoint_dir, ec);
   for (int i = 0; i < options.workers; ++i) {
@@ -77,13 +82,16 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
                                      "--device",
                                      options.device,
                                      "--comm",
-                                     options.comm};
+                                     options.comm,
+                                     "--command-token-file",
+                                     command_token_file};
     if (options.device == "cuda") {
       const int gpu =
           options.gpus.empty() ? i : options.gpus[static_cast<size_t>(i) % options.gpus.size()];
       args.insert(args.end(), {"--gpu", absl::StrCat(gpu)});
     }
     if (options.device == "sim") args.insert(args.end(), {"--sim-seed", absl::StrCat(i + 1)});
+    args.insert(args.end(), options.every_worker_flags.begin(), options.every_worker_flags.end());
     if (auto extra = options.worker_flags.find(i); extra != options.worker_flags.end()) {
       args.insert(args.end(), extra->second.begin(), extra->second.end());
     }
@@ -115,13 +123,21 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
 absl::Status LocalCluster::StartCoordinator(const std::string& listen) {
   const LocalClusterOptions& options = options_;
   const std::string& state_dir = state_dir_;
-  ASSIGN_OR_RETURN(
-      coordinator_,
-      ChildProcess::Spawn({bin_ + "/flatshard-coordinator", "--listen", listen,
-                           "--heartbeat-interval", Number(options.heartbeat_interval_s),
-                           "--heartbeat-timeout", Number(options.heartbeat_timeout_s),
-                           "--checkpoint-root", options.checkpoint_dir, "--state-dir", state_dir,
-                           "--metrics-listen", options.metrics ? "127.0.0.1:0" : ""}));
+  std::vector<std::string> args = {bin_ + "/flatshard-coordinator",
+                                   "--listen",
+                                   listen,
+                                   "--heartbeat-interval",
+                                   Number(options.heartbeat_interval_s),
+                                   "--heartbeat-timeout",
+                                   Number(options.heartbeat_timeout_s),
+                                   "--checkpoint-root",
+                                   options.checkpoint_dir,
+                                   "--state-dir",
+                                   state_dir,
+                                   "--metrics-listen",
+                                   options.metrics ? "127.0.0.1:0" : ""};
+  args.insert(args.end(), options.coordinator_flags.begin(), options.coordinator_flags.end());
+  ASSIGN_OR_RETURN(coordinator_, ChildProcess::Spawn(args));
   ASSIGN_OR_RETURN(std::string banner, coordinator_->ReadLine(options.start_timeout));
   if (!absl::StartsWith(banner, kCoordinatorBanner)) {
     return absl::InternalError(

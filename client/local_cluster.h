@@ -38,6 +38,10 @@ struct LocalClusterOptions {
   absl::Duration start_timeout = absl::Seconds(60);
   // More flags for worker i (tests: --inject-file-faults on one rank).
   std::map<int, std::vector<std::string>> worker_flags;
+  // More flags for the coordinator and for every worker (TLS, tokens: see
+  // client/cluster_security.h).
+  std::vector<std::string> coordinator_flags;
+  std::vector<std::string> every_worker_flags;
   // A command worker i runs under (tests: {"ip", "netns", "exec", NS} puts it
   // in a network namespace).
   std::map<int, std::vector<std::string>> worker_command_prefix;
@@ -49,6 +53,9 @@ class LocalCluster {
   ~LocalCluster();
 
   const std::string& address() const { return address_; }
+  // The command token every worker shares (--command-token-file): what a
+  // test needs to call a worker directly, as the coordinator does.
+  const std::string& command_token() const { return command_token_; }
   ChildProcess& coordinator() { return *coordinator_; }
   ChildProcess& worker(int i) { return *workers_[static_cast<size_t>(i)]; }
   int num_workers() const { return static_cast<int>(workers_.size()); }
@@ -82,6 +89,7 @@ class LocalCluster {
   std::string state_dir_;
   bool own_state_dir_ = false;  // a temporary one: removed with the cluster
   std::string address_;
+  std::string command_token_;
   std::unique_ptr<ChildProcess> coordinator_;
   std::vector<std::unique_ptr<ChildProcess>> workers_;
   std::vector<std::vector<std::string>> worker_args_;

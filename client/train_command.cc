@@ -42,7 +42,7 @@ std::string WhoAmI() {
 // stop the training, the second leaves it running and exits.
 class InterruptHandler {
  public:
-  InterruptHandler(std::string coordinator, std::string job, std::ostream& err)
+  InterruptHandler(CoordinatorTarget coordinator, std::string job, std::ostream& err)
       : coordinator_(std::move(coordinator)), job_(std::move(job)), err_(err) {
     sigemptyset(&signals_);
     sigaddset(&signals_, SIGINT);
@@ -83,7 +83,7 @@ class InterruptHandler {
     }
   }
 
-  const std::string coordinator_;
+  const CoordinatorTarget coordinator_;
   const std::string job_;
   std::ostream& err_;
   sigset_t signals_;
@@ -189,9 +189,10 @@ int ClusterCommands::Train(std::ostream& out, std::ostream& err) {
   }
   if (status.code() == absl::StatusCode::kUnavailable) {
     // The coordinator went away mid-stream (or never answered).
-    err << "flatshard train: the stream from the coordinator at " << coordinator_ << " was cut"
-        << (done > 0 ? absl::StrCat(" after step ", last_step) : std::string()) << ": "
-        << status.message() << "\nThe training goes on wherever the coordinator is running; "
+    err << "flatshard train: the stream from the coordinator at " << coordinator_.address
+        << " was cut" << (done > 0 ? absl::StrCat(" after step ", last_step) : std::string())
+        << ": " << status.message()
+        << "\nThe training goes on wherever the coordinator is running; "
         << "once it is back (its state dir keeps the job), `flatshard train --attach -j " << job_
         << "` follows it again.\n";
     return ExitCodeFor(status);

@@ -4,10 +4,12 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 
 #include "client/cli_output.h"
+#include "client/cluster_security.h"
 #include "client/flatshard_client.h"
 #include "core/job_spec_yaml.h"
 
@@ -55,6 +57,12 @@ CLI::App* AddUpCommand(CLI::App& app, UpCommandOptions& o) {
   up->add_option("--state-dir", o.cluster.state_dir,
                  "The coordinator's durable state (default: <checkpoint-dir>/.coordinator-state); "
                  "an `up` on the same state dir continues the job it holds");
+  up->add_flag("--tls", o.tls,
+               "Secure the cluster: mutual TLS on every channel (a CA and certificates made once "
+               "in --security-dir), a fresh admin token and worker join token, an audit log");
+  up->add_option("--security-dir", o.security_dir,
+                 "Where --tls keeps its certificates and tokens (default: "
+                 "<checkpoint-dir>/.security)");
   up->add_flag("--prometheus", o.prometheus,
                "Also run Prometheus (the Debian package) scraping every daemon, with "
                "flatshard's alert rules; prints its URL");
@@ -96,7 +104,22 @@ int RunUpCommand(const UpCommandOptions& o, std::ostream& out, std::ostream& err
   if (cluster_options.state_dir.empty()) {
     cluster_options.state_dir = o.cluster.checkpoint_dir + "/.coordinator-state";
   }
-  out << "starting a coordinator and " << o.cluster.workers << " workers..." << std::endl;
+  std::optional<ClusterSecurity> security;
+  if (o.tls) {
+    const std::string dir =
+        o.security_dir.empty() ? o.cluster.checkpoint_dir + "/.security" : o.security_dir;
+    absl::StatusOr<ClusterSecurity> prepared = PrepareClusterSecurity(dir);
+    if (!prepared.ok()) return ReportError("up --tls", prepared.status(), err);
+    security = *std::move(prepared);
+    const std::vector<std::string> c = security->CoordinatorFlags();
+    const std::vector<std::string> w = security->WorkerFlags();
+    cluster_options.coordinator_flags.insert(cluster_options.coordinator_flags.end(), c.begin(),
+                                             c.end());
+    cluster_options.every_worker_flags.insert(cluster_options.every_worker_flags.end(), w.begin(),
+                                              w.end());
+  }
+  out << "starting a coordinator and " << o.cluster.workers << " workers"
+      << (security ? " (mutual TLS, tokens)" : "") << "..." << std::endl;
   absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(cluster_options);
   if (!cluster.ok()) return ReportError("up", cluster.status(), err);
   out << "coordinator: " << (*cluster)->address() << "\n";
@@ -116,7 +139,8 @@ int RunUpCommand(const UpCommandOptions& o, std::ostream& out, std::ostream& err
   if (!o.job_file.empty()) {
     absl::StatusOr<v1::JobSpec> spec = LoadJobSpecFile(o.job_file);
     if (!spec.ok()) return ReportError("up", spec.status(), err);
-    FlatshardClient client((*cluster)->address());
+    FlatshardClient client(security ? security->AdminTarget((*cluster)->address())
+                                    : CoordinatorTarget{(*cluster)->address(), {}, "", ""});
     absl::StatusOr<v1::Job> job = client.CreateJob(*spec);
     if (job.status().code() == absl::StatusCode::kAlreadyExists) {
       // The state dir brought it back: continue it rather than refuse.
@@ -145,6 +169,13 @@ int RunUpCommand(const UpCommandOptions& o, std::ostream& out, std::ostream& err
   }
   const std::string c = absl::StrCat(" -c ", (*cluster)->address());
   out << "\nThe cluster is up. From another terminal:\n";
+  if (security) {
+    out << "  export FLATSHARD_TLS_CERT=" << security->admin.cert
+        << " FLATSHARD_TLS_KEY=" << security->admin.key
+        << " FLATSHARD_TLS_CA=" << security->admin.ca
+        << "\n  export FLATSHARD_TOKEN_FILE=" << security->admin_token_file
+        << "   # the admin token of this cluster (audit log: " << security->dir << "/audit.log)\n";
+  }
   if (job_name.empty()) {
     out << "  flatshard job create" << c << " -f examples/mlp-job.yaml\n";
     job_name = "mlp-demo";

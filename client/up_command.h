@@ -19,6 +19,8 @@ struct UpCommandOptions {
   std::string job_file;      // create this job once the workers are up
   std::string address_file;  // write the coordinator's address here
   bool prometheus = false;   // also run a Prometheus scraping the cluster
+  bool tls = false;          // mutual TLS and tokens (client/cluster_security.h)
+  std::string security_dir;  // default: <checkpoint-dir>/.security
   LocalPrometheusOptions prometheus_options;
 };
 

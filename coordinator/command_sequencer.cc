@@ -84,7 +84,8 @@ void CommandSequencer::AbortAll(const std::string& reason) {
   aborts.reserve(workers_.size());
   const absl::Time deadline = absl::Now() + kProbeTimeout;
   for (WorkerClient* worker : workers_) {
-    aborts.emplace_back([worker, &reason, deadline] { (void)worker->Abort(reason, deadline); });
+    aborts.emplace_back(
+        [this, worker, &reason, deadline] { (void)worker->Abort(epoch_, reason, deadline); });
   }
   for (std::thread& t : aborts) t.join();
 }

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "CLI/CLI.hpp"
@@ -19,14 +20,20 @@
 #include "metrics/scrape_collector.h"
 #include "prometheus/registry.h"
 #include "rpc/grpc_server.h"
+#include "rpc/listen_policy.h"
+#include "rpc/tls_credentials.h"
+#include "rpc/tls_flags.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
 
 #include "coordinator/coordinator.h"
 #include "coordinator/coordinator_metrics.h"
 #include "coordinator/grpc_worker_client.h"
+#include "coordinator/service/authenticator.h"
+#include "coordinator/service/guarded_job_service.h"
 #include "coordinator/service/job_service.h"
 #include "coordinator/service/membership_service.h"
+#include "coordinator/service/request_limits.h"
 #include "coordinator/state_store.h"
 
 namespace flatshard {
@@ -42,6 +49,11 @@ struct Flags {
   std::string checkpoint_root = "./checkpoints";
   std::string state_dir = "./flatshard-state";
   std::string metrics_listen;  // default: --listen's host, any port
+  TlsFiles tls;
+  std::string tokens_file;
+  std::string audit_log;
+  bool insecure = false;
+  RequestLimitSettings limits;
 };
 
 // Written whole then renamed, so a reader never sees half an address.
@@ -62,6 +74,41 @@ int Run(const Flags& f) {
     std::cerr << "flatshard-coordinator: --heartbeat-timeout (" << f.heartbeat_timeout_s
               << ") must exceed --heartbeat-interval (" << f.heartbeat_interval_s
               << "), which must be positive\n";
+    return 2;
+  }
+  absl::StatusOr<std::optional<TlsMaterial>> tls = LoadTls(f.tls, TlsRole::kServer);
+  if (!tls.ok()) {
+    std::cerr << "flatshard-coordinator: " << tls.status().message() << "\n";
+    return 2;
+  }
+  const TlsMaterial* tls_material = tls->has_value() ? &**tls : nullptr;
+  AuthenticatorOptions auth_options;
+  auth_options.mutual_tls = tls_material != nullptr && !tls_material->ca_pem.empty();
+  auth_options.audit_log_path = f.audit_log;
+  if (!f.tokens_file.empty()) {
+    absl::StatusOr<TokenTable> tokens = TokenTable::Load(f.tokens_file);
+    if (!tokens.ok()) {
+      std::cerr << "flatshard-coordinator: " << tokens.status().message() << "\n";
+      return 2;
+    }
+    auth_options.tokens = *std::move(tokens);
+  }
+  absl::StatusOr<std::unique_ptr<Authenticator>> auth = Authenticator::Create(auth_options);
+  if (!auth.ok()) {
+    std::cerr << "flatshard-coordinator: " << auth.status().message() << "\n";
+    return 2;
+  }
+  if (absl::Status exposed = CheckListenExposure(
+          "--listen", f.listen, tls_material != nullptr && !(*auth)->open(),
+          "TLS (--tls-cert/--tls-key) and authenticated callers (--tokens-file or --tls-ca)",
+          f.insecure);
+      !exposed.ok()) {
+    std::cerr << "flatshard-coordinator: " << exposed.message() << "\n";
+    return 2;
+  }
+  if (f.limits.max_streams_per_client < 1 || f.limits.expensive_calls_per_minute < 1) {
+    std::cerr << "flatshard-coordinator: --max-streams-per-client and "
+                 "--expensive-calls-per-minute must be at least 1\n";
     return 2;
   }
   sigset_t signals;
@@ -92,8 +139,11 @@ int Run(const Flags& f) {
   options.job.batch_timeout = absl::Seconds(f.batch_timeout_s);
   options.job.checkpoint_root = f.checkpoint_root;
   options.job.observer = &metrics;
-  options.job.connect = [](const WorkerRecord& worker) -> std::unique_ptr<WorkerClient> {
-    return std::make_unique<GrpcWorkerClient>(worker.address);
+  std::shared_ptr<grpc::ChannelCredentials> worker_credentials = ChannelCredentials(tls_material);
+  options.job.connect =
+      [worker_credentials](const WorkerRecord& worker) -> std::unique_ptr<WorkerClient> {
+    return std::make_unique<GrpcWorkerClient>(worker.address, worker_credentials,
+                                              worker.command_token);
   };
   auto coordinator = std::make_unique<Coordinator>(options);
   if (absl::Status restored = coordinator->RestoreState(); !restored.ok()) {
@@ -101,14 +151,17 @@ int Run(const Flags& f) {
     return 1;
   }
   MembershipService membership(&coordinator->members(), &coordinator->store(),
-                               options.heartbeat_interval);
+                               options.heartbeat_interval, auth->get());
   Coordinator* c = coordinator.get();
   membership.set_abort_query([c](const std::string& id) { return c->AbortEpochFor(id); });
   JobServiceImpl jobs(c);
+  RequestLimits limits(f.limits);
+  GuardedJobService guarded_jobs(&jobs, auth->get(), &limits);
   GrpcServer::Interceptors interceptors;
   interceptors.push_back(RpcMetricsInterceptor(*registry));
   absl::StatusOr<std::unique_ptr<GrpcServer>> server =
-      GrpcServer::Start(f.listen, {&membership, &jobs}, std::move(interceptors));
+      GrpcServer::Start(f.listen, {&membership, &guarded_jobs}, std::move(interceptors),
+                        ServerCredentials(tls_material));
   if (!server.ok()) {
     std::cerr << "flatshard-coordinator: --listen: " << server.status().message() << "\n";
     return 1;
@@ -133,6 +186,12 @@ int Run(const Flags& f) {
     return 1;
   }
   std::cout << "flatshard-coordinator listening on " << address << std::endl;
+  spdlog::info("flatshard-coordinator: {}, {}",
+               tls_material == nullptr   ? "plaintext"
+               : auth_options.mutual_tls ? "TLS with client certificates (mutual TLS)"
+                                         : "TLS",
+               (*auth)->open() ? "open to every caller (no --tokens-file or --tls-ca)"
+                               : "callers authenticated");
   if (metrics_server != nullptr) {
     std::cout << "flatshard-coordinator metrics on " << metrics_server->address() << std::endl;
   }
@@ -190,6 +249,22 @@ int Main(int argc, char** argv) {
                      "at start; empty: no metrics)");
   app.add_option("--address-file", f.address_file,
                  "Write the address served on (host:port) to this file once listening");
+  flatshard::AddTlsFlags(app, f.tls, "clients and workers");
+  app.add_option("--tokens-file", f.tokens_file,
+                 "Bearer tokens, one per line '<sha256-hex> <name> <role>' (roles viewer, "
+                 "operator, admin; worker for join tokens); make them with `flatshard token "
+                 "create`. With it, every JobService call needs a token");
+  app.add_option("--audit-log", f.audit_log,
+                 "Append one line per state-changing call (who, what, when, result) to this file");
+  app.add_flag("--insecure", f.insecure,
+               "Serve on an address other hosts can reach without TLS and authentication (a "
+               "trusted private network only; warns at every start)");
+  app.add_option("--max-streams-per-client", f.limits.max_streams_per_client,
+                 "Concurrent streaming calls (train, watch, summon, checkpoints) per client")
+      ->capture_default_str();
+  app.add_option("--expensive-calls-per-minute", f.limits.expensive_calls_per_minute,
+                 "Plan, SummonFullParams and SaveCheckpoint calls per client per minute")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   if (metrics_listen->count() == 0) {
     f.metrics_listen = flatshard::MetricsServer::DefaultAddress(f.listen);

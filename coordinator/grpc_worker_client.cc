@@ -4,6 +4,8 @@
 #include <grpcpp/security/credentials.h>
 #include <grpcpp/support/channel_arguments.h>
 
+#include "rpc/call_metadata.h"
+
 #include "proto/grpc_status.h"
 
 namespace flatshard {
@@ -14,9 +16,11 @@ constexpr int kMaxMessageBytes = 64 << 20;
 // Registers a blocking call's context for CancelAll while it runs.
 class BlockingCall {
  public:
-  BlockingCall(std::mutex& mu, std::set<grpc::ClientContext*>& set, absl::Time deadline)
+  BlockingCall(std::mutex& mu, std::set<grpc::ClientContext*>& set, absl::Time deadline,
+               const std::string& command_token)
       : mu_(mu), set_(set) {
     context_.set_deadline(absl::ToChronoTime(deadline));
+    context_.AddMetadata(kCommandTokenKey, command_token);
     std::lock_guard<std::mutex> lock(mu_);
     set_.insert(&context_);
   }
@@ -36,11 +40,14 @@ class BlockingCall {
 
 }  // namespace
 
-GrpcWorkerClient::GrpcWorkerClient(const std::string& address) : address_(address) {
+GrpcWorkerClient::GrpcWorkerClient(const std::string& address,
+                                   std::shared_ptr<grpc::ChannelCredentials> credentials,
+                                   std::string command_token)
+    : address_(address), command_token_(std::move(command_token)) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
-  stub_ = v1::WorkerService::NewStub(
-      grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+  stub_ = v1::WorkerService::NewStub(grpc::CreateCustomChannel(
+      address, credentials != nullptr ? credentials : grpc::InsecureChannelCredentials(), args));
 }
 
 GrpcWorkerClient::~GrpcWorkerClient() {
@@ -54,6 +61,7 @@ void GrpcWorkerClient::Execute(const v1::CommandBatch* batch, absl::Time deadlin
                                ExecuteDone done) {
   auto call = std::make_shared<Call>();
   call->context.set_deadline(absl::ToChronoTime(deadline));
+  call->context.AddMetadata(kCommandTokenKey, command_token_);
   {
     std::lock_guard<std::mutex> lock(mu_);
     in_flight_.insert(call);
@@ -78,16 +86,19 @@ void GrpcWorkerClient::CancelAll() {
 }
 
 absl::Status GrpcWorkerClient::Configure(const v1::ConfigureRequest& request, absl::Time deadline) {
-  BlockingCall call(mu_, blocking_, deadline);
+  BlockingCall call(mu_, blocking_, deadline, command_token_);
   v1::ConfigureResponse response;
   return FromGrpcStatus(stub_->Configure(call.context(), request, &response));
 }
 
-absl::Status GrpcWorkerClient::Abort(const std::string& reason, absl::Time deadline) {
+absl::Status GrpcWorkerClient::Abort(uint64_t epoch, const std::string& reason,
+                                     absl::Time deadline) {
   grpc::ClientContext context;  // not cancellable: it is how failures end
   context.set_deadline(absl::ToChronoTime(deadline));
+  context.AddMetadata(kCommandTokenKey, command_token_);
   v1::AbortRequest request;
   request.set_reason(reason);
+  request.set_job_epoch(epoch);
   v1::AbortResponse response;
   return FromGrpcStatus(stub_->Abort(&context, request, &response));
 }
@@ -95,6 +106,7 @@ absl::Status GrpcWorkerClient::Abort(const std::string& reason, absl::Time deadl
 absl::StatusOr<v1::GetStatusResponse> GrpcWorkerClient::GetStatus(absl::Time deadline) {
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(deadline));
+  context.AddMetadata(kCommandTokenKey, command_token_);
   v1::GetStatusRequest request;
   v1::GetStatusResponse response;
   grpc::Status status = stub_->GetStatus(&context, request, &response);
@@ -104,7 +116,7 @@ absl::StatusOr<v1::GetStatusResponse> GrpcWorkerClient::GetStatus(absl::Time dea
 
 absl::StatusOr<v1::CommandResult> GrpcWorkerClient::AwaitSave(const std::string& directory,
                                                               absl::Time deadline) {
-  BlockingCall call(mu_, blocking_, deadline);
+  BlockingCall call(mu_, blocking_, deadline, command_token_);
   v1::AwaitSaveRequest request;
   request.set_directory(directory);
   v1::CommandResult response;
@@ -115,7 +127,7 @@ absl::StatusOr<v1::CommandResult> GrpcWorkerClient::AwaitSave(const std::string&
 
 absl::Status GrpcWorkerClient::Summon(const v1::CommandBatch& batch, absl::Time deadline,
                                       const ChunkSink& sink) {
-  BlockingCall call(mu_, blocking_, deadline);
+  BlockingCall call(mu_, blocking_, deadline, command_token_);
   std::unique_ptr<grpc::ClientReader<v1::TensorChunk>> reader =
       stub_->Summon(call.context(), batch);
   v1::TensorChunk chunk;

@@ -10,6 +10,7 @@
 #include <string>
 
 #include <grpcpp/client_context.h>
+#include <grpcpp/security/credentials.h>
 
 #include "coordinator/worker_client.h"
 #include "flatshard/v1/worker.grpc.pb.h"
@@ -18,13 +19,17 @@ namespace flatshard {
 
 class GrpcWorkerClient final : public WorkerClient {
  public:
-  explicit GrpcWorkerClient(const std::string& address);
+  // `credentials` null: plaintext. `command_token`: what the worker sent in its
+  // registration; every call carries it.
+  GrpcWorkerClient(const std::string& address,
+                   std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr,
+                   std::string command_token = "");
   ~GrpcWorkerClient() override;
 
   void Execute(const v1::CommandBatch* batch, absl::Time deadline, ExecuteDone done) override;
   void CancelAll() override;
   absl::Status Configure(const v1::ConfigureRequest& request, absl::Time deadline) override;
-  absl::Status Abort(const std::string& reason, absl::Time deadline) override;
+  absl::Status Abort(uint64_t epoch, const std::string& reason, absl::Time deadline) override;
   absl::StatusOr<v1::GetStatusResponse> GetStatus(absl::Time deadline) override;
   absl::StatusOr<v1::CommandResult> AwaitSave(const std::string& directory,
                                               absl::Time deadline) override;
@@ -39,6 +44,7 @@ class GrpcWorkerClient final : public WorkerClient {
   };
 
   std::string address_;
+  const std::string command_token_;
   std::unique_ptr<v1::WorkerService::Stub> stub_;
   std::mutex mu_;
   std::condition_variable idle_;

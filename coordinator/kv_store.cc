@@ -5,6 +5,37 @@
 #include "absl/strings/str_join.h"
 
 namespace flatshard {
+namespace {
+
+// The namespace a key's usage counts under: "job/<name>", else its first
+// path component.
+std::string JobNamespace(const std::string& key) {
+  size_t end = key.find('/');
+  if (key.starts_with("job/") && end != std::string::npos) end = key.find('/', end + 1);
+  return end == std::string::npos ? key : key.substr(0, end);
+}
+
+}  // namespace
+
+absl::Status KvStore::PutLocked(const std::string& key, std::string value) {
+  const std::string ns = JobNamespace(key);
+  Usage& usage = usage_[ns];
+  auto it = values_.find(key);
+  const size_t old_bytes = it == values_.end() ? 0 : it->first.size() + it->second.size();
+  const size_t new_bytes = key.size() + value.size();
+  if (it == values_.end() && usage.keys + 1 > max_keys_per_job_) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "rendezvous store limit keys_per_job (", max_keys_per_job_, ") reached for '", ns, "'"));
+  }
+  if (usage.bytes - old_bytes + new_bytes > max_bytes_per_job_) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "rendezvous store limit bytes_per_job (", max_bytes_per_job_, ") reached for '", ns, "'"));
+  }
+  if (it == values_.end()) ++usage.keys;
+  usage.bytes = usage.bytes - old_bytes + new_bytes;
+  values_[key] = std::move(value);
+  return absl::OkStatus();
+}
 
 absl::Status KvStore::CheckKey(const std::string& key) {
   if (key.empty()) return absl::InvalidArgumentError("key must not be empty");
@@ -24,7 +55,7 @@ absl::Status KvStore::Set(const std::string& key, std::string value) {
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
-    values_[key] = std::move(value);
+    if (absl::Status put = PutLocked(key, std::move(value)); !put.ok()) return put;
   }
   changed_.notify_all();
   return absl::OkStatus();
@@ -67,8 +98,11 @@ absl::StatusOr<int64_t> KvStore::Add(const std::string& key, int64_t delta) {
     if (it != values_.end() && !absl::SimpleAtoi(it->second, &value)) {
       return absl::InvalidArgumentError(absl::StrCat("key '", key, "' does not hold an integer"));
     }
-    value += delta;
-    values_[key] = std::to_string(value);
+    if (__builtin_add_overflow(value, delta, &value)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("store_add.delta ", delta, " overflows the integer at key '", key, "'"));
+    }
+    if (absl::Status put = PutLocked(key, std::to_string(value)); !put.ok()) return put;
   }
   changed_.notify_all();
   return value;
@@ -78,6 +112,12 @@ void KvStore::DeletePrefix(const std::string& prefix) {
   std::lock_guard<std::mutex> lock(mu_);
   const std::string start = prefix + "/";
   for (auto it = values_.lower_bound(start); it != values_.end() && it->first.starts_with(start);) {
+    auto usage = usage_.find(JobNamespace(it->first));
+    if (usage != usage_.end()) {
+      usage->second.keys -= 1;
+      usage->second.bytes -= it->first.size() + it->second.size();
+      if (usage->second.keys == 0) usage_.erase(usage);
+    }
     it = values_.erase(it);
   }
 }

@@ -22,7 +22,17 @@ class KvStore {
   // Limits that keep a misbehaving client from exhausting the coordinator.
   static constexpr size_t kMaxKeyBytes = 1024;
   static constexpr size_t kMaxValueBytes = 1 << 20;
+  // Per job ("job/<name>/..." keys; any other key counts under its first
+  // path component): a rendezvous needs a few keys per rank and communicator.
+  static constexpr size_t kDefaultMaxKeysPerJob = 1 << 16;
+  static constexpr size_t kDefaultMaxBytesPerJob = size_t{256} << 20;
 
+  explicit KvStore(size_t max_keys_per_job = kDefaultMaxKeysPerJob,
+                   size_t max_bytes_per_job = kDefaultMaxBytesPerJob)
+      : max_keys_per_job_(max_keys_per_job), max_bytes_per_job_(max_bytes_per_job) {}
+
+  // RESOURCE_EXHAUSTED naming the limit when the job's keys or bytes would
+  // exceed it.
   absl::Status Set(const std::string& key, std::string value);
   // NOT_FOUND when absent (no waiting: use Wait first).
   absl::StatusOr<std::string> Get(const std::string& key) const;
@@ -36,9 +46,18 @@ class KvStore {
   size_t size() const;
 
  private:
+  struct Usage {
+    size_t keys = 0;
+    size_t bytes = 0;
+  };
   static absl::Status CheckKey(const std::string& key);
+  // Stores `value` at `key`, within the job's limits. Holds mu_.
+  absl::Status PutLocked(const std::string& key, std::string value);
 
+  const size_t max_keys_per_job_;
+  const size_t max_bytes_per_job_;
   mutable std::mutex mu_;
+  std::map<std::string, Usage> usage_;  // by job namespace
   mutable std::condition_variable changed_;
   std::map<std::string, std::string> values_;
 };

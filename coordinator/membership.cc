@@ -3,12 +3,14 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "rpc/secrets.h"
 
 #include "core/device_kind.h"
 
 namespace flatshard {
 
-absl::StatusOr<int> MembershipTable::Register(const Registration& r, absl::Time now) {
+absl::StatusOr<MembershipTable::Registered> MembershipTable::Register(const Registration& r,
+                                                                      absl::Time now) {
   if (r.worker_id.empty()) {
     return absl::InvalidArgumentError("register.worker_id must not be empty");
   }
@@ -26,10 +28,21 @@ absl::StatusOr<int> MembershipTable::Register(const Registration& r, absl::Time 
     return absl::InvalidArgumentError(absl::StrCat("register.requested_rank ", r.requested_rank,
                                                    " is outside [0, ", world_size_, ")"));
   }
+  const std::string identity = r.identity_secret.empty() ? "" : Sha256Hex(r.identity_secret);
   std::lock_guard<std::mutex> lock(mu_);
   auto existing = by_id_.find(r.worker_id);
   int rank = -1;
   if (existing != by_id_.end()) {
+    // A live worker's seat is taken over only by the same daemon (restarted,
+    // or re-registering after a coordinator restart): one that proves the
+    // identity the seat was first registered with.
+    const WorkerRecord& old = existing->second;
+    if (!old.identity_sha256.empty() && !ConstantTimeEquals(old.identity_sha256, identity) &&
+        now - old.last_heartbeat <= live_for_) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "worker id '", r.worker_id, "' belongs to a live worker at ", old.address,
+          "; registering under it needs that worker's identity secret (its --state-dir)"));
+    }
     rank = existing->second.rank;
     if (r.requested_rank >= 0 && r.requested_rank != rank) {
       return absl::AlreadyExistsError(absl::StrCat("worker '", r.worker_id, "' already has rank ",
@@ -61,10 +74,26 @@ absl::StatusOr<int> MembershipTable::Register(const Registration& r, absl::Time 
                         0,
                         "registered",
                         r.metrics_address,
-                        r.device_name.empty() ? device : r.device_name};
+                        r.device_name.empty() ? device : r.device_name,
+                        identity,
+                        RandomSecret(),
+                        r.command_token};
   id_by_rank_[rank] = r.worker_id;
   if (on_register_) on_register_(record);
-  return rank;
+  return Registered{rank, record.session};
+}
+
+bool MembershipTable::HasSession(const std::string& session) const {
+  if (session.empty()) return false;
+  std::lock_guard<std::mutex> lock(mu_);
+  bool found = false;
+  for (const auto& [id, record] : by_id_) found |= ConstantTimeEquals(record.session, session);
+  return found;
+}
+
+void MembershipTable::set_live_for(absl::Duration live_for) {
+  std::lock_guard<std::mutex> lock(mu_);
+  live_for_ = live_for;
 }
 
 void MembershipTable::Restore(const std::vector<WorkerRecord>& workers) {
@@ -76,6 +105,8 @@ void MembershipTable::Restore(const std::vector<WorkerRecord>& workers) {
     w.last_heartbeat = absl::InfinitePast();
     w.last_completed_seq = 0;
     w.state = "restored";
+    w.session.clear();  // sessions die with the coordinator: the worker registers again
+    w.command_token.clear();
     id_by_rank_[w.rank] = w.worker_id;
     by_id_[w.worker_id] = std::move(w);
   }
@@ -86,13 +117,19 @@ void MembershipTable::set_on_register(std::function<void(const WorkerRecord&)> o
   on_register_ = std::move(observer);
 }
 
-absl::Status MembershipTable::Heartbeat(const std::string& worker_id, uint64_t last_completed_seq,
-                                        const std::string& state, absl::Time now) {
+absl::Status MembershipTable::Heartbeat(const std::string& worker_id, const std::string& session,
+                                        uint64_t last_completed_seq, const std::string& state,
+                                        absl::Time now) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = by_id_.find(worker_id);
   if (it == by_id_.end()) {
     return absl::NotFoundError(
         absl::StrCat("worker '", worker_id, "' is not registered; call Register first"));
+  }
+  if (it->second.session.empty() || !ConstantTimeEquals(it->second.session, session)) {
+    return absl::NotFoundError(absl::StrCat("worker '", worker_id,
+                                            "' has no registration with this session; call "
+                                            "Register again"));
   }
   it->second.last_heartbeat = now;
   it->second.last_completed_seq = last_completed_seq;

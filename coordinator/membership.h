@@ -29,6 +29,9 @@ struct WorkerRecord {
   std::string state;
   std::string metrics_address;
   std::string device_name;
+  std::string identity_sha256;  // of the registration's identity secret (durable)
+  std::string session;          // this registration's; memory only
+  std::string command_token;    // sent with WorkerService calls; memory only
 };
 
 struct Registration {
@@ -39,21 +42,35 @@ struct Registration {
   int requested_rank = -1;  // -1: assign one
   std::string metrics_address;
   std::string device_name;
+  std::string identity_secret;
+  std::string command_token;
 };
 
 class MembershipTable {
  public:
-  // `world_size` bounds the ranks; 0 leaves them unbounded.
-  explicit MembershipTable(int world_size) : world_size_(world_size) {}
+  // `world_size` bounds the ranks; 0 leaves them unbounded. A worker that
+  // heartbeat within `live_for` is live: its id cannot be taken over.
+  explicit MembershipTable(int world_size, absl::Duration live_for = absl::Seconds(5))
+      : world_size_(world_size), live_for_(live_for) {}
 
-  // The worker's rank. INVALID_ARGUMENT for an empty id or address, a device
-  // that is not a known kind (core/device_kind.h), or a rank
-  // outside [0, world_size); ALREADY_EXISTS when the rank belongs to another
-  // worker; RESOURCE_EXHAUSTED when every rank is taken.
-  absl::StatusOr<int> Register(const Registration& registration, absl::Time now);
-  // NOT_FOUND for a worker that never registered.
-  absl::Status Heartbeat(const std::string& worker_id, uint64_t last_completed_seq,
-                         const std::string& state, absl::Time now);
+  struct Registered {
+    int rank;
+    std::string session;
+  };
+  // The worker's rank and a fresh session. INVALID_ARGUMENT for an empty id
+  // or address, a device that is not a known kind (core/device_kind.h), or a
+  // rank outside [0, world_size); ALREADY_EXISTS when the rank belongs to
+  // another worker; RESOURCE_EXHAUSTED when every rank is taken;
+  // PERMISSION_DENIED when the id belongs to a live worker whose identity
+  // secret differs.
+  absl::StatusOr<Registered> Register(const Registration& registration, absl::Time now);
+  // NOT_FOUND for a worker that never registered, or whose registration
+  // `session` is not (a restarted coordinator knows no sessions).
+  absl::Status Heartbeat(const std::string& worker_id, const std::string& session,
+                         uint64_t last_completed_seq, const std::string& state, absl::Time now);
+  // Whether `session` is a current registration's (the store calls' proof).
+  bool HasSession(const std::string& session) const;
+  void set_live_for(absl::Duration live_for);
   std::vector<WorkerRecord> List() const;  // by rank
   // A worker that did not answer a probe counts as stale at once, before its
   // heartbeats time out, so neither formation nor recovery picks it; its next
@@ -71,6 +88,7 @@ class MembershipTable {
  private:
   mutable std::mutex mu_;
   int world_size_;
+  absl::Duration live_for_;
   std::map<std::string, WorkerRecord> by_id_;
   std::map<int, std::string> id_by_rank_;
   std::function<void(const WorkerRecord&)> on_register_;

@@ -71,6 +71,11 @@ CREATE TABLE workers(
   rank INTEGER NOT NULL,
   metrics_address TEXT NOT NULL);
 )sql",
+    // 2: the SHA-256 of each worker's identity secret, so a restarted
+    // coordinator still refuses a takeover of a live worker's id.
+    R"sql(
+ALTER TABLE workers ADD COLUMN identity_sha256 TEXT NOT NULL DEFAULT '';
+)sql",
 };
 constexpr int kNumMigrations = static_cast<int>(std::size(kMigrations));
 static_assert(kNumMigrations == StateStore::kSchemaVersion);
@@ -417,7 +422,7 @@ absl::Status StateStore::PutWorker(const WorkerRecord& worker) {
   RETURN_IF_ERROR(ExecLocked("PRAGMA synchronous=FULL"));
   return Statement(db_,
                    "INSERT OR REPLACE INTO workers(worker_id, host, device, device_name, address, "
-                   "rank, metrics_address) VALUES (?1,?2,?3,?4,?5,?6,?7)")
+                   "rank, metrics_address, identity_sha256) VALUES (?1,?2,?3,?4,?5,?6,?7,?8)")
       .Text(1, worker.worker_id)
       .Text(2, worker.host)
       .Text(3, worker.device)
@@ -425,6 +430,7 @@ absl::Status StateStore::PutWorker(const WorkerRecord& worker) {
       .Text(5, worker.address)
       .Int(6, worker.rank)
       .Text(7, worker.metrics_address)
+      .Text(8, worker.identity_sha256)
       .Run();
 }
 
@@ -432,8 +438,8 @@ absl::StatusOr<std::vector<WorkerRecord>> StateStore::LoadWorkers() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<WorkerRecord> workers;
   Statement s(db_,
-              "SELECT worker_id, host, device, device_name, address, rank, metrics_address "
-              "FROM workers ORDER BY rank");
+              "SELECT worker_id, host, device, device_name, address, rank, metrics_address, "
+              "identity_sha256 FROM workers ORDER BY rank");
   while (s.Next()) {
     WorkerRecord w;
     w.worker_id = s.ColumnString(0);
@@ -443,6 +449,7 @@ absl::StatusOr<std::vector<WorkerRecord>> StateStore::LoadWorkers() const {
     w.address = s.ColumnString(4);
     w.rank = static_cast<int>(s.ColumnInt(5));
     w.metrics_address = s.ColumnString(6);
+    w.identity_sha256 = s.ColumnString(7);
     workers.push_back(std::move(w));
   }
   RETURN_IF_ERROR(s.status());

@@ -62,7 +62,7 @@ struct BatchRecord {
 
 class StateStore {
  public:
-  static constexpr int kSchemaVersion = 1;
+  static constexpr int kSchemaVersion = 2;
 
   // Creates `dir` if needed and opens (or creates) its database.
   // FAILED_PRECONDITION when another process holds the directory, or when its

@@ -5,6 +5,7 @@
 #ifndef FLATSHARD_COORDINATOR_WORKER_CLIENT_H_
 #define FLATSHARD_COORDINATOR_WORKER_CLIENT_H_
 
+#include <cstdint>
 #include <functional>
 #include <string>
 
@@ -31,7 +32,8 @@ class WorkerClient {
 
   // Blocking calls, used outside the per-step path.
   virtual absl::Status Configure(const v1::ConfigureRequest& request, absl::Time deadline) = 0;
-  virtual absl::Status Abort(const std::string& reason, absl::Time deadline) = 0;
+  // Aborts `epoch` (the worker refuses an epoch older than its own).
+  virtual absl::Status Abort(uint64_t epoch, const std::string& reason, absl::Time deadline) = 0;
   virtual absl::StatusOr<v1::GetStatusResponse> GetStatus(absl::Time deadline) = 0;
   // Runs a summon batch; each chunk the worker streams goes to `sink`.
   virtual absl::Status Summon(const v1::CommandBatch& batch, absl::Time deadline,

@@ -19,12 +19,13 @@ constexpr int kMaxMessageBytes = 64 << 20;
 
 absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(
     const std::string& address, const std::vector<grpc::Service*>& services,
-    Interceptors interceptors) {
+    Interceptors interceptors, std::shared_ptr<grpc::ServerCredentials> credentials) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(
+      address, credentials != nullptr ? credentials : grpc::InsecureServerCredentials(), &port);
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   for (grpc::Service* service : services) builder.RegisterService(service);
   if (!interceptors.empty()) {

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server.h>
 #include <grpcpp/support/server_interceptor.h>
 
@@ -21,10 +22,12 @@ class GrpcServer {
       std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>>;
 
   // `address` like "127.0.0.1:0". The services must outlive the server.
-  // `interceptors` see every call (the daemons' RPC metrics).
+  // `interceptors` see every call (the daemons' RPC metrics); `credentials`
+  // null serves plaintext (rpc/tls_credentials.h makes TLS ones).
   static absl::StatusOr<std::unique_ptr<GrpcServer>> Start(
       const std::string& address, const std::vector<grpc::Service*>& services,
-      Interceptors interceptors = {});
+      Interceptors interceptors = {},
+      std::shared_ptr<grpc::ServerCredentials> credentials = nullptr);
   ~GrpcServer();  // shuts down, cancelling in-flight calls after a short grace
 
   int port() const { return port_; }

@@ -8,7 +8,7 @@ PACKAGES=(
   protobuf-compiler libprotobuf-dev libgrpc++-dev protobuf-compiler-grpc
   libabsl-dev libgtest-dev libgmock-dev
   prometheus-cpp-dev prometheus libcurl4-openssl-dev
-  libgloo-dev libopenblas-dev libsqlite3-dev
+  libgloo-dev libopenblas-dev libsqlite3-dev libssl-dev
   nlohmann-json3-dev libyaml-cpp-dev libcli11-dev libspdlog-dev libxxhash-dev
   clang-format clang-tidy
   python3 python3-numpy python3-pip python3-venv

@@ -3,8 +3,10 @@
 // and serves Prometheus metrics. SIGTERM or SIGINT: abort the job's
 // collectives, stop serving, exit 0.
 #include <csignal>
+#include <fstream>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <grpcpp/create_channel.h>
@@ -12,6 +14,7 @@
 #include <unistd.h>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -20,7 +23,12 @@
 #include "metrics/rpc_metrics.h"
 #include "metrics/scrape_collector.h"
 #include "prometheus/registry.h"
+#include "rpc/call_metadata.h"
 #include "rpc/grpc_server.h"
+#include "rpc/listen_policy.h"
+#include "rpc/secrets.h"
+#include "rpc/tls_credentials.h"
+#include "rpc/tls_flags.h"
 #include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
 
@@ -28,6 +36,7 @@
 #include "worker/comm/grpc_store.h"
 #include "worker/device/device_factory.h"
 #include "worker/runtime/runtime_groups.h"
+#include "worker/service/guarded_worker_service.h"
 #include "worker/service/heartbeat_loop.h"
 #include "worker/service/worker_identity.h"
 #include "worker/service/worker_metrics.h"
@@ -55,7 +64,29 @@ struct Flags {
   std::string inject_file_faults;  // tests only
   std::string state_dir = "./flatshard-worker-state";
   std::string metrics_listen;  // default: --listen's host, any port
+  TlsFiles tls;
+  std::string join_token;
+  std::string join_token_file;
+  std::string command_token_file;
+  bool insecure = false;
 };
+
+// The first line of `path`, which `flag` names.
+absl::StatusOr<std::string> FirstLine(const char* flag, const std::string& path) {
+  std::ifstream in(path);
+  std::string line;
+  if (!in || !std::getline(in, line) || absl::StripAsciiWhitespace(line).empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(flag, " '", path, "' cannot be read or its first line is empty"));
+  }
+  return std::string(absl::StripAsciiWhitespace(line));
+}
+
+// The join token from --join-token, else the first line of --join-token-file.
+absl::StatusOr<std::string> JoinToken(const Flags& f) {
+  if (!f.join_token.empty() || f.join_token_file.empty()) return f.join_token;
+  return FirstLine("--join-token-file", f.join_token_file);
+}
 
 // The GPU a worker drives by default: its local rank on the node, as launchers
 // (torchrun, Slurm's srun, `flatshard up`) set LOCAL_RANK; else the first.
@@ -95,6 +126,30 @@ int Run(const Flags& f) {
               << "\n";
     return 2;
   }
+  absl::StatusOr<std::optional<TlsMaterial>> tls = LoadTls(f.tls, TlsRole::kServer);
+  if (!tls.ok()) {
+    std::cerr << "flatshard-worker: " << tls.status().message() << "\n";
+    return 2;
+  }
+  const TlsMaterial* tls_material = tls->has_value() ? &**tls : nullptr;
+  absl::StatusOr<std::string> join_token = JoinToken(f);
+  // Fresh per process unless given (a launcher that must reach its workers
+  // directly, such as the test harness, shares one).
+  absl::StatusOr<std::string> command_token =
+      f.command_token_file.empty() ? RandomSecret()
+                                   : FirstLine("--command-token-file", f.command_token_file);
+  if (!join_token.ok() || !command_token.ok()) {
+    std::cerr << "flatshard-worker: "
+              << (!join_token.ok() ? join_token.status() : command_token.status()).message()
+              << "\n";
+    return 2;
+  }
+  if (absl::Status exposed = CheckListenExposure("--listen", f.listen, tls_material != nullptr,
+                                                 "TLS (--tls-cert/--tls-key)", f.insecure);
+      !exposed.ok()) {
+    std::cerr << "flatshard-worker: " << exposed.message() << "\n";
+    return 2;
+  }
   // Signals are taken by sigwait below, so every thread must block them.
   sigset_t signals;
   sigemptyset(&signals);
@@ -116,8 +171,11 @@ int Run(const Flags& f) {
     worker_id = identity->id();
   }
   if (worker_id.empty()) worker_id = absl::StrCat(f.advertise_host, "-", getpid());
+  // Without a state dir the identity lives as long as the process.
+  const std::string identity_secret = identity != nullptr ? identity->secret() : RandomSecret();
   std::shared_ptr<grpc::Channel> channel =
-      grpc::CreateChannel(f.coordinator, grpc::InsecureChannelCredentials());
+      grpc::CreateChannel(f.coordinator, ChannelCredentials(tls_material));
+  auto call_credentials = std::make_shared<WorkerCallCredentials>(*join_token);
   // Declared before the service they observe, so they outlive it.
   auto registry = std::make_shared<prometheus::Registry>();
   AddBuildInfo(*registry, "worker");
@@ -146,17 +204,25 @@ int Run(const Flags& f) {
   options.gloo.timeout = absl::Seconds(f.collective_timeout_s);
   options.device = *device;
   options.comm = *comm;
-  options.store_for_prefix = [channel](const std::string& prefix) -> std::shared_ptr<Store> {
-    return std::make_shared<PrefixStore>(prefix, std::make_shared<GrpcStore>(channel));
+  options.store_for_prefix =
+      [channel, call_credentials](const std::string& prefix) -> std::shared_ptr<Store> {
+    return std::make_shared<PrefixStore>(prefix,
+                                         std::make_shared<GrpcStore>(channel, call_credentials));
   };
   options.observer_for_job = [&metrics](const std::string& job, int rank) {
     return metrics.ForJob(job, rank);
   };
   WorkerServiceImpl service(options);
+  // Only the coordinator this worker registers with may command it: it learns
+  // the command token from the registration (and, under mutual TLS, must
+  // present the coordinator's certificate).
+  GuardedWorkerService guarded(
+      &service,
+      WorkerCallPolicy{*command_token, tls_material != nullptr && !tls_material->ca_pem.empty()});
   GrpcServer::Interceptors interceptors;
   interceptors.push_back(RpcMetricsInterceptor(*registry));
-  absl::StatusOr<std::unique_ptr<GrpcServer>> server =
-      GrpcServer::Start(f.listen, {&service}, std::move(interceptors));
+  absl::StatusOr<std::unique_ptr<GrpcServer>> server = GrpcServer::Start(
+      f.listen, {&guarded}, std::move(interceptors), ServerCredentials(tls_material));
   if (!server.ok()) {
     std::cerr << "flatshard-worker: --listen: " << server.status().message() << "\n";
     return 1;
@@ -194,7 +260,10 @@ int Run(const Flags& f) {
   registration.set_address(address);
   registration.set_requested_rank(f.rank);
   registration.set_metrics_address(metrics_address);
-  HeartbeatLoop heartbeat(channel, registration, &service, absl::Seconds(f.coordinator_timeout_s));
+  registration.set_identity_secret(identity_secret);
+  registration.set_command_token(*command_token);
+  HeartbeatLoop heartbeat(channel, registration, &service, call_credentials,
+                          absl::Seconds(f.coordinator_timeout_s));
   absl::StatusOr<int> rank = heartbeat.Register(absl::Seconds(f.connect_timeout_s));
   if (!rank.ok()) {
     std::cerr << "flatshard-worker: cannot register with the coordinator at " << f.coordinator
@@ -285,6 +354,20 @@ int Main(int argc, char** argv) {
   app.add_option("--collective-timeout", f.collective_timeout_s,
                  "Seconds a collective may wait for a peer before failing")
       ->capture_default_str();
+  flatshard::AddTlsFlags(app, f.tls, "the coordinator");
+  app.add_option("--join-token", f.join_token,
+                 "Token with role worker from the coordinator's --tokens-file, proof that this "
+                 "worker may join (env FLATSHARD_JOIN_TOKEN; not needed with a worker "
+                 "certificate under mutual TLS)")
+      ->envname("FLATSHARD_JOIN_TOKEN");
+  app.add_option("--join-token-file", f.join_token_file,
+                 "File whose first line is the join token (keeps it out of `ps`)");
+  app.add_option("--command-token-file", f.command_token_file,
+                 "File whose first line is the command token WorkerService calls must carry "
+                 "(default: a fresh random one, sent only to the coordinator)");
+  app.add_flag("--insecure", f.insecure,
+               "Serve WorkerService without TLS on an address other hosts can reach (a "
+               "trusted private network only; warns at every start)");
   CLI11_PARSE(app, argc, argv);
   if (metrics_listen->count() == 0) {
     f.metrics_listen = flatshard::MetricsServer::DefaultAddress(f.listen);

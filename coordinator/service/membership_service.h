@@ -1,7 +1,9 @@
 // flatshard.v1.Membership over gRPC: registration, heartbeats, and the
 // rendezvous store (KvStore) that workers' Gloo and NCCL setup go through.
 // Validation errors come back as INVALID_ARGUMENT naming the field; the
-// service never changes state on a bad request.
+// service never changes state on a bad request. Registration needs proof
+// (a join token or a worker certificate); heartbeats and store calls are
+// bound to a registration by its session.
 #ifndef FLATSHARD_COORDINATOR_SERVICE_MEMBERSHIP_SERVICE_H_
 #define FLATSHARD_COORDINATOR_SERVICE_MEMBERSHIP_SERVICE_H_
 
@@ -15,14 +17,19 @@
 
 #include "coordinator/kv_store.h"
 #include "coordinator/membership.h"
+#include "coordinator/service/authenticator.h"
 #include "flatshard/v1/membership.grpc.pb.h"
 
 namespace flatshard {
 
 class MembershipService final : public v1::Membership::Service {
  public:
-  MembershipService(MembershipTable* members, KvStore* store, absl::Duration heartbeat_interval)
-      : members_(members), store_(store), heartbeat_interval_(heartbeat_interval) {}
+  // `auth` decides who may register (a join token or a worker certificate);
+  // null lets anyone (tests of the protocol alone). Heartbeats and store
+  // calls need a registration's session whatever `auth` is.
+  MembershipService(MembershipTable* members, KvStore* store, absl::Duration heartbeat_interval,
+                    Authenticator* auth = nullptr)
+      : members_(members), store_(store), heartbeat_interval_(heartbeat_interval), auth_(auth) {}
 
   // The epoch a worker must abort (its job failed elsewhere), if any; asked on
   // every heartbeat. Set once, before the server starts.
@@ -45,11 +52,17 @@ class MembershipService final : public v1::Membership::Service {
   // Longest StoreWait a client may ask for; longer ones are refused rather than
   // left to pin a server thread.
   static constexpr absl::Duration kMaxWait = absl::Minutes(10);
+  // Most keys one StoreWait may name.
+  static constexpr int kMaxWaitKeys = 4096;
 
  private:
+  // UNAUTHENTICATED unless the call carries a current registration's session.
+  absl::Status CheckSession(const grpc::ServerContext& context, const char* call) const;
+
   MembershipTable* members_;
   KvStore* store_;
   absl::Duration heartbeat_interval_;
+  Authenticator* auth_;
   AbortQuery abort_query_;
 };
 

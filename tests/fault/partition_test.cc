@@ -112,6 +112,10 @@ TEST(PartitionTest, ACutOffWorkerIsReplacedAndServesAsASpareOnceTheLinkHeals) {
   options.coordinator_timeout_s = 2.0;
   options.collective_timeout_s = 120;  // the partition must be found by heartbeats
   options.checkpoint_dir = dir + "/checkpoints";
+  // Addresses other namespaces reach, served plaintext on purpose: this test
+  // is about the partition (test_security covers TLS on such addresses).
+  options.coordinator_flags = {"--insecure"};
+  options.every_worker_flags = {"--insecure"};
   constexpr int kCutOff = 2;
   for (int i = 0; i < options.workers; ++i) {
     const std::string me = i == kCutOff ? (*ns)->ns_ip() : host;

@@ -177,7 +177,7 @@ TEST_P(ControlPlaneTest, TrainingThroughTheCoordinatorEqualsTheDataPlaneHarness)
   // worker before any collective, and the job carries on.
   auto job = client.GetJob(spec->name());
   ASSERT_TRUE(job.ok());
-  GrpcWorkerClient worker((*cluster)->worker_addresses()[0]);
+  GrpcWorkerClient worker((*cluster)->worker_addresses()[0], nullptr, (*cluster)->command_token());
   v1::GetStatusResponse before = *worker.GetStatus(absl::Now() + absl::Seconds(10));
   EXPECT_EQ(before.state(), "ready");
   v1::CommandBatch stale;

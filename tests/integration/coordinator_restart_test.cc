@@ -240,7 +240,7 @@ TEST(CoordinatorRestartTest, ABatchHalfDeliveredIsAbortedAndRolledBack) {
   {
     // With its coordinator silent, rank 0 aborts the batch by itself (asked
     // directly: there is no coordinator to report to).
-    GrpcWorkerClient rank0(cluster->worker_addresses()[0]);
+    GrpcWorkerClient rank0(cluster->worker_addresses()[0], nullptr, cluster->command_token());
     bool aborted = false;
     while (!aborted && absl::Now() - killed < absl::Seconds(30)) {
       auto status = rank0.GetStatus(absl::Now() + absl::Seconds(1));

@@ -37,7 +37,9 @@ int WorkerBody(int read_fd, int index, int world) {
   v1::RegisterResponse response;
   CHILD_CHECK(stub->Register(&context, request, &response).ok());
   const int rank = response.rank();
-  auto store = std::make_shared<GrpcStore>(channel);
+  auto credentials = std::make_shared<WorkerCallCredentials>("");
+  credentials->set_session(response.session());
+  auto store = std::make_shared<GrpcStore>(channel, credentials);
   auto comm = GlooCommunicator::Create(store, rank, world, GlooOptions{});
   CHILD_OK(comm.status());
   float value = static_cast<float>(rank + 1);
@@ -47,7 +49,7 @@ int WorkerBody(int read_fd, int index, int world) {
 }
 
 struct Coordinator {
-  MembershipTable members{3};
+  MembershipTable members{4};  // 3 workers and the test's own probe
   KvStore store;
   MembershipService service{&members, &store, absl::Seconds(1)};
   std::unique_ptr<GrpcServer> server;
@@ -88,6 +90,20 @@ TEST(MembershipServiceTest, WorkersRegisterAndRendezvousThroughTheCoordinator) {
   auto channel =
       grpc::CreateChannel(coordinator->server->address(), grpc::InsecureChannelCredentials());
   auto stub = v1::Membership::NewStub(channel);
+  // A registration of our own, whose session the store calls below carry.
+  auto credentials = std::make_shared<WorkerCallCredentials>("");
+  {
+    grpc::ClientContext context;
+    v1::RegisterRequest request;
+    request.set_worker_id("probe");
+    request.set_address("127.0.0.1:1");
+    request.set_requested_rank(-1);
+    v1::RegisterResponse response;
+    const grpc::Status registered = stub->Register(&context, request, &response);
+    ASSERT_TRUE(registered.ok()) << registered.error_message();
+    ASSERT_EQ(response.session().size(), 64u);
+    credentials->set_session(response.session());
+  }
   {
     grpc::ClientContext context;
     v1::RegisterRequest request;  // no worker_id
@@ -98,6 +114,7 @@ TEST(MembershipServiceTest, WorkersRegisterAndRendezvousThroughTheCoordinator) {
   }
   {
     grpc::ClientContext context;
+    credentials->AttachSession(context);
     v1::StoreWaitRequest request;
     request.add_keys("never");
     request.set_timeout_ms(50);
@@ -106,7 +123,18 @@ TEST(MembershipServiceTest, WorkersRegisterAndRendezvousThroughTheCoordinator) {
               grpc::StatusCode::DEADLINE_EXCEEDED);
   }
   {
+    // Store calls are bound to a registration: none, no answer.
     grpc::ClientContext context;
+    v1::StoreSetRequest request;
+    request.set_key("job/x/forged");
+    v1::StoreSetResponse response;
+    EXPECT_EQ(stub->StoreSet(&context, request, &response).error_code(),
+              grpc::StatusCode::UNAUTHENTICATED);
+    EXPECT_FALSE(coordinator->store.Get("job/x/forged").ok());
+  }
+  {
+    grpc::ClientContext context;
+    credentials->AttachSession(context);
     v1::StoreWaitRequest request;
     v1::StoreWaitResponse response;
     EXPECT_EQ(stub->StoreWait(&context, request, &response).error_code(),
@@ -120,7 +148,7 @@ TEST(MembershipServiceTest, WorkersRegisterAndRendezvousThroughTheCoordinator) {
     EXPECT_EQ(stub->Heartbeat(&context, request, &response).error_code(),
               grpc::StatusCode::NOT_FOUND);
   }
-  GrpcStore client(channel);
+  GrpcStore client(channel, credentials);
   ASSERT_TRUE(client.Set("after/errors", "still serving").ok());
   EXPECT_EQ(*client.Get("after/errors", absl::Seconds(5)), "still serving");
   EXPECT_EQ(*client.Add("after/count", 3), 3);

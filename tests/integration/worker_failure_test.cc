@@ -91,7 +91,8 @@ TEST(WorkerFailureTest, SigkillMidStepFailsTheStepNamingTheRankAndSurvivorsAbort
   // Train returned only after every rank's batch did: the survivors are out
   // of their collectives, answer at once and refuse further batches.
   for (int rank : {0, 1, 3}) {
-    GrpcWorkerClient worker(cluster->worker_addresses()[static_cast<size_t>(rank)]);
+    GrpcWorkerClient worker(cluster->worker_addresses()[static_cast<size_t>(rank)], nullptr,
+                            cluster->command_token());
     auto status = worker.GetStatus(absl::Now() + absl::Seconds(5));
     ASSERT_TRUE(status.ok()) << "rank " << rank << ": " << status.status();
     EXPECT_THAT(status->state(), ::testing::AnyOf("aborted", "failed")) << "rank " << rank;
@@ -119,7 +120,8 @@ TEST(WorkerFailureTest, HungWorkerFailsTheStepAtTheHeartbeatTimeout) {
   EXPECT_GT(took, absl::Seconds(kHeartbeatTimeout / 2));
   EXPECT_LT(took, absl::Seconds(kHeartbeatTimeout + 1.5)) << trained;
   for (int rank : {0, 1, 3}) {
-    GrpcWorkerClient worker(cluster->worker_addresses()[static_cast<size_t>(rank)]);
+    GrpcWorkerClient worker(cluster->worker_addresses()[static_cast<size_t>(rank)], nullptr,
+                            cluster->command_token());
     auto status = worker.GetStatus(absl::Now() + absl::Seconds(5));
     ASSERT_TRUE(status.ok()) << "rank " << rank << ": " << status.status();
     EXPECT_EQ(status->state(), "aborted") << "rank " << rank;

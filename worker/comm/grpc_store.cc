@@ -10,15 +10,16 @@ namespace {
 // Unary calls get a deadline so a vanished coordinator fails them.
 constexpr absl::Duration kCallDeadline = absl::Seconds(30);
 
-void SetDeadline(grpc::ClientContext& context, absl::Duration d) {
-  context.set_deadline(absl::ToChronoTime(absl::Now() + d));
-}
-
 }  // namespace
+
+void GrpcStore::Prepare(grpc::ClientContext& context, absl::Duration deadline) const {
+  context.set_deadline(absl::ToChronoTime(absl::Now() + deadline));
+  if (credentials_ != nullptr) credentials_->AttachSession(context);
+}
 
 absl::Status GrpcStore::Set(const std::string& key, const std::string& value) {
   grpc::ClientContext context;
-  SetDeadline(context, kCallDeadline);
+  Prepare(context, kCallDeadline);
   v1::StoreSetRequest request;
   request.set_key(key);
   request.set_value(value);
@@ -29,7 +30,7 @@ absl::Status GrpcStore::Set(const std::string& key, const std::string& value) {
 absl::StatusOr<std::string> GrpcStore::Get(const std::string& key, absl::Duration timeout) {
   if (absl::Status s = Wait({key}, timeout); !s.ok()) return s;
   grpc::ClientContext context;
-  SetDeadline(context, kCallDeadline);
+  Prepare(context, kCallDeadline);
   v1::StoreGetRequest request;
   request.set_key(key);
   v1::StoreGetResponse response;
@@ -41,7 +42,7 @@ absl::StatusOr<std::string> GrpcStore::Get(const std::string& key, absl::Duratio
 
 absl::Status GrpcStore::Wait(const std::vector<std::string>& keys, absl::Duration timeout) {
   grpc::ClientContext context;
-  SetDeadline(context, timeout + kCallDeadline);
+  Prepare(context, timeout + kCallDeadline);
   v1::StoreWaitRequest request;
   for (const std::string& key : keys) request.add_keys(key);
   request.set_timeout_ms(std::max<int64_t>(1, absl::ToInt64Milliseconds(timeout)));
@@ -51,7 +52,7 @@ absl::Status GrpcStore::Wait(const std::vector<std::string>& keys, absl::Duratio
 
 absl::StatusOr<int64_t> GrpcStore::Add(const std::string& key, int64_t delta) {
   grpc::ClientContext context;
-  SetDeadline(context, kCallDeadline);
+  Prepare(context, kCallDeadline);
   v1::StoreAddRequest request;
   request.set_key(key);
   request.set_delta(delta);

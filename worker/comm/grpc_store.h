@@ -8,6 +8,9 @@
 #include <string>
 
 #include <grpcpp/channel.h>
+#include <grpcpp/client_context.h>
+
+#include "rpc/call_metadata.h"
 
 #include "flatshard/v1/membership.grpc.pb.h"
 #include "worker/comm/store.h"
@@ -16,8 +19,10 @@ namespace flatshard {
 
 class GrpcStore : public Store {
  public:
-  explicit GrpcStore(std::shared_ptr<grpc::Channel> channel)
-      : stub_(v1::Membership::NewStub(std::move(channel))) {}
+  // `credentials` supplies the registration session every store call carries.
+  GrpcStore(std::shared_ptr<grpc::Channel> channel,
+            std::shared_ptr<const WorkerCallCredentials> credentials)
+      : stub_(v1::Membership::NewStub(std::move(channel))), credentials_(std::move(credentials)) {}
 
   absl::Status Set(const std::string& key, const std::string& value) override;
   absl::StatusOr<std::string> Get(const std::string& key, absl::Duration timeout) override;
@@ -25,7 +30,10 @@ class GrpcStore : public Store {
   absl::StatusOr<int64_t> Add(const std::string& key, int64_t delta) override;
 
  private:
+  void Prepare(grpc::ClientContext& context, absl::Duration deadline) const;
+
   std::unique_ptr<v1::Membership::Stub> stub_;
+  std::shared_ptr<const WorkerCallCredentials> credentials_;
 };
 
 }  // namespace flatshard

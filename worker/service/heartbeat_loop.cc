@@ -21,10 +21,12 @@ std::chrono::system_clock::time_point Deadline(absl::Duration d) {
 
 HeartbeatLoop::HeartbeatLoop(std::shared_ptr<grpc::Channel> channel,
                              v1::RegisterRequest registration, WorkerServiceImpl* service,
+                             std::shared_ptr<WorkerCallCredentials> credentials,
                              absl::Duration coordinator_timeout)
     : stub_(v1::Membership::NewStub(std::move(channel))),
       registration_(std::move(registration)),
       service_(service),
+      credentials_(std::move(credentials)),
       coordinator_timeout_(coordinator_timeout) {}
 
 HeartbeatLoop::~HeartbeatLoop() { Stop(); }
@@ -34,9 +36,11 @@ absl::StatusOr<int> HeartbeatLoop::Register(absl::Duration connect_timeout) {
   // Wait for the coordinator to come up rather than fail on the first try.
   context.set_wait_for_ready(true);
   context.set_deadline(Deadline(connect_timeout));
+  credentials_->AttachJoinToken(context);
   v1::RegisterResponse response;
   const grpc::Status status = stub_->Register(&context, registration_, &response);
   if (!status.ok()) return FromGrpcStatus(status);
+  credentials_->set_session(response.session());
   if (response.heartbeat_interval_seconds() > 0) {
     interval_ = absl::Seconds(response.heartbeat_interval_seconds());
   }
@@ -66,6 +70,7 @@ absl::Status HeartbeatLoop::Beat() {
   request.set_state(status.state);
   grpc::ClientContext context;
   context.set_deadline(Deadline(interval_));
+  credentials_->AttachSession(context);
   v1::HeartbeatResponse response;
   grpc::Status rpc = stub_->Heartbeat(&context, request, &response);
   if (rpc.error_code() == grpc::StatusCode::NOT_FOUND) {

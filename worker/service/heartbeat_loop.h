@@ -16,6 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "rpc/call_metadata.h"
 
 #include "flatshard/v1/membership.grpc.pb.h"
 #include "worker/service/worker_service.h"
@@ -26,8 +27,10 @@ class HeartbeatLoop {
  public:
   // With a batch in flight and no answer from the coordinator for
   // `coordinator_timeout`, the worker aborts the batch.
+  // `credentials` carries the join token to Register and receives the session.
   HeartbeatLoop(std::shared_ptr<grpc::Channel> channel, v1::RegisterRequest registration,
-                WorkerServiceImpl* service, absl::Duration coordinator_timeout = absl::Seconds(10));
+                WorkerServiceImpl* service, std::shared_ptr<WorkerCallCredentials> credentials,
+                absl::Duration coordinator_timeout = absl::Seconds(10));
   ~HeartbeatLoop();
 
   // Waits up to `connect_timeout` for the coordinator, then registers; the rank.
@@ -42,6 +45,7 @@ class HeartbeatLoop {
   std::unique_ptr<v1::Membership::Stub> stub_;
   v1::RegisterRequest registration_;
   WorkerServiceImpl* service_;
+  std::shared_ptr<WorkerCallCredentials> credentials_;
   const absl::Duration coordinator_timeout_;
   absl::Duration interval_ = absl::Seconds(1);
   std::mutex mu_;

@@ -8,29 +8,43 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "rpc/secrets.h"
 
 namespace flatshard {
 namespace {
 
-// The seat's contents: its id, or "" for a seat never used.
-absl::StatusOr<std::string> ReadId(int fd, const std::string& path) {
-  std::string contents(256, '\0');
+struct Seat {
+  std::string id;      // "" for a seat never used
+  std::string secret;  // "" for a seat written before identity secrets
+};
+
+// The seat's contents: "<id>\n<identity secret>\n".
+absl::StatusOr<Seat> ReadSeat(int fd, const std::string& path) {
+  std::string contents(512, '\0');
   const ssize_t n = ::pread(fd, contents.data(), contents.size(), 0);
   if (n < 0) {
     return absl::UnavailableError(absl::StrCat("cannot read ", path, ": ", strerror(errno)));
   }
   contents.resize(static_cast<size_t>(n));
-  return std::string(absl::StripAsciiWhitespace(contents));
+  Seat seat;
+  const size_t newline = contents.find('\n');
+  seat.id = std::string(absl::StripAsciiWhitespace(contents.substr(0, newline)));
+  if (newline != std::string::npos) {
+    seat.secret = std::string(absl::StripAsciiWhitespace(contents.substr(newline + 1)));
+  }
+  return seat;
 }
 
-absl::Status WriteId(int fd, const std::string& path, const std::string& id) {
-  const std::string line = id + "\n";
-  if (::ftruncate(fd, 0) != 0 ||
+// Owner-only: the secret proves this worker's identity to the coordinator.
+absl::Status WriteSeat(int fd, const std::string& path, const Seat& seat) {
+  const std::string line = absl::StrCat(seat.id, "\n", seat.secret, "\n");
+  if (::fchmod(fd, 0600) != 0 || ::ftruncate(fd, 0) != 0 ||
       ::pwrite(fd, line.data(), line.size(), 0) != static_cast<ssize_t>(line.size()) ||
       ::fsync(fd) != 0) {
     return absl::UnavailableError(absl::StrCat("cannot write ", path, ": ", strerror(errno)));
@@ -59,7 +73,7 @@ absl::StatusOr<std::unique_ptr<WorkerIdentity>> WorkerIdentity::Claim(const std:
   for (int k = 0; k < seats; ++k) {
     const std::string path =
         absl::StrCat(dir, "/", gpu >= 0 ? absl::StrCat("gpu-", gpu) : absl::StrCat("slot-", k));
-    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
     if (fd < 0) {
       return absl::FailedPreconditionError(
           absl::StrCat("--state-dir ", dir, ": cannot open ", path, ": ", strerror(errno)));
@@ -73,16 +87,18 @@ absl::StatusOr<std::unique_ptr<WorkerIdentity>> WorkerIdentity::Claim(const std:
       }
       continue;  // a live worker's seat
     }
-    absl::StatusOr<std::string> id = ReadId(fd, path);
-    if (id.ok() && id->empty()) {
-      *id = FreshId(host);
-      if (absl::Status written = WriteId(fd, path, *id); !written.ok()) id = written;
+    absl::StatusOr<Seat> seat = ReadSeat(fd, path);
+    if (seat.ok() && (seat->id.empty() || seat->secret.empty())) {
+      if (seat->id.empty()) seat->id = FreshId(host);
+      seat->secret = RandomSecret();
+      if (absl::Status written = WriteSeat(fd, path, *seat); !written.ok()) seat = written;
     }
-    if (!id.ok()) {
+    if (!seat.ok()) {
       ::close(fd);
-      return id.status();
+      return seat.status();
     }
-    return std::unique_ptr<WorkerIdentity>(new WorkerIdentity(*std::move(id), path, fd));
+    return std::unique_ptr<WorkerIdentity>(
+        new WorkerIdentity(std::move(seat->id), std::move(seat->secret), path, fd));
   }
   return absl::ResourceExhaustedError(absl::StrCat("--state-dir ", dir, ": all ", kMaxSlots,
                                                    " worker slots are held by live workers"));

@@ -8,7 +8,9 @@
 // worker claims its GPU's seat; a CPU worker the lowest free slot. So four
 // workers on a host hold slots 0..3, and one restarted after a crash finds its
 // old slot free and takes its id back. The first claimant of a seat writes a
-// fresh id into it (HOST-xxxxxxxx, random), durably.
+// fresh id into it (HOST-xxxxxxxx, random), durably, with an identity secret
+// (file mode 0600) that proves to the coordinator that a re-registration
+// under the id comes from this seat's daemon, not from someone who read the id.
 #ifndef FLATSHARD_WORKER_SERVICE_WORKER_IDENTITY_H_
 #define FLATSHARD_WORKER_SERVICE_WORKER_IDENTITY_H_
 
@@ -32,13 +34,15 @@ class WorkerIdentity {
   WorkerIdentity& operator=(const WorkerIdentity&) = delete;
 
   const std::string& id() const { return id_; }
+  const std::string& secret() const { return secret_; }
   const std::string& seat_file() const { return path_; }
 
  private:
-  WorkerIdentity(std::string id, std::string path, int fd)
-      : id_(std::move(id)), path_(std::move(path)), fd_(fd) {}
+  WorkerIdentity(std::string id, std::string secret, std::string path, int fd)
+      : id_(std::move(id)), secret_(std::move(secret)), path_(std::move(path)), fd_(fd) {}
 
   std::string id_;
+  std::string secret_;
   std::string path_;
   int fd_;
 };

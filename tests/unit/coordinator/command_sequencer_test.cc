@@ -56,7 +56,7 @@ class FakeWorker : public WorkerClient {
   absl::Status Configure(const v1::ConfigureRequest&, absl::Time) override {
     return absl::OkStatus();
   }
-  absl::Status Abort(const std::string& reason, absl::Time) override {
+  absl::Status Abort(uint64_t, const std::string& reason, absl::Time) override {
     aborts_.push_back(reason);
     return absl::OkStatus();
   }

@@ -2,6 +2,7 @@
 // store's semantics and limits, and stable rank assignment with its errors.
 #include "coordinator/membership.h"
 
+#include <limits>
 #include <thread>
 
 #include <gmock/gmock.h>
@@ -14,6 +15,21 @@ namespace flatshard {
 namespace {
 
 using ::testing::HasSubstr;
+
+// A registration with no identity secret or command token.
+Registration Reg(const char* id, const char* host, const char* device, const char* address,
+                 int rank, const char* metrics, const char* device_name, const char* secret = "") {
+  Registration r;
+  r.worker_id = id;
+  r.host = host;
+  r.device = device;
+  r.address = address;
+  r.requested_rank = rank;
+  r.metrics_address = metrics;
+  r.device_name = device_name;
+  r.identity_secret = secret;
+  return r;
+}
 
 TEST(KvStoreTest, SetGetAddAndLimits) {
   KvStore store;
@@ -54,29 +70,34 @@ TEST(KvStoreTest, WaitWakesOnSetAndTimesOutNamingTheKeys) {
 TEST(MembershipTableTest, AssignsStableRanksAndRefusesConflicts) {
   MembershipTable table(3);
   const absl::Time now = absl::FromUnixSeconds(1000);
-  EXPECT_EQ(*table.Register({"w-a", "h", "cpu", "h:1", -1, "", "cpu"}, now), 0);
-  EXPECT_EQ(*table.Register({"w-b", "h", "cpu", "h:2", 2, "", "cpu"}, now), 2);
-  EXPECT_EQ(*table.Register({"w-c", "h", "cpu", "h:3", -1, "", "cpu"}, now), 1);
+  EXPECT_EQ(table.Register(Reg("w-a", "h", "cpu", "h:1", -1, "", "cpu"), now)->rank, 0);
+  EXPECT_EQ(table.Register(Reg("w-b", "h", "cpu", "h:2", 2, "", "cpu"), now)->rank, 2);
+  EXPECT_EQ(table.Register(Reg("w-c", "h", "cpu", "h:3", -1, "", "cpu"), now)->rank, 1);
   // A restarted daemon keeps its rank.
-  EXPECT_EQ(*table.Register({"w-a", "h", "cpu", "h:9", -1, "h:9400", "cpu"}, now), 0);
-  EXPECT_EQ(table.Register({"w-d", "h", "cpu", "h:4", -1, "", "cpu"}, now).status().code(),
+  EXPECT_EQ(table.Register(Reg("w-a", "h", "cpu", "h:9", -1, "h:9400", "cpu"), now)->rank, 0);
+  EXPECT_EQ(table.Register(Reg("w-d", "h", "cpu", "h:4", -1, "", "cpu"), now).status().code(),
             absl::StatusCode::kResourceExhausted);
   EXPECT_THAT(
-      std::string(table.Register({"w-e", "h", "cpu", "h:5", 2, "", "cpu"}, now).status().message()),
+      std::string(
+          table.Register(Reg("w-e", "h", "cpu", "h:5", 2, "", "cpu"), now).status().message()),
       HasSubstr("rank 2 already belongs to worker 'w-b'"));
-  EXPECT_EQ(table.Register({"w-a", "h", "cpu", "h:1", 1, "", "cpu"}, now).status().code(),
+  EXPECT_EQ(table.Register(Reg("w-a", "h", "cpu", "h:1", 1, "", "cpu"), now).status().code(),
             absl::StatusCode::kAlreadyExists);
   EXPECT_THAT(
-      std::string(table.Register({"w-f", "h", "cpu", "h:6", 3, "", "cpu"}, now).status().message()),
+      std::string(
+          table.Register(Reg("w-f", "h", "cpu", "h:6", 3, "", "cpu"), now).status().message()),
       HasSubstr("requested_rank 3 is outside [0, 3)"));
   EXPECT_THAT(
-      std::string(table.Register({"", "h", "cpu", "h:6", -1, "", "cpu"}, now).status().message()),
+      std::string(
+          table.Register(Reg("", "h", "cpu", "h:6", -1, "", "cpu"), now).status().message()),
       HasSubstr("worker_id must not be empty"));
   EXPECT_THAT(
-      std::string(table.Register({"w-g", "h", "cpu", "", -1, "", "cpu"}, now).status().message()),
+      std::string(
+          table.Register(Reg("w-g", "h", "cpu", "", -1, "", "cpu"), now).status().message()),
       HasSubstr("address must not be empty"));
   EXPECT_THAT(
-      std::string(table.Register({"w-h", "h", "tpu", "h:7", -1, "", ""}, now).status().message()),
+      std::string(
+          table.Register(Reg("w-h", "h", "tpu", "h:7", -1, "", ""), now).status().message()),
       HasSubstr("register.device of worker 'w-h': unknown device kind 'tpu'; expected cpu, cuda "
                 "or sim"));
   ASSERT_EQ(table.List().size(), 3u);
@@ -106,10 +127,15 @@ TEST(MembershipTableTest, AJobRunsOnOneKindOfDevice) {
 TEST(MembershipTableTest, HeartbeatsAndStaleness) {
   MembershipTable table(0);
   const absl::Time t0 = absl::FromUnixSeconds(1000);
-  ASSERT_TRUE(table.Register({"w-a", "h", "cpu", "h:1", -1, "", "cpu"}, t0).ok());
-  ASSERT_TRUE(table.Register({"w-b", "h", "cpu", "h:2", -1, "", "cpu"}, t0).ok());
-  ASSERT_TRUE(table.Heartbeat("w-a", 7, "training", t0 + absl::Seconds(9)).ok());
-  EXPECT_EQ(table.Heartbeat("w-z", 1, "", t0).code(), absl::StatusCode::kNotFound);
+  auto a = table.Register(Reg("w-a", "h", "cpu", "h:1", -1, "", "cpu"), t0);
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE(table.Register(Reg("w-b", "h", "cpu", "h:2", -1, "", "cpu"), t0).ok());
+  ASSERT_TRUE(table.Heartbeat("w-a", a->session, 7, "training", t0 + absl::Seconds(9)).ok());
+  EXPECT_EQ(table.Heartbeat("w-z", a->session, 1, "", t0).code(), absl::StatusCode::kNotFound);
+  // Bound to the registration: another session, or none, is not w-a's.
+  EXPECT_EQ(table.Heartbeat("w-a", "", 1, "", t0).code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(table.Heartbeat("w-a", std::string(64, '0'), 1, "", t0).code(),
+            absl::StatusCode::kNotFound);
   const auto stale = table.Stale(t0 + absl::Seconds(10), absl::Seconds(5));
   ASSERT_EQ(stale.size(), 1u);
   EXPECT_EQ(stale[0].worker_id, "w-b");
@@ -119,14 +145,80 @@ TEST(MembershipTableTest, HeartbeatsAndStaleness) {
 TEST(MembershipTableTest, UnreachableIsStaleUntilTheNextHeartbeat) {
   MembershipTable table(0);
   const absl::Time t0 = absl::FromUnixSeconds(1000);
-  ASSERT_TRUE(table.Register({"w-a", "h", "cpu", "h:1", -1, "", "cpu"}, t0).ok());
+  auto a = table.Register(Reg("w-a", "h", "cpu", "h:1", -1, "", "cpu"), t0);
+  ASSERT_TRUE(a.ok());
   table.MarkUnreachable("w-a");
   table.MarkUnreachable("w-unknown");  // ignored
   auto stale = table.Stale(t0, absl::Seconds(5));
   ASSERT_EQ(stale.size(), 1u);
   EXPECT_EQ(stale[0].state, "unreachable");
-  ASSERT_TRUE(table.Heartbeat("w-a", 0, "idle", t0 + absl::Seconds(1)).ok());
+  ASSERT_TRUE(table.Heartbeat("w-a", a->session, 0, "idle", t0 + absl::Seconds(1)).ok());
   EXPECT_TRUE(table.Stale(t0 + absl::Seconds(1), absl::Seconds(5)).empty());
+}
+
+TEST(MembershipTableTest, ALiveWorkersIdIsTakenOverOnlyWithItsIdentity) {
+  MembershipTable table(0, /*live_for=*/absl::Seconds(5));
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  auto first = table.Register(Reg("w-a", "h", "cpu", "h:1", -1, "", "cpu", "secret-1"), t0);
+  ASSERT_TRUE(first.ok());
+  // Someone who read the id registers it with another address: refused while
+  // w-a heartbeats, and w-a's seat, address and session are unchanged.
+  const absl::Status stolen =
+      table.Register(Reg("w-a", "evil", "cpu", "evil:1", -1, "", "cpu", "guess"), t0).status();
+  EXPECT_EQ(stolen.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(std::string(stolen.message()), HasSubstr("belongs to a live worker at h:1"));
+  EXPECT_EQ(table.List()[0].address, "h:1");
+  EXPECT_TRUE(table.HasSession(first->session));
+  // The same daemon (same secret) re-registers at once; its old session ends.
+  auto again = table.Register(Reg("w-a", "h", "cpu", "h:2", -1, "", "cpu", "secret-1"), t0);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->rank, first->rank);
+  EXPECT_NE(again->session, first->session);
+  EXPECT_FALSE(table.HasSession(first->session));
+  EXPECT_TRUE(table.HasSession(again->session));
+  // Once it has been silent past live_for, its seat may be claimed anew.
+  EXPECT_TRUE(
+      table.Register(Reg("w-a", "h2", "cpu", "h2:1", -1, "", "cpu", "new"), t0 + absl::Seconds(6))
+          .ok());
+  EXPECT_EQ(table.List()[0].address, "h2:1");
+}
+
+TEST(MembershipTableTest, ARestoredWorkerMustRegisterAgainButKeepsItsIdentity) {
+  MembershipTable table(0);
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  auto first = table.Register(Reg("w-a", "h", "cpu", "h:1", -1, "", "cpu", "secret-1"), t0);
+  ASSERT_TRUE(first.ok());
+  std::vector<WorkerRecord> durable = table.List();
+  MembershipTable restarted(0);
+  restarted.Restore(durable);
+  // Sessions die with the coordinator: the old one is refused with NOT_FOUND,
+  // which makes the worker register again.
+  EXPECT_EQ(restarted.Heartbeat("w-a", first->session, 0, "", t0).code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_FALSE(restarted.HasSession(first->session));
+  EXPECT_TRUE(
+      restarted.Register(Reg("w-a", "h", "cpu", "h:1", -1, "", "cpu", "secret-1"), t0).ok());
+}
+
+TEST(KvStoreTest, KeysAndBytesPerJobAreLimited) {
+  KvStore store(/*max_keys_per_job=*/3, /*max_bytes_per_job=*/64);
+  ASSERT_TRUE(store.Set("job/a/epoch/1/k1", "v").ok());
+  ASSERT_TRUE(store.Set("job/a/epoch/1/k2", "v").ok());
+  ASSERT_TRUE(store.Set("job/a/epoch/1/k2", "w").ok());  // replacing is not a new key
+  ASSERT_TRUE(store.Add("job/a/epoch/1/n", 1).ok());
+  const absl::Status keys = store.Set("job/a/epoch/2/k", "v");
+  EXPECT_EQ(keys.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(keys.message()), HasSubstr("keys_per_job (3) reached for 'job/a'"));
+  EXPECT_TRUE(store.Set("job/b/k", "v").ok());  // another job has its own budget
+  const absl::Status bytes = store.Set("job/b/k2", std::string(64, 'x'));
+  EXPECT_EQ(bytes.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(bytes.message()), HasSubstr("bytes_per_job (64)"));
+  EXPECT_FALSE(store.Get("job/b/k2").ok());  // nothing stored by the refused call
+  store.DeletePrefix("job/a/epoch/1");       // an epoch ends: its budget returns
+  EXPECT_TRUE(store.Set("job/a/epoch/2/k", "v").ok());
+  EXPECT_EQ(store.Add("job/b/k3", std::numeric_limits<int64_t>::max()).value_or(0),
+            std::numeric_limits<int64_t>::max());
+  EXPECT_EQ(store.Add("job/b/k3", 1).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -1,0 +1,103 @@
+#include "client/security_commands.h"
+
+#include <cerrno>
+#include <cstring>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "rpc/cluster_certificates.h"
+#include "rpc/secrets.h"
+
+#include "client/cli_output.h"
+#include "coordinator/service/access_policy.h"
+
+namespace flatshard {
+
+void SecurityCommands::Add(CLI::App& app) {
+  CLI::App* certs = app.add_subcommand("certs", "Certificates for TLS and mutual TLS");
+  certs->require_subcommand(1);
+  certs_init_ = certs->add_subcommand(
+      "init",
+      "Create a cluster CA and certificates for the coordinator, the workers and an admin "
+      "client in DIR (ca.pem, coordinator.pem, worker.pem, admin.pem and their -key.pem)");
+  certs_init_->add_option("dir", certs_dir_, "Directory to create them in")->required();
+  certs_init_
+      ->add_option("--hosts", hosts_,
+                   "Names and addresses the coordinator and workers are dialed at "
+                   "(comma-separated; localhost and 127.0.0.1 are always included)")
+      ->delimiter(',');
+  certs_init_->add_option("--days", days_, "Validity of every certificate")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 3650));
+
+  CLI::App* token = app.add_subcommand("token", "Bearer tokens for the coordinator");
+  token->require_subcommand(1);
+  token_create_ = token->add_subcommand(
+      "create",
+      "Make a token: printed once on stdout; its SHA-256 line is appended to --tokens-file "
+      "(or printed on stderr), so the file never holds the token itself");
+  token_create_->add_option("--name", token_name_, "Who the token is for (in the audit log)")
+      ->required();
+  token_create_->add_option("--role", token_role_, "viewer, operator, admin or worker (join)")
+      ->required();
+  token_create_->add_option("--tokens-file", tokens_file_,
+                            "The coordinator's tokens file to append to (created mode 0600)");
+}
+
+int SecurityCommands::Run(std::ostream& out, std::ostream& err) {
+  if (certs_init_ != nullptr && certs_init_->parsed()) return CertsInit(out, err);
+  if (token_create_ != nullptr && token_create_->parsed()) return TokenCreate(out, err);
+  return -1;
+}
+
+int SecurityCommands::CertsInit(std::ostream& out, std::ostream& err) {
+  absl::StatusOr<std::vector<std::string>> written =
+      WriteClusterCertificates(certs_dir_, hosts_, absl::Hours(24) * days_);
+  if (!written.ok()) return ReportError("certs init", written.status(), err);
+  for (const std::string& path : *written) out << "wrote " << path << "\n";
+  out << "Start the coordinator with --tls-cert " << certs_dir_ << "/coordinator.pem --tls-key "
+      << certs_dir_ << "/coordinator-key.pem --tls-ca " << certs_dir_
+      << "/ca.pem, each worker with worker.pem the same way, and clients with admin.pem.\n"
+      << "Keep ca-key.pem offline: whoever holds it can mint any identity.\n";
+  return kExitOk;
+}
+
+int SecurityCommands::TokenCreate(std::ostream& out, std::ostream& err) {
+  absl::StatusOr<Role> role = ParseRole(token_role_);
+  if (!role.ok()) {
+    return ReportError(
+        "token create",
+        absl::InvalidArgumentError(absl::StrCat("--role: ", role.status().message())), err);
+  }
+  if (token_name_.find_first_of(" \t\n#") != std::string::npos) {
+    return ReportError("token create",
+                       absl::InvalidArgumentError("--name must not contain spaces or '#'"), err);
+  }
+  const std::string token = RandomSecret();
+  const std::string line = TokenTable::Line(token, token_name_, *role) + "\n";
+  if (tokens_file_.empty()) {
+    err << line;
+  } else {
+    const int fd = ::open(tokens_file_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0600);
+    const bool ok = fd >= 0 &&
+                    ::write(fd, line.data(), line.size()) == static_cast<ssize_t>(line.size()) &&
+                    ::fsync(fd) == 0;
+    const int error = errno;
+    if (fd >= 0) ::close(fd);
+    if (!ok) {
+      return ReportError("token create",
+                         absl::UnavailableError(
+                             absl::StrCat("--tokens-file ", tokens_file_, ": ", strerror(error))),
+                         err);
+    }
+    err << "appended " << token_name_ << " (" << token_role_ << ") to " << tokens_file_
+        << "; restart the coordinator to take it\n";
+  }
+  out << token << "\n";
+  return kExitOk;
+}
+
+}  // namespace flatshard

@@ -1,0 +1,61 @@
+// Who is calling the coordinator, and the audit trail of what they changed.
+//
+// A call is identified by its bearer token (--tokens-file), else by the
+// verified client certificate of a mutual-TLS channel (kAdminIdentity is an
+// admin; kWorkerIdentity may register workers). With neither tokens nor a CA
+// configured the coordinator is open: every caller is "anonymous" with every
+// role, which the listen policy allows on loopback only.
+#ifndef FLATSHARD_COORDINATOR_SERVICE_AUTHENTICATOR_H_
+#define FLATSHARD_COORDINATOR_SERVICE_AUTHENTICATOR_H_
+
+#include <fstream>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include <grpcpp/server_context.h>
+#include <grpcpp/support/status.h>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+
+#include "coordinator/service/access_policy.h"
+
+namespace flatshard {
+
+struct AuthenticatorOptions {
+  std::optional<TokenTable> tokens;
+  bool mutual_tls = false;     // the server verifies client certificates
+  std::string audit_log_path;  // empty: audit lines go to the log only
+};
+
+class Authenticator {
+ public:
+  // INVALID_ARGUMENT when the audit log cannot be opened for appending.
+  static absl::StatusOr<std::unique_ptr<Authenticator>> Create(AuthenticatorOptions options);
+
+  // Neither tokens nor client certificates: no caller is identified.
+  bool open() const { return !options_.tokens.has_value() && !options_.mutual_tls; }
+
+  // UNAUTHENTICATED for a missing or unknown token when one is required.
+  absl::StatusOr<Principal> Identify(const grpc::ServerContext& context) const;
+  // Identify, then PERMISSION_DENIED naming `call` and the role it needs.
+  absl::StatusOr<Principal> Authorize(const grpc::ServerContext& context, absl::string_view call,
+                                      Role needed) const;
+
+  // One line per state-changing call: when, who (name, role, peer), the call,
+  // its target and its result.
+  void Audit(const grpc::ServerContext& context, const Principal& who, absl::string_view call,
+             absl::string_view target, const grpc::Status& result);
+
+ private:
+  explicit Authenticator(AuthenticatorOptions options) : options_(std::move(options)) {}
+
+  AuthenticatorOptions options_;
+  std::mutex audit_mu_;
+  std::ofstream audit_file_;
+};
+
+}  // namespace flatshard
+
+#endif  // FLATSHARD_COORDINATOR_SERVICE_AUTHENTICATOR_H_

@@ -1,0 +1,231 @@
+#include "rpc/cluster_certificates.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <memory>
+#include <tuple>
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <openssl/bio.h>
+#include <openssl/bn.h>
+#include <openssl/err.h>
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <openssl/rand.h>
+#include <openssl/x509.h>
+#include <openssl/x509v3.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "rpc/tls_credentials.h"
+
+#include "core/status_macros.h"
+
+namespace flatshard {
+namespace {
+
+struct X509Free {
+  void operator()(X509* x) const { X509_free(x); }
+};
+struct KeyFree {
+  void operator()(EVP_PKEY* k) const { EVP_PKEY_free(k); }
+};
+struct BioFree {
+  void operator()(BIO* b) const { BIO_free(b); }
+};
+struct ExtensionFree {
+  void operator()(X509_EXTENSION* e) const { X509_EXTENSION_free(e); }
+};
+using X509Ptr = std::unique_ptr<X509, X509Free>;
+using KeyPtr = std::unique_ptr<EVP_PKEY, KeyFree>;
+
+absl::Status OpenSslFailure(const char* what) {
+  char text[256] = "unknown error";
+  if (const unsigned long code = ERR_get_error(); code != 0) {  // NOLINT(google-runtime-int)
+    ERR_error_string_n(code, text, sizeof(text));
+  }
+  ERR_clear_error();
+  return absl::InternalError(absl::StrCat("OpenSSL: ", what, ": ", text));
+}
+
+absl::Status AddExtension(X509* cert, X509* issuer, int nid, const std::string& value) {
+  X509V3_CTX ctx;
+  X509V3_set_ctx_nodb(&ctx);
+  X509V3_set_ctx(&ctx, issuer, cert, nullptr, nullptr, 0);
+  std::unique_ptr<X509_EXTENSION, ExtensionFree> ext(
+      X509V3_EXT_conf_nid(nullptr, &ctx, nid, value.c_str()));
+  if (ext == nullptr || X509_add_ext(cert, ext.get(), -1) != 1) {
+    return OpenSslFailure("adding an extension");
+  }
+  return absl::OkStatus();
+}
+
+bool IsIpAddress(const std::string& host) {
+  unsigned char buffer[16];
+  return inet_pton(AF_INET, host.c_str(), buffer) == 1 ||
+         inet_pton(AF_INET6, host.c_str(), buffer) == 1;
+}
+
+absl::StatusOr<std::string> ToPem(X509* cert) {
+  std::unique_ptr<BIO, BioFree> bio(BIO_new(BIO_s_mem()));
+  if (PEM_write_bio_X509(bio.get(), cert) != 1) return OpenSslFailure("writing a certificate");
+  char* data = nullptr;
+  const long size = BIO_get_mem_data(bio.get(), &data);  // NOLINT(google-runtime-int)
+  return std::string(data, static_cast<size_t>(size));
+}
+
+absl::StatusOr<std::string> ToPem(EVP_PKEY* key) {
+  std::unique_ptr<BIO, BioFree> bio(BIO_new(BIO_s_mem()));
+  if (PEM_write_bio_PrivateKey(bio.get(), key, nullptr, nullptr, 0, nullptr, nullptr) != 1) {
+    return OpenSslFailure("writing a key");
+  }
+  char* data = nullptr;
+  const long size = BIO_get_mem_data(bio.get(), &data);  // NOLINT(google-runtime-int)
+  return std::string(data, static_cast<size_t>(size));
+}
+
+absl::StatusOr<std::pair<X509Ptr, KeyPtr>> ParseIssuer(const PemCertificate& issuer) {
+  std::unique_ptr<BIO, BioFree> cert_bio(
+      BIO_new_mem_buf(issuer.cert_pem.data(), static_cast<int>(issuer.cert_pem.size())));
+  std::unique_ptr<BIO, BioFree> key_bio(
+      BIO_new_mem_buf(issuer.key_pem.data(), static_cast<int>(issuer.key_pem.size())));
+  X509Ptr cert(PEM_read_bio_X509(cert_bio.get(), nullptr, nullptr, nullptr));
+  KeyPtr key(PEM_read_bio_PrivateKey(key_bio.get(), nullptr, nullptr, nullptr));
+  if (cert == nullptr || key == nullptr) return OpenSslFailure("reading the issuer");
+  return std::make_pair(std::move(cert), std::move(key));
+}
+
+// Written through a fresh file of the given mode, then renamed into place, so
+// a key is never readable by others even for a moment.
+absl::Status WriteFile(const std::string& path, const std::string& text, mode_t mode) {
+  const std::string tmp = path + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
+  if (fd < 0)
+    return absl::InternalError(absl::StrCat("cannot create ", tmp, ": ", strerror(errno)));
+  const bool written = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+  const bool synced = ::fsync(fd) == 0;
+  ::close(fd);
+  if (!written || !synced || std::rename(tmp.c_str(), path.c_str()) != 0) {
+    ::unlink(tmp.c_str());
+    return absl::InternalError(absl::StrCat("cannot write ", path, ": ", strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<PemCertificate> IssueCertificate(const CertificateRequest& request,
+                                                const PemCertificate* issuer) {
+  KeyPtr key(EVP_EC_gen("P-256"));
+  if (key == nullptr) return OpenSslFailure("generating a P-256 key");
+  X509Ptr cert(X509_new());
+  if (cert == nullptr) return OpenSslFailure("allocating a certificate");
+  X509_set_version(cert.get(), 2);  // v3
+  // A random 127-bit serial: unique without a serial-number database.
+  std::unique_ptr<BIGNUM, decltype(&BN_free)> serial(BN_new(), BN_free);
+  if (serial == nullptr || BN_rand(serial.get(), 127, BN_RAND_TOP_ANY, BN_RAND_BOTTOM_ANY) != 1 ||
+      BN_to_ASN1_INTEGER(serial.get(), X509_get_serialNumber(cert.get())) == nullptr) {
+    return OpenSslFailure("making a serial number");
+  }
+  X509_gmtime_adj(X509_getm_notBefore(cert.get()), absl::ToInt64Seconds(request.not_before));
+  X509_gmtime_adj(X509_getm_notAfter(cert.get()), absl::ToInt64Seconds(request.not_after));
+  X509_set_pubkey(cert.get(), key.get());
+  X509_NAME* name = X509_get_subject_name(cert.get());
+  X509_NAME_add_entry_by_txt(name, "O", MBSTRING_ASC,
+                             reinterpret_cast<const unsigned char*>("flatshard"), -1, -1, 0);
+  X509_NAME_add_entry_by_txt(name, "CN", MBSTRING_ASC,
+                             reinterpret_cast<const unsigned char*>(request.common_name.c_str()),
+                             -1, -1, 0);
+  X509Ptr issuer_cert;
+  KeyPtr issuer_key;
+  if (issuer != nullptr) {
+    ASSIGN_OR_RETURN(auto parsed, ParseIssuer(*issuer));
+    issuer_cert = std::move(parsed.first);
+    issuer_key = std::move(parsed.second);
+  }
+  X509* signer = issuer_cert != nullptr ? issuer_cert.get() : cert.get();
+  X509_set_issuer_name(cert.get(), X509_get_subject_name(signer));
+  if (request.is_ca) {
+    RETURN_IF_ERROR(AddExtension(cert.get(), signer, NID_basic_constraints, "critical,CA:TRUE"));
+    RETURN_IF_ERROR(
+        AddExtension(cert.get(), signer, NID_key_usage, "critical,keyCertSign,cRLSign"));
+  } else {
+    RETURN_IF_ERROR(AddExtension(cert.get(), signer, NID_basic_constraints, "critical,CA:FALSE"));
+    RETURN_IF_ERROR(
+        AddExtension(cert.get(), signer, NID_key_usage, "critical,digitalSignature,keyAgreement"));
+    // Every flatshard daemon is both a server and a client of another.
+    RETURN_IF_ERROR(AddExtension(cert.get(), signer, NID_ext_key_usage, "serverAuth,clientAuth"));
+  }
+  RETURN_IF_ERROR(AddExtension(cert.get(), signer, NID_subject_key_identifier, "hash"));
+  if (!request.hosts.empty()) {
+    std::vector<std::string> names;
+    for (const std::string& host : request.hosts) {
+      names.push_back(absl::StrCat(IsIpAddress(host) ? "IP:" : "DNS:", host));
+    }
+    RETURN_IF_ERROR(
+        AddExtension(cert.get(), signer, NID_subject_alt_name, absl::StrJoin(names, ",")));
+  }
+  EVP_PKEY* signing_key = issuer_key != nullptr ? issuer_key.get() : key.get();
+  if (X509_sign(cert.get(), signing_key, EVP_sha256()) == 0) {
+    return OpenSslFailure("signing a certificate");
+  }
+  PemCertificate out;
+  ASSIGN_OR_RETURN(out.cert_pem, ToPem(cert.get()));
+  ASSIGN_OR_RETURN(out.key_pem, ToPem(key.get()));
+  return out;
+}
+
+absl::StatusOr<std::vector<std::string>> WriteClusterCertificates(
+    const std::string& directory, const std::vector<std::string>& hosts, absl::Duration valid_for) {
+  namespace fs = std::filesystem;
+  if (fs::exists(fs::path(directory) / "ca.pem")) {
+    return absl::AlreadyExistsError(
+        absl::StrCat(directory,
+                     " already holds a cluster CA (ca.pem); every certificate it signed would "
+                     "stop working if it were replaced: choose another directory"));
+  }
+  std::error_code ec;
+  fs::create_directories(directory, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot create ", directory, ": ", ec.message()));
+  std::vector<std::string> all_hosts = {"localhost", "127.0.0.1"};
+  for (const std::string& host : hosts) {
+    if (std::find(all_hosts.begin(), all_hosts.end(), host) == all_hosts.end()) {
+      all_hosts.push_back(host);
+    }
+  }
+  CertificateRequest ca_request{"flatshard cluster CA", {}, true};
+  ca_request.not_after = valid_for;
+  ASSIGN_OR_RETURN(PemCertificate ca, IssueCertificate(ca_request, nullptr));
+  struct Issued {
+    const char* file;
+    PemCertificate pem;
+  };
+  std::vector<Issued> issued = {{"ca", ca}};
+  for (const auto& [file, common_name, with_hosts] :
+       {std::tuple{"coordinator", kCoordinatorIdentity, true},
+        std::tuple{"worker", kWorkerIdentity, true}, std::tuple{"admin", kAdminIdentity, false}}) {
+    CertificateRequest request{common_name, with_hosts ? all_hosts : std::vector<std::string>{}};
+    request.not_after = valid_for;
+    ASSIGN_OR_RETURN(PemCertificate pem, IssueCertificate(request, &ca));
+    issued.push_back({file, std::move(pem)});
+  }
+  // The CA last: a run that fails halfway leaves no ca.pem, so it can be rerun.
+  std::vector<std::string> written;
+  for (auto it = issued.rbegin(); it != issued.rend(); ++it) {
+    const Issued& i = *it;
+    const std::string cert = (fs::path(directory) / absl::StrCat(i.file, ".pem")).string();
+    const std::string key = (fs::path(directory) / absl::StrCat(i.file, "-key.pem")).string();
+    RETURN_IF_ERROR(WriteFile(key, i.pem.key_pem, 0600));
+    RETURN_IF_ERROR(WriteFile(cert, i.pem.cert_pem, 0644));
+    written.push_back(cert);
+    written.push_back(key);
+  }
+  return written;
+}
+
+}  // namespace flatshard

@@ -1,0 +1,47 @@
+// A cluster's certificate authority and the certificates `flatshard certs
+// init` issues from it, made with the OpenSSL library (EC P-256 keys, SHA-256
+// signatures, X.509 v3 with subjectAltNames for every host a peer dials).
+#ifndef FLATSHARD_RPC_CLUSTER_CERTIFICATES_H_
+#define FLATSHARD_RPC_CLUSTER_CERTIFICATES_H_
+
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace flatshard {
+
+struct PemCertificate {
+  std::string cert_pem;
+  std::string key_pem;
+};
+
+struct CertificateRequest {
+  std::string common_name;
+  // DNS names and IP addresses the holder is dialed at (subjectAltName).
+  std::vector<std::string> hosts;
+  bool is_ca = false;
+  // Validity: [now + not_before, now + not_after]. Tests issue expired and
+  // not-yet-valid certificates by moving the window.
+  absl::Duration not_before = absl::Minutes(-5);
+  absl::Duration not_after = absl::Hours(24 * 365);
+};
+
+// Self-signed when `issuer` is null (a CA), else signed by it.
+absl::StatusOr<PemCertificate> IssueCertificate(const CertificateRequest& request,
+                                                const PemCertificate* issuer);
+
+// The files of a cluster: ca.pem (and ca-key.pem, to issue more later),
+// coordinator.pem/-key.pem, worker.pem/-key.pem, admin.pem/-key.pem, with
+// `hosts` (plus localhost and 127.0.0.1) in the coordinator's and workers'
+// subjectAltNames. Keys are written mode 0600. ALREADY_EXISTS, writing
+// nothing, when `directory` already holds a CA: reissuing would orphan every
+// certificate made from it. The paths written.
+absl::StatusOr<std::vector<std::string>> WriteClusterCertificates(
+    const std::string& directory, const std::vector<std::string>& hosts,
+    absl::Duration valid_for = absl::Hours(24 * 365));
+
+}  // namespace flatshard
+
+#endif  // FLATSHARD_RPC_CLUSTER_CERTIFICATES_H_
