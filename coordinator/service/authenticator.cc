@@ -47,12 +47,16 @@ absl::StatusOr<Principal> Authenticator::Authorize(const grpc::ServerContext& co
                                                    absl::string_view call, Role needed) const {
   absl::StatusOr<Principal> who = Identify(context);
   if (!who.ok()) return who.status();
-  if (open()) return who;  // every caller may do everything (loopback development)
-  if (!RoleAllows(who->role, needed)) {
-    return absl::PermissionDeniedError(absl::StrCat(call, " needs role ", RoleName(needed), "; '",
-                                                    who->name, "' has role ", RoleName(who->role)));
-  }
+  if (absl::Status permitted = Permit(*who, call, needed); !permitted.ok()) return permitted;
   return who;
+}
+
+absl::Status Authenticator::Permit(const Principal& who, absl::string_view call,
+                                   Role needed) const {
+  // Open: every caller may do everything (loopback development).
+  if (open() || RoleAllows(who.role, needed)) return absl::OkStatus();
+  return absl::PermissionDeniedError(absl::StrCat(call, " needs role ", RoleName(needed), "; '",
+                                                  who.name, "' has role ", RoleName(who.role)));
 }
 
 void Authenticator::Audit(const grpc::ServerContext& context, const Principal& who,

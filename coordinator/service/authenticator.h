@@ -39,7 +39,9 @@ class Authenticator {
 
   // UNAUTHENTICATED for a missing or unknown token when one is required.
   absl::StatusOr<Principal> Identify(const grpc::ServerContext& context) const;
-  // Identify, then PERMISSION_DENIED naming `call` and the role it needs.
+  // PERMISSION_DENIED naming `call`, the role it needs and the one `who` has.
+  absl::Status Permit(const Principal& who, absl::string_view call, Role needed) const;
+  // Identify, then Permit.
   absl::StatusOr<Principal> Authorize(const grpc::ServerContext& context, absl::string_view call,
                                       Role needed) const;
 

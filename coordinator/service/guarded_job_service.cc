@@ -85,13 +85,18 @@ grpc::Status GuardedJobService::Guard(grpc::ServerContext& context, const char* 
     return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
                         std::string(method) + " has no access policy");
   }
-  absl::StatusOr<Principal> who = auth_->Authorize(context, method, policy->needs);
+  absl::StatusOr<Principal> who = auth_->Identify(context);
   if (!who.ok()) {
     if (policy->audited) {
       auth_->Audit(context, Principal{"unidentified", Role::kViewer}, method, Target(request),
                    ToGrpcStatus(who.status()));
     }
     return ToGrpcStatus(who.status());
+  }
+  if (absl::Status permitted = auth_->Permit(*who, method, policy->needs); !permitted.ok()) {
+    if (policy->audited)
+      auth_->Audit(context, *who, method, Target(request), ToGrpcStatus(permitted));
+    return ToGrpcStatus(permitted);
   }
   const std::string client = ClientKey(context, *who, auth_->open());
   grpc::Status result;
