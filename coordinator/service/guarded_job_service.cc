@@ -6,6 +6,7 @@
 #include <google/protobuf/descriptor.h>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 
 #include "proto/grpc_status.h"
@@ -13,24 +14,28 @@
 namespace flatshard {
 namespace {
 
+// A job spec (a model of many modules) may be large; nothing else is.
+constexpr size_t kSpecRequestBytes = 8 << 20;
+constexpr size_t kRequestBytes = 64 << 10;
+
 constexpr CallPolicy kPolicies[] = {
-    // name, needs, audited, expensive, streaming
-    {"CreateJob", Role::kAdmin, true, false, false},
-    {"DeleteJob", Role::kAdmin, true, false, false},
-    {"DeleteCheckpoint", Role::kAdmin, true, false, false},
-    {"Train", Role::kOperator, true, false, true},
-    {"StopTraining", Role::kOperator, true, false, false},
-    {"Unshard", Role::kOperator, true, false, false},
-    {"Reshard", Role::kOperator, true, false, false},
-    {"SummonFullParams", Role::kOperator, true, true, true},
-    {"SetStateDictSettings", Role::kOperator, true, false, false},
-    {"SaveCheckpoint", Role::kOperator, true, true, true},
-    {"LoadCheckpoint", Role::kOperator, true, false, true},
-    {"GetJob", Role::kViewer, false, false, false},
-    {"ListWorkers", Role::kViewer, false, false, false},
-    {"ListCheckpoints", Role::kViewer, false, false, false},
-    {"WatchEvents", Role::kViewer, false, false, true},
-    {"Plan", Role::kViewer, false, true, false},
+    // name, needs, audited, expensive, streaming, max_request_bytes
+    {"CreateJob", Role::kAdmin, true, false, false, kSpecRequestBytes},
+    {"DeleteJob", Role::kAdmin, true, false, false, kRequestBytes},
+    {"DeleteCheckpoint", Role::kAdmin, true, false, false, kRequestBytes},
+    {"Train", Role::kOperator, true, false, true, kRequestBytes},
+    {"StopTraining", Role::kOperator, true, false, false, kRequestBytes},
+    {"Unshard", Role::kOperator, true, false, false, kRequestBytes},
+    {"Reshard", Role::kOperator, true, false, false, kRequestBytes},
+    {"SummonFullParams", Role::kOperator, true, true, true, kRequestBytes},
+    {"SetStateDictSettings", Role::kOperator, true, false, false, kRequestBytes},
+    {"SaveCheckpoint", Role::kOperator, true, true, true, kRequestBytes},
+    {"LoadCheckpoint", Role::kOperator, true, false, true, kRequestBytes},
+    {"GetJob", Role::kViewer, false, false, false, kRequestBytes},
+    {"ListWorkers", Role::kViewer, false, false, false, kRequestBytes},
+    {"ListCheckpoints", Role::kViewer, false, false, false, kRequestBytes},
+    {"WatchEvents", Role::kViewer, false, false, true, kRequestBytes},
+    {"Plan", Role::kViewer, false, true, false, kSpecRequestBytes},
 };
 
 const CallPolicy* FindPolicy(absl::string_view method) {
@@ -84,6 +89,11 @@ grpc::Status GuardedJobService::Guard(grpc::ServerContext& context, const char* 
   if (policy == nullptr) {
     return grpc::Status(grpc::StatusCode::PERMISSION_DENIED,
                         std::string(method) + " has no access policy");
+  }
+  if (const size_t bytes = request.ByteSizeLong(); bytes > policy->max_request_bytes) {
+    return grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED,
+                        absl::StrCat(method, ": the request is ", bytes,
+                                     " bytes; limit request_bytes is ", policy->max_request_bytes));
   }
   absl::StatusOr<Principal> who = auth_->Identify(context);
   if (!who.ok()) {

@@ -22,9 +22,10 @@ namespace flatshard {
 struct CallPolicy {
   const char* name;  // the JobService method
   Role needs;
-  bool audited;    // changes state, or reads the model out
-  bool expensive;  // rate limited
-  bool streaming;  // counts against the client's concurrent streams
+  bool audited;              // changes state, or reads the model out
+  bool expensive;            // rate limited
+  bool streaming;            // counts against the client's concurrent streams
+  size_t max_request_bytes;  // larger requests are RESOURCE_EXHAUSTED
 };
 
 // The policy of every JobService method; UNIMPLEMENTED-safe: a method missing
