@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# Runs the real binaries' security flags: `flatshard certs init` and `token
+# create`; daemons refuse bad TLS files at start (exit 2, naming the flag and
+# the file) and a reachable address without TLS (unless --insecure, which
+# starts and warns). Usage: security_cli_test.sh <bin dir>
+set -u
+bin=$1
+tmp=$(mktemp -d)
+pids=()
+cleanup() {
+  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null && wait "$p" 2>/dev/null; done
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+failures=0
+
+expect() {  # expect <name> <want-exit> <pattern> -- command...
+  local name=$1 want=$2 pattern=$3
+  shift 4
+  timeout 30 "$@" >"$tmp/out" 2>"$tmp/err"
+  local rc=$?
+  if [[ $rc -ne $want ]]; then
+    echo "FAIL $name: exit $rc, want $want"; cat "$tmp/out" "$tmp/err" | head -20
+    failures=$((failures + 1)); return
+  fi
+  if ! grep -q -- "$pattern" "$tmp/out" "$tmp/err"; then
+    echo "FAIL $name: output lacks '$pattern'"; cat "$tmp/out" "$tmp/err" | head -20
+    failures=$((failures + 1)); return
+  fi
+  echo "ok   $name"
+}
+
+c=$tmp/certs
+expect certs_init 0 "wrote $c/ca.pem" -- "$bin/flatshard" certs init "$c" --hosts node-a,10.9.8.7
+expect certs_init_again 2 "already holds a cluster CA" -- "$bin/flatshard" certs init "$c"
+[[ $(stat -c %a "$c/coordinator-key.pem") == 600 ]] || { echo "FAIL key mode"; failures=$((failures + 1)); }
+openssl x509 -in "$c/worker.pem" -noout -text | grep -q "IP Address:10.9.8.7" \
+  || { echo "FAIL worker SAN lacks 10.9.8.7"; failures=$((failures + 1)); }
+openssl verify -CAfile "$c/ca.pem" "$c/admin.pem" >/dev/null \
+  || { echo "FAIL admin.pem does not verify"; failures=$((failures + 1)); }
+
+expect token_create 0 "appended alice (operator)" -- \
+  "$bin/flatshard" token create --name alice --role operator --tokens-file "$tmp/tokens"
+token=$(head -1 "$tmp/out")
+[[ ${#token} == 64 ]] && ! grep -q "$token" "$tmp/tokens" \
+  || { echo "FAIL the tokens file holds the token or it is not 64 digits"; failures=$((failures + 1)); }
+expect token_bad_role 2 "role 'root' is not one of" -- \
+  "$bin/flatshard" token create --name x --role root
+
+coord=("$bin/flatshard-coordinator" --state-dir "" --metrics-listen "")
+tls=(--tls-cert "$c/coordinator.pem" --tls-key "$c/coordinator-key.pem" --tls-ca "$c/ca.pem")
+expect coordinator_missing_cert 2 "tls-cert file '$tmp/none.pem' cannot be read" -- \
+  "${coord[@]}" --listen 127.0.0.1:0 --tls-cert "$tmp/none.pem" --tls-key "$c/coordinator-key.pem"
+expect coordinator_wrong_key 2 "is not the key of --tls-cert file '$c/coordinator.pem'" -- \
+  "${coord[@]}" --listen 127.0.0.1:0 --tls-cert "$c/coordinator.pem" --tls-key "$c/admin-key.pem"
+"$bin/flatshard" certs init "$tmp/other" >/dev/null
+expect coordinator_foreign_ca 2 "is not signed by the CA in --tls-ca file '$tmp/other/ca.pem'" -- \
+  "${coord[@]}" --listen 127.0.0.1:0 --tls-cert "$c/coordinator.pem" \
+  --tls-key "$c/coordinator-key.pem" --tls-ca "$tmp/other/ca.pem"
+expect coordinator_bad_tokens 2 "line 1: role 'boss'" -- bash -c \
+  "echo '$(printf '%064d' 0) bob boss' > '$tmp/badtokens'; ${coord[*]} --listen 127.0.0.1:0 --tokens-file '$tmp/badtokens'"
+expect coordinator_exposed 2 "0.0.0.0:0 is reachable from other hosts" -- \
+  "${coord[@]}" --listen 0.0.0.0:0
+expect worker_exposed 2 "--listen 0.0.0.0:0 is reachable from other hosts" -- \
+  "$bin/flatshard-worker" --coordinator 127.0.0.1:1 --state-dir "" --listen 0.0.0.0:0
+expect worker_key_missing 2 "tls-key file" -- \
+  "$bin/flatshard-worker" --coordinator 127.0.0.1:1 --state-dir "" --tls-cert "$c/worker.pem" \
+  --tls-key "$tmp/none-key.pem"
+
+# Secured on a reachable address: starts. --insecure: starts and warns.
+for mode in secured insecure; do
+  if [[ $mode == secured ]]; then extra=("${tls[@]}"); else extra=(--insecure); fi
+  mkfifo "$tmp/$mode.out"
+  "${coord[@]}" --listen 0.0.0.0:0 "${extra[@]}" >"$tmp/$mode.out" 2>"$tmp/$mode.err" &
+  pids+=($!)
+  # Its first line, read as it comes (bounded): "... listening on HOST:PORT".
+  line=""
+  read -r -t 20 line <"$tmp/$mode.out"
+  if [[ $line == *"listening on"* ]]; then echo "ok   coordinator_$mode starts"; else
+    echo "FAIL coordinator_$mode did not start"; cat "$tmp/$mode.err"; failures=$((failures + 1)); fi
+done
+grep -q "without .* (--insecure)" "$tmp/insecure.err" \
+  && echo "ok   insecure warns" || { echo "FAIL --insecure did not warn"; failures=$((failures + 1)); }
+
+((failures == 0)) && echo "all passed" || echo "$failures failed"
+exit $((failures > 0))
