@@ -5,7 +5,9 @@
 # live progress while a second client takes a checkpoint on demand in the middle
 # of training, shows how to resume from it, gathers the trained parameters into
 # a safetensors file, and stops the cluster. A Prometheus server scrapes every
-# daemon meanwhile; the demo ends with what it saw.
+# daemon meanwhile; the demo ends with what it saw. The cluster runs secured
+# (`flatshard up --tls`: mutual TLS on every channel, an admin token, an audit
+# log); FLATSHARD_DEMO_TLS=0 runs it plaintext on loopback instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -21,7 +23,9 @@ echo
 
 echo "== flatshard up: a coordinator, 4 workers and Prometheus, then the job from examples/mlp-job.yaml =="
 export OPENBLAS_NUM_THREADS=1
-"$bin" up --workers 4 --listen 127.0.0.1:0 --job examples/mlp-job.yaml \
+tls=()
+[[ ${FLATSHARD_DEMO_TLS:-1} == 1 ]] && tls=(--tls)
+"$bin" up "${tls[@]}" --workers 4 --listen 127.0.0.1:0 --job examples/mlp-job.yaml \
   --address-file "$out/coordinator" --checkpoint-dir "$out/checkpoints" \
   --prometheus --prometheus-listen 127.0.0.1:0 --scrape-interval 1 >"$out/up.log" 2>&1 &
 up_pid=$!
@@ -34,6 +38,12 @@ for _ in $(seq 1200); do
 done
 [[ -s "$out/coordinator" ]] || { echo "flatshard up did not come up; see $out/up.log"; exit 1; }
 addr=$(cat "$out/coordinator")
+if ((${#tls[@]})); then
+  # The admin client's certificate and token, as `up` printed them.
+  security=$out/checkpoints/.security
+  export FLATSHARD_TLS_CERT=$security/admin.pem FLATSHARD_TLS_KEY=$security/admin-key.pem \
+    FLATSHARD_TLS_CA=$security/ca.pem FLATSHARD_TOKEN_FILE=$security/admin.token
+fi
 prometheus=$(sed -n 's/^prometheus: \([^ ]*\).*/\1/p' "$out/up.log")
 sed -n '1,/Ctrl-C stops/p' "$out/up.log" | grep -v '^\[' | sed 's/^/  /'
 echo
@@ -102,6 +112,11 @@ kill -TERM "$up_pid"
 wait "$up_pid" || true
 trap - EXIT
 grep -A2 'stopping the cluster' "$out/up.log" | sed 's/^/  /' || true
+if ((${#tls[@]})); then
+  echo
+  echo "== the audit log: every state-changing call, who made it and how it ended =="
+  sed 's/^audit time=[^ ]* /  /' "$security/audit.log" | head -12
+fi
 echo
 echo "Next: run 'build/bin/flatshard up' in one terminal and drive it from another"
 echo "(flatshard job create -f examples/mlp-job.yaml; flatshard train -j mlp-demo --steps 50;"
