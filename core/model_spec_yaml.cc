@@ -137,9 +137,11 @@ absl::StatusOr<ModuleSpec> ReadModule(const YamlField& field, DType default_dtyp
     YamlField attrs = field.Child("attrs");
     RETURN_IF_ERROR(attrs.ExpectMap());
     for (const auto& entry : attrs.node) {
-      YamlField value{entry.second, absl::StrCat(attrs.path, ".", entry.first.Scalar()),
-                      attrs.source};
-      ASSIGN_OR_RETURN(module.attrs[entry.first.Scalar()], value.AsString());
+      // Through AsString, so a key is checked as strictly as a value.
+      ASSIGN_OR_RETURN(std::string key,
+                       (YamlField{entry.first, attrs.path, attrs.source}.AsString()));
+      YamlField value{entry.second, absl::StrCat(attrs.path, ".", key), attrs.source};
+      ASSIGN_OR_RETURN(module.attrs[key], value.AsString());
     }
   }
 
@@ -194,6 +196,8 @@ absl::StatusOr<ModuleSpec> ReadModule(const YamlField& field, DType default_dtyp
           absl::StrCat("must be between 1 and ", kMaxRepeat, ", got ", repeat));
     }
     YamlField tmpl = field.Child("template");
+    // Before the subscript below, which yaml-cpp throws for on a scalar.
+    RETURN_IF_ERROR(tmpl.ExpectMap());
     if (tmpl.Has("name")) {
       return tmpl.Child("name").Error("a template has no name; copies are named 0..N-1");
     }

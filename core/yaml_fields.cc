@@ -1,5 +1,6 @@
 #include "core/yaml_fields.h"
 
+#include <cstdint>
 #include <fstream>
 #include <sstream>
 #include <vector>
@@ -24,6 +25,43 @@ absl::string_view KindName(const YAML::Node& node) {
       return "missing";
   }
   return "?";
+}
+
+// RFC 3629: no overlong forms, no surrogates, nothing past U+10FFFF.
+bool IsValidUtf8(absl::string_view text) {
+  size_t i = 0;
+  while (i < text.size()) {
+    const auto lead = static_cast<unsigned char>(text[i]);
+    // Continuation bytes, and the smallest code point needing that many.
+    size_t extra = 0;
+    uint32_t min = 0;
+    if (lead < 0x80) {
+      ++i;
+      continue;
+    }
+    if ((lead & 0xE0) == 0xC0) {
+      extra = 1;
+      min = 0x80;
+    } else if ((lead & 0xF0) == 0xE0) {
+      extra = 2;
+      min = 0x800;
+    } else if ((lead & 0xF8) == 0xF0) {
+      extra = 3;
+      min = 0x10000;
+    } else {
+      return false;
+    }
+    if (text.size() - i <= extra) return false;
+    uint32_t point = lead & (0x3Fu >> extra);
+    for (size_t k = 1; k <= extra; ++k) {
+      const auto next = static_cast<unsigned char>(text[i + k]);
+      if ((next & 0xC0) != 0x80) return false;
+      point = (point << 6) | (next & 0x3Fu);
+    }
+    if (point < min || point > 0x10FFFF || (point >= 0xD800 && point <= 0xDFFF)) return false;
+    i += extra + 1;
+  }
+  return true;
 }
 
 }  // namespace
@@ -95,6 +133,9 @@ absl::StatusOr<std::string> YamlField::AsString() const {
   if (!node.IsScalar() || !YAML::convert<std::string>::decode(node, value)) {
     return Error(absl::StrCat("expected a string, got ", KindName(node)));
   }
+  // Specs become protobuf messages, whose strings must be UTF-8: other bytes
+  // would pass here and fail only in the receiving daemon's parser.
+  if (!IsValidUtf8(value)) return Error("is not valid UTF-8 text");
   return value;
 }
 
