@@ -161,6 +161,14 @@ TEST_F(JobServiceTest, BadRequestsGetPreciseErrorsAndChangeNothing) {
   bad_plan.set_world_size(-2);
   ExpectRefused(client_->Plan(bad_plan).status(), StatusCode::kInvalidArgument, "world_size");
   ++kinds;
+  // A plan too big to compute on the coordinator's time (valid, but 65,536
+  // ranks' slices of every parameter).
+  v1::JobSpec huge_plan = spec_;
+  huge_plan.set_world_size(65536);
+  huge_plan.mutable_data()->set_global_batch_size(65536);
+  ExpectRefused(client_->Plan(huge_plan).status(), StatusCode::kResourceExhausted,
+                "plan_rank_slices");
+  ++kinds;
 
   // Membership.
   v1::RegisterRequest anonymous;
