@@ -9,10 +9,7 @@
 #include "core/status_macros.h"
 
 namespace flatshard {
-namespace {
 
-// Deterministic serialization: the same message gives the same bytes on both
-// daemons (fields in number order, no map-order dependence).
 std::string CanonicalBytes(const google::protobuf::Message& message) {
   std::string bytes;
   {
@@ -24,8 +21,6 @@ std::string CanonicalBytes(const google::protobuf::Message& message) {
   }
   return bytes;
 }
-
-}  // namespace
 
 v1::CommandBatch MakeStepBatch(const StepProgram& program, int64_t step, bool sync_gradients) {
   v1::CommandBatch batch;

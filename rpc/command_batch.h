@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "google/protobuf/message.h"
 
 #include "core/step_program.h"
 #include "flatshard/v1/worker.pb.h"
@@ -22,6 +23,10 @@ namespace flatshard {
 // The largest summon chunk: a TensorChunk must stay well inside the 64 MiB
 // gRPC message limit every flatshard channel and server sets.
 constexpr int64_t kMaxSummonChunkBytes = int64_t{32} << 20;
+
+// Deterministic serialization: the same message gives the same bytes on both
+// daemons (fields in number order, no map-order dependence).
+std::string CanonicalBytes(const google::protobuf::Message& message);
 
 v1::CommandBatch MakeStepBatch(const StepProgram& program, int64_t step, bool sync_gradients);
 // Manual Unshard / Reshard / Barrier outside a step.

@@ -144,17 +144,6 @@ void CheckPlan(const JobConfig& config) {
 
 }  // namespace
 
-std::string CanonicalBytes(const google::protobuf::Message& message) {
-  std::string bytes;
-  {
-    google::protobuf::io::StringOutputStream stream(&bytes);
-    google::protobuf::io::CodedOutputStream coded(&stream);
-    coded.SetSerializationDeterministic(true);
-    (void)message.SerializeToCodedStream(&coded);
-  }
-  return bytes;
-}
-
 void CheckWireRoundTrip(const google::protobuf::Message& message) {
   const std::string bytes = CanonicalBytes(message);
   std::unique_ptr<google::protobuf::Message> copy(message.New());

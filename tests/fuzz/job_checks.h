@@ -11,15 +11,13 @@
 
 #include "absl/strings/string_view.h"
 #include "google/protobuf/message.h"
+#include "rpc/command_batch.h"
 
 #include "core/job_config.h"
 #include "core/model_spec.h"
 #include "flatshard/v1/job.pb.h"
 
 namespace flatshard::fuzz {
-
-// Deterministic serialization, as rpc/command_batch.cc digests it.
-std::string CanonicalBytes(const google::protobuf::Message& message);
 
 // Aborts unless `message` reads back from its wire bytes and re-serializes to
 // the same bytes: what the coordinator stores and digests must be stable.
