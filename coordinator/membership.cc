@@ -45,15 +45,16 @@ absl::StatusOr<MembershipTable::Registered> MembershipTable::Register(const Regi
     }
     rank = existing->second.rank;
     if (r.requested_rank >= 0 && r.requested_rank != rank) {
-      return absl::AlreadyExistsError(absl::StrCat("worker '", r.worker_id, "' already has rank ",
-                                                   rank, "; it cannot move to rank ",
-                                                   r.requested_rank));
+      return absl::AlreadyExistsError(absl::StrCat("register.requested_rank: worker '", r.worker_id,
+                                                   "' already has rank ", rank,
+                                                   "; it cannot move to rank ", r.requested_rank));
     }
   } else if (r.requested_rank >= 0) {
     auto owner = id_by_rank_.find(r.requested_rank);
     if (owner != id_by_rank_.end()) {
-      return absl::AlreadyExistsError(absl::StrCat(
-          "rank ", r.requested_rank, " already belongs to worker '", owner->second, "'"));
+      return absl::AlreadyExistsError(absl::StrCat("register.requested_rank: rank ",
+                                                   r.requested_rank, " already belongs to worker '",
+                                                   owner->second, "'"));
     }
     rank = r.requested_rank;
   } else {

@@ -4,6 +4,7 @@
 // client"): clients attach to it and stream, ask it to stop, and a restarted
 // coordinator resumes it from the state dir.
 #include <algorithm>
+#include <limits>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -210,6 +211,11 @@ absl::StatusOr<std::shared_ptr<TrainingRun>> TrainingJob::StartTraining(
   v1::TrainingOperation op;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (steps > std::numeric_limits<int64_t>::max() - step_) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("train.steps ", steps, " would take the job past the last step (",
+                       std::numeric_limits<int64_t>::max(), ") from step ", step_));
+    }
     op.set_target_step(step_ + steps);
   }
   op.set_no_sync_micro_steps(micro_steps);

@@ -190,11 +190,14 @@ grpc::Status JobServiceImpl::SetStateDictSettings(grpc::ServerContext*,
   }
   const bool full = settings.state_dict_type() == v1::FULL_STATE_DICT ||
                     settings.state_dict_type() == v1::STATE_DICT_TYPE_UNSPECIFIED;
-  if (!full && (settings.state_dict_config().rank0_only() ||
-                settings.optim_state_dict_config().rank0_only())) {
-    return ToGrpcStatus(absl::InvalidArgumentError(
-        absl::StrCat("settings.state_dict_config.rank0_only applies to FULL_STATE_DICT only, not ",
-                     v1::StateDictType_Name(settings.state_dict_type()))));
+  for (const auto& [field, config] :
+       {std::pair{"state_dict_config", &settings.state_dict_config()},
+        std::pair{"optim_state_dict_config", &settings.optim_state_dict_config()}}) {
+    if (!full && config->rank0_only()) {
+      return ToGrpcStatus(absl::InvalidArgumentError(
+          absl::StrCat("settings.", field, ".rank0_only applies to FULL_STATE_DICT only, not ",
+                       v1::StateDictType_Name(settings.state_dict_type()))));
+    }
   }
   *response->mutable_previous() = (*job)->SetStateDictSettings(settings);
   return grpc::Status::OK;

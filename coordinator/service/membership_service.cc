@@ -12,7 +12,8 @@ namespace flatshard {
 
 namespace {
 
-// Longest host, address, id or name a registration may carry.
+// Longest host, address, id or name a registration (or state a heartbeat)
+// may carry.
 constexpr size_t kMaxRegistrationField = 256;
 
 absl::Status CheckRegistrationSizes(const v1::RegisterRequest& r) {
@@ -67,6 +68,11 @@ grpc::Status MembershipService::Register(grpc::ServerContext* context,
 grpc::Status MembershipService::Heartbeat(grpc::ServerContext* context,
                                           const v1::HeartbeatRequest* request,
                                           v1::HeartbeatResponse* response) {
+  if (request->state().size() > kMaxRegistrationField) {
+    return ToGrpcStatus(
+        absl::ResourceExhaustedError(absl::StrCat("heartbeat.state is ", request->state().size(),
+                                                  " bytes; the limit is ", kMaxRegistrationField)));
+  }
   absl::Status status =
       members_->Heartbeat(request->worker_id(), MetadataValue(*context, kSessionKey),
                           request->last_completed_seq(), request->state(), absl::Now());

@@ -66,6 +66,9 @@ class BatchExecutor {
   v1::CommandBatch MakeBatch(int64_t step, bool sync_gradients) const;
 
   uint64_t last_completed_seq() const { return last_seq_; }
+  // A batch failed while running: the job must be re-formed. A batch refused
+  // by the checks (nothing ran) does not poison the executor.
+  bool poisoned() const { return !failure_.ok(); }
   uint64_t job_epoch() const { return epoch_; }
 
  private:

@@ -83,7 +83,11 @@ void WorkerServiceImpl::EndBatch(const absl::Status& status) {
   std::lock_guard<std::mutex> lock(state_mu_);
   if (job_ != nullptr) status_.last_completed_seq = job_->executor->last_completed_seq();
   if (status_.state == "aborted") return;
-  status_.state = status.ok() ? "ready" : "failed";
+  // A batch refused before it ran (its epoch, seq, digest or kind) leaves the
+  // worker ready, or a hostile call would keep a restarted coordinator from
+  // re-adopting it; only a batch that broke the executor fails it.
+  const bool broken = job_ != nullptr && job_->executor->poisoned();
+  status_.state = status.ok() || !broken ? "ready" : "failed";
 }
 
 WorkerStatus WorkerServiceImpl::Status() const {

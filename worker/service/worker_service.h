@@ -113,7 +113,8 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
                          grpc::ServerWriter<v1::TensorChunk>& writer);
   // Marks a batch running, or refuses it when the job was aborted.
   absl::Status BeginBatch();
-  // Back to ready (or failed), unless an abort arrived meanwhile.
+  // Back to ready (failed if the batch poisoned the executor), unless an
+  // abort arrived meanwhile.
   void EndBatch(const absl::Status& status);
 
   WorkerServiceOptions options_;
