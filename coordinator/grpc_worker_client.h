@@ -21,9 +21,9 @@ class GrpcWorkerClient final : public WorkerClient {
  public:
   // `credentials` null: plaintext. `command_token`: what the worker sent in its
   // registration; every call carries it.
-  GrpcWorkerClient(const std::string& address,
-                   std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr,
-                   std::string command_token = "");
+  explicit GrpcWorkerClient(const std::string& address,
+                            std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr,
+                            std::string command_token = "");
   ~GrpcWorkerClient() override;
 
   void Execute(const v1::CommandBatch* batch, absl::Time deadline, ExecuteDone done) override;

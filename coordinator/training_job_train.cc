@@ -18,18 +18,30 @@
 #include "core/step_program.h"
 
 namespace flatshard {
+namespace {
+
+// No-sync micro-steps per step: gradient accumulation over more than this is
+// a mistake, and a huge value would make one step run practically forever.
+constexpr int kMaxMicroSteps = 1024;
+
+absl::Status CheckTrainRequest(int64_t steps, int micro_steps) {
+  if (steps <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("train.steps must be positive, got ", steps));
+  }
+  if (micro_steps < 0 || micro_steps > kMaxMicroSteps) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "train.no_sync_micro_steps must be between 0 and ", kMaxMicroSteps, ", got ", micro_steps));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::Status TrainingJob::Train(int64_t steps, int micro_steps,
                                 const std::function<bool(const v1::StepResult&)>& on_step,
                                 const std::function<void()>& on_started,
                                 const EndedHook& on_ended) {
-  if (steps <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat("train.steps must be positive, got ", steps));
-  }
-  if (micro_steps < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("train.no_sync_micro_steps must be >= 0, got ", micro_steps));
-  }
+  RETURN_IF_ERROR(CheckTrainRequest(steps, micro_steps));
   ASSIGN_OR_RETURN(OperationLock op, BeginOperation("train"));
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -201,13 +213,7 @@ absl::Status TrainingJob::Train(int64_t steps, int micro_steps,
 
 absl::StatusOr<std::shared_ptr<TrainingRun>> TrainingJob::StartTraining(
     int64_t steps, int micro_steps, const std::string& started_by) {
-  if (steps <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat("train.steps must be positive, got ", steps));
-  }
-  if (micro_steps < 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("train.no_sync_micro_steps must be >= 0, got ", micro_steps));
-  }
+  RETURN_IF_ERROR(CheckTrainRequest(steps, micro_steps));
   v1::TrainingOperation op;
   {
     std::lock_guard<std::mutex> lock(mu_);

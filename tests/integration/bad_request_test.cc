@@ -257,6 +257,8 @@ std::vector<BadRequest> BadRequestTest::JobServiceCases() {
       {"Train past the last step", train("steps: 9223372036854775807"), kInvalid, "train.steps"},
       {"Train with -1 micro-steps", train("steps: 1 no_sync_micro_steps: -1"), kInvalid,
        "train.no_sync_micro_steps"},
+      {"Train with 2^31-1 micro-steps", train("steps: 1 no_sync_micro_steps: 2147483647"), kInvalid,
+       "train.no_sync_micro_steps must be between 0 and 1024"},
       {"Train with attach and detach", train("steps: 1 attach: true detach: true"), kInvalid,
        "attach and detach"},
       {"Train attaching to no training", train("attach: true"), kPrecondition, "is not training"},
