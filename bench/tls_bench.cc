@@ -98,7 +98,8 @@ int Main(int argc, char** argv) {
   if (!spec.ok()) Die(spec.status());
   spec->set_world_size(flags.workers);
 
-  Side sides[2] = {{"plaintext", nullptr, nullptr, {}, {}}, {"mTLS+tokens", nullptr, nullptr, {}, {}}};
+  Side sides[2] = {{"plaintext", nullptr, nullptr, {}, {}},
+                   {"mTLS+tokens", nullptr, nullptr, {}, {}}};
   for (int s = 0; s < 2; ++s) {
     LocalClusterOptions options;
     options.workers = flags.workers;

@@ -20,8 +20,9 @@ namespace flatshard {
 absl::Status WritePrivateFile(const std::string& path, const std::string& text) {
   const std::string tmp = path + ".tmp";
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0)
+  if (fd < 0) {
     return absl::InternalError(absl::StrCat("cannot create ", tmp, ": ", strerror(errno)));
+  }
   const bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()) &&
                   ::fsync(fd) == 0;
   ::close(fd);

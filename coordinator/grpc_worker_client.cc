@@ -41,7 +41,7 @@ class BlockingCall {
 }  // namespace
 
 GrpcWorkerClient::GrpcWorkerClient(const std::string& address,
-                                   std::shared_ptr<grpc::ChannelCredentials> credentials,
+                                   const std::shared_ptr<grpc::ChannelCredentials>& credentials,
                                    std::string command_token)
     : address_(address), command_token_(std::move(command_token)) {
   grpc::ChannelArguments args;

@@ -22,7 +22,7 @@ class GrpcWorkerClient final : public WorkerClient {
   // `credentials` null: plaintext. `command_token`: what the worker sent in its
   // registration; every call carries it.
   explicit GrpcWorkerClient(const std::string& address,
-                            std::shared_ptr<grpc::ChannelCredentials> credentials = nullptr,
+                            const std::shared_ptr<grpc::ChannelCredentials>& credentials = nullptr,
                             std::string command_token = "");
   ~GrpcWorkerClient() override;
 

@@ -105,8 +105,9 @@ absl::StatusOr<std::pair<X509Ptr, KeyPtr>> ParseIssuer(const PemCertificate& iss
 absl::Status WriteFile(const std::string& path, const std::string& text, mode_t mode) {
   const std::string tmp = path + ".tmp";
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
-  if (fd < 0)
+  if (fd < 0) {
     return absl::InternalError(absl::StrCat("cannot create ", tmp, ": ", strerror(errno)));
+  }
   const bool written = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
   const bool synced = ::fsync(fd) == 0;
   ::close(fd);

@@ -19,7 +19,7 @@ constexpr int kMaxMessageBytes = 64 << 20;
 
 absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(
     const std::string& address, const std::vector<grpc::Service*>& services,
-    Interceptors interceptors, std::shared_ptr<grpc::ServerCredentials> credentials) {
+    Interceptors interceptors, const std::shared_ptr<grpc::ServerCredentials>& credentials) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;

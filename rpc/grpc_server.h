@@ -27,7 +27,7 @@ class GrpcServer {
   static absl::StatusOr<std::unique_ptr<GrpcServer>> Start(
       const std::string& address, const std::vector<grpc::Service*>& services,
       Interceptors interceptors = {},
-      std::shared_ptr<grpc::ServerCredentials> credentials = nullptr);
+      const std::shared_ptr<grpc::ServerCredentials>& credentials = nullptr);
   ~GrpcServer();  // shuts down, cancelling in-flight calls after a short grace
 
   int port() const { return port_; }

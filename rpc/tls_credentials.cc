@@ -58,8 +58,9 @@ absl::StatusOr<std::string> ReadFile(const char* flag, const std::string& path) 
   }
   std::stringstream text;
   text << in.rdbuf();
-  if (text.str().empty())
+  if (text.str().empty()) {
     return absl::InvalidArgumentError(absl::StrCat(Named(flag, path), " is empty"));
+  }
   return text.str();
 }
 

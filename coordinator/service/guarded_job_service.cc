@@ -59,7 +59,7 @@ std::string Target(const google::protobuf::Message& request) {
     return r->GetString(request, f);
   };
   const std::string job = string_field("job");
-  const std::string name = string_field("name");
+  std::string name = string_field("name");
   if (!job.empty()) return name.empty() ? job : job + "/" + name;
   if (!name.empty()) return name;
   if (const auto* spec = d->FindFieldByName("spec");
@@ -104,8 +104,9 @@ grpc::Status GuardedJobService::Guard(grpc::ServerContext& context, const char* 
     return ToGrpcStatus(who.status());
   }
   if (absl::Status permitted = auth_->Permit(*who, method, policy->needs); !permitted.ok()) {
-    if (policy->audited)
+    if (policy->audited) {
       auth_->Audit(context, *who, method, Target(request), ToGrpcStatus(permitted));
+    }
     return ToGrpcStatus(permitted);
   }
   const std::string client = ClientKey(context, *who, auth_->open());
@@ -126,6 +127,7 @@ grpc::Status GuardedJobService::Guard(grpc::ServerContext& context, const char* 
   return result;
 }
 
+// NOLINTBEGIN(bugprone-macro-parentheses): the arguments are a name and types.
 #define FLATSHARD_GUARDED_CALL(Method, Request, Response)                                      \
   grpc::Status GuardedJobService::Method(grpc::ServerContext* context, const Request* request, \
                                          Response* response) {                                 \
@@ -155,5 +157,6 @@ FLATSHARD_GUARDED_CALL(ListCheckpoints, v1::ListCheckpointsRequest, v1::ListChec
 FLATSHARD_GUARDED_CALL(DeleteCheckpoint, v1::DeleteCheckpointRequest, v1::DeleteCheckpointResponse)
 
 #undef FLATSHARD_GUARDED_CALL
+// NOLINTEND(bugprone-macro-parentheses)
 
 }  // namespace flatshard

@@ -258,7 +258,7 @@ TEST_F(SecurityTest, WorkersJoinOnlyWithProofAndOnlyTheCoordinatorCommandsThem) 
   batch.set_seq(1);
   absl::Status executed;
   absl::Notification done;
-  no_token.Execute(&batch, deadline, [&](absl::StatusOr<v1::CommandResult> r) {
+  no_token.Execute(&batch, deadline, [&](const absl::StatusOr<v1::CommandResult>& r) {
     executed = r.status();
     done.Notify();
   });
