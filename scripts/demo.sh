@@ -18,7 +18,8 @@ mkdir -p "$out"
 
 echo "== A GPT-style decoder planned as an 8-rank FULL_SHARD job (no cluster needed) =="
 "$bin" plan --model examples/gpt-small.yaml --policy module-type:TransformerBlock \
-  --world-size 8 --strategy FULL_SHARD --param-dtype bfloat16 | sed -n '1,6p;/^MEMORY/,$p'
+  --world-size 8 --strategy FULL_SHARD --param-dtype bfloat16 |
+  awk 'NR <= 6 || (!memory && /^[0-9]/) { print } /^MEMORY/ { memory = 1 } memory { print }'
 echo
 
 echo "== flatshard up: a coordinator, 4 workers and Prometheus, then the job from examples/mlp-job.yaml =="
