@@ -264,6 +264,7 @@ int Run(const Flags& f) {
   registration.set_command_token(*command_token);
   HeartbeatLoop heartbeat(channel, registration, &service, call_credentials,
                           absl::Seconds(f.coordinator_timeout_s));
+  service.set_batch_end_observer([&heartbeat] { heartbeat.BatchEnded(); });
   absl::StatusOr<int> rank = heartbeat.Register(absl::Seconds(f.connect_timeout_s));
   if (!rank.ok()) {
     std::cerr << "flatshard-worker: cannot register with the coordinator at " << f.coordinator
@@ -280,6 +281,7 @@ int Run(const Flags& f) {
   sigwait(&signals, &signal);
   spdlog::info("flatshard-worker {}: {} received, shutting down", worker_id, strsignal(signal));
   heartbeat.Stop();
+  service.set_batch_end_observer(nullptr);  // batches still ending must not reach it
   service.AbortJob("worker shutting down");
   metrics_server.reset();
   (*server)->Shutdown();

@@ -3,6 +3,7 @@
 // the training outlives the client that started it, clients attach to it and
 // stop it, a second one is refused while it runs, and Ctrl-C in the CLI stops
 // it after the current step.
+#include <algorithm>
 #include <csignal>
 #include <map>
 #include <memory>
@@ -158,6 +159,40 @@ TEST_F(TrainingOperationTest, CtrlCStopsAfterTheCurrentStep) {
   EXPECT_EQ(job.state(), v1::IDLE);
   EXPECT_LT(job.step(), 100000);
   EXPECT_THAT(job.training().outcome(), HasSubstr("stopped on request"));
+}
+
+// Workers report going idle when training ends, not a heartbeat interval
+// later: with 10 s between heartbeats, `flatshard workers` right after a
+// training showed every rank still "running".
+TEST(WorkerStateTest, RanksReportReadyAsSoonAsTrainingEnds) {
+  const std::string dir = testing::MakeTempDir("worker-state");
+  LocalClusterOptions options;
+  options.workers = 2;
+  options.bin_dir = FLATSHARD_BIN_DIR;
+  options.checkpoint_dir = dir + "/checkpoints";
+  options.heartbeat_interval_s = 10;
+  options.heartbeat_timeout_s = 60;
+  auto cluster = LocalCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  FlatshardClient client((*cluster)->address());
+  auto spec = LoadJobSpecFile(std::string(FLATSHARD_SOURCE_DIR) + "/examples/mlp-job.yaml");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  spec->set_world_size(2);
+  ASSERT_TRUE(client.CreateJob(*spec).ok());
+  ASSERT_TRUE(client.WaitForState(spec->name(), {v1::READY}, absl::Seconds(120)).ok());
+  ASSERT_TRUE(client.Train(spec->name(), 5, 0, [](const v1::StepResult&) {}).ok());
+  const absl::Time ended = absl::Now();
+  // Polled against a deadline a tenth of the heartbeat interval.
+  bool all_ready = false;
+  while (!all_ready && absl::Now() - ended < absl::Seconds(1)) {
+    auto workers = client.ListWorkers(spec->name());
+    ASSERT_TRUE(workers.ok()) << workers.status();
+    all_ready = std::all_of(workers->begin(), workers->end(),
+                            [](const v1::WorkerInfo& w) { return w.state() == "ready"; });
+    if (!all_ready) absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_TRUE(all_ready) << "a rank still reports running 1 s after training ended";
+  EXPECT_TRUE((*cluster)->Stop());
 }
 
 }  // namespace

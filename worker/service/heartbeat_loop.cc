@@ -114,7 +114,32 @@ void HeartbeatLoop::Run() {
       spdlog::info("heartbeats resumed after {} failures", failures);
       failures = 0;
     }
-    cv_.wait_for(lock, absl::ToChronoMilliseconds(interval_), [this] { return stop_; });
+    WaitForNextBeat(lock);
+  }
+}
+
+void HeartbeatLoop::BatchEnded() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    batch_ended_ = true;
+  }
+  cv_.notify_all();
+}
+
+void HeartbeatLoop::WaitForNextBeat(std::unique_lock<std::mutex>& lock) {
+  // During training the next batch begins within milliseconds of the last
+  // one's end; a worker still idle after this long has finished.
+  constexpr auto kSettle = std::chrono::milliseconds(100);
+  const auto due = std::chrono::steady_clock::now() + absl::ToChronoMilliseconds(interval_);
+  while (!stop_) {
+    if (!cv_.wait_until(lock, due, [this] { return stop_ || batch_ended_; })) return;  // due
+    if (stop_) return;
+    batch_ended_ = false;
+    if (cv_.wait_for(lock, kSettle, [this] { return stop_ || batch_ended_; })) continue;
+    lock.unlock();  // Status() takes the service's lock, which EndBatch holds before ours
+    const bool idle = service_->Status().state != "running";
+    lock.lock();
+    if (idle) return;  // beat now
   }
 }
 

@@ -37,10 +37,17 @@ class HeartbeatLoop {
   absl::StatusOr<int> Register(absl::Duration connect_timeout);
   void Start();
   void Stop();
+  // A batch ended: if the worker is still idle a moment later (training has
+  // finished, not just a step), beat now instead of up to an interval later,
+  // so `flatshard workers` does not show a finished worker as running.
+  void BatchEnded();
 
  private:
   void Run();
   absl::Status Beat();
+  // Until the next beat is due (an interval) or, after a batch ended, the
+  // worker has stayed idle for a moment; returns early when stopped.
+  void WaitForNextBeat(std::unique_lock<std::mutex>& lock);
 
   std::unique_ptr<v1::Membership::Stub> stub_;
   v1::RegisterRequest registration_;
@@ -51,6 +58,7 @@ class HeartbeatLoop {
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;
+  bool batch_ended_ = false;
   std::thread thread_;
 };
 

@@ -80,14 +80,25 @@ absl::Status WorkerServiceImpl::BeginBatch() {
 }
 
 void WorkerServiceImpl::EndBatch(const absl::Status& status) {
+  std::function<void()> observer;
+  {
+    std::lock_guard<std::mutex> lock(state_mu_);
+    observer = batch_end_observer_;
+    if (job_ != nullptr) status_.last_completed_seq = job_->executor->last_completed_seq();
+    if (status_.state != "aborted") {
+      // A batch refused before it ran (its epoch, seq, digest or kind) leaves
+      // the worker ready, or a hostile call would keep a restarted coordinator
+      // from re-adopting it; only a batch that broke the executor fails it.
+      const bool broken = job_ != nullptr && job_->executor->poisoned();
+      status_.state = status.ok() || !broken ? "ready" : "failed";
+    }
+  }
+  if (observer) observer();
+}
+
+void WorkerServiceImpl::set_batch_end_observer(std::function<void()> observer) {
   std::lock_guard<std::mutex> lock(state_mu_);
-  if (job_ != nullptr) status_.last_completed_seq = job_->executor->last_completed_seq();
-  if (status_.state == "aborted") return;
-  // A batch refused before it ran (its epoch, seq, digest or kind) leaves the
-  // worker ready, or a hostile call would keep a restarted coordinator from
-  // re-adopting it; only a batch that broke the executor fails it.
-  const bool broken = job_ != nullptr && job_->executor->poisoned();
-  status_.state = status.ok() || !broken ? "ready" : "failed";
+  batch_end_observer_ = std::move(observer);
 }
 
 WorkerStatus WorkerServiceImpl::Status() const {

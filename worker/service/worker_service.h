@@ -91,6 +91,9 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
   void AbortJob(const std::string& reason);
   WorkerStatus Status() const;
   WorkerSnapshot Snapshot() const;
+  // Called (outside the service's locks) after every batch ends: the
+  // heartbeat reports a worker that went idle without waiting a whole interval.
+  void set_batch_end_observer(std::function<void()> observer);
 
  private:
   struct ActiveJob;
@@ -121,7 +124,8 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
   // One batch (or configuration) at a time: a worker's runtime is single-use
   // per step, and ordering is the executor's job.
   std::mutex run_mu_;
-  mutable std::mutex state_mu_;  // guards job_ and status_
+  mutable std::mutex state_mu_;  // guards job_, status_ and batch_end_observer_
+  std::function<void()> batch_end_observer_;
   std::shared_ptr<ActiveJob> job_;
   // After job_: destroyed first, it waits for an exchange that still uses
   // the job's (by then aborted) snapshot communicator.
