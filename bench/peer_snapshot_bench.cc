@@ -25,18 +25,13 @@
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 
+#include "bench/cluster_bench.h"
 #include "client/flatshard_client.h"
 #include "client/local_cluster.h"
 #include "core/job_spec_yaml.h"
 
 namespace flatshard {
 namespace {
-
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 size_t Append(char* data, size_t size, size_t n, void* out) {
   static_cast<std::string*>(out)->append(data, size * n);
@@ -99,21 +94,6 @@ v1::JobSpec Job(int every, int64_t checkpoint_every) {
 bool Create(FlatshardClient& client, const v1::JobSpec& spec) {
   if (!client.CreateJob(spec).ok()) return false;
   return client.WaitForState(spec.name(), {v1::READY}, absl::Seconds(120)).ok();
-}
-
-// Step times (seconds) of `steps` steps, the first 3 left out (warm-up): the
-// wall time between two step results reaching this client, so everything the
-// coordinator does per step counts (the snapshot batch follows the step's).
-std::vector<double> StepTimes(FlatshardClient& client, const std::string& job, int steps) {
-  std::vector<double> times;
-  absl::Time last = absl::Now();
-  const absl::Status trained = client.Train(job, steps, 0, [&](const v1::StepResult& r) {
-    const absl::Time now = absl::Now();
-    if (r.step() > 3) times.push_back(absl::ToDoubleSeconds(now - last));
-    last = now;
-  });
-  if (!trained.ok()) std::fprintf(stderr, "train: %s\n", trained.ToString().c_str());
-  return times;
 }
 
 int WorkerOfRank(LocalCluster& cluster, FlatshardClient& client, const std::string& job, int rank) {

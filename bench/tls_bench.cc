@@ -17,6 +17,7 @@
 
 #include "absl/time/clock.h"
 
+#include "bench/cluster_bench.h"
 #include "client/cluster_security.h"
 #include "client/flatshard_client.h"
 #include "client/local_cluster.h"
@@ -24,12 +25,6 @@
 
 namespace flatshard {
 namespace {
-
-double Median(std::vector<double> v) {
-  if (v.empty()) return 0;
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 struct Flags {
   int workers = 4;
@@ -63,20 +58,6 @@ struct Side {
   std::vector<double> step_medians;
   std::vector<double> call_medians;
 };
-
-// Step times (seconds) between results reaching the client, the first 3 left
-// out (warm-up): everything the control plane does per step counts.
-std::vector<double> StepTimes(FlatshardClient& client, const std::string& job, int steps) {
-  std::vector<double> times;
-  absl::Time last = absl::Now();
-  const absl::Status trained = client.Train(job, steps, 0, [&](const v1::StepResult& r) {
-    const absl::Time now = absl::Now();
-    if (r.step() > 3) times.push_back(absl::ToDoubleSeconds(now - last));
-    last = now;
-  });
-  if (!trained.ok()) Die(trained);
-  return times;
-}
 
 std::vector<double> CallTimes(FlatshardClient& client, const std::string& job, int calls) {
   std::vector<double> times;

@@ -66,6 +66,7 @@ absl::StatusOr<MembershipTable::Registered> MembershipTable::Register(const Regi
     }
   }
   WorkerRecord& record = by_id_[r.worker_id];
+  if (!record.session.empty()) session_digests_.erase(Sha256Hex(record.session));
   record = WorkerRecord{r.worker_id,
                         r.host,
                         device,
@@ -80,16 +81,19 @@ absl::StatusOr<MembershipTable::Registered> MembershipTable::Register(const Regi
                         RandomSecret(),
                         r.command_token};
   id_by_rank_[rank] = r.worker_id;
+  session_digests_.insert(Sha256Hex(record.session));
   if (on_register_) on_register_(record);
   return Registered{rank, record.session};
 }
 
 bool MembershipTable::HasSession(const std::string& session) const {
   if (session.empty()) return false;
+  // Looked up by digest: every store call asks, so no scan of every worker,
+  // and a lookup's timing tells nothing about a session a caller cannot
+  // steer the digest of.
+  const std::string digest = Sha256Hex(session);
   std::lock_guard<std::mutex> lock(mu_);
-  bool found = false;
-  for (const auto& [id, record] : by_id_) found |= ConstantTimeEquals(record.session, session);
-  return found;
+  return session_digests_.contains(digest);
 }
 
 void MembershipTable::set_live_for(absl::Duration live_for) {

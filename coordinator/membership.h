@@ -10,6 +10,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -90,6 +91,7 @@ class MembershipTable {
   int world_size_;
   absl::Duration live_for_;
   std::map<std::string, WorkerRecord> by_id_;
+  std::set<std::string> session_digests_;  // SHA-256 of every current session
   std::map<int, std::string> id_by_rank_;
   std::function<void(const WorkerRecord&)> on_register_;
 };
