@@ -6,6 +6,7 @@
 #include <span>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -144,8 +145,11 @@ absl::Status InJobField(const YamlField& field, const absl::Status& inner) {
 // `model: PATH` or an inline mapping. The inline form is read by ParseModelSpec
 // from the whole job document (it reads a `model:` key of a larger file), so its
 // errors carry the job file's own lines and `model.root...` paths.
+// Reads the model file a job names (`model: PATH`, PATH as written).
+using ModelFileLoader = absl::FunctionRef<absl::StatusOr<ModelSpec>(const std::string& path)>;
+
 absl::StatusOr<v1::ModelSpec> ReadModel(const YamlField& field, absl::string_view text,
-                                        const std::string& source, const std::string& base_dir) {
+                                        const std::string& source, ModelFileLoader load_model) {
   if (field.node.IsMap()) {
     ASSIGN_OR_RETURN(ModelSpec model, ParseModelSpec(text, source));
     return ModelSpecToProto(model);
@@ -155,9 +159,7 @@ absl::StatusOr<v1::ModelSpec> ReadModel(const YamlField& field, absl::string_vie
   }
   ASSIGN_OR_RETURN(std::string path, field.AsString());
   if (path.empty()) return field.Error("expected a model file path or an inline model mapping");
-  // operator/ keeps an absolute `path` as it is.
-  const std::string resolved = (std::filesystem::path(base_dir) / path).string();
-  absl::StatusOr<ModelSpec> model = LoadModelSpecFile(resolved);
+  absl::StatusOr<ModelSpec> model = load_model(path);
   if (!model.ok()) return InJobField(field, model.status());
   return ModelSpecToProto(*model);
 }
@@ -345,10 +347,8 @@ absl::Status ReadRanks(const YamlField& field, v1::JobSpec& spec) {
   return absl::OkStatus();
 }
 
-}  // namespace
-
-absl::StatusOr<v1::JobSpec> ParseJobSpec(absl::string_view text, const std::string& source,
-                                         const std::string& base_dir) {
+absl::StatusOr<v1::JobSpec> ParseJobSpecWith(absl::string_view text, const std::string& source,
+                                             ModelFileLoader load_model) {
   ASSIGN_OR_RETURN(YAML::Node document, ParseYamlDocument(text, source));
   const YamlField top{document, "", &source};
   RETURN_IF_ERROR(
@@ -357,7 +357,8 @@ absl::StatusOr<v1::JobSpec> ParseJobSpec(absl::string_view text, const std::stri
   v1::JobSpec spec;
   RETURN_IF_ERROR(IfString(top, "name", [&](std::string v) { spec.set_name(std::move(v)); }));
   if (top.Has("model")) {
-    ASSIGN_OR_RETURN(*spec.mutable_model(), ReadModel(top.Child("model"), text, source, base_dir));
+    ASSIGN_OR_RETURN(*spec.mutable_model(),
+                     ReadModel(top.Child("model"), text, source, load_model));
   }
   if (top.Has("wrap_policy")) {
     const YamlField field = top.Child("wrap_policy");
@@ -393,6 +394,33 @@ absl::StatusOr<v1::JobSpec> ParseJobSpec(absl::string_view text, const std::stri
     RETURN_IF_ERROR(ReadRecovery(top.Child("recovery"), *spec.mutable_recovery()));
   }
   return spec;
+}
+
+}  // namespace
+
+absl::StatusOr<v1::JobSpec> ParseJobSpec(absl::string_view text, const std::string& source,
+                                         const std::string& base_dir) {
+  return ParseJobSpecWith(text, source, [&](const std::string& path) {
+    // operator/ keeps an absolute `path` as it is.
+    return LoadModelSpecFile((std::filesystem::path(base_dir) / path).string());
+  });
+}
+
+absl::StatusOr<v1::JobSpec> ParseJobDocument(const v1::JobDocument& document) {
+  if (document.text().empty()) {
+    return absl::InvalidArgumentError("document.text: the job document is empty");
+  }
+  const std::string source = document.source().empty() ? "job document" : document.source();
+  return ParseJobSpecWith(document.text(), source, [&](const std::string& path) {
+    auto it = document.files().find(path);
+    if (it == document.files().end()) {
+      return absl::StatusOr<ModelSpec>(absl::InvalidArgumentError(
+          absl::StrCat("model file '", path,
+                       "' is not in document.files (the coordinator reads no files "
+                       "for a client: send the model file's text with the job document)")));
+    }
+    return ParseModelSpec(it->second, path);
+  });
 }
 
 absl::StatusOr<v1::JobSpec> LoadJobSpecFile(const std::string& path) {

@@ -28,6 +28,23 @@ namespace flatshard {
 absl::StatusOr<v1::JobSpec> ParseJobSpec(absl::string_view text, const std::string& source,
                                          const std::string& base_dir);
 
+// Parses a job document a client sent (JobDocument in job.proto) with the same
+// reader: `model: PATH` is taken from document.files only, never from the disk
+// of the process parsing it; a PATH not there is INVALID_ARGUMENT naming it.
+absl::StatusOr<v1::JobSpec> ParseJobDocument(const v1::JobDocument& document);
+
+// The spec a CreateJobRequest or PlanRequest carries: `spec` as sent (the C++
+// CLI parses job files itself) or `document` parsed (the Python client); both
+// at once is INVALID_ARGUMENT.
+template <typename Request>
+absl::StatusOr<v1::JobSpec> RequestedJobSpec(const Request& request) {
+  if (!request.has_document()) return request.spec();
+  if (request.has_spec()) {
+    return absl::InvalidArgumentError("spec and document: send one of them, not both");
+  }
+  return ParseJobDocument(request.document());
+}
+
 // Reads and parses a job file; a relative model path is resolved against the
 // file's directory. NOT_FOUND when the file cannot be opened.
 absl::StatusOr<v1::JobSpec> LoadJobSpecFile(const std::string& path);

@@ -32,6 +32,7 @@ constexpr CallPolicy kPolicies[] = {
     {"SaveCheckpoint", Role::kOperator, true, true, true, kRequestBytes},
     {"LoadCheckpoint", Role::kOperator, true, false, true, kRequestBytes},
     {"GetJob", Role::kViewer, false, false, false, kRequestBytes},
+    {"ListJobs", Role::kViewer, false, false, false, kRequestBytes},
     {"ListWorkers", Role::kViewer, false, false, false, kRequestBytes},
     {"ListCheckpoints", Role::kViewer, false, false, false, kRequestBytes},
     {"WatchEvents", Role::kViewer, false, false, true, kRequestBytes},
@@ -137,6 +138,7 @@ grpc::Status GuardedJobService::Guard(grpc::ServerContext& context, const char* 
 
 FLATSHARD_GUARDED_CALL(CreateJob, v1::CreateJobRequest, v1::CreateJobResponse)
 FLATSHARD_GUARDED_CALL(GetJob, v1::GetJobRequest, v1::GetJobResponse)
+FLATSHARD_GUARDED_CALL(ListJobs, v1::ListJobsRequest, v1::ListJobsResponse)
 FLATSHARD_GUARDED_CALL(DeleteJob, v1::DeleteJobRequest, v1::DeleteJobResponse)
 FLATSHARD_GUARDED_CALL(Plan, v1::PlanRequest, v1::PlanResponse)
 FLATSHARD_GUARDED_CALL(ListWorkers, v1::ListWorkersRequest, v1::ListWorkersResponse)

@@ -42,6 +42,8 @@ class GuardedJobService final : public v1::JobService::Service {
                          v1::CreateJobResponse* response) override;
   grpc::Status GetJob(grpc::ServerContext* context, const v1::GetJobRequest* request,
                       v1::GetJobResponse* response) override;
+  grpc::Status ListJobs(grpc::ServerContext* context, const v1::ListJobsRequest* request,
+                        v1::ListJobsResponse* response) override;
   grpc::Status DeleteJob(grpc::ServerContext* context, const v1::DeleteJobRequest* request,
                          v1::DeleteJobResponse* response) override;
   grpc::Status Plan(grpc::ServerContext* context, const v1::PlanRequest* request,

@@ -6,6 +6,7 @@
 #include "absl/time/clock.h"
 
 #include "core/job_config.h"
+#include "core/job_spec_yaml.h"
 #include "core/plan.h"
 #include "proto/grpc_status.h"
 
@@ -29,7 +30,9 @@ int64_t CountParams(const ModuleSpec& module) {
 
 grpc::Status JobServiceImpl::CreateJob(grpc::ServerContext*, const v1::CreateJobRequest* request,
                                        v1::CreateJobResponse* response) {
-  absl::StatusOr<v1::Job> job = coordinator_->CreateJob(request->spec());
+  absl::StatusOr<v1::JobSpec> spec = RequestedJobSpec(*request);
+  if (!spec.ok()) return ToGrpcStatus(spec.status());
+  absl::StatusOr<v1::Job> job = coordinator_->CreateJob(*spec);
   if (!job.ok()) return ToGrpcStatus(job.status());
   *response->mutable_job() = *std::move(job);
   return grpc::Status::OK;
@@ -43,6 +46,14 @@ grpc::Status JobServiceImpl::GetJob(grpc::ServerContext*, const v1::GetJobReques
   return grpc::Status::OK;
 }
 
+grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext*, const v1::ListJobsRequest*,
+                                      v1::ListJobsResponse* response) {
+  if (std::shared_ptr<TrainingJob> job = coordinator_->current_job()) {
+    *response->add_jobs() = job->ToProto();
+  }
+  return grpc::Status::OK;
+}
+
 grpc::Status JobServiceImpl::DeleteJob(grpc::ServerContext*, const v1::DeleteJobRequest* request,
                                        v1::DeleteJobResponse*) {
   return ToGrpcStatus(coordinator_->DeleteJob(request->name()));
@@ -50,7 +61,9 @@ grpc::Status JobServiceImpl::DeleteJob(grpc::ServerContext*, const v1::DeleteJob
 
 grpc::Status JobServiceImpl::Plan(grpc::ServerContext*, const v1::PlanRequest* request,
                                   v1::PlanResponse* response) {
-  absl::StatusOr<JobConfig> config = JobConfigFromProto(request->spec());
+  absl::StatusOr<v1::JobSpec> spec = RequestedJobSpec(*request);
+  if (!spec.ok()) return ToGrpcStatus(spec.status());
+  absl::StatusOr<JobConfig> config = JobConfigFromProto(*spec);
   if (!config.ok()) return ToGrpcStatus(config.status());
   const int64_t slices = CountParams(config->model.root) * config->world_size;
   if (slices > kMaxPlanRankSlices) {

@@ -30,6 +30,7 @@
 #include "core/checkpoint_manifest.h"
 #include "core/device_kind.h"
 #include "core/job_config.h"
+#include "core/job_spec_yaml.h"
 #include "core/model_spec.h"
 #include "core/model_spec_proto.h"
 #include "core/step_program.h"
@@ -74,8 +75,14 @@ bool CheckSpec(const v1::JobSpec& spec) {
   return true;
 }
 
-bool CheckCreateJob(const v1::CreateJobRequest& r) { return CheckSpec(r.spec()); }
-bool CheckPlan(const v1::PlanRequest& r) { return CheckSpec(r.spec()); }
+// Through the services' own path: a spec as sent, or a job document parsed.
+template <typename Request>
+bool CheckJobRequest(const Request& r) {
+  absl::StatusOr<v1::JobSpec> spec = RequestedJobSpec(r);
+  return spec.ok() && CheckSpec(*spec);
+}
+bool CheckCreateJob(const v1::CreateJobRequest& r) { return CheckJobRequest(r); }
+bool CheckPlan(const v1::PlanRequest& r) { return CheckJobRequest(r); }
 
 bool CheckConfigure(const v1::ConfigureRequest& r) {
   if (!CheckSpec(r.spec())) return false;
@@ -179,6 +186,8 @@ const std::vector<RequestType>& RequestTypes() {
       Unchecked<v1::GetStatusRequest>(),
       Unchecked<v1::AwaitSaveRequest>(),
       Unchecked<v1::AbortRequest>(),
+      // Added later (append only)
+      Unchecked<v1::ListJobsRequest>(),
   };
   return *kTypes;
 }
@@ -224,9 +233,19 @@ std::vector<Seed> GeneratedSeeds(const std::vector<Seed>& /*corpus*/) {
   v1::CreateJobRequest create;
   *create.mutable_spec() = spec;
   add(create);
+  v1::CreateJobRequest document;
+  document.mutable_document()->set_source("job.yaml");
+  document.mutable_document()->set_text(
+      "name: doc\nmodel: m.yaml\nwrap_policy: module-type:Residual\nworld_size: 2\n"
+      "data: {kind: regression, global_batch_size: 8}\n");
+  (*document.mutable_document()->mutable_files())["m.yaml"] =
+      "root:\n  type: Sequential\n  children:\n"
+      "    - {name: fc, type: Linear, in_features: 4, out_features: 4}\n";
+  add(document, "document");
   v1::GetJobRequest get;
   get.set_name(job);
   add(get);
+  add(v1::ListJobsRequest());
   v1::DeleteJobRequest remove;
   remove.set_name(job);
   add(remove);

@@ -1,0 +1,150 @@
+"""Reads flatshard checkpoints offline, without a cluster (docs/checkpoints.md).
+
+    ckpt = flatshard.checkpoint.load("checkpoints/gpt/step-00000200")
+    model.load_state_dict(ckpt.model_state(as_torch=True), strict=True)
+
+FULL checkpoints are one model and one optimizer file; SHARDED ones hold rank
+r's rows ``torch.chunk(W, dim=0)[r]`` of every tensor in rank r's files (0-dim
+tensors such as ``<fqn>.step`` in every file), so concatenating the ranks'
+pieces in rank order gives the full tensor. File sizes are checked against the
+manifest; `flatshard ckpt verify` also checks the xxh3 digests.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from typing import Any, Dict, List
+
+import numpy as np
+
+from flatshard._safetensors import bf16_bits_to_float32, read_safetensors
+
+_BF16 = "BF16"
+
+
+@dataclass
+class Checkpoint:
+    """A checkpoint read into memory: tensors by name, as the files hold them."""
+    path: str
+    manifest: Dict[str, Any]
+    model: Dict[str, np.ndarray]   # FQN -> value (tied aliases included)
+    optim: Dict[str, np.ndarray]   # "<fqn>.<state>" -> value, "<fqn>.step" 0-dim
+    bf16: set                      # names whose file dtype is bfloat16 (kept as raw bits)
+
+    @property
+    def step(self) -> int:
+        return int(self.manifest["step"])
+
+    def model_state(self, as_torch: bool = False) -> Dict[str, Any]:
+        """The model's state dict: numpy (bf16 widened to float32) or torch."""
+        return {name: _output(name, value, name in self.bf16, as_torch)
+                for name, value in self.model.items()}
+
+    def optim_state(self, as_torch: bool = False) -> Dict[str, Any]:
+        return {name: _output(name, value, name in self.bf16, as_torch)
+                for name, value in self.optim.items()}
+
+
+def load(path: str) -> Checkpoint:
+    """Reads a FULL or SHARDED checkpoint, whichever the manifest says."""
+    manifest = _manifest(path)
+    kind = manifest.get("state_dict_type")
+    if kind == "FULL_STATE_DICT":
+        return load_full(path)
+    if kind == "SHARDED_STATE_DICT":
+        return load_sharded(path)
+    raise ValueError(f"{path}: a {kind} holds flat shards tied to one layout; convert it with "
+                     f"`flatshard ckpt consolidate {path} -o OUT` and load OUT")
+
+
+def load_full(path: str) -> Checkpoint:
+    manifest = _manifest(path)
+    _expect(path, manifest, "FULL_STATE_DICT")
+    _check_sizes(path, manifest)
+    model, model_dtypes, _ = read_safetensors(os.path.join(path, "model.safetensors"))
+    optim, optim_dtypes, _ = read_safetensors(os.path.join(path, "optim.safetensors"))
+    checkpoint = Checkpoint(path, manifest, model, optim,
+                            _bf16_names(model_dtypes) | _bf16_names(optim_dtypes))
+    _check_shapes(checkpoint)
+    return checkpoint
+
+
+def load_sharded(path: str) -> Checkpoint:
+    manifest = _manifest(path)
+    _expect(path, manifest, "SHARDED_STATE_DICT")
+    _check_sizes(path, manifest)
+    world = int(manifest["world_size"])
+    parts: Dict[str, Dict[str, List[np.ndarray]]] = {"model": {}, "optim": {}}
+    bf16: set = set()
+    for kind in ("model", "optim"):
+        for rank in range(world):
+            file = os.path.join(path, f"{kind}-rank{rank:05d}-of-{world:05d}.safetensors")
+            tensors, dtypes, _ = read_safetensors(file)
+            bf16 |= _bf16_names(dtypes)
+            for name, value in tensors.items():
+                parts[kind].setdefault(name, []).append(value)
+    merged = {kind: {name: _merge(path, name, pieces) for name, pieces in by_name.items()}
+              for kind, by_name in parts.items()}
+    checkpoint = Checkpoint(path, manifest, merged["model"], merged["optim"], bf16)
+    _check_shapes(checkpoint)
+    return checkpoint
+
+
+def _manifest(path: str) -> Dict[str, Any]:
+    file = os.path.join(path, "manifest.json")
+    try:
+        with open(file, encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise FileNotFoundError(f"{path}: no manifest.json (not a committed flatshard checkpoint; "
+                                "a '.partial' directory is a save that never committed)") from None
+
+
+def _expect(path: str, manifest: Dict[str, Any], kind: str) -> None:
+    if manifest.get("state_dict_type") != kind:
+        raise ValueError(f"{path}: is a {manifest.get('state_dict_type')}, not a {kind} "
+                         "(flatshard.checkpoint.load reads either)")
+
+
+def _check_sizes(path: str, manifest: Dict[str, Any]) -> None:
+    for entry in manifest.get("files", []):
+        file = os.path.join(path, entry["name"])
+        size = os.path.getsize(file)
+        if size != int(entry["bytes"]):
+            raise ValueError(f"{file}: {size} bytes, the manifest says {entry['bytes']} "
+                             "(a damaged or foreign file)")
+
+
+def _merge(path: str, name: str, pieces: List[np.ndarray]) -> np.ndarray:
+    if pieces[0].ndim == 0:
+        if any(not np.array_equal(p, pieces[0]) for p in pieces[1:]):
+            raise ValueError(f"{path}: 0-dim '{name}' differs between the ranks' files")
+        return pieces[0]
+    return np.concatenate(pieces, axis=0)
+
+
+def _check_shapes(checkpoint: Checkpoint) -> None:
+    for fqn, info in checkpoint.manifest.get("params", {}).items():
+        want = tuple(int(d) for d in info["shape"])
+        got = checkpoint.model.get(fqn)
+        if got is None:
+            raise ValueError(f"{checkpoint.path}: parameter '{fqn}' is in the manifest but not "
+                             "in the model files")
+        if got.shape != want:
+            raise ValueError(f"{checkpoint.path}: parameter '{fqn}' has shape {got.shape}, the "
+                             f"manifest says {want}")
+
+
+def _bf16_names(dtypes: Dict[str, str]) -> set:
+    return {name for name, dtype in dtypes.items() if dtype == _BF16}
+
+
+def _output(name: str, value: np.ndarray, bf16: bool, as_torch: bool) -> Any:
+    if not as_torch:
+        return bf16_bits_to_float32(value) if bf16 else value
+    import torch  # optional: only as_torch needs it
+
+    if bf16:
+        return torch.from_numpy(value.view(np.int16).copy()).view(torch.bfloat16)
+    return torch.from_numpy(value.copy())

@@ -1,0 +1,311 @@
+"""The coordinator's JobService from Python: `Cluster` and `Job`.
+
+Every call maps an error onto `FlatshardError` carrying the gRPC code and the
+server's message; results are the dataclasses in `flatshard.results`.
+"""
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import socket
+from typing import Any, Dict, Iterator, List, Optional, Union
+
+import grpc
+import numpy as np
+
+from flatshard import _convert
+from flatshard._safetensors import bf16_bits_to_float32
+from flatshard.errors import FlatshardError, JobFailed, from_rpc_error
+from flatshard.job_document import JobSource, job_document
+from flatshard.results import (CheckpointInfo, CheckpointResult, JobEvent, JobStatus, StepResult,
+                               StopResult, TlsConfig, WorkerInfo)
+from flatshard.v1 import common_pb2, job_pb2, job_pb2_grpc
+
+_STATE_DICT_TYPES = {
+    "full": common_pb2.FULL_STATE_DICT,
+    "sharded": common_pb2.SHARDED_STATE_DICT,
+    "local": common_pb2.LOCAL_STATE_DICT,
+}
+_WIRE_DTYPES = {
+    common_pb2.DTYPE_FLOAT32: np.float32, common_pb2.DTYPE_FLOAT64: np.float64,
+    common_pb2.DTYPE_FLOAT16: np.float16, common_pb2.DTYPE_BFLOAT16: np.uint16,
+    common_pb2.DTYPE_INT32: np.int32, common_pb2.DTYPE_INT64: np.int64,
+}
+# Summons and checkpoints move whole models: no message-size ceiling below the
+# server's own chunking.
+_CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 64 << 20)]
+
+
+def _read(path: Optional[str]) -> Optional[bytes]:
+    if path is None:
+        return None
+    with open(path, "rb") as f:
+        return f.read()
+
+
+class Cluster:
+    """A connection to a flatshard coordinator.
+
+    ``address`` is HOST:PORT (default ``$FLATSHARD_COORDINATOR`` or
+    127.0.0.1:7070). ``token`` is a bearer token (``flatshard token create``;
+    default ``$FLATSHARD_TOKEN``); ``tls`` a `TlsConfig` or a dict of its
+    fields (default: from ``$FLATSHARD_TLS_CA/CERT/KEY`` when set, else
+    plaintext). Use it as a context manager, or call ``close()``.
+    """
+
+    def __init__(self, address: Optional[str] = None, token: Optional[str] = None,
+                 tls: Union[TlsConfig, Dict[str, str], None] = None,
+                 timeout: float = 60.0) -> None:
+        self.address = address or os.environ.get("FLATSHARD_COORDINATOR", "127.0.0.1:7070")
+        token = token if token is not None else os.environ.get("FLATSHARD_TOKEN")
+        self._metadata = [("authorization", f"Bearer {token}")] if token else []
+        self.timeout = timeout
+        if isinstance(tls, dict):
+            tls = TlsConfig(**tls)
+        if tls is None and os.environ.get("FLATSHARD_TLS_CA"):
+            tls = TlsConfig(ca=os.environ["FLATSHARD_TLS_CA"],
+                            cert=os.environ.get("FLATSHARD_TLS_CERT"),
+                            key=os.environ.get("FLATSHARD_TLS_KEY"))
+        if tls is None:
+            self._channel = grpc.insecure_channel(self.address, options=_CHANNEL_OPTIONS)
+        else:
+            if (tls.cert is None) != (tls.key is None):
+                raise ValueError("tls: cert and key go together (mutual TLS) or not at all")
+            credentials = grpc.ssl_channel_credentials(
+                root_certificates=_read(tls.ca), private_key=_read(tls.key),
+                certificate_chain=_read(tls.cert))
+            options = list(_CHANNEL_OPTIONS)
+            if tls.server_name:
+                options.append(("grpc.ssl_target_name_override", tls.server_name))
+            self._channel = grpc.secure_channel(self.address, credentials, options=options)
+        self._stub = job_pb2_grpc.JobServiceStub(self._channel)
+
+    def __enter__(self) -> "Cluster":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self._channel.close()
+
+    # -- calls ---------------------------------------------------------------
+    def _unary(self, name: str, request: Any, timeout: Optional[float] = None) -> Any:
+        try:
+            return getattr(self._stub, name)(request, metadata=self._metadata,
+                                             timeout=timeout or self.timeout)
+        except grpc.RpcError as error:
+            raise from_rpc_error(error, name) from None
+
+    def _stream(self, name: str, request: Any, timeout: Optional[float] = None) -> Iterator[Any]:
+        call = getattr(self._stub, name)(request, metadata=self._metadata, timeout=timeout)
+        try:
+            yield from call
+        except grpc.RpcError as error:
+            raise from_rpc_error(error, name) from None
+        finally:
+            call.cancel()  # a consumer that stops early must not leave the stream open
+
+    # -- jobs ----------------------------------------------------------------
+    def create_job(self, source: JobSource, wait: bool = True,
+                   timeout: float = 300.0) -> "Job":
+        """Creates the job in a job file (a path) or a dict laid out like one.
+
+        With ``wait`` it returns once the workers are configured (READY), and
+        raises `JobFailed` if the job fails to form.
+        """
+        request = job_pb2.CreateJobRequest(document=job_document(source))
+        created = self._unary("CreateJob", request).job
+        job = Job(self, created.spec.name)
+        if wait:
+            job.wait_until({"READY", "IDLE", "TRAINING"}, timeout=timeout)
+        return job
+
+    def job(self, name: str) -> "Job":
+        """The job named ``name`` (NOT_FOUND if there is none)."""
+        self._unary("GetJob", job_pb2.GetJobRequest(name=name))
+        return Job(self, name)
+
+    def jobs(self) -> List[JobStatus]:
+        return [_convert.job_status(j)
+                for j in self._unary("ListJobs", job_pb2.ListJobsRequest()).jobs]
+
+    def workers(self, job: str = "") -> List[WorkerInfo]:
+        response = self._unary("ListWorkers", job_pb2.ListWorkersRequest(job=job))
+        return [_convert.worker_info(w) for w in response.workers]
+
+    def plan(self, source: JobSource) -> Dict[str, Any]:
+        """The job's FSDP plan (units, flat layouts, shards: docs/plan-json.md)."""
+        response = self._unary("Plan", job_pb2.PlanRequest(document=job_document(source)))
+        return json.loads(response.plan_json)
+
+
+class Job:
+    """A job on the coordinator. Cheap: it holds only the cluster and the name."""
+
+    def __init__(self, cluster: Cluster, name: str) -> None:
+        self.cluster = cluster
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"Job({self.name!r} on {self.cluster.address})"
+
+    def _proto(self) -> job_pb2.Job:
+        return self.cluster._unary("GetJob", job_pb2.GetJobRequest(name=self.name)).job
+
+    def status(self) -> JobStatus:
+        return _convert.job_status(self._proto())
+
+    def plan(self) -> Dict[str, Any]:
+        spec = self._proto().spec
+        response = self.cluster._unary("Plan", job_pb2.PlanRequest(spec=spec))
+        return json.loads(response.plan_json)
+
+    def delete(self) -> None:
+        self.cluster._unary("DeleteJob", job_pb2.DeleteJobRequest(name=self.name))
+
+    def wait_until(self, states: set, timeout: float = 300.0) -> str:
+        """Blocks on WatchEvents until the job has been in one of ``states``."""
+        last_failure = ""
+        try:
+            for event in self.watch(timeout=timeout):
+                if event.state in states:
+                    return event.state
+                if event.state == "FAILED":
+                    last_failure = event.message
+                if event.state in ("FAILED", "STOPPED"):
+                    raise JobFailed(grpc.StatusCode.FAILED_PRECONDITION,
+                                    f"job '{self.name}' is {event.state}"
+                                    + (f": {last_failure}" if last_failure else ""), "WatchEvents")
+        except FlatshardError as error:
+            if error.code != grpc.StatusCode.DEADLINE_EXCEEDED:
+                raise
+        raise FlatshardError(grpc.StatusCode.DEADLINE_EXCEEDED,
+                             f"job '{self.name}' did not reach {sorted(states)} in {timeout} s",
+                             "WatchEvents")
+
+    def watch(self, timeout: Optional[float] = None) -> Iterator[JobEvent]:
+        """The job's state changes, from its creation on, as they happen."""
+        for event in self.cluster._stream("WatchEvents", job_pb2.WatchEventsRequest(job=self.name),
+                                          timeout=timeout):
+            yield _convert.job_event(event)
+
+    # -- training ------------------------------------------------------------
+    def train(self, steps: int, no_sync_micro_steps: int = 0,
+              detach: bool = False) -> Iterator[StepResult]:
+        """Starts ``steps`` training steps on the coordinator and yields each.
+
+        The training runs on the coordinator: leaving the loop early (or losing
+        the connection) leaves it running (`attach()` follows it again).
+        KeyboardInterrupt asks it to stop after the current step, as Ctrl-C in
+        `flatshard train` does, and is re-raised.
+        """
+        request = job_pb2.TrainRequest(job=self.name, steps=steps,
+                                       no_sync_micro_steps=no_sync_micro_steps, detach=detach,
+                                       started_by=f"{getpass.getuser()}@{socket.gethostname()} (python)")
+        return self._follow(request)
+
+    def attach(self) -> Iterator[StepResult]:
+        """Streams the running training from its current step."""
+        return self._follow(job_pb2.TrainRequest(job=self.name, attach=True))
+
+    def _follow(self, request: job_pb2.TrainRequest) -> Iterator[StepResult]:
+        try:
+            for result in self.cluster._stream("Train", request):
+                yield _convert.step_result(result)
+        except KeyboardInterrupt:
+            self.stop()
+            raise
+
+    def stop(self) -> StopResult:
+        """Asks the running training to stop after the step in flight."""
+        response = self.cluster._unary("StopTraining", job_pb2.StopTrainingRequest(job=self.name))
+        return StopResult(was_running=response.was_running, step=response.step)
+
+    def unshard(self, units: Optional[List[int]] = None) -> None:
+        self.cluster._unary("Unshard", job_pb2.UnshardRequest(job=self.name,
+                                                              unit_indices=units or []))
+
+    def reshard(self, units: Optional[List[int]] = None) -> None:
+        self.cluster._unary("Reshard", job_pb2.ReshardRequest(job=self.name,
+                                                              unit_indices=units or []))
+
+    # -- parameters and checkpoints ------------------------------------------
+    def summon(self, as_torch: bool = False, with_grads: bool = False) -> Dict[str, Any]:
+        """The full parameters by FQN (tied aliases included, as state_dict()).
+
+        numpy arrays by default, with bfloat16 widened to float32 exactly;
+        ``as_torch=True`` gives torch tensors in the parameters' own dtypes
+        (torch is then needed).
+        """
+        buffers: Dict[str, bytearray] = {}
+        meta: Dict[str, tuple] = {}
+        request = job_pb2.SummonFullParamsRequest(job=self.name, with_grads=with_grads)
+        for chunk in self.cluster._stream("SummonFullParams", request):
+            if chunk.fqn not in buffers:
+                buffers[chunk.fqn] = bytearray(chunk.total_bytes)
+                meta[chunk.fqn] = (chunk.dtype, tuple(chunk.shape))
+            end = chunk.offset_bytes + len(chunk.data)
+            if chunk.offset_bytes < 0 or end > chunk.total_bytes:
+                raise FlatshardError(grpc.StatusCode.DATA_LOSS,
+                                     f"summon: chunk of '{chunk.fqn}' at [{chunk.offset_bytes}, "
+                                     f"{end}) runs past its {chunk.total_bytes} bytes",
+                                     "SummonFullParams")
+            buffers[chunk.fqn][chunk.offset_bytes:end] = chunk.data
+        out: Dict[str, Any] = {}
+        for fqn, data in buffers.items():
+            dtype, shape = meta[fqn]
+            if dtype not in _WIRE_DTYPES:
+                raise FlatshardError(grpc.StatusCode.DATA_LOSS,
+                                     f"summon: '{fqn}' has dtype {dtype} this client cannot read",
+                                     "SummonFullParams")
+            array = np.frombuffer(bytes(data), dtype=_WIRE_DTYPES[dtype]).reshape(shape)
+            out[fqn] = _as_output(array, dtype == common_pb2.DTYPE_BFLOAT16, as_torch)
+        return out
+
+    def save_checkpoint(self, name: str = "", type: Optional[str] = None,
+                        async_save: bool = False) -> CheckpointResult:
+        """Takes a checkpoint now (``type``: 'full', 'sharded', 'local'; default:
+        the job's state-dict settings) and returns once it is committed."""
+        request = job_pb2.SaveCheckpointRequest(job=self.name, name=name, async_save=async_save)
+        if type is not None:
+            if type.lower() not in _STATE_DICT_TYPES:
+                raise ValueError(f"type: unknown state dict type '{type}'; expected one of "
+                                 f"{', '.join(_STATE_DICT_TYPES)}")
+            request.settings.state_dict_type = _STATE_DICT_TYPES[type.lower()]
+        return self._checkpoint_stream("SaveCheckpoint", request)
+
+    def load_checkpoint(self, name: str = "latest") -> CheckpointResult:
+        """Loads a committed checkpoint; training resumes after its step."""
+        return self._checkpoint_stream("LoadCheckpoint",
+                                       job_pb2.LoadCheckpointRequest(job=self.name, name=name))
+
+    def _checkpoint_stream(self, call: str, request: Any) -> CheckpointResult:
+        last = None
+        for progress in self.cluster._stream(call, request):
+            last = progress
+        if last is None or not last.done:
+            raise FlatshardError(grpc.StatusCode.UNKNOWN,
+                                 f"{call} ended without reporting completion", call)
+        return CheckpointResult(name=last.name, step=last.step, bytes_written=last.bytes_written,
+                                manifest_path=last.manifest_path)
+
+    def checkpoints(self) -> List[CheckpointInfo]:
+        response = self.cluster._unary("ListCheckpoints",
+                                       job_pb2.ListCheckpointsRequest(job=self.name))
+        return [_convert.checkpoint_info(c) for c in response.checkpoints]
+
+    def delete_checkpoint(self, name: str) -> None:
+        self.cluster._unary("DeleteCheckpoint",
+                            job_pb2.DeleteCheckpointRequest(job=self.name, name=name))
+
+
+def _as_output(array: np.ndarray, bf16: bool, as_torch: bool) -> Any:
+    if not as_torch:
+        return bf16_bits_to_float32(array) if bf16 else array.copy()
+    import torch  # optional: only as_torch needs it
+
+    if bf16:
+        return torch.from_numpy(array.view(np.int16).copy()).view(torch.bfloat16)
+    return torch.from_numpy(array.copy())

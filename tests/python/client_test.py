@@ -1,0 +1,247 @@
+"""The Python client against real local clusters (issue #13 §1).
+
+    client_test.py BIN_DIR SOURCE_DIR WORK_DIR     (run by client_test.sh in a venv)
+
+Every test talks to a coordinator and worker daemons started by `flatshard up`:
+plaintext for the job lifecycle, mutual TLS with tokens for the security paths.
+"""
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import sys
+import unittest
+
+import grpc
+import numpy as np
+
+import flatshard
+from flatshard import checkpoint
+from local_cluster import LocalCluster
+
+BIN, SOURCE, WORK = sys.argv[1:4]
+del sys.argv[1:4]
+MLP_JOB = os.path.join(SOURCE, "examples", "mlp-job.yaml")
+
+
+def small_job(name: str = "py-dict", world_size: int = 2) -> dict:
+    """A job as a dict, the model inline."""
+    return {
+        "name": name, "world_size": world_size, "wrap_policy": "module-type:Residual",
+        "model": {"root": {"type": "Sequential", "children": [
+            {"name": "input", "type": "Linear", "in_features": 8, "out_features": 16},
+            {"name": "blocks", "repeat": 2, "template": {"type": "Residual", "children": [
+                {"name": "fc", "type": "Linear", "in_features": 16, "out_features": 16},
+                {"name": "act", "type": "GELU"}]}},
+            {"name": "output", "type": "Linear", "in_features": 16, "out_features": 4}]}},
+        "data": {"kind": "regression", "global_batch_size": 8},
+        "optimizer": {"kind": "adamw", "lr": 0.01},
+    }
+
+
+class PlaintextClusterTest(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls.local = LocalCluster(BIN, os.path.join(WORK, "plain"), workers=4)
+        cls.cluster = flatshard.Cluster(cls.local.address)
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        cls.cluster.close()
+        cls.local.stop()
+
+    def tearDown(self) -> None:
+        for job in self.cluster.jobs():
+            self.cluster.job(job.name).delete()
+
+    def test_lifecycle_train_checkpoint_summon_load(self) -> None:
+        self.assertEqual(self.cluster.jobs(), [])
+        workers = self.cluster.workers()
+        self.assertEqual(len(workers), 4)
+        self.assertTrue(all(w.device == "cpu" for w in workers), workers)
+
+        job = self.cluster.create_job(MLP_JOB)
+        self.assertEqual(job.name, "mlp-demo")
+        status = job.status()
+        self.assertEqual((status.state, status.step, status.world_size), ("READY", 0, 4))
+        self.assertEqual([j.name for j in self.cluster.jobs()], ["mlp-demo"])
+        self.assertEqual(sorted(w.rank for w in self.cluster.workers("mlp-demo")), [0, 1, 2, 3])
+
+        steps = list(job.train(3))
+        self.assertEqual([s.step for s in steps], [1, 2, 3])
+        for s in steps:
+            self.assertTrue(math.isfinite(s.loss) and s.loss > 0, s)
+            self.assertEqual(len(s.rank_losses), 4)
+            self.assertAlmostEqual(s.loss, sum(s.rank_losses) / 4, places=5)
+            self.assertGreater(s.samples_per_second, 0)
+            self.assertEqual(s.target_step, 3)
+
+        plan = job.plan()
+        self.assertEqual(len(plan["units"]), status.units)
+
+        full = job.save_checkpoint("py-full", type="full")
+        self.assertEqual(full.step, 3)
+        sharded = job.save_checkpoint("py-sharded", type="sharded")
+        self.assertEqual(sharded.step, 3)
+        names = {c.name: c for c in job.checkpoints()}
+        self.assertEqual(names["py-full"].state_dict_type, "FULL_STATE_DICT")
+        self.assertEqual(names["py-sharded"].state_dict_type, "SHARDED_STATE_DICT")
+        self.assertTrue(names["py-sharded"].latest)
+
+        weights = job.summon()
+        self.assertIn("blocks.0.fc1.weight", weights)
+        self.assertEqual(weights["blocks.0.fc1.weight"].shape, (512, 256))
+        ckpt_dir = os.path.join(self.local.checkpoint_dir, "mlp-demo")
+        for loaded in (checkpoint.load_full(os.path.join(ckpt_dir, "py-full")),
+                       checkpoint.load(os.path.join(ckpt_dir, "py-sharded"))):
+            self.assertEqual(loaded.step, 3)
+            self.assertEqual(loaded.model.keys(), weights.keys())
+            for fqn, value in weights.items():
+                np.testing.assert_array_equal(loaded.model[fqn], value, err_msg=fqn)
+            # AdamW: exp_avg, exp_avg_sq per parameter, and its step count.
+            self.assertEqual(loaded.optim["blocks.0.fc1.weight.exp_avg"].shape, (512, 256))
+            self.assertEqual(float(loaded.optim["blocks.0.fc1.weight.step"]), 3.0)
+
+        list(job.train(2))
+        self.assertEqual(job.status().step, 5)
+        self.assertFalse(np.array_equal(job.summon()["output.weight"], weights["output.weight"]))
+        self.assertEqual(job.load_checkpoint("py-full").step, 3)
+        self.assertEqual(job.status().step, 3)
+        np.testing.assert_array_equal(job.summon()["output.weight"], weights["output.weight"])
+
+        job.delete_checkpoint("py-sharded")
+        self.assertNotIn("py-sharded", {c.name for c in job.checkpoints()})
+        states = []
+        for event in job.watch(timeout=5):
+            states.append(event.state)
+            if event.state == "IDLE":
+                break
+        self.assertIn("READY", states)
+
+    def test_training_outlives_the_loop_and_attach_follows_it(self) -> None:
+        job = self.cluster.create_job(small_job())
+        first = next(iter(job.train(6)))  # leave the loop: the training goes on
+        self.assertEqual(first.step, 1)
+        followed = [s.step for s in job.attach()]
+        self.assertTrue(followed and followed[-1] == 6, followed)
+        self.assertEqual(job.status().step, 6)
+        self.assertFalse(job.status().training.running)
+        self.assertIn("(python)", job.status().training.started_by)
+        with self.assertRaises(flatshard.FlatshardError) as caught:
+            job.stop()
+        self.assertEqual(caught.exception.code, grpc.StatusCode.FAILED_PRECONDITION)
+        self.assertIn("not training", caught.exception.message)
+
+    def test_plan_of_a_dict_and_of_a_file(self) -> None:
+        plan = self.cluster.plan(small_job(world_size=4))
+        self.assertEqual(plan["format"], "flatshard.plan/v1")
+        self.assertEqual(plan["config"]["world_size"], 4)
+        self.assertEqual(len(plan["units"]), 3)  # two Residual blocks and the root
+        self.assertEqual(self.cluster.plan(MLP_JOB)["model"], "mlp")
+
+    def test_errors_carry_the_code_and_the_servers_words(self) -> None:
+        bad = os.path.join(WORK, "bad-job.yaml")
+        with open(bad, "w") as f:
+            f.write("name: bad\nmodel: mlp.yaml\nwrold_size: 4\n")
+        shutil.copy(os.path.join(SOURCE, "examples", "mlp.yaml"), WORK)
+        with self.assertRaises(flatshard.FlatshardError) as caught:
+            self.cluster.create_job(bad)
+        self.assertEqual(caught.exception.code, grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn(f"{bad}:3: wrold_size: unknown field", caught.exception.message)
+        self.assertEqual(caught.exception.call, "CreateJob")
+
+        broken_model = small_job("py-bad-model")
+        broken_model["model"]["root"]["children"][0]["in_features"] = -3
+        with self.assertRaises(flatshard.FlatshardError) as caught:
+            self.cluster.create_job(broken_model)
+        self.assertEqual(caught.exception.code, grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("in_features", caught.exception.message)
+
+        uneven = small_job("py-uneven", world_size=3)
+        with self.assertRaises(flatshard.FlatshardError) as caught:
+            self.cluster.plan(uneven)
+        self.assertIn("global_batch_size", caught.exception.message)
+
+        with self.assertRaises(flatshard.FlatshardError) as caught:
+            self.cluster.job("ghost")
+        self.assertEqual(caught.exception.code, grpc.StatusCode.NOT_FOUND)
+
+        job = self.cluster.create_job(small_job())
+        with self.assertRaises(ValueError):
+            job.save_checkpoint("x", type="everything")
+        with self.assertRaises(flatshard.FlatshardError) as caught:
+            job.save_checkpoint("../escape")
+        self.assertEqual(caught.exception.code, grpc.StatusCode.INVALID_ARGUMENT)
+        with self.assertRaises(flatshard.FlatshardError) as caught:
+            job.load_checkpoint("never-saved")
+        self.assertEqual(caught.exception.code, grpc.StatusCode.NOT_FOUND)
+        with self.assertRaises(flatshard.FlatshardError) as caught:
+            list(job.train(0))
+        self.assertEqual(caught.exception.code, grpc.StatusCode.INVALID_ARGUMENT)
+        self.assertIn("train.steps", caught.exception.message)
+
+        with self.assertRaises(FileNotFoundError):
+            self.cluster.create_job(dict(small_job("py-missing"), model="no-such-model.yaml"))
+        with self.assertRaises(FileNotFoundError):
+            checkpoint.load(os.path.join(WORK, "no-checkpoint-here"))
+
+    def test_unreachable_coordinator_is_unavailable(self) -> None:
+        with flatshard.Cluster("127.0.0.1:1", timeout=2) as nowhere:
+            with self.assertRaises(flatshard.FlatshardError) as caught:
+                nowhere.workers()
+        self.assertIn(caught.exception.code,
+                      (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED))
+
+
+class SecuredClusterTest(unittest.TestCase):
+    """`flatshard up --tls`: mutual TLS on every channel, tokens for clients."""
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls.local = LocalCluster(BIN, os.path.join(WORK, "tls"), workers=2, extra=["--tls"])
+        d = cls.local.security_dir
+        cls.tls = flatshard.TlsConfig(ca=os.path.join(d, "ca.pem"),
+                                      cert=os.path.join(d, "admin.pem"),
+                                      key=os.path.join(d, "admin-key.pem"))
+        with open(os.path.join(d, "admin.token")) as f:
+            cls.token = f.read().strip()
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        cls.local.stop()
+
+    def test_token_and_client_certificate_are_accepted(self) -> None:
+        with flatshard.Cluster(self.local.address, token=self.token, tls=self.tls) as cluster:
+            self.assertEqual(len(cluster.workers()), 2)
+            job = cluster.create_job(small_job())
+            self.assertEqual([s.step for s in job.train(2)], [1, 2])
+            self.assertEqual(job.save_checkpoint("secured").step, 2)
+            job.delete()
+
+    def test_wrong_token_is_unauthenticated(self) -> None:
+        # The admin certificate alone is an admin (docs/security.md); a token
+        # that is sent must be valid whatever the certificate.
+        with flatshard.Cluster(self.local.address, token="", tls=self.tls) as by_certificate:
+            self.assertEqual(len(by_certificate.workers()), 2)
+        with flatshard.Cluster(self.local.address, token="not-a-token", tls=self.tls) as cluster:
+            with self.assertRaises(flatshard.FlatshardError) as caught:
+                cluster.workers()
+            self.assertEqual(caught.exception.code, grpc.StatusCode.UNAUTHENTICATED)
+
+    def test_plaintext_and_certificateless_clients_are_refused(self) -> None:
+        with flatshard.Cluster(self.local.address, token=self.token, timeout=5) as plain:
+            with self.assertRaises(flatshard.FlatshardError) as caught:
+                plain.workers()
+            self.assertEqual(caught.exception.code, grpc.StatusCode.UNAVAILABLE)
+        with flatshard.Cluster(self.local.address, token=self.token, timeout=5,
+                               tls={"ca": self.tls.ca}) as no_cert:
+            with self.assertRaises(flatshard.FlatshardError) as caught:
+                no_cert.workers()
+            self.assertEqual(caught.exception.code, grpc.StatusCode.UNAVAILABLE)
+        with self.assertRaises(ValueError):
+            flatshard.Cluster(self.local.address, tls={"ca": self.tls.ca, "cert": self.tls.cert})
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
