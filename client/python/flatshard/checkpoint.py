@@ -36,6 +36,11 @@ class Checkpoint:
     def step(self) -> int:
         return int(self.manifest["step"])
 
+    @property
+    def model_spec(self) -> Dict[str, Any]:
+        """The job's model in the wire form (``flatshard.torch_modules.build``)."""
+        return self.manifest["job_spec"]["model"]
+
     def model_state(self, as_torch: bool = False) -> Dict[str, Any]:
         """The model's state dict: numpy (bf16 widened to float32) or torch."""
         return {name: _output(name, value, name in self.bf16, as_torch)
@@ -44,6 +49,13 @@ class Checkpoint:
     def optim_state(self, as_torch: bool = False) -> Dict[str, Any]:
         return {name: _output(name, value, name in self.bf16, as_torch)
                 for name, value in self.optim.items()}
+
+
+def load_safetensors(path: str, as_torch: bool = False) -> Dict[str, Any]:
+    """A safetensors file (e.g. `flatshard summon --out FILE`) by tensor name."""
+    tensors, dtypes, _ = read_safetensors(path)
+    return {name: _output(name, value, dtypes[name] == _BF16, as_torch)
+            for name, value in tensors.items()}
 
 
 def load(path: str) -> Checkpoint:

@@ -157,6 +157,11 @@ class Job:
     def status(self) -> JobStatus:
         return _convert.job_status(self._proto())
 
+    def model_spec(self) -> common_pb2.ModelSpec:
+        """The job's model in the wire form, every parameter explicit
+        (``flatshard.torch_modules.build`` makes a torch module of it)."""
+        return self._proto().spec.model
+
     def plan(self) -> Dict[str, Any]:
         spec = self._proto().spec
         response = self.cluster._unary("Plan", job_pb2.PlanRequest(spec=spec))
