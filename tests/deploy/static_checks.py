@@ -473,8 +473,6 @@ def bad_flags(program, rest):
         if REDIRECT.match(t):
             skip_next = t in (">", ">>", "<", "2>")
             continue
-        if not path or path[-1] in subs or not flags:
-            pass
         if t in subs and not any(x.startswith("-") for x in tokens[:tokens.index(t)]):
             path.append(t)
             flags, subs, _ = help_of(program, path)
