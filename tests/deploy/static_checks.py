@@ -348,6 +348,28 @@ def _():
                     assert target in made, f"{dockerfile} does not create {target} ({name})"
 
 
+@check("compose: the coordinator depends on every worker, so that `docker compose stop` stops "
+       "it first (workers stopped under it would end the job FAILED)")
+def _():
+    needs = services["coordinator"].get("depends_on", {})
+    missing = set(workers) - set(needs)
+    assert not missing, f"the coordinator does not depend on {sorted(missing)}"
+    for name in workers:
+        assert "coordinator" not in services[name].get("depends_on", {}), name
+
+
+@check("systemd: workers are ordered before the coordinator (stopped after it), the "
+       "save-on-stop unit after both (stopped, and saving, first)")
+def _():
+    def ordering(unit, key):
+        text = read(f"deploy/systemd/{unit}")
+        return {u for line in re.findall(rf"^{key}=(.*)$", text, re.M) for u in line.split()}
+    assert "flatshard-coordinator.service" in ordering("flatshard-worker@.service", "Before")
+    assert "flatshard-save-on-stop.service" in ordering("flatshard-worker@.service", "Before")
+    assert "flatshard-coordinator.service" in ordering("flatshard-save-on-stop.service", "After")
+    assert "flatshard-coordinator.service" not in ordering("flatshard-worker@.service", "After")
+
+
 @check("compose: the Grafana datasource has the uid the repository's provisioning uses")
 def _():
     ours = yaml.safe_load(read("deploy/docker/grafana/datasource.yml"))["datasources"]
