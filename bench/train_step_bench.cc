@@ -1,5 +1,5 @@
 // Training-step time breakdown of the FSDP data plane: W worker processes train
-// examples/mlp.yaml (1M parameters, 5 units) or the GPT of examples/gpt-small.yaml,
+// examples/mlp.yaml (1M parameters, 5 units) or the GPT of examples/gpt-7m.yaml,
 // and rank 0 reports the median step split into compute, exposed communication
 // (the compute stream waiting for the communication stream) and optimizer, for
 // each backward-prefetch policy side by side in one run, so the overlap the
@@ -107,7 +107,7 @@ int main(int argc, char** argv) {
           "  --worlds 2,4            process counts\n"
           "  --steps 30              steps per run (the median skips the first 3)\n"
           "  --batch 64              samples per rank and step\n"
-          "  --model mlp|gpt         examples/mlp.yaml or examples/gpt-small.yaml\n"
+          "  --model mlp|gpt         examples/mlp.yaml or examples/gpt-7m.yaml\n"
           "  --device cpu|sim|cuda   (default cpu)\n"
           "  --comm auto|gloo|nccl   (default auto: nccl on cuda, gloo otherwise)\n"
           "  --gpus 0,1              the GPU of each rank (default: rank)\n");
@@ -145,7 +145,7 @@ int main(int argc, char** argv) {
   }
   const bool gpt = model == "gpt";
   auto spec = LoadModelSpecFile(std::string(FLATSHARD_SOURCE_DIR) +
-                                (gpt ? "/examples/gpt-small.yaml" : "/examples/mlp.yaml"));
+                                (gpt ? "/examples/gpt-7m.yaml" : "/examples/mlp.yaml"));
   if (!spec.ok()) return 1;
   std::printf(
       "| W | backward prefetch | step | compute | exposed comm | optimizer | exposed "

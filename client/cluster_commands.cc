@@ -81,6 +81,8 @@ void ClusterCommands::Add(CLI::App& app) {
   train_->add_flag("--attach", attach_,
                    "Follow the training already running on the coordinator, from its current step");
   train_->add_flag("--detach", detach_, "Start the training and return at once; it runs by itself");
+  train_->add_option("--log", train_log_,
+                     "Also append each step as a JSON line (as --json prints it) to this file");
   job_stop_ = job->add_subcommand("stop", "Ask the job's running training to stop after its step");
   AddJobOption(job_stop_, job_);
 

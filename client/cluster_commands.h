@@ -48,6 +48,7 @@ class ClusterCommands {
   double wait_timeout_s_ = 120;
   int64_t steps_ = 0;
   int micro_steps_ = 0;
+  std::string train_log_;  // train --log: one JSON line per step, appended
   bool attach_ = false;
   bool detach_ = false;
   std::vector<int> units_;

@@ -5,6 +5,7 @@
 
 #include "client/checkpoint_commands.h"
 #include "client/cluster_commands.h"
+#include "client/model_commands.h"
 #include "client/plan_command.h"
 #include "client/security_commands.h"
 #include "client/up_command.h"
@@ -29,6 +30,8 @@ int Run(int argc, char** argv) {
   checkpoints.Add(app);
   flatshard::SecurityCommands security;
   security.Add(app);
+  flatshard::ModelCommands models;
+  models.Add(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -39,6 +42,7 @@ int Run(int argc, char** argv) {
   if (up->parsed()) return flatshard::RunUpCommand(up_options, std::cout, std::cerr);
   if (int code = checkpoints.Run(std::cout, std::cerr); code >= 0) return code;
   if (int code = security.Run(std::cout, std::cerr); code >= 0) return code;
+  if (int code = models.Run(std::cout, std::cerr); code >= 0) return code;
   return cluster.Run(std::cout, std::cerr);
 }
 

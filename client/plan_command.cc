@@ -26,7 +26,7 @@ CLI::App* AddPlanCommand(CLI::App& app, PlanCommandOptions& o) {
       "Dry-run a job without a cluster: units, each rank's shard ranges and "
       "parameter slices, per-rank memory, and the bytes each collective moves per step");
   CLI::Option* model = plan->add_option("--model,-m", o.model_path,
-                                        "Model spec (YAML or JSON), e.g. examples/gpt-small.yaml");
+                                        "Model spec (YAML or JSON), e.g. examples/gpt-7m.yaml");
   CLI::Option* job = plan->add_option(
       "--job,-f", o.job_path,
       "A job file instead (docs/job-spec.md): its model, policy, world size, sharding and "

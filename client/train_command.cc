@@ -9,6 +9,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <iostream>
 #include <optional>
 #include <string>
@@ -143,6 +144,16 @@ int ClusterCommands::Train(std::ostream& out, std::ostream& err) {
   request.set_started_by(WhoAmI());
   std::optional<InterruptHandler> interrupts;
   if (!detach_) interrupts.emplace(coordinator_, job_, err);
+  std::ofstream log;
+  if (!train_log_.empty()) {
+    log.open(train_log_, std::ios::app);
+    if (!log) {
+      return ReportError("train",
+                         absl::InvalidArgumentError(
+                             absl::StrCat("--log: cannot open '", train_log_, "' for appending")),
+                         err);
+    }
+  }
   FlatshardClient client(coordinator_);
   const bool tty = !json_ && isatty(STDOUT_FILENO) != 0;
   const absl::Time start = absl::Now();
@@ -157,6 +168,7 @@ int ClusterCommands::Train(std::ostream& out, std::ostream& err) {
     }
     last_loss = r.loss();
     last_step = r.step();
+    if (log.is_open()) log << MessageToJson(r) << std::endl;  // readable while it trains
     if (json_) {
       out << MessageToJson(r) << std::endl;
       return;

@@ -1,33 +1,53 @@
 #!/usr/bin/env bash
-# The main job: installs dependencies, builds, starts a local cluster (a
-# coordinator and 4 CPU worker daemons), creates the example job (the 1M-parameter
-# MLP, FULL_SHARD with bf16 all-gathers), trains it through the coordinator with
-# live progress while a second client takes a checkpoint on demand in the middle
-# of training, shows how to resume from it, gathers the trained parameters into
-# a safetensors file, and stops the cluster. A Prometheus server scrapes every
-# daemon meanwhile; the demo ends with what it saw. The cluster runs secured
-# (`flatshard up --tls`: mutual TLS on every channel, an admin token, an audit
-# log); FLATSHARD_DEMO_TLS=0 runs it plaintext on loopback instead.
+# The main job: installs dependencies, builds the daemons and the CLI, turns the
+# licenses Debian ships (/usr/share/common-licenses) into byte tokens, starts a
+# local cluster (a coordinator and 4 CPU worker daemons) and trains the
+# byte-level GPT of examples/gpt-job.yaml through the coordinator with live
+# progress, while a second client takes a checkpoint on demand mid-training.
+# Then: the validation loss at both checkpoints, a resume from the mid-training
+# one, text sampled from the trained model (`flatshard generate`), the Python
+# client on the same cluster writing a loss-curve PNG, and what Prometheus saw.
+# The cluster runs secured (`flatshard up --tls`: mutual TLS on every channel,
+# an admin token, an audit log); FLATSHARD_DEMO_TLS=0 runs it plaintext on
+# loopback. FLATSHARD_DEMO_STEPS (default 800) sets the training length.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-bash scripts/build.sh >/dev/null
+echo "== building the daemons and the CLI (bash scripts/test.sh builds and runs everything) =="
+bash scripts/build.sh flatshard flatshard-coordinator flatshard-worker >/dev/null
 bin=build/bin/flatshard
 out=${FLATSHARD_DEMO_DIR:-$(mktemp -d -t flatshard-demo.XXXXXX)}
 mkdir -p "$out"
+steps=${FLATSHARD_DEMO_STEPS:-800}
+mid=$((steps / 2))
+job=gpt-demo
+# The Python client's venv (grpcio, numpy, matplotlib; cached) is made while the
+# cluster trains.
+bash scripts/python-env.sh client/python/requirements-demo.txt >"$out/venv" 2>"$out/venv.log" &
+venv_pid=$!
 
-echo "== A GPT-style decoder planned as an 8-rank FULL_SHARD job (no cluster needed) =="
+echo "== the GPT planned as an 8-rank FULL_SHARD job (no cluster needed) =="
 "$bin" plan --model examples/gpt-small.yaml --policy module-type:TransformerBlock \
   --world-size 8 --strategy FULL_SHARD --param-dtype bfloat16 |
   awk 'NR <= 6 || (!memory && /^[0-9]/) { print } /^MEMORY/ { memory = 1 } memory { print }'
 echo
 
-echo "== flatshard up: a coordinator, 4 workers and Prometheus, then the job from examples/mlp-job.yaml =="
+echo "== the data: the software licenses of Debian's base-files package, as byte tokens =="
+licenses=()
+for f in GPL-3 GPL-2 GPL-1 LGPL-2.1 LGPL-2 LGPL-3 GFDL-1.3 GFDL-1.2 Apache-2.0 MPL-2.0 \
+    MPL-1.1 Artistic CC0-1.0 BSD; do
+  licenses+=("/usr/share/common-licenses/$f")
+done
+"$bin" data prepare-text "${licenses[@]}" -o "$out/data/gpt-text" --seq-len 64 --squeeze-spaces |
+  tail -1
+echo
+
+echo "== flatshard up: a coordinator, 4 workers and Prometheus, then the job from examples/gpt-job.yaml =="
 export OPENBLAS_NUM_THREADS=1
 tls=()
 [[ ${FLATSHARD_DEMO_TLS:-1} == 1 ]] && tls=(--tls)
-"$bin" up "${tls[@]}" --workers 4 --listen 127.0.0.1:0 --job examples/mlp-job.yaml \
-  --address-file "$out/coordinator" --checkpoint-dir "$out/checkpoints" \
+"$bin" up "${tls[@]}" --workers 4 --listen 127.0.0.1:0 --job examples/gpt-job.yaml \
+  --data-dir "$out/data" --address-file "$out/coordinator" --checkpoint-dir "$out/checkpoints" \
   --prometheus --prometheus-listen 127.0.0.1:0 --scrape-interval 1 >"$out/up.log" 2>&1 &
 up_pid=$!
 trap 'kill -TERM $up_pid 2>/dev/null || true; wait $up_pid 2>/dev/null || true' EXIT
@@ -49,39 +69,57 @@ prometheus=$(sed -n 's/^prometheus: \([^ ]*\).*/\1/p' "$out/up.log")
 sed -n '1,/Ctrl-C stops/p' "$out/up.log" | grep -v '^\[' | sed 's/^/  /'
 echo
 
-echo "== flatshard train: 60 steps through the coordinator; at step 30 a second client asks for a checkpoint =="
-# The second client: once the job reports step 30, `ckpt save` runs between two
-# steps of the training the first client is streaming.
+job_step() {
+  "$bin" job status -c "$addr" -j "$job" --json | sed -n 's/.*"step": *"\{0,1\}\([0-9]*\).*/\1/p'
+}
+echo "== flatshard train: $steps steps through the coordinator; at step $mid a second client asks for a checkpoint =="
+# The second client: once the job reports step $mid, `ckpt save` runs between
+# two steps of the training the first client is streaming.
 (
-  for _ in $(seq 600); do
-    step=$("$bin" job status -c "$addr" -j mlp-demo --json | sed -n 's/.*"step": *"\{0,1\}\([0-9]*\).*/\1/p')
-    [[ -n "$step" && "$step" -ge 30 ]] && break
+  for _ in $(seq 6000); do
+    step=$(job_step)
+    [[ -n "$step" && "$step" -ge $mid ]] && break
     sleep 0.05
   done
-  "$bin" ckpt save -c "$addr" -j mlp-demo -n mid-training -t sharded >"$out/ckpt-save.log" 2>&1
+  "$bin" ckpt save -c "$addr" -j "$job" -n mid-training -t sharded >"$out/ckpt-save.log" 2>&1
 ) &
 saver=$!
-"$bin" train -c "$addr" -j mlp-demo --steps 60
+"$bin" train -c "$addr" -j "$job" --steps "$steps" --log "$out/train.jsonl"
 wait $saver || { cat "$out/ckpt-save.log"; exit 1; }
+"$bin" ckpt save -c "$addr" -j "$job" -n final -t sharded >/dev/null
 echo
-echo "== the checkpoint taken mid-training (flatshard ckpt ls / verify) =="
+echo "== the checkpoints (flatshard ckpt ls / verify) and the held-out validation loss at each =="
 sed 's/^/  /' "$out/ckpt-save.log"
-"$bin" ckpt ls -c "$addr" -j mlp-demo
-"$bin" ckpt verify "$out/checkpoints/mlp-demo/mid-training" | tail -1
+"$bin" ckpt ls -c "$addr" -j "$job"
+"$bin" ckpt verify "$out/checkpoints/$job/mid-training" | tail -1
+validation=()
+for name in mid-training final; do
+  dir=$out/checkpoints/$job/$name
+  at=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["step"])' "$dir/manifest.json")
+  line=$("$bin" eval --checkpoint "$dir" --data "$out/data/gpt-text/val")
+  echo "  $name (step $at): $line"
+  validation+=("$at:$(awk '{ print $2 }' <<<"$line")")
+done
 echo
-echo "== resume: load it (every rank stages, then all apply) and train on from its step =="
-"$bin" ckpt load -c "$addr" -j mlp-demo mid-training
-"$bin" train -c "$addr" -j mlp-demo --steps 5
+echo "== flatshard generate: bytes sampled from the trained model (offline, the workers' own layers) =="
+"$bin" generate --checkpoint "$out/checkpoints/$job/final" --prompt "This License" \
+  --tokens 300 --temperature 0.7 --seed 1 | sed 's/^/  | /'
+echo
+echo "== resume: load the mid-training checkpoint (every rank stages, then all apply) and train on =="
+"$bin" ckpt load -c "$addr" -j "$job" mid-training
+"$bin" train -c "$addr" -j "$job" --steps 5
 echo
 "$bin" workers -c "$addr"
 echo
-echo "== flatshard summon: the trained model, gathered unit by unit =="
-"$bin" summon -c "$addr" -j mlp-demo --out "$out/mlp-demo.safetensors"
+echo "== the Python client (client/python) on the same cluster, and the loss curve =="
+wait $venv_pid || { cat "$out/venv.log"; exit 1; }
+"$(cat "$out/venv")/bin/python" scripts/demo_client.py "$addr" "$job" "$out/train.jsonl" \
+  "$out/loss.png" "${validation[@]}"
 echo
 echo "== what Prometheus ($prometheus) scraped: dashboards/ and docs/observability.md show the rest =="
 # Prometheus starts scraping new targets a few seconds after it starts and
 # then every second: wait (bounded) until it has seen the last step.
-python3 - "$prometheus" "$("$bin" job status -c "$addr" -j mlp-demo --json | sed -n 's/.*"step": *"\{0,1\}\([0-9]*\).*/\1/p')" <<'PY' || true
+python3 - "$prometheus" "$(job_step)" <<'PY' || true
 import json, sys, time, urllib.parse, urllib.request
 base, step = sys.argv[1], sys.argv[2]
 deadline = time.monotonic() + 60
@@ -121,8 +159,9 @@ fi
 echo
 echo "Next: run 'build/bin/flatshard up' in one terminal and drive it from another"
 echo "(flatshard job create -f examples/mlp-job.yaml; flatshard train -j mlp-demo --steps 50;"
-echo "flatshard ckpt save|load|ls; unshard/reshard/summon/watch); offline, with no cluster:"
-echo "flatshard ckpt inspect|verify|consolidate|reshard on $out/checkpoints/mlp-demo/mid-training."
+echo "flatshard ckpt save|load|ls; unshard/reshard/summon/watch), or from Python"
+echo "(pip install ./client/python; docs/python.md). Offline, with no cluster: flatshard"
+echo "ckpt inspect|verify|consolidate|reshard, eval and generate on $out/checkpoints/$job/final."
 echo "'build/bin/flatshard --help' lists every command; docs/checkpoints.md, docs/job-spec.md and"
 echo "docs/control-plane.md explain checkpoints, the job file and how the coordinator drives workers."
 echo "'flatshard up --prometheus' runs Prometheus beside the cluster; import dashboards/*.json into"

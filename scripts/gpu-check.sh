@@ -112,7 +112,7 @@ echo "== train_step_bench (MLP, W=$gpus over NCCL)"
   echo "Training step (device events; exposed comm / step is the share of the step the"
   echo "compute stream waited for communication):"
   echo
-  echo "GPT (examples/gpt-small.yaml):"
+  echo "GPT (examples/gpt-7m.yaml):"
   echo
   cat "$log/step_gpt.md"
   echo

@@ -24,9 +24,9 @@ expect() {  # expect <name> <want-exit:0|nonzero> <pattern> -- args...
   echo "ok   $name"
 }
 
-expect gpt_text 0 "COLLECTIVES PER STEP" -- plan --model "$src/examples/gpt-small.yaml" \
+expect gpt_text 0 "COLLECTIVES PER STEP" -- plan --model "$src/examples/gpt-7m.yaml" \
   --policy module-type:TransformerBlock --world-size 8 --strategy FULL_SHARD
-expect gpt_json 0 '"format": "flatshard.plan/v1"' -- plan --model "$src/examples/gpt-small.yaml" \
+expect gpt_json 0 '"format": "flatshard.plan/v1"' -- plan --model "$src/examples/gpt-7m.yaml" \
   --policy module-type:TransformerBlock --world-size 8 --strategy FULL_SHARD --json
 python3 -c "import json,sys; d=json.load(open('$tmp/out')); assert len(d['units'])==9, d['units']" \
   || { echo "FAIL gpt_json: not 9 units"; failures=$((failures + 1)); }
@@ -51,7 +51,7 @@ expect bad_policy nonzero "unknown module type 'Block'" -- \
 expect bad_hybrid nonzero "does not divide the world size 6" -- \
   plan --model "$src/examples/mlp.yaml" --world-size 6 --strategy HYBRID_SHARD --hybrid-shard-size 4
 expect tied_split nonzero "tied parameters must be in one unit" -- \
-  plan --model "$src/examples/gpt-small.yaml" --policy module-type:Linear --world-size 2
+  plan --model "$src/examples/gpt-7m.yaml" --policy module-type:Linear --world-size 2
 expect help 0 "--world-size" -- plan --help
 expect job_file 0 "strategy FULL_SHARD over 4 ranks" -- plan --job "$src/examples/mlp-job.yaml"
 expect no_model nonzero "--model or --job is required" -- plan

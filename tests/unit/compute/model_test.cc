@@ -165,7 +165,7 @@ TEST(ModelTest, ExamplesBuildAndTrainOneStep) {
     EXPECT_TRUE((*model)->Backward(store, hooks).ok());
   }
   {
-    auto spec = LoadModelSpecFile(testing_paths::Example("gpt-small.yaml"));
+    auto spec = LoadModelSpecFile(testing_paths::Example("gpt-7m.yaml"));
     ASSERT_TRUE(spec.ok()) << spec.status();
     auto index = IndexModel(*spec);
     ASSERT_TRUE(index.ok());

@@ -180,7 +180,7 @@ INSTANTIATE_TEST_SUITE_P(
                "job.rank_by_worker_id names 2 of the 4 ranks; missing rank(s) 1, 3"},
         BadJob{"tied_split_by_policy",
                [](v1::JobSpec& s) {
-                 auto gpt = LoadModelSpecFile(testing_paths::Example("gpt-small.yaml"));
+                 auto gpt = LoadModelSpecFile(testing_paths::Example("gpt-7m.yaml"));
                  *s.mutable_model() = ModelSpecToProto(*gpt);
                  s.mutable_wrap_policy()->mutable_module_type()->set_module_types(0, "Linear");
                },

@@ -18,7 +18,7 @@ using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
 TEST(ModelSpecTest, ExamplesParseWithPyTorchFqns) {
-  auto gpt = LoadModelSpecFile(testing_paths::Example("gpt-small.yaml"));
+  auto gpt = LoadModelSpecFile(testing_paths::Example("gpt-7m.yaml"));
   ASSERT_TRUE(gpt.ok()) << gpt.status();
   auto index = IndexModel(*gpt);
   ASSERT_TRUE(index.ok());
@@ -54,7 +54,7 @@ TEST(ModelSpecTest, JsonParsesLikeYaml) {
 }
 
 TEST(ModelSpecTest, ProtoRoundTrip) {
-  auto spec = LoadModelSpecFile(testing_paths::Example("gpt-small.yaml"));
+  auto spec = LoadModelSpecFile(testing_paths::Example("gpt-7m.yaml"));
   ASSERT_TRUE(spec.ok());
   v1::ModelSpec proto = ModelSpecToProto(*spec);
   auto back = ModelSpecFromProto(proto);

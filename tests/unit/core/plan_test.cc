@@ -18,7 +18,7 @@ using ::testing::HasSubstr;
 class PlanTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    auto spec = LoadModelSpecFile(testing_paths::Example("gpt-small.yaml"));
+    auto spec = LoadModelSpecFile(testing_paths::Example("gpt-7m.yaml"));
     ASSERT_TRUE(spec.ok()) << spec.status();
     spec_ = *std::move(spec);
     policy_ = *ParseWrapPolicy("module-type:TransformerBlock");

@@ -29,7 +29,7 @@ class UnitLayoutTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(UnitLayoutTest, AgreesWithThePlan) {
   const Case& c = GetParam();
-  auto spec = LoadModelSpecFile(testing_paths::Example("gpt-small.yaml"));
+  auto spec = LoadModelSpecFile(testing_paths::Example("gpt-7m.yaml"));
   ASSERT_TRUE(spec.ok()) << spec.status();
   const WrapPolicy policy = *ParseWrapPolicy("module-type:TransformerBlock");
   ShardingSettings sharding;

@@ -123,7 +123,7 @@ TEST(SizeBasedWrapTest, HugeThresholdLeavesOnlyTheRoot) {
 // ModuleWrapPolicy on the GPT example: one unit per block plus the root, which
 // keeps wte, wpe, ln_f and stores the tied lm_head.weight once.
 TEST(ModuleTypeWrapTest, GptExampleOneUnitPerBlockPlusRoot) {
-  auto spec = LoadModelSpecFile(testing_paths::Example("gpt-small.yaml"));
+  auto spec = LoadModelSpecFile(testing_paths::Example("gpt-7m.yaml"));
   ASSERT_TRUE(spec.ok()) << spec.status();
   auto index = IndexModel(*spec);
   ASSERT_TRUE(index.ok());
@@ -155,7 +155,7 @@ TEST(ModuleTypeWrapTest, GptExampleOneUnitPerBlockPlusRoot) {
 // Tied parameters must share a unit (docs/fsdp-semantics.md §9.1): wrapping lm_head (a Linear)
 // on its own would split it from wte.
 TEST(ModuleTypeWrapTest, TiedParametersSplitAcrossUnitsAreAnError) {
-  auto spec = LoadModelSpecFile(testing_paths::Example("gpt-small.yaml"));
+  auto spec = LoadModelSpecFile(testing_paths::Example("gpt-7m.yaml"));
   ASSERT_TRUE(spec.ok());
   auto index = IndexModel(*spec);
   ASSERT_TRUE(index.ok());
