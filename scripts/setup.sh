@@ -12,6 +12,7 @@ PACKAGES=(
   nlohmann-json3-dev libyaml-cpp-dev libcli11-dev libspdlog-dev libxxhash-dev
   clang-format clang-tidy
   python3 python3-numpy python3-pip python3-venv
+  iproute2
 )
 
 missing=()
