@@ -1,6 +1,6 @@
 """The Python client against real local clusters (issue #13 §1).
 
-    client_test.py BIN_DIR SOURCE_DIR WORK_DIR     (run by client_test.sh in a venv)
+    client_test.py BIN_DIR SOURCE_DIR WORK_DIR     (run by run_in_venv.sh in the test venv)
 
 Every test talks to a coordinator and worker daemons started by `flatshard up`:
 plaintext for the job lifecycle, mutual TLS with tokens for the security paths.
@@ -18,7 +18,7 @@ import numpy as np
 
 import flatshard
 from flatshard import checkpoint
-from local_cluster import LocalCluster
+from local_cluster import ClusterTestCase, LocalCluster
 
 BIN, SOURCE, WORK = sys.argv[1:4]
 del sys.argv[1:4]
@@ -40,20 +40,8 @@ def small_job(name: str = "py-dict", world_size: int = 2) -> dict:
     }
 
 
-class PlaintextClusterTest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls) -> None:
-        cls.local = LocalCluster(BIN, os.path.join(WORK, "plain"), workers=4)
-        cls.cluster = flatshard.Cluster(cls.local.address)
-
-    @classmethod
-    def tearDownClass(cls) -> None:
-        cls.cluster.close()
-        cls.local.stop()
-
-    def tearDown(self) -> None:
-        for job in self.cluster.jobs():
-            self.cluster.job(job.name).delete()
+class PlaintextClusterTest(ClusterTestCase):
+    BIN, WORK = BIN, WORK
 
     def test_lifecycle_train_checkpoint_summon_load(self) -> None:
         self.assertEqual(self.cluster.jobs(), [])

@@ -5,6 +5,7 @@ import os
 import signal
 import subprocess
 import time
+import unittest
 from typing import List
 
 
@@ -51,3 +52,28 @@ class LocalCluster:
             except subprocess.TimeoutExpired:
                 os.killpg(self.process.pid, signal.SIGKILL)
                 self.process.wait()
+
+
+class ClusterTestCase(unittest.TestCase):
+    """Tests sharing one plaintext local cluster (BIN and WORK set by the
+    subclass's module), each starting without a job."""
+
+    BIN = ""
+    WORK = ""
+    WORKERS = 4
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        import flatshard  # the venv's package; this module is imported by its tests only
+
+        cls.local = LocalCluster(cls.BIN, os.path.join(cls.WORK, cls.__name__), cls.WORKERS)
+        cls.cluster = flatshard.Cluster(cls.local.address)
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        cls.cluster.close()
+        cls.local.stop()
+
+    def tearDown(self) -> None:
+        for job in self.cluster.jobs():
+            self.cluster.job(job.name).delete()

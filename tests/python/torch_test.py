@@ -1,6 +1,6 @@
 """PyTorch models in and out (issue #13 §2), against a real local cluster.
 
-    torch_test.py BIN_DIR SOURCE_DIR WORK_DIR     (run by torch_test.sh in the torch venv)
+    torch_test.py BIN_DIR SOURCE_DIR WORK_DIR     (run by run_in_venv.sh in the torch venv)
 
 A model spec written by `python -m flatshard.from_torch` from torch modules
 plans exactly like the hand-written one; FULL checkpoints and summoned files
@@ -22,7 +22,7 @@ from torch.nn import functional as F
 
 import flatshard
 from flatshard import checkpoint, from_torch, torch_modules
-from local_cluster import LocalCluster
+from local_cluster import ClusterTestCase
 
 BIN, SOURCE, WORK = sys.argv[1:4]
 del sys.argv[1:4]
@@ -43,20 +43,8 @@ def run_from_torch(factory: str, output: str) -> subprocess.CompletedProcess:
                           cwd=HERE, capture_output=True, text=True)
 
 
-class TorchInteropTest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls) -> None:
-        cls.local = LocalCluster(BIN, os.path.join(WORK, "cluster"), workers=4)
-        cls.cluster = flatshard.Cluster(cls.local.address)
-
-    @classmethod
-    def tearDownClass(cls) -> None:
-        cls.cluster.close()
-        cls.local.stop()
-
-    def tearDown(self) -> None:
-        for job in self.cluster.jobs():
-            self.cluster.job(job.name).delete()
+class TorchInteropTest(ClusterTestCase):
+    BIN, WORK = BIN, WORK
 
     def test_mlp_round_trip_and_checkpoints_load_strictly(self) -> None:
         job = self.cluster.create_job(os.path.join(SOURCE, "examples", "mlp-job.yaml"))
