@@ -12,7 +12,8 @@ from typing import List
 class LocalCluster:
     """A coordinator and N worker daemons (real processes) via `flatshard up`."""
 
-    def __init__(self, bin_dir: str, work: str, workers: int = 4, extra: List[str] = ()) -> None:
+    def __init__(self, bin_dir: str, work: str, workers: int = 4, extra: List[str] = (),
+                 data_dir: str = "") -> None:
         os.makedirs(work, exist_ok=True)
         self.work = work
         self.checkpoint_dir = os.path.join(work, "ckpt")
@@ -25,7 +26,7 @@ class LocalCluster:
             self.process = subprocess.Popen(
                 [os.path.join(bin_dir, "flatshard"), "up", "--workers", str(workers),
                  "--listen", "127.0.0.1:0", "--address-file", address_file,
-                 "--checkpoint-dir", self.checkpoint_dir, "--data-dir", work, *extra],
+                 "--checkpoint-dir", self.checkpoint_dir, "--data-dir", data_dir or work, *extra],
                 stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         # `up` writes the address file once every worker registered; bounded.
         deadline = time.monotonic() + 120

@@ -116,6 +116,30 @@ class TorchInteropTest(ClusterTestCase):
         self.assertAlmostEqual(step.loss, expected, delta=2e-5 * expected)
         self.assertGreater(expected, 0.5 * np.log(vocab))  # a real loss, not a constant
 
+    def test_mlp_computes_the_clusters_loss(self) -> None:
+        samples, batch = 40, 8
+        rng = np.random.default_rng(3)
+        inputs = rng.standard_normal((samples, 64), dtype=np.float32)
+        targets = rng.standard_normal((samples, 16), dtype=np.float32)
+        data = os.path.join(self.local.work, "dense")
+        os.makedirs(data, exist_ok=True)
+        np.save(os.path.join(data, "inputs.npy"), inputs)
+        np.save(os.path.join(data, "targets.npy"), targets)
+        job = self.cluster.create_job({
+            "name": "mlp-torch", "model": os.path.join(SOURCE, "examples", "mlp.yaml"),
+            "world_size": 2, "wrap_policy": "module-type:Residual",
+            "data": {"kind": "file", "path": "dense", "global_batch_size": batch},
+        })
+        list(job.train(2))
+        model = torch_modules.build(job.model_spec())
+        model.load_state_dict(job.summon(as_torch=True), strict=True)
+        rows = [(2 * batch + i) % samples for i in range(batch)]
+        with torch.no_grad():
+            expected = F.mse_loss(model(torch.from_numpy(inputs[rows])),
+                                  torch.from_numpy(targets[rows])).item()
+        (step,) = list(job.train(1))
+        self.assertAlmostEqual(step.loss, expected, delta=2e-5 * expected)
+
     def test_unsupported_module_names_its_fqn_and_type(self) -> None:
         made = run_from_torch("models:with_custom_block", os.path.join(WORK, "never.yaml"))
         self.assertEqual(made.returncode, 2)

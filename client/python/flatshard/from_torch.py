@@ -31,10 +31,10 @@ _COMPOSITES = [(torch_modules.Residual, "Residual"), (torch_modules.MLP, "MLP"),
                (torch_modules.CausalSelfAttention, "CausalSelfAttention"),
                (torch_modules.TransformerBlock, "TransformerBlock"), (torch_modules.GPT, "GPT")]
 _CONTAINERS = [(nn.Sequential, "Sequential"), (nn.ModuleList, "ModuleList"),
-               (nn.ModuleDict, "ModuleDict")]
+               (torch_modules.ModuleList, "ModuleList"), (nn.ModuleDict, "ModuleDict")]
 SUPPORTED = ("Linear, LayerNorm, Embedding, MultiheadAttention, GELU, ReLU, Dropout, Identity, "
-             "Sequential, ModuleList, ModuleDict and flatshard.torch_modules' Residual, MLP, "
-             "CausalSelfAttention, TransformerBlock, GPT (or subclasses of them)")
+             "Sequential, ModuleList, ModuleDict and flatshard.torch_modules' ModuleList, "
+             "Residual, MLP, CausalSelfAttention, TransformerBlock, GPT (or subclasses of them)")
 
 
 class UnsupportedModule(ValueError):

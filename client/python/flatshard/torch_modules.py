@@ -5,6 +5,7 @@ torch's own (Linear, LayerNorm, Embedding, GELU, ReLU, Dropout, Identity) and
 the containers are Sequential / ModuleList / ModuleDict plus the composites
 below, whose forward the workers implement:
 
+    ModuleList          the children in order when called   (nn.ModuleList cannot be)
     Residual            y = x + children(x)                 (in order)
     MLP                 the children in order (c_fc, act, c_proj in GPT-2)
     CausalSelfAttention GPT-2's: c_attn -> q|k|v columns, num_heads heads,
@@ -37,6 +38,16 @@ class Residual(nn.Sequential):
 
 class MLP(nn.Sequential):
     """The children in order; a type of its own so wrap policies can name it."""
+
+
+class ModuleList(nn.ModuleList):
+    """nn.ModuleList that, like flatshard's, runs its children in order when
+    called (a ModuleList of blocks inside a Sequential is a stack of blocks)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # noqa: D102
+        for module in self:
+            x = module(x)
+        return x
 
 
 class CausalSelfAttention(nn.Module):
@@ -167,7 +178,7 @@ def _build(spec, fqn: str) -> nn.Module:
     elif kind in ("Residual", "MLP"):
         module = {"Residual": Residual, "MLP": MLP}[kind](children)
     elif kind == "ModuleList":
-        module = nn.ModuleList(children.values())
+        module = ModuleList(children.values())
     elif kind == "ModuleDict":
         module = nn.ModuleDict(children)
     elif kind == "CausalSelfAttention":
@@ -208,5 +219,5 @@ def state_dict_for(module: nn.Module, tensors: Dict[str, Any]) -> Dict[str, torc
     return out
 
 
-__all__ = ["Residual", "MLP", "CausalSelfAttention", "TransformerBlock", "GPT", "build",
+__all__ = ["Residual", "MLP", "ModuleList", "CausalSelfAttention", "TransformerBlock", "GPT", "build",
            "state_dict_for"]
