@@ -131,15 +131,29 @@ FLATSHARD_HOST_DEVICE inline float GeluErfGrad(float x) {
   return cdf + x * pdf;
 }
 
+// tanh for GELU. On the host, through one expf: glibc's tanhf goes through
+// expm1f and was a third of the byte-level GPT's CPU step (perf: __expm1f 24 %,
+// __tanhf 9 %), expf is a few times cheaper. 1 - 2 / (e^2u + 1) is exact at the
+// limits (e^2u overflows to inf: 1; underflows to 0: -1) and within 1.2e-7 of
+// tanhf in absolute terms, which is what GELU's 0.5 x (1 + t) sees. GPUs keep
+// their own tanhf.
+FLATSHARD_HOST_DEVICE inline float GeluTanhOf(float u) {
+#ifdef __CUDA_ARCH__
+  return tanhf(u);
+#else
+  return 1.0f - 2.0f / (expf(2.0f * u) + 1.0f);
+#endif
+}
+
 // torch.nn.GELU(approximate='tanh'): 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 FLATSHARD_HOST_DEVICE inline float GeluTanh(float x) {
   const float u = kSqrt2OverPi * (x + kGeluCubic * x * x * x);
-  return 0.5f * x * (1.0f + tanhf(u));
+  return 0.5f * x * (1.0f + GeluTanhOf(u));
 }
 
 FLATSHARD_HOST_DEVICE inline float GeluTanhGrad(float x) {
   const float u = kSqrt2OverPi * (x + kGeluCubic * x * x * x);
-  const float t = tanhf(u);
+  const float t = GeluTanhOf(u);
   const float du = kSqrt2OverPi * (1.0f + 3.0f * kGeluCubic * x * x);
   return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * du;
 }
