@@ -4,6 +4,8 @@
 #include <cstring>
 #include <filesystem>
 #include <iostream>
+#include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -12,6 +14,7 @@
 #include <unistd.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 
 namespace flatshard::testing {
@@ -93,6 +96,38 @@ std::vector<RankResult> RunRanks(int world, const std::function<int(int rank)>& 
   return ::testing::AssertionFailure() << "ranks failed:" << problems;
 }
 
+namespace {
+
+// Directories MakeTempDir made, removed when the test program exits having
+// passed (kept, and named, when it failed: they hold the daemons' logs).
+// Forked ranks leave by _exit and never run this; the pid check covers any
+// child that would exit normally.
+struct TempDirs {
+  pid_t owner = getpid();
+  std::vector<std::string> paths;
+};
+
+TempDirs& Registry() {
+  static auto* dirs = new TempDirs();
+  return *dirs;
+}
+
+void RemoveTempDirs() {
+  TempDirs& dirs = Registry();
+  if (getpid() != dirs.owner || dirs.paths.empty()) return;
+  const ::testing::UnitTest* test = ::testing::UnitTest::GetInstance();
+  if (test != nullptr && test->Failed()) {
+    std::cerr << "kept for inspection: " << absl::StrJoin(dirs.paths, " ") << "\n";
+    return;
+  }
+  for (const std::string& path : dirs.paths) {
+    std::error_code ignored;
+    std::filesystem::remove_all(path, ignored);
+  }
+}
+
+}  // namespace
+
 std::string MakeTempDir(const std::string& tag) {
   const char* base = std::getenv("TMPDIR");
   std::string pattern =
@@ -103,6 +138,9 @@ std::string MakeTempDir(const std::string& tag) {
     ADD_FAILURE() << "mkdtemp(" << pattern << "): " << std::strerror(errno);
     return "/tmp";
   }
+  static const bool registered = std::atexit(RemoveTempDirs) == 0;
+  (void)registered;
+  Registry().paths.emplace_back(buffer.data());
   return std::string(buffer.data());
 }
 

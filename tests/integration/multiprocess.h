@@ -54,7 +54,8 @@ std::vector<RankResult> RunRanks(
 // True when every rank exited 0; otherwise a description for the assertion.
 ::testing::AssertionResult AllRanksSucceeded(const std::vector<RankResult>& results);
 
-// A fresh empty directory under $TMPDIR (removed by the caller or left for CI logs).
+// A fresh empty directory under $TMPDIR, removed when the test program exits
+// having passed and kept (its path printed) when a test failed.
 std::string MakeTempDir(const std::string& tag);
 
 }  // namespace flatshard::testing
