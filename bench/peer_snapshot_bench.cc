@@ -1,5 +1,7 @@
-// The cost of in-memory peer snapshots (issue #11 §5): the demo job
-// (examples/mlp-job.yaml, 4 ranks) trained on a real local cluster with
+// The cost of in-memory peer snapshots (issue #11 §5): a job (by default
+// examples/mlp-job.yaml, 4 ranks; the demo's GPT with --job
+// examples/gpt-job.yaml --data-dir DIR, DIR holding gpt-text/ from
+// `flatshard data prepare-text`) trained on a real local cluster with
 // checkpoints.in_memory_every_steps 0 (off) and K, interleaved
 // (off, K, off, K, ...: this machine is noisy), the median step time of each
 // and their ratio; the host memory the snapshots take per worker (its
@@ -8,6 +10,7 @@
 // checkpoint.
 //
 //   peer_snapshot_bench [--workers 4] [--every 1] [--steps 40] [--rounds 3]
+//                       [--job examples/mlp-job.yaml] [--data-dir .]
 #include <algorithm>
 #include <csignal>
 #include <cstdio>
@@ -63,12 +66,16 @@ struct Flags {
   int every = 1;
   int steps = 40;
   int rounds = 3;
+  std::string job = std::string(FLATSHARD_SOURCE_DIR) + "/examples/mlp-job.yaml";
+  std::string data_dir = ".";
 };
 
 Flags ParseFlags(int argc, char** argv) {
   Flags f;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string name = argv[i];
+    if (name == "--job") f.job = argv[i + 1];
+    if (name == "--data-dir") f.data_dir = argv[i + 1];
     const int value = std::atoi(argv[i + 1]);
     if (name == "--workers") f.workers = value;
     if (name == "--every") f.every = value;
@@ -78,8 +85,8 @@ Flags ParseFlags(int argc, char** argv) {
   return f;
 }
 
-v1::JobSpec Job(int every, int64_t checkpoint_every) {
-  auto spec = LoadJobSpecFile(std::string(FLATSHARD_SOURCE_DIR) + "/examples/mlp-job.yaml");
+v1::JobSpec Job(const Flags& flags, int every, int64_t checkpoint_every) {
+  auto spec = LoadJobSpecFile(flags.job);
   if (!spec.ok()) {
     std::fprintf(stderr, "%s\n", spec.status().ToString().c_str());
     std::exit(1);
@@ -119,6 +126,7 @@ int Main(int argc, char** argv) {
   char dir[] = "/tmp/peer-snapshot-bench.XXXXXX";
   if (::mkdtemp(dir) == nullptr) return 1;
   options.checkpoint_dir = dir;
+  options.data_dir = flags.data_dir;
   auto cluster = LocalCluster::Start(options);
   if (!cluster.ok()) {
     std::fprintf(stderr, "%s\n", cluster.status().ToString().c_str());
@@ -130,7 +138,7 @@ int Main(int argc, char** argv) {
   double snapshot_bytes = 0, optimizer_bytes = 0, shard_bytes = 0;
   for (int round = 0; round < flags.rounds; ++round) {
     for (const int every : {0, flags.every}) {
-      const v1::JobSpec spec = Job(every, 0);
+      const v1::JobSpec spec = Job(flags, every, 0);
       if (!Create(client, spec)) return 1;
       const double median = Median(StepTimes(client, spec.name(), flags.steps));
       medians[every].push_back(median);
@@ -139,10 +147,9 @@ int Main(int argc, char** argv) {
         const std::string rank0 = (*cluster)->worker_metrics()[static_cast<size_t>(
             WorkerOfRank(**cluster, client, spec.name(), 0))];
         snapshot_bytes = Scrape(rank0, "flatshard_peer_snapshot_bytes");
-        shard_bytes =
-            Scrape(rank0, "flatshard_memory_bytes{job_name=\"mlp-demo\",kind=\"sharded_params\"");
-        optimizer_bytes =
-            Scrape(rank0, "flatshard_memory_bytes{job_name=\"mlp-demo\",kind=\"optimizer_state\"");
+        const std::string memory = "flatshard_memory_bytes{job_name=\"" + spec.name() + "\",kind=";
+        shard_bytes = Scrape(rank0, memory + "\"sharded_params\"");
+        optimizer_bytes = Scrape(rank0, memory + "\"optimizer_state\"");
       }
       if (!client.DeleteJob(spec.name()).ok()) return 1;
     }
@@ -159,7 +166,7 @@ int Main(int argc, char** argv) {
 
   // Recovery from memory vs from a checkpoint: the same kill, the same spare.
   for (const bool memory : {true, false}) {
-    const v1::JobSpec spec = Job(memory ? flags.every : 0, memory ? 0 : 5);
+    const v1::JobSpec spec = Job(flags, memory ? flags.every : 0, memory ? 0 : 5);
     if (!Create(client, spec)) return 1;
     const int victim = WorkerOfRank(**cluster, client, spec.name(), 1);
     int seen = 0;
