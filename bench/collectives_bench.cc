@@ -3,6 +3,11 @@
 // gradient accumulation) against raw Gloo moving the same bytes, in W real
 // processes on loopback. Also Gloo's ReduceScatterHalvingDoubling against our
 // ring reduce-scatter (timing only: its results are wrong, see bench/CEILINGS.md).
+// The unit reduce (issue #14: cast, pre-divide, pad, reduce-scatter,
+// post-divide, accumulate) is held against the bare ring in place on a buffer
+// of the same bytes, its ceiling; the ring's out-of-place form (one working
+// copy in, one chunk out) is shown beside it. The gradient the backward leaves
+// (allocated and zeroed by EnsureGrad) is set up outside the timed region.
 // Prints a markdown table; busbw follows nccl-tests: (W-1)/W * bytes / time.
 //
 //   collectives_bench [--sizes-mib 1,16,64] [--worlds 2,4] [--iters 10]
@@ -13,6 +18,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <utility>
 #include <vector>
 
 #include <gloo/allgather.h>
@@ -40,15 +46,18 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 struct Timings {
-  double raw_allgather = 0, unit_gather = 0, ring_reduce_scatter = 0, unit_reduce = 0,
-         halving_doubling = 0;
+  double raw_allgather = 0, unit_gather = 0, ring_reduce_scatter = 0, ring_in_place = 0,
+         unit_reduce = 0, halving_doubling = 0;
 };
 
-template <typename Fn>
-double MedianSeconds(int iters, Communicator& comm, Fn&& fn) {
+// `setup` runs before each iteration's barrier, outside the timed region.
+template <typename Setup, typename Fn>
+double MedianSeconds(int iters, Communicator& comm, Setup&& setup, Fn&& fn) {
   std::vector<double> times;
+  setup();
   fn();  // warm up (connections, allocator)
   for (int i = 0; i < iters; ++i) {
+    setup();
     (void)comm.Barrier();
     const auto start = Clock::now();
     fn();
@@ -56,6 +65,12 @@ double MedianSeconds(int iters, Communicator& comm, Fn&& fn) {
   }
   std::sort(times.begin(), times.end());
   return times[times.size() / 2];
+}
+
+template <typename Fn>
+double MedianSeconds(int iters, Communicator& comm, Fn&& fn) {
+  return MedianSeconds(
+      iters, comm, [] {}, std::forward<Fn>(fn));
 }
 
 int RunRank(const std::string& dir, int rank, int world, size_t bytes, int iters,
@@ -122,12 +137,21 @@ int RunRank(const std::string& dir, int rank, int world, size_t bytes, int iters
   t.ring_reduce_scatter = MedianSeconds(iters, comm, [&] {
     (void)comm.ReduceScatter(full.data(), reduced.data(), shard, DType::kFloat32);
   });
-  t.unit_reduce = MedianSeconds(iters, comm, [&] {
-    (void)unit.EnsureGrad();
-    (void)comm_stream->Wait(**compute->Record());
-    (void)unit.ReduceGrad();
-    (void)comm_stream->Synchronize();
-  });
+  std::vector<float> scratch(total);
+  t.ring_in_place = MedianSeconds(
+      iters, comm, [&] { std::fill(scratch.begin(), scratch.end(), 1.0f); },
+      [&] { (void)comm.ReduceScatterInPlace(scratch.data(), shard, DType::kFloat32); });
+  t.unit_reduce = MedianSeconds(
+      iters, comm,
+      [&] {
+        (void)unit.EnsureGrad();
+        (void)compute->Synchronize();
+      },
+      [&] {
+        (void)comm_stream->Wait(**compute->Record());
+        (void)unit.ReduceGrad();
+        (void)comm_stream->Synchronize();
+      });
 
   std::vector<int> recv_elems(static_cast<size_t>(world), static_cast<int>(shard));
   t.halving_doubling = MedianSeconds(iters, comm, [&] {
@@ -139,7 +163,7 @@ int RunRank(const std::string& dir, int rank, int world, size_t bytes, int iters
   if (rank == 0) {
     std::ofstream outf(out_path);
     outf << t.raw_allgather << " " << t.unit_gather << " " << t.ring_reduce_scatter << " "
-         << t.unit_reduce << " " << t.halving_doubling << "\n";
+         << t.ring_in_place << " " << t.unit_reduce << " " << t.halving_doubling << "\n";
   }
   return 0;
 }
@@ -168,8 +192,8 @@ int main(int argc, char** argv) {
   }
   std::printf(
       "| W | size | raw gloo all-gather busbw | unit all-gather busbw | ratio | ring "
-      "reduce-scatter busbw | unit reduce busbw | ratio | gloo halving-doubling RS "
-      "busbw |\n|---|---|---|---|---|---|---|---|---|\n");
+      "reduce-scatter busbw (copying) | ring in place busbw | unit reduce busbw | unit / in "
+      "place | gloo halving-doubling RS busbw |\n|---|---|---|---|---|---|---|---|---|---|\n");
   for (int world : worlds) {
     for (int mib : sizes) {
       const size_t bytes = static_cast<size_t>(mib) << 20;
@@ -189,8 +213,8 @@ int main(int argc, char** argv) {
         ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
       }
       std::ifstream in(out);
-      double t[5] = {};
-      if (!ok || !(in >> t[0] >> t[1] >> t[2] >> t[3] >> t[4])) {
+      double t[6] = {};
+      if (!ok || !(in >> t[0] >> t[1] >> t[2] >> t[3] >> t[4] >> t[5])) {
         std::fprintf(stderr, "W=%d %d MiB failed\n", world, mib);
         return 1;
       }
@@ -198,9 +222,10 @@ int main(int argc, char** argv) {
           static_cast<double>(world - 1) / world * static_cast<double>(bytes) / 1e9;
       auto bw = [&](double s) { return factor / s; };
       std::printf(
-          "| %d | %d MiB | %.2f GB/s | %.2f GB/s | %.2f | %.2f GB/s | %.2f GB/s | %.2f | %.2f GB/s "
-          "|\n",
-          world, mib, bw(t[0]), bw(t[1]), t[0] / t[1], bw(t[2]), bw(t[3]), t[2] / t[3], bw(t[4]));
+          "| %d | %d MiB | %.2f GB/s | %.2f GB/s | %.2f | %.2f GB/s | %.2f GB/s | %.2f GB/s | %.2f "
+          "| %.2f GB/s |\n",
+          world, mib, bw(t[0]), bw(t[1]), t[0] / t[1], bw(t[2]), bw(t[3]), bw(t[4]), t[3] / t[4],
+          bw(t[5]));
       std::fflush(stdout);
       std::filesystem::remove_all(dir);
       std::filesystem::remove(out);

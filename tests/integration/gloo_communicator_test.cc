@@ -77,6 +77,12 @@ int CollectivesBody(const std::string& dir, int rank, int world) {
     }
     // The input is left untouched.
     CHILD_CHECK(full[0] == Value(rank, 0) + 0.5f);
+    // In place: this rank's chunk of the buffer ends as the same sums.
+    std::vector<float> work = full;
+    CHILD_OK(comm->ReduceScatterInPlace(work.data(), count, DType::kFloat32));
+    CHILD_CHECK(
+        std::equal(out.begin(), out.end(),
+                   work.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(rank) * count)));
 
     // Reduce-scatter in bf16 and float64.
     std::vector<uint16_t> bf(full.size()), bf_out(count);

@@ -91,6 +91,13 @@ int Body(const std::string& dir, int rank) {
     }
     CHILD_CHECK(std::fabs((*reduced)[i] - want) <= 1e-4f * std::fabs(want));
   }
+  // In place: this rank's chunk of `full` ends as the same sums.
+  CHILD_OK(staged->ReduceScatterInPlace(s, full->byte_span(), kCount, DType::kFloat32));
+  auto in_place = download(*full);
+  CHILD_OK(in_place.status());
+  CHILD_CHECK(std::equal(
+      reduced->begin(), reduced->end(),
+      in_place->begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(rank) * kCount)));
 
   // All-reduce (in place) and broadcast from rank 2.
   CHILD_OK(upload(*in, Values(rank, kCount, 3.0f)));

@@ -43,6 +43,11 @@ class Collectives {
   // chunk r in `output` (count elements).
   virtual absl::Status ReduceScatter(Stream& stream, DeviceSpan<const std::byte> input,
                                      DeviceSpan<std::byte> output, size_t count, DType dtype) = 0;
+  // In place (Communicator::ReduceScatterInPlace, NCCL's in-place form):
+  // `buffer` holds size()*count elements; afterwards chunk rank() holds the
+  // SUM and the other chunks are scratch.
+  virtual absl::Status ReduceScatterInPlace(Stream& stream, DeviceSpan<std::byte> buffer,
+                                            size_t count, DType dtype) = 0;
   // In place over `count` elements.
   virtual absl::Status AllReduce(Stream& stream, DeviceSpan<std::byte> buffer, size_t count,
                                  DType dtype, ReduceOp op) = 0;

@@ -45,6 +45,13 @@ class Communicator {
   virtual absl::Status ReduceScatter(const void* input, void* output, size_t count,
                                      DType dtype) = 0;
 
+  // ReduceScatter in place (NCCL's in-place form): `buffer` holds size()*count
+  // elements; afterwards this rank's chunk, buffer[rank*count, (rank+1)*count),
+  // holds the SUM of every rank's chunk `rank`, and the other chunks are
+  // scratch (unspecified). For a caller whose input is scratch anyway (FSDP's
+  // padded gradient), it saves the out-of-place form's working copy.
+  virtual absl::Status ReduceScatterInPlace(void* buffer, size_t count, DType dtype) = 0;
+
   // In place over `count` elements.
   virtual absl::Status AllReduce(void* buffer, size_t count, DType dtype, ReduceOp op) = 0;
 

@@ -212,6 +212,13 @@ absl::Status GlooCommunicator::ReduceScatter(const void* input, void* output, si
   });
 }
 
+absl::Status GlooCommunicator::ReduceScatterInPlace(void* buffer, size_t count, DType dtype) {
+  if (size_ == 1) return absl::OkStatus();
+  return Guard("reduce_scatter", [&] {
+    RingReduceScatterInPlace(static_cast<std::byte*>(buffer), count, dtype, ReduceOp::kSum);
+  });
+}
+
 absl::Status GlooCommunicator::AllReduce(void* buffer, size_t count, DType dtype, ReduceOp op) {
   if (size_ == 1 || count == 0) return absl::OkStatus();
   // Reduce-scatter then all-gather (the bandwidth-optimal ring), over a copy

@@ -73,6 +73,19 @@ absl::Status HostCollectives::ReduceScatter(Stream& stream, DeviceSpan<const std
       });
 }
 
+absl::Status HostCollectives::ReduceScatterInPlace(Stream& stream, DeviceSpan<std::byte> buffer,
+                                                   size_t count, DType dtype) {
+  ASSIGN_OR_RETURN(HostExecStream * host, HostStream(stream, "ReduceScatterInPlace"));
+  const size_t total = count * static_cast<size_t>(size());
+  RETURN_IF_ERROR(CheckCollectiveSizes("ReduceScatterInPlace", buffer.size(), total, buffer.size(),
+                                       total, dtype));
+  Communicator* comm = comm_;
+  return host->Submit("ReduceScatterInPlace", {WriteOf(buffer.first(total * DTypeSize(dtype)))},
+                      [comm, count, dtype](const ResolvedAccesses& r) {
+                        return comm->ReduceScatterInPlace(r.get<void>(0), count, dtype);
+                      });
+}
+
 absl::Status HostCollectives::AllReduce(Stream& stream, DeviceSpan<std::byte> buffer, size_t count,
                                         DType dtype, ReduceOp op) {
   ASSIGN_OR_RETURN(HostExecStream * host, HostStream(stream, "AllReduce"));

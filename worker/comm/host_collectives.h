@@ -29,6 +29,8 @@ class HostCollectives : public Collectives {
                          DeviceSpan<std::byte> output, size_t count, DType dtype) override;
   absl::Status ReduceScatter(Stream& stream, DeviceSpan<const std::byte> input,
                              DeviceSpan<std::byte> output, size_t count, DType dtype) override;
+  absl::Status ReduceScatterInPlace(Stream& stream, DeviceSpan<std::byte> buffer, size_t count,
+                                    DType dtype) override;
   absl::Status AllReduce(Stream& stream, DeviceSpan<std::byte> buffer, size_t count, DType dtype,
                          ReduceOp op) override;
   absl::Status Broadcast(Stream& stream, DeviceSpan<std::byte> buffer, size_t count, DType dtype,

@@ -195,6 +195,20 @@ absl::Status NcclCollectives::ReduceScatter(Stream& stream, DeviceSpan<const std
   });
 }
 
+absl::Status NcclCollectives::ReduceScatterInPlace(Stream& stream, DeviceSpan<std::byte> buffer,
+                                                   size_t count, DType dtype) {
+  const size_t total = count * static_cast<size_t>(size_);
+  RETURN_IF_ERROR(CheckCollectiveSizes("ReduceScatterInPlace", buffer.size(), total, buffer.size(),
+                                       total, dtype));
+  // NCCL's in-place form: recvbuff == sendbuff + rank * recvcount.
+  const size_t chunk = count * DTypeSize(dtype);
+  DeviceSpan<std::byte> mine = buffer.subspan(chunk * static_cast<size_t>(rank_), chunk);
+  return Issue(stream, "ncclReduceScatter", [&](cudaStream_t s) {
+    return ncclReduceScatter(buffer.address(), mine.address(), count, NcclType(dtype), ncclSum,
+                             comm_, s);
+  });
+}
+
 absl::Status NcclCollectives::AllReduce(Stream& stream, DeviceSpan<std::byte> buffer, size_t count,
                                         DType dtype, ReduceOp op) {
   RETURN_IF_ERROR(

@@ -58,6 +58,14 @@ absl::Status ObservedCollectives::ReduceScatter(Stream& stream, DeviceSpan<const
                [&] { return inner_->ReduceScatter(stream, input, output, count, dtype); });
 }
 
+absl::Status ObservedCollectives::ReduceScatterInPlace(Stream& stream, DeviceSpan<std::byte> buffer,
+                                                       size_t count, DType dtype) {
+  const int n = size();
+  return Timed(stream, CollectiveOp::kReduceScatter,
+               static_cast<int64_t>(count * DTypeSize(dtype)) * n, static_cast<double>(n - 1) / n,
+               [&] { return inner_->ReduceScatterInPlace(stream, buffer, count, dtype); });
+}
+
 absl::Status ObservedCollectives::AllReduce(Stream& stream, DeviceSpan<std::byte> buffer,
                                             size_t count, DType dtype, ReduceOp op) {
   const int n = size();

@@ -36,6 +36,13 @@ absl::Status ObservedCommunicator::ReduceScatter(const void* input, void* output
                [&] { return inner_->ReduceScatter(input, output, count, dtype); });
 }
 
+absl::Status ObservedCommunicator::ReduceScatterInPlace(void* buffer, size_t count, DType dtype) {
+  const int n = size();
+  return Timed(CollectiveOp::kReduceScatter, static_cast<int64_t>(count * DTypeSize(dtype)) * n,
+               static_cast<double>(n - 1) / n,
+               [&] { return inner_->ReduceScatterInPlace(buffer, count, dtype); });
+}
+
 absl::Status ObservedCommunicator::AllReduce(void* buffer, size_t count, DType dtype, ReduceOp op) {
   const int n = size();
   return Timed(CollectiveOp::kAllReduce, static_cast<int64_t>(count * DTypeSize(dtype)),

@@ -62,6 +62,21 @@ absl::Status StagedCollectives::ReduceScatter(Stream& stream, DeviceSpan<const s
                 });
 }
 
+absl::Status StagedCollectives::ReduceScatterInPlace(Stream& stream, DeviceSpan<std::byte> buffer,
+                                                     size_t count, DType dtype) {
+  // Staged out of place: the staging buffers are separate anyway, and only
+  // this rank's chunk needs to travel back to the device.
+  const size_t n = static_cast<size_t>(size());
+  const size_t chunk = count * DTypeSize(dtype);
+  RETURN_IF_ERROR(CheckCollectiveSizes("ReduceScatterInPlace", buffer.size(), count * n,
+                                       buffer.size(), count * n, dtype));
+  return Staged(stream, buffer.first(chunk * n), chunk,
+                buffer.subspan(chunk * static_cast<size_t>(rank()), chunk),
+                [&](const std::byte* in, std::byte* out) {
+                  return comm_->ReduceScatter(in, out, count, dtype);
+                });
+}
+
 absl::Status StagedCollectives::AllReduce(Stream& stream, DeviceSpan<std::byte> buffer,
                                           size_t count, DType dtype, ReduceOp op) {
   const size_t bytes = count * DTypeSize(dtype);

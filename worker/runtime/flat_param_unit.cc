@@ -119,29 +119,28 @@ absl::Status FlatParamUnit::ReduceGrad() {
   RETURN_IF_ERROR(comm.PrepareGradForReduce(unsharded_grad_.span<float>(), reduce_dtype,
                                             padded.byte_span(), s * world, config_.divide.pre));
   unsharded_grad_.Release(comm);
-  DeviceBuffer reduced;
+  // The reduced shard: this rank's chunk of the padded buffer.
+  DeviceSpan<std::byte> reduced = padded.byte_span().first(s * es);
   if (sharded()) {
-    ASSIGN_OR_RETURN(reduced, Allocate(s * es, comm, MemoryKind::kGradients));
-    RETURN_IF_ERROR(
-        p_.shard->ReduceScatter(comm, Bytes(padded), reduced.byte_span(), s, reduce_dtype));
-    padded.Release(comm);
+    // In place on the padded buffer (it is scratch after this): no working
+    // copy of the S*W elements, no separate output.
+    RETURN_IF_ERROR(p_.shard->ReduceScatterInPlace(comm, padded.byte_span(), s, reduce_dtype));
+    reduced = padded.byte_span().subspan(s * es * AsSize(p_.shard->rank()), s * es);
     if (p_.replicate != nullptr) {
-      RETURN_IF_ERROR(
-          p_.replicate->AllReduce(comm, reduced.byte_span(), s, reduce_dtype, ReduceOp::kSum));
+      RETURN_IF_ERROR(p_.replicate->AllReduce(comm, reduced, s, reduce_dtype, ReduceOp::kSum));
     }
   } else {
     // §3.3: NO_SHARD all-reduces the whole gradient in place.
     RETURN_IF_ERROR(p_.shard->AllReduce(comm, padded.byte_span(), s, reduce_dtype, ReduceOp::kSum));
-    reduced = std::move(padded);
   }
   // _accumulate_sharded_grad: post-divide, cast to the parameter's dtype and add.
   if (!grad_shard_.allocated()) {
     ASSIGN_OR_RETURN(grad_shard_, Allocate(s * sizeof(float), comm, MemoryKind::kGradients));
     RETURN_IF_ERROR(comm.Zero(grad_shard_.byte_span()));
   }
-  RETURN_IF_ERROR(comm.AccumulateReducedGrad(reduce_dtype, Bytes(reduced),
-                                             grad_shard_.span<float>(), config_.divide.post));
-  reduced.Release(comm);
+  RETURN_IF_ERROR(comm.AccumulateReducedGrad(reduce_dtype, reduced, grad_shard_.span<float>(),
+                                             config_.divide.post));
+  padded.Release(comm);
   return absl::OkStatus();
 }
 

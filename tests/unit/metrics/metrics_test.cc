@@ -41,6 +41,7 @@ class FakeCommunicator final : public Communicator {
   int size() const override { return size_; }
   absl::Status AllGather(const void*, void*, size_t, DType) override { return Next(); }
   absl::Status ReduceScatter(const void*, void*, size_t, DType) override { return Next(); }
+  absl::Status ReduceScatterInPlace(void*, size_t, DType) override { return Next(); }
   absl::Status AllReduce(void*, size_t, DType, ReduceOp) override { return Next(); }
   absl::Status Broadcast(void*, size_t, DType, int) override { return Next(); }
   absl::Status Barrier() override { return Next(); }
@@ -109,6 +110,14 @@ TEST(ObservedCommunicatorTest, ReportsNcclTestsSizesAndBusFactors) {
   ASSERT_TRUE((*sub)->Barrier().ok());
   EXPECT_EQ(observer.samples.size(), 6u);
   EXPECT_EQ(Observe(nullptr, &observer), nullptr);
+
+  // The in-place reduce-scatter counts as the out-of-place one does.
+  inner->next = absl::OkStatus();
+  ASSERT_TRUE(comm.ReduceScatterInPlace(buffer, 8, DType::kFloat32).ok());
+  ASSERT_EQ(observer.samples.size(), 7u);
+  EXPECT_EQ(observer.samples[6].op, CollectiveOp::kReduceScatter);
+  EXPECT_EQ(observer.samples[6].bytes, 8 * 4 * 4);
+  EXPECT_DOUBLE_EQ(observer.samples[6].bus_bytes, 8 * 4 * 4 * 0.75);
 }
 
 TEST(WorkerMetricsTest, ExportsCollectivesStepsAndMemoryByJobAndRank) {
