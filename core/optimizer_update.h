@@ -24,11 +24,12 @@ FLATSHARD_HOST_DEVICE inline float TorchLerp(float self, float end, float weight
   return fabsf(weight) < 0.5f ? fmaf(weight, diff, self) : fmaf(weight - 1.0f, diff, end);
 }
 
-// torch.maximum: a NaN in either operand is the result.
+// torch.maximum: a NaN in either operand is the result. Written as selects,
+// not early returns, so a loop over it vectorizes.
 FLATSHARD_HOST_DEVICE inline float TorchMaximum(float a, float b) {
-  if (a != a) return a;
-  if (b != b) return b;
-  return a > b ? a : b;
+  const float larger = a > b ? a : b;
+  const float b_or_larger = b != b ? b : larger;
+  return a != a ? a : b_or_larger;
 }
 
 // torch.optim.SGD's scalars for one step.

@@ -313,23 +313,6 @@ void CrossEntropyLoss(const float* logits, size_t rows, size_t classes, const in
   *loss = total * inv_rows;
 }
 
-void SgdStep(const SgdCoefficients& c, float* params, const float* grads, float* momentum,
-             size_t count) {
-  float no_momentum = 0.0f;
-  for (size_t i = 0; i < count; ++i) {
-    SgdUpdate(c, params[i], grads[i], momentum != nullptr ? momentum[i] : no_momentum);
-  }
-}
-
-void AdamStep(const AdamCoefficients& c, float* params, const float* grads, float* exp_avg,
-              float* exp_avg_sq, float* max_exp_avg_sq, size_t count) {
-  float no_max = 0.0f;
-  for (size_t i = 0; i < count; ++i) {
-    AdamUpdate(c, params[i], grads[i], exp_avg[i], exp_avg_sq[i],
-               max_exp_avg_sq != nullptr ? max_exp_avg_sq[i] : no_max);
-  }
-}
-
 double GradAbsPowSum(const float* grads, size_t count, double norm_type) {
   double sum = 0.0;
   for (size_t i = 0; i < count; ++i) sum += clip_math::AbsPow(grads[i], norm_type);

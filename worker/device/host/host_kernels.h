@@ -12,7 +12,6 @@
 #include <cstdint>
 
 #include "core/dtype.h"
-#include "core/optimizer_update.h"
 #include "worker/device/stream.h"
 
 namespace flatshard::host_kernels {
@@ -61,11 +60,6 @@ void CausalSoftmaxBackward(const float* probs, const float* dprobs, size_t matri
 void MseLoss(const float* out, const float* target, size_t count, float* grad, double* loss);
 void CrossEntropyLoss(const float* logits, size_t rows, size_t classes, const int32_t* labels,
                       float* grad, double* loss);
-
-void SgdStep(const SgdCoefficients& c, float* params, const float* grads, float* momentum,
-             size_t count);
-void AdamStep(const AdamCoefficients& c, float* params, const float* grads, float* exp_avg,
-              float* exp_avg_sq, float* max_exp_avg_sq, size_t count);
 
 // One tensor's share of clip_grad_norm_'s local contribution: finite p, the sum of
 // |g|^p (double); inf, max |g| with NaN propagated.
