@@ -7,23 +7,36 @@
 //    one step, next to a bare unary gRPC round trip for scale.
 // 2. Scale: the same path with 256 and 1,024 simulated workers (in-process
 //    WorkerClients that answer inline): the coordinator's own per-step cost.
+// 3. The coordinator against a bare fan-out (issue #14 §2: <= 1.1x), to echo
+//    workers in 8 separate processes: per round, a step through the real path
+//    and the same CommandBatch sent with the bare gRPC callback API to every
+//    process at once (wait for all), interleaved; the ratio of their medians.
 //
-//   control_plane_bench [--steps 2000] [--sim-steps 200]
+//   control_plane_bench [--steps 2000] [--sim-steps 200] [--processes 8]
+//                       [--rounds 5]
 #include <algorithm>
+#include <condition_variable>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include <grpcpp/create_channel.h>
 #include <grpcpp/security/credentials.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "rpc/grpc_server.h"
 
 #include "coordinator/grpc_worker_client.h"
+#include "coordinator/state_store.h"
 #include "coordinator/training_job.h"
 #include "core/job_config.h"
 #include "core/job_spec_yaml.h"
@@ -90,6 +103,112 @@ class SimulatedWorker final : public WorkerClient {
   int rank_;
 };
 
+// The real client, keeping a copy of the first step batch it sent (once: a
+// copy per step would be the bench's cost, not the coordinator's): the bare
+// fan-out sends what the coordinator does.
+class CapturingClient final : public WorkerClient {
+ public:
+  CapturingClient(std::unique_ptr<WorkerClient> inner, v1::CommandBatch* last)
+      : inner_(std::move(inner)), last_(last) {}
+  void Execute(const v1::CommandBatch* batch, absl::Time deadline, ExecuteDone done) override {
+    if (last_ != nullptr && !last_->has_step() && batch->has_step()) *last_ = *batch;
+    inner_->Execute(batch, deadline, std::move(done));
+  }
+  void CancelAll() override { inner_->CancelAll(); }
+  absl::Status Configure(const v1::ConfigureRequest& r, absl::Time d) override {
+    return inner_->Configure(r, d);
+  }
+  absl::Status Abort(uint64_t e, const std::string& why, absl::Time d) override {
+    return inner_->Abort(e, why, d);
+  }
+  absl::StatusOr<v1::GetStatusResponse> GetStatus(absl::Time d) override {
+    return inner_->GetStatus(d);
+  }
+  absl::StatusOr<v1::CommandResult> AwaitSave(const std::string& dir, absl::Time d) override {
+    return inner_->AwaitSave(dir, d);
+  }
+  absl::Status Summon(const v1::CommandBatch& b, absl::Time d, const ChunkSink& sink) override {
+    return inner_->Summon(b, d, sink);
+  }
+  std::string address() const override { return inner_->address(); }
+
+ private:
+  std::unique_ptr<WorkerClient> inner_;
+  v1::CommandBatch* last_;
+};
+
+// Echo workers in processes of their own, forked before this process touches
+// gRPC. Each prints its address on a pipe and serves until its stdin pipe
+// closes (or this process dies).
+struct EchoProcesses {
+  std::vector<pid_t> pids;
+  std::vector<int> keepalive;  // write ends; closing one stops its worker
+  std::vector<std::string> addresses;
+
+  static EchoProcesses Start(int n) {
+    EchoProcesses p;
+    for (int i = 0; i < n; ++i) {
+      int out[2], in[2];
+      if (::pipe(out) != 0 || ::pipe(in) != 0) std::exit(1);
+      const pid_t pid = ::fork();
+      if (pid == 0) {
+        ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+        ::close(out[0]);
+        ::close(in[1]);
+        EchoWorker service;
+        auto server = GrpcServer::Start("127.0.0.1:0", {&service});
+        if (!server.ok()) ::_exit(1);
+        const std::string line = (*server)->address() + "\n";
+        if (::write(out[1], line.data(), line.size()) != static_cast<ssize_t>(line.size())) {
+          ::_exit(1);
+        }
+        char byte = 0;
+        while (::read(in[0], &byte, 1) > 0) {
+        }
+        (*server)->Shutdown();
+        ::_exit(0);
+      }
+      ::close(out[1]);
+      ::close(in[0]);
+      std::string address;
+      char c = 0;
+      while (::read(out[0], &c, 1) == 1 && c != '\n') address.push_back(c);
+      ::close(out[0]);
+      if (address.empty()) std::exit(1);
+      p.pids.push_back(pid);
+      p.keepalive.push_back(in[1]);
+      p.addresses.push_back(address);
+    }
+    return p;
+  }
+
+  void Stop() {
+    for (int fd : keepalive) ::close(fd);
+    for (pid_t pid : pids) ::waitpid(pid, nullptr, 0);
+  }
+};
+
+// One bare fan-out: `batch` to every stub at once with the callback API,
+// waiting for every answer.
+double BareFanOutSeconds(std::vector<std::unique_ptr<v1::WorkerService::Stub>>& stubs,
+                         const v1::CommandBatch& batch) {
+  std::mutex mu;
+  std::condition_variable cv;
+  size_t pending = stubs.size();
+  std::vector<grpc::ClientContext> contexts(stubs.size());
+  std::vector<v1::CommandResult> results(stubs.size());
+  const absl::Time start = absl::Now();
+  for (size_t i = 0; i < stubs.size(); ++i) {
+    stubs[i]->async()->Execute(&contexts[i], &batch, &results[i], [&](const grpc::Status&) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (--pending == 0) cv.notify_one();
+    });
+  }
+  std::unique_lock<std::mutex> lock(mu);
+  cv.wait(lock, [&] { return pending == 0; });
+  return absl::ToDoubleSeconds(absl::Now() - start);
+}
+
 struct Percentiles {
   double p50_us = 0, p99_us = 0, mean_us = 0;
 };
@@ -116,14 +235,18 @@ v1::JobSpec Spec(int world) {
   return *spec;
 }
 
-// Steps through TrainingJob with `connect`; per-step wall times.
+// Steps through TrainingJob with `connect` (and `state`, a state store, when
+// not null: every step journals its batch and progress as a coordinator with
+// --state-dir does); per-step wall times.
 std::vector<double> TimeSteps(
     int world, int steps, std::function<std::unique_ptr<WorkerClient>(const WorkerRecord&)> connect,
-    const std::vector<std::string>& addresses) {
+    const std::vector<std::string>& addresses, StateStore* state = nullptr,
+    const std::function<void()>& between = nullptr) {
   const v1::JobSpec spec = Spec(world);
   absl::StatusOr<JobConfig> config = JobConfigFromProto(spec);
   TrainingJobOptions options;
   options.connect = std::move(connect);
+  options.state = state;
   auto job = TrainingJob::Create(spec, *config, options);
   std::vector<WorkerRecord> members(static_cast<size_t>(world));
   for (int r = 0; r < world; ++r) {
@@ -140,9 +263,9 @@ std::vector<double> TimeSteps(
   times.reserve(static_cast<size_t>(steps));
   absl::Time last = absl::Now();
   absl::Status s = (*job)->Train(steps + steps / 10, 0, [&](const v1::StepResult&) {
-    const absl::Time now = absl::Now();
-    times.push_back(absl::ToDoubleSeconds(now - last));
-    last = now;
+    times.push_back(absl::ToDoubleSeconds(absl::Now() - last));
+    if (between) between();  // not part of the next step's time
+    last = absl::Now();
     return true;
   });
   if (!s.ok()) {
@@ -171,11 +294,17 @@ double BareRoundTripUs(const std::string& address, int iters) {
 int Main(int argc, char** argv) {
   int steps = 2000;
   int sim_steps = 200;
+  int processes = 8;
+  int rounds = 5;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     if (flag == "--steps") steps = std::atoi(argv[i + 1]);
     if (flag == "--sim-steps") sim_steps = std::atoi(argv[i + 1]);
+    if (flag == "--processes") processes = std::max(1, std::atoi(argv[i + 1]));
+    if (flag == "--rounds") rounds = std::max(1, std::atoi(argv[i + 1]));
   }
+  // Forked first: a process must not fork once gRPC's threads exist.
+  EchoProcesses echo = EchoProcesses::Start(processes);
   const v1::JobSpec spec = Spec(1);
   absl::StatusOr<JobConfig> config = JobConfigFromProto(spec);
   auto units = JobUnits(*config);
@@ -213,6 +342,63 @@ int Main(int argc, char** argv) {
     std::printf("| %d | simulated (in-process) | %d | %.0f us | %.0f us | %.0f us | %.2f us |\n",
                 world, sim_steps, p.p50_us, p.p99_us, p.mean_us, p.mean_us / world);
   }
+
+  // 3. Coordinator vs bare fan-out to `processes` separate processes.
+  std::printf("\n%d echo workers in separate processes, %d rounds of %d steps each way\n\n",
+              processes, rounds, steps);
+  std::printf(
+      "| round | bare fan-out p50 | coordinator step p50 | ratio | bare fan-out p50 | coordinator "
+      "with a state dir (SQLite) p50 | ratio |\n|---|---|---|---|---|---|---|\n");
+  char state_dir[] = "/tmp/control-plane-bench.XXXXXX";
+  if (::mkdtemp(state_dir) == nullptr) return 1;
+  absl::StatusOr<std::unique_ptr<StateStore>> store = StateStore::Open(state_dir);
+  if (!store.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(store.status().message()).c_str());
+    return 1;
+  }
+  v1::CommandBatch last;
+  std::vector<std::unique_ptr<v1::WorkerService::Stub>> stubs;
+  for (const std::string& address : echo.addresses) {
+    stubs.push_back(v1::WorkerService::NewStub(
+        grpc::CreateChannel(address, grpc::InsecureChannelCredentials())));
+  }
+  auto connect = [&last](const WorkerRecord& w) {
+    return std::make_unique<CapturingClient>(std::make_unique<GrpcWorkerClient>(w.address),
+                                             w.rank == 0 ? &last : nullptr);
+  };
+  // Interleaved step by step: after each coordinator step, one bare fan-out
+  // of the batch it sent (A B A B ...), so both see the same machine.
+  std::vector<double> coordinator_ratios, durable_ratios;
+  for (int round = 0; round < rounds; ++round) {
+    std::vector<double> bare;
+    const auto fan_out = [&] {
+      if (last.has_step()) bare.push_back(BareFanOutSeconds(stubs, last));
+    };
+    const Percentiles coordinator =
+        Summarize(TimeSteps(processes, steps, connect, echo.addresses, nullptr, fan_out));
+    const Percentiles b = Summarize(bare);
+    bare.clear();
+    const Percentiles durable =
+        Summarize(TimeSteps(processes, steps, connect, echo.addresses, store->get(), fan_out));
+    const Percentiles b2 = Summarize(bare);
+    coordinator_ratios.push_back(coordinator.p50_us / b.p50_us);
+    durable_ratios.push_back(durable.p50_us / b2.p50_us);
+    std::printf("| %d | %.0f us | %.0f us | %.2f | %.0f us | %.0f us | %.2f |\n", round, b.p50_us,
+                coordinator.p50_us, coordinator_ratios.back(), b2.p50_us, durable.p50_us,
+                durable_ratios.back());
+  }
+  const auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  std::printf(
+      "\nmedian ratio to the bare fan-out: coordinator %.2f, with a state dir %.2f (payload %zu "
+      "bytes)\n",
+      median(coordinator_ratios), median(durable_ratios), last.ByteSizeLong());
+  store->reset();
+  std::filesystem::remove_all(state_dir);
+  stubs.clear();
+  echo.Stop();
   return 0;
 }
 

@@ -146,13 +146,16 @@ absl::StatusOr<std::vector<v1::CommandResult>> CommandSequencer::Run(v1::Command
   for (size_t r = 0; r < world; ++r) {
     workers_[r]->Execute(&batch, deadline, [&, r](absl::StatusOr<v1::CommandResult> result) {
       std::lock_guard<std::mutex> lock(mu);
-      if (result.ok()) {
+      const bool ok = result.ok();
+      if (ok) {
         results[r] = *std::move(result);
       } else {
         statuses[r] = result.status();
       }
-      --pending;
-      all_done.notify_all();
+      // Wake the waiter for the last answer or a failure (which it acts on
+      // at once), not for every answer: a context switch per worker was a
+      // tenth of a step's control cost at 8 workers.
+      if (--pending == 0 || !ok) all_done.notify_all();
     });
   }
   {
