@@ -50,6 +50,7 @@ class NoopCommunicator final : public Communicator {
   }
   absl::Status ReduceScatter(const void*, void*, size_t, DType) override { return {}; }
   absl::Status ReduceScatterInPlace(void*, size_t, DType) override { return {}; }
+  absl::Status Gather(const void*, void*, size_t, DType, int) override { return {}; }
   absl::Status AllReduce(void*, size_t, DType, ReduceOp) override { return {}; }
   absl::Status Broadcast(void*, size_t, DType, int) override { return {}; }
   absl::Status Barrier() override { return {}; }

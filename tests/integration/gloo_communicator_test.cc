@@ -77,6 +77,14 @@ int CollectivesBody(const std::string& dir, int rank, int world) {
     }
     // The input is left untouched.
     CHILD_CHECK(full[0] == Value(rank, 0) + 0.5f);
+    // Gather to the last rank: only it receives, every chunk in its place.
+    const int root = world - 1;
+    std::vector<float> at_root(rank == root ? count * static_cast<size_t>(world) : 0, -1.0f);
+    CHILD_OK(comm->Gather(shard.data(), rank == root ? at_root.data() : nullptr, count,
+                          DType::kFloat32, root));
+    if (rank == root) CHILD_CHECK(at_root == gathered);
+    CHILD_CHECK(comm->Gather(shard.data(), nullptr, count, DType::kFloat32, world).code() ==
+                absl::StatusCode::kInvalidArgument);
     // In place: this rank's chunk of the buffer ends as the same sums.
     std::vector<float> work = full;
     CHILD_OK(comm->ReduceScatterInPlace(work.data(), count, DType::kFloat32));

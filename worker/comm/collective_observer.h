@@ -17,15 +17,17 @@ enum class CollectiveOp : int {
   kBroadcast,
   kBarrier,
   kSendRecv,
+  kGather,
 };
-inline constexpr int kNumCollectiveOps = static_cast<int>(CollectiveOp::kSendRecv) + 1;
+inline constexpr int kNumCollectiveOps = static_cast<int>(CollectiveOp::kGather) + 1;
 
-// "all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier", "send_recv".
+// "all_gather", "reduce_scatter", "all_reduce", "broadcast", "barrier", "send_recv",
+// "gather".
 absl::string_view CollectiveOpName(CollectiveOp op);
 
 struct CollectiveSample {
   CollectiveOp op = CollectiveOp::kBarrier;
-  // nccl-tests' size: the gathered output of an all-gather, the scattered
+  // nccl-tests' size: the gathered output of an all-gather or gather, the scattered
   // input of a reduce-scatter, the buffer of an all-reduce or broadcast.
   int64_t bytes = 0;
   // bytes × the op's bus factor (all-reduce 2(n-1)/n, all-gather and

@@ -58,6 +58,13 @@ class Communicator {
   // In place: every rank ends with root's `count` elements.
   virtual absl::Status Broadcast(void* buffer, size_t count, DType dtype, int root) = 0;
 
+  // Rank r's `count` elements of `input` land at root's output[r*count,
+  // (r+1)*count); only root's `output` (size()*count elements) is written,
+  // other ranks may pass null. A FULL checkpoint's writer needs the whole
+  // tensor, the others nothing: this moves 1/size() of an all-gather's bytes.
+  virtual absl::Status Gather(const void* input, void* output, size_t count, DType dtype,
+                              int root) = 0;
+
   virtual absl::Status Barrier() = 0;
 
   // Point to point: sends `send_bytes` from `send` to rank `to` and receives

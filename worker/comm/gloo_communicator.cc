@@ -261,6 +261,42 @@ absl::Status GlooCommunicator::Broadcast(void* buffer, size_t count, DType dtype
   });
 }
 
+absl::Status GlooCommunicator::Gather(const void* input, void* output, size_t count, DType dtype,
+                                      int root) {
+  if (root < 0 || root >= size_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("gather root ", root, " is outside a group of size ", size_));
+  }
+  const size_t bytes = count * DTypeSize(dtype);
+  if (rank_ == root) {
+    if (output == nullptr) return absl::InvalidArgumentError("gather: the root's output is null");
+    auto* out = static_cast<std::byte*>(output);
+    std::memmove(out + static_cast<size_t>(root) * bytes, input, bytes);
+  }
+  if (size_ == 1 || count == 0) return absl::OkStatus();
+  return Guard("gather", [&] {
+    // Every rank sends straight to the root, which receives them all at once
+    // into their places (the root's link carries (W-1)/W of the tensor, as
+    // each link of a ring all-gather does, but no other link carries any).
+    const auto slot = static_cast<uint64_t>(context_->nextSlot());
+    if (rank_ == root) {
+      ActiveBuffer out(*this, output, bytes * static_cast<size_t>(size_));
+      for (int peer = 0; peer < size_; ++peer) {
+        if (peer != root) out->recv(peer, slot, static_cast<size_t>(peer) * bytes, bytes);
+      }
+      for (int peer = 0; peer < size_; ++peer) {
+        if (peer != root) out.WaitRecv();
+      }
+    } else {
+      // Gloo's buffers are not const; a send only reads it.
+      ActiveBuffer in(*this, const_cast<void*>(input),
+                      bytes);  // NOLINT(cppcoreguidelines-pro-type-const-cast)
+      in->send(root, slot);
+      in.WaitSend();
+    }
+  });
+}
+
 absl::Status GlooCommunicator::SendRecv(const void* send, size_t send_bytes, int to, void* recv,
                                         size_t recv_bytes, int from) {
   if (to < 0 || to >= size_ || from < 0 || from >= size_) {

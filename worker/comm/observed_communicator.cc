@@ -16,6 +16,8 @@ absl::string_view CollectiveOpName(CollectiveOp op) {
       return "barrier";
     case CollectiveOp::kSendRecv:
       return "send_recv";
+    case CollectiveOp::kGather:
+      return "gather";
   }
   return "unknown";
 }
@@ -47,6 +49,14 @@ absl::Status ObservedCommunicator::AllReduce(void* buffer, size_t count, DType d
   const int n = size();
   return Timed(CollectiveOp::kAllReduce, static_cast<int64_t>(count * DTypeSize(dtype)),
                2.0 * (n - 1) / n, [&] { return inner_->AllReduce(buffer, count, dtype, op); });
+}
+
+absl::Status ObservedCommunicator::Gather(const void* input, void* output, size_t count,
+                                          DType dtype, int root) {
+  const int n = size();
+  return Timed(CollectiveOp::kGather, static_cast<int64_t>(count * DTypeSize(dtype)) * n,
+               static_cast<double>(n - 1) / n,
+               [&] { return inner_->Gather(input, output, count, dtype, root); });
 }
 
 absl::Status ObservedCommunicator::Broadcast(void* buffer, size_t count, DType dtype, int root) {

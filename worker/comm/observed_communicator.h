@@ -26,6 +26,8 @@ class ObservedCommunicator final : public Communicator {
   absl::Status ReduceScatter(const void* input, void* output, size_t count, DType dtype) override;
   absl::Status ReduceScatterInPlace(void* buffer, size_t count, DType dtype) override;
   absl::Status AllReduce(void* buffer, size_t count, DType dtype, ReduceOp op) override;
+  absl::Status Gather(const void* input, void* output, size_t count, DType dtype,
+                      int root) override;
   absl::Status Broadcast(void* buffer, size_t count, DType dtype, int root) override;
   absl::Status SendRecv(const void* send, size_t send_bytes, int to, void* recv, size_t recv_bytes,
                         int from) override;

@@ -184,8 +184,10 @@ class SaveSource {
                                                        const std::string& name) const = 0;
   virtual std::vector<std::string> StateNames(size_t unit) const = 0;
   virtual float Step(size_t unit) const = 0;
-  // All-gathers per-element shard values of `unit` (S), keeping the N real ones.
-  virtual absl::Status Gather(size_t unit, std::span<const float> values,
+  // Gathers per-element shard values of `unit` (S), keeping the N real ones:
+  // to every rank (root < 0: SHARDED, each writes its rows) or to `root`
+  // only (FULL: the one writer), where the other ranks get nothing.
+  virtual absl::Status Gather(size_t unit, std::span<const float> values, int root,
                               std::vector<float>& out) = 0;
 };
 
@@ -270,16 +272,23 @@ class SnapshotSource : public SaveSource {
     return snapshot_.units[u].state_order;
   }
   float Step(size_t u) const override { return snapshot_.units[u].step; }
-  absl::Status Gather(size_t u, std::span<const float> values, std::vector<float>& out) override {
+  absl::Status Gather(size_t u, std::span<const float> values, int root,
+                      std::vector<float>& out) override {
     const ShardSnapshot::Unit& unit = snapshot_.units[u];
     if (!unit.sharded) {
       out.assign(values.begin(), values.begin() + unit.numel);
       return absl::OkStatus();
     }
-    out.resize(values.size() * static_cast<size_t>(snapshot_.comm->size()));
-    RETURN_IF_ERROR(
-        snapshot_.comm->AllGather(values.data(), out.data(), values.size(), DType::kFloat32));
-    out.resize(static_cast<size_t>(unit.numel));
+    Communicator& comm = *snapshot_.comm;
+    const bool receives = root < 0 || comm.rank() == root;
+    out.resize(receives ? values.size() * static_cast<size_t>(comm.size()) : 0);
+    if (root < 0) {
+      RETURN_IF_ERROR(comm.AllGather(values.data(), out.data(), values.size(), DType::kFloat32));
+    } else {
+      RETURN_IF_ERROR(comm.Gather(values.data(), receives ? out.data() : nullptr, values.size(),
+                                  DType::kFloat32, root));
+    }
+    if (receives) out.resize(static_cast<size_t>(unit.numel));
     return absl::OkStatus();
   }
 
@@ -349,19 +358,22 @@ absl::Status StreamSave(SaveSource& source, const SavePlan& plan, TensorSink* mo
     }
     // Every rank gathers the parameter and then each state, in torch's order,
     // whether or not it writes a piece of them (a rank may hold no rows), so
-    // the collectives line up; one gathered value is alive at a time.
+    // the collectives line up; one gathered value is alive at a time. A FULL
+    // save gathers to its one writer (rank 0) only.
+    const int root = plan.type == v1::FULL_STATE_DICT ? 0 : -1;
     auto write_gathered = [&](Piece::Source kind, const std::string& state) {
+      if (!plan.writes) return;
       for (const Piece& piece : pieces) {
         if (piece.source != kind || piece.state != state) continue;
         write(piece, std::span<const float>(gathered).subspan(static_cast<size_t>(piece.flat_begin),
                                                               static_cast<size_t>(piece.count)));
       }
     };
-    RETURN_IF_ERROR(source.Gather(u, source.Shard(u), gathered));
+    RETURN_IF_ERROR(source.Gather(u, source.Shard(u), root, gathered));
     write_gathered(Piece::Source::kParam, "");
     for (const std::string& state : source.StateNames(u)) {
       ASSIGN_OR_RETURN(std::span<const float> shard, source.State(u, state));
-      RETURN_IF_ERROR(source.Gather(u, shard, gathered));
+      RETURN_IF_ERROR(source.Gather(u, shard, root, gathered));
       write_gathered(Piece::Source::kState, state);
     }
     for (const Piece& piece : pieces) {

@@ -42,6 +42,7 @@ class FakeCommunicator final : public Communicator {
   absl::Status AllGather(const void*, void*, size_t, DType) override { return Next(); }
   absl::Status ReduceScatter(const void*, void*, size_t, DType) override { return Next(); }
   absl::Status ReduceScatterInPlace(void*, size_t, DType) override { return Next(); }
+  absl::Status Gather(const void*, void*, size_t, DType, int) override { return Next(); }
   absl::Status AllReduce(void*, size_t, DType, ReduceOp) override { return Next(); }
   absl::Status Broadcast(void*, size_t, DType, int) override { return Next(); }
   absl::Status Barrier() override { return Next(); }
