@@ -131,6 +131,26 @@ TEST_P(CheckpointTest, ShardedReloadsAtOtherWorldSizesBitForBitAndLocalDoesNot) 
             absl::StatusCode::kInvalidArgument);
 }
 
+// Under HYBRID_SHARD each shard group exchanges only the rows its members
+// write (flat_range_exchange.h), and rows are dealt by global rank: the
+// SHARDED files of a 2 x 2 job consolidate to the FULL one it writes.
+TEST_P(CheckpointTest, HybridShardedSaveConsolidatesToItsFullSave) {
+  const std::string root = testing::MakeTempDir("ckpt-hybrid") + "/checkpoints";
+  v1::JobSpec spec = Spec(4, false);
+  spec.mutable_sharding()->set_strategy(v1::HYBRID_SHARD);
+  spec.mutable_sharding()->set_hybrid_shard_group_size(2);
+  auto cluster = Start(spec, root, GetParam());
+  ASSERT_NE(cluster, nullptr);
+  Train(*cluster->client, 2);
+  ASSERT_TRUE(Save(*cluster->client, "sharded", v1::SHARDED_STATE_DICT).ok());
+  ASSERT_TRUE(Save(*cluster->client, "full", v1::FULL_STATE_DICT).ok());
+  const std::string out = absl::StrCat(root, "/", kJob, "/consolidated");
+  absl::StatusOr<CheckpointManifest> written = ConsolidateCheckpoint(Dir(root, "sharded"), out);
+  ASSERT_TRUE(written.ok()) << written.status();
+  ExpectSameTensors(Dir(root, "full") + "/model.safetensors", out + "/model.safetensors");
+  ExpectSameTensors(Dir(root, "full") + "/optim.safetensors", out + "/optim.safetensors");
+}
+
 // A checkpoint of another model is refused before anything changes, naming
 // the parameters that do not match.
 TEST_P(CheckpointTest, CheckpointOfAnotherModelIsRefused) {

@@ -17,6 +17,7 @@
 #include "core/model_spec.h"
 #include "core/safetensors_file_writer.h"
 #include "core/status_macros.h"
+#include "worker/runtime/flat_range_exchange.h"
 
 namespace flatshard {
 namespace {
@@ -184,10 +185,11 @@ class SaveSource {
                                                        const std::string& name) const = 0;
   virtual std::vector<std::string> StateNames(size_t unit) const = 0;
   virtual float Step(size_t unit) const = 0;
-  // Gathers per-element shard values of `unit` (S), keeping the N real ones:
-  // to every rank (root < 0: SHARDED, each writes its rows) or to `root`
-  // only (FULL: the one writer), where the other ranks get nothing.
-  virtual absl::Status Gather(size_t unit, std::span<const float> values, int root,
+  // Brings per-element shard values of `unit` (S) to where this rank writes
+  // them, as the unpadded flat value (N): FULL gathers the whole value to its
+  // one writer (the others get nothing); SHARDED brings each rank the
+  // elements of its own rows only (the rest of `out` is unspecified).
+  virtual absl::Status Gather(size_t unit, std::span<const float> values,
                               std::vector<float>& out) = 0;
 };
 
@@ -201,6 +203,9 @@ struct SavePlan {
   v1::StateDictType type = v1::FULL_STATE_DICT;
   bool writes = false;                     // FULL: rank 0 only
   std::vector<std::vector<Piece>> pieces;  // per unit
+  // SHARDED: per unit, per member of its shard group, the flat ranges that
+  // member writes (its rows of every parameter; flat_range_exchange.h).
+  std::vector<std::vector<std::vector<FlatRange>>> rows;
   struct FileSpec {
     std::string name;
     std::vector<SafetensorsSlot> slots;
@@ -272,22 +277,22 @@ class SnapshotSource : public SaveSource {
     return snapshot_.units[u].state_order;
   }
   float Step(size_t u) const override { return snapshot_.units[u].step; }
-  absl::Status Gather(size_t u, std::span<const float> values, int root,
-                      std::vector<float>& out) override {
+  absl::Status Gather(size_t u, std::span<const float> values, std::vector<float>& out) override {
     const ShardSnapshot::Unit& unit = snapshot_.units[u];
     if (!unit.sharded) {
       out.assign(values.begin(), values.begin() + unit.numel);
       return absl::OkStatus();
     }
     Communicator& comm = *snapshot_.comm;
-    const bool receives = root < 0 || comm.rank() == root;
-    out.resize(receives ? values.size() * static_cast<size_t>(comm.size()) : 0);
-    if (root < 0) {
-      RETURN_IF_ERROR(comm.AllGather(values.data(), out.data(), values.size(), DType::kFloat32));
-    } else {
-      RETURN_IF_ERROR(comm.Gather(values.data(), receives ? out.data() : nullptr, values.size(),
-                                  DType::kFloat32, root));
+    const SavePlan& plan = *snapshot_.plan;
+    if (plan.type == v1::SHARDED_STATE_DICT) {
+      return ExchangeFlatRanges(comm, values, unit.numel, plan.rows[u], out);
     }
+    // FULL: to the writer, shard-group rank 0 (global rank 0 in group 0).
+    const bool receives = comm.rank() == 0;
+    out.resize(receives ? values.size() * static_cast<size_t>(comm.size()) : 0);
+    RETURN_IF_ERROR(comm.Gather(values.data(), receives ? out.data() : nullptr, values.size(),
+                                DType::kFloat32, 0));
     if (receives) out.resize(static_cast<size_t>(unit.numel));
     return absl::OkStatus();
   }
@@ -317,6 +322,24 @@ absl::StatusOr<SavePlan> PlanSave(FsdpRuntime& runtime, v1::StateDictType type) 
     }
   }
   plan.writes = type != v1::FULL_STATE_DICT || plan.rank == 0;
+  if (type == v1::SHARDED_STATE_DICT) {
+    // Rows are dealt by global rank (replica * shard size + shard rank), the
+    // exchange runs within the shard group: member p writes global rank
+    // first + p's rows.
+    plan.rows.resize(units.size());
+    for (size_t u = 0; u < units.size(); ++u) {
+      const FlatParamUnit& unit = *units[u];
+      const int first = plan.rank - unit.config().shard_rank;
+      for (int p = 0; p < unit.layout().world_size(); ++p) {
+        std::vector<FlatRange>& ranges = plan.rows[u].emplace_back();
+        for (const Piece& piece : UnitPieces(unit, {}, type, first + p, plan.world)) {
+          if (piece.source == Piece::Source::kParam && piece.count > 0) {
+            ranges.push_back({piece.flat_begin, piece.flat_begin + piece.count - 1});
+          }
+        }
+      }
+    }
+  }
   std::map<std::string, std::string> metadata = {
       {"format", "flatshard"},
       {"state_dict_type", std::string(StateDictTypeName(type))},
@@ -358,9 +381,7 @@ absl::Status StreamSave(SaveSource& source, const SavePlan& plan, TensorSink* mo
     }
     // Every rank gathers the parameter and then each state, in torch's order,
     // whether or not it writes a piece of them (a rank may hold no rows), so
-    // the collectives line up; one gathered value is alive at a time. A FULL
-    // save gathers to its one writer (rank 0) only.
-    const int root = plan.type == v1::FULL_STATE_DICT ? 0 : -1;
+    // the collectives line up; one gathered value is alive at a time.
     auto write_gathered = [&](Piece::Source kind, const std::string& state) {
       if (!plan.writes) return;
       for (const Piece& piece : pieces) {
@@ -369,11 +390,11 @@ absl::Status StreamSave(SaveSource& source, const SavePlan& plan, TensorSink* mo
                                                               static_cast<size_t>(piece.count)));
       }
     };
-    RETURN_IF_ERROR(source.Gather(u, source.Shard(u), root, gathered));
+    RETURN_IF_ERROR(source.Gather(u, source.Shard(u), gathered));
     write_gathered(Piece::Source::kParam, "");
     for (const std::string& state : source.StateNames(u)) {
       ASSIGN_OR_RETURN(std::span<const float> shard, source.State(u, state));
-      RETURN_IF_ERROR(source.Gather(u, shard, root, gathered));
+      RETURN_IF_ERROR(source.Gather(u, shard, gathered));
       write_gathered(Piece::Source::kState, state);
     }
     for (const Piece& piece : pieces) {
