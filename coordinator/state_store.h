@@ -8,10 +8,12 @@
 // training operation in progress.
 //
 // State transitions are committed with synchronous=FULL (fsynced before the
-// call returns); per-step progress with synchronous=NORMAL, which survives the
-// process being killed at any moment (the WAL is in the page cache) but may
-// lose the last steps on power loss: a restart then finds the workers ahead of
-// the database and rolls back to the last checkpoint, never forward.
+// call returns); each batch's journal entry (with the step and data position
+// after it) and progress (at most once a second while training) with
+// synchronous=NORMAL, which survives the process being killed at any moment
+// (the WAL is in the page cache) but may lose the last steps on power loss: a
+// restart then finds the workers ahead of the database and rolls back to the
+// last checkpoint, never forward.
 //
 // A directory lock keeps a second coordinator off the same state dir. The
 // schema has a version (PRAGMA user_version) and forward migrations; a state

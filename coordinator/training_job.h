@@ -212,7 +212,7 @@ class TrainingJob {
   absl::StatusOr<bool> RestorePeerSnapshotLocked(const PeerSnapshotChoice& choice);
 
   // The state store (training_job_state.cc): the whole record after every
-  // transition, progress after every batch, the write-ahead batch journal.
+  // transition, progress at most once a second, the write-ahead batch journal.
   void Persist();
   void PersistProgress();
   void JournalBatch(const v1::CommandBatch& batch);
@@ -311,6 +311,7 @@ class TrainingJob {
 
   std::mutex persist_mu_;  // one writer at a time, so the last write is the newest state
   StateStore* state_store_ = nullptr;  // guarded by persist_mu_; null once detached
+  absl::Time last_progress_persisted_ = absl::InfinitePast();  // guarded by persist_mu_
 
   CheckpointCatalog catalog_;
   // The async save being written and committed; joined (under the operation
