@@ -14,6 +14,8 @@ venv=$(bash "$src/scripts/python-env.sh" "$src/client/python/requirements-test.t
   || { echo "could not make the Python venv (PyPI unreachable?): skipped"; exit 77; }
 py=$venv/bin/python
 fail() { echo "FAIL: $*" >&2; exit 1; }
+# shellcheck source=tests/lib/flatshard_up.sh
+source "$src/tests/lib/flatshard_up.sh"
 
 # expect CODE PATTERN -- ARGS...: exit code and a pattern in the output.
 expect() {
@@ -99,23 +101,14 @@ optimizer: {kind: adamw, lr: 0.003}
 data: {kind: file, path: text/train, global_batch_size: 8, sequence_length: 32}
 YAML
 export OPENBLAS_NUM_THREADS=1
-"$flatshard" up --workers 2 --listen 127.0.0.1:0 --job "$work/job.yaml" --data-dir "$work/data" \
-  --address-file "$work/coordinator" --checkpoint-dir "$work/ckpt" >"$work/up.log" 2>&1 &
-up=$!
-trap 'kill -TERM $up 2>/dev/null || true; wait $up 2>/dev/null || true' EXIT
-for _ in $(seq 1200); do
-  [[ -s "$work/coordinator" ]] && break
-  kill -0 $up 2>/dev/null || { cat "$work/up.log"; exit 1; }
-  sleep 0.1
-done
-addr=$(cat "$work/coordinator")
+start_flatshard_up "$flatshard" "$work" --workers 2 --job "$work/job.yaml" \
+  --data-dir "$work/data" --checkpoint-dir "$work/ckpt"
 "$flatshard" train -c "$addr" -j text --steps 40 --log "$work/train.jsonl" >/dev/null
 "$flatshard" ckpt save -c "$addr" -j text -n full40 -t full >/dev/null
 "$flatshard" ckpt save -c "$addr" -j text -n sharded40 -t sharded >/dev/null
 "$flatshard" summon -c "$addr" -j text --out "$work/summoned.safetensors" >/dev/null
 "$flatshard" train -c "$addr" -j text --steps 1 --log "$work/train.jsonl" >/dev/null
-kill -TERM $up && wait $up
-trap - EXIT
+stop_flatshard_up
 [[ $(wc -l <"$work/train.jsonl") == 41 ]] || fail "train --log wrote $(wc -l <"$work/train.jsonl") lines"
 
 # Step 41 ran on global batch 40: windows (40*8 + i) mod N. Its loss is the

@@ -8,6 +8,8 @@ set -euo pipefail
 bin=$1 src=$2 work=$3
 rm -rf "$work/run" && mkdir -p "$work/run"
 run=$work/run
+# shellcheck source=tests/lib/flatshard_up.sh
+source "$src/tests/lib/flatshard_up.sh"
 
 command -v python3 >/dev/null || { echo "python3 not found: skipped"; exit 77; }
 venv=$work/pyenv
@@ -19,23 +21,12 @@ if [[ ! -x "$venv/bin/python" ]] || ! "$venv/bin/python" -c 'import safetensors,
 fi
 
 export OPENBLAS_NUM_THREADS=1
-"$bin/flatshard" up --workers 4 --listen 127.0.0.1:0 --job "$src/examples/mlp-job.yaml" \
-  --address-file "$run/coordinator" --checkpoint-dir "$run/ckpt" >"$run/up.log" 2>&1 &
-up=$!
-trap 'kill -TERM $up 2>/dev/null || true; wait $up 2>/dev/null || true' EXIT
-# `up` writes the address file once the job is READY; `job status` waits on
-# nothing, so poll the file the way the demo does, bounded.
-for _ in $(seq 1200); do
-  [[ -s "$run/coordinator" ]] && break
-  kill -0 $up 2>/dev/null || { cat "$run/up.log"; exit 1; }
-  sleep 0.1
-done
-addr=$(cat "$run/coordinator")
+start_flatshard_up "$bin/flatshard" "$run" --workers 4 --job "$src/examples/mlp-job.yaml" \
+  --checkpoint-dir "$run/ckpt"
 "$bin/flatshard" train -c "$addr" -j mlp-demo --steps 3 >/dev/null
 "$bin/flatshard" ckpt save -c "$addr" -j mlp-demo -n full3 -t full
 "$bin/flatshard" summon -c "$addr" -j mlp-demo --out "$run/summoned.safetensors" >/dev/null
-kill -TERM $up && wait $up
-trap - EXIT
+stop_flatshard_up
 
 "$venv/bin/python" - "$run/ckpt/mlp-demo/full3" "$run/summoned.safetensors" <<'PY'
 import json, sys

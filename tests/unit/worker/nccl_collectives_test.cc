@@ -46,6 +46,10 @@ TEST_F(NcclCollectivesTest, OneRankCollectivesRunOnTheStream) {
   ASSERT_TRUE(nccl_->AllReduce(*stream_, a.byte_span(), 4, DType::kFloat32, ReduceOp::kSum).ok());
   ASSERT_TRUE(nccl_->AllGather(*stream_, a.byte_span(), b.byte_span(), 4, DType::kFloat32).ok());
   ASSERT_TRUE(nccl_->Broadcast(*stream_, b.byte_span(), 4, DType::kFloat32, 0).ok());
+  // In place (recvbuff = sendbuff + rank * count): one rank's sum is its own.
+  ASSERT_TRUE(nccl_->ReduceScatterInPlace(*stream_, b.byte_span(), 4, DType::kFloat32).ok());
+  EXPECT_EQ(nccl_->ReduceScatterInPlace(*stream_, b.byte_span(), 5, DType::kFloat32).code(),
+            absl::StatusCode::kInvalidArgument);
   std::vector<float> back(4);
   ASSERT_TRUE(stream_->CopyToHost(std::as_writable_bytes(std::span(back)), b.byte_span()).ok());
   ASSERT_TRUE(stream_->Synchronize().ok());
