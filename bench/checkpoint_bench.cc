@@ -2,12 +2,13 @@
 // stall of async save against sync save (issue #5).
 //
 // 1. The disk, in the same run: sequential write of --disk-mib in 4 MiB
-//    writes + fsync, then a (warm) sequential read of it.
+//    writes + fsync, then a warm and a cold (pages evicted) sequential read.
 // 2. A real local cluster (coordinator + W worker daemons) training a
 //    ~34M-parameter MLP (AdamW: ~400 MB of model and optimizer state). For each
 //    state-dict type: synchronous save (files written, fsynced, committed) and
-//    load (staged on every rank, then applied), in MB/s of checkpoint bytes
-//    and as a ratio to the disk figures of step 1.
+//    load (staged on every rank, then applied) twice, from the page cache and
+//    from the disk (the checkpoint's pages evicted first), in MB/s of
+//    checkpoint bytes and as a ratio to the disk figures of step 1.
 // 3. Stall: how long training cannot run while a checkpoint is taken. Sync:
 //    the whole save. Async: until the snapshot is in host memory (the first
 //    progress message); the write and commit then overlap training.
@@ -46,11 +47,41 @@ double Median(std::vector<double> v) {
 
 double Seconds(absl::Time since) { return absl::ToDoubleSeconds(absl::Now() - since); }
 
-// Sequential write (4 MiB writes, fsync at the end) and warm read, in GB/s.
-std::pair<double, double> DiskBandwidth(const std::string& dir, int mib) {
+// Drops `path`'s pages from the page cache (they are clean: written and
+// fsynced), so the next read of it comes from the disk. No root needed,
+// unlike /proc/sys/vm/drop_caches.
+void Evict(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  if (fd < 0) return;
+  (void)::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  ::close(fd);
+}
+
+void EvictTree(const std::string& dir) {
+  for (const auto& entry : fs::recursive_directory_iterator(dir)) {
+    if (entry.is_regular_file()) Evict(entry.path().string());
+  }
+}
+
+double ReadAll(const std::string& path, std::vector<char>& block) {
+  const absl::Time start = absl::Now();
+  const int fd = ::open(path.c_str(), O_RDONLY);
+  while (::read(fd, block.data(), block.size()) > 0) {
+  }
+  ::close(fd);
+  return Seconds(start);
+}
+
+struct DiskFigures {
+  double write = 0, warm_read = 0, cold_read = 0;  // GB/s
+};
+
+// Sequential write (4 MiB writes, fsync at the end), then a warm read and a
+// cold read (the pages evicted first) of the same file.
+DiskFigures DiskBandwidth(const std::string& dir, int mib) {
   const std::string path = dir + "/disk-probe";
   std::vector<char> block(4 << 20, 'x');
-  absl::Time start = absl::Now();
+  const absl::Time start = absl::Now();
   const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   for (int i = 0; i < mib / 4; ++i) {
     if (::write(fd, block.data(), block.size()) != static_cast<ssize_t>(block.size())) std::abort();
@@ -58,15 +89,12 @@ std::pair<double, double> DiskBandwidth(const std::string& dir, int mib) {
   ::fsync(fd);
   ::close(fd);
   const double write_s = Seconds(start);
-  start = absl::Now();
-  const int rfd = ::open(path.c_str(), O_RDONLY);
-  while (::read(rfd, block.data(), block.size()) > 0) {
-  }
-  ::close(rfd);
-  const double read_s = Seconds(start);
+  const double warm_s = ReadAll(path, block);
+  Evict(path);
+  const double cold_s = ReadAll(path, block);
   fs::remove(path);
   const double bytes = static_cast<double>(mib) * (1 << 20);
-  return {bytes / write_s / 1e9, bytes / read_s / 1e9};
+  return {bytes / write_s / 1e9, bytes / warm_s / 1e9, bytes / cold_s / 1e9};
 }
 
 std::string WriteJob(const std::string& dir, int workers) {
@@ -104,16 +132,18 @@ int Run(int workers, int reps, int disk_mib, const std::string& base) {
   const std::string dir = base + "/flatshard-ckpt-bench";
   fs::remove_all(dir);
   fs::create_directories(dir);
-  std::vector<double> disk_w, disk_r;
+  std::vector<double> disk_w, disk_r, disk_c;
   for (int i = 0; i < reps; ++i) {
-    auto [w, r] = DiskBandwidth(dir, disk_mib);
-    disk_w.push_back(w);
-    disk_r.push_back(r);
+    const DiskFigures d = DiskBandwidth(dir, disk_mib);
+    disk_w.push_back(d.write);
+    disk_r.push_back(d.warm_read);
+    disk_c.push_back(d.cold_read);
   }
-  const double disk_write = Median(disk_w), disk_read = Median(disk_r);
+  const double disk_write = Median(disk_w), disk_read = Median(disk_r), disk_cold = Median(disk_c);
   std::printf(
-      "disk: sequential write + fsync %.2f GB/s, warm read %.2f GB/s (%d MiB, median of %d)\n",
-      disk_write, disk_read, disk_mib, reps);
+      "disk: sequential write + fsync %.2f GB/s, read warm %.2f GB/s, cold %.2f GB/s "
+      "(%d MiB, median of %d)\n",
+      disk_write, disk_read, disk_cold, disk_mib, reps);
 
   absl::StatusOr<v1::JobSpec> spec = LoadJobSpecFile(WriteJob(dir, workers));
   if (!spec.ok()) {
@@ -143,12 +173,12 @@ int Run(int workers, int reps, int disk_mib, const std::string& base) {
               Median(step_s) * 1e3);
 
   std::printf(
-      "\n| type | bytes | save | save MB/s | save / disk write | load | load MB/s | "
-      "load / disk read |\n|---|---|---|---|---|---|---|---|\n");
+      "\n| type | bytes | save | save MB/s | save / disk write | load (warm) | load (cold) | "
+      "load MB/s (cold) | cold load / cold read |\n|---|---|---|---|---|---|---|---|---|\n");
   int n = 0;
   for (v1::StateDictType type :
        {v1::FULL_STATE_DICT, v1::SHARDED_STATE_DICT, v1::LOCAL_STATE_DICT}) {
-    std::vector<double> save_s, load_s;
+    std::vector<double> save_s, load_s, cold_s;
     int64_t bytes = 0;
     for (int i = 0; i < reps; ++i) {
       v1::SaveCheckpointRequest request;
@@ -168,13 +198,20 @@ int Run(int workers, int reps, int disk_mib, const std::string& base) {
           client.LoadCheckpoint("ckpt-bench", saved->name());
       load_s.push_back(Seconds(start));
       if (!loaded.ok()) return 1;
+      // The same load from the disk: the checkpoint's pages evicted first.
+      EvictTree(absl::StrCat(options.checkpoint_dir, "/ckpt-bench/", saved->name()));
+      start = absl::Now();
+      loaded = client.LoadCheckpoint("ckpt-bench", saved->name());
+      cold_s.push_back(Seconds(start));
+      if (!loaded.ok()) return 1;
       (void)client.DeleteCheckpoint("ckpt-bench", saved->name());
     }
     const double mb = static_cast<double>(bytes) / 1e6;
-    const double save = Median(save_s), load = Median(load_s);
-    std::printf("| %s | %.0f MB | %.3f s | %.0f | %.2f | %.3f s | %.0f | %.2f |\n",
+    const double save = Median(save_s), load = Median(load_s), cold = Median(cold_s);
+    std::printf("| %s | %.0f MB | %.3f s | %.0f | %.2f | %.3f s | %.3f s | %.0f | %.2f |\n",
                 std::string(StateDictTypeName(type)).c_str(), mb, save, mb / save,
-                mb / save / (disk_write * 1e3), load, mb / load, mb / load / (disk_read * 1e3));
+                mb / save / (disk_write * 1e3), load, cold, mb / cold,
+                mb / cold / (disk_cold * 1e3));
   }
 
   std::printf(

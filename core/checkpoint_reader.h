@@ -40,15 +40,32 @@ class CheckpointReader {
                                                const std::vector<int64_t>& shape, uint64_t begin,
                                                uint64_t end);
 
-  // One of the manifest's files, opened and verified.
+  // One of the manifest's files, opened and verified (size, XXH3 and
+  // header), unless VerifyShare already opened it.
   absl::StatusOr<SafetensorsReader*> File(const std::string& file_name);
 
   // Verifies every file (size, XXH3, header) and that no file is missing.
   absl::Status VerifyAll();
 
+  // Verifies reader `index`'s share of `count`: every file's size and header,
+  // and the XXH3 of the files VerifierOf assigns to `index`; the other files
+  // are opened unhashed, their content vouched for by the reader they belong
+  // to. `count` readers that all succeed have hashed every byte once between
+  // them instead of `count` times: a load's stage is that case (every rank
+  // stages and none applies unless all staged, docs/checkpoints.md).
+  absl::Status VerifyShare(int index, int count);
+
+  // Which of `count` readers hashes manifest file `position`: the files in
+  // the order of the ranks that wrote them, dealt in contiguous blocks as
+  // even as they divide. At the saving world size each rank hashes the files
+  // it wrote; FULL's two files (both rank 0's) go to two readers.
+  static int VerifierOf(const CheckpointManifest& manifest, size_t position, int count);
+
  private:
   CheckpointReader(std::string dir, CheckpointManifest manifest)
       : dir_(std::move(dir)), manifest_(std::move(manifest)) {}
+  // Opens `file_name`, checking its size and header, and its XXH3 if `hash`.
+  absl::StatusOr<SafetensorsReader*> OpenFile(const std::string& file_name, bool hash);
 
   std::string dir_;
   CheckpointManifest manifest_;

@@ -198,9 +198,12 @@ absl::StatusOr<StagedCheckpoint> StageShardCheckpoint(FsdpRuntime& runtime,
   staged.shards.resize(units);
   staged.states.resize(units);
   staged.steps.resize(units);
-  // Every file is checked before anything is read: a damaged checkpoint is
-  // refused whole, even where this rank would not have read the damage.
-  RETURN_IF_ERROR(reader->VerifyAll());
+  // Every file is checked before anything is read, the hashing shared out:
+  // each rank hashes the files it is the verifier of and checks the others'
+  // sizes and headers. A damaged file fails its verifier's stage, so the load
+  // is refused whole (no rank applies), even where no rank would have read
+  // the damage, and the checkpoint's bytes are hashed once, not once per rank.
+  RETURN_IF_ERROR(reader->VerifyShare(runtime.rank(), runtime.world_size()));
   if (m.state_dict_type == v1::LOCAL_STATE_DICT) {
     RETURN_IF_ERROR(StageLocal(runtime, *reader, staged));
   } else {
