@@ -11,6 +11,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "core/safetensors_file_writer.h"
+
 namespace flatshard {
 namespace {
 
@@ -79,6 +81,53 @@ TEST(CheckpointCatalogTest, RetentionSparesACheckpointBeingLoaded) {
   auto latest = catalog.Read("latest");
   ASSERT_TRUE(latest.ok());
   EXPECT_EQ(latest->name, "step-00000003");
+}
+
+// Commit vouches only for files that are there at the size their writer
+// reported, with a header that fits: a missing, truncated or headerless file
+// is DATA_LOSS naming it, and nothing is committed.
+TEST(CheckpointCatalogTest, CommitRefusesFilesThatAreNotWhatTheirWriterReported) {
+  const fs::path root = fs::path(::testing::TempDir()) / "catalog-commit";
+  fs::remove_all(root);
+  CheckpointCatalog catalog(root.string(), "j");
+  const std::string file = "model-rank00000-of-00001.safetensors";
+  // Writes the file a rank would into `name`.partial/ and returns what it reports.
+  auto save = [&](const std::string& name) {
+    EXPECT_TRUE(catalog.BeginSave(name).ok());
+    const std::string path = (root / "j" / (name + ".partial") / file).string();
+    auto writer = SafetensorsFileWriter::Create(path, {{"w", DType::kFloat32, {16}}});
+    EXPECT_TRUE(writer.ok()) << writer.status();
+    EXPECT_TRUE((*writer)->Append("w", std::vector<float>(16, 1.0f)).ok());
+    absl::StatusOr<FileDigest> digest = (*writer)->Finish();
+    CheckpointManifest m;
+    m.name = name;
+    m.job = "j";
+    m.world_size = 1;
+    m.files = {{file, 0, digest->bytes, digest->xxh3}};
+    return std::make_pair(m, path);
+  };
+  auto [good, good_path] = save("good");
+  ASSERT_TRUE(catalog.Commit(good, 0).ok());
+
+  auto [missing, missing_path] = save("missing");
+  fs::remove(missing_path);
+  auto [truncated, truncated_path] = save("truncated");
+  fs::resize_file(truncated_path, fs::file_size(truncated_path) - 4);
+  auto [lying, lying_path] = save("lying");
+  lying.files[0].bytes += 4;
+  auto [headless, headless_path] = save("headless");
+  {  // the header's length field overwritten: the same size, no valid header
+    std::fstream f(headless_path, std::ios::in | std::ios::out | std::ios::binary);
+    f.write("\xff\xff\xff\xff", 4);
+  }
+  for (const CheckpointManifest& m : {missing, truncated, lying, headless}) {
+    absl::StatusOr<v1::CheckpointInfo> info = catalog.Commit(m, 0);
+    ASSERT_FALSE(info.ok()) << m.name;
+    EXPECT_EQ(info.status().code(), absl::StatusCode::kDataLoss) << info.status();
+    EXPECT_THAT(std::string(info.status().message()), ::testing::HasSubstr(file)) << m.name;
+    EXPECT_FALSE(fs::exists(root / "j" / m.name)) << m.name;
+  }
+  EXPECT_THAT(Names(catalog), ::testing::ElementsAre("good"));
 }
 
 }  // namespace
