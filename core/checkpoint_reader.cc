@@ -139,8 +139,21 @@ absl::StatusOr<std::vector<float>> CheckpointReader::ReadRange(absl::string_view
                                                                const std::string& name,
                                                                const std::vector<int64_t>& shape,
                                                                uint64_t begin, uint64_t end) {
+  if (begin > end) {
+    return absl::OutOfRangeError(
+        absl::StrCat("elements [", begin, ", ", end, ") of '", name, "' are not a range"));
+  }
+  std::vector<float> out(end - begin);
+  RETURN_IF_ERROR(ReadRangeInto(kind, name, shape, begin, out));
+  return out;
+}
+
+absl::Status CheckpointReader::ReadRangeInto(absl::string_view kind, const std::string& name,
+                                             const std::vector<int64_t>& shape, uint64_t begin,
+                                             std::span<float> out) {
+  const uint64_t end = begin + out.size();
   const auto numel = static_cast<uint64_t>(NumElements(shape));
-  if (begin > end || end > numel) {
+  if (end < begin || end > numel) {
     return absl::OutOfRangeError(
         absl::StrCat("elements [", begin, ", ", end, ") of '", name, "' are outside its ", numel));
   }
@@ -158,7 +171,7 @@ absl::StatusOr<std::vector<float>> CheckpointReader::ReadRange(absl::string_view
     ASSIGN_OR_RETURN(SafetensorsReader * file, File(file_name));
     ASSIGN_OR_RETURN(const SafetensorsEntry* entry, file->Find(name));
     RETURN_IF_ERROR(check_shape(*file, *entry, shape));
-    return file->ReadFloats(name, begin, end);
+    return file->ReadFloatsInto(name, begin, out);
   }
   if (manifest_.state_dict_type != v1::SHARDED_STATE_DICT) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -169,12 +182,11 @@ absl::StatusOr<std::vector<float>> CheckpointReader::ReadRange(absl::string_view
     ASSIGN_OR_RETURN(SafetensorsReader * file, File(RankFileName(kind, 0, world)));
     ASSIGN_OR_RETURN(const SafetensorsEntry* entry, file->Find(name));
     RETURN_IF_ERROR(check_shape(*file, *entry, shape));
-    return file->ReadFloats(name, begin, end);
+    return file->ReadFloatsInto(name, begin, out);
   }
-  std::vector<float> out;
-  out.reserve(end - begin);
+  uint64_t filled = 0;  // each rank's chunk is the next run of the range
   const uint64_t row = shape[0] == 0 ? 0 : numel / static_cast<uint64_t>(shape[0]);
-  for (int r = 0; r < world && out.size() < end - begin; ++r) {
+  for (int r = 0; r < world && filled < out.size(); ++r) {
     const ChunkSlice rows = ChunkOf(shape[0], world, r);
     const uint64_t lo = static_cast<uint64_t>(rows.begin) * row;
     const uint64_t hi = lo + static_cast<uint64_t>(rows.length) * row;
@@ -184,15 +196,15 @@ absl::StatusOr<std::vector<float>> CheckpointReader::ReadRange(absl::string_view
     std::vector<int64_t> chunk_shape = shape;
     chunk_shape[0] = rows.length;
     RETURN_IF_ERROR(check_shape(*file, *entry, chunk_shape));
-    ASSIGN_OR_RETURN(std::vector<float> part,
-                     file->ReadFloats(name, std::max(begin, lo) - lo, std::min(end, hi) - lo));
-    out.insert(out.end(), part.begin(), part.end());
+    const uint64_t from = std::max(begin, lo), to = std::min(end, hi);
+    RETURN_IF_ERROR(file->ReadFloatsInto(name, from - lo, out.subspan(from - begin, to - from)));
+    filled += to - from;
   }
-  if (out.size() != end - begin) {
-    return absl::DataLossError(absl::StrCat(dir_, ": the chunks of '", name, "' hold ", out.size(),
-                                            " of the ", end - begin, " elements asked for"));
+  if (filled != out.size()) {
+    return absl::DataLossError(absl::StrCat(dir_, ": the chunks of '", name, "' hold ", filled,
+                                            " of the ", out.size(), " elements asked for"));
   }
-  return out;
+  return absl::OkStatus();
 }
 
 }  // namespace flatshard

@@ -9,6 +9,7 @@
 
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -39,6 +40,11 @@ class CheckpointReader {
   absl::StatusOr<std::vector<float>> ReadRange(absl::string_view kind, const std::string& name,
                                                const std::vector<int64_t>& shape, uint64_t begin,
                                                uint64_t end);
+  // The same for elements [begin, begin + out.size()), read straight into
+  // `out`. On an error `out` may hold part of the range.
+  absl::Status ReadRangeInto(absl::string_view kind, const std::string& name,
+                             const std::vector<int64_t>& shape, uint64_t begin,
+                             std::span<float> out);
 
   // One of the manifest's files, opened and verified (size, XXH3 and
   // header), unless VerifyShare already opened it.

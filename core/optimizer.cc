@@ -140,18 +140,36 @@ void OptimizerState::Reset() {
 }
 
 absl::Status OptimizerState::SetState(absl::string_view name, std::span<const float> values) {
+  RETURN_IF_ERROR(CheckSettable(name, values.size()));
+  tensors_[*IndexOf(name)].emplace(values.begin(), values.end());
+  return absl::OkStatus();
+}
+
+absl::Status OptimizerState::SetState(absl::string_view name, std::vector<float>&& values) {
+  RETURN_IF_ERROR(CheckSettable(name, values.size()));
+  tensors_[*IndexOf(name)] = std::move(values);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<float>> OptimizerState::TakeState(absl::string_view name) {
+  RETURN_IF_ERROR(std::as_const(*this).State(name).status());
+  std::optional<std::vector<float>>& slot = tensors_[*IndexOf(name)];
+  std::vector<float> values = *std::move(slot);
+  slot.reset();
+  return values;
+}
+
+absl::Status OptimizerState::CheckSettable(absl::string_view name, size_t size) const {
   const std::optional<size_t> index = IndexOf(name);
   if (!index.has_value()) {
     return absl::InvalidArgumentError(absl::StrCat(kind_, " optimizer state has no tensor named '",
                                                    name, "'; it keeps ",
                                                    absl::StrJoin(names_, ", ")));
   }
-  if (values.size() != size_) {
+  if (size != size_) {
     return absl::InvalidArgumentError(absl::StrCat(kind_, " optimizer state '", name, "' has ",
-                                                   values.size(), " elements but the shard has ",
-                                                   size_));
+                                                   size, " elements but the shard has ", size_));
   }
-  tensors_[*index].emplace(values.begin(), values.end());
   return absl::OkStatus();
 }
 

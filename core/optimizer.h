@@ -121,6 +121,10 @@ class OptimizerState {
   // Creates or overwrites a tensor from a checkpoint. InvalidArgument for a name
   // this optimizer does not keep or a size other than S.
   absl::Status SetState(absl::string_view name, std::span<const float> values);
+  // The same, taking `values` over without a copy.
+  absl::Status SetState(absl::string_view name, std::vector<float>&& values);
+  // Moves a present tensor out (it is absent afterwards); NotFound as State.
+  absl::StatusOr<std::vector<float>> TakeState(absl::string_view name);
 
   // Back to a fresh optimizer's state (no tensors, step 0), before a checkpoint
   // that may hold fewer states replaces it.
@@ -133,6 +137,8 @@ class OptimizerState {
 
  private:
   std::optional<size_t> IndexOf(absl::string_view name) const;
+  // InvalidArgument unless `name` is a tensor this optimizer keeps and `size` is S.
+  absl::Status CheckSettable(absl::string_view name, size_t size) const;
 
   size_t size_;
   float step_ = 0.0f;

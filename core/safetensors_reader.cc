@@ -256,8 +256,20 @@ absl::StatusOr<const SafetensorsEntry*> SafetensorsReader::Find(absl::string_vie
 absl::StatusOr<std::vector<float>> SafetensorsReader::ReadFloats(absl::string_view name,
                                                                  uint64_t begin,
                                                                  uint64_t end) const {
+  if (begin > end) {
+    return absl::OutOfRangeError(absl::StrCat(path_, ": elements [", begin, ", ", end,
+                                              ") of tensor '", name, "' are not a range"));
+  }
+  std::vector<float> out(end - begin);
+  RETURN_IF_ERROR(ReadFloatsInto(name, begin, out));
+  return out;
+}
+
+absl::Status SafetensorsReader::ReadFloatsInto(absl::string_view name, uint64_t begin,
+                                               std::span<float> out) const {
   ASSIGN_OR_RETURN(const SafetensorsEntry* entry, Find(name));
-  if (begin > end || end > entry->numel()) {
+  const uint64_t end = begin + out.size();
+  if (end < begin || end > entry->numel()) {
     return absl::OutOfRangeError(absl::StrCat(path_, ": elements [", begin, ", ", end,
                                               ") are outside tensor '", name, "' of ",
                                               entry->numel()));
@@ -270,18 +282,13 @@ absl::StatusOr<std::vector<float>> SafetensorsReader::ReadFloats(absl::string_vi
   const size_t width = DTypeSize(entry->dtype);
   const uint64_t offset = header_.data_start + entry->begin + begin * width;
   if (entry->dtype == DType::kFloat32) {  // straight into the result
-    std::vector<float> out(end - begin);
-    RETURN_IF_ERROR(
-        PreadAll(fd_, reinterpret_cast<char*>(out.data()), out.size() * width, offset, path_));
-    return out;
+    return PreadAll(fd_, reinterpret_cast<char*>(out.data()), out.size_bytes(), offset, path_);
   }
-  std::string raw((end - begin) * width, '\0');
-  RETURN_IF_ERROR(PreadAll(fd_, raw.data(), raw.size(),
-                           header_.data_start + entry->begin + begin * width, path_));
-  std::vector<float> out(end - begin);
+  std::string raw(out.size() * width, '\0');
+  RETURN_IF_ERROR(PreadAll(fd_, raw.data(), raw.size(), offset, path_));
   ConvertElements(entry->dtype, reinterpret_cast<const std::byte*>(raw.data()), DType::kFloat32,
                   reinterpret_cast<std::byte*>(out.data()), out.size());
-  return out;
+  return absl::OkStatus();
 }
 
 }  // namespace flatshard

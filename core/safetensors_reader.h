@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -72,6 +73,9 @@ class SafetensorsReader {
   // tensor; DATA_LOSS when the file is shorter than its header promised.
   absl::StatusOr<std::vector<float>> ReadFloats(absl::string_view name, uint64_t begin,
                                                 uint64_t end) const;
+  // The same for elements [begin, begin + out.size()), straight into `out`
+  // (float32 tensors are read into it with no copy in between).
+  absl::Status ReadFloatsInto(absl::string_view name, uint64_t begin, std::span<float> out) const;
 
  private:
   SafetensorsReader(std::string path, int fd, SafetensorsHeader header);

@@ -459,16 +459,15 @@ absl::StatusOr<ShardSnapshot> SnapshotShardCheckpoint(FsdpRuntime& runtime,
   RETURN_IF_ERROR(runtime.SynchronizeStreams());
   for (size_t u = 0; u < runtime.units().size(); ++u) {
     const FlatParamUnit& unit = *runtime.units()[u];
-    ASSIGN_OR_RETURN(std::unique_ptr<OptimizerState> host_optim, runtime.ReadOptimizerState(u));
-    const OptimizerState& optim = *host_optim;
+    ASSIGN_OR_RETURN(std::unique_ptr<OptimizerState> optim, runtime.ReadOptimizerState(u));
     ShardSnapshot::Unit copy;
     ASSIGN_OR_RETURN(copy.shard, unit.ReadShard());
-    copy.state_order = optim.StateNames();
+    copy.state_order = optim->StateNames();
     for (const std::string& name : copy.state_order) {
-      ASSIGN_OR_RETURN(std::span<const float> values, optim.State(name));
-      copy.states[name].assign(values.begin(), values.end());
+      // The host copy is already ours: moved, not copied again.
+      ASSIGN_OR_RETURN(copy.states[name], optim->TakeState(name));
     }
-    copy.step = static_cast<float>(optim.step());
+    copy.step = static_cast<float>(optim->step());
     copy.numel = unit.layout().unpadded_unsharded_numel();
     copy.sharded = unit.sharded();
     snapshot.units.push_back(std::move(copy));

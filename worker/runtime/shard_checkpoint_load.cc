@@ -1,9 +1,11 @@
 // Loading one rank's part of a checkpoint (docs/architecture.md §6): staging
 // reads and validates everything first, changing nothing; applying replaces
 // the shards and the optimizer state. The save side is shard_checkpoint.cc.
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <set>
+#include <span>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -133,13 +135,16 @@ absl::Status ReadShard(CheckpointReader& reader, absl::string_view kind, const F
     if (!p.in_shard || p.numel_in_shard == 0) continue;
     const std::string name = name_of(spec.params[i]);
     if (name.empty()) continue;
-    absl::StatusOr<std::vector<float>> values = reader.ReadRange(
-        kind, name, spec.params[i].shape, static_cast<uint64_t>(p.intra_param_start_idx),
-        static_cast<uint64_t>(p.intra_param_end_idx) + 1);
-    if (absl::IsNotFound(values.status()) && any_found != nullptr) continue;
-    if (!values.ok()) return values.status();
-    std::copy(values->begin(), values->end(),
-              shard.begin() + static_cast<std::ptrdiff_t>(p.offset_in_shard));
+    // Straight into the shard: no staging vector between the file and it.
+    const std::span<float> into = std::span<float>(shard).subspan(
+        static_cast<size_t>(p.offset_in_shard), static_cast<size_t>(p.numel_in_shard));
+    const absl::Status read = reader.ReadRangeInto(
+        kind, name, spec.params[i].shape, static_cast<uint64_t>(p.intra_param_start_idx), into);
+    if (absl::IsNotFound(read) && any_found != nullptr) {
+      std::fill(into.begin(), into.end(), 0.0f);  // no state: zeros, whatever was read
+      continue;
+    }
+    RETURN_IF_ERROR(read);
     if (any_found != nullptr) *any_found = true;
   }
   return absl::OkStatus();
@@ -229,8 +234,8 @@ absl::Status ApplyStagedCheckpoint(FsdpRuntime& runtime, StagedCheckpoint staged
     RETURN_IF_ERROR(unit.WriteShard(staged.shards[u]));
     std::unique_ptr<OptimizerState> optim =
         MakeOptimizerState(runtime.options().optimizer.kind, size);
-    for (const auto& [name, values] : staged.states[u]) {
-      RETURN_IF_ERROR(optim->SetState(name, values));
+    for (auto& [name, values] : staged.states[u]) {
+      RETURN_IF_ERROR(optim->SetState(name, std::move(values)));  // staged is ours: no copy
     }
     if (staged.steps[u].has_value()) optim->set_step(*staged.steps[u]);
     RETURN_IF_ERROR(runtime.WriteOptimizerState(u, *optim));

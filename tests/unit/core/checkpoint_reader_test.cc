@@ -141,6 +141,27 @@ TEST(CheckpointReaderTest, TruncatedOrMissingFilesFailEveryShare) {
   }
 }
 
+// A range across the ranks' row chunks reads straight into the caller's
+// span: rank r's rows hold r + 1 (one row each at world size 4, 2 elements).
+TEST(CheckpointReaderTest, ReadsARangeAcrossChunksIntoTheCallersSpan) {
+  const std::string dir = WriteCheckpoint("range", 4);
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::Open(dir);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  std::vector<float> out(7, -1.0f);
+  ASSERT_TRUE(
+      (*reader)->ReadRangeInto("model", "fc.weight", {4, 2}, 1, std::span(out).first(5)).ok());
+  EXPECT_EQ(out, (std::vector<float>{1, 2, 2, 3, 3, -1, -1}));
+  absl::StatusOr<std::vector<float>> whole =
+      (*reader)->ReadRange("optim", "fc.weight.exp_avg", {4, 2}, 0, 8);
+  ASSERT_TRUE(whole.ok()) << whole.status();
+  EXPECT_EQ(*whole, (std::vector<float>{1, 1, 2, 2, 3, 3, 4, 4}));
+  EXPECT_EQ(
+      (*reader)->ReadRangeInto("model", "fc.weight", {4, 2}, 4, std::span(out).first(5)).code(),
+      absl::StatusCode::kOutOfRange);
+  EXPECT_EQ((*reader)->ReadRangeInto("model", "nope", {4, 2}, 0, std::span(out).first(2)).code(),
+            absl::StatusCode::kNotFound);
+}
+
 TEST(CheckpointReaderTest, RefusesAShareThatIsNotOne) {
   const std::string dir = WriteCheckpoint("bad-share", 2);
   EXPECT_EQ(Share(dir, 2, 2).code(), absl::StatusCode::kInvalidArgument);

@@ -192,6 +192,26 @@ TEST(OptimizerStateTest, AdamCreatesTorchNamedStateLazily) {
   EXPECT_THAT(std::string(status.message()), HasSubstr("max_exp_avg_sq"));
 }
 
+TEST(OptimizerStateTest, TensorsMoveInAndOutWithTheSameChecksAsCopies) {
+  AdamState state(3);
+  std::vector<float> values = {1.0f, 2.0f, 3.0f};
+  const float* storage = values.data();
+  ASSERT_TRUE(state.SetState("exp_avg", std::move(values)).ok());
+  absl::StatusOr<std::span<const float>> held = std::as_const(state).State("exp_avg");
+  ASSERT_TRUE(held.ok());
+  EXPECT_EQ(held->data(), storage);  // taken over, not copied
+  EXPECT_EQ(state.SetState("exp_avg", std::vector<float>{1.0f}).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(state.SetState("momentum_buffer", std::vector<float>(3)).code(),
+            absl::StatusCode::kInvalidArgument);
+  absl::StatusOr<std::vector<float>> taken = state.TakeState("exp_avg");
+  ASSERT_TRUE(taken.ok());
+  EXPECT_EQ(taken->data(), storage);
+  EXPECT_THAT(*taken, ElementsAre(1.0f, 2.0f, 3.0f));
+  EXPECT_FALSE(state.HasState("exp_avg"));  // gone from the state
+  EXPECT_EQ(state.TakeState("exp_avg").status().code(), absl::StatusCode::kNotFound);
+}
+
 TEST(OptimizerStateTest, NamedAccessReportsWhatIsMissingOrWrong) {
   AdamState state(3);
   EXPECT_EQ(state.State("exp_avg").status().code(), absl::StatusCode::kNotFound);
