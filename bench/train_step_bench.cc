@@ -1,11 +1,12 @@
 // Training-step time breakdown of the FSDP data plane: W worker processes train
-// examples/mlp.yaml (1M parameters, 5 units) or the GPT of examples/gpt-7m.yaml,
+// examples/mlp.yaml (1M parameters, 5 units), the same MLP at 35M
+// (bench/models/mlp35m.yaml) or the GPT of examples/gpt-7m.yaml,
 // and rank 0 reports the median step split into compute, exposed communication
 // (the compute stream waiting for the communication stream) and optimizer, for
 // each backward-prefetch policy side by side in one run, so the overlap the
 // prefetch buys shows as a ratio. Timings are device time (events).
 //
-//   train_step_bench [--worlds 2,4] [--steps 30] [--batch 64] [--model mlp|gpt]
+//   train_step_bench [--worlds 2,4] [--steps 30] [--batch 64] [--model mlp|mlp35m|gpt]
 //                    [--device cpu|sim|cuda] [--comm auto|gloo|nccl] [--gpus 0,1,...]
 #include <algorithm>
 #include <cstdio>
@@ -106,8 +107,9 @@ int main(int argc, char** argv) {
           "optimizer, for each backward-prefetch policy, in W worker processes.\n"
           "  --worlds 2,4            process counts\n"
           "  --steps 30              steps per run (the median skips the first 3)\n"
-          "  --batch 64              samples per rank and step\n"
-          "  --model mlp|gpt         examples/mlp.yaml or examples/gpt-7m.yaml\n"
+          "  --batch 64              global batch (samples per step, all ranks)\n"
+          "  --model mlp|mlp35m|gpt  examples/mlp.yaml, bench/models/mlp35m.yaml or\n"
+          "                          examples/gpt-7m.yaml\n"
           "  --device cpu|sim|cuda   (default cpu)\n"
           "  --comm auto|gloo|nccl   (default auto: nccl on cuda, gloo otherwise)\n"
           "  --gpus 0,1              the GPU of each rank (default: rank)\n");
@@ -126,8 +128,8 @@ int main(int argc, char** argv) {
     if (flag == "--batch") batch = std::atoll(argv[i + 1]);
     if (flag == "--model") {
       model = argv[i + 1];
-      if (model != "mlp" && model != "gpt") {
-        std::fprintf(stderr, "--model: '%s' is neither mlp nor gpt\n", model.c_str());
+      if (model != "mlp" && model != "mlp35m" && model != "gpt") {
+        std::fprintf(stderr, "--model: '%s' is not mlp, mlp35m or gpt\n", model.c_str());
         return 2;
       }
     }
@@ -144,8 +146,10 @@ int main(int argc, char** argv) {
     }
   }
   const bool gpt = model == "gpt";
-  auto spec = LoadModelSpecFile(std::string(FLATSHARD_SOURCE_DIR) +
-                                (gpt ? "/examples/gpt-7m.yaml" : "/examples/mlp.yaml"));
+  const std::string file = gpt                 ? "/examples/gpt-7m.yaml"
+                           : model == "mlp35m" ? "/bench/models/mlp35m.yaml"
+                                               : "/examples/mlp.yaml";
+  auto spec = LoadModelSpecFile(std::string(FLATSHARD_SOURCE_DIR) + file);
   if (!spec.ok()) return 1;
   std::printf(
       "| W | backward prefetch | step | compute | exposed comm | optimizer | exposed "

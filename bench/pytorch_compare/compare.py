@@ -10,7 +10,8 @@ the same hyperparameters, interleaved in rounds (flatshard, FSDP1, FSDP2,
 flatshard, ...) so the machine's drift hits all three alike. Reported: median
 step time per system and the ratios, the step-1 losses (they must agree: same
 weights, same batch), each rank's peak RSS, and the time of a SHARDED save
-against torch.distributed.checkpoint's save of the FSDP2 state.
+against torch.distributed.checkpoint's save of the FSDP2 state (interleaved,
+median of --rounds saves each).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import argparse
 import json
 import multiprocessing as mp
 import os
+import shutil
 import socket
 import statistics
 import subprocess
@@ -170,10 +172,19 @@ def run_config(cluster: flatshard.Cluster, local: LocalCluster, work: str, data:
                 else:
                     times[variant].append(answers[0][0] / steps)
             step += steps
-        start = time.perf_counter()
-        job.save_checkpoint("bench", type="sharded")
-        flatshard_save = time.perf_counter() - start
-        dcp_save = max(groups["fsdp2"].ask("save", os.path.join(work, f"{name}-dcp")))
+        # Saves interleaved too (flatshard, DCP, flatshard, ...), median of
+        # `rounds`; each to a fresh name / directory, removed after.
+        saves: Dict[str, List[float]] = {"flatshard": [], "dcp": []}
+        for r in range(rounds):
+            start = time.perf_counter()
+            job.save_checkpoint(f"bench-{r}", type="sharded")
+            saves["flatshard"].append(time.perf_counter() - start)
+            job.delete_checkpoint(f"bench-{r}")
+            dcp_dir = os.path.join(work, f"{name}-dcp-{r}")
+            saves["dcp"].append(max(groups["fsdp2"].ask("save", dcp_dir)))
+            shutil.rmtree(dcp_dir, ignore_errors=True)
+        flatshard_save = statistics.median(saves["flatshard"])
+        dcp_save = statistics.median(saves["dcp"])
         rss = {v: max(g.ask("rss")) for v, g in groups.items()}
         rss["flatshard"] = max(worker_peak_rss(local.process.pid))
     finally:

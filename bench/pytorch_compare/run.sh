@@ -6,5 +6,5 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 venv=$(bash "$root/scripts/python-env.sh" "$root/client/python/requirements-torch.txt")
 export OPENBLAS_NUM_THREADS=1 OMP_NUM_THREADS=1
-cd "$root/bench/pytorch_compare"
-exec "$venv/bin/python" compare.py "$@"
+# Not cd'ed anywhere: --json and other paths are the caller's.
+exec "$venv/bin/python" "$root/bench/pytorch_compare/compare.py" "$@"
