@@ -25,7 +25,7 @@ namespace flatshard {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using host_kernels::OptimizerIsa;
+using host_kernels::HostIsa;
 
 template <typename Fn>
 double Seconds(Fn&& fn) {
@@ -39,13 +39,13 @@ double Median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-const char* IsaName(OptimizerIsa isa) {
+const char* IsaName(HostIsa isa) {
   switch (isa) {
-    case OptimizerIsa::kBest:
+    case HostIsa::kBest:
       return "best (chosen at run time)";
-    case OptimizerIsa::kPortable:
+    case HostIsa::kPortable:
       return "portable";
-    case OptimizerIsa::kAvx2Fma:
+    case HostIsa::kAvx2Fma:
       return "avx2+fma";
   }
   return "?";
@@ -74,11 +74,11 @@ int Main(int argc, char** argv) {
       return 2;
     }
   }
-  std::vector<OptimizerIsa> isas = {OptimizerIsa::kPortable};
-  if (host_kernels::OptimizerIsaSupported(OptimizerIsa::kAvx2Fma)) {
-    isas.push_back(OptimizerIsa::kAvx2Fma);
+  std::vector<HostIsa> isas = {HostIsa::kPortable};
+  if (host_kernels::HostIsaSupported(HostIsa::kAvx2Fma)) {
+    isas.push_back(HostIsa::kAvx2Fma);
   }
-  isas.push_back(OptimizerIsa::kBest);
+  isas.push_back(HostIsa::kBest);
   const Pass passes[] = {{"adamw", 28}, {"adam amsgrad", 36}, {"sgd momentum", 20}, {"sgd", 12}};
 
   std::printf("| elements | pass | copy | bytes | time | GB/s (r+w) | bound time | / bound |\n");
@@ -89,7 +89,7 @@ int Main(int argc, char** argv) {
     std::vector<char> src(n * 16, 1), dst(n * 16, 0);
     std::vector<double> all_copy_rates;
     for (const Pass& pass : passes) {
-      for (const OptimizerIsa isa : isas) {
+      for (const HostIsa isa : isas) {
         std::vector<double> copy_rate, times;
         for (int r = 0; r < reps; ++r) {
           const double copy = Seconds([&] { std::memcpy(dst.data(), src.data(), src.size()); });

@@ -57,9 +57,9 @@ void ExpectSameBits(const std::vector<float>& want, const std::vector<float>& go
   }
 }
 
-std::vector<OptimizerIsa> Isas() {
-  std::vector<OptimizerIsa> isas = {OptimizerIsa::kBest, OptimizerIsa::kPortable};
-  if (OptimizerIsaSupported(OptimizerIsa::kAvx2Fma)) isas.push_back(OptimizerIsa::kAvx2Fma);
+std::vector<HostIsa> Isas() {
+  std::vector<HostIsa> isas = {HostIsa::kBest, HostIsa::kPortable};
+  if (HostIsaSupported(HostIsa::kAvx2Fma)) isas.push_back(HostIsa::kAvx2Fma);
   return isas;
 }
 
@@ -86,7 +86,7 @@ TEST(HostOptimizerKernelsTest, AdamMatchesTheElementFormulaInEveryCopyAndFlagCom
                              vmax0 = Values(seed + 400, true);
     std::vector<float> p = p0, m = m0, v = v0, vmax = vmax0;
     for (size_t i = 0; i < kCount; ++i) AdamUpdate(c, p[i], g[i], m[i], v[i], vmax[i]);
-    for (OptimizerIsa isa : Isas()) {
+    for (HostIsa isa : Isas()) {
       std::vector<float> pi = p0, mi = m0, vi = v0, vmaxi = vmax0;
       AdamStep(c, pi.data(), g.data(), mi.data(), vi.data(), c.amsgrad ? vmaxi.data() : nullptr,
                kCount, isa);
@@ -119,7 +119,7 @@ TEST(HostOptimizerKernelsTest, SgdMatchesTheElementFormulaInEveryCopyAndFlagComb
                              b0 = Values(seed + 2, false);
     std::vector<float> p = p0, b = b0;
     for (size_t i = 0; i < kCount; ++i) SgdUpdate(c, p[i], g[i], b[i]);
-    for (OptimizerIsa isa : Isas()) {
+    for (HostIsa isa : Isas()) {
       std::vector<float> pi = p0, bi = b0;
       SgdStep(c, pi.data(), g.data(), c.momentum ? bi.data() : nullptr, kCount, isa);
       const std::string what =

@@ -8,6 +8,7 @@
 
 #include "core/clip_grad_norm_math.h"
 #include "worker/device/host/cblas_api.h"
+#include "worker/device/host/host_gelu_kernels.h"
 #include "worker/device/kernels/element_ops.h"
 
 namespace flatshard::host_kernels {
@@ -119,11 +120,13 @@ void AccumulateColumnSums(const float* x, size_t rows, float* out, size_t cols) 
 }
 
 void ActivationForward(Activation kind, const float* x, float* y, size_t count) {
+  if (kind == Activation::kGeluTanh) return GeluTanhForward(x, y, count);  // vector expf
   for (size_t i = 0; i < count; ++i) y[i] = kernels::ActivationValue(kind, x[i]);
 }
 
 void ActivationBackward(Activation kind, const float* saved, const float* dy, float* dx,
                         size_t count) {
+  if (kind == Activation::kGeluTanh) return GeluTanhBackward(saved, dy, dx, count);
   for (size_t i = 0; i < count; ++i) dx[i] = kernels::ActivationGradient(kind, saved[i], dy[i]);
 }
 

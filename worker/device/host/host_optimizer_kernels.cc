@@ -88,19 +88,6 @@ template <bool... kFlags>
 #define FLATSHARD_HAVE_AVX2_FMA 0
 #endif
 
-bool CpuHasAvx2Fma() {
-#if FLATSHARD_HAVE_AVX2_FMA
-  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  return has;
-#else
-  return false;
-#endif
-}
-
-bool UseAvx2Fma(OptimizerIsa isa) {
-  return isa == OptimizerIsa::kAvx2Fma || (isa == OptimizerIsa::kBest && CpuHasAvx2Fma());
-}
-
 // Calls fn(std::bool_constant<flags[0]>{}, ...): the step's runtime flags
 // turned into template arguments, one instantiation per combination.
 template <size_t N, typename Fn>
@@ -123,12 +110,8 @@ void Dispatch(const bool (&flags)[N], Fn&& fn) {
 
 }  // namespace
 
-bool OptimizerIsaSupported(OptimizerIsa isa) {
-  return isa != OptimizerIsa::kAvx2Fma || CpuHasAvx2Fma();
-}
-
 void SgdStep(const SgdCoefficients& c, float* params, const float* grads, float* momentum,
-             size_t count, OptimizerIsa isa) {
+             size_t count, HostIsa isa) {
   const bool avx2 = UseAvx2Fma(isa);
   const bool flags[] = {c.maximize, c.weight_decay, c.momentum && momentum != nullptr,
                         c.first_momentum_step, c.nesterov};
@@ -145,7 +128,7 @@ void SgdStep(const SgdCoefficients& c, float* params, const float* grads, float*
 }
 
 void AdamStep(const AdamCoefficients& c, float* params, const float* grads, float* exp_avg,
-              float* exp_avg_sq, float* max_exp_avg_sq, size_t count, OptimizerIsa isa) {
+              float* exp_avg_sq, float* max_exp_avg_sq, size_t count, HostIsa isa) {
   const bool avx2 = UseAvx2Fma(isa);
   const bool flags[] = {c.maximize, c.decoupled, c.l2, c.amsgrad && max_exp_avg_sq != nullptr};
   Dispatch(flags, [&](auto... f) {

@@ -16,28 +16,17 @@
 #include <cstddef>
 
 #include "core/optimizer_update.h"
+#include "worker/device/host/host_isa.h"
 
 namespace flatshard::host_kernels {
 
-// Which compiled copy runs: the best one this CPU supports, or one named (for
-// the tests that compare them and the benchmark).
-enum class OptimizerIsa {
-  kBest,
-  kPortable,  // the baseline x86-64 / any architecture build
-  kAvx2Fma,   // x86-64 with AVX2 and FMA
-};
-
-// True if `isa` can run on this CPU (kBest and kPortable always can).
-bool OptimizerIsaSupported(OptimizerIsa isa);
-
 // `momentum` is null without momentum.
 void SgdStep(const SgdCoefficients& c, float* params, const float* grads, float* momentum,
-             size_t count, OptimizerIsa isa = OptimizerIsa::kBest);
+             size_t count, HostIsa isa = HostIsa::kBest);
 
 // `max_exp_avg_sq` is null without amsgrad.
 void AdamStep(const AdamCoefficients& c, float* params, const float* grads, float* exp_avg,
-              float* exp_avg_sq, float* max_exp_avg_sq, size_t count,
-              OptimizerIsa isa = OptimizerIsa::kBest);
+              float* exp_avg_sq, float* max_exp_avg_sq, size_t count, HostIsa isa = HostIsa::kBest);
 
 }  // namespace flatshard::host_kernels
 
