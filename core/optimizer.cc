@@ -151,14 +151,6 @@ absl::Status OptimizerState::SetState(absl::string_view name, std::vector<float>
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<float>> OptimizerState::TakeState(absl::string_view name) {
-  RETURN_IF_ERROR(std::as_const(*this).State(name).status());
-  std::optional<std::vector<float>>& slot = tensors_[*IndexOf(name)];
-  std::vector<float> values = *std::move(slot);
-  slot.reset();
-  return values;
-}
-
 absl::Status OptimizerState::CheckSettable(absl::string_view name, size_t size) const {
   const std::optional<size_t> index = IndexOf(name);
   if (!index.has_value()) {

@@ -123,8 +123,6 @@ class OptimizerState {
   absl::Status SetState(absl::string_view name, std::span<const float> values);
   // The same, taking `values` over without a copy.
   absl::Status SetState(absl::string_view name, std::vector<float>&& values);
-  // Moves a present tensor out (it is absent afterwards); NotFound as State.
-  absl::StatusOr<std::vector<float>> TakeState(absl::string_view name);
 
   // Back to a fresh optimizer's state (no tensors, step 0), before a checkpoint
   // that may hold fewer states replaces it.

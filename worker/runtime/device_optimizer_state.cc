@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 #include "core/status_macros.h"
 
@@ -83,6 +84,18 @@ absl::StatusOr<std::unique_ptr<OptimizerState>> DeviceOptimizerState::ToHost() c
   }
   state->set_step(step_);
   return state;
+}
+
+absl::StatusOr<PinnedBuffer> DeviceOptimizerState::CopyToPinned(const std::string& name) const {
+  auto it = tensors_.find(name);
+  if (it == tensors_.end()) {
+    return absl::NotFoundError(absl::StrCat("no optimizer state '", name,
+                                            "'; present: ", absl::StrJoin(StateNames(), ", ")));
+  }
+  ASSIGN_OR_RETURN(PinnedBuffer pinned, device_->AllocatePinned(size_ * sizeof(float)));
+  RETURN_IF_ERROR(stream_->CopyToHost(pinned.copy_target(), it->second.byte_span()));
+  RETURN_IF_ERROR(stream_->Synchronize());
+  return pinned;
 }
 
 absl::Status DeviceOptimizerState::FromHost(const OptimizerState& state) {

@@ -159,6 +159,13 @@ absl::StatusOr<std::vector<float>> FlatParamUnit::ReadShard() const {
   return ReadToHost(shard_.span<const float>());
 }
 
+absl::StatusOr<PinnedBuffer> FlatParamUnit::CopyShardToPinned() const {
+  ASSIGN_OR_RETURN(PinnedBuffer pinned, p_.device->AllocatePinned(shard_.bytes()));
+  RETURN_IF_ERROR(p_.compute->CopyToHost(pinned.copy_target(), shard_.byte_span()));
+  RETURN_IF_ERROR(p_.compute->Synchronize());
+  return pinned;
+}
+
 absl::StatusOr<std::vector<float>> FlatParamUnit::ReadGradShard() const {
   if (!grad_shard_.allocated()) return std::vector<float>();
   return ReadToHost(grad_shard_.span<const float>());

@@ -104,6 +104,8 @@ class FlatParamUnit {
 
   // ---- host views (compute stream; the streams must be idle)
   absl::StatusOr<std::vector<float>> ReadShard() const;
+  // The master shard copied once into pinned host memory (waits for the copy).
+  absl::StatusOr<PinnedBuffer> CopyShardToPinned() const;
   absl::Status WriteShard(std::span<const float> values);
   // The grad shard's values, or empty when there is none.
   absl::StatusOr<std::vector<float>> ReadGradShard() const;

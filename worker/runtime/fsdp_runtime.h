@@ -165,6 +165,13 @@ class FsdpRuntime : public compute::ParamResolver, public compute::ModuleHooks {
   std::vector<std::string> OptimizerStateNames(size_t unit) const {
     return optim_states_[unit]->StateNames();
   }
+  double OptimizerStep(size_t unit) const { return optim_states_[unit]->step(); }
+  // One state tensor of unit `unit` in pinned host memory, copied once (async
+  // save snapshots). The streams must be idle.
+  absl::StatusOr<PinnedBuffer> CopyOptimizerStateToPinned(size_t unit,
+                                                          const std::string& name) const {
+    return optim_states_[unit]->CopyToPinned(name);
+  }
 
   // compute::ParamResolver
   compute::ParamSlot Resolve(int param_index) override;

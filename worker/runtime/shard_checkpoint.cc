@@ -271,7 +271,7 @@ class SnapshotSource : public SaveSource {
     if (it == snapshot_.units[u].states.end()) {
       return absl::NotFoundError(absl::StrCat("no optimizer state '", name, "' in the snapshot"));
     }
-    return std::span<const float>(it->second);
+    return it->second;
   }
   std::vector<std::string> StateNames(size_t u) const override {
     return snapshot_.units[u].state_order;
@@ -455,19 +455,27 @@ absl::StatusOr<ShardSnapshot> SnapshotShardCheckpoint(FsdpRuntime& runtime,
   snapshot.plan = std::make_shared<const SavePlan>(std::move(plan));
   snapshot.comm = runtime.checkpoint_comm();
   snapshot.file_system = runtime.options().file_system;
-  // Copies through pinned host memory: the streams must be idle.
+  // One copy of each buffer into pinned host memory the snapshot keeps (the
+  // device's block cache hands the same blocks back save after save, so no
+  // page is faulted in while training waits): the streams must be idle.
   RETURN_IF_ERROR(runtime.SynchronizeStreams());
+  auto keep = [](ShardSnapshot::Unit& unit,
+                 PinnedBuffer buffer) -> absl::StatusOr<std::span<const float>> {
+    ASSIGN_OR_RETURN(std::span<const float> values, std::as_const(buffer).Read<float>());
+    unit.storage.push_back(std::move(buffer));
+    return values;
+  };
   for (size_t u = 0; u < runtime.units().size(); ++u) {
     const FlatParamUnit& unit = *runtime.units()[u];
-    ASSIGN_OR_RETURN(std::unique_ptr<OptimizerState> optim, runtime.ReadOptimizerState(u));
     ShardSnapshot::Unit copy;
-    ASSIGN_OR_RETURN(copy.shard, unit.ReadShard());
-    copy.state_order = optim->StateNames();
+    ASSIGN_OR_RETURN(PinnedBuffer shard, unit.CopyShardToPinned());
+    ASSIGN_OR_RETURN(copy.shard, keep(copy, std::move(shard)));
+    copy.state_order = runtime.OptimizerStateNames(u);
     for (const std::string& name : copy.state_order) {
-      // The host copy is already ours: moved, not copied again.
-      ASSIGN_OR_RETURN(copy.states[name], optim->TakeState(name));
+      ASSIGN_OR_RETURN(PinnedBuffer state, runtime.CopyOptimizerStateToPinned(u, name));
+      ASSIGN_OR_RETURN(copy.states[name], keep(copy, std::move(state)));
     }
-    copy.step = static_cast<float>(optim->step());
+    copy.step = static_cast<float>(runtime.OptimizerStep(u));
     copy.numel = unit.layout().unpadded_unsharded_numel();
     copy.sharded = unit.sharded();
     snapshot.units.push_back(std::move(copy));

@@ -17,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -42,16 +43,19 @@ absl::StatusOr<ShardSaveResult> SaveShardCheckpoint(FsdpRuntime& runtime, const 
                                                     v1::StateDictType type);
 
 // A save's snapshot: host copies of this rank's shards and optimizer state
-// (device-to-host copies through pinned memory, no collectives) and the plan of
-// the files to write. An async save's background writer gathers from the
-// copies over the runtime's checkpoint communicator, its own Gloo context, so
-// training's collectives go on meanwhile and no device communicator is used
-// from a second thread; a synchronous save gathers over the host shard group.
+// (one device-to-host copy each, into pinned memory the snapshot keeps; no
+// collectives) and the plan of the files to write. An async save's background writer gathers from
+// the copies over the runtime's checkpoint communicator, its own Gloo context, so training's
+// collectives go on meanwhile and no device communicator is used from a second thread; a
+// synchronous save gathers over the host shard group.
 struct SavePlan;
 struct ShardSnapshot {
   struct Unit {
-    std::vector<float> shard;
-    std::map<std::string, std::vector<float>> states;
+    // Views of `storage`, which owns the pinned copies (moving a buffer keeps
+    // its memory where it is, so the views stay valid as the snapshot moves).
+    std::span<const float> shard;
+    std::map<std::string, std::span<const float>> states;
+    std::vector<PinnedBuffer> storage;
     std::vector<std::string> state_order;  // torch's order, as the optimizer lists them
     float step = 0;
     int64_t numel = 0;  // N, the unpadded flat size
