@@ -28,7 +28,9 @@ struct WorkerServiceImpl::ActiveJob {
   std::unique_ptr<compute::DataSource> data;
   std::unique_ptr<FsdpRuntime> runtime;
   std::unique_ptr<BatchExecutor> executor;
-  // Last: its destructor waits for writes in flight, which use nothing above.
+  // Last, so destroyed first: its destructor waits for writes in flight,
+  // whose snapshots hold the runtime's checkpoint communicator and pinned
+  // memory of its device.
   BackgroundSaves saves;
 };
 
