@@ -2,7 +2,8 @@
 // stall of async save against sync save (issue #5).
 //
 // 1. The disk, in the same run: sequential write of --disk-mib in 4 MiB
-//    appends + fsync through the checkpoint writers' file interface, then a warm and a cold (pages evicted) sequential read.
+//    appends + fsync through the checkpoint writers' file interface, then a
+//    warm and a cold (pages evicted) sequential read.
 // 2. A real local cluster (coordinator + W worker daemons) training a
 //    ~34M-parameter MLP (AdamW: ~400 MB of model and optimizer state). For each
 //    state-dict type: synchronous save (files written, fsynced, committed) and
