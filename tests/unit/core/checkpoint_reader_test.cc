@@ -26,7 +26,7 @@ using ::testing::HasSubstr;
 // A SHARDED checkpoint of one [4, 2] parameter and its exp_avg, saved by
 // `world` ranks (each writes its rows and state), committed with a manifest.
 std::string WriteCheckpoint(const std::string& name, int world) {
-  const std::string dir = absl::StrCat(::testing::TempDir(), "/checkpoint-reader-", name);
+  std::string dir = absl::StrCat(::testing::TempDir(), "/checkpoint-reader-", name);
   fs::remove_all(dir);
   fs::create_directories(dir);
   CheckpointManifest m;

@@ -5,8 +5,9 @@
 // value (zeros, infinities, NaN, overflow of e^2u).
 #include "worker/device/host/host_gelu_kernels.h"
 
+#include <bit>
 #include <cmath>
-#include <cstring>
+#include <cstdint>
 #include <limits>
 #include <random>
 #include <vector>
@@ -33,7 +34,7 @@ std::vector<float> Inputs() {
   return x;
 }
 
-bool SameBits(float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0; }
+bool SameBits(float a, float b) { return std::bit_cast<uint32_t>(a) == std::bit_cast<uint32_t>(b); }
 
 TEST(HostGeluKernelsTest, PortableCopyIsTheElementFormulaBitForBit) {
   const std::vector<float> x = Inputs();
