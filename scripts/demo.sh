@@ -46,19 +46,12 @@ echo "== flatshard up: a coordinator, 4 workers and Prometheus, then the job fro
 export OPENBLAS_NUM_THREADS=1
 tls=()
 [[ ${FLATSHARD_DEMO_TLS:-1} == 1 ]] && tls=(--tls)
-"$bin" up "${tls[@]}" --workers 4 --listen 127.0.0.1:0 --job examples/gpt-job.yaml \
-  --data-dir "$out/data" --address-file "$out/coordinator" --checkpoint-dir "$out/checkpoints" \
-  --prometheus --prometheus-listen 127.0.0.1:0 --scrape-interval 1 >"$out/up.log" 2>&1 &
-up_pid=$!
-trap 'kill -TERM $up_pid 2>/dev/null || true; wait $up_pid 2>/dev/null || true' EXIT
-# `up` writes the address file once every worker is up and the job is READY.
-for _ in $(seq 1200); do
-  [[ -s "$out/coordinator" ]] && break
-  kill -0 "$up_pid" 2>/dev/null || { cat "$out/up.log"; exit 1; }
-  sleep 0.1
-done
-[[ -s "$out/coordinator" ]] || { echo "flatshard up did not come up; see $out/up.log"; exit 1; }
-addr=$(cat "$out/coordinator")
+# shellcheck source=scripts/lib/flatshard_up.sh
+source scripts/lib/flatshard_up.sh
+# Sets $up and $addr once every worker is up and the job is READY.
+start_flatshard_up "$bin" "$out" "${tls[@]}" --workers 4 --job examples/gpt-job.yaml \
+  --data-dir "$out/data" --checkpoint-dir "$out/checkpoints" \
+  --prometheus --prometheus-listen 127.0.0.1:0 --scrape-interval 1
 if ((${#tls[@]})); then
   # The admin client's certificate and token, as `up` printed them.
   security=$out/checkpoints/.security
@@ -147,8 +140,8 @@ PY
 done
 echo
 
-kill -TERM "$up_pid"
-wait "$up_pid" || true
+kill -TERM "$up"
+wait "$up" || true
 trap - EXIT
 grep -A2 'stopping the cluster' "$out/up.log" | sed 's/^/  /' || true
 if ((${#tls[@]})); then

@@ -14,8 +14,8 @@ venv=$(bash "$src/scripts/python-env.sh" "$src/client/python/requirements-test.t
   || { echo "could not make the Python venv (PyPI unreachable?): skipped"; exit 77; }
 py=$venv/bin/python
 fail() { echo "FAIL: $*" >&2; exit 1; }
-# shellcheck source=tests/lib/flatshard_up.sh
-source "$src/tests/lib/flatshard_up.sh"
+# shellcheck source=scripts/lib/flatshard_up.sh
+source "$src/scripts/lib/flatshard_up.sh"
 
 # expect CODE PATTERN -- ARGS...: exit code and a pattern in the output.
 expect() {

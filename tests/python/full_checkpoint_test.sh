@@ -8,8 +8,8 @@ set -euo pipefail
 bin=$1 src=$2 work=$3
 rm -rf "$work/run" && mkdir -p "$work/run"
 run=$work/run
-# shellcheck source=tests/lib/flatshard_up.sh
-source "$src/tests/lib/flatshard_up.sh"
+# shellcheck source=scripts/lib/flatshard_up.sh
+source "$src/scripts/lib/flatshard_up.sh"
 
 command -v python3 >/dev/null || { echo "python3 not found: skipped"; exit 77; }
 venv=$work/pyenv

@@ -146,10 +146,15 @@ absl::Status FlatParamUnit::ReduceGrad() {
 
 void FlatParamUnit::ClearGradShard() { grad_shard_.Release(*p_.compute); }
 
-absl::StatusOr<std::vector<float>> FlatParamUnit::ReadToHost(DeviceSpan<const float> values) const {
-  ASSIGN_OR_RETURN(PinnedBuffer staging, p_.device->AllocatePinned(values.size_bytes()));
-  RETURN_IF_ERROR(p_.compute->CopyToHost(staging.copy_target(), AsBytes(values)));
+absl::StatusOr<PinnedBuffer> FlatParamUnit::CopyToPinned(DeviceSpan<const float> values) const {
+  ASSIGN_OR_RETURN(PinnedBuffer pinned, p_.device->AllocatePinned(values.size_bytes()));
+  RETURN_IF_ERROR(p_.compute->CopyToHost(pinned.copy_target(), AsBytes(values)));
   RETURN_IF_ERROR(p_.compute->Synchronize());
+  return pinned;
+}
+
+absl::StatusOr<std::vector<float>> FlatParamUnit::ReadToHost(DeviceSpan<const float> values) const {
+  ASSIGN_OR_RETURN(PinnedBuffer staging, CopyToPinned(values));
   ASSIGN_OR_RETURN(std::span<const float> host, std::as_const(staging).Read<float>());
   return std::vector<float>(host.begin(),
                             host.begin() + static_cast<std::ptrdiff_t>(values.size()));
@@ -160,10 +165,7 @@ absl::StatusOr<std::vector<float>> FlatParamUnit::ReadShard() const {
 }
 
 absl::StatusOr<PinnedBuffer> FlatParamUnit::CopyShardToPinned() const {
-  ASSIGN_OR_RETURN(PinnedBuffer pinned, p_.device->AllocatePinned(shard_.bytes()));
-  RETURN_IF_ERROR(p_.compute->CopyToHost(pinned.copy_target(), shard_.byte_span()));
-  RETURN_IF_ERROR(p_.compute->Synchronize());
-  return pinned;
+  return CopyToPinned(shard_.span<const float>());
 }
 
 absl::StatusOr<std::vector<float>> FlatParamUnit::ReadGradShard() const {

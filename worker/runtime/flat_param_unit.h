@@ -129,6 +129,8 @@ class FlatParamUnit {
       : config_(std::move(config)), p_(placement) {}
 
   absl::StatusOr<DeviceBuffer> Allocate(size_t bytes, Stream& stream, MemoryKind kind) const;
+  // `values` copied into pinned host memory (waits for the copy).
+  absl::StatusOr<PinnedBuffer> CopyToPinned(DeviceSpan<const float> values) const;
   absl::StatusOr<std::vector<float>> ReadToHost(DeviceSpan<const float> values) const;
 
   UnitRuntimeConfig config_;

@@ -1,9 +1,9 @@
 # shellcheck shell=bash
-# Sourced by the shell tests that need a local cluster.
+# Sourced by scripts/demo.sh and the shell tests that need a local cluster.
 #
 #   start_flatshard_up FLATSHARD DIR [ARGS...]
 # runs `FLATSHARD up --listen 127.0.0.1:0 --address-file DIR/coordinator
-# ARGS...` in the background (log: DIR/up.log), stops it when the test exits,
+# ARGS...` in the background (log: DIR/up.log), stops it when the shell exits,
 # and waits for the address file, which `up` writes once the job is READY:
 # bounded (120 s), and failing at once with the log if `up` exits first. Sets
 # $up (its pid) and $addr (the coordinator's address).
