@@ -88,8 +88,9 @@ TEST(SimDeviceOrderingTest, ADroppedGatherWaitIsCaught) {
 
 TEST(SimDeviceOrderingTest, ADroppedBackwardWaitIsCaught) {
   for (const std::string& error : Train(Dropped::kBackward)) {
-    // The reduction reads the unsharded gradient the backward is writing.
-    EXPECT_THAT(error, AllOf(HasSubstr("PrepareGradForReduce on stream 'comm' reads buffer"),
+    // The reduction (one fused operation on the host collectives) reads the
+    // unsharded gradient the backward is writing.
+    EXPECT_THAT(error, AllOf(HasSubstr("ReduceGradient on stream 'comm' reads buffer"),
                              HasSubstr("on stream 'compute'"),
                              HasSubstr("without waiting for an event recorded after it")));
   }

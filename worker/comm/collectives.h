@@ -29,6 +29,28 @@
 
 namespace flatshard {
 
+// One unit's gradient reduction (docs/fsdp-semantics.md §3.2) as one
+// collective over a sharded group: the unpadded fp32 gradient is cast to the
+// reduce dtype, divided by pre_divide and padded with zeros to size()*count
+// elements, reduce-scattered, and this rank's reduced chunk divided by
+// post_divide and added to the fp32 gradient shard, element for element what
+// Stream::PrepareGradForReduce, ReduceScatterInPlace and
+// Stream::AccumulateReducedGrad compute.
+struct GradientReduction {
+  DeviceSpan<const float> grad;  // the unsharded gradient, at most size()*count elements
+  DType reduce_dtype = DType::kFloat32;
+  double pre_divide = 1.0;
+  double post_divide = 1.0;
+  DeviceSpan<std::byte> work;    // size()*count elements of reduce_dtype, scratch
+  size_t count = 0;              // the shard's elements
+  DeviceSpan<float> grad_shard;  // count elements, accumulated into
+  // false when grad_shard was just allocated and holds nothing: it is then
+  // written with what accumulating into zeros gives, without being zeroed
+  // and read first. On failure its contents are unspecified (a failed
+  // collective ends the runtime; the next epoch configures a new one).
+  bool accumulate = true;
+};
+
 class Collectives {
  public:
   virtual ~Collectives() = default;
@@ -48,6 +70,10 @@ class Collectives {
   // SUM and the other chunks are scratch.
   virtual absl::Status ReduceScatterInPlace(Stream& stream, DeviceSpan<std::byte> buffer,
                                             size_t count, DType dtype) = 0;
+  // GradientReduction above, enqueued on `stream`. This default issues the
+  // three steps (two kernels around the in-place reduce-scatter); the host
+  // collectives fold the kernels' element passes into their ring.
+  virtual absl::Status ReduceGradient(Stream& stream, const GradientReduction& r);
   // In place over `count` elements.
   virtual absl::Status AllReduce(Stream& stream, DeviceSpan<std::byte> buffer, size_t count,
                                  DType dtype, ReduceOp op) = 0;
@@ -67,6 +93,11 @@ class Collectives {
 // `out_count` elements of `dtype`: shared by the implementations.
 absl::Status CheckCollectiveSizes(absl::string_view op, size_t input_bytes, size_t in_count,
                                   size_t output_bytes, size_t out_count, DType dtype);
+
+// INVALID_ARGUMENT naming the field unless `r` is a reduction over a group of
+// `group_size` ranks: a gradient dtype, a gradient no longer than the padded
+// input, a work buffer that holds it, and a shard of `count` elements.
+absl::Status CheckGradientReduction(const GradientReduction& r, int group_size);
 
 }  // namespace flatshard
 

@@ -28,6 +28,38 @@ namespace flatshard {
 
 enum class ReduceOp { kSum, kMax };
 
+// The input and output of Communicator::ReduceScatterChunked, chunk by chunk:
+// the caller writes each chunk of the input where the collective first touches
+// it and takes this rank's reduced chunk as the collective completes it, so
+// its own element passes (FSDP's cast, pre-divide and pad before the
+// reduction, post-divide and accumulate after it; docs/fsdp-semantics.md §3.2)
+// ride on the collective's reads of those bytes instead of sweeping the whole
+// buffer before and after it. Elements are [begin, begin + n) of chunk
+// `chunk`, each chunk `count` elements of the collective's dtype. Called on the
+// collective's thread; none may fail (the caller validated its buffers).
+class ReduceScatterChunks {
+ public:
+  virtual ~ReduceScatterChunks() = default;
+  // Chunk `chunk` of the input as bytes the collective may send unchanged
+  // (count elements of the collective's dtype, in the caller's memory), or
+  // null to have Produce write it. A chunk sent so reaches its receiver's
+  // ProduceAndAdd with `received_raw` set, and that finishes what Produce
+  // would have done to it (FSDP's pre-divide, an exact per-element operation
+  // either side can apply): the first send then reads the caller's gradient
+  // instead of a copy of it. Every rank must answer alike for a chunk.
+  virtual const std::byte* RawChunk(size_t /*chunk*/) { return nullptr; }
+  // out = the input's elements.
+  virtual void Produce(size_t chunk, size_t begin, size_t n, std::byte* out) = 0;
+  // out = the input's elements + received, as ReduceElements sums them (this
+  // rank's value first; 16-bit types round after the addition). With
+  // `received_raw`, `received` is the sending rank's RawChunk, not yet
+  // produced.
+  virtual void ProduceAndAdd(size_t chunk, size_t begin, size_t n, const std::byte* received,
+                             bool received_raw, std::byte* out) = 0;
+  // Elements [begin, begin + n) of this rank's reduced chunk.
+  virtual void Consume(size_t begin, size_t n, const std::byte* reduced) = 0;
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -51,6 +83,14 @@ class Communicator {
   // scratch (unspecified). For a caller whose input is scratch anyway (FSDP's
   // padded gradient), it saves the out-of-place form's working copy.
   virtual absl::Status ReduceScatterInPlace(void* buffer, size_t count, DType dtype) = 0;
+
+  // ReduceScatterInPlace of an input `chunks` produces, whose reduced chunk
+  // `chunks` consumes (ReduceScatterChunks above). `work` holds size()*count
+  // elements of scratch. This default produces every chunk, reduce-scatters
+  // in place and consumes this rank's chunk; a ring folds the producing into
+  // the first touch of each chunk and the consuming into its last reduction.
+  virtual absl::Status ReduceScatterChunked(ReduceScatterChunks& chunks, void* work, size_t count,
+                                            DType dtype);
 
   // In place over `count` elements.
   virtual absl::Status AllReduce(void* buffer, size_t count, DType dtype, ReduceOp op) = 0;

@@ -50,6 +50,8 @@ class GlooCommunicator : public Communicator {
   absl::Status AllGather(const void* input, void* output, size_t count, DType dtype) override;
   absl::Status ReduceScatter(const void* input, void* output, size_t count, DType dtype) override;
   absl::Status ReduceScatterInPlace(void* buffer, size_t count, DType dtype) override;
+  absl::Status ReduceScatterChunked(ReduceScatterChunks& chunks, void* work, size_t count,
+                                    DType dtype) override;
   absl::Status AllReduce(void* buffer, size_t count, DType dtype, ReduceOp op) override;
   absl::Status Broadcast(void* buffer, size_t count, DType dtype, int root) override;
   absl::Status Gather(const void* input, void* output, size_t count, DType dtype,
@@ -73,7 +75,10 @@ class GlooCommunicator : public Communicator {
   void ClosePairs();
 
   // The ring algorithms; they throw (Gloo does) and run inside a Guard.
-  void RingReduceScatterInPlace(std::byte* data, size_t count, DType dtype, ReduceOp op);
+  // With `chunks` set, the input is produced and the result consumed as the
+  // ring goes (Communicator::ReduceScatterChunked); op is then kSum.
+  void RingReduceScatterInPlace(std::byte* data, size_t count, DType dtype, ReduceOp op,
+                                ReduceScatterChunks* chunks = nullptr);
   void RingAllGatherInPlace(std::byte* data, size_t chunk_bytes);
 
   std::shared_ptr<Store> store_;

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 
 #include "core/status_macros.h"
+#include "worker/comm/gradient_chunks.h"
 #include "worker/device/host/host_exec_stream.h"
 
 namespace flatshard {
@@ -21,17 +22,6 @@ absl::StatusOr<HostExecStream*> HostStream(Stream& stream, absl::string_view op)
 }
 
 }  // namespace
-
-absl::Status CheckCollectiveSizes(absl::string_view op, size_t input_bytes, size_t in_count,
-                                  size_t output_bytes, size_t out_count, DType dtype) {
-  const size_t element = DTypeSize(dtype);
-  if (input_bytes < in_count * element || output_bytes < out_count * element) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(op, ": buffers of ", input_bytes, " and ", output_bytes, " bytes cannot hold ",
-                     in_count, " and ", out_count, " ", DTypeName(dtype), " elements"));
-  }
-  return absl::OkStatus();
-}
 
 HostCollectives::HostCollectives(std::unique_ptr<Communicator> owned)
     : comm_(owned.get()), owned_(std::move(owned)) {}
@@ -83,6 +73,25 @@ absl::Status HostCollectives::ReduceScatterInPlace(Stream& stream, DeviceSpan<st
   return host->Submit("ReduceScatterInPlace", {WriteOf(buffer.first(total * DTypeSize(dtype)))},
                       [comm, count, dtype](const ResolvedAccesses& r) {
                         return comm->ReduceScatterInPlace(r.get<void>(0), count, dtype);
+                      });
+}
+
+absl::Status HostCollectives::ReduceGradient(Stream& stream, const GradientReduction& r) {
+  ASSIGN_OR_RETURN(HostExecStream * host, HostStream(stream, "ReduceGradient"));
+  RETURN_IF_ERROR(CheckGradientReduction(r, size()));
+  const size_t total = r.count * static_cast<size_t>(size());
+  Communicator* comm = comm_;
+  GradientChunksSpec spec{nullptr,      r.grad.size(), r.count, r.reduce_dtype,
+                          r.pre_divide, r.post_divide, nullptr, r.accumulate};
+  return host->Submit("ReduceGradient",
+                      {ReadOf(r.grad), WriteOf(r.work.first(total * DTypeSize(r.reduce_dtype))),
+                       WriteOf(r.grad_shard)},
+                      [comm, spec](const ResolvedAccesses& resolved) mutable {
+                        spec.grad = resolved.get<const float>(0);
+                        spec.grad_shard = resolved.get<float>(2);
+                        std::unique_ptr<ReduceScatterChunks> chunks = MakeGradientChunks(spec);
+                        return comm->ReduceScatterChunked(*chunks, resolved.get<void>(1),
+                                                          spec.count, spec.reduce_dtype);
                       });
 }
 

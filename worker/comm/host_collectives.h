@@ -31,6 +31,10 @@ class HostCollectives : public Collectives {
                              DeviceSpan<std::byte> output, size_t count, DType dtype) override;
   absl::Status ReduceScatterInPlace(Stream& stream, DeviceSpan<std::byte> buffer, size_t count,
                                     DType dtype) override;
+  // One operation on `stream`: the ring produces each chunk of the padded
+  // gradient where it first reads it and accumulates this rank's chunk as it
+  // completes it (Communicator::ReduceScatterChunked, gradient_chunks.h).
+  absl::Status ReduceGradient(Stream& stream, const GradientReduction& r) override;
   absl::Status AllReduce(Stream& stream, DeviceSpan<std::byte> buffer, size_t count, DType dtype,
                          ReduceOp op) override;
   absl::Status Broadcast(Stream& stream, DeviceSpan<std::byte> buffer, size_t count, DType dtype,

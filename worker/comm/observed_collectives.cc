@@ -66,6 +66,13 @@ absl::Status ObservedCollectives::ReduceScatterInPlace(Stream& stream, DeviceSpa
                [&] { return inner_->ReduceScatterInPlace(stream, buffer, count, dtype); });
 }
 
+absl::Status ObservedCollectives::ReduceGradient(Stream& stream, const GradientReduction& r) {
+  const int n = size();
+  return Timed(stream, CollectiveOp::kReduceScatter,
+               static_cast<int64_t>(r.count * DTypeSize(r.reduce_dtype)) * n,
+               static_cast<double>(n - 1) / n, [&] { return inner_->ReduceGradient(stream, r); });
+}
+
 absl::Status ObservedCollectives::AllReduce(Stream& stream, DeviceSpan<std::byte> buffer,
                                             size_t count, DType dtype, ReduceOp op) {
   const int n = size();

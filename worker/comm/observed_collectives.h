@@ -32,6 +32,9 @@ class ObservedCollectives final : public Collectives {
                              DeviceSpan<std::byte> output, size_t count, DType dtype) override;
   absl::Status ReduceScatterInPlace(Stream& stream, DeviceSpan<std::byte> buffer, size_t count,
                                     DType dtype) override;
+  // The inner group's reduction (fused where it fuses), observed as the
+  // reduce-scatter of its padded input.
+  absl::Status ReduceGradient(Stream& stream, const GradientReduction& r) override;
   absl::Status AllReduce(Stream& stream, DeviceSpan<std::byte> buffer, size_t count, DType dtype,
                          ReduceOp op) override;
   absl::Status Broadcast(Stream& stream, DeviceSpan<std::byte> buffer, size_t count, DType dtype,

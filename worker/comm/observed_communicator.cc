@@ -45,6 +45,14 @@ absl::Status ObservedCommunicator::ReduceScatterInPlace(void* buffer, size_t cou
                [&] { return inner_->ReduceScatterInPlace(buffer, count, dtype); });
 }
 
+absl::Status ObservedCommunicator::ReduceScatterChunked(ReduceScatterChunks& chunks, void* work,
+                                                        size_t count, DType dtype) {
+  const int n = size();
+  return Timed(CollectiveOp::kReduceScatter, static_cast<int64_t>(count * DTypeSize(dtype)) * n,
+               static_cast<double>(n - 1) / n,
+               [&] { return inner_->ReduceScatterChunked(chunks, work, count, dtype); });
+}
+
 absl::Status ObservedCommunicator::AllReduce(void* buffer, size_t count, DType dtype, ReduceOp op) {
   const int n = size();
   return Timed(CollectiveOp::kAllReduce, static_cast<int64_t>(count * DTypeSize(dtype)),

@@ -25,6 +25,8 @@ class ObservedCommunicator final : public Communicator {
   absl::Status AllGather(const void* input, void* output, size_t count, DType dtype) override;
   absl::Status ReduceScatter(const void* input, void* output, size_t count, DType dtype) override;
   absl::Status ReduceScatterInPlace(void* buffer, size_t count, DType dtype) override;
+  absl::Status ReduceScatterChunked(ReduceScatterChunks& chunks, void* work, size_t count,
+                                    DType dtype) override;
   absl::Status AllReduce(void* buffer, size_t count, DType dtype, ReduceOp op) override;
   absl::Status Gather(const void* input, void* output, size_t count, DType dtype,
                       int root) override;

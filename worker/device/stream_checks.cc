@@ -5,11 +5,12 @@
 #include "core/status_macros.h"
 
 namespace flatshard::stream_checks {
-namespace {
 
 bool IsGradientDtype(DType dtype) {
   return dtype == DType::kFloat32 || dtype == DType::kBFloat16 || dtype == DType::kFloat16;
 }
+
+namespace {
 
 // Elements a row-major [rows, cols] operand with row stride `ld` spans.
 int64_t Extent(int64_t rows, int64_t cols, int64_t ld) {

@@ -15,6 +15,9 @@
 
 namespace flatshard::stream_checks {
 
+// The dtypes gradients are reduced in: float32, bfloat16, float16.
+bool IsGradientDtype(DType dtype);
+
 // INVALID_ARGUMENT "<op>: <problem>" unless `ok`.
 absl::Status Check(bool ok, absl::string_view op, absl::string_view problem);
 

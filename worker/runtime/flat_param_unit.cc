@@ -113,31 +113,43 @@ absl::Status FlatParamUnit::ReduceGrad() {
   const size_t es = DTypeSize(reduce_dtype);
   const size_t s = shard_.bytes() / sizeof(float);
   const size_t world = sharded() ? AsSize(layout().world_size()) : 1;
+  const bool first_grad = !grad_shard_.allocated();
+  if (first_grad) {
+    ASSIGN_OR_RETURN(grad_shard_, Allocate(s * sizeof(float), comm, MemoryKind::kGradients));
+  }
   // docs/fsdp-semantics.md §3.2: pad to S*W in the reduce dtype (zeros past N),
-  // divide by pre.
+  // divide by pre, reduce, divide by post, cast to the parameter's dtype and
+  // add (_accumulate_sharded_grad).
   ASSIGN_OR_RETURN(DeviceBuffer padded, Allocate(s * world * es, comm, MemoryKind::kGradients));
+  if (sharded() && p_.replicate == nullptr) {
+    // One collective: the host ring folds the element passes into its own
+    // reads (HostCollectives::ReduceGradient), and reduce-scatters in place
+    // on the padded buffer (scratch after this) either way. A first
+    // gradient is written, not added to zeros.
+    RETURN_IF_ERROR(p_.shard->ReduceGradient(
+        comm, GradientReduction{unsharded_grad_.span<const float>(), reduce_dtype,
+                                config_.divide.pre, config_.divide.post, padded.byte_span(), s,
+                                grad_shard_.span<float>(), !first_grad}));
+    unsharded_grad_.Release(comm);
+    padded.Release(comm);
+    return absl::OkStatus();
+  }
   RETURN_IF_ERROR(comm.PrepareGradForReduce(unsharded_grad_.span<float>(), reduce_dtype,
                                             padded.byte_span(), s * world, config_.divide.pre));
   unsharded_grad_.Release(comm);
   // The reduced shard: this rank's chunk of the padded buffer.
   DeviceSpan<std::byte> reduced = padded.byte_span().first(s * es);
   if (sharded()) {
-    // In place on the padded buffer (it is scratch after this): no working
-    // copy of the S*W elements, no separate output.
+    // HYBRID_SHARD: reduce-scatter in place within the shard group, then
+    // all-reduce the shard across the replicas.
     RETURN_IF_ERROR(p_.shard->ReduceScatterInPlace(comm, padded.byte_span(), s, reduce_dtype));
     reduced = padded.byte_span().subspan(s * es * AsSize(p_.shard->rank()), s * es);
-    if (p_.replicate != nullptr) {
-      RETURN_IF_ERROR(p_.replicate->AllReduce(comm, reduced, s, reduce_dtype, ReduceOp::kSum));
-    }
+    RETURN_IF_ERROR(p_.replicate->AllReduce(comm, reduced, s, reduce_dtype, ReduceOp::kSum));
   } else {
     // §3.3: NO_SHARD all-reduces the whole gradient in place.
     RETURN_IF_ERROR(p_.shard->AllReduce(comm, padded.byte_span(), s, reduce_dtype, ReduceOp::kSum));
   }
-  // _accumulate_sharded_grad: post-divide, cast to the parameter's dtype and add.
-  if (!grad_shard_.allocated()) {
-    ASSIGN_OR_RETURN(grad_shard_, Allocate(s * sizeof(float), comm, MemoryKind::kGradients));
-    RETURN_IF_ERROR(comm.Zero(grad_shard_.byte_span()));
-  }
+  if (first_grad) RETURN_IF_ERROR(comm.Zero(grad_shard_.byte_span()));
   RETURN_IF_ERROR(comm.AccumulateReducedGrad(reduce_dtype, reduced, grad_shard_.span<float>(),
                                              config_.divide.post));
   padded.Release(comm);

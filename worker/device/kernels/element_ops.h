@@ -102,14 +102,28 @@ FLATSHARD_HOST_DEVICE inline void PrepareGradElement(const float* grad, size_t g
   out[i] = i < grad_count ? PrepareGradValue<D>(grad[i], pre_divide) : Element<D>::FromFloat(0.0f);
 }
 
-// §3.2 post-divide in the reduce dtype, then §3.5's accumulation into the fp32
-// gradient shard (_saved_grad_shard += grad.to(float32)).
+// §3.2 post-divide in the reduce dtype, as the float32 added to the gradient
+// shard.
+template <DType D, typename Div>
+FLATSHARD_HOST_DEVICE inline float PostDividedValue(typename Element<D>::Storage reduced,
+                                                    Div post_divide) {
+  return Element<D>::ToFloat(Element<D>::FromFloat(post_divide(Element<D>::ToFloat(reduced))));
+}
+
+// §3.5's accumulation into the fp32 gradient shard (_saved_grad_shard +=
+// grad.to(float32)).
 template <DType D, typename Div>
 FLATSHARD_HOST_DEVICE inline void AccumulateReducedElement(
     const typename Element<D>::Storage* reduced, float* acc, Div post_divide, size_t i) {
-  const float divided =
-      Element<D>::ToFloat(Element<D>::FromFloat(post_divide(Element<D>::ToFloat(reduced[i]))));
-  acc[i] += divided;
+  acc[i] += PostDividedValue<D>(reduced[i], post_divide);
+}
+
+// The same into a shard that holds nothing yet: what a zeroed shard would hold
+// after it (0 + x, which turns -0 into +0), without reading it.
+template <DType D, typename Div>
+FLATSHARD_HOST_DEVICE inline void AssignReducedElement(const typename Element<D>::Storage* reduced,
+                                                       float* acc, Div post_divide, size_t i) {
+  acc[i] = 0.0f + PostDividedValue<D>(reduced[i], post_divide);
 }
 
 // ---- activations

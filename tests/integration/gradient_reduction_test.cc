@@ -1,0 +1,348 @@
+// The fused gradient reduction (Collectives::ReduceGradient as the host
+// collectives run it: Communicator::ReduceScatterChunked over Gloo's ring with
+// the FSDP gradient's chunks, worker/comm/gradient_chunks.h) between real
+// processes. It must equal the three separate steps it replaces (prepare,
+// in-place reduce-scatter, accumulate: the default ReduceGradient) bit for bit
+// for every reduce dtype, divide factors that are and are not powers of two,
+// gradients that fill the padded input or leave padding (a chunk partly or
+// wholly past the gradient), a first gradient (written) and a later one
+// (accumulated), at W = 1..4; on the strict simulated device, which checks the
+// fused operation's declared reads and writes like a kernel's.
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <set>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+
+#include "core/float16.h"
+#include "tests/integration/multiprocess.h"
+#include "worker/comm/file_store.h"
+#include "worker/comm/gloo_communicator.h"
+#include "worker/comm/host_collectives.h"
+#include "worker/device/sim/sim_device.h"
+
+namespace flatshard {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::unique_ptr<GlooCommunicator> Connect(const std::string& dir, int rank, int world) {
+  auto store = FileStore::Open(dir);
+  if (!store.ok()) return nullptr;
+  GlooOptions options;
+  options.timeout = absl::Seconds(60);
+  auto comm = GlooCommunicator::Create(*store, rank, world, options);
+  return comm.ok() ? *std::move(comm) : nullptr;
+}
+
+// A gradient with what rounding and the divides must treat alike everywhere:
+// signed zeros, subnormals, values that round differently in bf16 and fp16,
+// large ones (fp16 overflow) and infinities.
+std::vector<float> Gradient(int rank, size_t n) {
+  std::vector<float> g(n);
+  for (size_t i = 0; i < n; ++i) {
+    const auto k = static_cast<float>((i * 7919 + static_cast<size_t>(rank) * 104729) % 2003);
+    switch (i % 11) {
+      case 0:
+        g[i] = (rank % 2 == 0) ? 0.0f : -0.0f;
+        break;
+      case 1:
+        g[i] = -0.0f;
+        break;
+      case 2:
+        g[i] = 1.0e-40f * k;  // subnormal
+        break;
+      case 3:
+        g[i] = 7.0e4f + k;  // past fp16's range
+        break;
+      case 4:
+        g[i] = (i % 3 == 0) ? std::numeric_limits<float>::infinity() : 1.0f;
+        break;
+      default:
+        g[i] = (k - 1000.0f) * 1.00000012f / 997.0f;
+    }
+  }
+  return g;
+}
+
+struct Case {
+  DType dtype;
+  double pre, post;
+  size_t grad_count;
+  bool accumulate;
+};
+
+bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+int FusedEqualsSeparateBody(const std::string& dir, int rank, int world) {
+  auto comm = Connect(dir, rank, world);
+  CHILD_CHECK(comm != nullptr);
+  SimOptions options;
+  options.seed = static_cast<uint64_t>(rank) + 5;
+  SimDevice device(options);
+  auto stream = device.CreateStream(StreamRole::kCommunication, "comm");
+  CHILD_OK(stream.status());
+  Stream& s = **stream;
+  std::unique_ptr<HostCollectives> collectives = HostCollectives::Borrowing(comm.get());
+  auto alloc = [&](size_t bytes) {
+    return device.Allocate(bytes, s, MemoryKind::kGradients, nullptr);
+  };
+
+  constexpr size_t kCount = 1003;  // odd, and a few 64 KiB blocks at fp16
+  const auto w = static_cast<size_t>(world);
+  const size_t total = kCount * w;
+  std::vector<Case> cases;
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16, DType::kFloat16}) {
+    for (auto [pre, post] : {std::pair{2.0, 2.0}, std::pair{2.0, 3.0}, std::pair{3.0, 1.0}}) {
+      // Every chunk whole (the raw first send), the last chunk partly padded,
+      // and (W > 1) the last chunk wholly padded and the one before partly.
+      std::vector<size_t> counts = {total, total - 5};
+      if (world > 1) counts.push_back(total - kCount - 17);
+      for (size_t grad_count : counts) {
+        for (bool accumulate : {false, true}) {
+          cases.push_back({dtype, pre, post, grad_count, accumulate});
+        }
+      }
+    }
+  }
+  for (const Case& c : cases) {
+    const std::string label =
+        absl::StrCat(DTypeName(c.dtype), " pre ", c.pre, " post ", c.post, " N ", c.grad_count,
+                     c.accumulate ? " accumulate" : " first");
+    const std::vector<float> grad_values = Gradient(rank, c.grad_count);
+    // What the shard held before: a gradient accumulated earlier, or (first)
+    // NaNs that must not leak into the result.
+    std::vector<float> before(kCount);
+    for (size_t i = 0; i < kCount; ++i) {
+      before[i] = c.accumulate ? 0.5f * static_cast<float>(i % 13) - 3.0f
+                               : std::numeric_limits<float>::quiet_NaN();
+    }
+    std::vector<std::vector<float>> results;
+    for (bool fused : {true, false}) {
+      auto grad = alloc(c.grad_count * sizeof(float));
+      auto work = alloc(total * DTypeSize(c.dtype));
+      auto shard = alloc(kCount * sizeof(float));
+      CHILD_OK(grad.status());
+      CHILD_OK(work.status());
+      CHILD_OK(shard.status());
+      CHILD_OK(s.CopyToDevice(grad->byte_span(), std::as_bytes(std::span(grad_values))));
+      CHILD_OK(s.CopyToDevice(shard->byte_span(), std::as_bytes(std::span(before))));
+      const GradientReduction r{
+          grad->span<const float>(), c.dtype,     c.pre, c.post, work->byte_span(), kCount,
+          shard->span<float>(),      c.accumulate};
+      // The default is the three separate steps; HostCollectives fuses.
+      CHILD_OK(fused ? collectives->ReduceGradient(s, r)
+                     : collectives->Collectives::ReduceGradient(s, r));
+      std::vector<float> out(kCount);
+      CHILD_OK(s.CopyToHost(std::as_writable_bytes(std::span(out)), shard->byte_span()));
+      CHILD_OK(s.Synchronize());
+      results.push_back(std::move(out));
+    }
+    if (!SameBits(results[0], results[1])) {
+      for (size_t i = 0; i < kCount; ++i) {
+        if (std::memcmp(&results[0][i], &results[1][i], sizeof(float)) != 0) {
+          std::cerr << label << ": element " << i << " fused " << results[0][i] << " separate "
+                    << results[1][i] << "\n";
+          break;
+        }
+      }
+      return 1;
+    }
+    // And an independent check where the sum is exact in any order: an
+    // element every rank holds as 1.0 (Gradient: i % 11 == 4, i % 3 != 0)
+    // reduces to W / pre / post.
+    if (c.dtype == DType::kFloat32 && c.pre == 2.0 && c.post == 2.0) {
+      size_t j = 0;
+      auto ones = [&](size_t global) { return global % 11 == 4 && global % 3 != 0; };
+      while (j < kCount && !ones(static_cast<size_t>(rank) * kCount + j)) ++j;
+      const size_t global = static_cast<size_t>(rank) * kCount + j;
+      CHILD_CHECK(j < kCount);
+      if (global < c.grad_count) {
+        const float want = (c.accumulate ? before[j] : 0.0f) + static_cast<float>(world) / 4.0f;
+        CHILD_CHECK(results[0][j] == want);
+      }
+    }
+  }
+  CHILD_OK(device.fault());
+  return 0;
+}
+
+class GradientReductionTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(GradientReductionTest, SimDeviceFusedRingEqualsTheSeparateStepsBitForBit) {
+  const int world = GetParam();
+  const std::string dir = testing::MakeTempDir(absl::StrCat("grad-reduce-", world));
+  auto results = testing::RunRanks(
+      world, [&](int rank) { return FusedEqualsSeparateBody(dir, rank, world); },
+      absl::Seconds(120));
+  EXPECT_TRUE(testing::AllRanksSucceeded(results));
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, GradientReductionTest, ::testing::Values(1, 2, 3, 4));
+
+// The chunk contract itself (communicator.h), through a recording
+// ReduceScatterChunks on Gloo's ring: every chunk's elements are produced
+// exactly once (written, or sent raw and finished by the receiver), this
+// rank's chunk is consumed exactly once, and the sums are right. Producing
+// doubles the input, so a raw chunk its receiver did not finish, or one it
+// finished twice, shows in the sums.
+class RecordingChunks final : public ReduceScatterChunks {
+ public:
+  RecordingChunks(int rank, size_t count, bool raw_even_chunks)
+      : count_(count), raw_even_(raw_even_chunks) {
+    input_.resize(count * 8);
+    for (size_t i = 0; i < input_.size(); ++i) input_[i] = Value(rank, i);
+    consumed_.assign(count, -1.0f);
+  }
+  static float Value(int rank, size_t i) {
+    return static_cast<float>(rank * 1000 + static_cast<int>(i % 97));
+  }
+
+  const std::byte* RawChunk(size_t chunk) override {
+    if (!raw_even_ || chunk % 2 != 0) return nullptr;
+    return reinterpret_cast<const std::byte*>(input_.data() + chunk * count_);
+  }
+  void Produce(size_t chunk, size_t begin, size_t n, std::byte* out) override {
+    Touch(chunk, begin, n);
+    auto* o = reinterpret_cast<float*>(out);
+    for (size_t i = 0; i < n; ++i) o[i] = 2.0f * input_[chunk * count_ + begin + i];
+  }
+  void ProduceAndAdd(size_t chunk, size_t begin, size_t n, const std::byte* received,
+                     bool received_raw, std::byte* out) override {
+    Touch(chunk, begin, n);
+    if (received_raw && RawChunk(chunk) == nullptr) wrong_raw_ = true;
+    const auto* r = reinterpret_cast<const float*>(received);
+    auto* o = reinterpret_cast<float*>(out);
+    const float finish = received_raw ? 2.0f : 1.0f;
+    for (size_t i = 0; i < n; ++i) {
+      o[i] = 2.0f * input_[chunk * count_ + begin + i] + finish * r[i];
+    }
+  }
+  void Consume(size_t begin, size_t n, const std::byte* reduced) override {
+    const auto* r = reinterpret_cast<const float*>(reduced);
+    for (size_t i = 0; i < n; ++i) {
+      if (consumed_[begin + i] != -1.0f) twice_ = true;
+      consumed_[begin + i] = r[i];
+    }
+  }
+
+  // Each (chunk, element) produced at most once: counted by ranges.
+  void Touch(size_t chunk, size_t begin, size_t n) {
+    for (size_t i = begin; i < begin + n; ++i) {
+      if (!produced_.insert(chunk * count_ + i).second) twice_ = true;
+    }
+  }
+
+  size_t count_;
+  bool raw_even_;
+  std::vector<float> input_;
+  std::vector<float> consumed_;
+  std::set<size_t> produced_;
+  bool twice_ = false;
+  bool wrong_raw_ = false;
+};
+
+int ChunkContractBody(const std::string& dir, int rank, int world) {
+  auto comm = Connect(dir, rank, world);
+  CHILD_CHECK(comm != nullptr);
+  const auto w = static_cast<size_t>(world);
+  // 70000 floats: more than one 64 KiB block in the consuming step.
+  for (size_t count : {size_t{1}, size_t{333}, size_t{70000}}) {
+    for (bool raw : {false, true}) {
+      RecordingChunks chunks(rank, count, raw);
+      std::vector<float> work(count * w, -7.0f);
+      CHILD_OK(comm->ReduceScatterChunked(chunks, work.data(), count, DType::kFloat32));
+      CHILD_CHECK(!chunks.twice_);
+      CHILD_CHECK(!chunks.wrong_raw_);
+      // Every chunk except those sent raw was produced in full.
+      size_t raw_sent = 0;
+      for (size_t c = 0; c < w; ++c) {
+        if (world > 1 && c == (static_cast<size_t>(rank) + w - 1) % w && raw && c % 2 == 0) {
+          raw_sent = count;
+        }
+      }
+      CHILD_CHECK(chunks.produced_.size() == count * w - raw_sent);
+      for (size_t i = 0; i < count; ++i) {
+        float want = 0;
+        for (int r = 0; r < world; ++r) {
+          want += 2.0f * RecordingChunks::Value(r, static_cast<size_t>(rank) * count + i);
+        }
+        CHILD_CHECK(chunks.consumed_[i] == want);
+      }
+    }
+  }
+  return 0;
+}
+
+class ReduceScatterChunkedTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(ReduceScatterChunkedTest, ProducesEveryChunkOnceAndConsumesTheSum) {
+  const int world = GetParam();
+  const std::string dir = testing::MakeTempDir(absl::StrCat("chunked-", world));
+  auto results = testing::RunRanks(
+      world, [&](int rank) { return ChunkContractBody(dir, rank, world); }, absl::Seconds(120));
+  EXPECT_TRUE(testing::AllRanksSucceeded(results));
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, ReduceScatterChunkedTest, ::testing::Values(1, 2, 3, 4));
+
+// Bad requests name the field and change nothing.
+TEST(GradientReductionArgumentsTest, RejectsBuffersThatDoNotFit) {
+  const std::string dir = testing::MakeTempDir("grad-reduce-args");
+  auto comm = Connect(dir, 0, 1);
+  ASSERT_NE(comm, nullptr);
+  SimDevice device(SimOptions{});
+  auto stream = device.CreateStream(StreamRole::kCommunication, "comm");
+  ASSERT_TRUE(stream.ok());
+  Stream& s = **stream;
+  std::unique_ptr<HostCollectives> collectives = HostCollectives::Borrowing(comm.get());
+  auto grad = device.Allocate(10 * sizeof(float), s, MemoryKind::kGradients, nullptr);
+  auto work = device.Allocate(10 * sizeof(float), s, MemoryKind::kGradients, nullptr);
+  auto shard = device.Allocate(10 * sizeof(float), s, MemoryKind::kGradients, nullptr);
+  ASSERT_TRUE(grad.ok() && work.ok() && shard.ok());
+  const GradientReduction good{grad->span<const float>(),
+                               DType::kFloat32,
+                               1.0,
+                               1.0,
+                               work->byte_span(),
+                               10,
+                               shard->span<float>(),
+                               true};
+  struct Bad {
+    GradientReduction r;
+    const char* field;
+  };
+  std::vector<Bad> bad;
+  bad.push_back({good, "reduce_dtype"});
+  bad.back().r.reduce_dtype = DType::kInt32;
+  bad.push_back({good, "grad holds 10"});
+  bad.back().r.count = 9;
+  bad.back().r.grad_shard = shard->span<float>().first(9);
+  bad.push_back({good, "work holds"});
+  bad.back().r.work = work->byte_span().first(39);
+  bad.push_back({good, "grad_shard holds 9"});
+  bad.back().r.grad_shard = shard->span<float>().first(9);
+  for (const Bad& b : bad) {
+    for (bool fused : {true, false}) {
+      absl::Status status = fused ? collectives->ReduceGradient(s, b.r)
+                                  : collectives->Collectives::ReduceGradient(s, b.r);
+      EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument) << b.field;
+      EXPECT_THAT(status.message(), HasSubstr(b.field));
+    }
+  }
+  EXPECT_TRUE(collectives->ReduceGradient(s, good).ok());
+  EXPECT_TRUE(s.Synchronize().ok());
+  EXPECT_TRUE(device.fault().ok());
+}
+
+}  // namespace
+}  // namespace flatshard
