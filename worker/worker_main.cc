@@ -35,6 +35,7 @@
 #include "core/fault_injecting_file_system.h"
 #include "worker/comm/grpc_store.h"
 #include "worker/device/device_factory.h"
+#include "worker/device/host/cblas_api.h"
 #include "worker/runtime/runtime_groups.h"
 #include "worker/service/guarded_worker_service.h"
 #include "worker/service/heartbeat_loop.h"
@@ -125,6 +126,12 @@ int Run(const Flags& f) {
     std::cerr << "flatshard-worker: --device " << f.device << ": " << device.status().message()
               << "\n";
     return 2;
+  }
+  if (*kind != DeviceKind::kCuda) {
+    // Which OpenBLAS kernels the CPU path runs, for anyone comparing step times.
+    const char* forced = std::getenv("OPENBLAS_CORETYPE");
+    spdlog::info("flatshard-worker: host GEMMs run OpenBLAS's {} kernels ({})", Cblas().corename(),
+                 forced != nullptr ? absl::StrCat("OPENBLAS_CORETYPE=", forced) : "chosen by CPU");
   }
   absl::StatusOr<std::optional<TlsMaterial>> tls = LoadTls(f.tls, TlsRole::kServer);
   if (!tls.ok()) {

@@ -12,6 +12,13 @@ step time per system and the ratios, the step-1 losses (they must agree: same
 weights, same batch), each rank's peak RSS, and the time of a SHARDED save
 against torch.distributed.checkpoint's save of the FSDP2 state (interleaved,
 median of --rounds saves each).
+
+flatshard's CPU GEMMs are OpenBLAS's, whose kernels OPENBLAS_CORETYPE can name
+(a machine may set it: this project's dev machines set Haswell, AVX2, on an
+AVX-512 CPU); torch's are its own and ignore it. --blas-core says what the
+flatshard workers get: `env` leaves the environment as it is, `auto` unsets
+the variable so OpenBLAS picks by CPU, anything else is set as the core name.
+The workers log the kernels they run; the JSON records the setting.
 """
 from __future__ import annotations
 
@@ -222,7 +229,16 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=5, help="steps per system per round")
     parser.add_argument("--json", default="", help="also write the results here")
+    parser.add_argument("--blas-core", default="env",
+                        help="OPENBLAS_CORETYPE for flatshard's workers: env (as set), auto "
+                             "(unset: OpenBLAS picks by CPU) or a core name")
     args = parser.parse_args()
+    if args.blas_core == "auto":
+        os.environ.pop("OPENBLAS_CORETYPE", None)
+    elif args.blas_core != "env":
+        os.environ["OPENBLAS_CORETYPE"] = args.blas_core
+    blas_core = os.environ.get("OPENBLAS_CORETYPE", "auto")
+    print(f"flatshard workers: OPENBLAS_CORETYPE={blas_core}", flush=True)
     os.makedirs(args.work, exist_ok=True)
     data = make_data(args.work, args.bin)
     results = []
@@ -237,6 +253,7 @@ def main() -> int:
                     for precision in args.precisions.split(","):
                         r = run_config(cluster, local, args.work, data, model, world, precision,
                                        args.rounds, args.steps)
+                        r["openblas_coretype"] = blas_core
                         results.append(r)
                         print(summary(r, args.steps), flush=True)
             finally:

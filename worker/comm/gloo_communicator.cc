@@ -163,7 +163,7 @@ void GlooCommunicator::RingReduceScatterInPlace(std::byte* data, size_t count, D
   std::optional<ActiveBuffer> raw;
   if (raw_send != nullptr) {
     // Gloo's buffers take non-const memory; this one is only sent from.
-    raw.emplace(*this, const_cast<std::byte*>(raw_send), chunk);  // NOLINT(*-const-cast)
+    raw.emplace(*this, const_cast<std::byte*>(raw_send), chunk);
   } else if (chunks != nullptr) {
     chunks->Produce(first_send, 0, count, data + first_send * chunk);
   }

@@ -16,11 +16,13 @@ CblasApi Load() {
   CblasApi api;
   if (library != nullptr) {
     api.sgemm = reinterpret_cast<decltype(api.sgemm)>(dlsym(library, "cblas_sgemm"));
+    api.corename =
+        reinterpret_cast<decltype(api.corename)>(dlsym(library, "openblas_get_corename"));
   }
-  if (api.sgemm == nullptr) {
+  if (api.sgemm == nullptr || api.corename == nullptr) {
     const char* error = dlerror();
     std::fprintf(stderr, "flatshard: cannot use %s (OpenBLAS, for the CPU kernels): %s\n", kLibrary,
-                 error != nullptr ? error : "no cblas_sgemm");
+                 error != nullptr ? error : "no cblas_sgemm or openblas_get_corename");
     std::abort();
   }
   return api;

@@ -14,6 +14,10 @@ namespace flatshard {
 
 struct CblasApi {
   decltype(&cblas_sgemm) sgemm = nullptr;
+  // The kernel family OpenBLAS runs ("Haswell", "Cooperlake"): chosen by CPU
+  // when it is opened, or named by OPENBLAS_CORETYPE. It halves or doubles the
+  // CPU path's GEMM rate on an AVX-512 machine, so the worker logs it.
+  decltype(&openblas_get_corename) corename = nullptr;
 };
 
 // The OpenBLAS entry points, opened on first use. OpenBLAS is a hard dependency
