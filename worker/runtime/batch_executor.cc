@@ -92,7 +92,10 @@ absl::StatusOr<v1::CommandResult> BatchExecutor::Execute(const v1::CommandBatch&
 
 absl::Status BatchExecutor::Run(const v1::CommandBatch& batch,
                                 const std::function<absl::Status()>& run) {
-  absl::Status status = run();
+  // Every batch but a step may change the state (loads, restores) or take a
+  // new snapshot of it: a snapshot still copying is waited for first.
+  absl::Status status = runtime_->AwaitSnapshotCopies();
+  if (status.ok()) status = run();
   if (!status.ok()) {
     failure_ = status;
     return status;

@@ -86,15 +86,15 @@ absl::StatusOr<std::unique_ptr<OptimizerState>> DeviceOptimizerState::ToHost() c
   return state;
 }
 
-absl::StatusOr<PinnedBuffer> DeviceOptimizerState::CopyToPinned(const std::string& name) const {
+absl::StatusOr<PinnedBuffer> DeviceOptimizerState::CopyToPinned(const std::string& name,
+                                                                Stream& stream) const {
   auto it = tensors_.find(name);
   if (it == tensors_.end()) {
     return absl::NotFoundError(absl::StrCat("no optimizer state '", name,
                                             "'; present: ", absl::StrJoin(StateNames(), ", ")));
   }
   ASSIGN_OR_RETURN(PinnedBuffer pinned, device_->AllocatePinned(size_ * sizeof(float)));
-  RETURN_IF_ERROR(stream_->CopyToHost(pinned.copy_target(), it->second.byte_span()));
-  RETURN_IF_ERROR(stream_->Synchronize());
+  RETURN_IF_ERROR(stream.CopyToHost(pinned.copy_target(), it->second.byte_span()));
   return pinned;
 }
 

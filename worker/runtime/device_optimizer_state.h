@@ -39,10 +39,10 @@ class DeviceOptimizerState {
   // and the step with `state`'s (which must be of this kind and size).
   absl::StatusOr<std::unique_ptr<OptimizerState>> ToHost() const;
   absl::Status FromHost(const OptimizerState& state);
-  // Tensor `name` copied once into pinned host memory (waits for the copy):
-  // what an async save snapshots, with no second host copy. NotFound naming
-  // the tensors present.
-  absl::StatusOr<PinnedBuffer> CopyToPinned(const std::string& name) const;
+  // Tensor `name` copied once into pinned host memory by `stream`, ordered
+  // after the state's last update; only enqueued (what a save snapshots, with
+  // no second host copy). NotFound naming the tensors present.
+  absl::StatusOr<PinnedBuffer> CopyToPinned(const std::string& name, Stream& stream) const;
 
  private:
   OptimizerKind kind_;

@@ -158,15 +158,16 @@ absl::Status FlatParamUnit::ReduceGrad() {
 
 void FlatParamUnit::ClearGradShard() { grad_shard_.Release(*p_.compute); }
 
-absl::StatusOr<PinnedBuffer> FlatParamUnit::CopyToPinned(DeviceSpan<const float> values) const {
+absl::StatusOr<PinnedBuffer> FlatParamUnit::CopyToPinned(DeviceSpan<const float> values,
+                                                         Stream& stream) const {
   ASSIGN_OR_RETURN(PinnedBuffer pinned, p_.device->AllocatePinned(values.size_bytes()));
-  RETURN_IF_ERROR(p_.compute->CopyToHost(pinned.copy_target(), AsBytes(values)));
-  RETURN_IF_ERROR(p_.compute->Synchronize());
+  RETURN_IF_ERROR(stream.CopyToHost(pinned.copy_target(), AsBytes(values)));
   return pinned;
 }
 
 absl::StatusOr<std::vector<float>> FlatParamUnit::ReadToHost(DeviceSpan<const float> values) const {
-  ASSIGN_OR_RETURN(PinnedBuffer staging, CopyToPinned(values));
+  ASSIGN_OR_RETURN(PinnedBuffer staging, CopyToPinned(values, *p_.compute));
+  RETURN_IF_ERROR(p_.compute->Synchronize());
   ASSIGN_OR_RETURN(std::span<const float> host, std::as_const(staging).Read<float>());
   return std::vector<float>(host.begin(),
                             host.begin() + static_cast<std::ptrdiff_t>(values.size()));
@@ -176,8 +177,8 @@ absl::StatusOr<std::vector<float>> FlatParamUnit::ReadShard() const {
   return ReadToHost(shard_.span<const float>());
 }
 
-absl::StatusOr<PinnedBuffer> FlatParamUnit::CopyShardToPinned() const {
-  return CopyToPinned(shard_.span<const float>());
+absl::StatusOr<PinnedBuffer> FlatParamUnit::CopyShardToPinned(Stream& stream) const {
+  return CopyToPinned(shard_.span<const float>(), stream);
 }
 
 absl::StatusOr<std::vector<float>> FlatParamUnit::ReadGradShard() const {

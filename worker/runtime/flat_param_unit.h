@@ -104,8 +104,10 @@ class FlatParamUnit {
 
   // ---- host views (compute stream; the streams must be idle)
   absl::StatusOr<std::vector<float>> ReadShard() const;
-  // The master shard copied once into pinned host memory (waits for the copy).
-  absl::StatusOr<PinnedBuffer> CopyShardToPinned() const;
+  // The master shard copied once into pinned host memory by `stream`, which
+  // must be ordered after the shard's last update; the copy is only enqueued
+  // (the host reads the buffer after an event recorded behind it).
+  absl::StatusOr<PinnedBuffer> CopyShardToPinned(Stream& stream) const;
   absl::Status WriteShard(std::span<const float> values);
   // The grad shard's values, or empty when there is none.
   absl::StatusOr<std::vector<float>> ReadGradShard() const;
@@ -130,7 +132,7 @@ class FlatParamUnit {
 
   absl::StatusOr<DeviceBuffer> Allocate(size_t bytes, Stream& stream, MemoryKind kind) const;
   // `values` copied into pinned host memory (waits for the copy).
-  absl::StatusOr<PinnedBuffer> CopyToPinned(DeviceSpan<const float> values) const;
+  absl::StatusOr<PinnedBuffer> CopyToPinned(DeviceSpan<const float> values, Stream& stream) const;
   absl::StatusOr<std::vector<float>> ReadToHost(DeviceSpan<const float> values) const;
 
   UnitRuntimeConfig config_;

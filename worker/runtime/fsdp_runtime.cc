@@ -12,6 +12,7 @@
 #include "core/flat_buffer.h"
 #include "core/status_macros.h"
 #include "core/unit_layout.h"
+#include "worker/comm/background_priority.h"
 #include "worker/compute/param_init.h"
 #include "worker/device/host/host_device.h"
 
@@ -154,7 +155,48 @@ absl::Status FsdpRuntime::SynchronizeStreams() {
   RETURN_IF_ERROR(device_->MakeCurrent());
   absl::Status compute = compute_->Synchronize();
   absl::Status comm = comm_->Synchronize();
-  return compute.ok() ? comm : compute;
+  absl::Status snapshot = snapshot_ != nullptr ? snapshot_->Synchronize() : absl::OkStatus();
+  if (!compute.ok()) return compute;
+  return comm.ok() ? snapshot : comm;
+}
+
+absl::StatusOr<Stream*> FsdpRuntime::BeginSnapshotCopies() {
+  RETURN_IF_ERROR(device_->MakeCurrent());
+  if (snapshot_ == nullptr) {
+    // At background priority (nice 10, background_priority.h): on a host
+    // device the copies run on the stream's own thread, which inherits it, so
+    // they take the CPU the step leaves idle and do not delay the save's reply
+    // or the next forward; the update that must wait for them still gets them.
+    absl::StatusOr<std::unique_ptr<Stream>> created;
+    RunAtBackgroundPriority([&] {
+      if (absl::Status current = device_->MakeCurrent(); !current.ok()) {
+        created = current;
+        return;
+      }
+      created = device_->CreateStream(StreamRole::kCommunication, "snapshot");
+    });
+    ASSIGN_OR_RETURN(snapshot_, std::move(created));
+  }
+  // After every update issued so far, on either stream.
+  ASSIGN_OR_RETURN(std::shared_ptr<Event> computed, compute_->Record());
+  ASSIGN_OR_RETURN(std::shared_ptr<Event> communicated, comm_->Record());
+  RETURN_IF_ERROR(snapshot_->Wait(*computed));
+  RETURN_IF_ERROR(snapshot_->Wait(*communicated));
+  return snapshot_.get();
+}
+
+absl::StatusOr<std::shared_ptr<Event>> FsdpRuntime::EndSnapshotCopies() {
+  ASSIGN_OR_RETURN(snapshot_copied_, snapshot_->Record());
+  return snapshot_copied_;
+}
+
+absl::Status FsdpRuntime::AwaitSnapshotCopies() {
+  if (snapshot_copied_ == nullptr) return absl::OkStatus();
+  RETURN_IF_ERROR(device_->MakeCurrent());
+  RETURN_IF_ERROR(compute_->Wait(*snapshot_copied_));
+  RETURN_IF_ERROR(comm_->Wait(*snapshot_copied_));
+  snapshot_copied_.reset();
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::unique_ptr<OptimizerState>> FsdpRuntime::ReadOptimizerState(size_t unit) const {

@@ -72,7 +72,7 @@ struct RuntimeOptions {
   bool peer_snapshots = false;
   // Tests only: leaves out one of the runtime's event waits, to show that the
   // simulated device catches the race (never set outside those tests).
-  enum class DroppedWait { kNone, kGather, kBackward };
+  enum class DroppedWait { kNone, kGather, kBackward, kSnapshot };
   DroppedWait testing_dropped_wait = DroppedWait::kNone;
 };
 
@@ -166,12 +166,24 @@ class FsdpRuntime : public compute::ParamResolver, public compute::ModuleHooks {
     return optim_states_[unit]->StateNames();
   }
   double OptimizerStep(size_t unit) const { return optim_states_[unit]->step(); }
-  // One state tensor of unit `unit` in pinned host memory, copied once (async
-  // save snapshots). The streams must be idle.
-  absl::StatusOr<PinnedBuffer> CopyOptimizerStateToPinned(size_t unit,
-                                                          const std::string& name) const {
-    return optim_states_[unit]->CopyToPinned(name);
+  // One state tensor of unit `unit` copied once into pinned host memory by
+  // `stream` (a save's snapshot; BeginSnapshotCopies orders it).
+  absl::StatusOr<PinnedBuffer> CopyOptimizerStateToPinned(size_t unit, const std::string& name,
+                                                          Stream& stream) const {
+    return optim_states_[unit]->CopyToPinned(name, stream);
   }
+
+  // A save's snapshot copies run on a stream of their own, beside training
+  // (CheckFreq's snapshot: the next forward and backward only read the
+  // state, so they need not wait; the next update must). BeginSnapshotCopies
+  // orders the snapshot stream after everything issued so far and returns it;
+  // EndSnapshotCopies records the event the copies complete at. Until then
+  // the state must not change: OptimStep makes the streams wait for that
+  // event, and so does AwaitSnapshotCopies, which BatchExecutor calls before
+  // every batch other than a step.
+  absl::StatusOr<Stream*> BeginSnapshotCopies();
+  absl::StatusOr<std::shared_ptr<Event>> EndSnapshotCopies();
+  absl::Status AwaitSnapshotCopies();
 
   // compute::ParamResolver
   compute::ParamSlot Resolve(int param_index) override;
@@ -233,6 +245,8 @@ class FsdpRuntime : public compute::ParamResolver, public compute::ModuleHooks {
   std::shared_ptr<Device> device_;
   std::unique_ptr<Stream> compute_;
   std::unique_ptr<Stream> comm_;
+  std::unique_ptr<Stream> snapshot_;        // created by the first snapshot
+  std::shared_ptr<Event> snapshot_copied_;  // copies the state must wait for
   MemoryTracker memory_;
   RuntimeGroups groups_;
   std::vector<std::unique_ptr<FlatParamUnit>> units_;

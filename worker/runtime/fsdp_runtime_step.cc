@@ -308,6 +308,10 @@ absl::Status FsdpRuntime::ClipGradNorm(double max_norm, double norm_type) {
 
 absl::Status FsdpRuntime::OptimStep() {
   RETURN_IF_ERROR(WaitForComm());
+  // A snapshot taken since the last update may still be copying this state.
+  if (options_.testing_dropped_wait != RuntimeOptions::DroppedWait::kSnapshot) {
+    RETURN_IF_ERROR(AwaitSnapshotCopies());
+  }
   // _catch_all_reshard: a unit still unsharded here would serve stale values
   // after the update, so every gathered buffer goes before the shards change.
   if (IsSharded(strategy_)) {

@@ -261,14 +261,26 @@ std::string ParamGroupsJson(const FsdpRuntime& runtime) {
 }
 
 // An async save's source: copies of this rank's shards and optimizer state,
-// gathered over the checkpoint communicator.
+// gathered over the checkpoint communicator. Create() reads the pinned copies
+// once they are complete.
 class SnapshotSource : public SaveSource {
  public:
-  explicit SnapshotSource(const ShardSnapshot& snapshot) : snapshot_(snapshot) {}
-  std::span<const float> Shard(size_t u) const override { return snapshot_.units[u].shard; }
+  static absl::StatusOr<std::unique_ptr<SnapshotSource>> Create(const ShardSnapshot& snapshot) {
+    if (snapshot.copied != nullptr) RETURN_IF_ERROR(snapshot.copied->Synchronize());
+    std::unique_ptr<SnapshotSource> source(new SnapshotSource(snapshot));
+    for (const ShardSnapshot::Unit& unit : snapshot.units) {
+      Views& views = source->views_.emplace_back();
+      ASSIGN_OR_RETURN(views.shard, unit.shard.Read<float>());
+      for (const auto& [name, buffer] : unit.states) {
+        ASSIGN_OR_RETURN(views.states[name], buffer.Read<float>());
+      }
+    }
+    return source;
+  }
+  std::span<const float> Shard(size_t u) const override { return views_[u].shard; }
   absl::StatusOr<std::span<const float>> State(size_t u, const std::string& name) const override {
-    auto it = snapshot_.units[u].states.find(name);
-    if (it == snapshot_.units[u].states.end()) {
+    auto it = views_[u].states.find(name);
+    if (it == views_[u].states.end()) {
       return absl::NotFoundError(absl::StrCat("no optimizer state '", name, "' in the snapshot"));
     }
     return it->second;
@@ -298,7 +310,14 @@ class SnapshotSource : public SaveSource {
   }
 
  private:
+  struct Views {
+    std::span<const float> shard;
+    std::map<std::string, std::span<const float>> states;
+  };
+  explicit SnapshotSource(const ShardSnapshot& snapshot) : snapshot_(snapshot) {}
+
   const ShardSnapshot& snapshot_;
+  std::vector<Views> views_;
 };
 
 absl::StatusOr<SavePlan> PlanSave(FsdpRuntime& runtime, v1::StateDictType type) {
@@ -457,43 +476,52 @@ absl::StatusOr<ShardSnapshot> SnapshotShardCheckpoint(FsdpRuntime& runtime,
   snapshot.file_system = runtime.options().file_system;
   // One copy of each buffer into pinned host memory the snapshot keeps (the
   // device's block cache hands the same blocks back save after save, so no
-  // page is faulted in while training waits): the streams must be idle.
-  RETURN_IF_ERROR(runtime.SynchronizeStreams());
-  auto keep = [](ShardSnapshot::Unit& unit,
-                 PinnedBuffer buffer) -> absl::StatusOr<std::span<const float>> {
-    ASSIGN_OR_RETURN(std::span<const float> values, std::as_const(buffer).Read<float>());
-    unit.storage.push_back(std::move(buffer));
-    return values;
-  };
-  for (size_t u = 0; u < runtime.units().size(); ++u) {
-    const FlatParamUnit& unit = *runtime.units()[u];
-    ShardSnapshot::Unit copy;
-    ASSIGN_OR_RETURN(PinnedBuffer shard, unit.CopyShardToPinned());
-    ASSIGN_OR_RETURN(copy.shard, keep(copy, std::move(shard)));
-    copy.state_order = runtime.OptimizerStateNames(u);
-    for (const std::string& name : copy.state_order) {
-      ASSIGN_OR_RETURN(PinnedBuffer state, runtime.CopyOptimizerStateToPinned(u, name));
-      ASSIGN_OR_RETURN(copy.states[name], keep(copy, std::move(state)));
+  // page is faulted in), enqueued on the snapshot stream behind every update
+  // issued so far. Whatever happens, the copies get their completion event:
+  // the snapshot waits for it before it frees their memory.
+  ASSIGN_OR_RETURN(Stream * stream, runtime.BeginSnapshotCopies());
+  absl::Status copying = [&]() -> absl::Status {
+    for (size_t u = 0; u < runtime.units().size(); ++u) {
+      const FlatParamUnit& unit = *runtime.units()[u];
+      ShardSnapshot::Unit& copy = snapshot.units.emplace_back();
+      ASSIGN_OR_RETURN(copy.shard, unit.CopyShardToPinned(*stream));
+      copy.state_order = runtime.OptimizerStateNames(u);
+      for (const std::string& name : copy.state_order) {
+        ASSIGN_OR_RETURN(copy.states[name], runtime.CopyOptimizerStateToPinned(u, name, *stream));
+      }
+      copy.step = static_cast<float>(runtime.OptimizerStep(u));
+      copy.numel = unit.layout().unpadded_unsharded_numel();
+      copy.sharded = unit.sharded();
     }
-    copy.step = static_cast<float>(runtime.OptimizerStep(u));
-    copy.numel = unit.layout().unpadded_unsharded_numel();
-    copy.sharded = unit.sharded();
-    snapshot.units.push_back(std::move(copy));
+    return absl::OkStatus();
+  }();
+  absl::StatusOr<std::shared_ptr<Event>> copied = runtime.EndSnapshotCopies();
+  if (!copied.ok()) {
+    // No event to wait for: wait for the stream, so no copy outlives its memory.
+    runtime.SynchronizeStreams().IgnoreError();
+    snapshot.units.clear();
+    return copied.status();
   }
+  snapshot.copied = *std::move(copied);
+  RETURN_IF_ERROR(copying);
   return snapshot;
 }
 
 absl::StatusOr<ShardSaveResult> WriteShardSnapshot(const ShardSnapshot& snapshot,
                                                    const std::string& dir) {
-  SnapshotSource source(snapshot);
-  return WriteFiles(source, *snapshot.plan, dir, snapshot.file_system);
+  ASSIGN_OR_RETURN(std::unique_ptr<SnapshotSource> source, SnapshotSource::Create(snapshot));
+  return WriteFiles(*source, *snapshot.plan, dir, snapshot.file_system);
+}
+
+ShardSnapshot::~ShardSnapshot() {
+  if (copied != nullptr) copied->Synchronize().IgnoreError();
 }
 
 uint64_t ShardSnapshot::bytes() const {
   uint64_t total = 0;
   for (const Unit& unit : units) {
-    total += unit.shard.size() * sizeof(float);
-    for (const auto& [name, values] : unit.states) total += values.size() * sizeof(float);
+    total += unit.shard.bytes();
+    for (const auto& [name, buffer] : unit.states) total += buffer.bytes();
   }
   return total;
 }

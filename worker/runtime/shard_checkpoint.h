@@ -44,19 +44,19 @@ absl::StatusOr<ShardSaveResult> SaveShardCheckpoint(FsdpRuntime& runtime, const 
 
 // A save's snapshot: host copies of this rank's shards and optimizer state
 // (one device-to-host copy each, into pinned memory the snapshot keeps; no
-// collectives) and the plan of the files to write. An async save's background writer gathers from
-// the copies over the runtime's checkpoint communicator, its own Gloo context, so training's
-// collectives go on meanwhile and no device communicator is used from a second thread; a
-// synchronous save gathers over the host shard group.
+// collectives) and the plan of the files to write. The copies run on the
+// runtime's snapshot stream (FsdpRuntime::BeginSnapshotCopies) and complete at
+// `copied`: taking a snapshot only enqueues them, so training resumes at once
+// and its next forward and backward overlap them; its next update waits. An async save's background
+// writer gathers from the copies over the runtime's checkpoint communicator, its own Gloo context,
+// so training's collectives go on meanwhile and no device communicator is used from a second
+// thread; a synchronous save gathers over the host shard group.
 struct SavePlan;
 struct ShardSnapshot {
   struct Unit {
-    // Views of `storage`, which owns the pinned copies (moving a buffer keeps
-    // its memory where it is, so the views stay valid as the snapshot moves).
-    std::span<const float> shard;
-    std::map<std::string, std::span<const float>> states;
-    std::vector<PinnedBuffer> storage;
-    std::vector<std::string> state_order;  // torch's order, as the optimizer lists them
+    PinnedBuffer shard;                          // S floats
+    std::map<std::string, PinnedBuffer> states;  // S floats each
+    std::vector<std::string> state_order;        // torch's order, as the optimizer lists them
     float step = 0;
     int64_t numel = 0;  // N, the unpadded flat size
     bool sharded = true;
@@ -65,6 +65,14 @@ struct ShardSnapshot {
   Communicator* comm = nullptr;       // checkpoint_comm() (async); the runtime outlives the write
   FileSystem* file_system = nullptr;  // the runtime's (null: FileSystem::Default())
   std::vector<Unit> units;
+  std::shared_ptr<Event> copied;  // the copies into `units` are complete
+
+  ShardSnapshot() = default;
+  ShardSnapshot(ShardSnapshot&&) = default;
+  ShardSnapshot& operator=(ShardSnapshot&&) = default;
+  // Waits for `copied`: the copies write into memory this snapshot frees.
+  ~ShardSnapshot();
+
   uint64_t bytes() const;
 };
 

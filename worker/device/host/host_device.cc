@@ -75,15 +75,18 @@ class ThreadStream : public HostExecStream {
   absl::Status Submit(absl::string_view op, std::vector<MemoryAccess> accesses,
                       Work work) override {
     bool touches_host = false;
-    for (const MemoryAccess& a : accesses) touches_host |= a.host;
+    const auto& host = static_cast<const HostDevice&>(device());
+    for (const MemoryAccess& a : accesses) {
+      touches_host |= a.host && !host.IsPinned(a.address, a.bytes);
+    }
     std::string what(op);
     thread_.Post([what, pointers = Pointers(accesses), work = std::move(work)] {
       absl::Status status = work(ResolvedAccesses(pointers));
       if (status.ok()) return status;
       return absl::Status(status.code(), absl::StrCat(what, ": ", status.message()));
     });
-    // Host memory is not pinned on this device: copies complete before the
-    // call returns, as CUDA's pageable copies do.
+    // Pageable host memory: the copy completes before the call returns, as
+    // CUDA's pageable copies do (pinned memory's copies run on the thread).
     return touches_host ? Synchronize() : absl::OkStatus();
   }
 
@@ -159,11 +162,27 @@ void HostDevice::FreeRaw(void* address, size_t bytes, Stream& stream) {
 }
 
 absl::StatusOr<std::byte*> HostDevice::AllocatePinnedRaw(size_t bytes) {
-  return BlockCache::Get().Take(bytes);
+  std::byte* block = BlockCache::Get().Take(bytes);
+  std::lock_guard<std::mutex> lock(pinned_mu_);
+  pinned_[reinterpret_cast<uintptr_t>(block)] = bytes;
+  return block;
 }
 
 void HostDevice::FreePinnedRaw(std::byte* data, size_t bytes) {
+  {
+    std::lock_guard<std::mutex> lock(pinned_mu_);
+    pinned_.erase(reinterpret_cast<uintptr_t>(data));
+  }
   BlockCache::Get().Give(data, bytes);
+}
+
+bool HostDevice::IsPinned(const void* data, size_t bytes) const {
+  const auto address = reinterpret_cast<uintptr_t>(data);
+  std::lock_guard<std::mutex> lock(pinned_mu_);
+  auto it = pinned_.upper_bound(address);
+  if (it == pinned_.begin()) return false;
+  --it;
+  return address >= it->first && address + bytes <= it->first + it->second;
 }
 
 }  // namespace flatshard

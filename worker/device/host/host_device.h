@@ -10,7 +10,10 @@
 #define FLATSHARD_WORKER_DEVICE_HOST_HOST_DEVICE_H_
 
 #include <atomic>
+#include <cstdint>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "worker/device/device.h"
@@ -35,6 +38,12 @@ class HostDevice : public Device {
     return span.address();
   }
 
+  // Whether [data, data + bytes) lies in pinned memory this device handed
+  // out. A thread stream's copy to or from it is asynchronous, as a CUDA copy
+  // to pinned memory is (the host reads it after an event); other host memory
+  // is pageable, its copies complete before the call returns.
+  bool IsPinned(const void* data, size_t bytes) const;
+
  protected:
   absl::StatusOr<void*> AllocateRaw(size_t bytes, Stream& stream) override;
   void FreeRaw(void* address, size_t bytes, Stream& stream) override;
@@ -43,6 +52,8 @@ class HostDevice : public Device {
 
  private:
   std::atomic<int64_t> in_use_{0};
+  mutable std::mutex pinned_mu_;
+  std::map<uintptr_t, size_t> pinned_;  // address -> bytes, of live pinned blocks
 };
 
 }  // namespace flatshard
