@@ -8,7 +8,9 @@
 // was read, and its files are written. With the update's wait left out
 // (RuntimeOptions::testing_dropped_wait), the simulated device must report
 // the optimizer writing state the snapshot stream still reads.
-#include <cstring>
+#include <algorithm>
+#include <bit>
+#include <cstdint>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -99,8 +101,11 @@ bool SameBits(const State& a, const State& b) {
     if (a[u].size() != b[u].size()) return false;
     for (const auto& [name, values] : a[u]) {
       auto it = b[u].find(name);
-      if (it == b[u].end() || it->second.size() != values.size() ||
-          std::memcmp(values.data(), it->second.data(), values.size() * sizeof(float)) != 0) {
+      if (it == b[u].end() || !std::equal(values.begin(), values.end(), it->second.begin(),
+                                          it->second.end(), [](float x, float y) {
+                                            return std::bit_cast<uint32_t>(x) ==
+                                                   std::bit_cast<uint32_t>(y);
+                                          })) {
         return false;
       }
     }

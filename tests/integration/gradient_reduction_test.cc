@@ -8,8 +8,10 @@
 // wholly past the gradient), a first gradient (written) and a later one
 // (accumulated), at W = 1..4; on the strict simulated device, which checks the
 // fused operation's declared reads and writes like a kernel's.
+#include <algorithm>
+#include <bit>
 #include <cmath>
-#include <cstring>
+#include <cstdint>
 #include <limits>
 #include <set>
 #include <span>
@@ -79,8 +81,11 @@ struct Case {
   bool accumulate;
 };
 
+bool SameBits(float a, float b) { return std::bit_cast<uint32_t>(a) == std::bit_cast<uint32_t>(b); }
+
 bool SameBits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  return std::equal(a.begin(), a.end(), b.begin(), b.end(),
+                    [](float x, float y) { return SameBits(x, y); });
 }
 
 int FusedEqualsSeparateBody(const std::string& dir, int rank, int world) {
@@ -149,7 +154,7 @@ int FusedEqualsSeparateBody(const std::string& dir, int rank, int world) {
     }
     if (!SameBits(results[0], results[1])) {
       for (size_t i = 0; i < kCount; ++i) {
-        if (std::memcmp(&results[0][i], &results[1][i], sizeof(float)) != 0) {
+        if (!SameBits(results[0][i], results[1][i])) {
           std::cerr << label << ": element " << i << " fused " << results[0][i] << " separate "
                     << results[1][i] << "\n";
           break;
