@@ -27,9 +27,11 @@ for b in "${binaries[@]}"; do
   [[ -x "$build_dir/bin/$b" ]] || { echo "gpu-bundle.sh: $build_dir/bin/$b is not built" >&2; exit 1; }
   strip -o "$stage/bin/$b" "$build_dir/bin/$b"
 done
-# Libraries the dynamic linker resolves here, minus glibc and the CUDA toolkit's.
+# Libraries the dynamic linker resolves here, minus the CUDA toolkit's and glibc's
+# (libmvec and libresolv among them: they bind to the C library's private symbols,
+# so a copy from another glibc fails to load).
 ldd "${binaries[@]/#/$build_dir/bin/}" 2>/dev/null | awk '$3 ~ /^\// {print $3}' | sort -u |
-  grep -v -E '/(libc|libm|libdl|libpthread|librt|ld-linux[^/]*|libgcc_s)\.so|libcuda|libcudart|libcublas|libnccl' |
+  grep -v -E '/(libc|libm|libmvec|libresolv|libnsl|libutil|libanl|libnss_[a-z]*|libdl|libpthread|librt|ld-linux[^/]*|libgcc_s)\.so|libcuda|libcudart|libcublas|libnccl' |
   while read -r lib; do cp -L "$lib" "$stage/lib/"; done
 # Opened at run time, so ldd does not list it.
 cp -L "$(ldconfig -p | awk '/libopenblas\.so\.0 / {print $NF; exit}')" "$stage/lib/"

@@ -9,6 +9,7 @@
 # written unless it was measured on a GPU.
 #
 #   scripts/gpu-check.sh [--build-dir DIR] [--prebuilt DIR] [--results FILE] [--quick]
+#                        [--log-dir DIR] [--step-timeout SECONDS]
 #
 #   --build-dir DIR   build here (default build-gpu/)
 #   --prebuilt DIR    skip the build: DIR has bin/ (and lib/ for a bundle made by
@@ -16,6 +17,9 @@
 #                     dependencies); its tests run from there
 #   --results FILE    append the results here (default bench/RESULTS.md)
 #   --quick           fewer sizes and steps (a smoke check, still recorded)
+#   --log-dir DIR     keep each step's log here (default: a fresh temporary folder)
+#   --step-timeout S  stop a test or benchmark that runs longer (default 300): a
+#                     hung collective fails its step instead of the whole check
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root="$PWD"
@@ -23,13 +27,17 @@ build_dir="build-gpu"
 prebuilt=""
 results="$root/bench/RESULTS.md"
 quick=0
+log=""
+step_timeout=300
 while (($#)); do
   case "$1" in
     --build-dir) build_dir="$2"; shift 2 ;;
     --prebuilt) prebuilt="$(cd "$2" && pwd)"; shift 2 ;;
     --results) results="$2"; shift 2 ;;
     --quick) quick=1; shift ;;
-    -h|--help) sed -n '2,18p' "$0"; exit 0 ;;
+    --log-dir) log="$2"; shift 2 ;;
+    --step-timeout) step_timeout="$2"; shift 2 ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
     *) echo "gpu-check.sh: unknown argument '$1' (try --help)" >&2; exit 2 ;;
   esac
 done
@@ -57,15 +65,23 @@ fi
 for dir in /usr/local/cuda/lib64 /usr/local/cuda/lib; do
   [[ -d "$dir" ]] && export LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}:$dir"
 done
-export OPENBLAS_NUM_THREADS=1
+# NCCL and cuBLAS are not always installed beside the toolkit: a machine whose
+# CUDA libraries came as Python wheels (nvidia-nccl-cu13, nvidia-cublas) has them
+# under site-packages/nvidia/*/lib. The toolkit's copies, when present, come first.
+for lib in libnccl.so.2 libcublas.so.13 libcublasLt.so.13; do
+  ldconfig -p | grep -q "$lib" && continue
+  found="$(find /usr/local/cuda/ /usr/lib /opt /usr/local/lib -name "$lib" 2>/dev/null | head -1 || true)"
+  [[ -n "$found" ]] && LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}:${found%/*}"
+done
+export LD_LIBRARY_PATH OPENBLAS_NUM_THREADS=1
 
-log="$(mktemp -d)/gpu-check"
+[[ -n "$log" ]] || log="$(mktemp -d)/gpu-check"
 mkdir -p "$log"
 failed=0
 run() {  # run NAME COMMAND...: logs, reports, and remembers a failure
   local name="$1"; shift
   echo "== $name"
-  if "$@" >"$log/$name.log" 2>&1; then
+  if timeout --kill-after=10 "$step_timeout" "$@" >"$log/$name.log" 2>&1; then
     echo "   ok"
   else
     echo "   FAILED (exit $?); log: $log/$name.log"
@@ -87,13 +103,13 @@ sizes="1,16,64,256"
 steps=40
 ((quick)) && sizes="16" && steps=15
 echo "== device_collectives_bench (W=$gpus over NCCL)"
-"$bin/device_collectives_bench" --device cuda --comm nccl --worlds "$gpus" --sizes-mib "$sizes" \
+timeout --kill-after=10 "$step_timeout" "$bin/device_collectives_bench" --device cuda --comm nccl --worlds "$gpus" --sizes-mib "$sizes" \
   --iters 20 | tee "$log/collectives.md" || failed=1
 echo "== train_step_bench (GPT, W=$gpus over NCCL)"
-"$bin/train_step_bench" --device cuda --model gpt --worlds "$gpus" --steps "$steps" --batch 32 \
+timeout --kill-after=10 "$step_timeout" "$bin/train_step_bench" --device cuda --model gpt --worlds "$gpus" --steps "$steps" --batch 32 \
   | tee "$log/step_gpt.md" || failed=1
 echo "== train_step_bench (MLP, W=$gpus over NCCL)"
-"$bin/train_step_bench" --device cuda --worlds "$gpus" --steps "$steps" \
+timeout --kill-after=10 "$step_timeout" "$bin/train_step_bench" --device cuda --worlds "$gpus" --steps "$steps" \
   | tee "$log/step_mlp.md" || failed=1
 
 {
