@@ -150,6 +150,9 @@ absl::StatusOr<std::vector<double>> RunRank(const Settings& settings, const std:
       }));
   ASSIGN_OR_RETURN(double unit_reduce, Time(settings.iters, barrier, *compute, *comm,
                                             [&]() -> absl::StatusOr<EventPair> {
+                                              // Each step's first reduction writes a
+                                              // fresh shard (zero_grad(set_to_none)).
+                                              unit->ClearGradShard();
                                               RETURN_IF_ERROR(unit->EnsureGrad().status());
                                               RETURN_IF_ERROR(comm->Wait(**compute->Record()));
                                               ASSIGN_OR_RETURN(auto start, comm->Record());

@@ -112,6 +112,10 @@ echo "== train_step_bench (MLP, W=$gpus over NCCL)"
 timeout --kill-after=10 "$step_timeout" "$bin/train_step_bench" --device cuda --worlds "$gpus" --steps "$steps" \
   | tee "$log/step_mlp.md" || failed=1
 
+echo "== train_step_bench (35M MLP, W=$gpus over NCCL)"
+timeout --kill-after=10 "$step_timeout" "$bin/train_step_bench" --device cuda --model mlp35m --worlds "$gpus" \
+  --steps "$steps" --batch 256 | tee "$log/step_mlp35m.md" || failed=1
+
 {
   echo
   echo "## GPU check: $gpu_name x$gpus ($(date -u +%Y-%m-%d))"
@@ -135,6 +139,10 @@ timeout --kill-after=10 "$step_timeout" "$bin/train_step_bench" --device cuda --
   echo "MLP (examples/mlp.yaml):"
   echo
   cat "$log/step_mlp.md"
+  echo
+  echo "MLP 35M (bench/models/mlp35m.yaml, 256 samples a step):"
+  echo
+  cat "$log/step_mlp35m.md"
 } >>"$results"
 echo "gpu-check.sh: results appended to $results; logs in $log"
 exit $failed

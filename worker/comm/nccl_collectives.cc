@@ -1,6 +1,7 @@
 #include "worker/comm/nccl_collectives.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <utility>
 
@@ -30,6 +31,11 @@ ncclDataType_t NcclType(DType dtype) {
       return ncclInt64;
   }
   return ncclFloat32;
+}
+
+bool IsPowerOfTwo(double x) {
+  int exponent = 0;
+  return x > 0 && std::frexp(x, &exponent) == 0.5;
 }
 
 absl::StatusOr<cuda::CudaStream*> CudaStreamOf(Stream& stream, absl::string_view op) {
@@ -207,6 +213,40 @@ absl::Status NcclCollectives::ReduceScatterInPlace(Stream& stream, DeviceSpan<st
     return ncclReduceScatter(buffer.address(), mine.address(), count, NcclType(dtype), ncclSum,
                              comm_, s);
   });
+}
+
+absl::Status NcclCollectives::ReduceGradient(Stream& stream, const GradientReduction& r) {
+  RETURN_IF_ERROR(CheckGradientReduction(r, size_));
+  const size_t total = r.count * static_cast<size_t>(size_);
+  // FSDP's pre-divide is a power of two (docs/fsdp-semantics.md §3.2), so
+  // multiplying by its inverse inside the reduction rounds exactly as
+  // dividing first. The post-divide may fold in too when it is a power of two
+  // and nothing is accumulated: scaling by 2^-k commutes with rounding (short
+  // of subnormals), so the sum then scaled is the scaled sum.
+  if (r.reduce_dtype != DType::kFloat32 || r.grad.size() != total || !IsPowerOfTwo(r.pre_divide)) {
+    return Collectives::ReduceGradient(stream, r);
+  }
+  const bool into_shard = !r.accumulate && IsPowerOfTwo(r.post_divide);
+  const double scale = 1.0 / (into_shard ? r.pre_divide * r.post_divide : r.pre_divide);
+  DeviceSpan<std::byte> out =
+      into_shard ? AsWritableBytes(r.grad_shard) : r.work.first(r.count * sizeof(float));
+  RETURN_IF_ERROR(Issue(stream, "ncclReduceScatter", [&](cudaStream_t s) {
+    ncclRedOp_t op = ncclSum;
+    float scalar = static_cast<float>(scale);
+    if (scale != 1.0) {
+      const ncclResult_t created =
+          ncclRedOpCreatePreMulSum(&op, &scalar, ncclFloat32, ncclScalarHostImmediate, comm_);
+      if (created != ncclSuccess) return created;
+    }
+    const ncclResult_t issued = ncclReduceScatter(r.grad.address(), out.address(), r.count,
+                                                  ncclFloat32, op, comm_, s);
+    // NCCL allows destroying an operator once the calls given it have returned.
+    if (op != ncclSum) ncclRedOpDestroy(op, comm_);
+    return issued;
+  }));
+  if (into_shard) return absl::OkStatus();
+  if (!r.accumulate) RETURN_IF_ERROR(stream.Zero(AsWritableBytes(r.grad_shard)));
+  return stream.AccumulateReducedGrad(DType::kFloat32, out, r.grad_shard, r.post_divide);
 }
 
 absl::Status NcclCollectives::AllReduce(Stream& stream, DeviceSpan<std::byte> buffer, size_t count,

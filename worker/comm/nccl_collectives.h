@@ -62,6 +62,12 @@ class NcclCollectives : public Collectives {
                              DeviceSpan<std::byte> output, size_t count, DType dtype) override;
   absl::Status ReduceScatterInPlace(Stream& stream, DeviceSpan<std::byte> buffer, size_t count,
                                     DType dtype) override;
+  // An fp32 gradient that needs no padding is reduce-scattered straight from
+  // where backward left it, its pre-divide folded into the reduction
+  // (ncclRedOpCreatePreMulSum); a first gradient with a power-of-two
+  // post-divide lands in the shard in the same call. Anything else (a cast,
+  // padding) takes the three steps of Collectives::ReduceGradient.
+  absl::Status ReduceGradient(Stream& stream, const GradientReduction& r) override;
   absl::Status AllReduce(Stream& stream, DeviceSpan<std::byte> buffer, size_t count, DType dtype,
                          ReduceOp op) override;
   absl::Status Broadcast(Stream& stream, DeviceSpan<std::byte> buffer, size_t count, DType dtype,

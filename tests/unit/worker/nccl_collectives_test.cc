@@ -3,6 +3,8 @@
 // every later call with the reason instead of touching the freed communicator.
 #include "worker/comm/nccl_collectives.h"
 
+#include <bit>
+#include <cstdint>
 #include <vector>
 
 #include <gmock/gmock.h>
@@ -11,6 +13,7 @@
 #include "worker/comm/file_store.h"
 #include "worker/device/cuda/cuda_device.h"
 #include "worker/device/cuda/cuda_status.h"
+#include "worker/device/host/host_kernels.h"
 
 namespace flatshard {
 namespace {
@@ -56,6 +59,78 @@ TEST_F(NcclCollectivesTest, OneRankCollectivesRunOnTheStream) {
   EXPECT_EQ(back, host);
   EXPECT_EQ(nccl_->Broadcast(*stream_, b.byte_span(), 4, DType::kFloat32, 3).code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// ReduceGradient's fused NCCL form (the pre-divide folded into the
+// reduce-scatter, a first gradient written straight into the shard) and the
+// three-step form it falls back to must both give, bit for bit, what the
+// separate element passes give on the host: at one rank the sum is the rank's
+// own value.
+struct GradientCase {
+  const char* name;
+  DType reduce_dtype;
+  double pre;
+  double post;
+  bool accumulate;
+  size_t grad_count;  // < count: padded with zeros
+};
+
+TEST_F(NcclCollectivesTest, ReduceGradientMatchesTheSeparatePassesBitForBit) {
+  constexpr size_t kCount = 1000;
+  const GradientCase cases[] = {
+      {"fused, first gradient into the shard", DType::kFloat32, 1, 1, false, kCount},
+      {"fused, pre and post folded", DType::kFloat32, 2, 4, false, kCount},
+      {"fused pre, post 3 applied after", DType::kFloat32, 2, 3, false, kCount},
+      {"fused pre, accumulated", DType::kFloat32, 4, 2, true, kCount},
+      {"padded: three steps", DType::kFloat32, 2, 1, true, kCount - 7},
+      {"bf16: three steps", DType::kBFloat16, 2, 3, true, kCount},
+      {"pre 3: three steps", DType::kFloat32, 3, 1, false, kCount},
+  };
+  for (const GradientCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    std::vector<float> grad(c.grad_count);
+    std::vector<float> shard(kCount);
+    for (size_t i = 0; i < grad.size(); ++i) grad[i] = static_cast<float>(i) * 0.37f - 91.3f;
+    for (size_t i = 0; i < kCount; ++i) shard[i] = 1.0f / static_cast<float>(i + 3);
+    // The host's separate passes: prepare (cast, pre-divide, pad), the
+    // one-rank sum (itself), accumulate (post-divide, add) into the shard or
+    // into zeros.
+    std::vector<std::byte> prepared(kCount * DTypeSize(c.reduce_dtype));
+    host_kernels::PrepareGradForReduce(grad.data(), grad.size(), c.reduce_dtype, prepared.data(),
+                                       kCount, c.pre);
+    std::vector<float> want = c.accumulate ? shard : std::vector<float>(kCount, 0.0f);
+    host_kernels::AccumulateReducedGrad(c.reduce_dtype, prepared.data(), want.data(), kCount,
+                                        c.post);
+
+    DeviceBuffer g = *device_->Allocate(grad.size() * 4, *stream_, MemoryKind::kGradients, nullptr);
+    DeviceBuffer work = *device_->Allocate(prepared.size(), *stream_, MemoryKind::kGradients,
+                                           nullptr);
+    DeviceBuffer out = *device_->Allocate(kCount * 4, *stream_, MemoryKind::kGradients, nullptr);
+    ASSERT_TRUE(stream_->CopyToDevice(g.byte_span(), std::as_bytes(std::span(grad))).ok());
+    // A first gradient's shard holds garbage: it must be written, not read.
+    std::vector<float> initial = c.accumulate ? shard : std::vector<float>(kCount, 7.5e30f);
+    ASSERT_TRUE(stream_->CopyToDevice(out.byte_span(), std::as_bytes(std::span(initial))).ok());
+    ASSERT_TRUE(nccl_
+                    ->ReduceGradient(*stream_, GradientReduction{g.span<const float>(),
+                                                                 c.reduce_dtype, c.pre, c.post,
+                                                                 work.byte_span(), kCount,
+                                                                 out.span<float>(), c.accumulate})
+                    .ok());
+    std::vector<float> got(kCount);
+    ASSERT_TRUE(stream_->CopyToHost(std::as_writable_bytes(std::span(got)), out.byte_span()).ok());
+    ASSERT_TRUE(stream_->Synchronize().ok());
+    for (size_t i = 0; i < kCount; ++i) {
+      ASSERT_EQ(std::bit_cast<uint32_t>(got[i]), std::bit_cast<uint32_t>(want[i]))
+          << "element " << i << ": " << got[i] << " vs " << want[i];
+    }
+  }
+  // Bad arguments name the field, whichever form would have run.
+  DeviceBuffer small = *device_->Allocate(16, *stream_, MemoryKind::kGradients, nullptr);
+  const absl::Status refused = nccl_->ReduceGradient(
+      *stream_, GradientReduction{small.span<const float>(), DType::kFloat32, 1, 1,
+                                  small.byte_span(), 4, small.span<float>().first(3), false});
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(refused.message()), HasSubstr("grad_shard"));
 }
 
 TEST_F(NcclCollectivesTest, EveryCallAfterAnAbortIsRefusedWithTheReason) {
