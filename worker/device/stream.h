@@ -129,7 +129,9 @@ class Stream {
   virtual absl::Status Gemm(const GemmArgs& args) = 0;
   // y[r, :] += bias for every row of y[rows, bias.size()].
   virtual absl::Status AddBias(DeviceSpan<float> y, DeviceSpan<const float> bias) = 0;
-  // Accumulates column sums: out[c] += sum over rows of x[rows, out.size()].
+  // Accumulates column sums: out[c] += sum over rows of x[rows, out.size()],
+  // added in the order of kernels::ColumnSumBlocks (element_ops.h) on every
+  // device.
   virtual absl::Status AccumulateColumnSums(DeviceSpan<const float> x, DeviceSpan<float> out) = 0;
   virtual absl::Status ActivationForward(Activation kind, DeviceSpan<const float> x,
                                          DeviceSpan<float> y) = 0;

@@ -11,8 +11,8 @@
 // core/clip_grad_norm_math.h, compiled with --fmad=false so nothing is
 // contracted into an FMA the host does not do (docs/architecture.md §5).
 // Reductions are deterministic: per-row statistics use cub::BlockReduce, column
-// sums run one thread per column in row order (the host's order, so they are
-// bit-exact), and whole-tensor sums use a fixed grid of kReductionBlocks partials
+// sums add blocks of rows in the order kernels::ColumnSumBlocks fixes for every
+// device (the host's order, so they are bit-exact), and whole-tensor sums use a fixed grid of kReductionBlocks partials
 // finished by one block, never floating-point atomics.
 #ifndef FLATSHARD_WORKER_DEVICE_CUDA_CUDA_KERNELS_H_
 #define FLATSHARD_WORKER_DEVICE_CUDA_CUDA_KERNELS_H_
@@ -58,8 +58,11 @@ cudaError_t LaunchAdamStep(const AdamCoefficients& c, float* params, const float
 // ---- row and column layouts (layout_kernels.cu)
 cudaError_t LaunchAddBias(float* y, size_t rows, const float* bias, size_t cols,
                           cudaStream_t stream);
-cudaError_t LaunchAccumulateColumnSums(const float* x, size_t rows, float* out, size_t cols,
-                                       cudaStream_t stream);
+// out[c] += the sum down the rows of x (of x * y when y is not null), in the
+// order of kernels::ColumnSumBlocks; `partials` holds ColumnSumBlocks(rows) * cols
+// floats of scratch.
+cudaError_t LaunchColumnSums(const float* x, const float* y, size_t rows, float* out, size_t cols,
+                             float* partials, cudaStream_t stream);
 cudaError_t LaunchAddRowsModulo(float* x, size_t rows, const float* table, size_t period,
                                 size_t cols, cudaStream_t stream);
 cudaError_t LaunchSumRowsModulo(const float* x, size_t rows, size_t period, size_t cols, float* out,
@@ -87,7 +90,8 @@ cudaError_t LaunchLayerNormForward(const float* x, size_t rows, size_t dim, cons
                                    float* rstd, cudaStream_t stream);
 cudaError_t LaunchLayerNormBackward(const float* dy, const float* xhat, const float* rstd,
                                     size_t rows, size_t dim, const float* weight, float* dx,
-                                    float* weight_grad, float* bias_grad, cudaStream_t stream);
+                                    float* weight_grad, float* bias_grad, float* partials,
+                                    cudaStream_t stream);
 
 // ---- softmax and cross-entropy (softmax_kernels.cu)
 cudaError_t LaunchCausalSoftmaxForward(const float* scores, size_t matrices, size_t seq,

@@ -163,6 +163,9 @@ class CudaStream final : public Stream {
   // stream (stream-ordered, so after the work that uses it) when it goes out of
   // scope.
   absl::StatusOr<DeviceBuffer> Scratch(size_t bytes);
+  // The per-block partial sums of a column sum over `rows` x `cols`
+  // (kernels::ColumnSumBlocks).
+  absl::StatusOr<DeviceBuffer> ColumnSumScratch(size_t rows, size_t cols);
   // A device-to-device copy of `bytes`; overlapping ranges go through scratch,
   // as cudaMemcpyAsync leaves them undefined and the host's memmove allows them.
   absl::Status CopyBytes(absl::string_view op, void* dst, const void* src, size_t bytes);

@@ -1,6 +1,7 @@
 // CudaStream: dense-layer pieces, LayerNorm, embeddings and attention. Checks
 // and argument mapping follow worker/device/host/host_exec_stream.cc line for
 // line, so both devices accept and refuse the same calls.
+#include <algorithm>
 #include <climits>
 #include <cstdint>
 
@@ -9,6 +10,7 @@
 #include "core/status_macros.h"
 #include "worker/device/cuda/cuda_kernels.h"
 #include "worker/device/cuda/cuda_stream.h"
+#include "worker/device/kernels/element_ops.h"
 #include "worker/device/stream_checks.h"
 
 namespace flatshard::cuda {
@@ -22,6 +24,11 @@ constexpr absl::string_view kLaunch = "kernel launch";
 
 }  // namespace
 
+absl::StatusOr<DeviceBuffer> CudaStream::ColumnSumScratch(size_t rows, size_t cols) {
+  // At least one float: a pool allocation of zero bytes is refused.
+  return Scratch(std::max<size_t>(kernels::ColumnSumBlocks(rows) * cols, 1) * sizeof(float));
+}
+
 absl::Status CudaStream::AddBias(DeviceSpan<float> y, DeviceSpan<const float> bias) {
   RETURN_IF_ERROR(stream_checks::CheckRows("AddBias", y.size(), bias.size()));
   RETURN_IF_ERROR(failure());
@@ -34,8 +41,10 @@ absl::Status CudaStream::AccumulateColumnSums(DeviceSpan<const float> x, DeviceS
   RETURN_IF_ERROR(stream_checks::CheckRows("AccumulateColumnSums", x.size(), out.size()));
   RETURN_IF_ERROR(failure());
   const size_t cols = out.size(), rows = cols == 0 ? 0 : x.size() / cols;
+  ASSIGN_OR_RETURN(DeviceBuffer partials, ColumnSumScratch(rows, cols));
   return Launched("AccumulateColumnSums", kLaunch,
-                  LaunchAccumulateColumnSums(x.address(), rows, out.address(), cols, raw()));
+                  LaunchColumnSums(x.address(), nullptr, rows, out.address(), cols,
+                                   partials.span<float>().address(), raw()));
 }
 
 absl::Status CudaStream::ActivationForward(Activation kind, DeviceSpan<const float> x,
@@ -107,12 +116,14 @@ absl::Status CudaStream::LayerNormBackward(DeviceSpan<const float> dy, DeviceSpa
       stream_checks::CheckLayerNormBackward(dy, xhat, rstd, weight, dx, weight_grad, bias_grad));
   RETURN_IF_ERROR(failure());
   const size_t rows = rstd.size(), d = rows == 0 ? 0 : dy.size() / rows;
+  ASSIGN_OR_RETURN(DeviceBuffer partials, ColumnSumScratch(rows, d));
   return Launched(
       "LayerNormBackward", kLaunch,
       LaunchLayerNormBackward(dy.address(), xhat.address(), rstd.address(), rows, d,
                               weight.empty() ? nullptr : weight.address(), dx.address(),
                               weight_grad.empty() ? nullptr : weight_grad.address(),
-                              bias_grad.empty() ? nullptr : bias_grad.address(), raw()));
+                              bias_grad.empty() ? nullptr : bias_grad.address(),
+                              partials.span<float>().address(), raw()));
 }
 
 absl::Status CudaStream::EmbeddingForward(DeviceSpan<const int32_t> ids,

@@ -1,8 +1,8 @@
 // LayerNorm over the last dimension: a block per row reduces the row's
 // statistics in double with cub::BlockReduce (as the host does in double, in a
 // different order), then every element goes through the shared element bodies.
-// The weight and bias gradients are column sums in row order, one thread per
-// column, the host's order.
+// The weight and bias gradients are column sums (LaunchColumnSums), in the
+// host's order.
 #include "worker/device/cuda/cuda_kernels.h"
 #include "worker/device/cuda/launch_config.cuh"
 #include "worker/device/kernels/element_ops.h"
@@ -62,27 +62,6 @@ __global__ void LayerNormInputGradKernel(const float* dy, const float* xhat, con
   }
 }
 
-// weight_grad[c] += sum_rows dy * xhat and bias_grad[c] += sum_rows dy, in row
-// order; either may be null.
-__global__ void LayerNormParamGradKernel(const float* dy, const float* xhat, size_t rows,
-                                         size_t dim, float* weight_grad, float* bias_grad) {
-  for (size_t c = FirstIndex(); c < dim; c += GridStride()) {
-    if (weight_grad != nullptr) {
-      float sum = weight_grad[c];
-      for (size_t r = 0; r < rows; ++r) {
-        const float product = dy[r * dim + c] * xhat[r * dim + c];
-        sum += product;
-      }
-      weight_grad[c] = sum;
-    }
-    if (bias_grad != nullptr) {
-      float sum = bias_grad[c];
-      for (size_t r = 0; r < rows; ++r) sum += dy[r * dim + c];
-      bias_grad[c] = sum;
-    }
-  }
-}
-
 }  // namespace
 
 cudaError_t LaunchLayerNormForward(const float* x, size_t rows, size_t dim, const float* weight,
@@ -97,16 +76,20 @@ cudaError_t LaunchLayerNormForward(const float* x, size_t rows, size_t dim, cons
 
 cudaError_t LaunchLayerNormBackward(const float* dy, const float* xhat, const float* rstd,
                                     size_t rows, size_t dim, const float* weight, float* dx,
-                                    float* weight_grad, float* bias_grad, cudaStream_t stream) {
+                                    float* weight_grad, float* bias_grad, float* partials,
+                                    cudaStream_t stream) {
   if (rows == 0 || dim == 0) return cudaSuccess;
   ClearStaleError();
   LayerNormInputGradKernel<<<RowBlocks(rows), kThreads, 0, stream>>>(dy, xhat, rstd, rows, dim,
                                                                      weight, dx);
   if (const cudaError_t error = cudaGetLastError(); error != cudaSuccess) return error;
-  if (weight_grad == nullptr && bias_grad == nullptr) return cudaSuccess;
-  LayerNormParamGradKernel<<<BlocksFor(dim), kThreads, 0, stream>>>(dy, xhat, rows, dim,
-                                                                    weight_grad, bias_grad);
-  return cudaGetLastError();
+  // One scratch for both sums: the stream runs them one after the other.
+  if (weight_grad != nullptr) {
+    const cudaError_t error = LaunchColumnSums(dy, xhat, rows, weight_grad, dim, partials, stream);
+    if (error != cudaSuccess) return error;
+  }
+  if (bias_grad == nullptr) return cudaSuccess;
+  return LaunchColumnSums(dy, nullptr, rows, bias_grad, dim, partials, stream);
 }
 
 }  // namespace flatshard::cuda

@@ -1,9 +1,12 @@
 // Row/column kernels: bias and positional-table adds, column sums, the
-// embedding gather and attention's head split/merge. The sums run one thread
-// per output column over the rows in row order, the order of the host loops, so
-// they match the host bit for bit (and repeat from run to run).
+// embedding gather and attention's head split/merge. Column sums add their rows
+// in the blocks kernels::ColumnSumBlocks defines, the host's order, so they
+// match the host bit for bit (and repeat from run to run); the positional
+// table's sums (SumRowsModulo) run one thread per output over its rows in row
+// order, as the host loops.
 #include "worker/device/cuda/cuda_kernels.h"
 #include "worker/device/cuda/launch_config.cuh"
+#include "worker/device/kernels/element_ops.h"
 
 namespace flatshard::cuda {
 namespace {
@@ -12,11 +15,37 @@ __global__ void AddBiasKernel(float* y, size_t total, const float* bias, size_t 
   for (size_t i = FirstIndex(); i < total; i += GridStride()) y[i] += bias[i % cols];
 }
 
-// out[c] += x[0, c] + x[1, c] + ... in row order.
-__global__ void AccumulateColumnSumsKernel(const float* x, size_t rows, float* out, size_t cols) {
+// partials[k, c] = the sum of block k's rows of column c (kernels::ColumnSumBlocks),
+// from zero in row order; a row's term is x[r, c], or x[r, c] * y[r, c] when
+// `y` is given. A thread per (block, column), columns fastest, so a warp reads
+// consecutive elements of a row.
+__global__ void ColumnBlockSumsKernel(const float* x, const float* y, size_t rows, size_t cols,
+                                      float* partials) {
+  const size_t total = kernels::ColumnSumBlocks(rows) * cols;
+  for (size_t i = FirstIndex(); i < total; i += GridStride()) {
+    const size_t first = (i / cols) * kernels::kColumnSumBlockRows, c = i % cols;
+    const size_t end = first + kernels::kColumnSumBlockRows < rows
+                           ? first + kernels::kColumnSumBlockRows
+                           : rows;
+    float sum = 0.0f;
+    if (y == nullptr) {
+      for (size_t r = first; r < end; ++r) sum += x[r * cols + c];
+    } else {
+      for (size_t r = first; r < end; ++r) {
+        const float product = x[r * cols + c] * y[r * cols + c];
+        sum += product;
+      }
+    }
+    partials[i] = sum;
+  }
+}
+
+// out[c] += partials[0, c], then partials[1, c], ...: the blocks in order.
+__global__ void AddColumnPartialsKernel(const float* partials, size_t blocks, float* out,
+                                        size_t cols) {
   for (size_t c = FirstIndex(); c < cols; c += GridStride()) {
     float sum = out[c];
-    for (size_t r = 0; r < rows; ++r) sum += x[r * cols + c];
+    for (size_t k = 0; k < blocks; ++k) sum += partials[k * cols + c];
     out[c] = sum;
   }
 }
@@ -84,11 +113,15 @@ cudaError_t LaunchAddBias(float* y, size_t rows, const float* bias, size_t cols,
   return cudaGetLastError();
 }
 
-cudaError_t LaunchAccumulateColumnSums(const float* x, size_t rows, float* out, size_t cols,
-                                       cudaStream_t stream) {
+cudaError_t LaunchColumnSums(const float* x, const float* y, size_t rows, float* out, size_t cols,
+                             float* partials, cudaStream_t stream) {
   if (rows == 0 || cols == 0) return cudaSuccess;
   ClearStaleError();
-  AccumulateColumnSumsKernel<<<BlocksFor(cols), kThreads, 0, stream>>>(x, rows, out, cols);
+  const size_t blocks = kernels::ColumnSumBlocks(rows);
+  ColumnBlockSumsKernel<<<BlocksFor(blocks * cols), kThreads, 0, stream>>>(x, y, rows, cols,
+                                                                           partials);
+  if (const cudaError_t error = cudaGetLastError(); error != cudaSuccess) return error;
+  AddColumnPartialsKernel<<<BlocksFor(cols), kThreads, 0, stream>>>(partials, blocks, out, cols);
   return cudaGetLastError();
 }
 

@@ -112,11 +112,32 @@ void AddBias(float* y, size_t rows, const float* bias, size_t cols) {
   }
 }
 
-void AccumulateColumnSums(const float* x, size_t rows, float* out, size_t cols) {
-  for (size_t r = 0; r < rows; ++r) {
-    const float* row = x + r * cols;
-    for (size_t c = 0; c < cols; ++c) out[c] += row[c];
+namespace {
+
+// out[c] += the column sums of `rows` rows of `cols`, in kernels::ColumnSumBlocks'
+// order; a row's term is x[r, c], or x[r, c] * y[r, c] when `y` is given.
+void AddColumnSumsInBlocks(const float* x, const float* y, size_t rows, float* out, size_t cols) {
+  std::vector<float> block(cols);
+  for (size_t r0 = 0; r0 < rows; r0 += kernels::kColumnSumBlockRows) {
+    const size_t r1 = std::min(rows, r0 + kernels::kColumnSumBlockRows);
+    std::fill(block.begin(), block.end(), 0.0f);
+    for (size_t r = r0; r < r1; ++r) {
+      const float* xr = x + r * cols;
+      if (y == nullptr) {
+        for (size_t c = 0; c < cols; ++c) block[c] += xr[c];
+      } else {
+        const float* yr = y + r * cols;
+        for (size_t c = 0; c < cols; ++c) block[c] += xr[c] * yr[c];
+      }
+    }
+    for (size_t c = 0; c < cols; ++c) out[c] += block[c];
   }
+}
+
+}  // namespace
+
+void AccumulateColumnSums(const float* x, size_t rows, float* out, size_t cols) {
+  AddColumnSumsInBlocks(x, nullptr, rows, out, cols);
 }
 
 void ActivationForward(Activation kind, const float* x, float* y, size_t count) {
@@ -192,15 +213,9 @@ void LayerNormBackward(const float* dy, const float* xhat, const float* rstd, si
       dxr[i] = kernels::LayerNormInputGrad(dnorm, xr[i], rstd[r], mean_dnorm, mean_dnorm_xhat);
     }
   }
-  // dw += sum_rows dy * xhat; db += sum_rows dy, summed in row order.
-  for (size_t r = 0; r < rows; ++r) {
-    const float* dyr = dy + r * dim;
-    const float* xr = xhat + r * dim;
-    for (size_t i = 0; i < dim; ++i) {
-      if (weight_grad != nullptr) weight_grad[i] += dyr[i] * xr[i];
-      if (bias_grad != nullptr) bias_grad[i] += dyr[i];
-    }
-  }
+  // dw += sum_rows dy * xhat; db += sum_rows dy, in the column-sum order.
+  if (weight_grad != nullptr) AddColumnSumsInBlocks(dy, xhat, rows, weight_grad, dim);
+  if (bias_grad != nullptr) AddColumnSumsInBlocks(dy, nullptr, rows, bias_grad, dim);
 }
 
 void EmbeddingForward(const int32_t* ids, size_t count, const float* table, size_t dim,

@@ -2,9 +2,9 @@
 // (core/host_device.h): the host kernels (worker/device/host/host_kernels.cc, also
 // run by the simulated device) loop over these functions and the CUDA kernels
 // (worker/device/cuda/*.cu) call them per thread, so every device computes the
-// same values element by element. Reductions (row statistics, column sums, norms)
-// are organised differently per backend (loops on the host, CUB on the GPU); the
-// element work around them is here.
+// same values element by element. Reductions (row statistics, norms) are
+// organised differently per backend (loops on the host, CUB on the GPU); the
+// element work around them is here, and so is the one order of column sums.
 #ifndef FLATSHARD_WORKER_DEVICE_KERNELS_ELEMENT_OPS_H_
 #define FLATSHARD_WORKER_DEVICE_KERNELS_ELEMENT_OPS_H_
 
@@ -124,6 +124,20 @@ template <DType D, typename Div>
 FLATSHARD_HOST_DEVICE inline void AssignReducedElement(const typename Element<D>::Storage* reduced,
                                                        float* acc, Div post_divide, size_t i) {
   acc[i] = 0.0f + PostDividedValue<D>(reduced[i], post_divide);
+}
+
+// ---- column sums: one order for every device
+// A sum down the rows of a [rows, cols] matrix (a Linear's bias gradient,
+// LayerNorm's weight and bias gradients) adds the rows in blocks of
+// kColumnSumBlockRows: each block's rows in order starting from zero, then the
+// blocks' sums in order onto the accumulator. Every device sums in this order,
+// so they agree bit for bit and repeat from run to run; the blocks let a GPU
+// give each (block, column) a thread, where one thread walking every row of a
+// column left all but a few of its warps idle (the GPT's bias gradients were
+// most of its step on an H100).
+inline constexpr size_t kColumnSumBlockRows = 64;
+FLATSHARD_HOST_DEVICE constexpr size_t ColumnSumBlocks(size_t rows) {
+  return (rows + kColumnSumBlockRows - 1) / kColumnSumBlockRows;
 }
 
 // ---- activations
