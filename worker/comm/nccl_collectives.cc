@@ -238,8 +238,8 @@ absl::Status NcclCollectives::ReduceGradient(Stream& stream, const GradientReduc
           ncclRedOpCreatePreMulSum(&op, &scalar, ncclFloat32, ncclScalarHostImmediate, comm_);
       if (created != ncclSuccess) return created;
     }
-    const ncclResult_t issued = ncclReduceScatter(r.grad.address(), out.address(), r.count,
-                                                  ncclFloat32, op, comm_, s);
+    const ncclResult_t issued =
+        ncclReduceScatter(r.grad.address(), out.address(), r.count, ncclFloat32, op, comm_, s);
     // NCCL allows destroying an operator once the calls given it have returned.
     if (op != ncclSum) ncclRedOpDestroy(op, comm_);
     return issued;

@@ -26,8 +26,8 @@ std::vector<float> Normal(size_t n, uint32_t seed) {
 }
 
 // out[c] + (block 0's sum) + (block 1's sum) + ..., each block from zero.
-std::vector<float> BlockOrder(const std::vector<float>& x, const std::vector<float>* y,
-                              size_t rows, size_t cols, std::vector<float> out) {
+std::vector<float> BlockOrder(const std::vector<float>& x, const std::vector<float>* y, size_t rows,
+                              size_t cols, std::vector<float> out) {
   const size_t block_rows = kernels::kColumnSumBlockRows;
   for (size_t c = 0; c < cols; ++c) {
     for (size_t k = 0; k < kernels::ColumnSumBlocks(rows); ++k) {

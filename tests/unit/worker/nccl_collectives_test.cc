@@ -103,19 +103,19 @@ TEST_F(NcclCollectivesTest, ReduceGradientMatchesTheSeparatePassesBitForBit) {
                                         c.post);
 
     DeviceBuffer g = *device_->Allocate(grad.size() * 4, *stream_, MemoryKind::kGradients, nullptr);
-    DeviceBuffer work = *device_->Allocate(prepared.size(), *stream_, MemoryKind::kGradients,
-                                           nullptr);
+    DeviceBuffer work =
+        *device_->Allocate(prepared.size(), *stream_, MemoryKind::kGradients, nullptr);
     DeviceBuffer out = *device_->Allocate(kCount * 4, *stream_, MemoryKind::kGradients, nullptr);
     ASSERT_TRUE(stream_->CopyToDevice(g.byte_span(), std::as_bytes(std::span(grad))).ok());
     // A first gradient's shard holds garbage: it must be written, not read.
     std::vector<float> initial = c.accumulate ? shard : std::vector<float>(kCount, 7.5e30f);
     ASSERT_TRUE(stream_->CopyToDevice(out.byte_span(), std::as_bytes(std::span(initial))).ok());
-    ASSERT_TRUE(nccl_
-                    ->ReduceGradient(*stream_, GradientReduction{g.span<const float>(),
-                                                                 c.reduce_dtype, c.pre, c.post,
-                                                                 work.byte_span(), kCount,
-                                                                 out.span<float>(), c.accumulate})
-                    .ok());
+    ASSERT_TRUE(
+        nccl_
+            ->ReduceGradient(*stream_, GradientReduction{g.span<const float>(), c.reduce_dtype,
+                                                         c.pre, c.post, work.byte_span(), kCount,
+                                                         out.span<float>(), c.accumulate})
+            .ok());
     std::vector<float> got(kCount);
     ASSERT_TRUE(stream_->CopyToHost(std::as_writable_bytes(std::span(got)), out.byte_span()).ok());
     ASSERT_TRUE(stream_->Synchronize().ok());

@@ -12,8 +12,9 @@
 // contracted into an FMA the host does not do (docs/architecture.md §5).
 // Reductions are deterministic: per-row statistics use cub::BlockReduce, column
 // sums add blocks of rows in the order kernels::ColumnSumBlocks fixes for every
-// device (the host's order, so they are bit-exact), and whole-tensor sums use a fixed grid of kReductionBlocks partials
-// finished by one block, never floating-point atomics.
+// device (the host's order, so they are bit-exact), and whole-tensor sums use a
+// fixed grid of kReductionBlocks partials finished by one block, never
+// floating-point atomics.
 #ifndef FLATSHARD_WORKER_DEVICE_CUDA_CUDA_KERNELS_H_
 #define FLATSHARD_WORKER_DEVICE_CUDA_CUDA_KERNELS_H_
 

@@ -117,13 +117,12 @@ absl::Status CudaStream::LayerNormBackward(DeviceSpan<const float> dy, DeviceSpa
   RETURN_IF_ERROR(failure());
   const size_t rows = rstd.size(), d = rows == 0 ? 0 : dy.size() / rows;
   ASSIGN_OR_RETURN(DeviceBuffer partials, ColumnSumScratch(rows, d));
-  return Launched(
-      "LayerNormBackward", kLaunch,
-      LaunchLayerNormBackward(dy.address(), xhat.address(), rstd.address(), rows, d,
-                              weight.empty() ? nullptr : weight.address(), dx.address(),
-                              weight_grad.empty() ? nullptr : weight_grad.address(),
-                              bias_grad.empty() ? nullptr : bias_grad.address(),
-                              partials.span<float>().address(), raw()));
+  return Launched("LayerNormBackward", kLaunch,
+                  LaunchLayerNormBackward(dy.address(), xhat.address(), rstd.address(), rows, d,
+                                          weight.empty() ? nullptr : weight.address(), dx.address(),
+                                          weight_grad.empty() ? nullptr : weight_grad.address(),
+                                          bias_grad.empty() ? nullptr : bias_grad.address(),
+                                          partials.span<float>().address(), raw()));
 }
 
 absl::Status CudaStream::EmbeddingForward(DeviceSpan<const int32_t> ids,

@@ -24,9 +24,8 @@ __global__ void ColumnBlockSumsKernel(const float* x, const float* y, size_t row
   const size_t total = kernels::ColumnSumBlocks(rows) * cols;
   for (size_t i = FirstIndex(); i < total; i += GridStride()) {
     const size_t first = (i / cols) * kernels::kColumnSumBlockRows, c = i % cols;
-    const size_t end = first + kernels::kColumnSumBlockRows < rows
-                           ? first + kernels::kColumnSumBlockRows
-                           : rows;
+    const size_t end =
+        first + kernels::kColumnSumBlockRows < rows ? first + kernels::kColumnSumBlockRows : rows;
     float sum = 0.0f;
     if (y == nullptr) {
       for (size_t r = first; r < end; ++r) sum += x[r * cols + c];
