@@ -18,6 +18,7 @@
 #include "core/model_spec.h"
 #include "core/plan.h"
 #include "core/safetensors_file_writer.h"
+#include "core/sharded_tensor_pieces.h"
 #include "core/status_macros.h"
 
 namespace flatshard {
@@ -151,6 +152,7 @@ absl::StatusOr<CheckpointManifest> WriteConverted(TensorSource& source, const st
   CheckpointManifest m = source.manifest();
   m.name = fs::path(out_dir).filename().string();
   RETURN_IF_ERROR(ValidateCheckpointName(m.name));
+  m.format_version = kCheckpointFormatVersion;
   m.state_dict_type = type;
   m.world_size = world_size;
   m.created_unix_micros = absl::ToUnixMicros(absl::Now());
@@ -189,37 +191,54 @@ absl::StatusOr<CheckpointManifest> WriteConverted(TensorSource& source, const st
       const std::string file_name =
           full ? std::string(kind == std::string("model") ? kFullModelFile : kFullOptimFile)
                : RankFileName(kind, r, world_size);
+      // SHARDED: without the target job's flat layouts, rank r's piece of a
+      // tensor is its rows ChunkOf(dim0, W, r), written as a 1-D piece with
+      // its offset (sharded_tensor_pieces.h: readers take any tiling); 0-dim
+      // parameters go to rank 0, steps to every rank whole.
       std::vector<SafetensorsSlot> slots;
-      std::vector<std::pair<const Entry*, ChunkSlice>> pieces;
+      struct Part {
+        const Entry* entry;
+        int64_t begin, count;
+      };
+      std::vector<Part> parts;
+      std::map<std::string, int64_t> offsets;
       for (const Entry& e : entries) {
         if (e.kind != kind) continue;
-        std::vector<int64_t> shape = e.shape;
-        ChunkSlice rows{0, shape.empty() ? 1 : shape[0], 0};
-        if (!full && !shape.empty()) {
-          rows = ChunkOf(shape[0], world_size, r);
-          if (rows.length == 0) continue;
-          shape[0] = rows.length;
+        const int64_t numel = NumElements(e.shape);
+        const bool step =
+            std::string(kind) == "optim" && e.shape.empty() && absl::EndsWith(e.name, ".step");
+        if (full || step) {
+          slots.push_back({e.name, DType::kFloat32, e.shape});
+          parts.push_back({&e, 0, numel});
+          continue;
         }
-        slots.push_back({e.name, DType::kFloat32, shape});
-        pieces.emplace_back(&e, rows);
+        int64_t begin = r == 0 ? 0 : numel, count = r == 0 ? numel : 0;
+        if (!e.shape.empty()) {
+          const ChunkSlice rows = ChunkOf(e.shape[0], world_size, r);
+          const int64_t row = e.shape[0] == 0 ? 0 : numel / e.shape[0];
+          begin = rows.begin * row;
+          count = rows.length * row;
+        }
+        if (count == 0) continue;
+        slots.push_back({e.name, DType::kFloat32, {count}});
+        parts.push_back({&e, begin, count});
+        offsets[e.name] = begin;
       }
       std::map<std::string, std::string> metadata = {
           {"format", "flatshard"},
           {"state_dict_type", std::string(StateDictTypeName(type))},
           {"rank", absl::StrCat(r)},
           {"world_size", absl::StrCat(world_size)}};
+      if (!full) metadata[std::string(kElementOffsetsKey)] = ElementOffsetsToJson(offsets);
       ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFileWriter> writer,
                        SafetensorsFileWriter::Create(absl::StrCat(partial, "/", file_name),
                                                      std::move(slots), metadata));
-      for (const auto& [e, rows] : pieces) {
-        ASSIGN_OR_RETURN(std::vector<float> values, source.Read(kind, e->source, e->shape));
-        std::span<const float> part(values);
-        if (!full && !e->shape.empty()) {
-          const int64_t row = e->shape[0] == 0 ? 0 : NumElements(e->shape) / e->shape[0];
-          part = part.subspan(static_cast<size_t>(rows.begin * row),
-                              static_cast<size_t>(rows.length * row));
-        }
-        RETURN_IF_ERROR(writer->Append(e->name, part));
+      for (const Part& part : parts) {
+        ASSIGN_OR_RETURN(std::vector<float> values,
+                         source.Read(kind, part.entry->source, part.entry->shape));
+        RETURN_IF_ERROR(writer->Append(part.entry->name, std::span<const float>(values).subspan(
+                                                             static_cast<size_t>(part.begin),
+                                                             static_cast<size_t>(part.count))));
       }
       ASSIGN_OR_RETURN(FileDigest digest, writer->Finish());
       m.files.push_back({file_name, r, digest.bytes, digest.xxh3});

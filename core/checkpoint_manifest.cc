@@ -151,10 +151,10 @@ absl::StatusOr<CheckpointManifest> ParseManifest(absl::string_view text, absl::s
   const Fields fields(json, std::string(what));
   CheckpointManifest m;
   FS_FIELD(fields, "format_version", m.format_version);
-  if (m.format_version != kCheckpointFormatVersion) {
-    return absl::InvalidArgumentError(absl::StrCat(what, " has format_version ", m.format_version,
-                                                   "; this flatshard reads version ",
-                                                   kCheckpointFormatVersion));
+  if (m.format_version < kRowChunkFormatVersion || m.format_version > kCheckpointFormatVersion) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " has format_version ", m.format_version, "; this flatshard reads versions ",
+        kRowChunkFormatVersion, " to ", kCheckpointFormatVersion));
   }
   FS_FIELD(fields, "name", m.name);
   FS_FIELD(fields, "job", m.job);

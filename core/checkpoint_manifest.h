@@ -20,7 +20,12 @@
 
 namespace flatshard {
 
-inline constexpr int kCheckpointFormatVersion = 1;
+// Version 2: SHARDED files hold contiguous element ranges of each tensor with
+// their offsets in the file's metadata (sharded_tensor_pieces.h), written
+// straight from each rank's flat shard. Version 1 (still read): SHARDED files
+// held rows ChunkOf(dim0, W, r). FULL and LOCAL files are the same in both.
+inline constexpr int kCheckpointFormatVersion = 2;
+inline constexpr int kRowChunkFormatVersion = 1;
 inline constexpr absl::string_view kManifestFileName = "manifest.json";
 inline constexpr absl::string_view kLatestFileName = "latest";
 inline constexpr absl::string_view kPartialSuffix = ".partial";

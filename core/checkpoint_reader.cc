@@ -10,6 +10,7 @@
 #include "core/durable_file.h"
 #include "core/flat_param_layout.h"
 #include "core/model_spec.h"
+#include "core/sharded_tensor_pieces.h"
 #include "core/status_macros.h"
 
 namespace flatshard {
@@ -177,34 +178,94 @@ absl::Status CheckpointReader::ReadRangeInto(absl::string_view kind, const std::
     return absl::FailedPreconditionError(absl::StrCat(
         dir_, " is a LOCAL_STATE_DICT checkpoint: its files hold flat shards, not tensors"));
   }
+  ASSIGN_OR_RETURN(std::vector<TensorPiece> pieces, PiecesOf(kind, name, shape));
   const int world = manifest_.world_size;
-  if (shape.empty()) {  // 0-dim values are replicated on every rank
+  if (pieces.empty() && !shape.empty()) return absl::OkStatus();  // no elements at all
+  if (pieces.empty()) {  // a 0-dim value replicated on every rank: rank 0's copy
     ASSIGN_OR_RETURN(SafetensorsReader * file, File(RankFileName(kind, 0, world)));
     ASSIGN_OR_RETURN(const SafetensorsEntry* entry, file->Find(name));
     RETURN_IF_ERROR(check_shape(*file, *entry, shape));
     return file->ReadFloatsInto(name, begin, out);
   }
-  uint64_t filled = 0;  // each rank's chunk is the next run of the range
-  const uint64_t row = shape[0] == 0 ? 0 : numel / static_cast<uint64_t>(shape[0]);
-  for (int r = 0; r < world && filled < out.size(); ++r) {
-    const ChunkSlice rows = ChunkOf(shape[0], world, r);
-    const uint64_t lo = static_cast<uint64_t>(rows.begin) * row;
-    const uint64_t hi = lo + static_cast<uint64_t>(rows.length) * row;
-    if (rows.length == 0 || hi <= begin || lo >= end) continue;
-    ASSIGN_OR_RETURN(SafetensorsReader * file, File(RankFileName(kind, r, world)));
-    ASSIGN_OR_RETURN(const SafetensorsEntry* entry, file->Find(name));
-    std::vector<int64_t> chunk_shape = shape;
-    chunk_shape[0] = rows.length;
-    RETURN_IF_ERROR(check_shape(*file, *entry, chunk_shape));
+  for (const TensorPiece& piece : pieces) {
+    const uint64_t lo = piece.offset, hi = piece.offset + piece.count;
+    if (hi <= begin || lo >= end) continue;
+    ASSIGN_OR_RETURN(SafetensorsReader * file, File(RankFileName(kind, piece.file, world)));
     const uint64_t from = std::max(begin, lo), to = std::min(end, hi);
     RETURN_IF_ERROR(file->ReadFloatsInto(name, from - lo, out.subspan(from - begin, to - from)));
-    filled += to - from;
-  }
-  if (filled != out.size()) {
-    return absl::DataLossError(absl::StrCat(dir_, ": the chunks of '", name, "' hold ", filled,
-                                            " of the ", out.size(), " elements asked for"));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<const ElementOffsets*> CheckpointReader::PieceOffsets(const std::string& file_name) {
+  if (auto it = offsets_.find(file_name); it != offsets_.end()) return &it->second;
+  ASSIGN_OR_RETURN(SafetensorsReader * file, File(file_name));
+  const auto& metadata = file->header().metadata;
+  auto it = metadata.find(std::string(kElementOffsetsKey));
+  ElementOffsets offsets;
+  if (it != metadata.end()) {
+    ASSIGN_OR_RETURN(offsets, ParseElementOffsets(it->second, file->path()));
+  }
+  for (const auto& [name, offset] : offsets) {
+    ASSIGN_OR_RETURN(const SafetensorsEntry* entry, file->Find(name));
+    if (entry->shape.size() != 1) {
+      return absl::DataLossError(absl::StrCat(file->path(), ": piece '", name, "' has shape [",
+                                              absl::StrJoin(entry->shape, ", "),
+                                              "], not one dimension"));
+    }
+  }
+  return &(offsets_[file_name] = std::move(offsets));
+}
+
+absl::StatusOr<std::vector<TensorPiece>> CheckpointReader::PiecesOf(
+    absl::string_view kind, const std::string& name, const std::vector<int64_t>& shape) {
+  const int world = manifest_.world_size;
+  const auto numel = static_cast<uint64_t>(NumElements(shape));
+  std::vector<TensorPiece> pieces;
+  if (manifest_.format_version == kRowChunkFormatVersion) {
+    // Rank r's file holds rows ChunkOf(dim0, W, r), shaped as the rows; 0-dim
+    // values are replicated.
+    if (shape.empty()) return pieces;
+    const uint64_t row = shape[0] == 0 ? 0 : numel / static_cast<uint64_t>(shape[0]);
+    for (int r = 0; r < world; ++r) {
+      const ChunkSlice rows = ChunkOf(shape[0], world, r);
+      if (rows.length == 0) continue;
+      ASSIGN_OR_RETURN(SafetensorsReader * file, File(RankFileName(kind, r, world)));
+      ASSIGN_OR_RETURN(const SafetensorsEntry* entry, file->Find(name));
+      std::vector<int64_t> chunk_shape = shape;
+      chunk_shape[0] = rows.length;
+      if (entry->shape != chunk_shape) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            file->path(), ": tensor '", name, "' has shape [", absl::StrJoin(entry->shape, ", "),
+            "], expected [", absl::StrJoin(chunk_shape, ", "), "]"));
+      }
+      pieces.push_back(
+          {r, static_cast<uint64_t>(rows.begin) * row, static_cast<uint64_t>(rows.length) * row});
+    }
+  } else {
+    for (int r = 0; r < world; ++r) {
+      const std::string file_name = RankFileName(kind, r, world);
+      ASSIGN_OR_RETURN(const ElementOffsets* offsets, PieceOffsets(file_name));
+      auto it = offsets->find(name);
+      if (it == offsets->end()) continue;
+      ASSIGN_OR_RETURN(SafetensorsReader * file, File(file_name));
+      ASSIGN_OR_RETURN(const SafetensorsEntry* entry, file->Find(name));
+      pieces.push_back({r, it->second, static_cast<uint64_t>(entry->shape[0])});
+    }
+    if (pieces.empty()) {
+      if (numel == 0) return pieces;  // no piece has an element of it
+      // Held whole by every rank (a 0-dim step), or by none: Find says which.
+      ASSIGN_OR_RETURN(SafetensorsReader * file, File(RankFileName(kind, 0, world)));
+      RETURN_IF_ERROR(file->Find(name).status());
+      if (!shape.empty()) {
+        return absl::DataLossError(
+            absl::StrCat(file->path(), ": '", name, "' is whole in the file, not a piece"));
+      }
+      return pieces;
+    }
+  }
+  RETURN_IF_ERROR(CheckTiling(pieces, numel, name, dir_));
+  return pieces;
 }
 
 }  // namespace flatshard

@@ -1,7 +1,9 @@
 // Reads a committed checkpoint directory: its manifest, and full tensors out of
-// FULL files or reassembled from the dim-0 chunks of SHARDED files (docs/fsdp-semantics.md
-// §5.3: rank r of W holds rows ChunkOf(dim0, W, r)), so a reader at any world
-// size or wrap policy gets the same values. Every file is checked against the
+// FULL files or reassembled from the pieces in SHARDED files (format version 2:
+// contiguous element ranges with their offsets in each file's metadata,
+// core/sharded_tensor_pieces.h; version 1: rank r of W holds rows
+// ChunkOf(dim0, W, r)), so a reader at any world size or wrap policy gets the
+// same values. Every file is checked against the
 // manifest's size and XXH3 before its first use; a mismatch is DATA_LOSS
 // naming the file. Used by workers on LoadShard and by the offline tools.
 #ifndef FLATSHARD_CORE_CHECKPOINT_READER_H_
@@ -17,6 +19,7 @@
 
 #include "core/checkpoint_manifest.h"
 #include "core/safetensors_reader.h"
+#include "core/sharded_tensor_pieces.h"
 
 namespace flatshard {
 
@@ -36,7 +39,9 @@ class CheckpointReader {
 
   // Elements [begin, end) of the row-major flattening of tensor `name`: from
   // a FULL file directly, from SHARDED files by intersecting [begin, end) with
-  // each rank's chunk, so a reader touches only what it needs.
+  // each file's piece, so a reader touches only what it needs. DATA_LOSS when
+  // the pieces do not tile the tensor (a gap, an overlap, a piece past its
+  // end).
   absl::StatusOr<std::vector<float>> ReadRange(absl::string_view kind, const std::string& name,
                                                const std::vector<int64_t>& shape, uint64_t begin,
                                                uint64_t end);
@@ -72,10 +77,18 @@ class CheckpointReader {
       : dir_(std::move(dir)), manifest_(std::move(manifest)) {}
   // Opens `file_name`, checking its size and header, and its XXH3 if `hash`.
   absl::StatusOr<SafetensorsReader*> OpenFile(const std::string& file_name, bool hash);
+  // A version 2 SHARDED file's pieces: tensor name -> element offset (each a
+  // 1-D tensor), parsed once per file.
+  absl::StatusOr<const ElementOffsets*> PieceOffsets(const std::string& file_name);
+  // The pieces of SHARDED tensor `name`, sorted and checked to tile it; empty
+  // for a 0-dim value every rank's file holds whole.
+  absl::StatusOr<std::vector<TensorPiece>> PiecesOf(absl::string_view kind, const std::string& name,
+                                                    const std::vector<int64_t>& shape);
 
   std::string dir_;
   CheckpointManifest manifest_;
   std::map<std::string, std::unique_ptr<SafetensorsReader>> open_;
+  std::map<std::string, ElementOffsets> offsets_;
 };
 
 }  // namespace flatshard

@@ -7,6 +7,7 @@
 // worker killed mid-save, a full disk): checkpoint_faults_test.cc.
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -131,9 +132,10 @@ TEST_P(CheckpointTest, ShardedReloadsAtOtherWorldSizesBitForBitAndLocalDoesNot) 
             absl::StatusCode::kInvalidArgument);
 }
 
-// Under HYBRID_SHARD each shard group exchanges only the rows its members
-// write (flat_range_exchange.h), and rows are dealt by global rank: the
-// SHARDED files of a 2 x 2 job consolidate to the FULL one it writes.
+// Under HYBRID_SHARD the two replicas of a shard hold the same elements and
+// each writes half of them: the SHARDED files of a 2 x 2 job tile every tensor
+// (a gap or an overlap would fail the consolidation with DATA_LOSS), every
+// rank writes a share, and they consolidate to the FULL checkpoint it writes.
 TEST_P(CheckpointTest, HybridShardedSaveConsolidatesToItsFullSave) {
   const std::string root = testing::MakeTempDir("ckpt-hybrid") + "/checkpoints";
   v1::JobSpec spec = Spec(4, false);
@@ -149,6 +151,17 @@ TEST_P(CheckpointTest, HybridShardedSaveConsolidatesToItsFullSave) {
   ASSERT_TRUE(written.ok()) << written.status();
   ExpectSameTensors(Dir(root, "full") + "/model.safetensors", out + "/model.safetensors");
   ExpectSameTensors(Dir(root, "full") + "/optim.safetensors", out + "/optim.safetensors");
+  uint64_t total = 0, smallest = UINT64_MAX;
+  for (int r = 0; r < 4; ++r) {
+    absl::StatusOr<std::unique_ptr<SafetensorsReader>> file =
+        SafetensorsReader::Open(Dir(root, "sharded") + "/" + RankFileName("model", r, 4));
+    ASSERT_TRUE(file.ok()) << file.status();
+    uint64_t elements = 0;
+    for (const auto& [name, entry] : (*file)->header().tensors) elements += entry.numel();
+    total += elements;
+    smallest = std::min(smallest, elements);
+  }
+  EXPECT_GT(smallest, total / 8) << "a replica wrote less than half its shard's share";
 }
 
 // A checkpoint of another model is refused before anything changes, naming

@@ -7,9 +7,11 @@ plaintext for the job lifecycle, mutual TLS with tokens for the security paths.
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
+import struct
 import sys
 import unittest
 
@@ -180,6 +182,74 @@ class PlaintextClusterTest(ClusterTestCase):
                 nowhere.workers()
         self.assertIn(caught.exception.code,
                       (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED))
+
+
+def write_safetensors(path: str, tensors: dict, metadata: dict) -> int:
+    """A float32 safetensors file, as the reference format lays it out."""
+    header: dict = {"__metadata__": metadata} if metadata else {}
+    blobs, offset = [], 0
+    for name, value in tensors.items():
+        blob = np.ascontiguousarray(value, dtype=np.float32).tobytes()
+        header[name] = {"dtype": "F32", "shape": list(value.shape),
+                        "data_offsets": [offset, offset + len(blob)]}
+        blobs.append(blob)
+        offset += len(blob)
+    encoded = json.dumps(header).encode()
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(encoded)) + encoded + b"".join(blobs))
+    return os.path.getsize(path)
+
+
+class OfflineShardedCheckpointTest(unittest.TestCase):
+    """checkpoint.load_sharded on files written here: format version 2's
+    element pieces (any tiling, rows cut anywhere), version 1's row chunks, and
+    pieces that do not tile a tensor refused."""
+
+    WEIGHT = np.arange(6, dtype=np.float32).reshape(3, 2)
+
+    def write(self, name: str, version: int, pieces: list) -> str:
+        """pieces[r]: (begin, end) of the weight's 6 elements in rank r's files."""
+        path = os.path.join(WORK, "offline", name)
+        shutil.rmtree(path, ignore_errors=True)
+        os.makedirs(path)
+        files, world = [], len(pieces)
+        for rank, (begin, end) in enumerate(pieces):
+            flat = self.WEIGHT.reshape(-1)[begin:end]
+            for kind, tensor in (("model", "w"), ("optim", "w.exp_avg")):
+                value = flat + (0 if kind == "model" else 100)
+                tensors = {tensor: value if version == 2 else value.reshape(-1, 2)}
+                metadata = {"element_offsets": json.dumps({tensor: begin})} if version == 2 else {}
+                if kind == "optim":
+                    tensors["w.step"] = np.array(3.0, dtype=np.float32)
+                file = f"{kind}-rank{rank:05d}-of-{world:05d}.safetensors"
+                files.append({"name": file, "rank": rank,
+                              "bytes": write_safetensors(os.path.join(path, file), tensors,
+                                                         metadata)})
+        manifest = {"format_version": version, "state_dict_type": "SHARDED_STATE_DICT",
+                    "world_size": world, "step": 3, "files": files,
+                    "params": {"w": {"dtype": "float32", "shape": [3, 2]}},
+                    "optimizer_states": ["exp_avg"]}
+        with open(os.path.join(path, "manifest.json"), "w", encoding="utf-8") as f:
+            json.dump(manifest, f)
+        return path
+
+    def test_pieces_and_row_chunks_reassemble_the_same_tensors(self) -> None:
+        for name, version, pieces in (("v2-cut-rows", 2, [(3, 6), (0, 3)]),
+                                      ("v2-empty-rank", 2, [(0, 6), (6, 6)]),
+                                      ("v1-rows", 1, [(0, 4), (4, 6)])):
+            with self.subTest(name):
+                loaded = checkpoint.load(self.write(name, version, pieces))
+                np.testing.assert_array_equal(loaded.model["w"], self.WEIGHT)
+                np.testing.assert_array_equal(loaded.optim["w.exp_avg"], self.WEIGHT + 100)
+                self.assertEqual(float(loaded.optim["w.step"]), 3.0)
+
+    def test_pieces_that_do_not_tile_the_tensor_are_refused(self) -> None:
+        for name, pieces, says in (("gap", [(0, 2), (3, 6)], "do not tile"),
+                                   ("overlap", [(0, 4), (3, 6)], "do not tile"),
+                                   ("short", [(0, 2), (2, 5)], "hold 5 of its 6")):
+            with self.subTest(name):
+                with self.assertRaisesRegex(ValueError, says):
+                    checkpoint.load(self.write(name, 2, pieces))
 
 
 class SecuredClusterTest(unittest.TestCase):

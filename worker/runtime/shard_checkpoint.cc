@@ -1,5 +1,6 @@
 #include "worker/runtime/shard_checkpoint.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <map>
 #include <memory>
@@ -16,32 +17,87 @@
 #include "core/durable_file.h"
 #include "core/model_spec.h"
 #include "core/safetensors_file_writer.h"
+#include "core/sharded_tensor_pieces.h"
 #include "core/status_macros.h"
-#include "worker/runtime/flat_range_exchange.h"
 
 namespace flatshard {
 namespace {
 
 // What one tensor of a rank's file holds: a slice of a gathered flat value
-// (a parameter's rows, a state's rows, or this rank's flat shard), or a step.
+// (FULL: a whole parameter or state), a slice of this rank's shard (SHARDED:
+// the elements of a parameter or state it covers; LOCAL: the flat shard), or
+// a step.
 struct Piece {
   enum class Source { kParam, kState, kStep, kLocalFlat, kLocalState };
   SafetensorsSlot slot;
   bool optim = false;
   Source source = Source::kParam;
   std::string state;       // kState, kLocalState
-  int64_t flat_begin = 0;  // element offset into the gathered flat / shard
+  int64_t flat_begin = 0;  // element offset into the gathered flat (FULL) / shard
   int64_t count = 0;
+  // SHARDED: where the piece starts in the tensor's flattening
+  // (sharded_tensor_pieces.h); -1 for whole tensors.
+  int64_t element_offset = -1;
 };
 
-int64_t RowElements(const std::vector<int64_t>& shape) {
-  if (shape.empty() || shape[0] == 0) return 0;
-  return NumElements(shape) / shape[0];
+// The SHARDED pieces of `unit` this rank writes, in file order: for every
+// parameter (then every state of those that train), the elements its flat
+// shard holds, read straight from the shard. Under HYBRID_SHARD the R
+// replicas of a shard hold the same elements, so replica k writes the k-th of
+// R even parts of the shard's range: every element is written once and no
+// rank exchanges anything.
+std::vector<Piece> ShardedPieces(const FlatParamUnit& unit, const std::vector<std::string>& states,
+                                 int rank, int world) {
+  const FlatParamLayout& layout = unit.layout();
+  const Unit& spec = unit.config().unit;
+  const int shard_rank = unit.config().shard_rank;
+  const int group = layout.world_size();
+  const int64_t replicas = world / group, replica = (rank - shard_rank) / group;
+  const int64_t n = layout.unpadded_unsharded_numel();
+  const int64_t shard_begin = static_cast<int64_t>(shard_rank) * layout.sharded_numel();
+  const int64_t lo = std::min(shard_begin, n),
+                hi = std::min(shard_begin + layout.sharded_numel(), n);
+  const int64_t begin = lo + (hi - lo) * replica / replicas;
+  const int64_t end = lo + (hi - lo) * (replica + 1) / replicas;
+  std::vector<Piece> pieces;
+  auto add = [&](size_t i, bool optim, Piece::Source source, const std::string& state) {
+    const FlatRange& range = layout.param_ranges()[i];
+    const int64_t from = std::max(begin, range.start), to = std::min(end, range.end + 1);
+    if (to <= from) return;
+    const std::string name =
+        state.empty() ? spec.params[i].fqn : absl::StrCat(spec.params[i].fqn, ".", state);
+    pieces.push_back({{name, optim ? DType::kFloat32 : spec.params[i].dtype, {to - from}},
+                      optim,
+                      source,
+                      state,
+                      from - shard_begin,
+                      to - from,
+                      from - range.start});
+  };
+  for (size_t i = 0; i < spec.params.size(); ++i) add(i, false, Piece::Source::kParam, "");
+  for (const std::string& s : states) {
+    for (size_t i = 0; i < spec.params.size(); ++i) {
+      if (spec.params[i].requires_grad) add(i, true, Piece::Source::kState, s);
+    }
+  }
+  if (!states.empty()) {  // the steps, whole in every rank's file
+    for (const UnitParam& p : spec.params) {
+      if (!p.requires_grad) continue;
+      pieces.push_back({{absl::StrCat(p.fqn, ".step"), DType::kFloat32, {}},
+                        true,
+                        Piece::Source::kStep,
+                        "",
+                        0,
+                        1});
+    }
+  }
+  return pieces;
 }
 
 // The pieces of unit `u` that this rank writes, in file order.
 std::vector<Piece> UnitPieces(const FlatParamUnit& unit, const std::vector<std::string>& states,
                               v1::StateDictType type, int rank, int world) {
+  if (type == v1::SHARDED_STATE_DICT) return ShardedPieces(unit, states, rank, world);
   std::vector<Piece> pieces;
   const Unit& spec = unit.config().unit;
   if (type == v1::LOCAL_STATE_DICT) {
@@ -68,57 +124,36 @@ std::vector<Piece> UnitPieces(const FlatParamUnit& unit, const std::vector<std::
     }
     return pieces;
   }
-  const bool full = type == v1::FULL_STATE_DICT;
-  // The slice of param i this rank writes: all of it (FULL, 0-dim) or its rows.
-  auto slice = [&](size_t i, std::vector<int64_t>& shape, int64_t& begin, int64_t& count) {
-    const UnitParam& p = spec.params[i];
-    shape = p.shape;
-    begin = unit.layout().param_ranges()[i].start;
-    count = p.numel;
-    if (full || p.shape.empty()) return;
-    const ChunkSlice rows = ChunkOf(p.shape[0], world, rank);
-    shape[0] = rows.length;
-    begin += rows.begin * RowElements(p.shape);
-    count = rows.length * RowElements(p.shape);
-  };
+  // FULL: every parameter whole, from the gathered flat value.
   std::map<std::string, size_t> index_of;
   for (size_t i = 0; i < spec.params.size(); ++i) {
     index_of[spec.params[i].fqn] = i;
-    std::vector<int64_t> shape;
-    int64_t begin = 0, count = 0;
-    slice(i, shape, begin, count);
-    if (!full && count == 0 && !shape.empty()) continue;  // no rows on this rank
-    pieces.push_back({{spec.params[i].fqn, spec.params[i].dtype, shape},
+    pieces.push_back({{spec.params[i].fqn, spec.params[i].dtype, spec.params[i].shape},
                       false,
                       Piece::Source::kParam,
                       "",
-                      begin,
-                      count});
+                      unit.layout().param_ranges()[i].start,
+                      spec.params[i].numel});
   }
-  if (full) {  // tied aliases, as torch's state_dict lists them
-    for (const SharedParam& shared : spec.shared) {
-      const size_t i = index_of.at(shared.primary_fqn);
-      pieces.push_back({{shared.fqn, spec.params[i].dtype, spec.params[i].shape},
-                        false,
-                        Piece::Source::kParam,
-                        "",
-                        unit.layout().param_ranges()[i].start,
-                        spec.params[i].numel});
-    }
+  for (const SharedParam& shared : spec.shared) {  // tied aliases, as torch's state_dict lists them
+    const size_t i = index_of.at(shared.primary_fqn);
+    pieces.push_back({{shared.fqn, spec.params[i].dtype, spec.params[i].shape},
+                      false,
+                      Piece::Source::kParam,
+                      "",
+                      unit.layout().param_ranges()[i].start,
+                      spec.params[i].numel});
   }
   for (const std::string& s : states) {
     for (size_t i = 0; i < spec.params.size(); ++i) {
       if (!spec.params[i].requires_grad) continue;  // torch keeps no state for them
-      std::vector<int64_t> shape;
-      int64_t begin = 0, count = 0;
-      slice(i, shape, begin, count);
-      if (!full && count == 0 && !shape.empty()) continue;
-      pieces.push_back({{absl::StrCat(spec.params[i].fqn, ".", s), DType::kFloat32, shape},
-                        true,
-                        Piece::Source::kState,
-                        s,
-                        begin,
-                        count});
+      pieces.push_back(
+          {{absl::StrCat(spec.params[i].fqn, ".", s), DType::kFloat32, spec.params[i].shape},
+           true,
+           Piece::Source::kState,
+           s,
+           unit.layout().param_ranges()[i].start,
+           spec.params[i].numel});
     }
   }
   if (!states.empty()) {
@@ -185,10 +220,9 @@ class SaveSource {
                                                        const std::string& name) const = 0;
   virtual std::vector<std::string> StateNames(size_t unit) const = 0;
   virtual float Step(size_t unit) const = 0;
-  // Brings per-element shard values of `unit` (S) to where this rank writes
-  // them, as the unpadded flat value (N): FULL gathers the whole value to its
-  // one writer (the others get nothing); SHARDED brings each rank the
-  // elements of its own rows only (the rest of `out` is unspecified).
+  // FULL: gathers per-element shard values of `unit` (S) to the one writer as
+  // the unpadded flat value (N); the other ranks get nothing. (SHARDED and
+  // LOCAL write from their own shards.)
   virtual absl::Status Gather(size_t unit, std::span<const float> values,
                               std::vector<float>& out) = 0;
 };
@@ -203,9 +237,6 @@ struct SavePlan {
   v1::StateDictType type = v1::FULL_STATE_DICT;
   bool writes = false;                     // FULL: rank 0 only
   std::vector<std::vector<Piece>> pieces;  // per unit
-  // SHARDED: per unit, per member of its shard group, the flat ranges that
-  // member writes (its rows of every parameter; flat_range_exchange.h).
-  std::vector<std::vector<std::vector<FlatRange>>> rows;
   struct FileSpec {
     std::string name;
     std::vector<SafetensorsSlot> slots;
@@ -296,11 +327,7 @@ class SnapshotSource : public SaveSource {
       return absl::OkStatus();
     }
     Communicator& comm = *snapshot_.comm;
-    const SavePlan& plan = *snapshot_.plan;
-    if (plan.type == v1::SHARDED_STATE_DICT) {
-      return ExchangeFlatRanges(comm, values, unit.numel, plan.rows[u], out);
-    }
-    // FULL: to the writer, shard-group rank 0 (global rank 0 in group 0).
+    // To the writer, shard-group rank 0 (global rank 0 in group 0).
     const bool receives = comm.rank() == 0;
     out.resize(receives ? values.size() * static_cast<size_t>(comm.size()) : 0);
     RETURN_IF_ERROR(comm.Gather(values.data(), receives ? out.data() : nullptr, values.size(),
@@ -341,22 +368,11 @@ absl::StatusOr<SavePlan> PlanSave(FsdpRuntime& runtime, v1::StateDictType type) 
     }
   }
   plan.writes = type != v1::FULL_STATE_DICT || plan.rank == 0;
-  if (type == v1::SHARDED_STATE_DICT) {
-    // Rows are dealt by global rank (replica * shard size + shard rank), the
-    // exchange runs within the shard group: member p writes global rank
-    // first + p's rows.
-    plan.rows.resize(units.size());
-    for (size_t u = 0; u < units.size(); ++u) {
-      const FlatParamUnit& unit = *units[u];
-      const int first = plan.rank - unit.config().shard_rank;
-      for (int p = 0; p < unit.layout().world_size(); ++p) {
-        std::vector<FlatRange>& ranges = plan.rows[u].emplace_back();
-        for (const Piece& piece : UnitPieces(unit, {}, type, first + p, plan.world)) {
-          if (piece.source == Piece::Source::kParam && piece.count > 0) {
-            ranges.push_back({piece.flat_begin, piece.flat_begin + piece.count - 1});
-          }
-        }
-      }
+  std::map<std::string, int64_t> model_offsets, optim_offsets;
+  for (const std::vector<Piece>& pieces : plan.pieces) {
+    for (const Piece& piece : pieces) {
+      if (piece.element_offset < 0) continue;
+      (piece.optim ? optim_offsets : model_offsets)[piece.slot.name] = piece.element_offset;
     }
   }
   std::map<std::string, std::string> metadata = {
@@ -373,6 +389,10 @@ absl::StatusOr<SavePlan> PlanSave(FsdpRuntime& runtime, v1::StateDictType type) 
   plan.model.metadata = metadata;
   plan.optim.metadata = std::move(metadata);
   plan.optim.metadata["param_groups"] = ParamGroupsJson(runtime);
+  if (type == v1::SHARDED_STATE_DICT) {
+    plan.model.metadata[std::string(kElementOffsetsKey)] = ElementOffsetsToJson(model_offsets);
+    plan.optim.metadata[std::string(kElementOffsetsKey)] = ElementOffsetsToJson(optim_offsets);
+  }
   return plan;
 }
 
@@ -387,20 +407,24 @@ absl::Status StreamSave(SaveSource& source, const SavePlan& plan, TensorSink* mo
   for (size_t u = 0; u < plan.pieces.size(); ++u) {
     const std::vector<Piece>& pieces = plan.pieces[u];
     const float step = source.Step(u);
-    if (plan.type == v1::LOCAL_STATE_DICT) {
+    if (plan.type != v1::FULL_STATE_DICT) {
+      // SHARDED and LOCAL: this rank's own elements, straight from its shard
+      // and states; no collective.
       for (const Piece& piece : pieces) {
         std::span<const float> values(&step, 1);
-        if (piece.source == Piece::Source::kLocalFlat) values = source.Shard(u);
-        if (piece.source == Piece::Source::kLocalState) {
+        if (piece.source == Piece::Source::kParam || piece.source == Piece::Source::kLocalFlat) {
+          values = source.Shard(u);
+        }
+        if (piece.source == Piece::Source::kState || piece.source == Piece::Source::kLocalState) {
           ASSIGN_OR_RETURN(values, source.State(u, piece.state));
         }
-        write(piece, values.subspan(0, static_cast<size_t>(piece.count)));
+        write(piece, values.subspan(static_cast<size_t>(piece.flat_begin),
+                                    static_cast<size_t>(piece.count)));
       }
       continue;
     }
-    // Every rank gathers the parameter and then each state, in torch's order,
-    // whether or not it writes a piece of them (a rank may hold no rows), so
-    // the collectives line up; one gathered value is alive at a time.
+    // FULL: every rank gathers the parameter and then each state, in torch's
+    // order, to the one writer; one gathered value is alive at a time.
     auto write_gathered = [&](Piece::Source kind, const std::string& state) {
       if (!plan.writes) return;
       for (const Piece& piece : pieces) {

@@ -1,11 +1,14 @@
 // One rank's part of saving and loading a checkpoint (docs/architecture.md §6;
-// docs/fsdp-semantics.md §5.2–5.4, §6.3–6.4). Every rank calls these together: FULL and
-// SHARDED saves all-gather unit by unit, so no rank ever holds more than one extra unit
-// unsharded, and write as they go.
+// docs/fsdp-semantics.md §5.2–5.4, §6.3–6.4). Every rank calls these together: FULL
+// saves gather unit by unit to rank 0, so it never holds more than one extra unit
+// unsharded, and write as they go; SHARDED and LOCAL saves write each rank's own
+// shard and need no collective.
 //   FULL     rank 0 writes model.safetensors (every FQN, tied aliases included)
 //            and optim.safetensors (<fqn>.<state>, <fqn>.step);
 //   SHARDED  rank r writes model-rank<r>-of-<W> and optim-rank<r>-of-<W> with
-//            rows ChunkOf(dim0, W, r) of every parameter and state;
+//            the elements of every parameter and state its flat shard holds
+//            (core/sharded_tensor_pieces.h: 1-D pieces, their offsets in the
+//            metadata; under HYBRID_SHARD each replica writes its part);
 //   LOCAL    rank r writes its flat shards as they are (<unit>._flat_param,
 //            unpadded) with the layout's digest in the file's metadata.
 // Loading reads FULL or SHARDED tensors at any world size and wrap policy
@@ -47,10 +50,11 @@ absl::StatusOr<ShardSaveResult> SaveShardCheckpoint(FsdpRuntime& runtime, const 
 // collectives) and the plan of the files to write. The copies run on the
 // runtime's snapshot stream (FsdpRuntime::BeginSnapshotCopies) and complete at
 // `copied`: taking a snapshot only enqueues them, so training resumes at once
-// and its next forward and backward overlap them; its next update waits. An async save's background
-// writer gathers from the copies over the runtime's checkpoint communicator, its own Gloo context,
-// so training's collectives go on meanwhile and no device communicator is used from a second
-// thread; a synchronous save gathers over the host shard group.
+// and its next forward and backward overlap them; its next update waits. An async FULL save's
+// background writer gathers from the copies over the runtime's checkpoint communicator, its own
+// Gloo context, so training's collectives go on meanwhile and no device communicator is used from
+// a second thread; a synchronous one gathers over the host shard group. SHARDED and LOCAL writers
+// only read the copies.
 struct SavePlan;
 struct ShardSnapshot {
   struct Unit {
@@ -62,7 +66,7 @@ struct ShardSnapshot {
     bool sharded = true;
   };
   std::shared_ptr<const SavePlan> plan;
-  Communicator* comm = nullptr;       // checkpoint_comm() (async); the runtime outlives the write
+  Communicator* comm = nullptr;  // FULL gathers: checkpoint_comm() (async); the runtime outlives it
   FileSystem* file_system = nullptr;  // the runtime's (null: FileSystem::Default())
   std::vector<Unit> units;
   std::shared_ptr<Event> copied;  // the copies into `units` are complete

@@ -3,11 +3,15 @@
     ckpt = flatshard.checkpoint.load("checkpoints/gpt/step-00000200")
     model.load_state_dict(ckpt.model_state(as_torch=True), strict=True)
 
-FULL checkpoints are one model and one optimizer file; SHARDED ones hold rank
-r's rows ``torch.chunk(W, dim=0)[r]`` of every tensor in rank r's files (0-dim
-tensors such as ``<fqn>.step`` in every file), so concatenating the ranks'
-pieces in rank order gives the full tensor. File sizes are checked against the
-manifest; `flatshard ckpt verify` also checks the xxh3 digests.
+FULL checkpoints are one model and one optimizer file. SHARDED ones (format
+version 2) hold in rank r's files the elements of every tensor that rank's flat
+shard held: each a 1-D piece, a contiguous range of the tensor's row-major
+flattening, whose first element the file's metadata records under
+``element_offsets``; the pieces tile each tensor, whose shape the manifest
+gives. ``<fqn>.step`` is whole (0-dim) in every optimizer file. Version 1
+SHARDED files held rows ``torch.chunk(W, dim=0)[r]`` instead; both are read.
+File sizes are checked against the manifest; `flatshard ckpt verify` also checks
+the xxh3 digests.
 """
 from __future__ import annotations
 
@@ -87,17 +91,28 @@ def load_sharded(path: str) -> Checkpoint:
     _expect(path, manifest, "SHARDED_STATE_DICT")
     _check_sizes(path, manifest)
     world = int(manifest["world_size"])
+    pieces_v2 = int(manifest.get("format_version", 1)) >= 2
     parts: Dict[str, Dict[str, List[np.ndarray]]] = {"model": {}, "optim": {}}
+    offsets: Dict[str, Dict[str, List[int]]] = {"model": {}, "optim": {}}
     bf16: set = set()
     for kind in ("model", "optim"):
         for rank in range(world):
             file = os.path.join(path, f"{kind}-rank{rank:05d}-of-{world:05d}.safetensors")
-            tensors, dtypes, _ = read_safetensors(file)
+            tensors, dtypes, metadata = read_safetensors(file)
             bf16 |= _bf16_names(dtypes)
+            file_offsets = json.loads(metadata.get("element_offsets", "{}")) if pieces_v2 else {}
             for name, value in tensors.items():
                 parts[kind].setdefault(name, []).append(value)
-    merged = {kind: {name: _merge(path, name, pieces) for name, pieces in by_name.items()}
-              for kind, by_name in parts.items()}
+                if name in file_offsets:
+                    offsets[kind].setdefault(name, []).append(int(file_offsets[name]))
+    merged: Dict[str, Dict[str, np.ndarray]] = {"model": {}, "optim": {}}
+    for kind, by_name in parts.items():
+        for name, pieces in by_name.items():
+            if name in offsets[kind]:
+                merged[kind][name] = _assemble(path, manifest, kind, name, pieces,
+                                               offsets[kind][name])
+            else:
+                merged[kind][name] = _merge(path, name, pieces, pieces_v2)
     checkpoint = Checkpoint(path, manifest, merged["model"], merged["optim"], bf16)
     _check_shapes(checkpoint)
     return checkpoint
@@ -128,12 +143,39 @@ def _check_sizes(path: str, manifest: Dict[str, Any]) -> None:
                              "(a damaged or foreign file)")
 
 
-def _merge(path: str, name: str, pieces: List[np.ndarray]) -> np.ndarray:
+def _merge(path: str, name: str, pieces: List[np.ndarray], pieces_v2: bool) -> np.ndarray:
+    if pieces_v2 and pieces[0].ndim != 0:
+        raise ValueError(f"{path}: '{name}' has no element offset (only 0-dim values are whole "
+                         "in every rank's file)")
     if pieces[0].ndim == 0:
         if any(not np.array_equal(p, pieces[0]) for p in pieces[1:]):
             raise ValueError(f"{path}: 0-dim '{name}' differs between the ranks' files")
         return pieces[0]
     return np.concatenate(pieces, axis=0)
+
+
+def _assemble(path: str, manifest: Dict[str, Any], kind: str, name: str,
+              pieces: List[np.ndarray], offsets: List[int]) -> np.ndarray:
+    """A version 2 SHARDED tensor from its 1-D pieces, which must tile it."""
+    fqn = name if kind == "model" else name.rsplit(".", 1)[0]
+    info = manifest.get("params", {}).get(fqn)
+    if info is None:
+        raise ValueError(f"{path}: piece '{name}' belongs to no parameter of the manifest")
+    shape = tuple(int(d) for d in info["shape"])
+    numel = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    if len(offsets) != len(pieces):
+        raise ValueError(f"{path}: '{name}' is a piece in some files and whole in others")
+    out = np.empty(numel, dtype=pieces[0].dtype)
+    covered = 0
+    for offset, piece in sorted(zip(offsets, pieces), key=lambda p: p[0]):
+        if piece.ndim != 1 or offset != covered or offset + piece.size > numel:
+            raise ValueError(f"{path}: the pieces of '{name}' do not tile its {numel} elements "
+                             f"(a piece of {piece.size} at {offset}, {covered} covered)")
+        out[offset:offset + piece.size] = piece
+        covered += piece.size
+    if covered != numel:
+        raise ValueError(f"{path}: the pieces of '{name}' hold {covered} of its {numel} elements")
+    return out.reshape(shape)
 
 
 def _check_shapes(checkpoint: Checkpoint) -> None:

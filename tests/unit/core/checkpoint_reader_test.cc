@@ -1,11 +1,14 @@
-// The checkpoint reader's shared verification (core/checkpoint_reader.h): W
+// The checkpoint reader (core/checkpoint_reader.h): shared verification (W
 // readers that each verify their share have hashed every file exactly once
 // between them, so any damaged file fails exactly one share, while damage a
-// size or header check sees fails every share.
+// size or header check sees fails every share), and SHARDED tensors read from
+// their pieces, row chunks (format version 1) or element ranges (version 2)
+// that must tile them.
 #include "core/checkpoint_reader.h"
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -16,6 +19,7 @@
 
 #include "core/durable_file.h"
 #include "core/safetensors_file_writer.h"
+#include "core/sharded_tensor_pieces.h"
 
 namespace flatshard {
 namespace {
@@ -23,13 +27,26 @@ namespace {
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
 
-// A SHARDED checkpoint of one [4, 2] parameter and its exp_avg, saved by
-// `world` ranks (each writes its rows and state), committed with a manifest.
-std::string WriteCheckpoint(const std::string& name, int world) {
+// One file's piece of fc.weight (and of its exp_avg): elements
+// [offset, offset + count) of the 8.
+struct FilePiece {
+  uint64_t offset = 0;
+  uint64_t count = 0;
+};
+
+// A SHARDED checkpoint of one [4, 2] parameter and its exp_avg whose rank r
+// files hold `pieces[r]`, committed with a manifest. Element i of fc.weight
+// holds i + 1, of its exp_avg 100 + i. Format version 2 writes 1-D pieces with
+// their offsets in the metadata; version 1 writes the pieces (which must then
+// be whole rows) as [rows, 2] chunks without offsets.
+std::string WritePieces(const std::string& name, const std::vector<std::vector<FilePiece>>& pieces,
+                        int version = kCheckpointFormatVersion) {
+  const auto world = static_cast<int>(pieces.size());
   std::string dir = absl::StrCat(::testing::TempDir(), "/checkpoint-reader-", name);
   fs::remove_all(dir);
   fs::create_directories(dir);
   CheckpointManifest m;
+  m.format_version = version;
   m.name = name;
   m.job = "test";
   m.job_spec.set_name("test");
@@ -41,16 +58,37 @@ std::string WriteCheckpoint(const std::string& name, int world) {
   m.params["fc.weight"] = {DType::kFloat32, {4, 2}};
   m.optimizer = "adam";
   m.optimizer_states = {"exp_avg"};
-  const int64_t rows = 4 / world;
   for (int r = 0; r < world; ++r) {
     for (const std::string kind : {"model", "optim"}) {
       const std::string file = RankFileName(kind, r, world);
       const std::string tensor = kind == "model" ? "fc.weight" : "fc.weight.exp_avg";
-      auto writer = SafetensorsFileWriter::Create(absl::StrCat(dir, "/", file),
-                                                  {{tensor, DType::kFloat32, {rows, 2}}});
+      const float base = kind == "model" ? 1.0f : 100.0f;
+      std::vector<SafetensorsSlot> slots;
+      std::map<std::string, int64_t> offsets;
+      const auto& mine = pieces[static_cast<size_t>(r)];
+      for (size_t k = 0; k < mine.size(); ++k) {
+        // A file holds one piece of a tensor; further pieces get other names
+        // (what a writer that repeats a tensor would leave).
+        const std::string piece_name = k == 0 ? tensor : absl::StrCat(tensor, ".", k);
+        const auto count = static_cast<int64_t>(mine[k].count);
+        slots.push_back({piece_name, DType::kFloat32,
+                         version == kRowChunkFormatVersion ? std::vector<int64_t>{count / 2, 2}
+                                                           : std::vector<int64_t>{count}});
+        offsets[piece_name] = static_cast<int64_t>(mine[k].offset);
+      }
+      std::map<std::string, std::string> metadata;
+      if (version != kRowChunkFormatVersion) {
+        metadata[std::string(kElementOffsetsKey)] = ElementOffsetsToJson(offsets);
+      }
+      auto writer = SafetensorsFileWriter::Create(absl::StrCat(dir, "/", file), slots, metadata);
       EXPECT_TRUE(writer.ok()) << writer.status();
-      std::vector<float> values(static_cast<size_t>(rows * 2), static_cast<float>(r + 1));
-      EXPECT_TRUE((*writer)->Append(tensor, values).ok());
+      for (size_t k = 0; k < mine.size(); ++k) {
+        std::vector<float> values(mine[k].count);
+        for (size_t i = 0; i < values.size(); ++i) {
+          values[i] = base + static_cast<float>(mine[k].offset + i);
+        }
+        EXPECT_TRUE((*writer)->Append(slots[k].name, values).ok());
+      }
       absl::StatusOr<FileDigest> digest = (*writer)->Finish();
       EXPECT_TRUE(digest.ok()) << digest.status();
       m.files.push_back({file, r, digest->bytes, digest->xxh3});
@@ -58,6 +96,16 @@ std::string WriteCheckpoint(const std::string& name, int world) {
   }
   EXPECT_TRUE(WriteFileDurably(absl::StrCat(dir, "/", kManifestFileName), ManifestToJson(m)).ok());
   return dir;
+}
+
+// Saved by `world` ranks that each hold 4 / world rows.
+std::string WriteCheckpoint(const std::string& name, int world,
+                            int version = kCheckpointFormatVersion) {
+  std::vector<std::vector<FilePiece>> pieces;
+  const auto per_rank = static_cast<uint64_t>(8 / world);
+  for (int r = 0; r < world; ++r)
+    pieces.push_back({{static_cast<uint64_t>(r) * per_rank, per_rank}});
+  return WritePieces(name, pieces, version);
 }
 
 void FlipLastByte(const std::string& path) {
@@ -141,24 +189,74 @@ TEST(CheckpointReaderTest, TruncatedOrMissingFilesFailEveryShare) {
   }
 }
 
-// A range across the ranks' row chunks reads straight into the caller's
-// span: rank r's rows hold r + 1 (one row each at world size 4, 2 elements).
-TEST(CheckpointReaderTest, ReadsARangeAcrossChunksIntoTheCallersSpan) {
-  const std::string dir = WriteCheckpoint("range", 4);
+// A range across the ranks' pieces reads straight into the caller's span,
+// from row chunks (version 1) and from element pieces (version 2) alike.
+TEST(CheckpointReaderTest, ReadsARangeAcrossPiecesIntoTheCallersSpan) {
+  for (const int version : {kRowChunkFormatVersion, kCheckpointFormatVersion}) {
+    SCOPED_TRACE(absl::StrCat("format version ", version));
+    const std::string dir = WriteCheckpoint(absl::StrCat("range", version), 4, version);
+    absl::StatusOr<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::Open(dir);
+    ASSERT_TRUE(reader.ok()) << reader.status();
+    std::vector<float> out(7, -1.0f);
+    ASSERT_TRUE(
+        (*reader)->ReadRangeInto("model", "fc.weight", {4, 2}, 1, std::span(out).first(5)).ok());
+    EXPECT_EQ(out, (std::vector<float>{2, 3, 4, 5, 6, -1, -1}));
+    absl::StatusOr<std::vector<float>> whole =
+        (*reader)->ReadRange("optim", "fc.weight.exp_avg", {4, 2}, 0, 8);
+    ASSERT_TRUE(whole.ok()) << whole.status();
+    EXPECT_EQ(*whole, (std::vector<float>{100, 101, 102, 103, 104, 105, 106, 107}));
+    EXPECT_EQ(
+        (*reader)->ReadRangeInto("model", "fc.weight", {4, 2}, 4, std::span(out).first(5)).code(),
+        absl::StatusCode::kOutOfRange);
+    EXPECT_EQ((*reader)->ReadRangeInto("model", "nope", {4, 2}, 0, std::span(out).first(2)).code(),
+              absl::StatusCode::kNotFound);
+  }
+}
+
+// Version 2 pieces are any contiguous tiling (a flat shard's boundaries fall
+// inside rows; a rank may hold nothing of a tensor), in any file order.
+TEST(CheckpointReaderTest, ElementPiecesMayCutRowsAndSkipRanks) {
+  const std::string dir = WritePieces("uneven", {{{5, 3}}, {}, {{0, 5}}});
   absl::StatusOr<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::Open(dir);
   ASSERT_TRUE(reader.ok()) << reader.status();
-  std::vector<float> out(7, -1.0f);
-  ASSERT_TRUE(
-      (*reader)->ReadRangeInto("model", "fc.weight", {4, 2}, 1, std::span(out).first(5)).ok());
-  EXPECT_EQ(out, (std::vector<float>{1, 2, 2, 3, 3, -1, -1}));
-  absl::StatusOr<std::vector<float>> whole =
-      (*reader)->ReadRange("optim", "fc.weight.exp_avg", {4, 2}, 0, 8);
+  absl::StatusOr<std::vector<float>> whole = (*reader)->ReadFull("model", "fc.weight", {4, 2});
   ASSERT_TRUE(whole.ok()) << whole.status();
-  EXPECT_EQ(*whole, (std::vector<float>{1, 1, 2, 2, 3, 3, 4, 4}));
-  EXPECT_EQ(
-      (*reader)->ReadRangeInto("model", "fc.weight", {4, 2}, 4, std::span(out).first(5)).code(),
-      absl::StatusCode::kOutOfRange);
-  EXPECT_EQ((*reader)->ReadRangeInto("model", "nope", {4, 2}, 0, std::span(out).first(2)).code(),
+  EXPECT_EQ(*whole, (std::vector<float>{1, 2, 3, 4, 5, 6, 7, 8}));
+  absl::StatusOr<std::vector<float>> middle =
+      (*reader)->ReadRange("optim", "fc.weight.exp_avg", {4, 2}, 4, 6);
+  ASSERT_TRUE(middle.ok()) << middle.status();
+  EXPECT_EQ(*middle, (std::vector<float>{104, 105}));
+}
+
+// Pieces that do not tile the tensor are damage, named, whatever part is
+// read: a gap, an overlap, a piece past the end. A tensor no file has is
+// NOT_FOUND (the loader's "no state").
+TEST(CheckpointReaderTest, PiecesThatDoNotTileTheTensorAreDataLoss) {
+  const struct {
+    const char* name;
+    std::vector<std::vector<FilePiece>> pieces;
+    const char* says;
+  } cases[] = {
+      {"gap", {{{0, 3}}, {{4, 4}}}, "leave a gap at element 3"},
+      {"overlap", {{{0, 5}}, {{4, 4}}}, "overlap at element 4"},
+      {"past-end", {{{0, 4}}, {{4, 6}}}, "runs past its 8 elements"},
+      {"short", {{{0, 4}}, {{4, 2}}}, "hold 6 of its 8 elements"},
+  };
+  for (const auto& c : cases) {
+    SCOPED_TRACE(c.name);
+    const std::string dir = WritePieces(c.name, c.pieces);
+    absl::StatusOr<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::Open(dir);
+    ASSERT_TRUE(reader.ok()) << reader.status();
+    std::vector<float> out(1);
+    const absl::Status s = (*reader)->ReadRangeInto("model", "fc.weight", {4, 2}, 0, out);
+    EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
+    EXPECT_THAT(std::string(s.message()), HasSubstr("'fc.weight'"));
+    EXPECT_THAT(std::string(s.message()), HasSubstr(c.says));
+  }
+  const std::string dir = WriteCheckpoint("absent", 2);
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::Open(dir);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  EXPECT_EQ((*reader)->ReadFull("optim", "fc.weight.exp_avg_sq", {4, 2}).status().code(),
             absl::StatusCode::kNotFound);
 }
 
