@@ -86,15 +86,20 @@ absl::StatusOr<std::unique_ptr<OptimizerState>> DeviceOptimizerState::ToHost() c
   return state;
 }
 
-absl::StatusOr<PinnedBuffer> DeviceOptimizerState::CopyToPinned(const std::string& name,
-                                                                Stream& stream) const {
+absl::StatusOr<DeviceSpan<const float>> DeviceOptimizerState::Tensor(const std::string& name) const {
   auto it = tensors_.find(name);
   if (it == tensors_.end()) {
     return absl::NotFoundError(absl::StrCat("no optimizer state '", name,
                                             "'; present: ", absl::StrJoin(StateNames(), ", ")));
   }
+  return it->second.span<const float>();
+}
+
+absl::StatusOr<PinnedBuffer> DeviceOptimizerState::CopyToPinned(const std::string& name,
+                                                                Stream& stream) const {
+  ASSIGN_OR_RETURN(DeviceSpan<const float> tensor, Tensor(name));
   ASSIGN_OR_RETURN(PinnedBuffer pinned, device_->AllocatePinned(size_ * sizeof(float)));
-  RETURN_IF_ERROR(stream.CopyToHost(pinned.copy_target(), it->second.byte_span()));
+  RETURN_IF_ERROR(stream.CopyToHost(pinned.copy_target(), AsBytes(tensor)));
   return pinned;
 }
 

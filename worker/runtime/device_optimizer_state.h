@@ -43,6 +43,8 @@ class DeviceOptimizerState {
   // after the state's last update; only enqueued (what a save snapshots, with
   // no second host copy). NotFound naming the tensors present.
   absl::StatusOr<PinnedBuffer> CopyToPinned(const std::string& name, Stream& stream) const;
+  // Tensor `name` where it lives on the device; NotFound as CopyToPinned.
+  absl::StatusOr<DeviceSpan<const float>> Tensor(const std::string& name) const;
 
  private:
   OptimizerKind kind_;

@@ -172,6 +172,11 @@ class FsdpRuntime : public compute::ParamResolver, public compute::ModuleHooks {
                                                           Stream& stream) const {
     return optim_states_[unit]->CopyToPinned(name, stream);
   }
+  // One state tensor of unit `unit` where it lives on the device.
+  absl::StatusOr<DeviceSpan<const float>> OptimizerStateTensor(size_t unit,
+                                                               const std::string& name) const {
+    return optim_states_[unit]->Tensor(name);
+  }
 
   // A save's snapshot copies run on a stream of their own, beside training
   // (CheckFreq's snapshot: the next forward and backward only read the

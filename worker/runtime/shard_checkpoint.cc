@@ -19,6 +19,7 @@
 #include "core/safetensors_file_writer.h"
 #include "core/sharded_tensor_pieces.h"
 #include "core/status_macros.h"
+#include "worker/device/host/host_device.h"
 
 namespace flatshard {
 namespace {
@@ -291,6 +292,58 @@ std::string ParamGroupsJson(const FsdpRuntime& runtime) {
   return nlohmann::ordered_json::array({group}).dump();
 }
 
+// FULL's gather of one unit's per-element values to the writer, shard-group
+// rank 0 (global rank 0 in group 0), as the unpadded flat value; an unsharded
+// unit's values are the value.
+absl::Status GatherToWriter(Communicator& comm, bool sharded, int64_t numel,
+                            std::span<const float> values, std::vector<float>& out) {
+  if (!sharded) {
+    out.assign(values.begin(), values.begin() + numel);
+    return absl::OkStatus();
+  }
+  const bool receives = comm.rank() == 0;
+  out.resize(receives ? values.size() * static_cast<size_t>(comm.size()) : 0);
+  RETURN_IF_ERROR(comm.Gather(values.data(), receives ? out.data() : nullptr, values.size(),
+                              DType::kFloat32, 0));
+  if (receives) out.resize(static_cast<size_t>(numel));
+  return absl::OkStatus();
+}
+
+// A synchronous save on the CPU device: the shards and optimizer state are
+// host memory already and training is not running, so the writers read them
+// where they are, with no copy (and no second copy of the state kept for the
+// next save); FULL gathers over the host shard group.
+class LiveHostSource : public SaveSource {
+ public:
+  // Null when the runtime's device is not host memory.
+  static absl::StatusOr<std::unique_ptr<LiveHostSource>> Create(FsdpRuntime& runtime) {
+    if (dynamic_cast<HostDevice*>(&runtime.device()) == nullptr) return nullptr;
+    RETURN_IF_ERROR(runtime.SynchronizeStreams());
+    return std::unique_ptr<LiveHostSource>(new LiveHostSource(runtime));
+  }
+  std::span<const float> Shard(size_t u) const override {
+    const DeviceSpan<float> shard = runtime_.units()[u]->shard();
+    return {HostDevice::HostAddress(shard), shard.size()};
+  }
+  absl::StatusOr<std::span<const float>> State(size_t u, const std::string& name) const override {
+    ASSIGN_OR_RETURN(DeviceSpan<const float> tensor, runtime_.OptimizerStateTensor(u, name));
+    return std::span<const float>(HostDevice::HostAddress(tensor), tensor.size());
+  }
+  std::vector<std::string> StateNames(size_t u) const override {
+    return runtime_.OptimizerStateNames(u);
+  }
+  float Step(size_t u) const override { return static_cast<float>(runtime_.OptimizerStep(u)); }
+  absl::Status Gather(size_t u, std::span<const float> values, std::vector<float>& out) override {
+    const FlatParamUnit& unit = *runtime_.units()[u];
+    return GatherToWriter(*runtime_.host_shard_comm(), unit.sharded(),
+                          unit.layout().unpadded_unsharded_numel(), values, out);
+  }
+
+ private:
+  explicit LiveHostSource(FsdpRuntime& runtime) : runtime_(runtime) {}
+  FsdpRuntime& runtime_;
+};
+
 // An async save's source: copies of this rank's shards and optimizer state,
 // gathered over the checkpoint communicator. Create() reads the pinned copies
 // once they are complete.
@@ -322,18 +375,7 @@ class SnapshotSource : public SaveSource {
   float Step(size_t u) const override { return snapshot_.units[u].step; }
   absl::Status Gather(size_t u, std::span<const float> values, std::vector<float>& out) override {
     const ShardSnapshot::Unit& unit = snapshot_.units[u];
-    if (!unit.sharded) {
-      out.assign(values.begin(), values.begin() + unit.numel);
-      return absl::OkStatus();
-    }
-    Communicator& comm = *snapshot_.comm;
-    // To the writer, shard-group rank 0 (global rank 0 in group 0).
-    const bool receives = comm.rank() == 0;
-    out.resize(receives ? values.size() * static_cast<size_t>(comm.size()) : 0);
-    RETURN_IF_ERROR(comm.Gather(values.data(), receives ? out.data() : nullptr, values.size(),
-                                DType::kFloat32, 0));
-    if (receives) out.resize(static_cast<size_t>(unit.numel));
-    return absl::OkStatus();
+    return GatherToWriter(*snapshot_.comm, unit.sharded, unit.numel, values, out);
   }
 
  private:
@@ -483,6 +525,11 @@ absl::StatusOr<ShardSaveResult> WriteFiles(SaveSource& source, const SavePlan& p
 
 absl::StatusOr<ShardSaveResult> SaveShardCheckpoint(FsdpRuntime& runtime, const std::string& dir,
                                                     v1::StateDictType type) {
+  ASSIGN_OR_RETURN(std::unique_ptr<LiveHostSource> live, LiveHostSource::Create(runtime));
+  if (live != nullptr) {
+    ASSIGN_OR_RETURN(SavePlan plan, PlanSave(runtime, type));
+    return WriteFiles(*live, plan, dir, runtime.options().file_system);
+  }
   // The shards live on the device: a save copies them (and the optimizer
   // state) to host memory first, then writes and gathers from the copies, over
   // the host shard group since training is not running meanwhile.
