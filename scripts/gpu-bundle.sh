@@ -19,7 +19,7 @@ while (($#)); do
   esac
 done
 [[ -n "${out:-}" ]] || { echo "gpu-bundle.sh: name the bundle to write (try --help)" >&2; exit 2; }
-binaries=(cuda_stream_test nccl_collectives_test fsdp_equivalence_test device_collectives_bench
+binaries=(cuda_stream_test nccl_collectives_test fsdp_equivalence_test checkpoint_test device_collectives_bench
           train_step_bench flatshard-train-local flatshard-worker flatshard-coordinator flatshard)
 stage="$(mktemp -d)"
 mkdir -p "$stage/bin" "$stage/lib"

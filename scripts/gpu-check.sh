@@ -2,7 +2,8 @@
 # The GPU check: one command for a machine with NVIDIA GPUs. Builds with the CUDA
 # path on, runs every CUDA test (each stream operation against the CPU device,
 # NCCL on one rank, the equivalence suite on `cuda` with the ranks sharing the
-# GPUs through --comm gloo, and over NCCL when there is a GPU per rank), then the
+# GPUs through --comm gloo, and over NCCL when there is a GPU per rank; checkpoints
+# saved and loaded by GPU workers), then the
 # collectives benchmark (runtime vs the bare NCCL call on the same bytes) and the
 # training-step benchmark, and appends what it measured, with the GPU's name, to
 # bench/RESULTS.md. Without a GPU it exits 3 and says so: a GPU number is never
@@ -98,6 +99,10 @@ run nccl_collectives_test "$bin/nccl_collectives_test"
 # The equivalence suite on the GPU: ranks share the GPUs through staged Gloo,
 # and use NCCL wherever every rank has a GPU of its own.
 run cuda_equivalence "$bin/fsdp_equivalence_test" --gtest_filter='CudaDevice/*'
+# Checkpoints from GPU workers (every rank on GPU 0 over staged Gloo): FULL,
+# SHARDED and LOCAL saved, reloaded at other world sizes bit for bit, resumed
+# exactly, damaged files refused.
+run cuda_checkpoint env FLATSHARD_BIN_DIR="$bin" "$bin/checkpoint_test" --gtest_filter='Gpu/*'
 
 sizes="1,16,64,256"
 steps=40

@@ -4,6 +4,7 @@
 #ifndef FLATSHARD_TESTS_INTEGRATION_CHECKPOINT_HARNESS_H_
 #define FLATSHARD_TESTS_INTEGRATION_CHECKPOINT_HARNESS_H_
 
+#include <cstdlib>
 #include <map>
 #include <memory>
 #include <string>
@@ -47,7 +48,15 @@ struct Cluster {
   }
 };
 
-// `device`: the workers' --device (the sim instances carry the ctest label sim).
+// Where the daemons and the CLI are: FLATSHARD_BIN_DIR in the environment (a
+// prebuilt bundle on a GPU machine, scripts/gpu-check.sh), else the build's.
+inline std::string BinDir() {
+  const char* bin_dir = std::getenv("FLATSHARD_BIN_DIR");
+  return bin_dir != nullptr ? bin_dir : FLATSHARD_BIN_DIR;
+}
+
+// `device`: the workers' --device (the sim instances carry the ctest label sim;
+// cuda puts every worker on GPU 0, talking Gloo).
 inline std::unique_ptr<Cluster> Start(const v1::JobSpec& spec, const std::string& root,
                                       const std::string& device = "cpu",
                                       std::map<int, std::vector<std::string>> worker_flags = {}) {
@@ -55,7 +64,11 @@ inline std::unique_ptr<Cluster> Start(const v1::JobSpec& spec, const std::string
   options.worker_flags = std::move(worker_flags);
   options.workers = spec.world_size();
   options.device = device;
-  options.bin_dir = FLATSHARD_BIN_DIR;
+  if (device == "cuda") {
+    options.comm = "gloo";
+    options.gpus = {0};
+  }
+  options.bin_dir = BinDir();
   options.checkpoint_dir = root;
   auto cluster = std::make_unique<Cluster>();
   absl::StatusOr<std::unique_ptr<LocalCluster>> started = LocalCluster::Start(options);

@@ -43,6 +43,7 @@ namespace flatshard {
 namespace {
 
 namespace fs = std::filesystem;
+using checkpoint_testing::BinDir;
 using checkpoint_testing::Dir;
 using checkpoint_testing::ExpectSameTensors;
 using checkpoint_testing::kJob;
@@ -53,7 +54,17 @@ using checkpoint_testing::Start;
 using checkpoint_testing::Train;
 using ::testing::HasSubstr;
 
-class CheckpointTest : public ::testing::TestWithParam<std::string> {};
+class CheckpointTest : public ::testing::TestWithParam<std::string> {
+ protected:
+  void SetUp() override {
+    // The cuda instances run where scripts/gpu-check.sh runs them: on a
+    // machine with an NVIDIA GPU, every rank's worker on GPU 0 (Gloo staged
+    // through pinned memory between them).
+    if (GetParam() == "cuda" && !fs::exists("/dev/nvidia0")) {
+      GTEST_SKIP() << "no NVIDIA GPU on this machine (/dev/nvidia0)";
+    }
+  }
+};
 
 TEST_P(CheckpointTest, ShardedReloadsAtOtherWorldSizesBitForBitAndLocalDoesNot) {
   const std::string root = testing::MakeTempDir("ckpt-reshard") + "/checkpoints";
@@ -299,7 +310,7 @@ TEST_P(CheckpointTest, DamagedCheckpointsAreRefusedNamingTheFileAndChangeNothing
   EXPECT_EQ(after.at(0).step(), before.at(0).step() + 1);
   // The offline verifier agrees and names the file.
   auto verify = ChildProcess::Spawn(
-      {std::string(FLATSHARD_BIN_DIR) + "/flatshard", "ckpt", "verify", Dir(root, "flipped")});
+      {BinDir() + "/flatshard", "ckpt", "verify", Dir(root, "flipped")});
   ASSERT_TRUE(verify.ok());
   std::string output;
   while (true) {
@@ -384,10 +395,15 @@ TEST_P(CheckpointTest, CheckpointsDuringTrainingOnDemandAndOnSchedule) {
   EXPECT_NE(*ReadFileToString(absl::StrCat(root, "/", kJob, "/latest")), "step-00000012\n");
 }
 
-INSTANTIATE_TEST_SUITE_P(Devices, CheckpointTest, ::testing::Values("cpu", "sim"),
-                         [](const ::testing::TestParamInfo<std::string>& p) {
-                           return p.param == "sim" ? std::string("SimDevice") : std::string("Cpu");
-                         });
+std::string DeviceTestName(const ::testing::TestParamInfo<std::string>& p) {
+  if (p.param == "sim") return "SimDevice";
+  return p.param == "cuda" ? "CudaDevice" : "Cpu";
+}
+
+INSTANTIATE_TEST_SUITE_P(Devices, CheckpointTest, ::testing::Values("cpu", "sim"), DeviceTestName);
+#if defined(FLATSHARD_TEST_CUDA_WORKERS)
+INSTANTIATE_TEST_SUITE_P(Gpu, CheckpointTest, ::testing::Values("cuda"), DeviceTestName);
+#endif
 
 }  // namespace
 }  // namespace flatshard
