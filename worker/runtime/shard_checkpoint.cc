@@ -41,6 +41,22 @@ struct Piece {
   int64_t element_offset = -1;
 };
 
+// FULL and SHARDED: "<fqn>.step" of every trained parameter, whole (0-dim),
+// when the optimizer keeps state.
+void AppendStepPieces(const Unit& spec, const std::vector<std::string>& states,
+                      std::vector<Piece>& pieces) {
+  if (states.empty()) return;
+  for (const UnitParam& p : spec.params) {
+    if (!p.requires_grad) continue;
+    pieces.push_back({{absl::StrCat(p.fqn, ".step"), DType::kFloat32, {}},
+                      true,
+                      Piece::Source::kStep,
+                      "",
+                      0,
+                      1});
+  }
+}
+
 // The SHARDED pieces of `unit` this rank writes, in file order: for every
 // parameter (then every state of those that train), the elements its flat
 // shard holds, read straight from the shard. Under HYBRID_SHARD the R
@@ -81,17 +97,7 @@ std::vector<Piece> ShardedPieces(const FlatParamUnit& unit, const std::vector<st
       if (spec.params[i].requires_grad) add(i, true, Piece::Source::kState, s);
     }
   }
-  if (!states.empty()) {  // the steps, whole in every rank's file
-    for (const UnitParam& p : spec.params) {
-      if (!p.requires_grad) continue;
-      pieces.push_back({{absl::StrCat(p.fqn, ".step"), DType::kFloat32, {}},
-                        true,
-                        Piece::Source::kStep,
-                        "",
-                        0,
-                        1});
-    }
-  }
+  AppendStepPieces(spec, states, pieces);
   return pieces;
 }
 
@@ -157,17 +163,7 @@ std::vector<Piece> UnitPieces(const FlatParamUnit& unit, const std::vector<std::
            spec.params[i].numel});
     }
   }
-  if (!states.empty()) {
-    for (const UnitParam& p : spec.params) {
-      if (!p.requires_grad) continue;
-      pieces.push_back({{absl::StrCat(p.fqn, ".step"), DType::kFloat32, {}},
-                        true,
-                        Piece::Source::kStep,
-                        "",
-                        0,
-                        1});
-    }
-  }
+  AppendStepPieces(spec, states, pieces);
   return pieces;
 }
 
