@@ -309,8 +309,8 @@ TEST_P(CheckpointTest, DamagedCheckpointsAreRefusedNamingTheFileAndChangeNothing
   const std::vector<v1::StepResult> after = Train(client, 1);
   EXPECT_EQ(after.at(0).step(), before.at(0).step() + 1);
   // The offline verifier agrees and names the file.
-  auto verify = ChildProcess::Spawn(
-      {BinDir() + "/flatshard", "ckpt", "verify", Dir(root, "flipped")});
+  auto verify =
+      ChildProcess::Spawn({BinDir() + "/flatshard", "ckpt", "verify", Dir(root, "flipped")});
   ASSERT_TRUE(verify.ok());
   std::string output;
   while (true) {

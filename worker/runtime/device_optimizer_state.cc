@@ -86,7 +86,8 @@ absl::StatusOr<std::unique_ptr<OptimizerState>> DeviceOptimizerState::ToHost() c
   return state;
 }
 
-absl::StatusOr<DeviceSpan<const float>> DeviceOptimizerState::Tensor(const std::string& name) const {
+absl::StatusOr<DeviceSpan<const float>> DeviceOptimizerState::Tensor(
+    const std::string& name) const {
   auto it = tensors_.find(name);
   if (it == tensors_.end()) {
     return absl::NotFoundError(absl::StrCat("no optimizer state '", name,
