@@ -101,10 +101,9 @@ std::string WritePieces(const std::string& name, const std::vector<std::vector<F
 // Saved by `world` ranks that each hold 4 / world rows.
 std::string WriteCheckpoint(const std::string& name, int world,
                             int version = kCheckpointFormatVersion) {
-  std::vector<std::vector<FilePiece>> pieces;
   const auto per_rank = static_cast<uint64_t>(8 / world);
-  for (int r = 0; r < world; ++r)
-    pieces.push_back({{static_cast<uint64_t>(r) * per_rank, per_rank}});
+  std::vector<std::vector<FilePiece>> pieces(static_cast<size_t>(world));
+  for (size_t r = 0; r < pieces.size(); ++r) pieces[r] = {{r * per_rank, per_rank}};
   return WritePieces(name, pieces, version);
 }
 
