@@ -51,19 +51,21 @@ void ExpectBits(const std::vector<float>& got, const std::vector<float>& want, c
 }
 
 TEST(HostColumnSumsTest, BiasGradientsAddTheRowsInBlocks) {
-  constexpr size_t kCols = 37;
-  // One partial block, exact blocks, and several blocks with a partial last.
-  for (const size_t rows : {size_t{1}, size_t{64}, size_t{128}, size_t{1000}}) {
-    SCOPED_TRACE(rows);
-    const std::vector<float> x = Normal(rows * kCols, 3);
-    std::vector<float> out = Normal(kCols, 4);
-    const std::vector<float> want = BlockOrder(x, nullptr, rows, kCols, out);
-    AccumulateColumnSums(x.data(), rows, out.data(), kCols);
-    ExpectBits(out, want, "bias grad");
+  // Narrow, and wider than the host's column tile (partial last tile).
+  for (const size_t cols : {size_t{37}, size_t{1029}}) {
+    // One partial block, exact blocks, and several blocks with a partial last.
+    for (const size_t rows : {size_t{1}, size_t{64}, size_t{128}, size_t{1000}}) {
+      SCOPED_TRACE(testing::Message() << rows << " x " << cols);
+      const std::vector<float> x = Normal(rows * cols, 3);
+      std::vector<float> out = Normal(cols, 4);
+      const std::vector<float> want = BlockOrder(x, nullptr, rows, cols, out);
+      AccumulateColumnSums(x.data(), rows, out.data(), cols);
+      ExpectBits(out, want, "bias grad");
+    }
   }
-  std::vector<float> untouched = Normal(kCols, 5);
+  std::vector<float> untouched = Normal(37, 5);
   const std::vector<float> before = untouched;
-  AccumulateColumnSums(nullptr, 0, untouched.data(), kCols);
+  AccumulateColumnSums(nullptr, 0, untouched.data(), 37);
   ExpectBits(untouched, before, "no rows");
 }
 

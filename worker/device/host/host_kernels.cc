@@ -116,21 +116,27 @@ namespace {
 
 // out[c] += the column sums of `rows` rows of `cols`, in kernels::ColumnSumBlocks'
 // order; a row's term is x[r, c], or x[r, c] * y[r, c] when `y` is given.
+// Columns go in tiles whose block sums live on the stack: this runs in every
+// Linear's and LayerNorm's backward, where a heap buffer per call would cost.
 void AddColumnSumsInBlocks(const float* x, const float* y, size_t rows, float* out, size_t cols) {
-  std::vector<float> block(cols);
-  for (size_t r0 = 0; r0 < rows; r0 += kernels::kColumnSumBlockRows) {
-    const size_t r1 = std::min(rows, r0 + kernels::kColumnSumBlockRows);
-    std::fill(block.begin(), block.end(), 0.0f);
-    for (size_t r = r0; r < r1; ++r) {
-      const float* xr = x + r * cols;
-      if (y == nullptr) {
-        for (size_t c = 0; c < cols; ++c) block[c] += xr[c];
-      } else {
-        const float* yr = y + r * cols;
-        for (size_t c = 0; c < cols; ++c) block[c] += xr[c] * yr[c];
+  constexpr size_t kTile = 512;
+  float block[kTile];
+  for (size_t c0 = 0; c0 < cols; c0 += kTile) {
+    const size_t width = std::min(kTile, cols - c0);
+    for (size_t r0 = 0; r0 < rows; r0 += kernels::kColumnSumBlockRows) {
+      const size_t r1 = std::min(rows, r0 + kernels::kColumnSumBlockRows);
+      std::fill(block, block + width, 0.0f);
+      for (size_t r = r0; r < r1; ++r) {
+        const float* xr = x + r * cols + c0;
+        if (y == nullptr) {
+          for (size_t c = 0; c < width; ++c) block[c] += xr[c];
+        } else {
+          const float* yr = y + r * cols + c0;
+          for (size_t c = 0; c < width; ++c) block[c] += xr[c] * yr[c];
+        }
       }
+      for (size_t c = 0; c < width; ++c) out[c0 + c] += block[c];
     }
-    for (size_t c = 0; c < cols; ++c) out[c] += block[c];
   }
 }
 
