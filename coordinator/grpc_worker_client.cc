@@ -1,9 +1,13 @@
 #include "coordinator/grpc_worker_client.h"
 
+#include <algorithm>
+
 #include <grpcpp/create_channel.h>
 #include <grpcpp/security/credentials.h>
 #include <grpcpp/support/channel_arguments.h>
 
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "rpc/call_metadata.h"
 
 #include "proto/grpc_status.h"
@@ -12,6 +16,11 @@ namespace flatshard {
 namespace {
 
 constexpr int kMaxMessageBytes = 64 << 20;
+// How long Configure, an epoch's first call, lets the channel connect. A worker
+// that has just registered can miss its first connection attempt on a busy
+// host, and a fail-fast call would turn that into a failed job; a dead worker
+// costs this much, not the configure timeout.
+constexpr absl::Duration kConnectGrace = absl::Seconds(2);
 
 // Registers a blocking call's context for CancelAll while it runs.
 class BlockingCall {
@@ -46,8 +55,13 @@ GrpcWorkerClient::GrpcWorkerClient(const std::string& address,
     : address_(address), command_token_(std::move(command_token)) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
-  stub_ = v1::WorkerService::NewStub(grpc::CreateCustomChannel(
-      address, credentials != nullptr ? credentials : grpc::InsecureChannelCredentials(), args));
+  // Reconnect within the connect grace (gRPC's default first backoff is 1 s).
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  channel_ = grpc::CreateCustomChannel(
+      address, credentials != nullptr ? credentials : grpc::InsecureChannelCredentials(), args);
+  stub_ = v1::WorkerService::NewStub(channel_);
 }
 
 GrpcWorkerClient::~GrpcWorkerClient() {
@@ -86,6 +100,11 @@ void GrpcWorkerClient::CancelAll() {
 }
 
 absl::Status GrpcWorkerClient::Configure(const v1::ConfigureRequest& request, absl::Time deadline) {
+  if (!channel_->WaitForConnected(
+          absl::ToChronoTime(std::min(deadline, absl::Now() + kConnectGrace)))) {
+    return absl::UnavailableError(absl::StrCat("cannot connect to ", address_, " (tried for ",
+                                               absl::FormatDuration(kConnectGrace), ")"));
+  }
   BlockingCall call(mu_, blocking_, deadline, command_token_);
   v1::ConfigureResponse response;
   return FromGrpcStatus(stub_->Configure(call.context(), request, &response));

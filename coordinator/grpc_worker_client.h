@@ -9,6 +9,7 @@
 #include <set>
 #include <string>
 
+#include <grpcpp/channel.h>
 #include <grpcpp/client_context.h>
 #include <grpcpp/security/credentials.h>
 
@@ -45,6 +46,7 @@ class GrpcWorkerClient final : public WorkerClient {
 
   std::string address_;
   const std::string command_token_;
+  std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::WorkerService::Stub> stub_;
   std::mutex mu_;
   std::condition_variable idle_;
