@@ -6,11 +6,14 @@
 // the collective timeout instead of hanging.
 #include "worker/runtime/batch_executor.h"
 
+#include <filesystem>
 #include <iostream>
+#include <optional>
 
 #include <gtest/gtest.h>
 
 #include "rpc/command_batch.h"
+#include "rpc/status_proto.h"
 
 #include "core/model_spec_yaml.h"
 #include "tests/integration/multiprocess.h"
@@ -184,6 +187,58 @@ TEST(BatchExecutorTest, PeerRefusalTimesOutInsteadOfHanging) {
                    : 4;
       },
       absl::Seconds(60));
+  EXPECT_TRUE(AllRanksSucceeded(results));
+}
+
+// A save batch writes only into the directory the coordinator made when it
+// began the save. A rank that gets the batch after the coordinator abandoned
+// the save (another rank failed; the directory is gone) fails its write
+// naming the directory and does not make it again: the abandoned save leaves
+// nothing behind. The save that has its directory writes every rank's file.
+TEST(BatchExecutorTest, ASaveIntoAnAbandonedDirectoryFailsAndLeavesNothing) {
+  const std::string dir = MakeTempDir("executor-save");
+  const std::string root = dir + "/checkpoints";
+  std::filesystem::create_directories(root + "/job/kept.partial");
+  auto results = RunRanks(
+      2,
+      [&](int rank) {
+        auto started = Start(dir + "/store", rank, 2, absl::Seconds(60));
+        if (!started.ok()) {
+          std::cerr << "rank " << rank << " start: " << started.status() << "\n";
+          return 1;
+        }
+        BatchExecutor executor(started->runtime.get(), 1);
+        uint64_t seq = 0;
+        auto save = [&](const std::string& directory) {
+          v1::CommandBatch batch;
+          batch.mutable_checkpoint()->mutable_save_shard()->set_directory(directory);
+          batch.mutable_checkpoint()->mutable_save_shard()->mutable_settings()->set_state_dict_type(
+              v1::SHARDED_STATE_DICT);
+          batch.set_job_epoch(1);
+          batch.set_seq(++seq);
+          batch.set_digest(*BatchDigest(batch));
+          std::optional<ShardSnapshot> snapshot;
+          return executor.ExecuteCheckpoint(batch, root, &snapshot);
+        };
+        auto abandoned = save("job/gone.partial");
+        CHILD_CHECK(abandoned.ok());  // the batch ran; its write failed
+        const absl::Status write = StatusFromProto(abandoned->checkpoint_status());
+        CHILD_CHECK(write.code() == absl::StatusCode::kFailedPrecondition);
+        CHILD_CHECK(std::string(write.message()).find("job/gone.partial is not there") !=
+                    std::string::npos);
+        CHILD_CHECK(abandoned->files_size() == 0);
+        CHILD_CHECK(!std::filesystem::exists(root + "/job/gone.partial"));
+        // The executor is not poisoned: the next save writes this rank's file.
+        auto kept = save("job/kept.partial");
+        CHILD_CHECK(kept.ok());
+        CHILD_CHECK(StatusFromProto(kept->checkpoint_status()).ok());
+        CHILD_CHECK(kept->files_size() == 2);  // the model's and the optimizer's shard
+        for (const v1::CheckpointFileInfo& file : kept->files()) {
+          CHILD_CHECK(std::filesystem::exists(root + "/job/kept.partial/" + file.name()));
+        }
+        return 0;
+      },
+      absl::Seconds(120));
   EXPECT_TRUE(AllRanksSucceeded(results));
 }
 

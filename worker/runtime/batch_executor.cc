@@ -188,12 +188,18 @@ absl::StatusOr<v1::CommandResult> BatchExecutor::ExecuteCheckpoint(
   result.set_rank(runtime_->rank());
   RETURN_IF_ERROR(Run(batch, [&]() -> absl::Status {
     if (command.has_save_shard()) {
+      // The coordinator made the directory when it began the save and removes
+      // it when it abandons the save (a rank failed): a rank that got here
+      // after that must not make it again, or the abandoned save's files
+      // outlive it. So the directory must already be there.
       std::error_code ec;
-      std::filesystem::create_directories(path, ec);
-      if (ec) {
+      if (!std::filesystem::is_directory(path, ec)) {
         // Still take part in the collectives: the save runs with writes failing.
-        SetError(result,
-                 absl::UnavailableError(absl::StrCat("cannot create ", path, ": ", ec.message())));
+        SetError(result, absl::FailedPreconditionError(absl::StrCat(
+                             "checkpoint directory ", path,
+                             " is not there: the coordinator abandoned this save, or this "
+                             "worker's --checkpoint-dir is not the coordinator's "
+                             "--checkpoint-root")));
       }
       v1::StateDictType type = command.save_shard().settings().state_dict_type();
       if (type == v1::STATE_DICT_TYPE_UNSPECIFIED) type = v1::FULL_STATE_DICT;
