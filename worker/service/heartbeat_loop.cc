@@ -51,6 +51,7 @@ void HeartbeatLoop::Start() {
   std::lock_guard<std::mutex> lock(mu_);
   stop_ = false;
   thread_ = std::thread([this] { Run(); });
+  aborter_ = std::thread([this] { RunAborts(); });
 }
 
 void HeartbeatLoop::Stop() {
@@ -59,7 +60,30 @@ void HeartbeatLoop::Stop() {
     stop_ = true;
   }
   cv_.notify_all();
+  abort_cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+  if (aborter_.joinable()) aborter_.join();
+}
+
+void HeartbeatLoop::RequestAbort(std::string reason, uint64_t epoch) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    pending_abort_ = PendingAbort{std::move(reason), epoch};
+  }
+  abort_cv_.notify_all();
+}
+
+void HeartbeatLoop::RunAborts() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (true) {
+    abort_cv_.wait(lock, [this] { return stop_ || pending_abort_.has_value(); });
+    if (stop_) return;  // the worker's shutdown aborts what still runs
+    PendingAbort abort = *std::move(pending_abort_);
+    pending_abort_.reset();
+    lock.unlock();
+    service_->AbortJob(abort.reason, abort.epoch);
+    lock.lock();
+  }
 }
 
 absl::Status HeartbeatLoop::Beat() {
@@ -80,7 +104,8 @@ absl::Status HeartbeatLoop::Beat() {
   }
   if (!rpc.ok()) return FromGrpcStatus(rpc);
   if (response.abort() && status.job_epoch == response.epoch() && status.state != "aborted") {
-    service_->AbortJob(absl::StrCat("the coordinator failed job epoch ", response.epoch()));
+    RequestAbort(absl::StrCat("the coordinator failed job epoch ", response.epoch()),
+                 response.epoch());
   }
   return absl::OkStatus();
 }
@@ -94,16 +119,17 @@ void HeartbeatLoop::Run() {
     const absl::Status status = Beat();
     if (status.ok()) {
       last_answer = absl::Now();
-    } else if (absl::Now() - last_answer > coordinator_timeout_ &&
-               service_->Status().state == "running") {
+    } else if (const WorkerStatus now = service_->Status();
+               absl::Now() - last_answer > coordinator_timeout_ && now.state == "running") {
       // The coordinator is gone with a batch in flight: it may have reached
       // only some ranks, whose collectives would wait for the others until
       // the collective timeout. Abort it; a restarted coordinator then finds
       // the ranks disagree and rolls back instead of waiting.
-      service_->AbortJob(absl::StrCat("no answer from the coordinator for ",
-                                      absl::FormatDuration(coordinator_timeout_),
-                                      " with a batch in flight"));
-      spdlog::warn("aborted the batch in flight: the coordinator has not answered for {}",
+      RequestAbort(
+          absl::StrCat("no answer from the coordinator for ",
+                       absl::FormatDuration(coordinator_timeout_), " with a batch in flight"),
+          now.job_epoch);
+      spdlog::warn("aborting the batch in flight: the coordinator has not answered for {}",
                    absl::FormatDuration(absl::Now() - last_answer));
     }
     lock.lock();

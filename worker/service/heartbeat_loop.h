@@ -3,13 +3,18 @@
 // completed seq and state. A heartbeat answered with `abort` (the job failed
 // on another rank) aborts the worker's collectives; one answered NOT_FOUND (the
 // coordinator restarted) registers again under the same id. A worker whose
-// coordinator stays silent with a batch in flight aborts the batch.
+// coordinator stays silent with a batch in flight aborts the batch. Aborts run
+// on a thread of their own: closing a job's Gloo pairs waits for their event
+// loop (tens of milliseconds per abort here, more under load), and a heartbeat
+// thread that waited would miss beats and get a live worker failed.
 #ifndef FLATSHARD_WORKER_SERVICE_HEARTBEAT_LOOP_H_
 #define FLATSHARD_WORKER_SERVICE_HEARTBEAT_LOOP_H_
 
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <optional>
+#include <string>
 #include <thread>
 
 #include <grpcpp/channel.h>
@@ -45,6 +50,10 @@ class HeartbeatLoop {
  private:
   void Run();
   absl::Status Beat();
+  // Hands an abort of job `epoch` (or older) to the aborter thread; a newer
+  // request replaces one not yet carried out.
+  void RequestAbort(std::string reason, uint64_t epoch);
+  void RunAborts();
   // Until the next beat is due (an interval) or, after a batch ended, the
   // worker has stayed idle for a moment; returns early when stopped.
   void WaitForNextBeat(std::unique_lock<std::mutex>& lock);
@@ -59,7 +68,14 @@ class HeartbeatLoop {
   std::condition_variable cv_;
   bool stop_ = false;
   bool batch_ended_ = false;
+  struct PendingAbort {
+    std::string reason;
+    uint64_t epoch = 0;
+  };
+  std::optional<PendingAbort> pending_abort_;  // guarded by mu_
+  std::condition_variable abort_cv_;
   std::thread thread_;
+  std::thread aborter_;
 };
 
 }  // namespace flatshard

@@ -132,12 +132,13 @@ WorkerSnapshot WorkerServiceImpl::Snapshot() const {
   return snapshot;
 }
 
-void WorkerServiceImpl::AbortJob(const std::string& reason) {
+void WorkerServiceImpl::AbortJob(const std::string& reason, uint64_t epoch) {
   std::shared_ptr<ActiveJob> job;
   {
     std::lock_guard<std::mutex> lock(state_mu_);
     job = job_;
     if (job == nullptr || status_.state == "aborted") return;
+    if (epoch != 0 && job->epoch > epoch) return;
     status_.state = "aborted";
     status_.abort_reason = reason;
   }
@@ -411,7 +412,8 @@ grpc::Status WorkerServiceImpl::GetStatus(grpc::ServerContext* /*context*/,
 grpc::Status WorkerServiceImpl::Abort(grpc::ServerContext* /*context*/,
                                       const v1::AbortRequest* request,
                                       v1::AbortResponse* /*response*/) {
-  AbortJob(request->reason().empty() ? "aborted by the coordinator" : request->reason());
+  AbortJob(request->reason().empty() ? "aborted by the coordinator" : request->reason(),
+           request->job_epoch());
   return grpc::Status::OK;
 }
 

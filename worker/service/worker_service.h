@@ -87,8 +87,10 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
   grpc::Status Abort(grpc::ServerContext* context, const v1::AbortRequest* request,
                      v1::AbortResponse* response) override;
 
-  // Fails the collectives of the current job, if any (idempotent).
-  void AbortJob(const std::string& reason);
+  // Fails the collectives of the current job, if any (idempotent). With
+  // `epoch` set, only a job of that epoch or older: an abort decided against
+  // one epoch and carried out after a Configure leaves the newer one alone.
+  void AbortJob(const std::string& reason, uint64_t epoch = 0);
   WorkerStatus Status() const;
   WorkerSnapshot Snapshot() const;
   // Called (outside the service's locks) after every batch ends: the
