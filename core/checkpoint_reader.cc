@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <memory>
 #include <system_error>
+
+#include <xxhash.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -53,17 +56,38 @@ absl::StatusOr<SafetensorsReader*> CheckpointReader::File(const std::string& fil
   return OpenFile(file_name, /*hash=*/true);
 }
 
+absl::StatusOr<const CheckpointFile*> CheckpointReader::Listed(const std::string& file_name) const {
+  for (const CheckpointFile& f : manifest_.files) {
+    if (f.name == file_name) return &f;
+  }
+  return absl::NotFoundError(absl::StrCat(dir_, "/", file_name, " is not listed in the manifest"));
+}
+
+namespace {
+
+// A file's digest against what the manifest recorded for it.
+absl::Status CheckDigest(const std::string& path, const CheckpointFile& entry,
+                         const FileDigest& digest) {
+  if (digest.bytes != entry.bytes) {  // changed since the size check
+    return absl::DataLossError(absl::StrCat(path, " has ", digest.bytes,
+                                            " bytes, the manifest recorded ", entry.bytes,
+                                            " (truncated or replaced)"));
+  }
+  if (digest.xxh3 != entry.xxh3) {
+    return absl::DataLossError(absl::StrCat(path, " fails its checksum: xxh3 ", digest.xxh3,
+                                            ", the manifest recorded ", entry.xxh3,
+                                            " (corrupted)"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::StatusOr<SafetensorsReader*> CheckpointReader::OpenFile(const std::string& file_name,
                                                               bool hash) {
   if (auto it = open_.find(file_name); it != open_.end()) return it->second.get();
-  const CheckpointFile* entry = nullptr;
-  for (const CheckpointFile& f : manifest_.files) {
-    if (f.name == file_name) entry = &f;
-  }
+  ASSIGN_OR_RETURN(const CheckpointFile* entry, Listed(file_name));
   const std::string path = absl::StrCat(dir_, "/", file_name);
-  if (entry == nullptr) {
-    return absl::NotFoundError(absl::StrCat(path, " is not listed in the manifest"));
-  }
   std::error_code ec;
   const uintmax_t size = std::filesystem::file_size(path, ec);
   if (ec) {
@@ -78,16 +102,7 @@ absl::StatusOr<SafetensorsReader*> CheckpointReader::OpenFile(const std::string&
   }
   if (hash) {
     ASSIGN_OR_RETURN(FileDigest digest, DigestFile(path));
-    if (digest.bytes != entry->bytes) {  // changed since the size check
-      return absl::DataLossError(absl::StrCat(path, " has ", digest.bytes,
-                                              " bytes, the manifest recorded ", entry->bytes,
-                                              " (truncated or replaced)"));
-    }
-    if (digest.xxh3 != entry->xxh3) {
-      return absl::DataLossError(absl::StrCat(path, " fails its checksum: xxh3 ", digest.xxh3,
-                                              ", the manifest recorded ", entry->xxh3,
-                                              " (corrupted)"));
-    }
+    RETURN_IF_ERROR(CheckDigest(path, *entry, digest));
   }
   ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsReader> reader, SafetensorsReader::Open(path));
   SafetensorsReader* raw = reader.get();
@@ -113,21 +128,94 @@ int CheckpointReader::VerifierOf(const CheckpointManifest& manifest, size_t posi
 }
 
 absl::Status CheckpointReader::VerifyShare(int index, int count) {
+  RETURN_IF_ERROR(BeginShare(index, count));
+  return FinishShare(/*deliver=*/true);
+}
+
+absl::Status CheckpointReader::BeginShare(int index, int count) {
   if (count < 1 || index < 0 || index >= count) {
     return absl::InvalidArgumentError(
         absl::StrCat("verifier ", index, " of ", count, " is not a valid share"));
   }
-  // The hashed files first: a damaged file this reader owns is reported as
-  // damaged, not as whatever its header might say.
+  // The share's files first: one that fails its size or header check is
+  // hashed at once, so damage is reported as damage, not as whatever its
+  // header might say.
   for (size_t i = 0; i < manifest_.files.size(); ++i) {
-    if (VerifierOf(manifest_, i, count) == index) {
-      RETURN_IF_ERROR(OpenFile(manifest_.files[i].name, /*hash=*/true).status());
+    const std::string& name = manifest_.files[i].name;
+    if (VerifierOf(manifest_, i, count) != index || open_.contains(name)) continue;
+    if (absl::StatusOr<SafetensorsReader*> opened = OpenFile(name, /*hash=*/false); !opened.ok()) {
+      // Checked again, size then hash: a wrong size or a missing file fails
+      // as before, a bad header in a damaged file as the damage.
+      RETURN_IF_ERROR(OpenFile(name, /*hash=*/true).status());
+      return opened.status();
     }
+    pending_[name];
   }
   for (const CheckpointFile& f : manifest_.files) {
     RETURN_IF_ERROR(OpenFile(f.name, /*hash=*/false).status());
   }
   return absl::OkStatus();
+}
+
+absl::Status CheckpointReader::FinishShare(bool deliver) {
+  absl::Status status;
+  for (const CheckpointFile& f : manifest_.files) {  // in the manifest's order
+    if (!pending_.contains(f.name)) continue;
+    // Every file is hashed even after one failed: the error names the first.
+    absl::Status hashed = HashWhileReading(f.name, deliver && status.ok());
+    if (status.ok()) status = hashed;
+  }
+  pending_.clear();
+  return status;
+}
+
+absl::Status CheckpointReader::HashWhileReading(const std::string& file_name, bool deliver) {
+  std::vector<DeferredRead> reads = std::move(pending_.at(file_name));
+  SafetensorsReader& file = *open_.at(file_name);
+  ASSIGN_OR_RETURN(const CheckpointFile* entry, Listed(file_name));
+  std::sort(reads.begin(), reads.end(),
+            [](const DeferredRead& a, const DeferredRead& b) { return a.offset < b.offset; });
+  for (size_t i = 1; i < reads.size(); ++i) {
+    if (reads[i].offset < reads[i - 1].offset + reads[i - 1].out.size()) {
+      // Two reads of the same bytes (not what a stage asks): read them as
+      // asked, and hash the file on its own.
+      for (const DeferredRead& r : reads) {
+        if (deliver) RETURN_IF_ERROR(file.ReadBytes(r.offset, r.out));
+      }
+      reads.clear();
+      break;
+    }
+  }
+  if (!deliver) reads.clear();
+  // Chunks small enough that the bytes just read are still in the cache
+  // when they are hashed.
+  constexpr uint64_t kChunk = uint64_t{1} << 20;
+  std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> state(XXH3_createState(),
+                                                                 &XXH3_freeState);
+  XXH3_64bits_reset(state.get());
+  std::vector<char> buffer(static_cast<size_t>(std::min(kChunk, entry->bytes)));
+  uint64_t at = 0;
+  auto read_into = [&](std::span<char> out) -> absl::Status {
+    for (size_t k = 0; k < out.size(); k += kChunk) {
+      const std::span<char> chunk = out.subspan(k, std::min<size_t>(kChunk, out.size() - k));
+      RETURN_IF_ERROR(file.ReadBytes(at, chunk));
+      XXH3_64bits_update(state.get(), chunk.data(), chunk.size());
+      at += chunk.size();
+    }
+    return absl::OkStatus();
+  };
+  auto skip_to = [&](uint64_t to) -> absl::Status {
+    while (at < to) {
+      RETURN_IF_ERROR(read_into(std::span(buffer).first(std::min<size_t>(buffer.size(), to - at))));
+    }
+    return absl::OkStatus();
+  };
+  for (const DeferredRead& r : reads) {
+    RETURN_IF_ERROR(skip_to(r.offset));
+    RETURN_IF_ERROR(read_into(r.out));
+  }
+  RETURN_IF_ERROR(skip_to(entry->bytes));
+  return CheckDigest(file.path(), *entry, FileDigest{at, Xxh3Hex(XXH3_64bits_digest(state.get()))});
 }
 
 absl::StatusOr<std::vector<float>> CheckpointReader::ReadFull(absl::string_view kind,
@@ -152,6 +240,42 @@ absl::StatusOr<std::vector<float>> CheckpointReader::ReadRange(absl::string_view
 absl::Status CheckpointReader::ReadRangeInto(absl::string_view kind, const std::string& name,
                                              const std::vector<int64_t>& shape, uint64_t begin,
                                              std::span<float> out) {
+  return ReadRange(kind, name, shape, begin, out, /*defer=*/false);
+}
+
+absl::Status CheckpointReader::ReadRangeDeferred(absl::string_view kind, const std::string& name,
+                                                 const std::vector<int64_t>& shape, uint64_t begin,
+                                                 std::span<float> out) {
+  return ReadRange(kind, name, shape, begin, out, /*defer=*/true);
+}
+
+absl::Status CheckpointReader::ReadTensorDeferred(const std::string& file_name,
+                                                  absl::string_view tensor, uint64_t begin,
+                                                  std::span<float> out) {
+  RETURN_IF_ERROR(File(file_name).status());
+  return ReadPart(file_name, tensor, begin, out, /*defer=*/true);
+}
+
+absl::Status CheckpointReader::ReadPart(const std::string& file_name, absl::string_view name,
+                                        uint64_t begin, std::span<float> out, bool defer) {
+  const SafetensorsReader& file = *open_.at(file_name);
+  auto pending = defer ? pending_.find(file_name) : pending_.end();
+  if (pending != pending_.end()) {
+    absl::StatusOr<uint64_t> offset = file.Float32Offset(name, begin, out.size());
+    if (offset.ok()) {
+      pending->second.push_back(
+          {*offset, std::span<char>(reinterpret_cast<char*>(out.data()), out.size_bytes())});
+      return absl::OkStatus();
+    }
+    // Another floating type is widened as it is read: now.
+    if (!absl::IsFailedPrecondition(offset.status())) return offset.status();
+  }
+  return file.ReadFloatsInto(name, begin, out);
+}
+
+absl::Status CheckpointReader::ReadRange(absl::string_view kind, const std::string& name,
+                                         const std::vector<int64_t>& shape, uint64_t begin,
+                                         std::span<float> out, bool defer) {
   const uint64_t end = begin + out.size();
   const auto numel = static_cast<uint64_t>(NumElements(shape));
   if (end < begin || end > numel) {
@@ -172,7 +296,7 @@ absl::Status CheckpointReader::ReadRangeInto(absl::string_view kind, const std::
     ASSIGN_OR_RETURN(SafetensorsReader * file, File(file_name));
     ASSIGN_OR_RETURN(const SafetensorsEntry* entry, file->Find(name));
     RETURN_IF_ERROR(check_shape(*file, *entry, shape));
-    return file->ReadFloatsInto(name, begin, out);
+    return ReadPart(file_name, name, begin, out, defer);
   }
   if (manifest_.state_dict_type != v1::SHARDED_STATE_DICT) {
     return absl::FailedPreconditionError(absl::StrCat(
@@ -182,17 +306,23 @@ absl::Status CheckpointReader::ReadRangeInto(absl::string_view kind, const std::
   const int world = manifest_.world_size;
   if (pieces.empty() && !shape.empty()) return absl::OkStatus();  // no elements at all
   if (pieces.empty()) {  // a 0-dim value replicated on every rank: rank 0's copy
-    ASSIGN_OR_RETURN(SafetensorsReader * file, File(RankFileName(kind, 0, world)));
+    const std::string file_name = RankFileName(kind, 0, world);
+    ASSIGN_OR_RETURN(SafetensorsReader * file, File(file_name));
     ASSIGN_OR_RETURN(const SafetensorsEntry* entry, file->Find(name));
     RETURN_IF_ERROR(check_shape(*file, *entry, shape));
-    return file->ReadFloatsInto(name, begin, out);
+    return ReadPart(file_name, name, begin, out, defer);
+  }
+  // Every piece's file is opened before any is read: a file that fails leaves
+  // no read of the others waiting to land in `out`.
+  for (const TensorPiece& piece : pieces) {
+    RETURN_IF_ERROR(File(RankFileName(kind, piece.file, world)).status());
   }
   for (const TensorPiece& piece : pieces) {
     const uint64_t lo = piece.offset, hi = piece.offset + piece.count;
     if (hi <= begin || lo >= end) continue;
-    ASSIGN_OR_RETURN(SafetensorsReader * file, File(RankFileName(kind, piece.file, world)));
     const uint64_t from = std::max(begin, lo), to = std::min(end, hi);
-    RETURN_IF_ERROR(file->ReadFloatsInto(name, from - lo, out.subspan(from - begin, to - from)));
+    RETURN_IF_ERROR(ReadPart(RankFileName(kind, piece.file, world), name, from - lo,
+                             out.subspan(from - begin, to - from), defer));
   }
   return absl::OkStatus();
 }

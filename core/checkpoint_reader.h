@@ -64,7 +64,30 @@ class CheckpointReader {
   // to. `count` readers that all succeed have hashed every byte once between
   // them instead of `count` times: a load's stage is that case (every rank
   // stages and none applies unless all staged, docs/checkpoints.md).
+  // BeginShare then FinishShare(true).
   absl::Status VerifyShare(int index, int count);
+
+  // VerifyShare in two halves, with the hashing folded into the reads: a
+  // load's stage reads mostly the files it verifies (at the saving world size
+  // exactly those), and reading them once to hash and again for their data
+  // crossed every byte from the disk twice. BeginShare checks every file's
+  // size and header and hashes nothing yet (a share's file that fails that is
+  // hashed at once, so damage is reported as damage). ReadRangeDeferred is
+  // ReadRangeInto for a caller that keeps `out` alive and unread until
+  // FinishShare: float32 elements in a file of the share are read then, each
+  // such file once, in order, into the callers' spans while the bytes are
+  // hashed as they land. FinishShare(false) only verifies: after a staging
+  // that failed, whose spans may be gone. Reads that are not deferred work as
+  // ever, before and after.
+  absl::Status BeginShare(int index, int count);
+  absl::Status ReadRangeDeferred(absl::string_view kind, const std::string& name,
+                                 const std::vector<int64_t>& shape, uint64_t begin,
+                                 std::span<float> out);
+  // Elements [begin, begin + out.size()) of tensor `tensor` of manifest file
+  // `file_name` (a LOCAL checkpoint's flat shards), deferred the same way.
+  absl::Status ReadTensorDeferred(const std::string& file_name, absl::string_view tensor,
+                                  uint64_t begin, std::span<float> out);
+  absl::Status FinishShare(bool deliver);
 
   // Which of `count` readers hashes manifest file `position`: the files in
   // the order of the ranks that wrote them, dealt in contiguous blocks as
@@ -77,6 +100,21 @@ class CheckpointReader {
       : dir_(std::move(dir)), manifest_(std::move(manifest)) {}
   // Opens `file_name`, checking its size and header, and its XXH3 if `hash`.
   absl::StatusOr<SafetensorsReader*> OpenFile(const std::string& file_name, bool hash);
+  // The manifest's entry for `file_name`; NOT_FOUND naming its path if none.
+  absl::StatusOr<const CheckpointFile*> Listed(const std::string& file_name) const;
+  // ReadRangeInto's body; float32 parts in a file of the share wait for
+  // FinishShare when `defer`.
+  absl::Status ReadRange(absl::string_view kind, const std::string& name,
+                         const std::vector<int64_t>& shape, uint64_t begin, std::span<float> out,
+                         bool defer);
+  // Elements of tensor `name` of open file `file_name` into `out`: now, or at
+  // FinishShare when `defer` and the file is one of the share's.
+  absl::Status ReadPart(const std::string& file_name, absl::string_view name, uint64_t begin,
+                        std::span<float> out, bool defer);
+  // Reads file `file_name` start to end, the deferred reads straight into
+  // their spans and the rest through a buffer, hashing every byte once, and
+  // checks the hash against the manifest.
+  absl::Status HashWhileReading(const std::string& file_name, bool deliver);
   // A version 2 SHARDED file's pieces: tensor name -> element offset (each a
   // 1-D tensor), parsed once per file.
   absl::StatusOr<const ElementOffsets*> PieceOffsets(const std::string& file_name);
@@ -89,6 +127,13 @@ class CheckpointReader {
   CheckpointManifest manifest_;
   std::map<std::string, std::unique_ptr<SafetensorsReader>> open_;
   std::map<std::string, ElementOffsets> offsets_;
+  // A read waiting for FinishShare: file bytes [offset, offset + out.size()).
+  struct DeferredRead {
+    uint64_t offset = 0;
+    std::span<char> out;
+  };
+  // The share's files not yet hashed, with the reads waiting for them.
+  std::map<std::string, std::vector<DeferredRead>> pending_;
 };
 
 }  // namespace flatshard

@@ -265,10 +265,10 @@ absl::StatusOr<std::vector<float>> SafetensorsReader::ReadFloats(absl::string_vi
   return out;
 }
 
-absl::Status SafetensorsReader::ReadFloatsInto(absl::string_view name, uint64_t begin,
-                                               std::span<float> out) const {
+absl::StatusOr<std::pair<const SafetensorsEntry*, uint64_t>> SafetensorsReader::Locate(
+    absl::string_view name, uint64_t begin, uint64_t count) const {
   ASSIGN_OR_RETURN(const SafetensorsEntry* entry, Find(name));
-  const uint64_t end = begin + out.size();
+  const uint64_t end = begin + count;
   if (end < begin || end > entry->numel()) {
     return absl::OutOfRangeError(absl::StrCat(path_, ": elements [", begin, ", ", end,
                                               ") are outside tensor '", name, "' of ",
@@ -279,16 +279,35 @@ absl::Status SafetensorsReader::ReadFloatsInto(absl::string_view name, uint64_t 
                                                    DTypeName(entry->dtype),
                                                    ", not a floating-point type"));
   }
-  const size_t width = DTypeSize(entry->dtype);
-  const uint64_t offset = header_.data_start + entry->begin + begin * width;
+  return std::make_pair(entry, header_.data_start + entry->begin + begin * DTypeSize(entry->dtype));
+}
+
+absl::Status SafetensorsReader::ReadFloatsInto(absl::string_view name, uint64_t begin,
+                                               std::span<float> out) const {
+  ASSIGN_OR_RETURN(const auto located, Locate(name, begin, out.size()));
+  const auto [entry, offset] = located;
   if (entry->dtype == DType::kFloat32) {  // straight into the result
     return PreadAll(fd_, reinterpret_cast<char*>(out.data()), out.size_bytes(), offset, path_);
   }
-  std::string raw(out.size() * width, '\0');
+  std::string raw(out.size() * DTypeSize(entry->dtype), '\0');
   RETURN_IF_ERROR(PreadAll(fd_, raw.data(), raw.size(), offset, path_));
   ConvertElements(entry->dtype, reinterpret_cast<const std::byte*>(raw.data()), DType::kFloat32,
                   reinterpret_cast<std::byte*>(out.data()), out.size());
   return absl::OkStatus();
+}
+
+absl::StatusOr<uint64_t> SafetensorsReader::Float32Offset(absl::string_view name, uint64_t begin,
+                                                          uint64_t count) const {
+  ASSIGN_OR_RETURN(const auto located, Locate(name, begin, count));
+  if (located.first->dtype != DType::kFloat32) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        path_, ": tensor '", name, "' is ", DTypeName(located.first->dtype), ", not float32"));
+  }
+  return located.second;
+}
+
+absl::Status SafetensorsReader::ReadBytes(uint64_t offset, std::span<char> out) const {
+  return PreadAll(fd_, out.data(), out.size(), offset, path_);
 }
 
 }  // namespace flatshard

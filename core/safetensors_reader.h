@@ -14,6 +14,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -77,8 +78,22 @@ class SafetensorsReader {
   // (float32 tensors are read into it with no copy in between).
   absl::Status ReadFloatsInto(absl::string_view name, uint64_t begin, std::span<float> out) const;
 
+  // The file offset of element `begin` of float32 tensor `name`, checked as
+  // ReadFloatsInto checks elements [begin, begin + count); FAILED_PRECONDITION
+  // for a tensor of another floating type (ReadFloatsInto widens those).
+  absl::StatusOr<uint64_t> Float32Offset(absl::string_view name, uint64_t begin,
+                                         uint64_t count) const;
+  // The file's bytes [offset, offset + out.size()) as they are: for a reader
+  // that hashes the whole file while it reads it. DATA_LOSS past its end.
+  absl::Status ReadBytes(uint64_t offset, std::span<char> out) const;
+
  private:
   SafetensorsReader(std::string path, int fd, SafetensorsHeader header);
+  // Tensor `name` and the file offset of its element `begin`, after the
+  // checks every read makes (it exists, the range fits, it is floating point).
+  absl::StatusOr<std::pair<const SafetensorsEntry*, uint64_t>> Locate(absl::string_view name,
+                                                                      uint64_t begin,
+                                                                      uint64_t count) const;
 
   std::string path_;
   int fd_;

@@ -44,25 +44,31 @@ absl::Status StageLocal(FsdpRuntime& runtime, CheckpointReader& reader, StagedCh
         "and this job's flat layout differs (another wrap policy, model, strategy "
         "or alignment)");
   }
+  // Each tensor into a buffer of the shard's size (its tail zeros), read at
+  // FinishShare: the buffers live in `staged` until then.
+  auto read_padded = [&](const SafetensorsReader& file, const std::string& file_name,
+                         const std::string& name, uint64_t s,
+                         std::vector<float>& out) -> absl::Status {
+    ASSIGN_OR_RETURN(const SafetensorsEntry* entry, file.Find(name));
+    if (entry->numel() > s) {
+      return absl::InvalidArgumentError(absl::StrCat(file.path(), ": '", name, "' holds ",
+                                                     entry->numel(),
+                                                     " elements, more than the shard's ", s));
+    }
+    out.assign(s, 0.0f);
+    return reader.ReadTensorDeferred(file_name, name, 0, std::span(out).first(entry->numel()));
+  };
+  const std::string model_file = RankFileName("model", rank, m.world_size);
+  const std::string optim_file = RankFileName("optim", rank, m.world_size);
   for (size_t u = 0; u < runtime.units().size(); ++u) {
     const FlatParamUnit& unit = *runtime.units()[u];
     const auto s = static_cast<uint64_t>(unit.layout().sharded_numel());
     const std::string flat = LocalFlatTensorName(unit.config().unit);
-    ASSIGN_OR_RETURN(const SafetensorsEntry* entry, model->Find(flat));
-    ASSIGN_OR_RETURN(staged.shards[u], model->ReadFloats(flat, 0, entry->numel()));
-    if (staged.shards[u].size() > s) {
-      return absl::InvalidArgumentError(absl::StrCat(model->path(), ": '", flat, "' holds ",
-                                                     staged.shards[u].size(),
-                                                     " elements, more than the shard's ", s));
-    }
-    staged.shards[u].resize(s, 0.0f);
+    RETURN_IF_ERROR(read_padded(*model, model_file, flat, s, staged.shards[u]));
     for (const std::string& state : m.optimizer_states) {
       const std::string name = absl::StrCat(flat, ".", state);
-      absl::StatusOr<const SafetensorsEntry*> found = optim->Find(name);
-      if (!found.ok()) continue;
-      ASSIGN_OR_RETURN(std::vector<float> values, optim->ReadFloats(name, 0, (*found)->numel()));
-      values.resize(s, 0.0f);
-      staged.states[u][state] = std::move(values);
+      if (!optim->Find(name).ok()) continue;
+      RETURN_IF_ERROR(read_padded(*optim, optim_file, name, s, staged.states[u][state]));
     }
     const std::string step = absl::StrCat(flat, ".step");
     if (optim->Find(step).ok()) {
@@ -136,9 +142,10 @@ absl::Status ReadShard(CheckpointReader& reader, absl::string_view kind, const F
     const std::string name = name_of(spec.params[i]);
     if (name.empty()) continue;
     // Straight into the shard: no staging vector between the file and it.
+    // Deferred: `shard` lives in the staged checkpoint until FinishShare.
     const std::span<float> into = std::span<float>(shard).subspan(
         static_cast<size_t>(p.offset_in_shard), static_cast<size_t>(p.numel_in_shard));
-    const absl::Status read = reader.ReadRangeInto(
+    const absl::Status read = reader.ReadRangeDeferred(
         kind, name, spec.params[i].shape, static_cast<uint64_t>(p.intra_param_start_idx), into);
     if (absl::IsNotFound(read) && any_found != nullptr) {
       std::fill(into.begin(), into.end(), 0.0f);  // no state: zeros, whatever was read
@@ -203,17 +210,21 @@ absl::StatusOr<StagedCheckpoint> StageShardCheckpoint(FsdpRuntime& runtime,
   staged.shards.resize(units);
   staged.states.resize(units);
   staged.steps.resize(units);
-  // Every file is checked before anything is read, the hashing shared out:
-  // each rank hashes the files it is the verifier of and checks the others'
-  // sizes and headers. A damaged file fails its verifier's stage, so the load
-  // is refused whole (no rank applies), even where no rank would have read
-  // the damage, and the checkpoint's bytes are hashed once, not once per rank.
-  RETURN_IF_ERROR(reader->VerifyShare(runtime.rank(), runtime.world_size()));
-  if (m.state_dict_type == v1::LOCAL_STATE_DICT) {
-    RETURN_IF_ERROR(StageLocal(runtime, *reader, staged));
-  } else {
-    RETURN_IF_ERROR(StageTensors(runtime, *reader, staged));
-  }
+  // The hashing is shared out: each rank hashes the files it is the verifier
+  // of and checks the others' sizes and headers. A damaged file fails its
+  // verifier's stage, so the load is refused whole (no rank applies), even
+  // where no rank would have read the damage, and the checkpoint's bytes are
+  // hashed once, not once per rank. The reads from a rank's own share (at the
+  // saving world size, all it reads) wait for FinishShare, which hashes the
+  // bytes as they land: read from the disk once, not once to hash and again.
+  RETURN_IF_ERROR(reader->BeginShare(runtime.rank(), runtime.world_size()));
+  const absl::Status read = m.state_dict_type == v1::LOCAL_STATE_DICT
+                                ? StageLocal(runtime, *reader, staged)
+                                : StageTensors(runtime, *reader, staged);
+  // Damage is reported before what staging made of it; a failed staging's
+  // buffers are not written.
+  RETURN_IF_ERROR(reader->FinishShare(/*deliver=*/read.ok()));
+  RETURN_IF_ERROR(read);
   return staged;
 }
 

@@ -26,6 +26,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // One file's piece of fc.weight (and of its exp_avg): elements
 // [offset, offset + count) of the 8.
@@ -257,6 +258,103 @@ TEST(CheckpointReaderTest, PiecesThatDoNotTileTheTensorAreDataLoss) {
   ASSERT_TRUE(reader.ok()) << reader.status();
   EXPECT_EQ((*reader)->ReadFull("optim", "fc.weight.exp_avg_sq", {4, 2}).status().code(),
             absl::StatusCode::kNotFound);
+}
+
+// A share's reads wait for FinishShare and land then, the file read once and
+// hashed as it lands; reads from files outside the share happen at once.
+// Saved by 2 ranks, read by reader 0 of 2: rank 0's files are its share.
+TEST(CheckpointReaderTest, DeferredReadsFromTheShareLandAtFinishShare) {
+  const std::string dir = WriteCheckpoint("deferred", 2);
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::Open(dir);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  ASSERT_TRUE((*reader)->BeginShare(0, 2).ok());
+  std::vector<float> weight(8, -1.0f), exp_avg(6, -1.0f);
+  ASSERT_TRUE((*reader)->ReadRangeDeferred("model", "fc.weight", {4, 2}, 0, weight).ok());
+  ASSERT_TRUE((*reader)->ReadRangeDeferred("optim", "fc.weight.exp_avg", {4, 2}, 1, exp_avg).ok());
+  // Rank 1's half is read at once; rank 0's waits.
+  EXPECT_EQ(weight, (std::vector<float>{-1, -1, -1, -1, 5, 6, 7, 8}));
+  EXPECT_EQ(exp_avg, (std::vector<float>{-1, -1, -1, 104, 105, 106}));
+  // A read that is not deferred reads the share's file at once.
+  absl::StatusOr<std::vector<float>> now = (*reader)->ReadRange("model", "fc.weight", {4, 2}, 2, 3);
+  ASSERT_TRUE(now.ok()) << now.status();
+  EXPECT_EQ(*now, (std::vector<float>{3}));
+  ASSERT_TRUE((*reader)->FinishShare(/*deliver=*/true).ok());
+  EXPECT_EQ(weight, (std::vector<float>{1, 2, 3, 4, 5, 6, 7, 8}));
+  EXPECT_EQ(exp_avg, (std::vector<float>{101, 102, 103, 104, 105, 106}));
+  // Nothing is pending any more: a deferred read now reads at once.
+  std::vector<float> again(2, -1.0f);
+  ASSERT_TRUE((*reader)->ReadRangeDeferred("model", "fc.weight", {4, 2}, 0, again).ok());
+  EXPECT_EQ(again, (std::vector<float>{1, 2}));
+}
+
+// Two deferred reads of the same bytes both land; the file still verifies.
+TEST(CheckpointReaderTest, OverlappingDeferredReadsBothLand) {
+  const std::string dir = WriteCheckpoint("overlap-reads", 1);
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::Open(dir);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  ASSERT_TRUE((*reader)->BeginShare(0, 1).ok());
+  std::vector<float> a(4, -1.0f), b(4, -1.0f);
+  ASSERT_TRUE((*reader)->ReadRangeDeferred("model", "fc.weight", {4, 2}, 2, a).ok());
+  ASSERT_TRUE((*reader)->ReadRangeDeferred("model", "fc.weight", {4, 2}, 0, b).ok());
+  ASSERT_TRUE((*reader)->FinishShare(/*deliver=*/true).ok());
+  EXPECT_EQ(a, (std::vector<float>{3, 4, 5, 6}));
+  EXPECT_EQ(b, (std::vector<float>{1, 2, 3, 4}));
+}
+
+// Damage in a share's data fails FinishShare naming the file, delivered or
+// not; without delivery (a staging that failed) nothing lands in the spans.
+TEST(CheckpointReaderTest, FinishShareVerifiesWhetherOrNotItDelivers) {
+  const std::string dir = WriteCheckpoint("finish", 2);
+  const std::string own = RankFileName("model", 0, 2);
+  for (const bool damaged : {false, true}) {
+    for (const bool deliver : {false, true}) {
+      SCOPED_TRACE(absl::StrCat(damaged ? "damaged" : "intact", deliver ? ", delivered" : ""));
+      if (damaged) FlipLastByte(absl::StrCat(dir, "/", own));
+      absl::StatusOr<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::Open(dir);
+      ASSERT_TRUE(reader.ok()) << reader.status();
+      ASSERT_TRUE((*reader)->BeginShare(0, 2).ok());
+      std::vector<float> weight(4, -1.0f);
+      ASSERT_TRUE((*reader)->ReadRangeDeferred("model", "fc.weight", {4, 2}, 0, weight).ok());
+      const absl::Status finished = (*reader)->FinishShare(deliver);
+      if (damaged) {
+        EXPECT_EQ(finished.code(), absl::StatusCode::kDataLoss) << finished;
+        EXPECT_THAT(std::string(finished.message()), HasSubstr(own));
+        EXPECT_THAT(std::string(finished.message()), HasSubstr("fails its checksum"));
+        FlipLastByte(absl::StrCat(dir, "/", own));  // restored
+      } else {
+        EXPECT_TRUE(finished.ok()) << finished;
+      }
+      if (!deliver) {
+        EXPECT_EQ(weight, (std::vector<float>(4, -1.0f)));
+      } else if (!damaged) {
+        EXPECT_EQ(weight, (std::vector<float>{1, 2, 3, 4}));
+      }
+    }
+  }
+}
+
+// A share's file whose header is damaged is reported as damaged (its hash),
+// not as what its header says; the reader that does not hash it sees the
+// header's fault.
+TEST(CheckpointReaderTest, ADamagedHeaderInTheShareIsReportedAsDamage) {
+  const std::string dir = WriteCheckpoint("header", 2);
+  const std::string own = RankFileName("model", 0, 2);
+  {
+    std::fstream f(absl::StrCat(dir, "/", own), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(8);  // the header's opening brace
+    f.write("[", 1);
+  }
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> owner = CheckpointReader::Open(dir);
+  ASSERT_TRUE(owner.ok()) << owner.status();
+  const absl::Status hashed = (*owner)->BeginShare(0, 2);
+  EXPECT_EQ(hashed.code(), absl::StatusCode::kDataLoss) << hashed;
+  EXPECT_THAT(std::string(hashed.message()), HasSubstr("fails its checksum"));
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> other = CheckpointReader::Open(dir);
+  ASSERT_TRUE(other.ok()) << other.status();
+  const absl::Status parsed = (*other)->BeginShare(1, 2);
+  EXPECT_FALSE(parsed.ok());
+  EXPECT_THAT(std::string(parsed.message()), HasSubstr(own));
+  EXPECT_THAT(std::string(parsed.message()), Not(HasSubstr("checksum")));
 }
 
 TEST(CheckpointReaderTest, RefusesAShareThatIsNotOne) {
