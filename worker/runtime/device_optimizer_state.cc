@@ -118,13 +118,14 @@ absl::Status DeviceOptimizerState::FromHost(const OptimizerState& state) {
     ASSIGN_OR_RETURN(std::span<const float> values, state.State(name));
     ASSIGN_OR_RETURN(DeviceBuffer buffer, device_->Allocate(size_ * sizeof(float), *stream_,
                                                             MemoryKind::kOptimizerState, memory_));
-    ASSIGN_OR_RETURN(PinnedBuffer staging, device_->AllocatePinned(size_ * sizeof(float)));
-    ASSIGN_OR_RETURN(std::span<float> host, staging.Write<float>());
-    std::copy(values.begin(), values.end(), host.begin());
-    RETURN_IF_ERROR(stream_->CopyToDevice(buffer.byte_span(), staging.copy_source()));
-    RETURN_IF_ERROR(stream_->Synchronize());  // before the staging buffer goes
+    // Straight from `state`: a copy from memory that is not pinned is done
+    // when the call returns (stream.h), without a staging buffer and a pass.
+    RETURN_IF_ERROR(stream_->CopyToDevice(buffer.byte_span(), std::as_bytes(values)));
     tensors.emplace(name, std::move(buffer));
   }
+  // On a GPU the device side of those copies may still be in flight: done
+  // before another stream can use the state.
+  RETURN_IF_ERROR(stream_->Synchronize());
   tensors_ = std::move(tensors);
   step_ = static_cast<float>(state.step());
   return absl::OkStatus();

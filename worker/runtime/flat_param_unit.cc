@@ -192,11 +192,10 @@ absl::Status FlatParamUnit::WriteShard(std::span<const float> values) {
     return absl::InvalidArgumentError(
         absl::StrCat("shard values hold ", values.size(), " elements, the shard ", s));
   }
-  ASSIGN_OR_RETURN(PinnedBuffer staging, p_.device->AllocatePinned(values.size_bytes()));
-  ASSIGN_OR_RETURN(std::span<float> host, staging.Write<float>());
-  std::copy(values.begin(), values.end(), host.begin());
-  RETURN_IF_ERROR(p_.compute->CopyToDevice(shard_.byte_span(), staging.copy_source()));
-  // The staging buffer goes with this scope: the copy must be done first.
+  // Straight from the caller's memory: a copy from memory that is not pinned
+  // is done when the call returns (stream.h), so no pinned staging buffer and
+  // no second pass over the values (a checkpoint load applies a whole shard).
+  RETURN_IF_ERROR(p_.compute->CopyToDevice(shard_.byte_span(), std::as_bytes(values)));
   return p_.compute->Synchronize();
 }
 
