@@ -21,9 +21,9 @@
 #include "prometheus/registry.h"
 #include "rpc/grpc_server.h"
 #include "rpc/listen_policy.h"
+#include "rpc/log_flags.h"
 #include "rpc/tls_credentials.h"
 #include "rpc/tls_flags.h"
-#include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
 
 #include "coordinator/coordinator.h"
@@ -265,12 +265,13 @@ int Main(int argc, char** argv) {
   app.add_option("--expensive-calls-per-minute", f.limits.expensive_calls_per_minute,
                  "Plan, SummonFullParams and SaveCheckpoint calls per client per minute")
       ->capture_default_str();
+  std::string log_level;
+  flatshard::AddLogLevelFlag(app, log_level);
   CLI11_PARSE(app, argc, argv);
   if (metrics_listen->count() == 0) {
     f.metrics_listen = flatshard::MetricsServer::DefaultAddress(f.listen);
   }
-  // stdout carries the one "listening on" line a launcher waits for; logs go to stderr.
-  spdlog::set_default_logger(spdlog::stderr_color_mt("flatshard"));
+  flatshard::InstallStderrLogger(log_level);
   return flatshard::Run(f);
 }
 

@@ -26,10 +26,10 @@
 #include "rpc/call_metadata.h"
 #include "rpc/grpc_server.h"
 #include "rpc/listen_policy.h"
+#include "rpc/log_flags.h"
 #include "rpc/secrets.h"
 #include "rpc/tls_credentials.h"
 #include "rpc/tls_flags.h"
-#include "spdlog/sinks/stdout_color_sinks.h"
 #include "spdlog/spdlog.h"
 
 #include "core/fault_injecting_file_system.h"
@@ -377,12 +377,13 @@ int Main(int argc, char** argv) {
   app.add_flag("--insecure", f.insecure,
                "Serve WorkerService without TLS on an address other hosts can reach (a "
                "trusted private network only; warns at every start)");
+  std::string log_level;
+  flatshard::AddLogLevelFlag(app, log_level);
   CLI11_PARSE(app, argc, argv);
   if (metrics_listen->count() == 0) {
     f.metrics_listen = flatshard::MetricsServer::DefaultAddress(f.listen);
   }
-  // stdout carries the one "listening on" line a launcher waits for; logs go to stderr.
-  spdlog::set_default_logger(spdlog::stderr_color_mt("flatshard"));
+  flatshard::InstallStderrLogger(log_level);
   return flatshard::Run(f);
 }
 

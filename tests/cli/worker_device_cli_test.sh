@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the real daemons' device flags: on a machine without a visible GPU,
 # `--device cuda` exits 2 before registering, saying no CUDA device is visible;
-# bad device flags exit 2 naming the flag. Usage:
+# bad device flags exit 2 naming the flag; a bad --log-level is refused by
+# both daemons. Usage:
 #   worker_device_cli_test.sh <bin dir>
 # Exits 77 (skipped) on a machine where a GPU is visible.
 set -u
@@ -40,6 +41,11 @@ expect gpu_without_cuda 2 "only meaningful with --device cuda" -- \
   "$bin/flatshard-worker" --device sim --gpu 1 --coordinator $coordinator
 expect negative_gpu 105 "\-\-gpu" -- \
   "$bin/flatshard-worker" --device cuda --gpu -3 --coordinator $coordinator
+# Both daemons refuse a log level they do not know, from the flag or its env.
+expect worker_bad_log_level 105 "\-\-log-level: loud not in" -- \
+  "$bin/flatshard-worker" --log-level loud --coordinator $coordinator
+expect coordinator_bad_log_level_env 105 "\-\-log-level: loud not in" -- \
+  env FLATSHARD_LOG_LEVEL=loud "$bin/flatshard-coordinator" --listen 127.0.0.1:0
 
 if command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then
   echo "a GPU is visible here: the no-GPU refusals are not testable (scripts/gpu-check.sh runs the GPU tests)"
