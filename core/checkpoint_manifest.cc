@@ -1,5 +1,6 @@
 #include "core/checkpoint_manifest.h"
 
+#include <algorithm>
 #include <cstdio>
 
 #include <xxhash.h>
@@ -188,6 +189,14 @@ absl::StatusOr<CheckpointManifest> ParseManifest(absl::string_view text, absl::s
   FS_FIELD(fields, "tied", m.tied);
   FS_FIELD(fields, "optimizer", m.optimizer);
   FS_FIELD(fields, "optimizer_states", m.optimizer_states);
+  for (auto it = m.optimizer_states.begin(); it != m.optimizer_states.end(); ++it) {
+    // A load stages each state once; a name listed twice is not a manifest
+    // any writer makes.
+    if (std::find(m.optimizer_states.begin(), it, *it) != it) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": optimizer_states lists '", *it, "' twice"));
+    }
+  }
   if (!json.contains("data")) return fields.Missing("data");
   const Fields data(json["data"], absl::StrCat(what, " data"));
   FS_FIELD(data, "seed", m.data_seed);

@@ -152,7 +152,12 @@ absl::Status CheckpointReader::BeginShare(int index, int count) {
     pending_[name];
   }
   for (const CheckpointFile& f : manifest_.files) {
-    RETURN_IF_ERROR(OpenFile(f.name, /*hash=*/false).status());
+    if (absl::Status opened = OpenFile(f.name, /*hash=*/false).status(); !opened.ok()) {
+      // Another reader's file is bad: this one's share is still hashed, so
+      // damage in it is reported (by this reader) whatever the other says.
+      absl::Status own = FinishShare(/*deliver=*/false);
+      return own.ok() ? opened : own;
+    }
   }
   return absl::OkStatus();
 }

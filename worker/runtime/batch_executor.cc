@@ -192,14 +192,21 @@ absl::StatusOr<v1::CommandResult> BatchExecutor::ExecuteCheckpoint(
       // it when it abandons the save (a rank failed): a rank that got here
       // after that must not make it again, or the abandoned save's files
       // outlive it. So the directory must already be there.
+      // Asked by creating it, which a shared file system answers from its
+      // server (a cached "not there" from a stat could be stale): made here
+      // means it was not there, and it goes again.
       std::error_code ec;
-      if (!std::filesystem::is_directory(path, ec)) {
+      const bool made = std::filesystem::create_directory(path, ec);
+      if (made) std::filesystem::remove(path, ec);
+      if (made || ec) {
         // Still take part in the collectives: the save runs with writes failing.
         SetError(result, absl::FailedPreconditionError(absl::StrCat(
                              "checkpoint directory ", path,
-                             " is not there: the coordinator abandoned this save, or this "
-                             "worker's --checkpoint-dir is not the coordinator's "
-                             "--checkpoint-root")));
+                             made || ec == std::errc::no_such_file_or_directory
+                                 ? " is not there: the coordinator abandoned this save, or this "
+                                   "worker's --checkpoint-dir is not the coordinator's "
+                                   "--checkpoint-root"
+                                 : absl::StrCat(" cannot be used: ", ec.message()))));
       }
       v1::StateDictType type = command.save_shard().settings().state_dict_type();
       if (type == v1::STATE_DICT_TYPE_UNSPECIFIED) type = v1::FULL_STATE_DICT;

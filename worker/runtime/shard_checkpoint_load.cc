@@ -168,6 +168,9 @@ absl::Status StageTensors(FsdpRuntime& runtime, CheckpointReader& reader,
         reader, "model", unit, [](const UnitParam& p) { return p.fqn; },
         static_cast<float>(kFlatParamPaddingValue), staged.shards[u], nullptr));
     for (const std::string& state : m.optimizer_states) {
+      // Staged once: a second buffer would free the first with its reads
+      // still waiting for FinishShare (ParseManifest refuses such a list).
+      if (staged.states[u].contains(state)) continue;
       // A parameter without the state reads as zeros, which is what torch's
       // Adam and SGD momentum start from (docs/fsdp-semantics.md §6.4: zeros = no state).
       bool any = false;

@@ -65,10 +65,10 @@ void HeartbeatLoop::Stop() {
   if (aborter_.joinable()) aborter_.join();
 }
 
-void HeartbeatLoop::RequestAbort(std::string reason, uint64_t epoch) {
+void HeartbeatLoop::RequestAbort(std::string reason, uint64_t epoch, bool only_while_running) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    pending_abort_ = PendingAbort{std::move(reason), epoch};
+    pending_abort_ = PendingAbort{std::move(reason), epoch, only_while_running};
   }
   abort_cv_.notify_all();
 }
@@ -81,7 +81,9 @@ void HeartbeatLoop::RunAborts() {
     PendingAbort abort = *std::move(pending_abort_);
     pending_abort_.reset();
     lock.unlock();
-    service_->AbortJob(abort.reason, abort.epoch);
+    if (!abort.only_while_running || service_->Status().state == "running") {
+      service_->AbortJob(abort.reason, abort.epoch);
+    }
     lock.lock();
   }
 }
@@ -128,7 +130,7 @@ void HeartbeatLoop::Run() {
       RequestAbort(
           absl::StrCat("no answer from the coordinator for ",
                        absl::FormatDuration(coordinator_timeout_), " with a batch in flight"),
-          now.job_epoch);
+          now.job_epoch, /*only_while_running=*/true);
       spdlog::warn("aborting the batch in flight: the coordinator has not answered for {}",
                    absl::FormatDuration(absl::Now() - last_answer));
     }

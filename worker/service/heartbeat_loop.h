@@ -51,8 +51,9 @@ class HeartbeatLoop {
   void Run();
   absl::Status Beat();
   // Hands an abort of job `epoch` (or older) to the aborter thread; a newer
-  // request replaces one not yet carried out.
-  void RequestAbort(std::string reason, uint64_t epoch);
+  // request replaces one not yet carried out. `only_while_running`: skipped if
+  // the batch in flight has ended by the time it runs.
+  void RequestAbort(std::string reason, uint64_t epoch, bool only_while_running = false);
   void RunAborts();
   // Until the next beat is due (an interval) or, after a batch ended, the
   // worker has stayed idle for a moment; returns early when stopped.
@@ -71,6 +72,7 @@ class HeartbeatLoop {
   struct PendingAbort {
     std::string reason;
     uint64_t epoch = 0;
+    bool only_while_running = false;
   };
   std::optional<PendingAbort> pending_abort_;  // guarded by mu_
   std::condition_variable abort_cv_;

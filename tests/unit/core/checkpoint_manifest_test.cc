@@ -76,6 +76,12 @@ TEST(CheckpointManifestTest, RefusesMalformedManifestsNamingTheField) {
       HasSubstr("not a plain file name"));
   EXPECT_THAT(std::string(with([](auto& j) { j["world_size"] = 0; }).message()),
               HasSubstr("world_size must be positive"));
+  // A load stages each optimizer state once (a second would free the first
+  // with reads still due into it).
+  EXPECT_THAT(std::string(with([](auto& j) {
+                            j["optimizer_states"] = {"exp_avg", "exp_avg_sq", "exp_avg"};
+                          }).message()),
+              HasSubstr("optimizer_states lists 'exp_avg' twice"));
 }
 
 TEST(CheckpointManifestTest, NamesStayInsideTheRoot) {

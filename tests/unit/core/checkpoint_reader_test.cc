@@ -355,6 +355,16 @@ TEST(CheckpointReaderTest, ADamagedHeaderInTheShareIsReportedAsDamage) {
   EXPECT_FALSE(parsed.ok());
   EXPECT_THAT(std::string(parsed.message()), HasSubstr(own));
   EXPECT_THAT(std::string(parsed.message()), Not(HasSubstr("checksum")));
+  // With its own share damaged too, that reader reports its own damage: it
+  // is the one reader that hashes it.
+  const std::string theirs = RankFileName("optim", 1, 2);
+  FlipLastByte(absl::StrCat(dir, "/", theirs));
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> both = CheckpointReader::Open(dir);
+  ASSERT_TRUE(both.ok()) << both.status();
+  const absl::Status own_damage = (*both)->BeginShare(1, 2);
+  EXPECT_EQ(own_damage.code(), absl::StatusCode::kDataLoss) << own_damage;
+  EXPECT_THAT(std::string(own_damage.message()), HasSubstr(theirs));
+  EXPECT_THAT(std::string(own_damage.message()), HasSubstr("fails its checksum"));
 }
 
 TEST(CheckpointReaderTest, RefusesAShareThatIsNotOne) {
