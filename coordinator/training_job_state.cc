@@ -25,6 +25,9 @@ namespace {
 
 // How long re-adoption waits for batches still running on the ranks.
 constexpr absl::Duration kReadoptSettleTime = absl::Seconds(15);
+// How long a rank that does not answer is asked again: the restarted
+// coordinator's channels are new, and a first connection can fail under load.
+constexpr absl::Duration kReadoptAnswerTime = absl::Seconds(2);
 
 }  // namespace
 
@@ -205,6 +208,7 @@ absl::StatusOr<TrainingJob::Progress> TrainingJob::AgreedProgress(
   // within a step, or the worker aborts it once it has lost its coordinator
   // (flatshard-worker --coordinator-timeout). Bounded: then it counts as is.
   const absl::Time settle_by = absl::Now() + kReadoptSettleTime;
+  const absl::Time answer_by = absl::Now() + kReadoptAnswerTime;
   while (true) {
     reports.assign(clients.size(), absl::UnavailableError("not asked"));
     std::vector<std::thread> probes;
@@ -214,9 +218,13 @@ absl::StatusOr<TrainingJob::Progress> TrainingJob::AgreedProgress(
       probes.emplace_back([&, r] { reports[r] = clients[r]->GetStatus(deadline); });
     }
     for (std::thread& t : probes) t.join();
-    bool running = false;
-    for (const auto& report : reports) running |= report.ok() && report->state() == "running";
-    if (!running || absl::Now() >= settle_by) break;
+    bool running = false, unanswered = false;
+    for (const auto& report : reports) {
+      running |= report.ok() && report->state() == "running";
+      unanswered |= !report.ok();
+    }
+    const absl::Time now = absl::Now();
+    if (now >= settle_by || (!running && (!unanswered || now >= answer_by))) break;
     absl::SleepFor(absl::Milliseconds(100));  // polls the ranks, bounded by settle_by
   }
   std::vector<std::string> seen;
