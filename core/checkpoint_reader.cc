@@ -184,8 +184,8 @@ absl::Status CheckpointReader::HashWhileReading(const std::string& file_name, bo
     if (reads[i].offset < reads[i - 1].offset + reads[i - 1].out.size()) {
       // Two reads of the same bytes (not what a stage asks): read them as
       // asked, and hash the file on its own.
-      for (const DeferredRead& r : reads) {
-        if (deliver) RETURN_IF_ERROR(file.ReadBytes(r.offset, r.out));
+      if (deliver) {
+        for (const DeferredRead& r : reads) RETURN_IF_ERROR(file.ReadBytes(r.offset, r.out));
       }
       reads.clear();
       break;

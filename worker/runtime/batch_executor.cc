@@ -190,11 +190,10 @@ absl::StatusOr<v1::CommandResult> BatchExecutor::ExecuteCheckpoint(
     if (command.has_save_shard()) {
       // The coordinator made the directory when it began the save and removes
       // it when it abandons the save (a rank failed): a rank that got here
-      // after that must not make it again, or the abandoned save's files
-      // outlive it. So the directory must already be there.
-      // Asked by creating it, which a shared file system answers from its
-      // server (a cached "not there" from a stat could be stale): made here
-      // means it was not there, and it goes again.
+      // after that must not keep it, or the abandoned save's files outlive
+      // it. Asked by creating it, which a shared file system answers from its
+      // server (a stat could be answered from a stale cache): made here means
+      // it was not there, and it goes again.
       std::error_code ec;
       const bool made = std::filesystem::create_directory(path, ec);
       if (made) std::filesystem::remove(path, ec);

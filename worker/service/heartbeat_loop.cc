@@ -121,18 +121,19 @@ void HeartbeatLoop::Run() {
     const absl::Status status = Beat();
     if (status.ok()) {
       last_answer = absl::Now();
-    } else if (const WorkerStatus now = service_->Status();
-               absl::Now() - last_answer > coordinator_timeout_ && now.state == "running") {
-      // The coordinator is gone with a batch in flight: it may have reached
+    } else if (absl::Now() - last_answer > coordinator_timeout_) {
+      // The coordinator is gone; with a batch in flight, it may have reached
       // only some ranks, whose collectives would wait for the others until
       // the collective timeout. Abort it; a restarted coordinator then finds
       // the ranks disagree and rolls back instead of waiting.
-      RequestAbort(
-          absl::StrCat("no answer from the coordinator for ",
-                       absl::FormatDuration(coordinator_timeout_), " with a batch in flight"),
-          now.job_epoch, /*only_while_running=*/true);
-      spdlog::warn("aborting the batch in flight: the coordinator has not answered for {}",
-                   absl::FormatDuration(absl::Now() - last_answer));
+      if (const WorkerStatus now = service_->Status(); now.state == "running") {
+        RequestAbort(
+            absl::StrCat("no answer from the coordinator for ",
+                         absl::FormatDuration(coordinator_timeout_), " with a batch in flight"),
+            now.job_epoch, /*only_while_running=*/true);
+        spdlog::warn("aborting the batch in flight: the coordinator has not answered for {}",
+                     absl::FormatDuration(absl::Now() - last_answer));
+      }
     }
     lock.lock();
     if (!status.ok()) {
