@@ -190,18 +190,17 @@ absl::StatusOr<v1::CommandResult> BatchExecutor::ExecuteCheckpoint(
     if (command.has_save_shard()) {
       // The coordinator made the directory when it began the save and removes
       // it when it abandons the save (a rank failed): a rank that got here
-      // after that must not keep it, or the abandoned save's files outlive
-      // it. Asked by creating it, which a shared file system answers from its
-      // server (a stat could be answered from a stale cache): made here means
-      // it was not there, and it goes again.
+      // after that must not make it again, or the abandoned save's files
+      // outlive it. The writers never make it (a file's creation in a removed
+      // directory fails, whatever a cache said); this check names the cause.
+      // Not asked by making it: another worker on the same file system would
+      // see that directory while it stood and write into it.
       std::error_code ec;
-      const bool made = std::filesystem::create_directory(path, ec);
-      if (made) std::filesystem::remove(path, ec);
-      if (made || ec) {
+      if (!std::filesystem::is_directory(path, ec)) {
         // Still take part in the collectives: the save runs with writes failing.
         SetError(result, absl::FailedPreconditionError(absl::StrCat(
                              "checkpoint directory ", path,
-                             made || ec == std::errc::no_such_file_or_directory
+                             !ec || ec == std::errc::no_such_file_or_directory
                                  ? " is not there: the coordinator abandoned this save, or this "
                                    "worker's --checkpoint-dir is not the coordinator's "
                                    "--checkpoint-root"
