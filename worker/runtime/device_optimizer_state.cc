@@ -104,30 +104,33 @@ absl::StatusOr<PinnedBuffer> DeviceOptimizerState::CopyToPinned(const std::strin
   return pinned;
 }
 
-absl::Status DeviceOptimizerState::FromHost(const OptimizerState& state) {
-  if (state.size() != size_) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("optimizer state of ", state.size(), " elements for a shard of ", size_));
-  }
-  std::map<std::string, DeviceBuffer> tensors;
-  for (const std::string& name : state.StateNames()) {
+absl::Status DeviceOptimizerState::FromHost(
+    const std::map<std::string, std::span<const float>>& states, float step) {
+  for (const auto& [name, values] : states) {
     if (std::find(order_.begin(), order_.end(), name) == order_.end()) {
       return absl::InvalidArgumentError(
           absl::StrCat("optimizer state '", name, "' is not kept by ", OptimizerKindName(kind_)));
     }
-    ASSIGN_OR_RETURN(std::span<const float> values, state.State(name));
+    if (values.size() != size_) {
+      return absl::InvalidArgumentError(absl::StrCat("optimizer state '", name, "' of ",
+                                                     values.size(), " elements for a shard of ",
+                                                     size_));
+    }
+  }
+  std::map<std::string, DeviceBuffer> tensors;
+  for (const auto& [name, values] : states) {
     ASSIGN_OR_RETURN(DeviceBuffer buffer, device_->Allocate(size_ * sizeof(float), *stream_,
                                                             MemoryKind::kOptimizerState, memory_));
-    // Straight from `state`: a copy from memory that is not pinned is done
-    // when the call returns (stream.h), without a staging buffer and a pass.
+    // Straight from the caller's memory: no staging buffer and no second pass.
     RETURN_IF_ERROR(stream_->CopyToDevice(buffer.byte_span(), std::as_bytes(values)));
     tensors.emplace(name, std::move(buffer));
   }
-  // On a GPU the device side of those copies may still be in flight: done
-  // before another stream can use the state.
+  // Copies from pinned memory, and on a GPU the device side of any copy, may
+  // still be in flight: done before the caller's memory goes and before
+  // another stream can use the state.
   RETURN_IF_ERROR(stream_->Synchronize());
   tensors_ = std::move(tensors);
-  step_ = static_cast<float>(state.step());
+  step_ = step;
   return absl::OkStatus();
 }
 

@@ -2,14 +2,15 @@
 // state tensors (S floats each) as device buffers, created when core's step plan
 // says torch would (core/optimizer.h PlanOptimizerStep), and updated by one
 // fused kernel per step on the compute stream (core/optimizer_update.h's
-// arithmetic). Checkpoints see it as core's OptimizerState through host copies
-// (ToHost / FromHost), so the files and their rules are those of the host
-// optimizer.
+// arithmetic). Saves see it as core's OptimizerState through host copies
+// (ToHost), so the files and their rules are those of the host optimizer; a
+// load replaces it from the host values it staged (FromHost).
 #ifndef FLATSHARD_WORKER_RUNTIME_DEVICE_OPTIMIZER_STATE_H_
 #define FLATSHARD_WORKER_RUNTIME_DEVICE_OPTIMIZER_STATE_H_
 
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -36,9 +37,11 @@ class DeviceOptimizerState {
   std::vector<std::string> StateNames() const;
 
   // A host copy (waits for the stream), and the reverse: replaces every tensor
-  // and the step with `state`'s (which must be of this kind and size).
+  // and the step with `states` (names this kind keeps, `size` host values each,
+  // pinned or not: the copies are complete when it returns) and `step`.
+  // Nothing changes on error.
   absl::StatusOr<std::unique_ptr<OptimizerState>> ToHost() const;
-  absl::Status FromHost(const OptimizerState& state);
+  absl::Status FromHost(const std::map<std::string, std::span<const float>>& states, float step);
   // Tensor `name` copied once into pinned host memory by `stream`, ordered
   // after the state's last update; only enqueued (what a save snapshots, with
   // no second host copy). NotFound naming the tensors present.

@@ -203,9 +203,10 @@ absl::StatusOr<std::unique_ptr<OptimizerState>> FsdpRuntime::ReadOptimizerState(
   return optim_states_[unit]->ToHost();
 }
 
-absl::Status FsdpRuntime::WriteOptimizerState(size_t unit, const OptimizerState& state) {
+absl::Status FsdpRuntime::WriteOptimizerState(
+    size_t unit, const std::map<std::string, std::span<const float>>& states, float step) {
   RETURN_IF_ERROR(device_->MakeCurrent());
-  return optim_states_[unit]->FromHost(state);
+  return optim_states_[unit]->FromHost(states, step);
 }
 
 compute::ParamSlot FsdpRuntime::Resolve(int param_index) {

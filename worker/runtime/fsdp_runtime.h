@@ -159,9 +159,12 @@ class FsdpRuntime : public compute::ParamResolver, public compute::ModuleHooks {
   // shards and optimizer state through the units' and the methods' host views.
   absl::Status SynchronizeStreams();
   // Unit `unit`'s optimizer state as core's host type (checkpoints save it), and
-  // the reverse (checkpoints load it). The streams must be idle.
+  // its replacement by host values (checkpoints load them; see
+  // DeviceOptimizerState::FromHost). The streams must be idle.
   absl::StatusOr<std::unique_ptr<OptimizerState>> ReadOptimizerState(size_t unit) const;
-  absl::Status WriteOptimizerState(size_t unit, const OptimizerState& state);
+  absl::Status WriteOptimizerState(size_t unit,
+                                   const std::map<std::string, std::span<const float>>& states,
+                                   float step);
   std::vector<std::string> OptimizerStateNames(size_t unit) const {
     return optim_states_[unit]->StateNames();
   }

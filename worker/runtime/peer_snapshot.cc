@@ -137,10 +137,18 @@ struct Rebuild {
   bool have_states = false;
 };
 
-void CopyFloats(const char* from, int64_t from_index, std::vector<float>& to, int64_t to_index,
+void CopyFloats(const char* from, int64_t from_index, std::span<float> to, int64_t to_index,
                 int64_t count) {
   std::memcpy(to.data() + to_index, from + static_cast<size_t>(from_index) * sizeof(float),
               static_cast<size_t>(count) * sizeof(float));
+}
+
+// Staging memory for `count` floats, zeroed: the pieces may leave padding
+// unwritten, and the blocks are reused.
+absl::StatusOr<StagedFloats> ZeroedFloats(const FsdpRuntime& runtime, size_t count) {
+  ASSIGN_OR_RETURN(StagedFloats staged, StagedFloats::Allocate(runtime.device(), count));
+  std::fill(staged.values.begin(), staged.values.end(), 0.0f);
+  return staged;
 }
 
 // Takes the elements of this rank's shards that old rank `info.rank`'s
@@ -155,10 +163,10 @@ absl::Status Merge(const FsdpRuntime& runtime, std::string_view bytes, Rebuild& 
     const FlatParamLayout& layout = unit.layout();
     const int64_t shard_start = layout.ComputeShardInfo(unit.config().shard_rank).range.start;
     const int64_t shard_numel = layout.sharded_numel();
-    std::map<std::string, std::vector<float>>& states = rebuild.staged.states[u];
+    std::map<std::string, StagedFloats>& states = rebuild.staged.states[u];
     if (!rebuild.have_states) {
       for (const std::string& name : view.state_names) {
-        states[name].assign(static_cast<size_t>(shard_numel), 0.0f);
+        ASSIGN_OR_RETURN(states[name], ZeroedFloats(runtime, static_cast<size_t>(shard_numel)));
       }
     } else if (view.state_names.size() != states.size() ||
                !std::all_of(view.state_names.begin(), view.state_names.end(),
@@ -187,9 +195,9 @@ absl::Status Merge(const FsdpRuntime& runtime, std::string_view bytes, Rebuild& 
       if (lo >= hi) continue;
       const int64_t from = piece.offset_in_shard + (lo - flat);
       const int64_t to = lo - shard_start;
-      CopyFloats(view.shard, from, rebuild.staged.shards[u], to, hi - lo);
+      CopyFloats(view.shard, from, rebuild.staged.shards[u].values, to, hi - lo);
       for (size_t s = 0; s < view.state_names.size(); ++s) {
-        CopyFloats(view.states[s], from, states[view.state_names[s]], to, hi - lo);
+        CopyFloats(view.states[s], from, states[view.state_names[s]].values, to, hi - lo);
       }
       std::fill_n(rebuild.filled[u].begin() + to, hi - lo, true);
     }
@@ -320,7 +328,7 @@ absl::StatusOr<PeerRestoreOutcome> RestoreFromPeerSnapshots(
   rebuild.filled.resize(units);
   for (size_t u = 0; u < units; ++u) {
     const auto numel = static_cast<size_t>(runtime.units()[u]->layout().sharded_numel());
-    rebuild.staged.shards[u].assign(numel, 0.0f);
+    ASSIGN_OR_RETURN(rebuild.staged.shards[u], ZeroedFloats(runtime, numel));
     rebuild.filled[u].assign(numel, false);
   }
   PeerRestoreOutcome outcome;

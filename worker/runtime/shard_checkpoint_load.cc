@@ -44,19 +44,23 @@ absl::Status StageLocal(FsdpRuntime& runtime, CheckpointReader& reader, StagedCh
         "and this job's flat layout differs (another wrap policy, model, strategy "
         "or alignment)");
   }
-  // Each tensor into a buffer of the shard's size (its tail zeros), read at
-  // FinishShare: the buffers live in `staged` until then.
+  // Each tensor into a staged buffer of the shard's size, read at FinishShare
+  // (the buffers live in `staged` until then); the tail past the tensor's
+  // elements is zeroed, the buffer being reused memory.
   auto read_padded = [&](const SafetensorsReader& file, const std::string& file_name,
                          const std::string& name, uint64_t s,
-                         std::vector<float>& out) -> absl::Status {
+                         StagedFloats& out) -> absl::Status {
     ASSIGN_OR_RETURN(const SafetensorsEntry* entry, file.Find(name));
     if (entry->numel() > s) {
       return absl::InvalidArgumentError(absl::StrCat(file.path(), ": '", name, "' holds ",
                                                      entry->numel(),
                                                      " elements, more than the shard's ", s));
     }
-    out.assign(s, 0.0f);
-    return reader.ReadTensorDeferred(file_name, name, 0, std::span(out).first(entry->numel()));
+    ASSIGN_OR_RETURN(out, StagedFloats::Allocate(runtime.device(), s));
+    const std::span<float> tensor = out.values.first(entry->numel());
+    std::fill(out.values.begin() + static_cast<std::ptrdiff_t>(tensor.size()), out.values.end(),
+              0.0f);
+    return reader.ReadTensorDeferred(file_name, name, 0, tensor);
   };
   const std::string model_file = RankFileName("model", rank, m.world_size);
   const std::string optim_file = RankFileName("optim", rank, m.world_size);
@@ -113,47 +117,67 @@ absl::Status CheckSameParams(const FsdpRuntime& runtime, const CheckpointReader&
 // Fills `shard` (S elements, this rank's piece of the flat layout) from full
 // tensors in the checkpoint, reading only the elements the shard covers
 // (docs/fsdp-semantics.md §6.4's flatten-and-shard, without materialising the flat value).
-// `padding` fills alignment padding inside the flat: 42 for parameters as
-// FlattenParams does, 0 for optimizer state; the shard's right padding is 0.
-// NOT_FOUND propagates when `name_of` names a tensor the checkpoint lacks.
+// Every element is written, the staged memory being reused: a parameter's
+// elements are read, alignment padding inside the flat holds `padding` (42 for
+// parameters as FlattenParams does, 0 for optimizer state), and the shard's
+// right padding 0. A parameter `name_of` names "" for, or (with `any_found`)
+// one the checkpoint has no such tensor of, reads as zeros; without
+// `any_found` NOT_FOUND propagates.
 absl::Status ReadShard(CheckpointReader& reader, absl::string_view kind, const FlatParamUnit& unit,
                        const std::function<std::string(const UnitParam&)>& name_of, float padding,
-                       std::vector<float>& shard, bool* any_found) {
+                       std::span<float> shard, bool* any_found) {
   const FlatParamLayout& layout = unit.layout();
   const Unit& spec = unit.config().unit;
-  const auto s = static_cast<size_t>(layout.sharded_numel());
-  const int shard_rank = unit.sharded() ? unit.config().shard_rank : 0;
-  shard.assign(s, 0.0f);
-  const int64_t shard_begin = unit.sharded() ? layout.sharded_numel() * shard_rank : 0;
-  const int64_t shard_end = shard_begin + static_cast<int64_t>(s);
-  int64_t offset = 0;
-  for (size_t i = 0; i < layout.numels_with_padding().size(); ++i) {
-    const int64_t n = layout.numels_with_padding()[i];
-    if (layout.is_padding_mask()[i] && padding != 0.0f) {
-      const int64_t lo = std::max(offset, shard_begin), hi = std::min(offset + n, shard_end);
-      for (int64_t k = lo; k < hi; ++k) shard[static_cast<size_t>(k - shard_begin)] = padding;
-    }
-    offset += n;
+  const int64_t s = layout.sharded_numel();
+  if (shard.size() != static_cast<size_t>(s)) {
+    return absl::InternalError(absl::StrCat("a staged shard of ", shard.size(),
+                                            " elements for a layout sharded into ", s));
   }
-  const ShardInfo info = layout.ComputeShardInfo(shard_rank);
-  for (size_t i = 0; i < spec.params.size(); ++i) {
-    const ShardParamInfo& p = info.params[i];
-    if (!p.in_shard || p.numel_in_shard == 0) continue;
-    const std::string name = name_of(spec.params[i]);
-    if (name.empty()) continue;
-    // Straight into the shard: no staging vector between the file and it.
-    // Deferred: `shard` lives in the staged checkpoint until FinishShare.
-    const std::span<float> into = std::span<float>(shard).subspan(
-        static_cast<size_t>(p.offset_in_shard), static_cast<size_t>(p.numel_in_shard));
-    const absl::Status read = reader.ReadRangeDeferred(
-        kind, name, spec.params[i].shape, static_cast<uint64_t>(p.intra_param_start_idx), into);
+  const int64_t shard_begin = unit.sharded() ? s * unit.config().shard_rank : 0;
+  const int64_t shard_end = shard_begin + s;
+  // [lo, hi) of the flat, clipped to the shard, as a part of `shard`.
+  auto part = [&](int64_t lo, int64_t hi) {
+    lo = std::max(lo, shard_begin);
+    hi = std::min(hi, shard_end);
+    return lo < hi ? shard.subspan(static_cast<size_t>(lo - shard_begin),
+                                   static_cast<size_t>(hi - lo))
+                   : std::span<float>();
+  };
+  // The entries in flat order (docs/fsdp-semantics.md §1.2: each parameter or
+  // padding), so every element of the shard is met once.
+  int64_t offset = 0;
+  size_t param = 0;
+  for (size_t e = 0; e < layout.numels_with_padding().size(); ++e) {
+    const int64_t start = offset;
+    offset += layout.numels_with_padding()[e];
+    const std::span<float> into = part(start, offset);
+    if (layout.is_padding_mask()[e]) {
+      std::fill(into.begin(), into.end(), padding);
+      continue;
+    }
+    const UnitParam& p = spec.params[param++];
+    if (into.empty()) continue;
+    const std::string name = name_of(p);
+    if (name.empty()) {
+      std::fill(into.begin(), into.end(), 0.0f);
+      continue;
+    }
+    // Straight into the staged shard, at FinishShare.
+    const uint64_t intra = static_cast<uint64_t>(std::max(start, shard_begin) - start);
+    const absl::Status read = reader.ReadRangeDeferred(kind, name, p.shape, intra, into);
     if (absl::IsNotFound(read) && any_found != nullptr) {
-      std::fill(into.begin(), into.end(), 0.0f);  // no state: zeros, whatever was read
+      std::fill(into.begin(), into.end(), 0.0f);  // no state: zeros
       continue;
     }
     RETURN_IF_ERROR(read);
     if (any_found != nullptr) *any_found = true;
   }
+  if (param != spec.params.size()) {
+    return absl::InternalError(absl::StrCat("the flat layout lists ", param, " parameters, unit ",
+                                            spec.module_fqn, " ", spec.params.size()));
+  }
+  const std::span<float> right = part(offset, shard_end);
+  std::fill(right.begin(), right.end(), 0.0f);
   return absl::OkStatus();
 }
 
@@ -164,9 +188,11 @@ absl::Status StageTensors(FsdpRuntime& runtime, CheckpointReader& reader,
   for (size_t u = 0; u < runtime.units().size(); ++u) {
     const FlatParamUnit& unit = *runtime.units()[u];
     const Unit& spec = unit.config().unit;
+    const auto s = static_cast<size_t>(unit.layout().sharded_numel());
+    ASSIGN_OR_RETURN(staged.shards[u], StagedFloats::Allocate(runtime.device(), s));
     RETURN_IF_ERROR(ReadShard(
         reader, "model", unit, [](const UnitParam& p) { return p.fqn; },
-        static_cast<float>(kFlatParamPaddingValue), staged.shards[u], nullptr));
+        static_cast<float>(kFlatParamPaddingValue), staged.shards[u].values, nullptr));
     for (const std::string& state : m.optimizer_states) {
       // Staged once: a second buffer would free the first with its reads
       // still waiting for FinishShare (ParseManifest refuses such a list).
@@ -174,13 +200,13 @@ absl::Status StageTensors(FsdpRuntime& runtime, CheckpointReader& reader,
       // A parameter without the state reads as zeros, which is what torch's
       // Adam and SGD momentum start from (docs/fsdp-semantics.md §6.4: zeros = no state).
       bool any = false;
-      std::vector<float> values;
+      ASSIGN_OR_RETURN(StagedFloats values, StagedFloats::Allocate(runtime.device(), s));
       RETURN_IF_ERROR(ReadShard(
           reader, "optim", unit,
           [&](const UnitParam& p) {
             return p.requires_grad ? absl::StrCat(p.fqn, ".", state) : std::string();
           },
-          0.0f, values, &any));
+          0.0f, values.values, &any));
       if (any) staged.states[u][state] = std::move(values);
     }
     for (const UnitParam& p : spec.params) {
@@ -196,6 +222,14 @@ absl::Status StageTensors(FsdpRuntime& runtime, CheckpointReader& reader,
 }
 
 }  // namespace
+
+absl::StatusOr<StagedFloats> StagedFloats::Allocate(Device& device, size_t count) {
+  StagedFloats staged;
+  ASSIGN_OR_RETURN(staged.buffer, device.AllocatePinned(count * sizeof(float)));
+  ASSIGN_OR_RETURN(staged.values, staged.buffer.Write<float>());
+  staged.values = staged.values.first(count);
+  return staged;
+}
 
 absl::StatusOr<StagedCheckpoint> StageShardCheckpoint(FsdpRuntime& runtime,
                                                       const std::string& dir) {
@@ -241,18 +275,15 @@ absl::Status ApplyStagedCheckpoint(FsdpRuntime& runtime, StagedCheckpoint staged
   for (size_t u = 0; u < runtime.units().size(); ++u) {
     FlatParamUnit& unit = *runtime.units()[u];
     const auto size = static_cast<size_t>(unit.layout().sharded_numel());
-    if (staged.shards[u].size() != size) {
+    if (staged.shards[u].values.size() != size) {
       return absl::InternalError(absl::StrCat("staged shard of unit ", u, " has ",
-                                              staged.shards[u].size(), " elements, not ", size));
+                                              staged.shards[u].values.size(), " elements, not ",
+                                              size));
     }
-    RETURN_IF_ERROR(unit.WriteShard(staged.shards[u]));
-    std::unique_ptr<OptimizerState> optim =
-        MakeOptimizerState(runtime.options().optimizer.kind, size);
-    for (auto& [name, values] : staged.states[u]) {
-      RETURN_IF_ERROR(optim->SetState(name, std::move(values)));  // staged is ours: no copy
-    }
-    if (staged.steps[u].has_value()) optim->set_step(*staged.steps[u]);
-    RETURN_IF_ERROR(runtime.WriteOptimizerState(u, *optim));
+    RETURN_IF_ERROR(unit.WriteShard(staged.shards[u].values));
+    std::map<std::string, std::span<const float>> states;
+    for (const auto& [name, values] : staged.states[u]) states.emplace(name, values.values);
+    RETURN_IF_ERROR(runtime.WriteOptimizerState(u, states, staged.steps[u].value_or(0.0f)));
   }
   return absl::OkStatus();
 }
