@@ -4,6 +4,8 @@
 
 #include "absl/strings/str_cat.h"
 
+#include "core/status_macros.h"
+
 namespace flatshard {
 
 DeviceBuffer::DeviceBuffer(Device* device, void* address, size_t bytes, Stream* home,
@@ -77,6 +79,24 @@ absl::StatusOr<PinnedBuffer> Device::AllocatePinned(size_t bytes) {
   absl::StatusOr<std::byte*> data = AllocatePinnedRaw(bytes);
   if (!data.ok()) return data.status();
   return PinnedBuffer(this, *data, bytes);
+}
+
+absl::StatusOr<DeviceBuffer> Device::FromPinned(PinnedBuffer pinned, Stream& stream,
+                                                MemoryKind kind, MemoryTracker* tracker) {
+  if (pinned.device_ != this || &stream.device() != this) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("pinned memory or stream '", stream.name(), "' of another device"));
+  }
+  if (AdoptPinnedRaw(pinned.data_, pinned.bytes_)) {
+    DeviceBuffer adopted(this, pinned.data_, pinned.bytes_, &stream, tracker, kind);
+    pinned.device_ = nullptr;  // the block is the buffer's now
+    return adopted;
+  }
+  ASSIGN_OR_RETURN(DeviceBuffer buffer, Allocate(pinned.bytes(), stream, kind, tracker));
+  RETURN_IF_ERROR(stream.CopyToDevice(buffer.byte_span(), pinned.copy_source()));
+  // From pinned memory the copy is asynchronous, and `pinned` goes on return.
+  RETURN_IF_ERROR(stream.Synchronize());
+  return buffer;
 }
 
 }  // namespace flatshard

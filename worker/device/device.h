@@ -145,6 +145,13 @@ class Device {
   absl::StatusOr<DeviceBuffer> Allocate(size_t bytes, Stream& stream, MemoryKind kind,
                                         MemoryTracker* tracker);
   absl::StatusOr<PinnedBuffer> AllocatePinned(size_t bytes);
+  // Device memory holding what `pinned` (of this device, and no copy in
+  // flight) holds, charged to `kind` in `tracker` like Allocate and usable on
+  // `stream`: the block itself where pinned memory is the device's own (the CPU
+  // device: a checkpoint load's staged values become the shards without a
+  // copy), else a new buffer and a copy that is complete when this returns.
+  absl::StatusOr<DeviceBuffer> FromPinned(PinnedBuffer pinned, Stream& stream, MemoryKind kind,
+                                          MemoryTracker* tracker);
 
   virtual DeviceMemoryStats MemoryStats() const = 0;
 
@@ -156,6 +163,14 @@ class Device {
   virtual void FreeRaw(void* address, size_t bytes, Stream& stream) = 0;
   virtual absl::StatusOr<std::byte*> AllocatePinnedRaw(size_t bytes) = 0;
   virtual void FreePinnedRaw(std::byte* data, size_t bytes) = 0;
+  // Makes the live pinned block [data, data + bytes) device memory, from now
+  // on released by FreeRaw, and says so; false (nothing changed) where pinned
+  // memory is not device memory.
+  virtual bool AdoptPinnedRaw(std::byte* data, size_t bytes) {
+    (void)data;
+    (void)bytes;
+    return false;
+  }
   // Whether the host may read (or write) [data, data + bytes) of pinned memory
   // now; devices that cannot tell say yes.
   virtual absl::Status CheckHostAccess(const std::byte* data, size_t bytes, bool write) const {

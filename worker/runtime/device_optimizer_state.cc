@@ -104,31 +104,26 @@ absl::StatusOr<PinnedBuffer> DeviceOptimizerState::CopyToPinned(const std::strin
   return pinned;
 }
 
-absl::Status DeviceOptimizerState::FromHost(
-    const std::map<std::string, std::span<const float>>& states, float step) {
+absl::Status DeviceOptimizerState::FromHost(std::map<std::string, PinnedBuffer> states,
+                                            float step) {
   for (const auto& [name, values] : states) {
     if (std::find(order_.begin(), order_.end(), name) == order_.end()) {
       return absl::InvalidArgumentError(
           absl::StrCat("optimizer state '", name, "' is not kept by ", OptimizerKindName(kind_)));
     }
-    if (values.size() != size_) {
+    if (values.bytes() != size_ * sizeof(float)) {
       return absl::InvalidArgumentError(absl::StrCat("optimizer state '", name, "' of ",
-                                                     values.size(), " elements for a shard of ",
-                                                     size_));
+                                                     values.bytes() / sizeof(float),
+                                                     " elements for a shard of ", size_));
     }
   }
   std::map<std::string, DeviceBuffer> tensors;
-  for (const auto& [name, values] : states) {
-    ASSIGN_OR_RETURN(DeviceBuffer buffer, device_->Allocate(size_ * sizeof(float), *stream_,
-                                                            MemoryKind::kOptimizerState, memory_));
-    // Straight from the caller's memory: no staging buffer and no second pass.
-    RETURN_IF_ERROR(stream_->CopyToDevice(buffer.byte_span(), std::as_bytes(values)));
+  for (auto& [name, values] : states) {
+    ASSIGN_OR_RETURN(DeviceBuffer buffer, device_->FromPinned(std::move(values), *stream_,
+                                                              MemoryKind::kOptimizerState,
+                                                              memory_));
     tensors.emplace(name, std::move(buffer));
   }
-  // Copies from pinned memory, and on a GPU the device side of any copy, may
-  // still be in flight: done before the caller's memory goes and before
-  // another stream can use the state.
-  RETURN_IF_ERROR(stream_->Synchronize());
   tensors_ = std::move(tensors);
   step_ = step;
   return absl::OkStatus();

@@ -10,7 +10,6 @@
 
 #include <map>
 #include <memory>
-#include <span>
 #include <string>
 #include <vector>
 
@@ -37,11 +36,11 @@ class DeviceOptimizerState {
   std::vector<std::string> StateNames() const;
 
   // A host copy (waits for the stream), and the reverse: replaces every tensor
-  // and the step with `states` (names this kind keeps, `size` host values each,
-  // pinned or not: the copies are complete when it returns) and `step`.
-  // Nothing changes on error.
+  // and the step with `states` (names this kind keeps, `size` floats of the
+  // device's pinned memory each, taken without a copy where the device can:
+  // Device::FromPinned) and `step`. Nothing changes on error.
   absl::StatusOr<std::unique_ptr<OptimizerState>> ToHost() const;
-  absl::Status FromHost(const std::map<std::string, std::span<const float>>& states, float step);
+  absl::Status FromHost(std::map<std::string, PinnedBuffer> states, float step);
   // Tensor `name` copied once into pinned host memory by `stream`, ordered
   // after the state's last update; only enqueued (what a save snapshots, with
   // no second host copy). NotFound naming the tensors present.

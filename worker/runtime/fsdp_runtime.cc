@@ -203,10 +203,11 @@ absl::StatusOr<std::unique_ptr<OptimizerState>> FsdpRuntime::ReadOptimizerState(
   return optim_states_[unit]->ToHost();
 }
 
-absl::Status FsdpRuntime::WriteOptimizerState(
-    size_t unit, const std::map<std::string, std::span<const float>>& states, float step) {
+absl::Status FsdpRuntime::WriteOptimizerState(size_t unit,
+                                              std::map<std::string, PinnedBuffer> states,
+                                              float step) {
   RETURN_IF_ERROR(device_->MakeCurrent());
-  return optim_states_[unit]->FromHost(states, step);
+  return optim_states_[unit]->FromHost(std::move(states), step);
 }
 
 compute::ParamSlot FsdpRuntime::Resolve(int param_index) {

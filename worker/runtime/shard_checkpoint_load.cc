@@ -280,10 +280,13 @@ absl::Status ApplyStagedCheckpoint(FsdpRuntime& runtime, StagedCheckpoint staged
                                               staged.shards[u].values.size(), " elements, not ",
                                               size));
     }
-    RETURN_IF_ERROR(unit.WriteShard(staged.shards[u].values));
-    std::map<std::string, std::span<const float>> states;
-    for (const auto& [name, values] : staged.states[u]) states.emplace(name, values.values);
-    RETURN_IF_ERROR(runtime.WriteOptimizerState(u, states, staged.steps[u].value_or(0.0f)));
+    // The staged blocks become the shard and the state (on the CPU device
+    // without a copy).
+    RETURN_IF_ERROR(unit.ReplaceShard(std::move(staged.shards[u].buffer)));
+    std::map<std::string, PinnedBuffer> states;
+    for (auto& [name, values] : staged.states[u]) states.emplace(name, std::move(values.buffer));
+    RETURN_IF_ERROR(
+        runtime.WriteOptimizerState(u, std::move(states), staged.steps[u].value_or(0.0f)));
   }
   return absl::OkStatus();
 }

@@ -1,7 +1,7 @@
 // Tests worker/device/sim/sim_device.h: the strict simulated device refuses
 // every buffer use the issuing code did not order (docs/architecture.md §5),
 // names both ends in the error, and computes what the CPU device computes when
-// the use is ordered.
+// the use is ordered; and the CPU device's own rules beside them.
 #include "worker/device/sim/sim_device.h"
 
 #include <cstring>
@@ -177,6 +177,48 @@ TEST_F(SimDeviceTest, AFailedOperationFailsTheEventsAfterIt) {
   EXPECT_THAT(std::string((*event)->Synchronize().message()), HasSubstr("Broken: boom"));
   ASSERT_TRUE(b_->Wait(**event).ok());
   EXPECT_THAT(std::string(b_->Synchronize().message()), HasSubstr("boom"));
+}
+
+// Elsewhere than the CPU device pinned memory is not device memory: FromPinned
+// copies, and the copy is complete (the pinned block is gone) when it returns.
+TEST_F(SimDeviceTest, FromPinnedCopiesIntoNewDeviceMemory) {
+  PinnedBuffer pinned = *device_->AllocatePinned(3 * sizeof(float));
+  const std::vector<float> values = {1.5f, -2.0f, 7.0f};
+  std::memcpy(pinned.Write<float>()->data(), values.data(), 3 * sizeof(float));
+  auto buffer = device_->FromPinned(std::move(pinned), *a_, MemoryKind::kOptimizerState, &memory_);
+  ASSERT_TRUE(buffer.ok()) << buffer.status();
+  EXPECT_EQ(memory_.current(MemoryKind::kOptimizerState), 3 * int64_t{sizeof(float)});
+  EXPECT_EQ(Read(*a_, *buffer), values);
+  // Pinned memory of another device is refused, naming the problem.
+  HostDevice other;
+  auto wrong = device_->FromPinned(*other.AllocatePinned(4), *a_, MemoryKind::kOptimizerState,
+                                   nullptr);
+  EXPECT_EQ(wrong.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(wrong.status().message()), HasSubstr("of another device"));
+}
+
+// On the CPU device pinned memory and device memory are the same blocks: the
+// pinned block itself becomes the buffer (no copy; a checkpoint load's staged
+// values become the shards), charged to the tracker and the pool as device
+// memory and no longer pinned.
+TEST(HostDeviceTest, FromPinnedAdoptsTheBlockWithoutACopy) {
+  HostDevice device;
+  auto compute = *device.CreateStream(StreamRole::kCompute, "compute");
+  MemoryTracker memory;
+  PinnedBuffer pinned = *device.AllocatePinned(4 * sizeof(float));
+  std::span<float> values = *pinned.Write<float>();
+  for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i) + 0.5f;
+  const int64_t in_use = device.MemoryStats().pool_in_use_bytes;
+  auto buffer = device.FromPinned(std::move(pinned), *compute, MemoryKind::kShardedParams, &memory);
+  ASSERT_TRUE(buffer.ok()) << buffer.status();
+  EXPECT_EQ(HostDevice::HostAddress(buffer->span<float>()), values.data());
+  EXPECT_EQ(HostDevice::HostAddress(buffer->span<float>())[3], 3.5f);
+  EXPECT_FALSE(device.IsPinned(values.data(), values.size_bytes()));
+  EXPECT_EQ(device.MemoryStats().pool_in_use_bytes, in_use + 4 * int64_t{sizeof(float)});
+  EXPECT_EQ(memory.current(MemoryKind::kShardedParams), 4 * int64_t{sizeof(float)});
+  buffer->Release();
+  EXPECT_EQ(device.MemoryStats().pool_in_use_bytes, in_use);
+  EXPECT_EQ(memory.current(MemoryKind::kShardedParams), 0);
 }
 
 TEST(HostDeviceTest, TheComputeStreamRunsInlineAndTheOtherWaitsForIt) {

@@ -49,6 +49,8 @@ class HostDevice : public Device {
   void FreeRaw(void* address, size_t bytes, Stream& stream) override;
   absl::StatusOr<std::byte*> AllocatePinnedRaw(size_t bytes) override;
   void FreePinnedRaw(std::byte* data, size_t bytes) override;
+  // Pinned and device memory are both the process's block cache.
+  bool AdoptPinnedRaw(std::byte* data, size_t bytes) override;
 
  private:
   std::atomic<int64_t> in_use_{0};
