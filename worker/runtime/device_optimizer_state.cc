@@ -118,11 +118,12 @@ absl::Status DeviceOptimizerState::FromHost(std::map<std::string, PinnedBuffer> 
     }
   }
   std::map<std::string, DeviceBuffer> tensors;
-  for (auto& [name, values] : states) {
-    ASSIGN_OR_RETURN(DeviceBuffer buffer, device_->FromPinned(std::move(values), *stream_,
-                                                              MemoryKind::kOptimizerState,
-                                                              memory_));
-    tensors.emplace(name, std::move(buffer));
+  while (!states.empty()) {
+    auto state = states.extract(states.begin());
+    ASSIGN_OR_RETURN(DeviceBuffer buffer,
+                     device_->FromPinned(std::move(state.mapped()), *stream_,
+                                         MemoryKind::kOptimizerState, memory_));
+    tensors.emplace(std::move(state.key()), std::move(buffer));
   }
   tensors_ = std::move(tensors);
   step_ = step;

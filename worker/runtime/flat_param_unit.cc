@@ -199,8 +199,8 @@ absl::Status FlatParamUnit::WriteShard(std::span<const float> values) {
 
 absl::Status FlatParamUnit::ReplaceShard(PinnedBuffer values) {
   if (values.bytes() != shard_.bytes()) {
-    return absl::InvalidArgumentError(absl::StrCat("shard values hold ", values.bytes(),
-                                                   " bytes, the shard ", shard_.bytes()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("shard values hold ", values.bytes(), " bytes, the shard ", shard_.bytes()));
   }
   ASSIGN_OR_RETURN(shard_,
                    p_.device->FromPinned(std::move(values), *p_.compute, ShardKind(), p_.memory));

@@ -48,8 +48,7 @@ absl::Status StageLocal(FsdpRuntime& runtime, CheckpointReader& reader, StagedCh
   // (the buffers live in `staged` until then); the tail past the tensor's
   // elements is zeroed, the buffer being reused memory.
   auto read_padded = [&](const SafetensorsReader& file, const std::string& file_name,
-                         const std::string& name, uint64_t s,
-                         StagedFloats& out) -> absl::Status {
+                         const std::string& name, uint64_t s, StagedFloats& out) -> absl::Status {
     ASSIGN_OR_RETURN(const SafetensorsEntry* entry, file.Find(name));
     if (entry->numel() > s) {
       return absl::InvalidArgumentError(absl::StrCat(file.path(), ": '", name, "' holds ",
@@ -139,9 +138,9 @@ absl::Status ReadShard(CheckpointReader& reader, absl::string_view kind, const F
   auto part = [&](int64_t lo, int64_t hi) {
     lo = std::max(lo, shard_begin);
     hi = std::min(hi, shard_end);
-    return lo < hi ? shard.subspan(static_cast<size_t>(lo - shard_begin),
-                                   static_cast<size_t>(hi - lo))
-                   : std::span<float>();
+    return lo < hi
+               ? shard.subspan(static_cast<size_t>(lo - shard_begin), static_cast<size_t>(hi - lo))
+               : std::span<float>();
   };
   // The entries in flat order (docs/fsdp-semantics.md §1.2: each parameter or
   // padding), so every element of the shard is met once.

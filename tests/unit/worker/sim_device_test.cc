@@ -191,8 +191,8 @@ TEST_F(SimDeviceTest, FromPinnedCopiesIntoNewDeviceMemory) {
   EXPECT_EQ(Read(*a_, *buffer), values);
   // Pinned memory of another device is refused, naming the problem.
   HostDevice other;
-  auto wrong = device_->FromPinned(*other.AllocatePinned(4), *a_, MemoryKind::kOptimizerState,
-                                   nullptr);
+  auto wrong =
+      device_->FromPinned(*other.AllocatePinned(4), *a_, MemoryKind::kOptimizerState, nullptr);
   EXPECT_EQ(wrong.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(wrong.status().message()), HasSubstr("of another device"));
 }
