@@ -7,6 +7,7 @@
 #include "worker/runtime/batch_executor.h"
 
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <optional>
 
@@ -199,6 +200,7 @@ TEST(BatchExecutorTest, ASaveIntoAnAbandonedDirectoryFailsAndLeavesNothing) {
   const std::string dir = MakeTempDir("executor-save");
   const std::string root = dir + "/checkpoints";
   std::filesystem::create_directories(root + "/job/kept.partial");
+  std::ofstream(root + "/job/file.partial") << "not a directory";
   auto results = RunRanks(
       2,
       [&](int rank) {
@@ -228,6 +230,11 @@ TEST(BatchExecutorTest, ASaveIntoAnAbandonedDirectoryFailsAndLeavesNothing) {
                     std::string::npos);
         CHILD_CHECK(abandoned->files_size() == 0);
         CHILD_CHECK(!std::filesystem::exists(root + "/job/gone.partial"));
+        // A path that is there but not a directory says so.
+        auto not_dir = save("job/file.partial");
+        CHILD_CHECK(not_dir.ok());
+        CHILD_CHECK(std::string(StatusFromProto(not_dir->checkpoint_status()).message())
+                        .find("job/file.partial is not a directory") != std::string::npos);
         // The executor is not poisoned: the next save writes this rank's file.
         auto kept = save("job/kept.partial");
         CHILD_CHECK(kept.ok());

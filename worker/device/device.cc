@@ -4,8 +4,6 @@
 
 #include "absl/strings/str_cat.h"
 
-#include "core/status_macros.h"
-
 namespace flatshard {
 
 DeviceBuffer::DeviceBuffer(Device* device, void* address, size_t bytes, Stream* home,
@@ -81,22 +79,26 @@ absl::StatusOr<PinnedBuffer> Device::AllocatePinned(size_t bytes) {
   return PinnedBuffer(this, *data, bytes);
 }
 
-absl::StatusOr<DeviceBuffer> Device::FromPinned(PinnedBuffer pinned, Stream& stream,
-                                                MemoryKind kind, MemoryTracker* tracker) {
-  if (pinned.device_ != this || &stream.device() != this) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("pinned memory or stream '", stream.name(), "' of another device"));
+absl::Status Device::AdoptPinned(PinnedBuffer pinned, DeviceBuffer& target) {
+  if (!memory_is_host_memory()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("device ", name(),
+                     " cannot adopt pinned memory: its memory is not the "
+                     "host's; copy the values instead"));
   }
-  if (AdoptPinnedRaw(pinned.data_, pinned.bytes_)) {
-    DeviceBuffer adopted(this, pinned.data_, pinned.bytes_, &stream, tracker, kind);
-    pinned.device_ = nullptr;  // the block is the buffer's now
-    return adopted;
+  if (pinned.device_ != this || target.device_ != this || pinned.bytes_ != target.bytes_) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "adopting ", pinned.bytes_, " bytes of pinned memory as a buffer of ", target.bytes_,
+        " bytes", pinned.device_ != this || target.device_ != this ? " of another device" : ""));
   }
-  ASSIGN_OR_RETURN(DeviceBuffer buffer, Allocate(pinned.bytes(), stream, kind, tracker));
-  RETURN_IF_ERROR(stream.CopyToDevice(buffer.byte_span(), pinned.copy_source()));
-  // From pinned memory the copy is asynchronous, and `pinned` goes on return.
-  RETURN_IF_ERROR(stream.Synchronize());
-  return buffer;
+  if (absl::Status s = CheckHostAccess(pinned.data_, pinned.bytes_, /*write=*/true); !s.ok()) {
+    return s;
+  }
+  AdoptPinnedRaw(pinned.data_, pinned.bytes_);
+  target = DeviceBuffer(this, std::exchange(pinned.data_, nullptr), pinned.bytes_, target.home_,
+                        target.tracker_, target.kind_);
+  pinned.device_ = nullptr;  // the block is target's now
+  return absl::OkStatus();
 }
 
 }  // namespace flatshard

@@ -145,13 +145,15 @@ class Device {
   absl::StatusOr<DeviceBuffer> Allocate(size_t bytes, Stream& stream, MemoryKind kind,
                                         MemoryTracker* tracker);
   absl::StatusOr<PinnedBuffer> AllocatePinned(size_t bytes);
-  // Device memory holding what `pinned` (of this device, and no copy in
-  // flight) holds, charged to `kind` in `tracker` like Allocate and usable on
-  // `stream`: the block itself where pinned memory is the device's own (the CPU
-  // device: a checkpoint load's staged values become the shards without a
-  // copy), else a new buffer and a copy that is complete when this returns.
-  absl::StatusOr<DeviceBuffer> FromPinned(PinnedBuffer pinned, Stream& stream, MemoryKind kind,
-                                          MemoryTracker* tracker);
+  // Whether the device's memory is ordinary host memory (the CPU device): then
+  // a pinned block can become device memory as it is (AdoptPinned).
+  virtual bool memory_is_host_memory() const { return false; }
+  // Makes `target` (of this device, pinned's size, no longer in use on any
+  // stream) hold the pinned block itself, releasing target's memory on its
+  // stream: no copy (a checkpoint load's staged values become the shards).
+  // FAILED_PRECONDITION unless memory_is_host_memory() or while a copy may
+  // still use the block; INVALID_ARGUMENT for another device's memory or size.
+  absl::Status AdoptPinned(PinnedBuffer pinned, DeviceBuffer& target);
 
   virtual DeviceMemoryStats MemoryStats() const = 0;
 
@@ -163,13 +165,12 @@ class Device {
   virtual void FreeRaw(void* address, size_t bytes, Stream& stream) = 0;
   virtual absl::StatusOr<std::byte*> AllocatePinnedRaw(size_t bytes) = 0;
   virtual void FreePinnedRaw(std::byte* data, size_t bytes) = 0;
-  // Makes the live pinned block [data, data + bytes) device memory, from now
-  // on released by FreeRaw, and says so; false (nothing changed) where pinned
-  // memory is not device memory.
-  virtual bool AdoptPinnedRaw(std::byte* data, size_t bytes) {
+  // The bookkeeping of AdoptPinned: the live pinned block [data, data +
+  // bytes) is device memory from now on, released by FreeRaw. Called only
+  // where memory_is_host_memory().
+  virtual void AdoptPinnedRaw(std::byte* data, size_t bytes) {
     (void)data;
     (void)bytes;
-    return false;
   }
   // Whether the host may read (or write) [data, data + bytes) of pinned memory
   // now; devices that cannot tell say yes.

@@ -196,11 +196,13 @@ absl::StatusOr<v1::CommandResult> BatchExecutor::ExecuteCheckpoint(
       // Not asked by making it: another worker on the same file system would
       // see that directory while it stood and write into it.
       std::error_code ec;
-      if (!std::filesystem::is_directory(path, ec)) {
+      const std::filesystem::file_status found = std::filesystem::status(path, ec);
+      if (!std::filesystem::is_directory(found)) {
         // Still take part in the collectives: the save runs with writes failing.
         SetError(result, absl::FailedPreconditionError(absl::StrCat(
                              "checkpoint directory ", path,
-                             !ec || ec == std::errc::no_such_file_or_directory
+                             std::filesystem::exists(found) ? " is not a directory"
+                             : !ec || ec == std::errc::no_such_file_or_directory
                                  ? " is not there: the coordinator abandoned this save, or this "
                                    "worker's --checkpoint-dir is not the coordinator's "
                                    "--checkpoint-root"

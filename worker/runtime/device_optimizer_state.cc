@@ -104,29 +104,36 @@ absl::StatusOr<PinnedBuffer> DeviceOptimizerState::CopyToPinned(const std::strin
   return pinned;
 }
 
-absl::Status DeviceOptimizerState::FromHost(std::map<std::string, PinnedBuffer> states,
+absl::Status DeviceOptimizerState::FromHost(std::map<std::string, StagedFloats> states,
                                             float step) {
   for (const auto& [name, values] : states) {
     if (std::find(order_.begin(), order_.end(), name) == order_.end()) {
       return absl::InvalidArgumentError(
           absl::StrCat("optimizer state '", name, "' is not kept by ", OptimizerKindName(kind_)));
     }
-    if (values.bytes() != size_ * sizeof(float)) {
+    if (values.values().size() != size_) {
       return absl::InvalidArgumentError(absl::StrCat("optimizer state '", name, "' of ",
-                                                     values.bytes() / sizeof(float),
+                                                     values.values().size(),
                                                      " elements for a shard of ", size_));
     }
   }
+  // Every buffer first: running out of device memory changes nothing.
   std::map<std::string, DeviceBuffer> tensors;
+  for (const auto& [name, values] : states) {
+    if (tensors_.contains(name)) continue;
+    ASSIGN_OR_RETURN(DeviceBuffer buffer, device_->Allocate(size_ * sizeof(float), *stream_,
+                                                            MemoryKind::kOptimizerState, memory_));
+    tensors.emplace(name, std::move(buffer));
+  }
+  for (auto& [name, buffer] : tensors_) {
+    if (states.contains(name)) tensors.emplace(name, std::move(buffer));
+  }
+  tensors_ = std::move(tensors);  // a state the checkpoint lacks goes
+  step_ = step;
   while (!states.empty()) {
     auto state = states.extract(states.begin());
-    ASSIGN_OR_RETURN(DeviceBuffer buffer,
-                     device_->FromPinned(std::move(state.mapped()), *stream_,
-                                         MemoryKind::kOptimizerState, memory_));
-    tensors.emplace(std::move(state.key()), std::move(buffer));
+    RETURN_IF_ERROR(std::move(state.mapped()).MoveInto(tensors_.at(state.key()), *stream_));
   }
-  tensors_ = std::move(tensors);
-  step_ = step;
   return absl::OkStatus();
 }
 

@@ -17,6 +17,7 @@
 
 #include "core/optimizer.h"
 #include "worker/device/device.h"
+#include "worker/runtime/staged_floats.h"
 
 namespace flatshard {
 
@@ -36,11 +37,11 @@ class DeviceOptimizerState {
   std::vector<std::string> StateNames() const;
 
   // A host copy (waits for the stream), and the reverse: replaces every tensor
-  // and the step with `states` (names this kind keeps, `size` floats of the
-  // device's pinned memory each, taken without a copy where the device can:
-  // Device::FromPinned) and `step`. Nothing changes on error.
+  // and the step with staged `states` (names this kind keeps, `size` floats
+  // each; StagedFloats::MoveInto) and `step`. The buffers a state lacks are
+  // allocated before anything changes; the existing ones are reused.
   absl::StatusOr<std::unique_ptr<OptimizerState>> ToHost() const;
-  absl::Status FromHost(std::map<std::string, PinnedBuffer> states, float step);
+  absl::Status FromHost(std::map<std::string, StagedFloats> states, float step);
   // Tensor `name` copied once into pinned host memory by `stream`, ordered
   // after the state's last update; only enqueued (what a save snapshots, with
   // no second host copy). NotFound naming the tensors present.

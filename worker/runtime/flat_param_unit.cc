@@ -23,7 +23,9 @@ absl::StatusOr<std::unique_ptr<FlatParamUnit>> FlatParamUnit::Create(
   std::unique_ptr<FlatParamUnit> unit(new FlatParamUnit(std::move(config), placement));
   const size_t s = AsSize(unit->layout().sharded_numel());
   ASSIGN_OR_RETURN(unit->shard_,
-                   unit->Allocate(s * sizeof(float), *placement.compute, unit->ShardKind()));
+                   unit->Allocate(s * sizeof(float), *placement.compute,
+                                  unit->config_.cpu_offload ? MemoryKind::kOffloadedParams
+                                                            : MemoryKind::kShardedParams));
   RETURN_IF_ERROR(placement.compute->Zero(unit->shard_.byte_span()));
   return unit;
 }
@@ -197,14 +199,8 @@ absl::Status FlatParamUnit::WriteShard(std::span<const float> values) {
   return p_.compute->Synchronize();
 }
 
-absl::Status FlatParamUnit::ReplaceShard(PinnedBuffer values) {
-  if (values.bytes() != shard_.bytes()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("shard values hold ", values.bytes(), " bytes, the shard ", shard_.bytes()));
-  }
-  ASSIGN_OR_RETURN(shard_,
-                   p_.device->FromPinned(std::move(values), *p_.compute, ShardKind(), p_.memory));
-  return absl::OkStatus();
+absl::Status FlatParamUnit::ReplaceShard(StagedFloats values) {
+  return std::move(values).MoveInto(shard_, *p_.compute);
 }
 
 absl::Status FlatParamUnit::ShardOf(std::span<const float> flat, std::span<float> shard) const {

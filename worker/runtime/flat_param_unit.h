@@ -36,6 +36,7 @@
 #include "worker/comm/communicator.h"
 #include "worker/device/device.h"
 #include "worker/device/memory_tracker.h"
+#include "worker/runtime/staged_floats.h"
 
 namespace flatshard {
 
@@ -109,10 +110,9 @@ class FlatParamUnit {
   // (the host reads the buffer after an event recorded behind it).
   absl::StatusOr<PinnedBuffer> CopyShardToPinned(Stream& stream) const;
   absl::Status WriteShard(std::span<const float> values);
-  // Replaces the master shard with `values` (S floats of this device's pinned
-  // memory, no copy in flight): without a copy where the device can take the
-  // block as it is (Device::FromPinned).
-  absl::Status ReplaceShard(PinnedBuffer values);
+  // Replaces the master shard with staged values (S floats): the staged block
+  // itself on the CPU device, a copy into the shard elsewhere.
+  absl::Status ReplaceShard(StagedFloats values);
   // The grad shard's values, or empty when there is none.
   absl::StatusOr<std::vector<float>> ReadGradShard() const;
   // Sets the master shard from the full flat parameter (N elements, fp32).
@@ -135,9 +135,6 @@ class FlatParamUnit {
       : config_(std::move(config)), p_(placement) {}
 
   absl::StatusOr<DeviceBuffer> Allocate(size_t bytes, Stream& stream, MemoryKind kind) const;
-  MemoryKind ShardKind() const {
-    return config_.cpu_offload ? MemoryKind::kOffloadedParams : MemoryKind::kShardedParams;
-  }
   // `values` copied into pinned host memory (waits for the copy).
   absl::StatusOr<PinnedBuffer> CopyToPinned(DeviceSpan<const float> values, Stream& stream) const;
   absl::StatusOr<std::vector<float>> ReadToHost(DeviceSpan<const float> values) const;

@@ -204,7 +204,7 @@ absl::StatusOr<std::unique_ptr<OptimizerState>> FsdpRuntime::ReadOptimizerState(
 }
 
 absl::Status FsdpRuntime::WriteOptimizerState(size_t unit,
-                                              std::map<std::string, PinnedBuffer> states,
+                                              std::map<std::string, StagedFloats> states,
                                               float step) {
   RETURN_IF_ERROR(device_->MakeCurrent());
   return optim_states_[unit]->FromHost(std::move(states), step);

@@ -162,7 +162,7 @@ class FsdpRuntime : public compute::ParamResolver, public compute::ModuleHooks {
   // its replacement by host values (checkpoints load them; see
   // DeviceOptimizerState::FromHost). The streams must be idle.
   absl::StatusOr<std::unique_ptr<OptimizerState>> ReadOptimizerState(size_t unit) const;
-  absl::Status WriteOptimizerState(size_t unit, std::map<std::string, PinnedBuffer> states,
+  absl::Status WriteOptimizerState(size_t unit, std::map<std::string, StagedFloats> states,
                                    float step);
   std::vector<std::string> OptimizerStateNames(size_t unit) const {
     return optim_states_[unit]->StateNames();

@@ -147,7 +147,7 @@ void CopyFloats(const char* from, int64_t from_index, std::span<float> to, int64
 // unwritten, and the blocks are reused.
 absl::StatusOr<StagedFloats> ZeroedFloats(const FsdpRuntime& runtime, size_t count) {
   ASSIGN_OR_RETURN(StagedFloats staged, StagedFloats::Allocate(runtime.device(), count));
-  std::fill(staged.values.begin(), staged.values.end(), 0.0f);
+  std::fill(staged.values().begin(), staged.values().end(), 0.0f);
   return staged;
 }
 
@@ -195,9 +195,9 @@ absl::Status Merge(const FsdpRuntime& runtime, std::string_view bytes, Rebuild& 
       if (lo >= hi) continue;
       const int64_t from = piece.offset_in_shard + (lo - flat);
       const int64_t to = lo - shard_start;
-      CopyFloats(view.shard, from, rebuild.staged.shards[u].values, to, hi - lo);
+      CopyFloats(view.shard, from, rebuild.staged.shards[u].values(), to, hi - lo);
       for (size_t s = 0; s < view.state_names.size(); ++s) {
-        CopyFloats(view.states[s], from, states[view.state_names[s]].values, to, hi - lo);
+        CopyFloats(view.states[s], from, states[view.state_names[s]].values(), to, hi - lo);
       }
       std::fill_n(rebuild.filled[u].begin() + to, hi - lo, true);
     }
@@ -326,13 +326,18 @@ absl::StatusOr<PeerRestoreOutcome> RestoreFromPeerSnapshots(
   rebuild.staged.states.resize(units);
   rebuild.staged.steps.resize(units);
   rebuild.filled.resize(units);
-  for (size_t u = 0; u < units; ++u) {
-    const auto numel = static_cast<size_t>(runtime.units()[u]->layout().sharded_numel());
-    ASSIGN_OR_RETURN(rebuild.staged.shards[u], ZeroedFloats(runtime, numel));
-    rebuild.filled[u].assign(numel, false);
-  }
   PeerRestoreOutcome outcome;
   absl::Status& data = outcome.data_status;
+  for (size_t u = 0; u < units && data.ok(); ++u) {
+    const auto numel = static_cast<size_t>(runtime.units()[u]->layout().sharded_numel());
+    absl::StatusOr<StagedFloats> shard = ZeroedFloats(runtime, numel);
+    if (!shard.ok()) {
+      data = shard.status();  // still through every broadcast below
+      break;
+    }
+    rebuild.staged.shards[u] = *std::move(shard);
+    rebuild.filled[u].assign(numel, false);
+  }
   // Every rank goes through every broadcast whatever it found, so the
   // collectives stay matched; the first data problem is the outcome.
   for (int k = 0; k < request.from_world_size; ++k) {

@@ -30,6 +30,7 @@
 #include "core/model_spec.h"
 #include "core/safetensors_file_writer.h"
 #include "worker/runtime/fsdp_runtime.h"
+#include "worker/runtime/staged_floats.h"
 
 namespace flatshard {
 
@@ -90,20 +91,8 @@ absl::StatusOr<ShardSaveResult> WriteShardSnapshot(const ShardSnapshot& snapshot
 // A checkpoint read and validated into memory, ready to replace the runtime's
 // shards: loading is staged on every rank first and applied only when all
 // ranks staged, so a bad file on one rank leaves every rank's state untouched.
-//
-// Staged values live in the device's pinned host memory (a PinnedBuffer: on
-// the CPU device a block of the process's block cache, on CUDA a cached
-// page-locked block). Those blocks are reused, so a load does not fault in
-// fresh pages for everything it stages (about 70 ms for a rank's 200 MB here,
-// more than reading them), and on a GPU the apply is a DMA copy. A reused
-// block holds whatever it held before: a stager writes every element.
-struct StagedFloats {
-  // `count` floats of the device's pinned memory, their values undefined.
-  static absl::StatusOr<StagedFloats> Allocate(Device& device, size_t count);
-
-  PinnedBuffer buffer;
-  std::span<float> values;  // the buffer's floats, written by the stager
-};
+// The staged values are StagedFloats (staged_floats.h): every element written
+// by the stager, moved into the runtime at the apply.
 struct StagedCheckpoint {
   CheckpointManifest manifest;
   std::vector<StagedFloats> shards;  // per unit, S elements

@@ -56,8 +56,8 @@ absl::Status StageLocal(FsdpRuntime& runtime, CheckpointReader& reader, StagedCh
                                                      " elements, more than the shard's ", s));
     }
     ASSIGN_OR_RETURN(out, StagedFloats::Allocate(runtime.device(), s));
-    const std::span<float> tensor = out.values.first(entry->numel());
-    std::fill(out.values.begin() + static_cast<std::ptrdiff_t>(tensor.size()), out.values.end(),
+    const std::span<float> tensor = out.values().first(entry->numel());
+    std::fill(out.values().begin() + static_cast<std::ptrdiff_t>(tensor.size()), out.values().end(),
               0.0f);
     return reader.ReadTensorDeferred(file_name, name, 0, tensor);
   };
@@ -154,6 +154,7 @@ absl::Status ReadShard(CheckpointReader& reader, absl::string_view kind, const F
       std::fill(into.begin(), into.end(), padding);
       continue;
     }
+    if (param == spec.params.size()) break;  // refused below
     const UnitParam& p = spec.params[param++];
     if (into.empty()) continue;
     const std::string name = name_of(p);
@@ -171,8 +172,10 @@ absl::Status ReadShard(CheckpointReader& reader, absl::string_view kind, const F
     RETURN_IF_ERROR(read);
     if (any_found != nullptr) *any_found = true;
   }
-  if (param != spec.params.size()) {
-    return absl::InternalError(absl::StrCat("the flat layout lists ", param, " parameters, unit ",
+  const auto listed = static_cast<size_t>(
+      std::count(layout.is_padding_mask().begin(), layout.is_padding_mask().end(), false));
+  if (listed != spec.params.size()) {
+    return absl::InternalError(absl::StrCat("the flat layout lists ", listed, " parameters, unit ",
                                             spec.module_fqn, " ", spec.params.size()));
   }
   const std::span<float> right = part(offset, shard_end);
@@ -191,7 +194,7 @@ absl::Status StageTensors(FsdpRuntime& runtime, CheckpointReader& reader,
     ASSIGN_OR_RETURN(staged.shards[u], StagedFloats::Allocate(runtime.device(), s));
     RETURN_IF_ERROR(ReadShard(
         reader, "model", unit, [](const UnitParam& p) { return p.fqn; },
-        static_cast<float>(kFlatParamPaddingValue), staged.shards[u].values, nullptr));
+        static_cast<float>(kFlatParamPaddingValue), staged.shards[u].values(), nullptr));
     for (const std::string& state : m.optimizer_states) {
       // Staged once: a second buffer would free the first with its reads
       // still waiting for FinishShare (ParseManifest refuses such a list).
@@ -205,7 +208,7 @@ absl::Status StageTensors(FsdpRuntime& runtime, CheckpointReader& reader,
           [&](const UnitParam& p) {
             return p.requires_grad ? absl::StrCat(p.fqn, ".", state) : std::string();
           },
-          0.0f, values.values, &any));
+          0.0f, values.values(), &any));
       if (any) staged.states[u][state] = std::move(values);
     }
     for (const UnitParam& p : spec.params) {
@@ -221,14 +224,6 @@ absl::Status StageTensors(FsdpRuntime& runtime, CheckpointReader& reader,
 }
 
 }  // namespace
-
-absl::StatusOr<StagedFloats> StagedFloats::Allocate(Device& device, size_t count) {
-  StagedFloats staged;
-  ASSIGN_OR_RETURN(staged.buffer, device.AllocatePinned(count * sizeof(float)));
-  ASSIGN_OR_RETURN(staged.values, staged.buffer.Write<float>());
-  staged.values = staged.values.first(count);
-  return staged;
-}
 
 absl::StatusOr<StagedCheckpoint> StageShardCheckpoint(FsdpRuntime& runtime,
                                                       const std::string& dir) {
@@ -274,18 +269,16 @@ absl::Status ApplyStagedCheckpoint(FsdpRuntime& runtime, StagedCheckpoint staged
   for (size_t u = 0; u < runtime.units().size(); ++u) {
     FlatParamUnit& unit = *runtime.units()[u];
     const auto size = static_cast<size_t>(unit.layout().sharded_numel());
-    if (staged.shards[u].values.size() != size) {
+    if (staged.shards[u].values().size() != size) {
       return absl::InternalError(absl::StrCat("staged shard of unit ", u, " has ",
-                                              staged.shards[u].values.size(), " elements, not ",
+                                              staged.shards[u].values().size(), " elements, not ",
                                               size));
     }
-    // The staged blocks become the shard and the state (on the CPU device
-    // without a copy).
-    RETURN_IF_ERROR(unit.ReplaceShard(std::move(staged.shards[u].buffer)));
-    std::map<std::string, PinnedBuffer> states;
-    for (auto& [name, values] : staged.states[u]) states.emplace(name, std::move(values.buffer));
-    RETURN_IF_ERROR(
-        runtime.WriteOptimizerState(u, std::move(states), staged.steps[u].value_or(0.0f)));
+    // The staged values become the shard and the state (on the CPU device the
+    // blocks themselves; elsewhere copied in place).
+    RETURN_IF_ERROR(unit.ReplaceShard(std::move(staged.shards[u])));
+    RETURN_IF_ERROR(runtime.WriteOptimizerState(u, std::move(staged.states[u]),
+                                                staged.steps[u].value_or(0.0f)));
   }
   return absl::OkStatus();
 }

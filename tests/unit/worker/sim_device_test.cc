@@ -179,45 +179,50 @@ TEST_F(SimDeviceTest, AFailedOperationFailsTheEventsAfterIt) {
   EXPECT_THAT(std::string(b_->Synchronize().message()), HasSubstr("boom"));
 }
 
-// Elsewhere than the CPU device pinned memory is not device memory: FromPinned
-// copies, and the copy is complete (the pinned block is gone) when it returns.
-TEST_F(SimDeviceTest, FromPinnedCopiesIntoNewDeviceMemory) {
-  PinnedBuffer pinned = *device_->AllocatePinned(3 * sizeof(float));
-  const std::vector<float> values = {1.5f, -2.0f, 7.0f};
-  std::memcpy(pinned.Write<float>()->data(), values.data(), 3 * sizeof(float));
-  auto buffer = device_->FromPinned(std::move(pinned), *a_, MemoryKind::kOptimizerState, &memory_);
-  ASSERT_TRUE(buffer.ok()) << buffer.status();
-  EXPECT_EQ(memory_.current(MemoryKind::kOptimizerState), 3 * int64_t{sizeof(float)});
-  EXPECT_EQ(Read(*a_, *buffer), values);
-  // Pinned memory of another device is refused, naming the problem.
-  HostDevice other;
-  auto wrong =
-      device_->FromPinned(*other.AllocatePinned(4), *a_, MemoryKind::kOptimizerState, nullptr);
-  EXPECT_EQ(wrong.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(std::string(wrong.status().message()), HasSubstr("of another device"));
+// Only a device whose memory is host memory adopts pinned blocks; the sim
+// device, like a GPU, refuses (callers copy instead) and changes nothing.
+TEST_F(SimDeviceTest, PinnedMemoryIsNotAdoptedAsDeviceMemory) {
+  EXPECT_FALSE(device_->memory_is_host_memory());
+  DeviceBuffer target = Floats(*a_, 2);
+  Fill(*a_, target, {1, 2});
+  const absl::Status adopted =
+      device_->AdoptPinned(*device_->AllocatePinned(2 * sizeof(float)), target);
+  EXPECT_EQ(adopted.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(adopted.message()), HasSubstr("copy the values instead"));
+  EXPECT_EQ(Read(*a_, target), (std::vector<float>{1, 2}));
 }
 
 // On the CPU device pinned memory and device memory are the same blocks: the
 // pinned block itself becomes the buffer (no copy; a checkpoint load's staged
-// values become the shards), charged to the tracker and the pool as device
-// memory and no longer pinned.
-TEST(HostDeviceTest, FromPinnedAdoptsTheBlockWithoutACopy) {
+// values become the shards), accounted as the buffer's kind and as device
+// memory, no longer pinned; the buffer's old block is released. Another size,
+// or pinned memory of another device, is refused with nothing changed.
+TEST(HostDeviceTest, AdoptPinnedMakesTheBlockTheBufferWithoutACopy) {
   HostDevice device;
   auto compute = *device.CreateStream(StreamRole::kCompute, "compute");
   MemoryTracker memory;
+  DeviceBuffer target =
+      *device.Allocate(4 * sizeof(float), *compute, MemoryKind::kShardedParams, &memory);
   PinnedBuffer pinned = *device.AllocatePinned(4 * sizeof(float));
   std::span<float> values = *pinned.Write<float>();
   for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(i) + 0.5f;
   const int64_t in_use = device.MemoryStats().pool_in_use_bytes;
-  auto buffer = device.FromPinned(std::move(pinned), *compute, MemoryKind::kShardedParams, &memory);
-  ASSERT_TRUE(buffer.ok()) << buffer.status();
-  EXPECT_EQ(HostDevice::HostAddress(buffer->span<float>()), values.data());
-  EXPECT_EQ(HostDevice::HostAddress(buffer->span<float>())[3], 3.5f);
+
+  HostDevice other;
+  EXPECT_EQ(device.AdoptPinned(*other.AllocatePinned(4 * sizeof(float)), target).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(device.AdoptPinned(*device.AllocatePinned(8), target).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(HostDevice::HostAddress(target.span<float>()), values.data());
+
+  ASSERT_TRUE(device.AdoptPinned(std::move(pinned), target).ok());
+  EXPECT_EQ(HostDevice::HostAddress(target.span<float>()), values.data());
+  EXPECT_EQ(HostDevice::HostAddress(target.span<float>())[3], 3.5f);
   EXPECT_FALSE(device.IsPinned(values.data(), values.size_bytes()));
-  EXPECT_EQ(device.MemoryStats().pool_in_use_bytes, in_use + 4 * int64_t{sizeof(float)});
+  EXPECT_EQ(device.MemoryStats().pool_in_use_bytes, in_use);  // one block in, one out
   EXPECT_EQ(memory.current(MemoryKind::kShardedParams), 4 * int64_t{sizeof(float)});
-  buffer->Release();
-  EXPECT_EQ(device.MemoryStats().pool_in_use_bytes, in_use);
+  target.Release();
+  EXPECT_EQ(device.MemoryStats().pool_in_use_bytes, in_use - 4 * int64_t{sizeof(float)});
   EXPECT_EQ(memory.current(MemoryKind::kShardedParams), 0);
 }
 

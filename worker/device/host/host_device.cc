@@ -176,13 +176,12 @@ void HostDevice::FreePinnedRaw(std::byte* data, size_t bytes) {
   BlockCache::Get().Give(data, bytes);
 }
 
-bool HostDevice::AdoptPinnedRaw(std::byte* data, size_t bytes) {
+void HostDevice::AdoptPinnedRaw(std::byte* data, size_t bytes) {
   {
     std::lock_guard<std::mutex> lock(pinned_mu_);
     pinned_.erase(reinterpret_cast<uintptr_t>(data));
   }
   in_use_ += static_cast<int64_t>(bytes);
-  return true;
 }
 
 bool HostDevice::IsPinned(const void* data, size_t bytes) const {

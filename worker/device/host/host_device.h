@@ -26,6 +26,7 @@ class HostDevice : public Device {
 
   DeviceKind kind() const override { return DeviceKind::kCpu; }
   std::string name() const override { return "cpu"; }
+  bool memory_is_host_memory() const override { return true; }
   absl::Status MakeCurrent() override { return absl::OkStatus(); }
   absl::StatusOr<std::unique_ptr<Stream>> CreateStream(StreamRole role,
                                                        absl::string_view name) override;
@@ -50,7 +51,7 @@ class HostDevice : public Device {
   absl::StatusOr<std::byte*> AllocatePinnedRaw(size_t bytes) override;
   void FreePinnedRaw(std::byte* data, size_t bytes) override;
   // Pinned and device memory are both the process's block cache.
-  bool AdoptPinnedRaw(std::byte* data, size_t bytes) override;
+  void AdoptPinnedRaw(std::byte* data, size_t bytes) override;
 
  private:
   std::atomic<int64_t> in_use_{0};
