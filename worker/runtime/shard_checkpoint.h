@@ -1,8 +1,8 @@
 // One rank's part of saving and loading a checkpoint (docs/architecture.md §6;
 // docs/fsdp-semantics.md §5.2–5.4, §6.3–6.4). Every rank calls these together: FULL
-// saves gather unit by unit to rank 0, so it never holds more than one extra unit
-// unsharded, and write as they go; SHARDED and LOCAL saves write each rank's own
-// shard and need no collective.
+// saves gather tensor by tensor to rank 0, which writes one while it gathers the
+// next (two gathered tensors at a time); SHARDED and LOCAL saves write each
+// rank's own shard and need no collective.
 //   FULL     rank 0 writes model.safetensors (every FQN, tied aliases included)
 //            and optim.safetensors (<fqn>.<state>, <fqn>.step);
 //   SHARDED  rank r writes model-rank<r>-of-<W> and optim-rank<r>-of-<W> with
