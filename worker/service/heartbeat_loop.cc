@@ -1,5 +1,6 @@
 #include "worker/service/heartbeat_loop.h"
 
+#include <algorithm>
 #include <chrono>
 #include <utility>
 
@@ -159,12 +160,17 @@ void HeartbeatLoop::WaitForNextBeat(std::unique_lock<std::mutex>& lock) {
   // During training the next batch begins within milliseconds of the last
   // one's end; a worker still idle after this long has finished.
   constexpr auto kSettle = std::chrono::milliseconds(100);
-  const auto due = std::chrono::steady_clock::now() + absl::ToChronoMilliseconds(interval_);
-  while (!stop_) {
-    if (!cv_.wait_until(lock, due, [this] { return stop_ || batch_ended_; })) return;  // due
-    if (stop_) return;
+  using Clock = std::chrono::steady_clock;
+  const auto due = Clock::now() + absl::ToChronoMilliseconds(interval_);
+  const auto ended = [this] { return stop_ || batch_ended_; };
+  // The due time bounds every wait: steps shorter than kSettle end a batch
+  // inside each settle window, and a loop that only left when one did not
+  // would stop beating for as long as such training ran.
+  while (!stop_ && Clock::now() < due) {
+    if (!cv_.wait_until(lock, due, ended) || stop_) return;  // due, or stopped
     batch_ended_ = false;
-    if (cv_.wait_for(lock, kSettle, [this] { return stop_ || batch_ended_; })) continue;
+    if (cv_.wait_until(lock, std::min(Clock::now() + kSettle, due), ended)) continue;
+    if (Clock::now() >= due) return;
     lock.unlock();  // Status() takes the service's lock, which EndBatch holds before ours
     const bool idle = service_->Status().state != "running";
     lock.lock();

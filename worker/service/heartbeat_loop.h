@@ -55,8 +55,9 @@ class HeartbeatLoop {
   // the batch in flight has ended by the time it runs.
   void RequestAbort(std::string reason, uint64_t epoch, bool only_while_running = false);
   void RunAborts();
-  // Until the next beat is due (an interval) or, after a batch ended, the
-  // worker has stayed idle for a moment; returns early when stopped.
+  // Until the next beat is due (an interval, never later, however often
+  // batches end) or, after a batch ended, the worker has stayed idle for a
+  // moment; returns early when stopped.
   void WaitForNextBeat(std::unique_lock<std::mutex>& lock);
 
   std::unique_ptr<v1::Membership::Stub> stub_;
