@@ -99,6 +99,17 @@ int DefaultGpu() {
 }
 
 int Run(const Flags& f) {
+  // Signals are taken by sigwait below, so every thread must block them, and
+  // threads inherit the mask of the thread that starts them: this comes
+  // before anything starts one (the host device's streams are threads). A
+  // thread started earlier took a second SIGTERM, sent while the worker was
+  // shutting down after the first, with the default action: killed.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+
   // The device first: a worker that cannot compute must not register.
   absl::StatusOr<DeviceKind> kind = ParseDeviceKind(f.device);
   absl::StatusOr<CommBackend> comm = ParseCommBackend(f.comm);
@@ -157,13 +168,6 @@ int Run(const Flags& f) {
     std::cerr << "flatshard-worker: " << exposed.message() << "\n";
     return 2;
   }
-  // Signals are taken by sigwait below, so every thread must block them.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-
   // An id stable across restarts: the coordinator keeps a worker's rank by it.
   std::unique_ptr<WorkerIdentity> identity;
   std::string worker_id = f.worker_id;
