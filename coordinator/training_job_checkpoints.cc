@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "rpc/checkpoint_file_proto.h"
 #include "rpc/status_proto.h"
 #include "spdlog/spdlog.h"
 
@@ -236,7 +237,7 @@ TrainingJob::SaveFuture TrainingJob::StartSave(const std::string& name, v1::Stat
           const std::vector<v1::CommandResult>& written) -> absl::StatusOr<v1::CheckpointInfo> {
     for (const v1::CommandResult& r : written) {
       for (const v1::CheckpointFileInfo& f : r.files()) {
-        m.files.push_back({f.name(), f.rank(), static_cast<uint64_t>(f.bytes()), f.xxh3()});
+        m.files.push_back(CheckpointFileFromProto(f));
       }
     }
     absl::StatusOr<v1::CheckpointInfo> info = catalog_.Commit(m, keep_last);

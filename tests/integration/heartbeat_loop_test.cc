@@ -61,16 +61,17 @@ TEST(HeartbeatLoopTest, BeatsKeepTheirIntervalWhileBatchesEndEveryFewMillisecond
   ASSERT_TRUE(cluster.Start().ok());
   const absl::Time registered = cluster.LastHeartbeat();
   absl::Duration stalest;
-  const absl::Time until = absl::Now() + 15 * kInterval;
+  const absl::Time until = absl::Now() + 20 * kInterval;
   while (absl::Now() < until) {
     cluster.heartbeat->BatchEnded();  // a 20 ms training step just ended
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     stalest = std::max(stalest, absl::Now() - cluster.LastHeartbeat());
   }
   cluster.heartbeat->Stop();
-  EXPECT_GT(cluster.LastHeartbeat(), registered + 10 * kInterval) << "beats stopped arriving";
-  // An interval plus scheduling slack; the starved loop reached the whole 3 s.
-  EXPECT_LT(stalest, 4 * kInterval) << "the coordinator went " << stalest << " without a beat";
+  EXPECT_GT(cluster.LastHeartbeat(), registered + 15 * kInterval) << "beats stopped arriving";
+  // An interval plus scheduling slack on a loaded machine; the starved loop
+  // went the whole 4 s without one.
+  EXPECT_LT(stalest, 5 * kInterval) << "the coordinator went " << stalest << " without a beat";
 }
 
 // A batch that ends and is not followed by another within the settle window

@@ -4,6 +4,7 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
+#include "rpc/checkpoint_file_proto.h"
 #include "rpc/command_batch.h"
 #include "rpc/status_proto.h"
 #include "rpc/step_program_proto.h"
@@ -220,11 +221,7 @@ absl::StatusOr<v1::CommandResult> BatchExecutor::ExecuteCheckpoint(
         SetError(result, saved.write_status);
       }
       for (const CheckpointFile& f : saved.files) {
-        v1::CheckpointFileInfo* info = result.add_files();
-        info->set_name(f.name);
-        info->set_rank(f.rank);
-        info->set_bytes(static_cast<int64_t>(f.bytes));
-        info->set_xxh3(f.xxh3);
+        CheckpointFileToProto(f, result.add_files());
       }
       return absl::OkStatus();
     }

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "rpc/checkpoint_file_proto.h"
 #include "rpc/status_proto.h"
 
 namespace flatshard {
@@ -43,11 +44,7 @@ void BackgroundSaves::Start(const std::string& key, ShardSnapshot snapshot, cons
           *result.mutable_checkpoint_status() = StatusToProto(written->write_status);
         }
         for (const CheckpointFile& f : written->files) {
-          v1::CheckpointFileInfo* info = result.add_files();
-          info->set_name(f.name);
-          info->set_rank(f.rank);
-          info->set_bytes(static_cast<int64_t>(f.bytes));
-          info->set_xxh3(f.xxh3);
+          CheckpointFileToProto(f, result.add_files());
         }
         return result;
       }).share();
