@@ -159,6 +159,7 @@ absl::Status CheckpointReader::BeginShare(int index, int count) {
       return own.ok() ? opened : own;
     }
   }
+  sharing_ = true;
   return absl::OkStatus();
 }
 
@@ -171,7 +172,24 @@ absl::Status CheckpointReader::FinishShare(bool deliver) {
     if (status.ok()) status = hashed;
   }
   pending_.clear();
-  return status;
+  sharing_ = false;
+  std::map<std::string, std::vector<DeferredRead>> late = std::move(late_);
+  late_.clear();
+  if (!deliver || !status.ok()) return status;
+  // The other readers' files, each in file order, now that this reader has
+  // streamed its own: at the saving world size the files' verifiers stream
+  // them meanwhile, so these reads mostly find their bytes in the page cache
+  // instead of cutting across those streams on the disk.
+  for (const CheckpointFile& f : manifest_.files) {
+    auto it = late.find(f.name);
+    if (it == late.end()) continue;
+    std::vector<DeferredRead>& reads = it->second;
+    std::sort(reads.begin(), reads.end(),
+              [](const DeferredRead& a, const DeferredRead& b) { return a.offset < b.offset; });
+    const SafetensorsReader& file = *open_.at(f.name);
+    for (const DeferredRead& r : reads) RETURN_IF_ERROR(file.ReadBytes(r.offset, r.out));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status CheckpointReader::HashWhileReading(const std::string& file_name, bool deliver) {
@@ -264,12 +282,14 @@ absl::Status CheckpointReader::ReadTensorDeferred(const std::string& file_name,
 absl::Status CheckpointReader::ReadPart(const std::string& file_name, absl::string_view name,
                                         uint64_t begin, std::span<float> out, bool defer) {
   const SafetensorsReader& file = *open_.at(file_name);
-  auto pending = defer ? pending_.find(file_name) : pending_.end();
-  if (pending != pending_.end()) {
+  if (defer && sharing_) {
+    auto pending = pending_.find(file_name);
     absl::StatusOr<uint64_t> offset = file.Float32Offset(name, begin, out.size());
     if (offset.ok()) {
-      pending->second.push_back(
-          {*offset, std::span<char>(reinterpret_cast<char*>(out.data()), out.size_bytes())});
+      // The share's files' reads land as they are hashed, the others' after.
+      (pending != pending_.end() ? pending->second : late_[file_name])
+          .push_back(
+              {*offset, std::span<char>(reinterpret_cast<char*>(out.data()), out.size_bytes())});
       return absl::OkStatus();
     }
     // Another floating type is widened as it is read: now.

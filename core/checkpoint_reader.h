@@ -76,9 +76,13 @@ class CheckpointReader {
   // ReadRangeInto for a caller that keeps `out` alive and unread until
   // FinishShare: float32 elements in a file of the share are read then, each
   // such file once, in order, into the callers' spans while the bytes are
-  // hashed as they land. FinishShare(false) only verifies: after a staging
-  // that failed, whose spans may be gone. Reads that are not deferred work as
-  // ever, before and after.
+  // hashed as they land; deferred float32 reads from the other files land
+  // after those, each file's in offset order (reading them at once cut
+  // across the verifiers' streams on the disk: FULL loads at W=2 read their
+  // strided halves of each file while another rank streamed it).
+  // FinishShare(false) only verifies: after a staging that failed, whose
+  // spans may be gone. Reads that are not deferred work as ever, before and
+  // after.
   absl::Status BeginShare(int index, int count);
   absl::Status ReadRangeDeferred(absl::string_view kind, const std::string& name,
                                  const std::vector<int64_t>& shape, uint64_t begin,
@@ -134,6 +138,9 @@ class CheckpointReader {
   };
   // The share's files not yet hashed, with the reads waiting for them.
   std::map<std::string, std::vector<DeferredRead>> pending_;
+  // Deferred reads from files outside the share, done after it is hashed.
+  std::map<std::string, std::vector<DeferredRead>> late_;
+  bool sharing_ = false;  // between BeginShare and FinishShare
 };
 
 }  // namespace flatshard

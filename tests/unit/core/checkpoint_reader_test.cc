@@ -261,8 +261,8 @@ TEST(CheckpointReaderTest, PiecesThatDoNotTileTheTensorAreDataLoss) {
 }
 
 // A share's reads wait for FinishShare and land then, the file read once and
-// hashed as it lands; reads from files outside the share happen at once.
-// Saved by 2 ranks, read by reader 0 of 2: rank 0's files are its share.
+// hashed as it lands; deferred reads from files outside the share land after
+// it. Saved by 2 ranks, read by reader 0 of 2: rank 0's files are its share.
 TEST(CheckpointReaderTest, DeferredReadsFromTheShareLandAtFinishShare) {
   const std::string dir = WriteCheckpoint("deferred", 2);
   absl::StatusOr<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::Open(dir);
@@ -271,9 +271,9 @@ TEST(CheckpointReaderTest, DeferredReadsFromTheShareLandAtFinishShare) {
   std::vector<float> weight(8, -1.0f), exp_avg(6, -1.0f);
   ASSERT_TRUE((*reader)->ReadRangeDeferred("model", "fc.weight", {4, 2}, 0, weight).ok());
   ASSERT_TRUE((*reader)->ReadRangeDeferred("optim", "fc.weight.exp_avg", {4, 2}, 1, exp_avg).ok());
-  // Rank 1's half is read at once; rank 0's waits.
-  EXPECT_EQ(weight, (std::vector<float>{-1, -1, -1, -1, 5, 6, 7, 8}));
-  EXPECT_EQ(exp_avg, (std::vector<float>{-1, -1, -1, 104, 105, 106}));
+  // Both halves wait, rank 0's (the share) and rank 1's.
+  EXPECT_EQ(weight, std::vector<float>(8, -1.0f));
+  EXPECT_EQ(exp_avg, std::vector<float>(6, -1.0f));
   // A read that is not deferred reads the share's file at once.
   absl::StatusOr<std::vector<float>> now = (*reader)->ReadRange("model", "fc.weight", {4, 2}, 2, 3);
   ASSERT_TRUE(now.ok()) << now.status();
@@ -285,6 +285,30 @@ TEST(CheckpointReaderTest, DeferredReadsFromTheShareLandAtFinishShare) {
   std::vector<float> again(2, -1.0f);
   ASSERT_TRUE((*reader)->ReadRangeDeferred("model", "fc.weight", {4, 2}, 0, again).ok());
   EXPECT_EQ(again, (std::vector<float>{1, 2}));
+}
+
+// Reads from another reader's file wait for FinishShare too, and a staging
+// that failed (no delivery) gets none of them, nor after damage in the share.
+TEST(CheckpointReaderTest, ReadsOutsideTheShareLandOnlyWithADeliveredShare) {
+  const std::string dir = WriteCheckpoint("late", 2);
+  const std::string own = absl::StrCat(dir, "/", RankFileName("model", 0, 2));
+  for (const bool damaged : {false, true}) {
+    for (const bool deliver : {false, true}) {
+      SCOPED_TRACE(absl::StrCat(damaged ? "damaged" : "intact", deliver ? ", delivered" : ""));
+      if (damaged) FlipLastByte(own);
+      absl::StatusOr<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::Open(dir);
+      ASSERT_TRUE(reader.ok()) << reader.status();
+      ASSERT_TRUE((*reader)->BeginShare(0, 2).ok());
+      std::vector<float> theirs(4, -1.0f);  // rank 1's half: outside reader 0's share
+      ASSERT_TRUE((*reader)->ReadRangeDeferred("model", "fc.weight", {4, 2}, 4, theirs).ok());
+      EXPECT_EQ(theirs, std::vector<float>(4, -1.0f));
+      const absl::Status finished = (*reader)->FinishShare(deliver);
+      EXPECT_EQ(finished.ok(), !damaged) << finished;
+      EXPECT_EQ(theirs, deliver && !damaged ? (std::vector<float>{5, 6, 7, 8})
+                                            : std::vector<float>(4, -1.0f));
+      if (damaged) FlipLastByte(own);  // restored
+    }
+  }
 }
 
 // Two deferred reads of the same bytes both land; the file still verifies.
