@@ -137,6 +137,14 @@ absl::Status CheckpointReader::BeginShare(int index, int count) {
     return absl::InvalidArgumentError(
         absl::StrCat("verifier ", index, " of ", count, " is not a valid share"));
   }
+  if (share_begun_) {
+    // The first share left other readers' files open unhashed (and, before
+    // FinishShare, reads due into its caller's spans): a second would take
+    // them as verified.
+    return absl::FailedPreconditionError(
+        absl::StrCat("a reader of ", dir_, " verifies one share; open another for a second"));
+  }
+  share_begun_ = true;
   // The share's files first: one that fails its size or header check is
   // hashed at once, so damage is reported as damage, not as whatever its
   // header might say.
@@ -146,6 +154,7 @@ absl::Status CheckpointReader::BeginShare(int index, int count) {
     if (absl::StatusOr<SafetensorsReader*> opened = OpenFile(name, /*hash=*/false); !opened.ok()) {
       // Checked again, size then hash: a wrong size or a missing file fails
       // as before, a bad header in a damaged file as the damage.
+      pending_.clear();  // no reads yet: nothing is left waiting
       RETURN_IF_ERROR(OpenFile(name, /*hash=*/true).status());
       return opened.status();
     }
@@ -188,6 +197,11 @@ absl::Status CheckpointReader::FinishShare(bool deliver) {
               [](const DeferredRead& a, const DeferredRead& b) { return a.offset < b.offset; });
     const SafetensorsReader& file = *open_.at(f.name);
     for (const DeferredRead& r : reads) RETURN_IF_ERROR(file.ReadBytes(r.offset, r.out));
+    late.erase(it);
+  }
+  if (!late.empty()) {  // a read from a file not listed: its span would stay unwritten
+    return absl::InternalError(
+        absl::StrCat("deferred reads from ", late.begin()->first, " were never made"));
   }
   return absl::OkStatus();
 }

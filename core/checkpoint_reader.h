@@ -83,6 +83,7 @@ class CheckpointReader {
   // FinishShare(false) only verifies: after a staging that failed, whose
   // spans may be gone. Reads that are not deferred work as ever, before and
   // after.
+  // FAILED_PRECONDITION for a second share of the same reader.
   absl::Status BeginShare(int index, int count);
   absl::Status ReadRangeDeferred(absl::string_view kind, const std::string& name,
                                  const std::vector<int64_t>& shape, uint64_t begin,
@@ -106,13 +107,14 @@ class CheckpointReader {
   absl::StatusOr<SafetensorsReader*> OpenFile(const std::string& file_name, bool hash);
   // The manifest's entry for `file_name`; NOT_FOUND naming its path if none.
   absl::StatusOr<const CheckpointFile*> Listed(const std::string& file_name) const;
-  // ReadRangeInto's body; float32 parts in a file of the share wait for
-  // FinishShare when `defer`.
+  // ReadRangeInto's body; float32 parts wait for FinishShare when `defer`
+  // and a share is begun.
   absl::Status ReadRange(absl::string_view kind, const std::string& name,
                          const std::vector<int64_t>& shape, uint64_t begin, std::span<float> out,
                          bool defer);
   // Elements of tensor `name` of open file `file_name` into `out`: now, or at
-  // FinishShare when `defer` and the file is one of the share's.
+  // FinishShare when `defer`, a share is begun and the tensor is float32
+  // (as the file is hashed for the share's files, after them for the rest).
   absl::Status ReadPart(const std::string& file_name, absl::string_view name, uint64_t begin,
                         std::span<float> out, bool defer);
   // Reads file `file_name` start to end, the deferred reads straight into
@@ -140,7 +142,8 @@ class CheckpointReader {
   std::map<std::string, std::vector<DeferredRead>> pending_;
   // Deferred reads from files outside the share, done after it is hashed.
   std::map<std::string, std::vector<DeferredRead>> late_;
-  bool sharing_ = false;  // between BeginShare and FinishShare
+  bool sharing_ = false;      // between BeginShare and FinishShare
+  bool share_begun_ = false;  // one share per reader
 };
 
 }  // namespace flatshard

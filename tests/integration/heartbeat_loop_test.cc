@@ -2,7 +2,9 @@
 // over gRPC: beats keep coming at the interval however often batches end.
 #include "worker/service/heartbeat_loop.h"
 
+#include <algorithm>
 #include <chrono>
+#include <memory>
 #include <thread>
 
 #include <grpcpp/create_channel.h>

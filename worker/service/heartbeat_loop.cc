@@ -171,7 +171,7 @@ void HeartbeatLoop::WaitForNextBeat(std::unique_lock<std::mutex>& lock) {
     batch_ended_ = false;
     if (cv_.wait_until(lock, std::min(Clock::now() + kSettle, due), ended)) continue;
     if (Clock::now() >= due) return;
-    lock.unlock();  // Status() takes the service's lock, which EndBatch holds before ours
+    lock.unlock();  // not held across the service's lock: no order between the two to keep
     const bool idle = service_->Status().state != "running";
     lock.lock();
     if (idle) return;  // beat now

@@ -396,6 +396,14 @@ TEST(CheckpointReaderTest, RefusesAShareThatIsNotOne) {
   EXPECT_EQ(Share(dir, 2, 2).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(Share(dir, -1, 2).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(Share(dir, 0, 0).code(), absl::StatusCode::kInvalidArgument);
+  // One share per reader, during or after the first: the first left the
+  // other share's files open unhashed.
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::Open(dir);
+  ASSERT_TRUE(reader.ok());
+  ASSERT_TRUE((*reader)->BeginShare(0, 2).ok());
+  EXPECT_EQ((*reader)->BeginShare(1, 2).code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE((*reader)->FinishShare(/*deliver=*/true).ok());
+  EXPECT_EQ((*reader)->BeginShare(1, 2).code(), absl::StatusCode::kFailedPrecondition);
 }
 
 }  // namespace
