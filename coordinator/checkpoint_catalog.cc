@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <set>
 #include <system_error>
 #include <tuple>
 #include <utility>
@@ -96,6 +97,7 @@ absl::StatusOr<v1::CheckpointInfo> CheckpointCatalog::Commit(const CheckpointMan
   // whole checkpoint through one process). Every load hashes every file
   // before it changes anything, and `flatshard ckpt verify` does offline.
   uint64_t bytes = 0;
+  std::set<std::string> checked;
   for (const CheckpointFile& f : manifest.files) {
     // Names come from the workers: plain file names in this directory only.
     if (f.name.empty() || f.name.front() == '.' || f.name.find('/') != std::string::npos) {
@@ -113,6 +115,7 @@ absl::StatusOr<v1::CheckpointInfo> CheckpointCatalog::Commit(const CheckpointMan
       return absl::DataLossError(
           absl::StrCat(path, " has ", size, " bytes; rank ", f.rank, " reported ", f.bytes));
     }
+    if (!checked.insert(f.name).second) continue;  // another writer's part of the same file
     absl::StatusOr<std::unique_ptr<SafetensorsReader>> header = SafetensorsReader::Open(path);
     if (!header.ok()) {
       return absl::DataLossError(
@@ -229,9 +232,7 @@ absl::StatusOr<std::vector<v1::CheckpointInfo>> CheckpointCatalog::List() const 
     info.set_step(m->step);
     info.set_state_dict_type(m->state_dict_type);
     info.set_world_size(m->world_size);
-    int64_t bytes = 0;
-    for (const CheckpointFile& f : m->files) bytes += static_cast<int64_t>(f.bytes);
-    info.set_bytes(bytes);
+    info.set_bytes(static_cast<int64_t>(CheckpointBytes(*m)));
     info.set_latest(name == latest);
     found.emplace_back(m->created_unix_micros, name, std::move(info));
   }

@@ -362,9 +362,7 @@ absl::StatusOr<v1::CheckpointInfo> TrainingJob::LoadLocked(const std::string& na
   info.set_step(manifest.step);
   info.set_state_dict_type(manifest.state_dict_type);
   info.set_world_size(manifest.world_size);
-  int64_t bytes = 0;
-  for (const CheckpointFile& f : manifest.files) bytes += static_cast<int64_t>(f.bytes);
-  info.set_bytes(bytes);
+  info.set_bytes(static_cast<int64_t>(CheckpointBytes(manifest)));
   return info;
 }
 

@@ -241,7 +241,7 @@ absl::StatusOr<CheckpointManifest> WriteConverted(TensorSource& source, const st
                                                              static_cast<size_t>(part.count))));
       }
       ASSIGN_OR_RETURN(FileDigest digest, writer->Finish());
-      m.files.push_back({file_name, r, digest.bytes, digest.xxh3});
+      m.files.push_back({file_name, r, digest.bytes, digest.xxh3, {}});
       if (progress) {
         progress(absl::StrFormat("wrote %s (%.1f MB)", file_name,
                                  static_cast<double>(digest.bytes) / 1e6));

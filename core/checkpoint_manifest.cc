@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <map>
+#include <set>
+#include <utility>
 
 #include <xxhash.h>
 
@@ -13,6 +16,7 @@
 #include "nlohmann/json.hpp"
 
 #include "core/durable_file.h"
+#include "core/status_macros.h"
 
 namespace flatshard {
 namespace {
@@ -53,7 +57,59 @@ class Fields {
     if (!fs_status_.ok()) return fs_status_;              \
   } while (false)
 
+// The entries of each file that several ranks wrote must agree on its size
+// and tile it: every byte hashed by exactly one writer.
+absl::Status CheckRegionsTile(const std::vector<CheckpointFile>& files, absl::string_view what) {
+  std::map<std::string, std::vector<const CheckpointFile*>> by_name;
+  for (const CheckpointFile& f : files) by_name[f.name].push_back(&f);
+  for (const auto& [name, entries] : by_name) {
+    auto bad = [&](absl::string_view why) {
+      return absl::InvalidArgumentError(absl::StrCat(what, ": files['", name, "'] ", why));
+    };
+    std::vector<ByteRange> ranges;
+    for (const CheckpointFile* f : entries) {
+      if (f->bytes != entries.front()->bytes) {
+        return bad(
+            absl::StrCat("is listed with sizes ", entries.front()->bytes, " and ", f->bytes));
+      }
+      if (entries.size() > 1 && f->regions.empty()) {
+        return bad(absl::StrCat("is listed ", entries.size(), " times, rank ", f->rank,
+                                "'s entry without the regions it wrote"));
+      }
+      for (size_t i = 1; i < f->regions.size(); ++i) {
+        if (f->regions[i].offset < f->regions[i - 1].offset + f->regions[i - 1].bytes) {
+          return bad(absl::StrCat("lists rank ", f->rank, "'s regions out of file order"));
+        }
+      }
+      for (const ByteRange& r : f->HashedRanges()) ranges.push_back(r);
+    }
+    std::sort(ranges.begin(), ranges.end(),
+              [](const ByteRange& a, const ByteRange& b) { return a.offset < b.offset; });
+    uint64_t at = 0;
+    for (const ByteRange& r : ranges) {
+      if (r.offset != at || r.bytes == 0) {
+        return bad(absl::StrCat("has regions that do not tile it: bytes from ", at,
+                                r.offset > at ? " are nobody's" : " are listed twice or empty"));
+      }
+      at += r.bytes;
+    }
+    if (at != entries.front()->bytes) {
+      return bad(absl::StrCat("has regions that end at byte ", at, " of ", entries.front()->bytes));
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
+
+uint64_t CheckpointBytes(const CheckpointManifest& manifest) {
+  std::set<std::string> counted;
+  uint64_t bytes = 0;
+  for (const CheckpointFile& f : manifest.files) {
+    if (counted.insert(f.name).second) bytes += f.bytes;
+  }
+  return bytes;
+}
 
 std::string JobSpecDigest(const v1::JobSpec& spec) {
   std::string bytes;
@@ -133,7 +189,13 @@ std::string ManifestToJson(const CheckpointManifest& m) {
   json["scheduled"] = m.scheduled;
   Json files = Json::array();
   for (const CheckpointFile& f : m.files) {
-    files.push_back({{"name", f.name}, {"rank", f.rank}, {"bytes", f.bytes}, {"xxh3", f.xxh3}});
+    Json file = {{"name", f.name}, {"rank", f.rank}, {"bytes", f.bytes}, {"xxh3", f.xxh3}};
+    if (!f.regions.empty()) {
+      Json regions = Json::array();
+      for (const ByteRange& r : f.regions) regions.push_back({r.offset, r.bytes});
+      file["regions"] = regions;
+    }
+    files.push_back(std::move(file));
   }
   json["files"] = files;
   std::string spec_json;
@@ -214,12 +276,18 @@ absl::StatusOr<CheckpointManifest> ParseManifest(absl::string_view text, absl::s
     FS_FIELD(file, "rank", f.rank);
     FS_FIELD(file, "bytes", f.bytes);
     FS_FIELD(file, "xxh3", f.xxh3);
+    if (value.contains("regions")) {
+      std::vector<std::pair<uint64_t, uint64_t>> regions;
+      FS_FIELD(file, "regions", regions);
+      for (const auto& [offset, bytes] : regions) f.regions.push_back({offset, bytes});
+    }
     if (f.name.empty() || f.name.find('/') != std::string::npos || f.name.front() == '.') {
       return absl::InvalidArgumentError(
           absl::StrCat(what, ": file name '", f.name, "' is not a plain file name"));
     }
     m.files.push_back(std::move(f));
   }
+  RETURN_IF_ERROR(CheckRegionsTile(m.files, what));
   if (!json.contains("job_spec")) return fields.Missing("job_spec");
   const std::string spec_json = json["job_spec"].dump();
   if (!google::protobuf::util::JsonStringToMessage(spec_json, &m.job_spec).ok()) {

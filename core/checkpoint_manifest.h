@@ -15,26 +15,41 @@
 #include "absl/strings/string_view.h"
 
 #include "core/dtype.h"
+#include "core/durable_file.h"
 #include "flatshard/v1/common.pb.h"
 #include "flatshard/v1/job.pb.h"
 
 namespace flatshard {
 
-// Version 2: SHARDED files hold contiguous element ranges of each tensor with
-// their offsets in the file's metadata (sharded_tensor_pieces.h), written
-// straight from each rank's flat shard. Version 1 (still read): SHARDED files
-// held rows ChunkOf(dim0, W, r). FULL and LOCAL files are the same in both.
-inline constexpr int kCheckpointFormatVersion = 2;
+// Version 3: a FULL file is written by every rank at once, each writing the
+// bytes its shard holds in place (CheckpointFile::regions). Version 2: SHARDED
+// files hold contiguous element ranges of each tensor with their offsets in
+// the file's metadata (sharded_tensor_pieces.h), written straight from each
+// rank's flat shard. Version 1: SHARDED files held rows ChunkOf(dim0, W, r).
+// All three are read; the files' contents differ only as said.
+inline constexpr int kCheckpointFormatVersion = 3;
 inline constexpr int kRowChunkFormatVersion = 1;
 inline constexpr absl::string_view kManifestFileName = "manifest.json";
 inline constexpr absl::string_view kLatestFileName = "latest";
 inline constexpr absl::string_view kPartialSuffix = ".partial";
 
+// What one rank wrote of a checkpoint file. Most files have one writer, which
+// wrote all of it (`regions` empty, `xxh3` the file's). A FULL file is written
+// by every rank at once (format version 3): each rank's entry lists the byte
+// ranges it wrote, in increasing offset order, and `xxh3` is of those bytes
+// read in that order; the entries of one file tile it exactly, so each byte
+// is vouched for by one writer's hash.
 struct CheckpointFile {
-  std::string name;  // relative to the checkpoint directory
-  int rank = 0;      // the worker that wrote it
-  uint64_t bytes = 0;
+  std::string name;    // relative to the checkpoint directory
+  int rank = 0;        // the worker that wrote it
+  uint64_t bytes = 0;  // the file's size
   std::string xxh3;
+  std::vector<ByteRange> regions;
+
+  // The ranges its xxh3 covers: `regions`, or the whole file.
+  std::vector<ByteRange> HashedRanges() const {
+    return regions.empty() ? std::vector<ByteRange>{{0, bytes}} : regions;
+  }
 };
 
 struct CheckpointTensorInfo {
@@ -69,6 +84,10 @@ struct CheckpointManifest {
   bool scheduled = false;
   std::vector<CheckpointFile> files;
 };
+
+// The bytes of a checkpoint's files, each file counted once however many
+// ranks wrote it.
+uint64_t CheckpointBytes(const CheckpointManifest& manifest);
 
 // The digest manifests record for a spec.
 std::string JobSpecDigest(const v1::JobSpec& spec);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <memory>
+#include <set>
 #include <system_error>
 
 #include <xxhash.h>
@@ -52,6 +53,20 @@ absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(const s
   return std::unique_ptr<CheckpointReader>(new CheckpointReader(dir, std::move(manifest)));
 }
 
+CheckpointReader::CheckpointReader(std::string dir, CheckpointManifest manifest)
+    : dir_(std::move(dir)), manifest_(std::move(manifest)) {
+  for (size_t i = 0; i < manifest_.files.size(); ++i) {
+    std::vector<Region>& regions = regions_[manifest_.files[i].name];
+    for (const ByteRange& r : manifest_.files[i].HashedRanges()) {
+      regions.push_back({r.offset, r.bytes, i});
+    }
+  }
+  for (auto& [name, regions] : regions_) {
+    std::sort(regions.begin(), regions.end(),
+              [](const Region& a, const Region& b) { return a.offset < b.offset; });
+  }
+}
+
 absl::StatusOr<SafetensorsReader*> CheckpointReader::File(const std::string& file_name) {
   return OpenFile(file_name, /*hash=*/true);
 }
@@ -65,17 +80,24 @@ absl::StatusOr<const CheckpointFile*> CheckpointReader::Listed(const std::string
 
 namespace {
 
-// A file's digest against what the manifest recorded for it.
+// The digest of what a manifest entry vouches for (the file, or the regions
+// its writer wrote) against what the manifest recorded.
 absl::Status CheckDigest(const std::string& path, const CheckpointFile& entry,
                          const FileDigest& digest) {
-  if (digest.bytes != entry.bytes) {  // changed since the size check
-    return absl::DataLossError(absl::StrCat(path, " has ", digest.bytes,
-                                            " bytes, the manifest recorded ", entry.bytes,
-                                            " (truncated or replaced)"));
+  uint64_t expected = 0;
+  for (const ByteRange& r : entry.HashedRanges()) expected += r.bytes;
+  if (digest.bytes != expected) {  // changed since the size check
+    return absl::DataLossError(absl::StrCat(path, " ended after ", digest.bytes,
+                                            " of the bytes the manifest vouches for (", expected,
+                                            ": truncated or replaced)"));
   }
   if (digest.xxh3 != entry.xxh3) {
-    return absl::DataLossError(absl::StrCat(path, " fails its checksum: xxh3 ", digest.xxh3,
-                                            ", the manifest recorded ", entry.xxh3,
+    const std::string what = entry.regions.empty()
+                                 ? std::string()
+                                 : absl::StrCat(" over the ", entry.regions.size(),
+                                                " regions rank ", entry.rank, " wrote");
+    return absl::DataLossError(absl::StrCat(path, " fails its checksum", what, ": xxh3 ",
+                                            digest.xxh3, ", the manifest recorded ", entry.xxh3,
                                             " (corrupted)"));
   }
   return absl::OkStatus();
@@ -101,8 +123,11 @@ absl::StatusOr<SafetensorsReader*> CheckpointReader::OpenFile(const std::string&
                                             entry->bytes, " (truncated or replaced)"));
   }
   if (hash) {
-    ASSIGN_OR_RETURN(FileDigest digest, DigestFile(path));
-    RETURN_IF_ERROR(CheckDigest(path, *entry, digest));
+    for (const CheckpointFile& f : manifest_.files) {  // each writer's part, or the whole file
+      if (f.name != file_name) continue;
+      ASSIGN_OR_RETURN(FileDigest digest, DigestFileRanges(path, f.HashedRanges()));
+      RETURN_IF_ERROR(CheckDigest(path, f, digest));
+    }
   }
   ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsReader> reader, SafetensorsReader::Open(path));
   SafetensorsReader* raw = reader.get();
@@ -145,20 +170,27 @@ absl::Status CheckpointReader::BeginShare(int index, int count) {
         absl::StrCat("a reader of ", dir_, " verifies one share; open another for a second"));
   }
   share_begun_ = true;
-  // The share's files first: one that fails its size or header check is
+  // Files opened before the share were hashed whole when they were opened.
+  std::set<std::string> verified;
+  for (const auto& [name, file] : open_) verified.insert(name);
+  // The share's entries first (a file, or one writer's regions of a file
+  // every rank wrote): one whose file fails its size or header check is
   // hashed at once, so damage is reported as damage, not as whatever its
   // header might say.
   for (size_t i = 0; i < manifest_.files.size(); ++i) {
     const std::string& name = manifest_.files[i].name;
-    if (VerifierOf(manifest_, i, count) != index || open_.contains(name)) continue;
-    if (absl::StatusOr<SafetensorsReader*> opened = OpenFile(name, /*hash=*/false); !opened.ok()) {
-      // Checked again, size then hash: a wrong size or a missing file fails
-      // as before, a bad header in a damaged file as the damage.
-      pending_.clear();  // no reads yet: nothing is left waiting
-      RETURN_IF_ERROR(OpenFile(name, /*hash=*/true).status());
-      return opened.status();
+    if (VerifierOf(manifest_, i, count) != index || verified.contains(name)) continue;
+    if (!open_.contains(name)) {
+      if (absl::StatusOr<SafetensorsReader*> opened = OpenFile(name, /*hash=*/false);
+          !opened.ok()) {
+        // Checked again, size then hash: a wrong size or a missing file
+        // fails as before, a bad header in a damaged file as the damage.
+        pending_.clear();  // no reads yet: nothing is left waiting
+        RETURN_IF_ERROR(OpenFile(name, /*hash=*/true).status());
+        return opened.status();
+      }
     }
-    pending_[name];
+    pending_[i];
   }
   for (const CheckpointFile& f : manifest_.files) {
     if (absl::Status opened = OpenFile(f.name, /*hash=*/false).status(); !opened.ok()) {
@@ -174,10 +206,10 @@ absl::Status CheckpointReader::BeginShare(int index, int count) {
 
 absl::Status CheckpointReader::FinishShare(bool deliver) {
   absl::Status status;
-  for (const CheckpointFile& f : manifest_.files) {  // in the manifest's order
-    if (!pending_.contains(f.name)) continue;
-    // Every file is hashed even after one failed: the error names the first.
-    absl::Status hashed = HashWhileReading(f.name, deliver && status.ok());
+  for (size_t i = 0; i < manifest_.files.size(); ++i) {  // in the manifest's order
+    if (!pending_.contains(i)) continue;
+    // Every entry is hashed even after one failed: the error names the first.
+    absl::Status hashed = HashWhileReading(i, deliver && status.ok());
     if (status.ok()) status = hashed;
   }
   pending_.clear();
@@ -198,10 +230,10 @@ absl::Status CheckpointReader::FinishShare(bool deliver) {
   return absl::OkStatus();
 }
 
-absl::Status CheckpointReader::HashWhileReading(const std::string& file_name, bool deliver) {
-  std::vector<DeferredRead> reads = std::move(pending_.at(file_name));
-  SafetensorsReader& file = *open_.at(file_name);
-  ASSIGN_OR_RETURN(const CheckpointFile* entry, Listed(file_name));
+absl::Status CheckpointReader::HashWhileReading(size_t index, bool deliver) {
+  std::vector<DeferredRead> reads = std::move(pending_.at(index));
+  const CheckpointFile& entry = manifest_.files[index];
+  SafetensorsReader& file = *open_.at(entry.name);
   std::sort(reads.begin(), reads.end(),
             [](const DeferredRead& a, const DeferredRead& b) { return a.offset < b.offset; });
   for (size_t i = 1; i < reads.size(); ++i) {
@@ -222,14 +254,15 @@ absl::Status CheckpointReader::HashWhileReading(const std::string& file_name, bo
   std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> state(XXH3_createState(),
                                                                  &XXH3_freeState);
   XXH3_64bits_reset(state.get());
-  std::vector<char> buffer(static_cast<size_t>(std::min(kChunk, entry->bytes)));
-  uint64_t at = 0;
+  std::vector<char> buffer(static_cast<size_t>(std::min(kChunk, entry.bytes)));
+  uint64_t at = 0, hashed = 0;
   auto read_into = [&](std::span<char> out) -> absl::Status {
     for (size_t k = 0; k < out.size(); k += kChunk) {
       const std::span<char> chunk = out.subspan(k, std::min<size_t>(kChunk, out.size() - k));
       RETURN_IF_ERROR(file.ReadBytes(at, chunk));
       XXH3_64bits_update(state.get(), chunk.data(), chunk.size());
       at += chunk.size();
+      hashed += chunk.size();
     }
     return absl::OkStatus();
   };
@@ -239,12 +272,20 @@ absl::Status CheckpointReader::HashWhileReading(const std::string& file_name, bo
     }
     return absl::OkStatus();
   };
-  for (const DeferredRead& r : reads) {
-    RETURN_IF_ERROR(skip_to(r.offset));
-    RETURN_IF_ERROR(read_into(r.out));
+  // The reads were split at the entries' regions (ReadPart): each lies in
+  // one of this entry's ranges.
+  size_t next = 0;
+  for (const ByteRange& range : entry.HashedRanges()) {
+    at = range.offset;
+    const uint64_t end = range.offset + range.bytes;
+    for (; next < reads.size() && reads[next].offset < end; ++next) {
+      RETURN_IF_ERROR(skip_to(reads[next].offset));
+      RETURN_IF_ERROR(read_into(reads[next].out));
+    }
+    RETURN_IF_ERROR(skip_to(end));
   }
-  RETURN_IF_ERROR(skip_to(entry->bytes));
-  return CheckDigest(file.path(), *entry, FileDigest{at, Xxh3Hex(XXH3_64bits_digest(state.get()))});
+  return CheckDigest(file.path(), entry,
+                     FileDigest{hashed, Xxh3Hex(XXH3_64bits_digest(state.get()))});
 }
 
 absl::StatusOr<std::vector<float>> CheckpointReader::ReadFull(absl::string_view kind,
@@ -289,13 +330,23 @@ absl::Status CheckpointReader::ReadPart(const std::string& file_name, absl::stri
                                         uint64_t begin, std::span<float> out, bool defer) {
   const SafetensorsReader& file = *open_.at(file_name);
   if (defer && sharing_) {
-    auto pending = pending_.find(file_name);
     absl::StatusOr<uint64_t> offset = file.Float32Offset(name, begin, out.size());
     if (offset.ok()) {
-      // The share's files' reads land as they are hashed, the others' after.
-      (pending != pending_.end() ? pending->second : late_[file_name])
-          .push_back(
-              {*offset, std::span<char>(reinterpret_cast<char*>(out.data()), out.size_bytes())});
+      // The share's entries' reads land as they are hashed, the others'
+      // after; a read is split where the file's writers' regions meet.
+      const std::span<char> bytes(reinterpret_cast<char*>(out.data()), out.size_bytes());
+      const std::vector<Region>& regions = regions_.at(file_name);
+      auto region = std::upper_bound(regions.begin(), regions.end(), *offset,
+                                     [](uint64_t at, const Region& r) { return at < r.offset; });
+      if (region != regions.begin()) --region;
+      for (uint64_t at = *offset, end = *offset + bytes.size(); at < end; ++region) {
+        const uint64_t to =
+            region == regions.end() ? end : std::min(end, region->offset + region->bytes);
+        auto pending = region == regions.end() ? pending_.end() : pending_.find(region->entry);
+        (pending != pending_.end() ? pending->second : late_[file_name])
+            .push_back({at, bytes.subspan(at - *offset, to - at)});
+        at = to;
+      }
       return absl::OkStatus();
     }
     // Another floating type is widened as it is read: now.

@@ -94,15 +94,15 @@ class CheckpointReader {
                                   uint64_t begin, std::span<float> out);
   absl::Status FinishShare(bool deliver);
 
-  // Which of `count` readers hashes manifest file `position`: the files in
+  // Which of `count` readers hashes manifest entry `position` (a file, or
+  // the regions one rank wrote of a file every rank wrote): the entries in
   // the order of the ranks that wrote them, dealt in contiguous blocks as
-  // even as they divide. At the saving world size each rank hashes the files
-  // it wrote; FULL's two files (both rank 0's) go to two readers.
+  // even as they divide. At the saving world size each rank hashes what it
+  // wrote.
   static int VerifierOf(const CheckpointManifest& manifest, size_t position, int count);
 
  private:
-  CheckpointReader(std::string dir, CheckpointManifest manifest)
-      : dir_(std::move(dir)), manifest_(std::move(manifest)) {}
+  CheckpointReader(std::string dir, CheckpointManifest manifest);
   // Opens `file_name`, checking its size and header, and its XXH3 if `hash`.
   absl::StatusOr<SafetensorsReader*> OpenFile(const std::string& file_name, bool hash);
   // The manifest's entry for `file_name`; NOT_FOUND naming its path if none.
@@ -117,10 +117,11 @@ class CheckpointReader {
   // (as the file is hashed for the share's files, after them for the rest).
   absl::Status ReadPart(const std::string& file_name, absl::string_view name, uint64_t begin,
                         std::span<float> out, bool defer);
-  // Reads file `file_name` start to end, the deferred reads straight into
-  // their spans and the rest through a buffer, hashing every byte once, and
-  // checks the hash against the manifest.
-  absl::Status HashWhileReading(const std::string& file_name, bool deliver);
+  // Reads what manifest entry `index` vouches for (its file start to end, or
+  // its writer's regions in order), the deferred reads straight into their
+  // spans and the rest through a buffer, hashing every byte once, and checks
+  // the hash against the manifest.
+  absl::Status HashWhileReading(size_t index, bool deliver);
   // A version 2 SHARDED file's pieces: tensor name -> element offset (each a
   // 1-D tensor), parsed once per file.
   absl::StatusOr<const ElementOffsets*> PieceOffsets(const std::string& file_name);
@@ -138,8 +139,17 @@ class CheckpointReader {
     uint64_t offset = 0;
     std::span<char> out;
   };
-  // The share's files not yet hashed, with the reads waiting for them.
-  std::map<std::string, std::vector<DeferredRead>> pending_;
+  // Which manifest entry vouches for each byte of each file, by offset: one
+  // region per file, or each writer's regions of a file every rank wrote.
+  struct Region {
+    uint64_t offset = 0;
+    uint64_t bytes = 0;
+    size_t entry = 0;
+  };
+  std::map<std::string, std::vector<Region>> regions_;
+  // The share's manifest entries not yet hashed, with the reads waiting for
+  // them.
+  std::map<size_t, std::vector<DeferredRead>> pending_;
   // Deferred reads from files outside the share, done after it is hashed.
   std::map<std::string, std::vector<DeferredRead>> late_;
   bool sharing_ = false;      // between BeginShare and FinishShare

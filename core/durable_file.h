@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -19,10 +20,20 @@ struct FileDigest {
   std::string xxh3;  // 16 hex digits
 };
 
+struct ByteRange {
+  uint64_t offset = 0;
+  uint64_t bytes = 0;
+  bool operator==(const ByteRange&) const = default;
+};
+
 std::string Xxh3Hex(uint64_t hash);
 
 // XXH3-64 of the file's contents, read sequentially. NOT_FOUND when absent.
 absl::StatusOr<FileDigest> DigestFile(const std::string& path);
+// XXH3-64 of the bytes in `ranges`, read in the order given; `bytes` is their
+// total. DATA_LOSS when the file ends before a range does.
+absl::StatusOr<FileDigest> DigestFileRanges(const std::string& path,
+                                            const std::vector<ByteRange>& ranges);
 
 // fsync on a file or directory (directories make renames and creations in
 // them durable).

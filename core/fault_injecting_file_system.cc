@@ -47,6 +47,7 @@ class FaultyFile : public WritableFile {
     return base_->Sync();
   }
   absl::Status Close() override { return base_->Close(); }
+  absl::Status Seek(uint64_t offset) override { return base_->Seek(offset); }
 
  private:
   std::unique_ptr<WritableFile> base_;
@@ -95,6 +96,17 @@ absl::StatusOr<std::vector<FileFault>> ParseFileFaults(const std::string& spec) 
 absl::StatusOr<std::unique_ptr<WritableFile>> FaultInjectingFileSystem::NewWritableFile(
     const std::string& path) {
   ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, base_->NewWritableFile(path));
+  return Wrap(std::move(file), path);
+}
+
+absl::StatusOr<std::unique_ptr<WritableFile>> FaultInjectingFileSystem::OpenSharedFile(
+    const std::string& path, uint64_t size) {
+  ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, base_->OpenSharedFile(path, size));
+  return Wrap(std::move(file), path);
+}
+
+std::unique_ptr<WritableFile> FaultInjectingFileSystem::Wrap(std::unique_ptr<WritableFile> file,
+                                                             const std::string& path) const {
   std::vector<FileFault> mine;
   std::copy_if(faults_.begin(), faults_.end(), std::back_inserter(mine),
                [&](const FileFault& f) { return path.find(f.path_contains) != std::string::npos; });

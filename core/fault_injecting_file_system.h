@@ -2,7 +2,8 @@
 // flatshard-worker --inject-file-faults): for files whose path contains a
 // given substring it fills the disk (a short write, then ENOSPC) after a number
 // of bytes, fails fsync with EIO, or kills the process (SIGKILL, no cleanup)
-// once a number of bytes were written. Everything else goes to the wrapped
+// once a number of bytes were written (by this process: a file several
+// processes write counts each one's bytes). Everything else goes to the wrapped
 // file system unchanged.
 #ifndef FLATSHARD_CORE_FAULT_INJECTING_FILE_SYSTEM_H_
 #define FLATSHARD_CORE_FAULT_INJECTING_FILE_SYSTEM_H_
@@ -35,9 +36,15 @@ class FaultInjectingFileSystem : public FileSystem {
       : base_(base), faults_(std::move(faults)) {}
 
   absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) override;
+  absl::StatusOr<std::unique_ptr<WritableFile>> OpenSharedFile(const std::string& path,
+                                                               uint64_t size) override;
   absl::Status RemoveFile(const std::string& path) override { return base_->RemoveFile(path); }
 
  private:
+  // `file` with the faults that name `path`, if any.
+  std::unique_ptr<WritableFile> Wrap(std::unique_ptr<WritableFile> file,
+                                     const std::string& path) const;
+
   FileSystem* base_;
   std::vector<FileFault> faults_;
 };

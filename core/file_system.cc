@@ -1,9 +1,11 @@
 #include "core/file_system.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "absl/strings/str_cat.h"
@@ -32,13 +34,21 @@ class PosixWritableFile : public WritableFile {
 
   absl::Status Append(absl::string_view data) override {
     while (!data.empty()) {
-      const ssize_t wrote = ::write(fd_, data.data(), data.size());
+      const ssize_t wrote = ::pwrite(fd_, data.data(), data.size(), at_);
       if (wrote < 0 && errno == EINTR) continue;
       if (wrote < 0) return OsError("write", path_, errno);
       data.remove_prefix(static_cast<size_t>(wrote));
-      written_ += wrote;
+      at_ += wrote;
+      unstarted_ += wrote;
     }
-    if (written_ - writeback_from_ >= kWritebackBytes) StartWriteback();
+    if (unstarted_ >= kWritebackBytes) StartWriteback();
+    return absl::OkStatus();
+  }
+  absl::Status Seek(uint64_t offset) override {
+    // Writes go forward: a shared file's writer seeks past the other
+    // writers' bytes, whose writeback the range below then starts too.
+    at_ = static_cast<off_t>(offset);
+    writeback_from_ = std::min(writeback_from_, at_);
     return absl::OkStatus();
   }
   absl::Status Sync() override {
@@ -51,21 +61,22 @@ class PosixWritableFile : public WritableFile {
   }
 
  private:
-  // Asks the kernel to start writing [writeback_from_, written_) to the disk
-  // and returns at once. A hint only: Sync's fsync is what makes the file
+  // Asks the kernel to start writing [writeback_from_, at_) to the disk and
+  // returns at once. A hint only: Sync's fsync is what makes the file
   // durable and reports any write error, so a failure here is not one.
   void StartWriteback() {
 #ifdef __linux__
-    (void)::sync_file_range(fd_, writeback_from_, written_ - writeback_from_,
-                            SYNC_FILE_RANGE_WRITE);
+    (void)::sync_file_range(fd_, writeback_from_, at_ - writeback_from_, SYNC_FILE_RANGE_WRITE);
 #endif
-    writeback_from_ = written_;
+    writeback_from_ = at_;
+    unstarted_ = 0;
   }
 
   std::string path_;
   int fd_;
-  off_t written_ = 0;
-  off_t writeback_from_ = 0;
+  off_t at_ = 0;              // where the next Append writes
+  off_t writeback_from_ = 0;  // where the bytes not yet sent to the disk start
+  off_t unstarted_ = 0;       // bytes written since writeback was last started
 };
 
 class PosixFileSystem : public FileSystem {
@@ -76,6 +87,21 @@ class PosixFileSystem : public FileSystem {
       const int err = errno;
       const absl::Status status = OsError("create", path, err);
       return err == EEXIST ? absl::AlreadyExistsError(status.message()) : status;
+    }
+    return std::make_unique<PosixWritableFile>(path, fd);
+  }
+  absl::StatusOr<std::unique_ptr<WritableFile>> OpenSharedFile(const std::string& path,
+                                                               uint64_t size) override {
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+    if (fd < 0) return OsError("open", path, errno);
+    // Every writer sets the same size, so whoever comes first makes it and
+    // the rest change nothing (a hole reads as zeros until its writer fills it).
+    struct stat info = {};
+    if (::fstat(fd, &info) != 0 || (static_cast<uint64_t>(info.st_size) < size &&
+                                    ::ftruncate(fd, static_cast<off_t>(size)) != 0)) {
+      const int err = errno;
+      ::close(fd);
+      return OsError("size", path, err);
     }
     return std::make_unique<PosixWritableFile>(path, fd);
   }

@@ -5,6 +5,7 @@
 #ifndef FLATSHARD_CORE_FILE_SYSTEM_H_
 #define FLATSHARD_CORE_FILE_SYSTEM_H_
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -13,13 +14,16 @@
 
 namespace flatshard {
 
-// A file being written from the start. Errors are UNAVAILABLE (the disk or
-// the OS refused) naming the path and the OS's reason.
+// A file being written, from the start or (OpenSharedFile) at offsets the
+// writer seeks to. Errors are UNAVAILABLE (the disk or the OS refused) naming
+// the path and the OS's reason.
 class WritableFile {
  public:
   virtual ~WritableFile() = default;  // closes (without syncing)
   // All of `data`, or an error (a short write is retried, then reported).
   virtual absl::Status Append(absl::string_view data) = 0;
+  // The next Append writes at `offset`.
+  virtual absl::Status Seek(uint64_t offset) = 0;
   virtual absl::Status Sync() = 0;  // fsync
   virtual absl::Status Close() = 0;
 };
@@ -30,6 +34,12 @@ class FileSystem {
   // Creates `path`: ALREADY_EXISTS if it exists, UNAVAILABLE otherwise.
   virtual absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(
       const std::string& path) = 0;
+  // Opens `path` for writing at chosen offsets, creating it if it is not
+  // there, `size` bytes long (a hole until written): a file several processes
+  // write at once, each its own byte ranges, so none creates it exclusively
+  // or truncates it.
+  virtual absl::StatusOr<std::unique_ptr<WritableFile>> OpenSharedFile(const std::string& path,
+                                                                       uint64_t size) = 0;
   virtual absl::Status RemoveFile(const std::string& path) = 0;
 
   // The real one (POSIX); lives for the whole process.

@@ -49,15 +49,18 @@ CheckpointManifest SampleManifest(v1::StateDictType type) {
   m.init_seed = 0;
   m.created_unix_micros = 1700000000000000;
   if (type == v1::FULL_STATE_DICT) {
-    m.files = {{std::string(kFullModelFile), 0, 4356, "0123456789abcdef"},
-               {std::string(kFullOptimFile), 0, 8712, "fedcba9876543210"}};
+    // Every rank writes part of each FULL file (format version 3).
+    m.files = {
+        {std::string(kFullModelFile), 0, 4356, "0123456789abcdef", {{0, 2000}, {3000, 1356}}},
+        {std::string(kFullModelFile), 1, 4356, "0123456789abcdee", {{2000, 1000}}},
+        {std::string(kFullOptimFile), 0, 8712, "fedcba9876543210", {}}};
   } else {
     m.scheduled = true;
     for (int rank = 0; rank < m.world_size; ++rank) {
       m.files.push_back(
-          {RankFileName("model", rank, m.world_size), rank, 1100, "00000000000000aa"});
+          {RankFileName("model", rank, m.world_size), rank, 1100, "00000000000000aa", {}});
       m.files.push_back(
-          {RankFileName("optim", rank, m.world_size), rank, 2200, "00000000000000bb"});
+          {RankFileName("optim", rank, m.world_size), rank, 2200, "00000000000000bb", {}});
     }
   }
   return m;

@@ -59,7 +59,7 @@ class TolerantWriter : public TensorSink {
   absl::StatusOr<CheckpointFile> Finish() {
     RETURN_IF_ERROR(status_);
     ASSIGN_OR_RETURN(FileDigest digest, writer_->Finish());
-    return CheckpointFile{name_, rank_, digest.bytes, digest.xxh3};
+    return CheckpointFile{name_, rank_, digest.bytes, digest.xxh3, {}};
   }
 
  private:

@@ -103,7 +103,7 @@ TEST(CheckpointCatalogTest, CommitRefusesFilesThatAreNotWhatTheirWriterReported)
     m.name = name;
     m.job = "j";
     m.world_size = 1;
-    m.files = {{file, 0, digest->bytes, digest->xxh3}};
+    m.files = {{file, 0, digest->bytes, digest->xxh3, {}}};
     return std::make_pair(m, path);
   };
   auto [good, good_path] = save("good");

@@ -6,6 +6,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 
 namespace flatshard {
@@ -34,7 +35,7 @@ CheckpointManifest Sample() {
   m.global_batch_size = 32;
   m.init_seed = 3;
   m.created_unix_micros = 123;
-  m.files = {{"model-rank00000-of-00004.safetensors", 0, 100, "00112233aabbccdd"}};
+  m.files = {{"model-rank00000-of-00004.safetensors", 0, 100, "00112233aabbccdd", {}}};
   return m;
 }
 
@@ -53,6 +54,50 @@ TEST(CheckpointManifestTest, RoundTrips) {
   EXPECT_EQ(back->files.at(0).xxh3, "00112233aabbccdd");
   EXPECT_EQ(back->job_spec.world_size(), 4);
   EXPECT_EQ(JobSpecDigest(back->job_spec), m.job_spec_digest);
+}
+
+// A FULL file every rank wrote part of: each entry lists its regions, and
+// together they tile the file.
+CheckpointManifest WithSharedFile(std::vector<std::vector<ByteRange>> regions) {
+  CheckpointManifest m = Sample();
+  m.state_dict_type = v1::FULL_STATE_DICT;
+  m.files.clear();
+  for (size_t r = 0; r < regions.size(); ++r) {
+    m.files.push_back({"model.safetensors", static_cast<int>(r), 100,
+                       absl::StrCat("000000000000000", r), regions[r]});
+  }
+  return m;
+}
+
+TEST(CheckpointManifestTest, FilesSeveralRanksWroteRoundTripWithTheirRegions) {
+  const CheckpointManifest m = WithSharedFile({{{0, 40}, {70, 30}}, {{40, 30}}});
+  absl::StatusOr<CheckpointManifest> back = ParseManifest(ManifestToJson(m), "manifest.json");
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_EQ(back->files.size(), 2u);
+  EXPECT_EQ(back->files[0].regions, (std::vector<ByteRange>{{0, 40}, {70, 30}}));
+  EXPECT_EQ(back->files[1].regions, (std::vector<ByteRange>{{40, 30}}));
+  EXPECT_EQ(back->files[1].rank, 1);
+  EXPECT_EQ(CheckpointBytes(*back), 100u);  // one file, however many wrote it
+  EXPECT_EQ(back->files[0].HashedRanges(), back->files[0].regions);
+  EXPECT_EQ(Sample().files[0].HashedRanges(), (std::vector<ByteRange>{{0, 100}}));
+}
+
+TEST(CheckpointManifestTest, RefusesRegionsThatDoNotTileTheirFile) {
+  auto refused = [](const CheckpointManifest& m) {
+    return std::string(ParseManifest(ManifestToJson(m), "m.json").status().message());
+  };
+  EXPECT_THAT(refused(WithSharedFile({{{0, 40}}, {{50, 50}}})),
+              HasSubstr("bytes from 40 are nobody's"));
+  EXPECT_THAT(refused(WithSharedFile({{{0, 60}}, {{50, 50}}})), HasSubstr("listed twice"));
+  EXPECT_THAT(refused(WithSharedFile({{{0, 40}}, {{40, 50}}})), HasSubstr("end at byte 90 of 100"));
+  EXPECT_THAT(refused(WithSharedFile({{{70, 30}, {0, 40}}, {{40, 30}}})),
+              HasSubstr("out of file order"));
+  CheckpointManifest sizes = WithSharedFile({{{0, 40}}, {{40, 60}}});
+  sizes.files[1].bytes = 120;
+  EXPECT_THAT(refused(sizes), HasSubstr("sizes 100 and 120"));
+  CheckpointManifest whole = WithSharedFile({{{0, 40}}, {{40, 60}}});
+  whole.files[1].regions.clear();
+  EXPECT_THAT(refused(whole), HasSubstr("without the regions it wrote"));
 }
 
 TEST(CheckpointManifestTest, RefusesMalformedManifestsNamingTheField) {

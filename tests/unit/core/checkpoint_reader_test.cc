@@ -92,7 +92,7 @@ std::string WritePieces(const std::string& name, const std::vector<std::vector<F
       }
       absl::StatusOr<FileDigest> digest = (*writer)->Finish();
       EXPECT_TRUE(digest.ok()) << digest.status();
-      m.files.push_back({file, r, digest->bytes, digest->xxh3});
+      m.files.push_back({file, r, digest->bytes, digest->xxh3, {}});
     }
   }
   EXPECT_TRUE(WriteFileDurably(absl::StrCat(dir, "/", kManifestFileName), ManifestToJson(m)).ok());
