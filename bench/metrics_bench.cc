@@ -128,7 +128,7 @@ ScrapeCost WorkerScrape(int scrapes) {
   AddBuildInfo(*registry, "worker");
   WorkerMetrics metrics(*registry);
   RuntimeObserver* job = metrics.ForJob("bench", 0);
-  for (const char* group : {"world", "shard", "checkpoint"}) {
+  for (const char* group : {"world", "shard", "snapshot"}) {
     for (int op = 0; op < kNumCollectiveOps; ++op) {
       job->Collectives(group)->Record(
           {static_cast<CollectiveOp>(op), 1 << 20, 786432.0, 0.001, true});

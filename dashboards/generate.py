@@ -16,10 +16,10 @@ import sys
 DS = {"type": "prometheus", "uid": "${datasource}"}
 JOB = 'job_name="$job_name"'
 JOB_RANK = 'job_name="$job_name", rank=~"$rank"'
-# Bandwidth: barriers move no bytes, and background checkpoint gathers are
-# not training traffic.
+# Bandwidth: barriers move no bytes, and background peer snapshot exchanges
+# are not training traffic.
 BW = JOB_RANK + ', op!="barrier"'
-BW_TRAIN = BW + ', group!="checkpoint"'
+BW_TRAIN = BW + ', group!="snapshot"'
 RATE = "$__rate_interval"
 
 

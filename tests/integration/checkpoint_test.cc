@@ -14,6 +14,7 @@
 #include <fstream>
 #include <future>
 #include <map>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -173,6 +174,49 @@ TEST_P(CheckpointTest, HybridShardedSaveConsolidatesToItsFullSave) {
     smallest = std::min(smallest, elements);
   }
   EXPECT_GT(smallest, total / 8) << "a replica wrote less than half its shard's share";
+  // The FULL files were written the same way: every rank its part, in place
+  // (the manifest's parse checked that the parts tile each file).
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> full =
+      CheckpointReader::Open(Dir(root, "full"));
+  ASSERT_TRUE(full.ok()) << full.status();
+  std::set<int> writers;
+  for (const CheckpointFile& f : (*full)->manifest().files) {
+    if (f.name == kFullModelFile) writers.insert(f.rank);
+  }
+  EXPECT_EQ(writers, (std::set<int>{0, 1, 2, 3}));
+  EXPECT_TRUE((*full)->VerifyAll().ok());
+}
+
+// NO_SHARD saves FULL (FSDP's rule): every rank holds every element, and each
+// writes an even part of each unit, so the parts tile the files and a load
+// at another strategy and world size gets what the job had.
+TEST_P(CheckpointTest, NoShardFullSaveIsWrittenByEveryRankAndLoadsSharded) {
+  const std::string root = testing::MakeTempDir("ckpt-no-shard") + "/checkpoints";
+  v1::JobSpec spec = Spec(2, false);
+  spec.mutable_sharding()->set_strategy(v1::NO_SHARD);
+  {
+    auto cluster = Start(spec, root, GetParam());
+    ASSERT_NE(cluster, nullptr);
+    Train(*cluster->client, 2);
+    ASSERT_TRUE(Save(*cluster->client, "replicated", v1::FULL_STATE_DICT).ok());
+  }
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> saved =
+      CheckpointReader::Open(Dir(root, "replicated"));
+  ASSERT_TRUE(saved.ok()) << saved.status();
+  std::set<int> writers;
+  for (const CheckpointFile& f : (*saved)->manifest().files) {
+    if (f.name == kFullModelFile) writers.insert(f.rank);
+  }
+  EXPECT_EQ(writers, (std::set<int>{0, 1}));
+  ASSERT_TRUE((*saved)->VerifyAll().ok());
+  auto sharded = Start(Spec(3, false), root, GetParam());
+  ASSERT_NE(sharded, nullptr);
+  ASSERT_TRUE(sharded->client->LoadCheckpoint(kJob, "replicated").ok());
+  ASSERT_TRUE(Save(*sharded->client, "resaved", v1::FULL_STATE_DICT).ok());
+  ExpectSameTensors(Dir(root, "replicated") + "/model.safetensors",
+                    Dir(root, "resaved") + "/model.safetensors");
+  ExpectSameTensors(Dir(root, "replicated") + "/optim.safetensors",
+                    Dir(root, "resaved") + "/optim.safetensors");
 }
 
 // A checkpoint of another model is refused before anything changes, naming

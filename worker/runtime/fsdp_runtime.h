@@ -145,9 +145,6 @@ class FsdpRuntime : public compute::ParamResolver, public compute::ModuleHooks {
   const ModelIndex& index() const { return index_; }
   const RuntimeOptions& options() const { return options_; }
   Device& device() const { return *device_; }
-  // The shard group on a context of its own: what background (async)
-  // checkpoint writes gather over, concurrently with training.
-  Communicator* checkpoint_comm() { return groups_.checkpoint.get(); }
   // The peer snapshot exchanges' world group (null unless options().peer_snapshots).
   Communicator* snapshot_comm() { return groups_.snapshot.get(); }
   // The whole world over host memory (a peer snapshot restore broadcasts on it).

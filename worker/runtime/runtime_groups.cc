@@ -60,7 +60,7 @@ void RuntimeGroups::Abort(const std::string& reason) {
   for (Collectives* c : {replicate.get(), shard.get(), world.get()}) {
     if (c != nullptr) c->Abort(reason);
   }
-  for (Communicator* c : {snapshot.get(), checkpoint.get(), host_replicate.get(), host_shard.get(),
+  for (Communicator* c : {snapshot.get(), host_replicate.get(), host_shard.get(),
                           host_world.get()}) {
     if (c != nullptr) c->Abort(reason);
   }
@@ -91,10 +91,6 @@ absl::StatusOr<RuntimeGroups> ConnectRuntimeGroups(Device& device,
                                              absl::StrCat("replicate", ranks.ShardRank(rank))));
     }
   }
-  ASSIGN_OR_RETURN(std::unique_ptr<Communicator> checkpoint,
-                   g.host_world->CreateSubgroup(
-                       shard_ranks, absl::StrCat("checkpoint", ranks.ReplicaIndex(rank))));
-  g.checkpoint = Observe(std::move(checkpoint), ObserverOf(options, "checkpoint"));
   if (options.peer_snapshots) {
     std::vector<int> everyone(static_cast<size_t>(world_size));
     for (int r = 0; r < world_size; ++r) everyone[static_cast<size_t>(r)] = r;

@@ -1,8 +1,7 @@
 // The process groups one FsdpRuntime uses, connected for its device and
 // communication backend (docs/architecture.md §5):
-//   - host groups (Gloo over host memory): summon and checkpoint gathers,
-//     sync_module_states, barriers; the checkpoint group is a context of its own
-//     so a background save gathers while training's collectives go on;
+//   - host groups (Gloo over host memory): summon gathers, sync_module_states,
+//     barriers (checkpoints move nothing between ranks);
 //   - device groups (Collectives, ordered on the runtime's communication
 //     stream): unshard all-gathers, gradient reduce-scatters and all-reduces,
 //     the clip-grad-norm all-reduce.
@@ -41,7 +40,6 @@ struct RuntimeGroups {
   std::unique_ptr<Communicator> host_world;
   std::unique_ptr<Communicator> host_shard;      // hybrid: this rank's shard group
   std::unique_ptr<Communicator> host_replicate;  // hybrid, gloo: what `replicate` runs on
-  std::unique_ptr<Communicator> checkpoint;      // the shard group again, its own context
   // The world again, its own context: peer snapshot exchanges run on it from a
   // background thread (GroupOptions::peer_snapshots only).
   std::unique_ptr<Communicator> snapshot;

@@ -1,5 +1,6 @@
 #include "worker/runtime/save_pieces.h"
 
+#include <algorithm>
 #include <map>
 
 #include "absl/strings/str_cat.h"
@@ -36,15 +37,8 @@ std::vector<Piece> ShardedPieces(const FlatParamUnit& unit, const std::vector<st
                                  int rank, int world) {
   const FlatParamLayout& layout = unit.layout();
   const Unit& spec = unit.config().unit;
-  const int shard_rank = unit.config().shard_rank;
-  const int group = layout.world_size();
-  const int64_t replicas = world / group, replica = (rank - shard_rank) / group;
-  const int64_t n = layout.unpadded_unsharded_numel();
-  const int64_t shard_begin = static_cast<int64_t>(shard_rank) * layout.sharded_numel();
-  const int64_t lo = std::min(shard_begin, n),
-                hi = std::min(shard_begin + layout.sharded_numel(), n);
-  const int64_t begin = lo + (hi - lo) * replica / replicas;
-  const int64_t end = lo + (hi - lo) * (replica + 1) / replicas;
+  const WrittenRange written = RangeWrittenBy(unit, rank, world);
+  const int64_t shard_begin = written.shard_begin, begin = written.begin, end = written.end;
   std::vector<Piece> pieces;
   auto add = [&](size_t i, bool optim, Piece::Source source, const std::string& state) {
     const FlatRange& range = layout.param_ranges()[i];
@@ -71,6 +65,24 @@ std::vector<Piece> ShardedPieces(const FlatParamUnit& unit, const std::vector<st
 }
 
 }  // namespace
+
+WrittenRange RangeWrittenBy(const FlatParamUnit& unit, int rank, int world) {
+  const FlatParamLayout& layout = unit.layout();
+  const int64_t n = layout.unpadded_unsharded_numel();
+  // A unit that is not sharded: every rank holds all of it.
+  int64_t shard_begin = 0, replicas = world, replica = rank, held = n;
+  if (unit.sharded()) {
+    const int shard_rank = unit.config().shard_rank;
+    const int group = layout.world_size();
+    replicas = world / group;
+    replica = (rank - shard_rank) / group;
+    shard_begin = static_cast<int64_t>(shard_rank) * layout.sharded_numel();
+    held = layout.sharded_numel();
+  }
+  const int64_t lo = std::min(shard_begin, n), hi = std::min(shard_begin + held, n);
+  return {shard_begin, lo + (hi - lo) * replica / replicas,
+          lo + (hi - lo) * (replica + 1) / replicas};
+}
 
 std::vector<Piece> UnitPieces(const FlatParamUnit& unit, const std::vector<std::string>& states,
                               v1::StateDictType type, int rank, int world) {
@@ -101,7 +113,7 @@ std::vector<Piece> UnitPieces(const FlatParamUnit& unit, const std::vector<std::
     }
     return pieces;
   }
-  // FULL: every parameter whole, from the gathered flat value.
+  // FULL: every parameter and state whole, at its place in the flat value.
   std::map<std::string, size_t> index_of;
   for (size_t i = 0; i < spec.params.size(); ++i) {
     index_of[spec.params[i].fqn] = i;

@@ -1,14 +1,10 @@
 #include "worker/runtime/shard_checkpoint.h"
 
 #include <algorithm>
-#include <array>
-#include <condition_variable>
 #include <filesystem>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <optional>
-#include <set>
 #include <utility>
 
 #include <xxhash.h>
@@ -21,51 +17,61 @@
 #include "core/durable_file.h"
 #include "core/model_spec.h"
 #include "core/safetensors_file_writer.h"
+#include "core/safetensors_region_writer.h"
 #include "core/sharded_tensor_pieces.h"
 #include "core/status_macros.h"
 #include "worker/device/host/host_device.h"
-#include "worker/device/host/stream_thread.h"
 #include "worker/runtime/save_pieces.h"
 
 namespace flatshard {
 namespace {
 
-// Where a save's tensors go, in file order: straight into the file (a
-// synchronous save) or into host memory (an async save's snapshot).
-class TensorSink {
- public:
-  virtual ~TensorSink() = default;
-  virtual void Append(const std::string& name, std::span<const float> values) = 0;
-};
-
 // Collects a file's write error and keeps going, so a rank whose disk fails
-// still joins every collective of the save and its peers do not hang.
-class TolerantWriter : public TensorSink {
+// still returns its other files' outcome with the error (no save has a
+// collective left to hang on, but the rank reports one status for the save).
+// A FULL file is written by every rank at once, each its own elements in
+// place (SafetensorsRegionWriter); the others have one writer.
+class TolerantWriter {
  public:
-  TolerantWriter(const std::string& path, std::vector<SafetensorsSlot> slots,
-                 const std::map<std::string, std::string>& metadata, int rank, FileSystem* fs)
+  TolerantWriter(const std::string& path, const SavePlanFile& file, bool shared, int rank,
+                 FileSystem* fs)
       : name_(std::filesystem::path(path).filename().string()), rank_(rank) {
-    absl::StatusOr<std::unique_ptr<SafetensorsFileWriter>> writer =
-        SafetensorsFileWriter::Create(path, std::move(slots), metadata, fs);
-    if (writer.ok()) {
-      writer_ = *std::move(writer);
+    if (shared) {
+      auto writer = SafetensorsRegionWriter::Open(path, file.slots, file.metadata,
+                                                  /*writes_header=*/rank == 0, fs);
+      if (writer.ok()) shared_ = *std::move(writer);
+      status_.Update(writer.status());
     } else {
-      status_ = writer.status();
+      auto writer = SafetensorsFileWriter::Create(path, file.slots, file.metadata, fs);
+      if (writer.ok()) whole_ = *std::move(writer);
+      status_.Update(writer.status());
     }
   }
-  void Append(const std::string& name, std::span<const float> values) override {
-    if (status_.ok()) status_ = writer_->Append(name, values);
+  // Elements [begin, begin + values.size()) of tensor `name` (a whole
+  // tensor, in file order, unless the file is shared).
+  void Write(const std::string& name, uint64_t begin, std::span<const float> values) {
+    if (!status_.ok()) return;
+    status_ =
+        shared_ != nullptr ? shared_->Write(name, begin, values) : whole_->Append(name, values);
   }
-  absl::StatusOr<CheckpointFile> Finish() {
+  // Its manifest entry; none for a shared file this rank wrote nothing of.
+  absl::StatusOr<std::optional<CheckpointFile>> Finish() {
     RETURN_IF_ERROR(status_);
-    ASSIGN_OR_RETURN(FileDigest digest, writer_->Finish());
+    if (shared_ != nullptr) {
+      ASSIGN_OR_RETURN(SafetensorsRegionWriter::Written written, shared_->Finish());
+      if (written.regions.empty()) return std::nullopt;
+      return CheckpointFile{name_, rank_, written.file_bytes, written.xxh3,
+                            std::move(written.regions)};
+    }
+    ASSIGN_OR_RETURN(FileDigest digest, whole_->Finish());
     return CheckpointFile{name_, rank_, digest.bytes, digest.xxh3, {}};
   }
 
  private:
   std::string name_;
   int rank_;
-  std::unique_ptr<SafetensorsFileWriter> writer_;
+  std::unique_ptr<SafetensorsFileWriter> whole_;
+  std::unique_ptr<SafetensorsRegionWriter> shared_;
   absl::Status status_;
 };
 
@@ -80,11 +86,6 @@ class SaveSource {
                                                        const std::string& name) const = 0;
   virtual std::vector<std::string> StateNames(size_t unit) const = 0;
   virtual float Step(size_t unit) const = 0;
-  // FULL: gathers per-element shard values of `unit` (S) to the one writer as
-  // the unpadded flat value (N); the other ranks get nothing. (SHARDED and
-  // LOCAL write from their own shards.)
-  virtual absl::Status Gather(size_t unit, std::span<const float> values,
-                              std::vector<float>& out) = 0;
 };
 
 }  // namespace
@@ -95,14 +96,11 @@ struct SavePlan {
   int rank = 0;
   int world = 1;
   v1::StateDictType type = v1::FULL_STATE_DICT;
-  bool writes = false;                     // FULL: rank 0 only
   std::vector<std::vector<Piece>> pieces;  // per unit
-  struct FileSpec {
-    std::string name;
-    std::vector<SafetensorsSlot> slots;
-    std::map<std::string, std::string> metadata;
-  };
-  FileSpec model, optim;
+  // FULL, per unit: the elements of the flat value this rank writes (the
+  // pieces are whole tensors; each rank writes its part of them in place).
+  std::vector<WrittenRange> ranges;
+  SavePlanFile model, optim;
 };
 
 std::string LocalLayoutDigest(const FsdpRuntime& runtime) {
@@ -151,27 +149,10 @@ std::string ParamGroupsJson(const FsdpRuntime& runtime) {
   return nlohmann::ordered_json::array({group}).dump();
 }
 
-// FULL's gather of one unit's per-element values to the writer, shard-group
-// rank 0 (global rank 0 in group 0), as the unpadded flat value; an unsharded
-// unit's values are the value.
-absl::Status GatherToWriter(Communicator& comm, bool sharded, int64_t numel,
-                            std::span<const float> values, std::vector<float>& out) {
-  if (!sharded) {
-    out.assign(values.begin(), values.begin() + numel);
-    return absl::OkStatus();
-  }
-  const bool receives = comm.rank() == 0;
-  out.resize(receives ? values.size() * static_cast<size_t>(comm.size()) : 0);
-  RETURN_IF_ERROR(comm.Gather(values.data(), receives ? out.data() : nullptr, values.size(),
-                              DType::kFloat32, 0));
-  if (receives) out.resize(static_cast<size_t>(numel));
-  return absl::OkStatus();
-}
-
 // A synchronous save on the CPU device: the shards and optimizer state are
 // host memory already and training is not running, so the writers read them
 // where they are, with no copy (and no second copy of the state kept for the
-// next save); FULL gathers over the host shard group.
+// next save).
 class LiveHostSource : public SaveSource {
  public:
   // Null when the runtime's device is not host memory.
@@ -192,20 +173,14 @@ class LiveHostSource : public SaveSource {
     return runtime_.OptimizerStateNames(u);
   }
   float Step(size_t u) const override { return static_cast<float>(runtime_.OptimizerStep(u)); }
-  absl::Status Gather(size_t u, std::span<const float> values, std::vector<float>& out) override {
-    const FlatParamUnit& unit = *runtime_.units()[u];
-    return GatherToWriter(*runtime_.host_shard_comm(), unit.sharded(),
-                          unit.layout().unpadded_unsharded_numel(), values, out);
-  }
 
  private:
   explicit LiveHostSource(FsdpRuntime& runtime) : runtime_(runtime) {}
   FsdpRuntime& runtime_;
 };
 
-// An async save's source: copies of this rank's shards and optimizer state,
-// gathered over the checkpoint communicator. Create() reads the pinned copies
-// once they are complete.
+// An async save's source: copies of this rank's shards and optimizer state.
+// Create() reads the pinned copies once they are complete.
 class SnapshotSource : public SaveSource {
  public:
   static absl::StatusOr<std::unique_ptr<SnapshotSource>> Create(const ShardSnapshot& snapshot) {
@@ -232,10 +207,6 @@ class SnapshotSource : public SaveSource {
     return snapshot_.units[u].state_order;
   }
   float Step(size_t u) const override { return snapshot_.units[u].step; }
-  absl::Status Gather(size_t u, std::span<const float> values, std::vector<float>& out) override {
-    const ShardSnapshot::Unit& unit = snapshot_.units[u];
-    return GatherToWriter(*snapshot_.comm, unit.sharded, unit.numel, values, out);
-  }
 
  private:
   struct Views {
@@ -264,11 +235,11 @@ absl::StatusOr<SavePlan> PlanSave(FsdpRuntime& runtime, v1::StateDictType type) 
   for (size_t u = 0; u < units.size(); ++u) {
     plan.pieces[u] =
         UnitPieces(*units[u], runtime.OptimizerStateNames(u), type, plan.rank, plan.world);
+    plan.ranges.push_back(RangeWrittenBy(*units[u], plan.rank, plan.world));
     for (const Piece& piece : plan.pieces[u]) {
       (piece.optim ? plan.optim : plan.model).slots.push_back(piece.slot);
     }
   }
-  plan.writes = type != v1::FULL_STATE_DICT || plan.rank == 0;
   std::map<std::string, int64_t> model_offsets, optim_offsets;
   for (const std::vector<Piece>& pieces : plan.pieces) {
     for (const Piece& piece : pieces) {
@@ -276,13 +247,15 @@ absl::StatusOr<SavePlan> PlanSave(FsdpRuntime& runtime, v1::StateDictType type) 
       (piece.optim ? optim_offsets : model_offsets)[piece.slot.name] = piece.element_offset;
     }
   }
+  const bool full = type == v1::FULL_STATE_DICT;
   std::map<std::string, std::string> metadata = {
       {"format", "flatshard"},
       {"state_dict_type", std::string(StateDictTypeName(type))},
-      {"rank", absl::StrCat(plan.rank)},
       {"world_size", absl::StrCat(plan.world)}};
+  // Every rank writes part of a FULL file: its header, which each computes
+  // to find where its bytes go, must be the same on all.
+  if (!full) metadata["rank"] = absl::StrCat(plan.rank);
   if (type == v1::LOCAL_STATE_DICT) metadata["layout_digest"] = LocalLayoutDigest(runtime);
-  const bool full = type == v1::FULL_STATE_DICT;
   plan.model.name =
       full ? std::string(kFullModelFile) : RankFileName("model", plan.rank, plan.world);
   plan.optim.name =
@@ -297,96 +270,43 @@ absl::StatusOr<SavePlan> PlanSave(FsdpRuntime& runtime, v1::StateDictType type) 
   return plan;
 }
 
-using PieceWrite = std::function<void(const Piece&, std::span<const float>)>;
-
-// FULL: every rank gathers each unit's parameter and then each state, in
-// torch's order, to the one writer. The writer's file writes run on a thread
-// of their own, so writing one gathered value overlaps gathering the next (the
-// gather is the slower half: Gloo moves (W-1)/W of the state into the writer
-// at about the loopback's 1-1.5 GB/s). Two gathered buffers alternate, and one
-// is gathered into again only once the writes from it are done: two gathered
-// values are alive at a time on the writer, none on the others.
-absl::Status StreamFullSave(SaveSource& source, const SavePlan& plan, const PieceWrite& write) {
-  std::array<std::vector<float>, 2> gathered;
-  std::mutex mu;
-  std::condition_variable done;
-  int64_t written = 0;  // writes finished, under mu
-  int64_t posted = 0;
-  std::array<int64_t, 2> last_write = {0, 0};  // the write that reads each buffer last
-  // Declared after what its writes use, so it finishes them before that goes.
-  std::optional<StreamThread> writer;
-  if (plan.writes) writer.emplace();
-  auto post = [&](std::function<void()> job) {
-    writer->Post([&mu, &done, &written, job = std::move(job)] {
-      job();
-      {
-        std::lock_guard<std::mutex> lock(mu);
-        ++written;
-      }
-      done.notify_all();
-      return absl::OkStatus();
-    });
-    return ++posted;
-  };
-  size_t next = 0;
-  auto gather_and_write = [&](size_t u, std::span<const float> values, Piece::Source kind,
-                              const std::string& state) -> absl::Status {
-    std::vector<float>& buffer = gathered[next];
-    {
-      std::unique_lock<std::mutex> lock(mu);
-      done.wait(lock, [&] { return written >= last_write[next]; });
-    }
-    RETURN_IF_ERROR(source.Gather(u, values, buffer));
-    if (plan.writes) {
-      last_write[next] = post([&write, &pieces = plan.pieces[u], &buffer, kind, state] {
-        for (const Piece& piece : pieces) {
-          if (piece.source != kind || piece.state != state) continue;
-          write(piece, std::span<const float>(buffer).subspan(static_cast<size_t>(piece.flat_begin),
-                                                              static_cast<size_t>(piece.count)));
-        }
-      });
-    }
-    next ^= 1;
-    return absl::OkStatus();
-  };
-  for (size_t u = 0; u < plan.pieces.size(); ++u) {
-    RETURN_IF_ERROR(gather_and_write(u, source.Shard(u), Piece::Source::kParam, ""));
-    for (const std::string& state : source.StateNames(u)) {
-      ASSIGN_OR_RETURN(std::span<const float> shard, source.State(u, state));
-      RETURN_IF_ERROR(gather_and_write(u, shard, Piece::Source::kState, state));
-    }
-    if (!plan.writes) continue;
-    post([&write, &pieces = plan.pieces[u], step = source.Step(u)] {
-      for (const Piece& piece : pieces) {
-        if (piece.source == Piece::Source::kStep) write(piece, std::span<const float>(&step, 1));
-      }
-    });
-  }
-  return absl::OkStatus();  // `writer` finishes the writes as it goes
-}
-
-// Runs the save's collectives unit by unit and hands every piece to the sinks
-// (null when this rank writes nothing).
-absl::Status StreamSave(SaveSource& source, const SavePlan& plan, TensorSink* model,
-                        TensorSink* optim) {
-  const PieceWrite write = [&](const Piece& piece, std::span<const float> values) {
-    if (plan.writes) (piece.optim ? optim : model)->Append(piece.slot.name, values);
-  };
-  if (plan.type == v1::FULL_STATE_DICT) return StreamFullSave(source, plan, write);
-  // SHARDED and LOCAL: this rank's own elements, straight from its shard and
-  // states; no collective.
+// Writes every piece this rank holds into its files. SHARDED and LOCAL:
+// this rank's own elements, straight from its shard and states. FULL: the
+// same elements, at their places in the whole tensors of the shared files
+// (the pieces are whole tensors in file order, so each rank's writes go
+// forward through each file); rank 0 writes the 0-dim steps. No collective:
+// nothing moves between ranks.
+absl::Status StreamSave(SaveSource& source, const SavePlan& plan, TolerantWriter& model,
+                        TolerantWriter& optim) {
+  const bool full = plan.type == v1::FULL_STATE_DICT;
   for (size_t u = 0; u < plan.pieces.size(); ++u) {
     const float step = source.Step(u);
     for (const Piece& piece : plan.pieces[u]) {
-      std::span<const float> values(&step, 1);
+      TolerantWriter& file = piece.optim ? optim : model;
+      if (piece.source == Piece::Source::kStep) {
+        if (!full || plan.rank == 0)
+          file.Write(piece.slot.name, 0, std::span<const float>(&step, 1));
+        continue;
+      }
+      std::span<const float> values;
       if (piece.source == Piece::Source::kParam || piece.source == Piece::Source::kLocalFlat) {
         values = source.Shard(u);
-      }
-      if (piece.source == Piece::Source::kState || piece.source == Piece::Source::kLocalState) {
+      } else {
         ASSIGN_OR_RETURN(values, source.State(u, piece.state));
       }
-      write(piece, values.subspan(static_cast<size_t>(piece.flat_begin),
+      if (!full) {
+        file.Write(piece.slot.name, 0,
+                   values.subspan(static_cast<size_t>(piece.flat_begin),
                                   static_cast<size_t>(piece.count)));
+        continue;
+      }
+      const WrittenRange& mine = plan.ranges[u];
+      const int64_t from = std::max(mine.begin, piece.flat_begin);
+      const int64_t to = std::min(mine.end, piece.flat_begin + piece.count);
+      if (from >= to) continue;
+      file.Write(piece.slot.name, static_cast<uint64_t>(from - piece.flat_begin),
+                 values.subspan(static_cast<size_t>(from - mine.shard_begin),
+                                static_cast<size_t>(to - from)));
     }
   }
   return absl::OkStatus();
@@ -399,12 +319,12 @@ namespace {
 ShardSaveResult FinishWriters(const std::vector<TolerantWriter*>& writers) {
   ShardSaveResult result;
   for (TolerantWriter* writer : writers) {
-    absl::StatusOr<CheckpointFile> file = writer->Finish();
+    absl::StatusOr<std::optional<CheckpointFile>> file = writer->Finish();
     if (!file.ok()) {
       if (result.write_status.ok()) result.write_status = file.status();
       continue;
     }
-    result.files.push_back(*std::move(file));
+    if (file->has_value()) result.files.push_back(**std::move(file));
   }
   return result;
 }
@@ -412,16 +332,11 @@ ShardSaveResult FinishWriters(const std::vector<TolerantWriter*>& writers) {
 // Streams `source` into this rank's files in `dir`.
 absl::StatusOr<ShardSaveResult> WriteFiles(SaveSource& source, const SavePlan& plan,
                                            const std::string& dir, FileSystem* fs) {
-  std::unique_ptr<TolerantWriter> model, optim;
-  if (plan.writes) {
-    model = std::make_unique<TolerantWriter>(absl::StrCat(dir, "/", plan.model.name),
-                                             plan.model.slots, plan.model.metadata, plan.rank, fs);
-    optim = std::make_unique<TolerantWriter>(absl::StrCat(dir, "/", plan.optim.name),
-                                             plan.optim.slots, plan.optim.metadata, plan.rank, fs);
-  }
-  RETURN_IF_ERROR(StreamSave(source, plan, model.get(), optim.get()));
-  if (!plan.writes) return ShardSaveResult{};
-  return FinishWriters({model.get(), optim.get()});
+  const bool shared = plan.type == v1::FULL_STATE_DICT;
+  TolerantWriter model(absl::StrCat(dir, "/", plan.model.name), plan.model, shared, plan.rank, fs);
+  TolerantWriter optim(absl::StrCat(dir, "/", plan.optim.name), plan.optim, shared, plan.rank, fs);
+  RETURN_IF_ERROR(StreamSave(source, plan, model, optim));
+  return FinishWriters({&model, &optim});
 }
 
 }  // namespace
@@ -434,10 +349,8 @@ absl::StatusOr<ShardSaveResult> SaveShardCheckpoint(FsdpRuntime& runtime, const 
     return WriteFiles(*live, plan, dir, runtime.options().file_system);
   }
   // The shards live on the device: a save copies them (and the optimizer
-  // state) to host memory first, then writes and gathers from the copies, over
-  // the host shard group since training is not running meanwhile.
+  // state) to host memory first, then writes from the copies.
   ASSIGN_OR_RETURN(ShardSnapshot snapshot, SnapshotShardCheckpoint(runtime, type));
-  snapshot.comm = runtime.host_shard_comm();
   return WriteShardSnapshot(snapshot, dir);
 }
 
@@ -446,7 +359,6 @@ absl::StatusOr<ShardSnapshot> SnapshotShardCheckpoint(FsdpRuntime& runtime,
   ASSIGN_OR_RETURN(SavePlan plan, PlanSave(runtime, type));
   ShardSnapshot snapshot;
   snapshot.plan = std::make_shared<const SavePlan>(std::move(plan));
-  snapshot.comm = runtime.checkpoint_comm();
   snapshot.file_system = runtime.options().file_system;
   // One copy of each buffer into pinned host memory the snapshot keeps (the
   // device's block cache hands the same blocks back save after save, so no

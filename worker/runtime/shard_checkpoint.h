@@ -1,10 +1,10 @@
 // One rank's part of saving and loading a checkpoint (docs/architecture.md §6;
-// docs/fsdp-semantics.md §5.2–5.4, §6.3–6.4). Every rank calls these together: FULL
-// saves gather tensor by tensor to rank 0, which writes one while it gathers the
-// next (two gathered tensors at a time); SHARDED and LOCAL saves write each
-// rank's own shard and need no collective.
-//   FULL     rank 0 writes model.safetensors (every FQN, tied aliases included)
-//            and optim.safetensors (<fqn>.<state>, <fqn>.step);
+// docs/fsdp-semantics.md §5.2–5.4, §6.3–6.4). Every rank calls these together;
+// no save moves data between ranks: each writes what its own shard holds.
+//   FULL     every rank writes into model.safetensors (every FQN, tied aliases
+//            included) and optim.safetensors (<fqn>.<state>, <fqn>.step) the
+//            elements its shard holds, in place (core/safetensors_region_writer.h;
+//            rank 0 the headers and steps), and reports the regions it wrote;
 //   SHARDED  rank r writes model-rank<r>-of-<W> and optim-rank<r>-of-<W> with
 //            the elements of every parameter and state its flat shard holds
 //            (core/sharded_tensor_pieces.h: 1-D pieces, their offsets in the
@@ -35,14 +35,16 @@
 namespace flatshard {
 
 struct ShardSaveResult {
-  std::vector<CheckpointFile> files;  // sizes and checksums; none for ranks that write nothing
-  // A file that could not be written. The rank still took part in every
-  // collective, so the job stays usable; only this checkpoint fails.
+  // Sizes and checksums (of the regions this rank wrote, for a FULL file);
+  // none for a file it wrote nothing of.
+  std::vector<CheckpointFile> files;
+  // A file that could not be written: the job stays usable, only this
+  // checkpoint fails.
   absl::Status write_status;
 };
 
 // Writes this rank's files into the existing directory `dir`. An error status
-// means a collective failed (the runtime is then unusable).
+// means the state could not be read (a copy off the device failed).
 absl::StatusOr<ShardSaveResult> SaveShardCheckpoint(FsdpRuntime& runtime, const std::string& dir,
                                                     v1::StateDictType type);
 
@@ -51,11 +53,8 @@ absl::StatusOr<ShardSaveResult> SaveShardCheckpoint(FsdpRuntime& runtime, const 
 // collectives) and the plan of the files to write. The copies run on the
 // runtime's snapshot stream (FsdpRuntime::BeginSnapshotCopies) and complete at
 // `copied`: taking a snapshot only enqueues them, so training resumes at once
-// and its next forward and backward overlap them; its next update waits. An async FULL save's
-// background writer gathers from the copies over the runtime's checkpoint communicator, its own
-// Gloo context, so training's collectives go on meanwhile and no device communicator is used from
-// a second thread; a synchronous one gathers over the host shard group. SHARDED and LOCAL writers
-// only read the copies.
+// and its next forward and backward overlap them; its next update waits. The
+// writers only read the copies (no save has a collective).
 struct SavePlan;
 struct ShardSnapshot {
   struct Unit {
@@ -67,7 +66,6 @@ struct ShardSnapshot {
     bool sharded = true;
   };
   std::shared_ptr<const SavePlan> plan;
-  Communicator* comm = nullptr;  // FULL gathers: checkpoint_comm() (async); the runtime outlives it
   FileSystem* file_system = nullptr;  // the runtime's (null: FileSystem::Default())
   std::vector<Unit> units;
   std::shared_ptr<Event> copied;  // the copies into `units` are complete
@@ -82,9 +80,9 @@ struct ShardSnapshot {
 };
 
 absl::StatusOr<ShardSnapshot> SnapshotShardCheckpoint(FsdpRuntime& runtime, v1::StateDictType type);
-// Writes a snapshot's files into the existing directory `dir`, gathering over
-// the snapshot's communicator (every rank of the save calls it). An error
-// status means a collective failed; file errors are in write_status.
+// Writes a snapshot's files into the existing directory `dir`. File errors
+// are in write_status; an error status is one the save could not go on from
+// (a snapshot copy that failed).
 absl::StatusOr<ShardSaveResult> WriteShardSnapshot(const ShardSnapshot& snapshot,
                                                    const std::string& dir);
 

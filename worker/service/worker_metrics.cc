@@ -65,7 +65,7 @@ class WorkerMetrics::JobObserver final : public RuntimeObserver {
         compute_seconds_(m.compute_seconds_.Add(labels_)),
         exposed_comm_seconds_(m.exposed_comm_seconds_.Add(labels_)),
         optimizer_seconds_(m.optimizer_seconds_.Add(labels_)) {
-    for (const char* group : {"world", "shard", "replicate", "checkpoint", "snapshot"}) {
+    for (const char* group : {"world", "shard", "replicate", "snapshot"}) {
       Collectives(group);
     }
   }
