@@ -197,19 +197,22 @@ int CheckpointCommands::Verify(std::ostream& out, std::ostream& err) {
   absl::StatusOr<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::Open(path_);
   if (!reader.ok()) return ReportError("ckpt verify", reader.status(), err);
   // One line per file; a file several ranks wrote (FULL, format version 3)
-  // is verified writer by writer, each against the hash of its own regions.
+  // is verified region by region, each against the hash its writer recorded.
   std::vector<const CheckpointFile*> files;
   std::map<std::string, int> writers;
+  std::map<std::string, size_t> regions;
   for (const CheckpointFile& f : (*reader)->manifest().files) {
     if (writers[f.name]++ == 0) files.push_back(&f);
+    regions[f.name] += f.regions.size();
   }
   int bad = 0;
   for (const CheckpointFile* f : files) {
     absl::StatusOr<SafetensorsReader*> file = (*reader)->File(f->name);
     if (file.ok()) {
       out << "ok    " << f->name << " (" << Megabytes(static_cast<int64_t>(f->bytes))
-          << (writers[f->name] > 1 ? absl::StrCat(", ", writers[f->name], " writers' xxh3s")
-                                   : absl::StrCat(", xxh3 ", f->xxh3))
+          << (f->regions.empty() ? absl::StrCat(", xxh3 ", f->xxh3)
+                                 : absl::StrCat(", ", regions[f->name], " regions from ",
+                                                writers[f->name], " writers, each xxh3"))
           << ")\n";
     } else {
       ++bad;

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <map>
 #include <set>
+#include <tuple>
 #include <utility>
 
 #include <xxhash.h>
@@ -66,7 +67,7 @@ absl::Status CheckRegionsTile(const std::vector<CheckpointFile>& files, absl::st
     auto bad = [&](absl::string_view why) {
       return absl::InvalidArgumentError(absl::StrCat(what, ": files['", name, "'] ", why));
     };
-    std::vector<ByteRange> ranges;
+    std::vector<FileRegion> ranges;
     for (const CheckpointFile* f : entries) {
       if (f->bytes != entries.front()->bytes) {
         return bad(
@@ -81,12 +82,13 @@ absl::Status CheckRegionsTile(const std::vector<CheckpointFile>& files, absl::st
           return bad(absl::StrCat("lists rank ", f->rank, "'s regions out of file order"));
         }
       }
-      for (const ByteRange& r : f->HashedRanges()) ranges.push_back(r);
+      if (f->regions.empty()) ranges.push_back({0, f->bytes, f->xxh3});
+      for (const FileRegion& r : f->regions) ranges.push_back(r);
     }
     std::sort(ranges.begin(), ranges.end(),
-              [](const ByteRange& a, const ByteRange& b) { return a.offset < b.offset; });
+              [](const FileRegion& a, const FileRegion& b) { return a.offset < b.offset; });
     uint64_t at = 0;
-    for (const ByteRange& r : ranges) {
+    for (const FileRegion& r : ranges) {
       if (r.offset != at || r.bytes == 0) {
         return bad(absl::StrCat("has regions that do not tile it: bytes from ", at,
                                 r.offset > at ? " are nobody's" : " are listed twice or empty"));
@@ -189,10 +191,12 @@ std::string ManifestToJson(const CheckpointManifest& m) {
   json["scheduled"] = m.scheduled;
   Json files = Json::array();
   for (const CheckpointFile& f : m.files) {
-    Json file = {{"name", f.name}, {"rank", f.rank}, {"bytes", f.bytes}, {"xxh3", f.xxh3}};
-    if (!f.regions.empty()) {
+    Json file = {{"name", f.name}, {"rank", f.rank}, {"bytes", f.bytes}};
+    if (f.regions.empty()) {
+      file["xxh3"] = f.xxh3;
+    } else {
       Json regions = Json::array();
-      for (const ByteRange& r : f.regions) regions.push_back({r.offset, r.bytes});
+      for (const FileRegion& r : f.regions) regions.push_back({r.offset, r.bytes, r.xxh3});
       file["regions"] = regions;
     }
     files.push_back(std::move(file));
@@ -275,11 +279,12 @@ absl::StatusOr<CheckpointManifest> ParseManifest(absl::string_view text, absl::s
     FS_FIELD(file, "name", f.name);
     FS_FIELD(file, "rank", f.rank);
     FS_FIELD(file, "bytes", f.bytes);
-    FS_FIELD(file, "xxh3", f.xxh3);
-    if (value.contains("regions")) {
-      std::vector<std::pair<uint64_t, uint64_t>> regions;
+    if (value.contains("regions")) {  // [[offset, bytes, xxh3], ...]
+      std::vector<std::tuple<uint64_t, uint64_t, std::string>> regions;
       FS_FIELD(file, "regions", regions);
-      for (const auto& [offset, bytes] : regions) f.regions.push_back({offset, bytes});
+      for (auto& [offset, bytes, xxh3] : regions) f.regions.push_back({offset, bytes, xxh3});
+    } else {
+      FS_FIELD(file, "xxh3", f.xxh3);
     }
     if (f.name.empty() || f.name.find('/') != std::string::npos || f.name.front() == '.') {
       return absl::InvalidArgumentError(

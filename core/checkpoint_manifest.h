@@ -33,23 +33,26 @@ inline constexpr absl::string_view kManifestFileName = "manifest.json";
 inline constexpr absl::string_view kLatestFileName = "latest";
 inline constexpr absl::string_view kPartialSuffix = ".partial";
 
+// A byte range of a file one rank wrote, and the XXH3 of its bytes.
+struct FileRegion {
+  uint64_t offset = 0;
+  uint64_t bytes = 0;
+  std::string xxh3;
+  bool operator==(const FileRegion&) const = default;
+};
+
 // What one rank wrote of a checkpoint file. Most files have one writer, which
-// wrote all of it (`regions` empty, `xxh3` the file's). A FULL file is written
-// by every rank at once (format version 3): each rank's entry lists the byte
-// ranges it wrote, in increasing offset order, and `xxh3` is of those bytes
-// read in that order; the entries of one file tile it exactly, so each byte
-// is vouched for by one writer's hash.
+// wrote all of it (`xxh3` the file's, no `regions`). A FULL file is written by
+// every rank at once (format version 3): each rank's entry lists the regions
+// it wrote, in increasing offset order, each with its own hash (so any reader
+// can verify any region, and a load can hand each reader one contiguous part
+// of the file), and the entries of one file tile it exactly.
 struct CheckpointFile {
   std::string name;    // relative to the checkpoint directory
   int rank = 0;        // the worker that wrote it
   uint64_t bytes = 0;  // the file's size
-  std::string xxh3;
-  std::vector<ByteRange> regions;
-
-  // The ranges its xxh3 covers: `regions`, or the whole file.
-  std::vector<ByteRange> HashedRanges() const {
-    return regions.empty() ? std::vector<ByteRange>{{0, bytes}} : regions;
-  }
+  std::string xxh3;    // the whole file's; empty when `regions` are listed
+  std::vector<FileRegion> regions;
 };
 
 struct CheckpointTensorInfo {

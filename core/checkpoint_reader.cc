@@ -54,17 +54,71 @@ absl::StatusOr<std::unique_ptr<CheckpointReader>> CheckpointReader::Open(const s
 }
 
 CheckpointReader::CheckpointReader(std::string dir, CheckpointManifest manifest)
-    : dir_(std::move(dir)), manifest_(std::move(manifest)) {
-  for (size_t i = 0; i < manifest_.files.size(); ++i) {
-    std::vector<Region>& regions = regions_[manifest_.files[i].name];
-    for (const ByteRange& r : manifest_.files[i].HashedRanges()) {
-      regions.push_back({r.offset, r.bytes, i});
+    : dir_(std::move(dir)), manifest_(std::move(manifest)), units_(HashUnits(manifest_)) {
+  for (size_t u = 0; u < units_.size(); ++u) {
+    file_units_[manifest_.files[units_[u].entry].name].push_back(u);
+  }
+  for (auto& [name, units] : file_units_) {
+    std::sort(units.begin(), units.end(),
+              [&](size_t a, size_t b) { return units_[a].offset < units_[b].offset; });
+  }
+}
+
+std::vector<CheckpointReader::HashUnit> CheckpointReader::HashUnits(
+    const CheckpointManifest& manifest) {
+  std::vector<HashUnit> units;
+  std::vector<std::string> shared;  // files several ranks wrote, in the manifest's order
+  std::map<std::string, std::vector<HashUnit>> regions;
+  for (size_t i = 0; i < manifest.files.size(); ++i) {
+    const CheckpointFile& f = manifest.files[i];
+    if (f.regions.empty()) {
+      units.push_back({i, 0, f.bytes, f.xxh3});
+      continue;
+    }
+    if (!regions.contains(f.name)) shared.push_back(f.name);
+    for (const FileRegion& r : f.regions) regions[f.name].push_back({i, r.offset, r.bytes, r.xxh3});
+  }
+  for (const std::string& name : shared) {
+    std::vector<HashUnit>& file = regions[name];
+    std::sort(file.begin(), file.end(),
+              [](const HashUnit& a, const HashUnit& b) { return a.offset < b.offset; });
+    units.insert(units.end(), file.begin(), file.end());
+  }
+  return units;
+}
+
+std::vector<int> CheckpointReader::Verifiers(const CheckpointManifest& manifest, int count) {
+  const std::vector<HashUnit> units = HashUnits(manifest);
+  const auto readers = static_cast<uint64_t>(std::max(count, 1));
+  std::vector<int> verifier(units.size(), 0);
+  std::vector<size_t> whole;
+  uint64_t region_bytes = 0;
+  for (size_t u = 0; u < units.size(); ++u) {
+    if (manifest.files[units[u].entry].regions.empty()) {
+      whole.push_back(u);
+    } else {
+      region_bytes += units[u].bytes;
     }
   }
-  for (auto& [name, regions] : regions_) {
-    std::sort(regions.begin(), regions.end(),
-              [](const Region& a, const Region& b) { return a.offset < b.offset; });
+  // Whole files: each one's place when ordered by the rank that wrote it.
+  for (size_t u : whole) {
+    const CheckpointFile& file = manifest.files[units[u].entry];
+    uint64_t order = 0;
+    for (size_t v : whole) {
+      const CheckpointFile& other = manifest.files[units[v].entry];
+      order += other.rank < file.rank || (other.rank == file.rank && v < u);
+    }
+    verifier[u] = static_cast<int>(order * readers / whole.size());
   }
+  // Regions: by where their middle falls in the shared files' bytes.
+  uint64_t at = 0;
+  for (size_t u = 0; u < units.size(); ++u) {
+    if (manifest.files[units[u].entry].regions.empty()) continue;
+    const uint64_t middle = at + units[u].bytes / 2;
+    verifier[u] = static_cast<int>(std::min(readers - 1, middle * readers / region_bytes));
+    at += units[u].bytes;
+  }
+  return verifier;
 }
 
 absl::StatusOr<SafetensorsReader*> CheckpointReader::File(const std::string& file_name) {
@@ -80,24 +134,22 @@ absl::StatusOr<const CheckpointFile*> CheckpointReader::Listed(const std::string
 
 namespace {
 
-// The digest of what a manifest entry vouches for (the file, or the regions
-// its writer wrote) against what the manifest recorded.
+// The digest of a hash unit's bytes against what the manifest recorded.
 absl::Status CheckDigest(const std::string& path, const CheckpointFile& entry,
-                         const FileDigest& digest) {
-  uint64_t expected = 0;
-  for (const ByteRange& r : entry.HashedRanges()) expected += r.bytes;
-  if (digest.bytes != expected) {  // changed since the size check
+                         const CheckpointReader::HashUnit& unit, const FileDigest& digest) {
+  if (digest.bytes != unit.bytes) {  // changed since the size check
     return absl::DataLossError(absl::StrCat(path, " ended after ", digest.bytes,
-                                            " of the bytes the manifest vouches for (", expected,
+                                            " of the bytes the manifest vouches for (", unit.bytes,
                                             ": truncated or replaced)"));
   }
-  if (digest.xxh3 != entry.xxh3) {
-    const std::string what = entry.regions.empty()
-                                 ? std::string()
-                                 : absl::StrCat(" over the ", entry.regions.size(),
-                                                " regions rank ", entry.rank, " wrote");
+  if (digest.xxh3 != unit.xxh3) {
+    const std::string what =
+        entry.regions.empty()
+            ? std::string()
+            : absl::StrCat(" over bytes [", unit.offset, ", ", unit.offset + unit.bytes,
+                           "), which rank ", entry.rank, " wrote");
     return absl::DataLossError(absl::StrCat(path, " fails its checksum", what, ": xxh3 ",
-                                            digest.xxh3, ", the manifest recorded ", entry.xxh3,
+                                            digest.xxh3, ", the manifest recorded ", unit.xxh3,
                                             " (corrupted)"));
   }
   return absl::OkStatus();
@@ -123,12 +175,13 @@ absl::StatusOr<SafetensorsReader*> CheckpointReader::OpenFile(const std::string&
                                             entry->bytes, " (truncated or replaced)"));
   }
   if (hash) {
-    for (const CheckpointFile& f : manifest_.files) {  // each writer's part, or the whole file
-      if (f.name != file_name) continue;
-      ASSIGN_OR_RETURN(FileDigest digest, DigestFileRanges(path, f.HashedRanges()));
-      RETURN_IF_ERROR(CheckDigest(path, f, digest));
+    for (size_t u : file_units_.at(file_name)) {  // the whole file, or each region in order
+      const HashUnit& unit = units_[u];
+      ASSIGN_OR_RETURN(FileDigest digest, DigestFileRanges(path, {{unit.offset, unit.bytes}}));
+      RETURN_IF_ERROR(CheckDigest(path, manifest_.files[unit.entry], unit, digest));
     }
   }
+
   ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsReader> reader, SafetensorsReader::Open(path));
   SafetensorsReader* raw = reader.get();
   open_[file_name] = std::move(reader);
@@ -138,18 +191,6 @@ absl::StatusOr<SafetensorsReader*> CheckpointReader::OpenFile(const std::string&
 absl::Status CheckpointReader::VerifyAll() {
   for (const CheckpointFile& f : manifest_.files) RETURN_IF_ERROR(File(f.name).status());
   return absl::OkStatus();
-}
-
-int CheckpointReader::VerifierOf(const CheckpointManifest& manifest, size_t position, int count) {
-  // The file's place when the files are ordered by the rank that wrote them,
-  // then dealt to the readers in contiguous blocks.
-  const std::vector<CheckpointFile>& files = manifest.files;
-  size_t order = 0;
-  for (size_t j = 0; j < files.size(); ++j) {
-    order += files[j].rank < files[position].rank ||
-             (files[j].rank == files[position].rank && j < position);
-  }
-  return static_cast<int>(order * static_cast<size_t>(std::max(count, 1)) / files.size());
 }
 
 absl::Status CheckpointReader::VerifyShare(int index, int count) {
@@ -173,13 +214,14 @@ absl::Status CheckpointReader::BeginShare(int index, int count) {
   // Files opened before the share were hashed whole when they were opened.
   std::set<std::string> verified;
   for (const auto& [name, file] : open_) verified.insert(name);
-  // The share's entries first (a file, or one writer's regions of a file
-  // every rank wrote): one whose file fails its size or header check is
-  // hashed at once, so damage is reported as damage, not as whatever its
-  // header might say.
-  for (size_t i = 0; i < manifest_.files.size(); ++i) {
-    const std::string& name = manifest_.files[i].name;
-    if (VerifierOf(manifest_, i, count) != index || verified.contains(name)) continue;
+  // The share's hash units first (a file, or a region of a file several
+  // ranks wrote): one whose file fails its size or header check is hashed at
+  // once, so damage is reported as damage, not as whatever its header might
+  // say.
+  const std::vector<int> verifiers = Verifiers(manifest_, count);
+  for (size_t u = 0; u < units_.size(); ++u) {
+    const std::string& name = manifest_.files[units_[u].entry].name;
+    if (verifiers[u] != index || verified.contains(name)) continue;
     if (!open_.contains(name)) {
       if (absl::StatusOr<SafetensorsReader*> opened = OpenFile(name, /*hash=*/false);
           !opened.ok()) {
@@ -190,7 +232,7 @@ absl::Status CheckpointReader::BeginShare(int index, int count) {
         return opened.status();
       }
     }
-    pending_[i];
+    pending_[u];
   }
   for (const CheckpointFile& f : manifest_.files) {
     if (absl::Status opened = OpenFile(f.name, /*hash=*/false).status(); !opened.ok()) {
@@ -206,12 +248,13 @@ absl::Status CheckpointReader::BeginShare(int index, int count) {
 
 absl::Status CheckpointReader::FinishShare(bool deliver) {
   absl::Status status;
-  for (size_t i = 0; i < manifest_.files.size(); ++i) {  // in the manifest's order
-    if (!pending_.contains(i)) continue;
-    // Every entry is hashed even after one failed: the error names the first.
-    absl::Status hashed = HashWhileReading(i, deliver && status.ok());
+  for (size_t u = 0; u < units_.size(); ++u) {  // whole files, then the shared ones in order
+    if (!pending_.contains(u)) continue;
+    // Every unit is hashed even after one failed: the error names the first.
+    absl::Status hashed = HashWhileReading(u, deliver && status.ok());
     if (status.ok()) status = hashed;
   }
+
   pending_.clear();
   sharing_ = false;
   std::map<std::string, std::vector<DeferredRead>> late = std::move(late_);
@@ -232,7 +275,8 @@ absl::Status CheckpointReader::FinishShare(bool deliver) {
 
 absl::Status CheckpointReader::HashWhileReading(size_t index, bool deliver) {
   std::vector<DeferredRead> reads = std::move(pending_.at(index));
-  const CheckpointFile& entry = manifest_.files[index];
+  const HashUnit& unit = units_[index];
+  const CheckpointFile& entry = manifest_.files[unit.entry];
   SafetensorsReader& file = *open_.at(entry.name);
   std::sort(reads.begin(), reads.end(),
             [](const DeferredRead& a, const DeferredRead& b) { return a.offset < b.offset; });
@@ -254,7 +298,7 @@ absl::Status CheckpointReader::HashWhileReading(size_t index, bool deliver) {
   std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> state(XXH3_createState(),
                                                                  &XXH3_freeState);
   XXH3_64bits_reset(state.get());
-  std::vector<char> buffer(static_cast<size_t>(std::min(kChunk, entry.bytes)));
+  std::vector<char> buffer(static_cast<size_t>(std::min(kChunk, unit.bytes)));
   uint64_t at = 0, hashed = 0;
   auto read_into = [&](std::span<char> out) -> absl::Status {
     for (size_t k = 0; k < out.size(); k += kChunk) {
@@ -272,19 +316,15 @@ absl::Status CheckpointReader::HashWhileReading(size_t index, bool deliver) {
     }
     return absl::OkStatus();
   };
-  // The reads were split at the entries' regions (ReadPart): each lies in
-  // one of this entry's ranges.
-  size_t next = 0;
-  for (const ByteRange& range : entry.HashedRanges()) {
-    at = range.offset;
-    const uint64_t end = range.offset + range.bytes;
-    for (; next < reads.size() && reads[next].offset < end; ++next) {
-      RETURN_IF_ERROR(skip_to(reads[next].offset));
-      RETURN_IF_ERROR(read_into(reads[next].out));
-    }
-    RETURN_IF_ERROR(skip_to(end));
+  // The reads were split where the file's hash units meet (ReadPart): each
+  // lies in this unit.
+  at = unit.offset;
+  for (const DeferredRead& r : reads) {
+    RETURN_IF_ERROR(skip_to(r.offset));
+    RETURN_IF_ERROR(read_into(r.out));
   }
-  return CheckDigest(file.path(), entry,
+  RETURN_IF_ERROR(skip_to(unit.offset + unit.bytes));
+  return CheckDigest(file.path(), entry, unit,
                      FileDigest{hashed, Xxh3Hex(XXH3_64bits_digest(state.get()))});
 }
 
@@ -332,17 +372,17 @@ absl::Status CheckpointReader::ReadPart(const std::string& file_name, absl::stri
   if (defer && sharing_) {
     absl::StatusOr<uint64_t> offset = file.Float32Offset(name, begin, out.size());
     if (offset.ok()) {
-      // The share's entries' reads land as they are hashed, the others'
-      // after; a read is split where the file's writers' regions meet.
+      // The share's units' reads land as they are hashed, the others'
+      // after; a read is split where the file's hash units meet.
       const std::span<char> bytes(reinterpret_cast<char*>(out.data()), out.size_bytes());
-      const std::vector<Region>& regions = regions_.at(file_name);
-      auto region = std::upper_bound(regions.begin(), regions.end(), *offset,
-                                     [](uint64_t at, const Region& r) { return at < r.offset; });
-      if (region != regions.begin()) --region;
-      for (uint64_t at = *offset, end = *offset + bytes.size(); at < end; ++region) {
-        const uint64_t to =
-            region == regions.end() ? end : std::min(end, region->offset + region->bytes);
-        auto pending = region == regions.end() ? pending_.end() : pending_.find(region->entry);
+      const std::vector<size_t>& units = file_units_.at(file_name);
+      auto next = std::upper_bound(units.begin(), units.end(), *offset,
+                                   [&](uint64_t at, size_t u) { return at < units_[u].offset; });
+      if (next != units.begin()) --next;
+      for (uint64_t at = *offset, end = *offset + bytes.size(); at < end; ++next) {
+        const bool known = next != units.end();  // the units tile the file: always
+        const uint64_t to = known ? std::min(end, units_[*next].offset + units_[*next].bytes) : end;
+        auto pending = known ? pending_.find(*next) : pending_.end();
         (pending != pending_.end() ? pending->second : late_[file_name])
             .push_back({at, bytes.subspan(at - *offset, to - at)});
         at = to;

@@ -59,7 +59,7 @@ class CheckpointReader {
   absl::Status VerifyAll();
 
   // Verifies reader `index`'s share of `count`: every file's size and header,
-  // and the XXH3 of the files VerifierOf assigns to `index`; the other files
+  // and the XXH3 of the hash units Verifiers assigns to `index`; the other files
   // are opened unhashed, their content vouched for by the reader they belong
   // to. `count` readers that all succeed have hashed every byte once between
   // them instead of `count` times: a load's stage is that case (every rank
@@ -94,12 +94,24 @@ class CheckpointReader {
                                   uint64_t begin, std::span<float> out);
   absl::Status FinishShare(bool deliver);
 
-  // Which of `count` readers hashes manifest entry `position` (a file, or
-  // the regions one rank wrote of a file every rank wrote): the entries in
-  // the order of the ranks that wrote them, dealt in contiguous blocks as
-  // even as they divide. At the saving world size each rank hashes what it
-  // wrote.
-  static int VerifierOf(const CheckpointManifest& manifest, size_t position, int count);
+  // What verifiers hash, one unit at a time: each file one rank wrote whole,
+  // and each region of a file several ranks wrote (FULL, format version 3),
+  // those in file order after the whole files.
+  struct HashUnit {
+    size_t entry = 0;  // the manifest entry that lists it
+    uint64_t offset = 0;
+    uint64_t bytes = 0;
+    std::string xxh3;
+  };
+  static std::vector<HashUnit> HashUnits(const CheckpointManifest& manifest);
+  // Which of `count` readers hashes each of HashUnits(manifest). Whole files
+  // go in the order of the ranks that wrote them, dealt in contiguous blocks
+  // as even as they divide: at the saving world size each rank hashes the
+  // files it wrote. Regions go in file order, dealt by bytes: each reader
+  // streams one contiguous part of the shared files, whoever wrote it (a
+  // writer's own regions alternate with the others' through each file, a
+  // pattern a disk serves slower than one stream per reader).
+  static std::vector<int> Verifiers(const CheckpointManifest& manifest, int count);
 
  private:
   CheckpointReader(std::string dir, CheckpointManifest manifest);
@@ -117,10 +129,9 @@ class CheckpointReader {
   // (as the file is hashed for the share's files, after them for the rest).
   absl::Status ReadPart(const std::string& file_name, absl::string_view name, uint64_t begin,
                         std::span<float> out, bool defer);
-  // Reads what manifest entry `index` vouches for (its file start to end, or
-  // its writer's regions in order), the deferred reads straight into their
-  // spans and the rest through a buffer, hashing every byte once, and checks
-  // the hash against the manifest.
+  // Reads hash unit `index` start to end, the deferred reads straight into
+  // their spans and the rest through a buffer, hashing every byte once, and
+  // checks the hash against the manifest.
   absl::Status HashWhileReading(size_t index, bool deliver);
   // A version 2 SHARDED file's pieces: tensor name -> element offset (each a
   // 1-D tensor), parsed once per file.
@@ -139,16 +150,10 @@ class CheckpointReader {
     uint64_t offset = 0;
     std::span<char> out;
   };
-  // Which manifest entry vouches for each byte of each file, by offset: one
-  // region per file, or each writer's regions of a file every rank wrote.
-  struct Region {
-    uint64_t offset = 0;
-    uint64_t bytes = 0;
-    size_t entry = 0;
-  };
-  std::map<std::string, std::vector<Region>> regions_;
-  // The share's manifest entries not yet hashed, with the reads waiting for
-  // them.
+  std::vector<HashUnit> units_;  // HashUnits(manifest_)
+  // Each file's hash units (indices into units_), by offset: they tile it.
+  std::map<std::string, std::vector<size_t>> file_units_;
+  // The share's hash units not yet hashed, with the reads waiting for them.
   std::map<size_t, std::vector<DeferredRead>> pending_;
   // Deferred reads from files outside the share, done after it is hashed.
   std::map<std::string, std::vector<DeferredRead>> late_;

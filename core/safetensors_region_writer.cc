@@ -49,7 +49,7 @@ absl::StatusOr<std::unique_ptr<SafetensorsRegionWriter>> SafetensorsRegionWriter
 }
 
 absl::Status SafetensorsRegionWriter::WriteAt(uint64_t offset, const char* data, size_t size) {
-  std::vector<ByteRange>& regions = written_.regions;
+  std::vector<FileRegion>& regions = written_.regions;
   const uint64_t end = regions.empty() ? 0 : regions.back().offset + regions.back().bytes;
   if (!regions.empty() && offset < end) {
     return absl::InvalidArgumentError(
@@ -57,12 +57,19 @@ absl::Status SafetensorsRegionWriter::WriteAt(uint64_t offset, const char* data,
   }
   if (size == 0) return absl::OkStatus();
   if (regions.empty() || offset != end) {
+    CloseRegion();
     RETURN_IF_ERROR(file_->Seek(offset));
-    regions.push_back({offset, 0});
+    regions.push_back({offset, 0, ""});
   }
   XXH3_64bits_update(hash_, data, size);
   regions.back().bytes += size;
   return file_->Append(absl::string_view(data, size));
+}
+
+void SafetensorsRegionWriter::CloseRegion() {
+  if (written_.regions.empty() || !written_.regions.back().xxh3.empty()) return;
+  written_.regions.back().xxh3 = Xxh3Hex(XXH3_64bits_digest(hash_));
+  XXH3_64bits_reset(hash_);
 }
 
 absl::Status SafetensorsRegionWriter::Write(absl::string_view name, uint64_t begin,
@@ -89,9 +96,9 @@ absl::Status SafetensorsRegionWriter::Write(absl::string_view name, uint64_t beg
 }
 
 absl::StatusOr<SafetensorsRegionWriter::Written> SafetensorsRegionWriter::Finish() {
+  CloseRegion();
   RETURN_IF_ERROR(file_->Sync());
   RETURN_IF_ERROR(file_->Close());
-  written_.xxh3 = Xxh3Hex(XXH3_64bits_digest(hash_));
   return written_;
 }
 

@@ -5,7 +5,7 @@
 // slots and metadata, so all compute the same header and data offsets; the
 // one told to writes the header. A writer's bytes go out in increasing file
 // order and are hashed as they go, and Finish returns the byte ranges it
-// wrote with their XXH3 (a manifest's CheckpointFile::regions), so each
+// wrote, each with its XXH3 (a manifest's CheckpointFile::regions), so each
 // writer vouches for its own bytes and none reads another's.
 #ifndef FLATSHARD_CORE_SAFETENSORS_REGION_WRITER_H_
 #define FLATSHARD_CORE_SAFETENSORS_REGION_WRITER_H_
@@ -20,7 +20,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
-#include "core/durable_file.h"
+#include "core/checkpoint_manifest.h"
 #include "core/file_system.h"
 #include "core/safetensors.h"
 
@@ -32,9 +32,8 @@ class SafetensorsRegionWriter {
  public:
   // What one writer wrote of the file.
   struct Written {
-    uint64_t file_bytes = 0;         // the whole file's size
-    std::string xxh3;                // of the bytes of `regions`, in order
-    std::vector<ByteRange> regions;  // increasing, adjacent ones merged
+    uint64_t file_bytes = 0;          // the whole file's size
+    std::vector<FileRegion> regions;  // increasing, adjacent writes merged
   };
 
   // Opens `path` through `fs` (null: FileSystem::Default(), which must
@@ -65,6 +64,8 @@ class SafetensorsRegionWriter {
   SafetensorsRegionWriter(std::string path, std::unique_ptr<WritableFile> file,
                           std::map<std::string, Slot, std::less<>> slots, uint64_t file_bytes);
   absl::Status WriteAt(uint64_t offset, const char* data, size_t size);
+  // Records the hash of the region being written, if any, and starts anew.
+  void CloseRegion();
 
   std::string path_;
   std::unique_ptr<WritableFile> file_;

@@ -50,10 +50,13 @@ CheckpointManifest SampleManifest(v1::StateDictType type) {
   m.created_unix_micros = 1700000000000000;
   if (type == v1::FULL_STATE_DICT) {
     // Every rank writes part of each FULL file (format version 3).
-    m.files = {
-        {std::string(kFullModelFile), 0, 4356, "0123456789abcdef", {{0, 2000}, {3000, 1356}}},
-        {std::string(kFullModelFile), 1, 4356, "0123456789abcdee", {{2000, 1000}}},
-        {std::string(kFullOptimFile), 0, 8712, "fedcba9876543210", {}}};
+    m.files = {{std::string(kFullModelFile),
+                0,
+                4356,
+                "",
+                {{0, 2000, "0123456789abcdef"}, {3000, 1356, "0123456789abcd00"}}},
+               {std::string(kFullModelFile), 1, 4356, "", {{2000, 1000, "0123456789abcdee"}}},
+               {std::string(kFullOptimFile), 0, 8712, "fedcba9876543210", {}}};
   } else {
     m.scheduled = true;
     for (int rank = 0; rank < m.world_size; ++rank) {

@@ -209,6 +209,21 @@ TEST_P(CheckpointTest, NoShardFullSaveIsWrittenByEveryRankAndLoadsSharded) {
   }
   EXPECT_EQ(writers, (std::set<int>{0, 1}));
   ASSERT_TRUE((*saved)->VerifyAll().ok());
+  // The offline verifier checks every region and says so.
+  auto verify =
+      ChildProcess::Spawn({BinDir() + "/flatshard", "ckpt", "verify", Dir(root, "replicated")});
+  ASSERT_TRUE(verify.ok());
+  std::string output;
+  while (true) {
+    absl::StatusOr<std::string> line = (*verify)->ReadLine(absl::Seconds(60));
+    if (!line.ok()) break;
+    output += *line + "\n";
+  }
+  const std::optional<int> status = (*verify)->Wait(absl::Seconds(60));
+  ASSERT_TRUE(status.has_value());
+  EXPECT_EQ(WEXITSTATUS(*status), 0) << output;
+  EXPECT_THAT(output, HasSubstr("from 2 writers, each xxh3"));
+  EXPECT_THAT(output, HasSubstr("verified: 2 files"));
   auto sharded = Start(Spec(3, false), root, GetParam());
   ASSERT_NE(sharded, nullptr);
   ASSERT_TRUE(sharded->client->LoadCheckpoint(kJob, "replicated").ok());

@@ -60,8 +60,7 @@ class TolerantWriter {
     if (shared_ != nullptr) {
       ASSIGN_OR_RETURN(SafetensorsRegionWriter::Written written, shared_->Finish());
       if (written.regions.empty()) return std::nullopt;
-      return CheckpointFile{name_, rank_, written.file_bytes, written.xxh3,
-                            std::move(written.regions)};
+      return CheckpointFile{name_, rank_, written.file_bytes, "", std::move(written.regions)};
     }
     ASSIGN_OR_RETURN(FileDigest digest, whole_->Finish());
     return CheckpointFile{name_, rank_, digest.bytes, digest.xxh3, {}};

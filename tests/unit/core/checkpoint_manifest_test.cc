@@ -13,6 +13,7 @@ namespace flatshard {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 CheckpointManifest Sample() {
   CheckpointManifest m;
@@ -56,30 +57,35 @@ TEST(CheckpointManifestTest, RoundTrips) {
   EXPECT_EQ(JobSpecDigest(back->job_spec), m.job_spec_digest);
 }
 
-// A FULL file every rank wrote part of: each entry lists its regions, and
-// together they tile the file.
-CheckpointManifest WithSharedFile(std::vector<std::vector<ByteRange>> regions) {
+// A FULL file every rank wrote part of: each entry lists its regions, each
+// with its hash, and together they tile the file.
+CheckpointManifest WithSharedFile(
+    const std::vector<std::vector<std::pair<uint64_t, uint64_t>>>& parts) {
   CheckpointManifest m = Sample();
   m.state_dict_type = v1::FULL_STATE_DICT;
   m.files.clear();
-  for (size_t r = 0; r < regions.size(); ++r) {
-    m.files.push_back({"model.safetensors", static_cast<int>(r), 100,
-                       absl::StrCat("000000000000000", r), regions[r]});
+  for (size_t r = 0; r < parts.size(); ++r) {
+    CheckpointFile f{"model.safetensors", static_cast<int>(r), 100, "", {}};
+    for (const auto& [offset, bytes] : parts[r]) {
+      f.regions.push_back({offset, bytes, absl::StrCat("00000000000000", r, offset % 10)});
+    }
+    m.files.push_back(std::move(f));
   }
   return m;
 }
 
 TEST(CheckpointManifestTest, FilesSeveralRanksWroteRoundTripWithTheirRegions) {
   const CheckpointManifest m = WithSharedFile({{{0, 40}, {70, 30}}, {{40, 30}}});
-  absl::StatusOr<CheckpointManifest> back = ParseManifest(ManifestToJson(m), "manifest.json");
+  const std::string json = ManifestToJson(m);
+  EXPECT_THAT(json, Not(HasSubstr("\"xxh3\"")));  // a region entry has no whole-file hash
+  absl::StatusOr<CheckpointManifest> back = ParseManifest(json, "manifest.json");
   ASSERT_TRUE(back.ok()) << back.status();
   ASSERT_EQ(back->files.size(), 2u);
-  EXPECT_EQ(back->files[0].regions, (std::vector<ByteRange>{{0, 40}, {70, 30}}));
-  EXPECT_EQ(back->files[1].regions, (std::vector<ByteRange>{{40, 30}}));
+  EXPECT_EQ(back->files[0].regions, m.files[0].regions);
+  EXPECT_EQ(back->files[1].regions, m.files[1].regions);
+  EXPECT_EQ(back->files[1].regions.at(0).xxh3, "0000000000000010");
   EXPECT_EQ(back->files[1].rank, 1);
   EXPECT_EQ(CheckpointBytes(*back), 100u);  // one file, however many wrote it
-  EXPECT_EQ(back->files[0].HashedRanges(), back->files[0].regions);
-  EXPECT_EQ(Sample().files[0].HashedRanges(), (std::vector<ByteRange>{{0, 100}}));
 }
 
 TEST(CheckpointManifestTest, RefusesRegionsThatDoNotTileTheirFile) {
@@ -97,7 +103,12 @@ TEST(CheckpointManifestTest, RefusesRegionsThatDoNotTileTheirFile) {
   EXPECT_THAT(refused(sizes), HasSubstr("sizes 100 and 120"));
   CheckpointManifest whole = WithSharedFile({{{0, 40}}, {{40, 60}}});
   whole.files[1].regions.clear();
+  whole.files[1].xxh3 = "0011223344556677";
   EXPECT_THAT(refused(whole), HasSubstr("without the regions it wrote"));
+  nlohmann::json bad = nlohmann::json::parse(ManifestToJson(WithSharedFile({{{0, 100}}})));
+  bad["files"][0]["regions"][0] = {0, 100};  // no hash
+  EXPECT_THAT(std::string(ParseManifest(bad.dump(), "m.json").status().message()),
+              HasSubstr("'regions' has the wrong type"));
 }
 
 TEST(CheckpointManifestTest, RefusesMalformedManifestsNamingTheField) {

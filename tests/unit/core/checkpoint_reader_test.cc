@@ -132,7 +132,7 @@ TEST(CheckpointReaderTest, EveryFileHasExactlyOneVerifierWhateverTheReaderCount)
   for (int count : {1, 2, 3, 4, 8}) {
     std::vector<int> per_reader(static_cast<size_t>(count), 0);
     for (size_t i = 0; i < m.files.size(); ++i) {
-      const int v = CheckpointReader::VerifierOf(m, i, count);
+      const int v = CheckpointReader::Verifiers(m, count)[i];
       ASSERT_GE(v, 0);
       ASSERT_LT(v, count);
       ++per_reader[static_cast<size_t>(v)];
@@ -142,7 +142,7 @@ TEST(CheckpointReaderTest, EveryFileHasExactlyOneVerifierWhateverTheReaderCount)
   }
   // At the saving world size each rank hashes the files it wrote.
   for (size_t i = 0; i < m.files.size(); ++i) {
-    EXPECT_EQ(CheckpointReader::VerifierOf(m, i, 4), m.files[i].rank) << m.files[i].name;
+    EXPECT_EQ(CheckpointReader::Verifiers(m, 4)[i], m.files[i].rank) << m.files[i].name;
   }
 }
 
@@ -161,7 +161,7 @@ TEST(CheckpointReaderTest, AFlippedByteFailsExactlyTheShareThatHashesItsFile) {
         const absl::Status s = Share(dir, r, count);
         if (s.ok()) continue;
         ++failed;
-        EXPECT_EQ(r, CheckpointReader::VerifierOf(m, i, count));
+        EXPECT_EQ(r, CheckpointReader::Verifiers(m, count)[i]);
         EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
         EXPECT_THAT(std::string(s.message()), HasSubstr(m.files[i].name));
         EXPECT_THAT(std::string(s.message()), HasSubstr("fails its checksum"));

@@ -74,8 +74,8 @@ std::vector<CheckpointFile> WriteShared(const std::string& path, int world) {
     }
     absl::StatusOr<SafetensorsRegionWriter::Written> written = (*writer)->Finish();
     EXPECT_TRUE(written.ok()) << written.status();
-    entries.push_back({fs::path(path).filename().string(), r, written->file_bytes, written->xxh3,
-                       written->regions});
+    entries.push_back(
+        {fs::path(path).filename().string(), r, written->file_bytes, "", written->regions});
   }
   return entries;
 }
@@ -112,7 +112,7 @@ void DamageRegionOf(const std::string& dir, int rank) {
   ASSERT_TRUE(reader.ok()) << reader.status();
   for (const CheckpointFile& f : (*reader)->manifest().files) {
     if (f.name != kFullModelFile || f.rank != rank) continue;
-    const ByteRange& last = f.regions.back();
+    const FileRegion& last = f.regions.back();
     std::fstream file(absl::StrCat(dir, "/", f.name),
                       std::ios::in | std::ios::out | std::ios::binary);
     file.seekg(static_cast<std::streamoff>(last.offset + last.bytes - 1));
@@ -142,17 +142,19 @@ TEST(SharedFileCheckpointTest, WritersTogetherWriteTheFileOneWriterWould) {
     uint64_t covered = 0;
     for (const CheckpointFile& e : entries) {
       EXPECT_EQ(e.bytes, whole->bytes);
-      // Each writer's hash is of exactly its own regions' bytes.
-      absl::StatusOr<FileDigest> digest = DigestFileRanges(path, e.regions);
-      ASSERT_TRUE(digest.ok()) << digest.status();
-      EXPECT_EQ(digest->xxh3, e.xxh3);
-      for (const ByteRange& r : e.regions) covered += r.bytes;
+      // Each region's hash is of exactly its bytes.
+      for (const FileRegion& r : e.regions) {
+        absl::StatusOr<FileDigest> digest = DigestFileRanges(path, {{r.offset, r.bytes}});
+        ASSERT_TRUE(digest.ok()) << digest.status();
+        EXPECT_EQ(digest->xxh3, r.xxh3);
+        covered += r.bytes;
+      }
     }
     EXPECT_EQ(covered, whole->bytes);  // the regions tile the file
     // One writer alone wrote it all: one region, the whole file's hash.
     if (world == 1) {
-      EXPECT_EQ(entries[0].regions, (std::vector<ByteRange>{{0, whole->bytes}}));
-      EXPECT_EQ(entries[0].xxh3, whole->xxh3);
+      ASSERT_EQ(entries[0].regions.size(), 1u);
+      EXPECT_EQ(entries[0].regions[0], (FileRegion{0, whole->bytes, whole->xxh3}));
     }
   }
 }
@@ -171,20 +173,48 @@ TEST(SharedFileCheckpointTest, ReadsBackAndVerifiesWriterByWriter) {
   EXPECT_EQ(*bias, Values(8, 11));  // small integers are exact in bfloat16
 }
 
-TEST(SharedFileCheckpointTest, DamageFailsTheShareOfTheRankThatWroteIt) {
+TEST(SharedFileCheckpointTest, DamageInARegionFailsExactlyOneShareAndNamesItsWriter) {
   const std::string dir = WriteFullCheckpoint("damage", 2);
   DamageRegionOf(dir, 1);
   absl::StatusOr<std::unique_ptr<CheckpointReader>> all = CheckpointReader::Open(dir);
   ASSERT_TRUE(all.ok());
   const absl::Status verified = (*all)->VerifyAll();
   EXPECT_EQ(verified.code(), absl::StatusCode::kDataLoss);
-  EXPECT_THAT(std::string(verified.message()), HasSubstr("regions rank 1 wrote"));
-  // At the saving world size, rank r's reader hashes what rank r wrote.
-  for (int index : {0, 1}) {
-    absl::StatusOr<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::Open(dir);
-    ASSERT_TRUE(reader.ok());
-    const absl::Status share = (*reader)->VerifyShare(index, 2);
-    EXPECT_EQ(share.ok(), index == 0) << index << ": " << share;
+  EXPECT_THAT(std::string(verified.message()), HasSubstr("which rank 1 wrote"));
+  // Exactly one reader hashes the damaged region, whatever the reader count.
+  for (int count : {1, 2, 3, 5}) {
+    int failed = 0;
+    for (int index = 0; index < count; ++index) {
+      absl::StatusOr<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::Open(dir);
+      ASSERT_TRUE(reader.ok());
+      const absl::Status share = (*reader)->VerifyShare(index, count);
+      if (share.ok()) continue;
+      ++failed;
+      EXPECT_EQ(share.code(), absl::StatusCode::kDataLoss) << share;
+      EXPECT_THAT(std::string(share.message()), HasSubstr("which rank 1 wrote"));
+    }
+    EXPECT_EQ(failed, 1) << count << " readers";
+  }
+}
+
+// The shared files' regions are dealt to readers by bytes in file order, so
+// each reader hashes one contiguous part, and every region has one reader.
+TEST(SharedFileCheckpointTest, ReadersHashContiguousPartsOfTheSharedFiles) {
+  const std::string dir = WriteFullCheckpoint("dealt", 4);
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::Open(dir);
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  const CheckpointManifest& m = (*reader)->manifest();
+  const std::vector<CheckpointReader::HashUnit> units = CheckpointReader::HashUnits(m);
+  for (int count : {1, 2, 3, 4}) {
+    const std::vector<int> verifiers = CheckpointReader::Verifiers(m, count);
+    ASSERT_EQ(verifiers.size(), units.size());
+    for (size_t u = 1; u < units.size(); ++u) {
+      const bool same_file = m.files[units[u].entry].name == m.files[units[u - 1].entry].name;
+      if (!same_file) continue;
+      EXPECT_GE(units[u].offset, units[u - 1].offset + units[u - 1].bytes);
+      EXPECT_GE(verifiers[u], verifiers[u - 1]) << "count " << count;
+    }
+    EXPECT_EQ(verifiers.front(), 0);
   }
 }
 
