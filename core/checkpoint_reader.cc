@@ -254,15 +254,14 @@ absl::Status CheckpointReader::FinishShare(bool deliver) {
     absl::Status hashed = HashWhileReading(u, deliver && status.ok());
     if (status.ok()) status = hashed;
   }
-
   pending_.clear();
   sharing_ = false;
   std::map<std::string, std::vector<DeferredRead>> late = std::move(late_);
   late_.clear();
   if (!deliver || !status.ok()) return status;
-  // The other readers' files, each in file order, now that this reader has
-  // streamed its own: at the saving world size the files' verifiers stream
-  // them meanwhile, so these reads mostly find their bytes in the page cache
+  // What the other readers verify, each file's in file order, now that this
+  // reader has streamed its own part: their verifiers stream those parts
+  // meanwhile, so these reads mostly find their bytes in the page cache
   // instead of cutting across those streams on the disk.
   for (auto& [file_name, reads] : late) {
     std::sort(reads.begin(), reads.end(),

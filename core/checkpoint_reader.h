@@ -3,9 +3,10 @@
 // contiguous element ranges with their offsets in each file's metadata,
 // core/sharded_tensor_pieces.h; version 1: rank r of W holds rows
 // ChunkOf(dim0, W, r)), so a reader at any world size or wrap policy gets the
-// same values. Every file is checked against the
-// manifest's size and XXH3 before its first use; a mismatch is DATA_LOSS
-// naming the file. Used by workers on LoadShard and by the offline tools.
+// same values. Every file is checked against the manifest's size and XXH3
+// (a file several ranks wrote, format version 3: each region's) before its
+// first use; a mismatch is DATA_LOSS naming the file (and the region and its
+// writer). Used by workers on LoadShard and by the offline tools.
 #ifndef FLATSHARD_CORE_CHECKPOINT_READER_H_
 #define FLATSHARD_CORE_CHECKPOINT_READER_H_
 
@@ -59,8 +60,8 @@ class CheckpointReader {
   absl::Status VerifyAll();
 
   // Verifies reader `index`'s share of `count`: every file's size and header,
-  // and the XXH3 of the hash units Verifiers assigns to `index`; the other files
-  // are opened unhashed, their content vouched for by the reader they belong
+  // and the XXH3 of the hash units Verifiers assigns to `index`; the rest are
+  // opened unhashed, their content vouched for by the reader they belong
   // to. `count` readers that all succeed have hashed every byte once between
   // them instead of `count` times: a load's stage is that case (every rank
   // stages and none applies unless all staged, docs/checkpoints.md).
@@ -68,18 +69,16 @@ class CheckpointReader {
   absl::Status VerifyShare(int index, int count);
 
   // VerifyShare in two halves, with the hashing folded into the reads: a
-  // load's stage reads mostly the files it verifies (at the saving world size
-  // exactly those), and reading them once to hash and again for their data
-  // crossed every byte from the disk twice. BeginShare checks every file's
-  // size and header and hashes nothing yet (a share's file that fails that is
-  // hashed at once, so damage is reported as damage). ReadRangeDeferred is
-  // ReadRangeInto for a caller that keeps `out` alive and unread until
-  // FinishShare: float32 elements in a file of the share are read then, each
-  // such file once, in order, into the callers' spans while the bytes are
-  // hashed as they land; deferred float32 reads from the other files land
-  // after those, each file's in offset order (reading them at once cut
-  // across the verifiers' streams on the disk: FULL loads at W=2 read their
-  // strided halves of each file while another rank streamed it).
+  // load's stage reads much of what it verifies, and reading it once to hash
+  // and again for its data crossed every byte from the disk twice.
+  // BeginShare checks every file's size and header and hashes nothing yet (a
+  // share's file that fails that is hashed at once, so damage is reported as
+  // damage). ReadRangeDeferred is ReadRangeInto for a caller that keeps `out`
+  // alive and unread until FinishShare: float32 elements in a hash unit of
+  // the share are read then, each unit once, in order, into the callers'
+  // spans while the bytes are hashed as they land; deferred float32 reads
+  // from the other units land after those, each file's in offset order
+  // (reading them at once cut across the verifiers' streams on the disk).
   // FinishShare(false) only verifies: after a staging that failed, whose
   // spans may be gone. Reads that are not deferred work as ever, before and
   // after.
