@@ -96,6 +96,13 @@ absl::StatusOr<v1::CheckpointInfo> CheckpointCatalog::Commit(const CheckpointMan
   // the same page cache, or over the network from a shared filesystem, a
   // whole checkpoint through one process). Every load hashes every file
   // before it changes anything, and `flatshard ckpt verify` does offline.
+  // The ranks' parts of each file they wrote together must tile it: a gap
+  // would be bytes nobody vouches for, and no reader could open the
+  // checkpoint, so it is not committed.
+  if (absl::Status tiled = CheckFileRegions(manifest.files, "the files the ranks reported");
+      !tiled.ok()) {
+    return absl::DataLossError(tiled.message());
+  }
   uint64_t bytes = 0;
   std::set<std::string> checked;
   for (const CheckpointFile& f : manifest.files) {

@@ -268,7 +268,7 @@ TrainingJob::SaveFuture TrainingJob::StartSave(const std::string& name, v1::Stat
     std::vector<v1::CommandResult> written;
     // Every rank is awaited, even after one failed: each holds a snapshot
     // until its outcome is collected. A rank that cannot be reached is the
-    // cause; the others then only report that their gathers lost it.
+    // cause; the others then only report that their job lost it.
     // A rank whose process is gone (UNAVAILABLE) is blamed before one that
     // answers but lost its save (its job was aborted because of the first).
     absl::Status unreachable, lost, reported = refused;

@@ -227,8 +227,10 @@ absl::StatusOr<CheckpointManifest> WriteConverted(TensorSource& source, const st
       std::map<std::string, std::string> metadata = {
           {"format", "flatshard"},
           {"state_dict_type", std::string(StateDictTypeName(type))},
-          {"rank", absl::StrCat(r)},
           {"world_size", absl::StrCat(world_size)}};
+      // A FULL file's header is the same whoever writes it (a saving
+      // cluster's ranks write it together); a SHARDED file is its rank's.
+      if (!full) metadata["rank"] = absl::StrCat(r);
       if (!full) metadata[std::string(kElementOffsetsKey)] = ElementOffsetsToJson(offsets);
       ASSIGN_OR_RETURN(std::unique_ptr<SafetensorsFileWriter> writer,
                        SafetensorsFileWriter::Create(absl::StrCat(partial, "/", file_name),

@@ -58,51 +58,53 @@ class Fields {
     if (!fs_status_.ok()) return fs_status_;              \
   } while (false)
 
-// The entries of each file that several ranks wrote must agree on its size
-// and tile it: every byte hashed by exactly one writer.
-absl::Status CheckRegionsTile(const std::vector<CheckpointFile>& files, absl::string_view what) {
+}  // namespace
+
+absl::Status CheckFileRegions(const std::vector<CheckpointFile>& files, absl::string_view what) {
   std::map<std::string, std::vector<const CheckpointFile*>> by_name;
   for (const CheckpointFile& f : files) by_name[f.name].push_back(&f);
   for (const auto& [name, entries] : by_name) {
     auto bad = [&](absl::string_view why) {
       return absl::InvalidArgumentError(absl::StrCat(what, ": files['", name, "'] ", why));
     };
+    const uint64_t size = entries.front()->bytes;
     std::vector<FileRegion> ranges;
     for (const CheckpointFile* f : entries) {
-      if (f->bytes != entries.front()->bytes) {
-        return bad(
-            absl::StrCat("is listed with sizes ", entries.front()->bytes, " and ", f->bytes));
+      if (f->bytes != size) {
+        return bad(absl::StrCat("is listed with sizes ", size, " and ", f->bytes));
       }
-      if (entries.size() > 1 && f->regions.empty()) {
-        return bad(absl::StrCat("is listed ", entries.size(), " times, rank ", f->rank,
-                                "'s entry without the regions it wrote"));
+      if (f->regions.empty()) {
+        if (entries.size() > 1) {
+          return bad(absl::StrCat("is listed ", entries.size(), " times, rank ", f->rank,
+                                  "'s entry without the regions it wrote"));
+        }
+        continue;  // one writer, the whole file
       }
       for (size_t i = 1; i < f->regions.size(); ++i) {
-        if (f->regions[i].offset < f->regions[i - 1].offset + f->regions[i - 1].bytes) {
+        if (f->regions[i].offset <= f->regions[i - 1].offset) {
           return bad(absl::StrCat("lists rank ", f->rank, "'s regions out of file order"));
         }
       }
-      if (f->regions.empty()) ranges.push_back({0, f->bytes, f->xxh3});
-      for (const FileRegion& r : f->regions) ranges.push_back(r);
+      ranges.insert(ranges.end(), f->regions.begin(), f->regions.end());
     }
+    if (ranges.empty()) continue;
     std::sort(ranges.begin(), ranges.end(),
               [](const FileRegion& a, const FileRegion& b) { return a.offset < b.offset; });
+    // Sums checked against what is left of the file, so no region can wrap.
     uint64_t at = 0;
     for (const FileRegion& r : ranges) {
-      if (r.offset != at || r.bytes == 0) {
+      if (r.offset != at || r.bytes == 0 || r.bytes > size - at) {
         return bad(absl::StrCat("has regions that do not tile it: bytes from ", at,
-                                r.offset > at ? " are nobody's" : " are listed twice or empty"));
+                                r.offset > at    ? " are nobody's"
+                                : r.offset == at ? " are listed empty or past its end"
+                                                 : " are listed twice"));
       }
       at += r.bytes;
     }
-    if (at != entries.front()->bytes) {
-      return bad(absl::StrCat("has regions that end at byte ", at, " of ", entries.front()->bytes));
-    }
+    if (at != size) return bad(absl::StrCat("has regions that end at byte ", at, " of ", size));
   }
   return absl::OkStatus();
 }
-
-}  // namespace
 
 uint64_t CheckpointBytes(const CheckpointManifest& manifest) {
   std::set<std::string> counted;
@@ -292,7 +294,7 @@ absl::StatusOr<CheckpointManifest> ParseManifest(absl::string_view text, absl::s
     }
     m.files.push_back(std::move(f));
   }
-  RETURN_IF_ERROR(CheckRegionsTile(m.files, what));
+  RETURN_IF_ERROR(CheckFileRegions(m.files, what));
   if (!json.contains("job_spec")) return fields.Missing("job_spec");
   const std::string spec_json = json["job_spec"].dump();
   if (!google::protobuf::util::JsonStringToMessage(spec_json, &m.job_spec).ok()) {

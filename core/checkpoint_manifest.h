@@ -88,6 +88,11 @@ struct CheckpointManifest {
   std::vector<CheckpointFile> files;
 };
 
+// That the entries of each file several ranks wrote agree on its size and
+// their regions tile it, each rank's in file order: every byte vouched for by
+// exactly one region's hash. INVALID_ARGUMENT naming `what` and the file.
+absl::Status CheckFileRegions(const std::vector<CheckpointFile>& files, absl::string_view what);
+
 // The bytes of a checkpoint's files, each file counted once however many
 // ranks wrote it.
 uint64_t CheckpointBytes(const CheckpointManifest& manifest);

@@ -175,10 +175,14 @@ absl::StatusOr<SafetensorsReader*> CheckpointReader::OpenFile(const std::string&
                                             entry->bytes, " (truncated or replaced)"));
   }
   if (hash) {
-    for (size_t u : file_units_.at(file_name)) {  // the whole file, or each region in order
-      const HashUnit& unit = units_[u];
-      ASSIGN_OR_RETURN(FileDigest digest, DigestFileRanges(path, {{unit.offset, unit.bytes}}));
-      RETURN_IF_ERROR(CheckDigest(path, manifest_.files[unit.entry], unit, digest));
+    // The whole file, or each region in order, in one pass.
+    const std::vector<size_t>& units = file_units_.at(file_name);
+    std::vector<ByteRange> ranges;
+    for (size_t u : units) ranges.push_back({units_[u].offset, units_[u].bytes});
+    ASSIGN_OR_RETURN(std::vector<FileDigest> digests, DigestEachRange(path, ranges));
+    for (size_t k = 0; k < units.size(); ++k) {
+      const HashUnit& unit = units_[units[k]];
+      RETURN_IF_ERROR(CheckDigest(path, manifest_.files[unit.entry], unit, digests[k]));
     }
   }
 

@@ -58,38 +58,40 @@ absl::StatusOr<FileDigest> DigestFile(const std::string& path) {
   return digest;
 }
 
-absl::StatusOr<FileDigest> DigestFileRanges(const std::string& path,
-                                            const std::vector<ByteRange>& ranges) {
+absl::StatusOr<std::vector<FileDigest>> DigestEachRange(const std::string& path,
+                                                        const std::vector<ByteRange>& ranges) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return Errno("open", path);
   std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> state(XXH3_createState(),
                                                                  &XXH3_freeState);
-  XXH3_64bits_reset(state.get());
   std::vector<char> buffer(1 << 20);
-  FileDigest digest;
+  std::vector<FileDigest> digests;
   absl::Status status;
   for (const ByteRange& range : ranges) {
-    for (uint64_t done = 0; done < range.bytes && status.ok();) {
-      const size_t want = std::min<uint64_t>(buffer.size(), range.bytes - done);
-      const ssize_t got = ::pread(fd, buffer.data(), want, static_cast<off_t>(range.offset + done));
+    XXH3_64bits_reset(state.get());
+    FileDigest& digest = digests.emplace_back();
+    while (digest.bytes < range.bytes && status.ok()) {
+      const size_t want = std::min<uint64_t>(buffer.size(), range.bytes - digest.bytes);
+      const ssize_t got =
+          ::pread(fd, buffer.data(), want, static_cast<off_t>(range.offset + digest.bytes));
       if (got < 0 && errno == EINTR) continue;
       if (got < 0) {
         status = Errno("read", path);
       } else if (got == 0) {
-        status = absl::DataLossError(absl::StrCat(path, " ends at byte ", range.offset + done,
-                                                  ", inside bytes [", range.offset, ", ",
-                                                  range.offset + range.bytes, ")"));
+        status = absl::DataLossError(
+            absl::StrCat(path, " ends at byte ", range.offset + digest.bytes, ", inside bytes [",
+                         range.offset, ", ", range.offset + range.bytes, ")"));
       } else {
         XXH3_64bits_update(state.get(), buffer.data(), static_cast<size_t>(got));
-        done += static_cast<uint64_t>(got);
         digest.bytes += static_cast<uint64_t>(got);
       }
     }
+    if (!status.ok()) break;
+    digest.xxh3 = Xxh3Hex(XXH3_64bits_digest(state.get()));
   }
   ::close(fd);
   RETURN_IF_ERROR(status);
-  digest.xxh3 = Xxh3Hex(XXH3_64bits_digest(state.get()));
-  return digest;
+  return digests;
 }
 
 absl::Status FsyncPath(const std::string& path) {

@@ -30,10 +30,11 @@ std::string Xxh3Hex(uint64_t hash);
 
 // XXH3-64 of the file's contents, read sequentially. NOT_FOUND when absent.
 absl::StatusOr<FileDigest> DigestFile(const std::string& path);
-// XXH3-64 of the bytes in `ranges`, read in the order given; `bytes` is their
-// total. DATA_LOSS when the file ends before a range does.
-absl::StatusOr<FileDigest> DigestFileRanges(const std::string& path,
-                                            const std::vector<ByteRange>& ranges);
+// XXH3-64 of each of `ranges` (one digest each, in the order given; `bytes`
+// the range's length), the file opened once. DATA_LOSS when the file ends
+// before a range does.
+absl::StatusOr<std::vector<FileDigest>> DigestEachRange(const std::string& path,
+                                                        const std::vector<ByteRange>& ranges);
 
 // fsync on a file or directory (directories make renames and creations in
 // them durable).

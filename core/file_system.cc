@@ -45,10 +45,13 @@ class PosixWritableFile : public WritableFile {
     return absl::OkStatus();
   }
   absl::Status Seek(uint64_t offset) override {
-    // Writes go forward: a shared file's writer seeks past the other
-    // writers' bytes, whose writeback the range below then starts too.
+    // A shared file's writer leaves a region for its next one: the writeback
+    // of what it wrote since it last started one starts now, so the range
+    // never spans the other writers' bytes (their own writers start them).
+    if (static_cast<off_t>(offset) == at_) return absl::OkStatus();
+    if (unstarted_ > 0) StartWriteback();
     at_ = static_cast<off_t>(offset);
-    writeback_from_ = std::min(writeback_from_, at_);
+    writeback_from_ = at_;
     return absl::OkStatus();
   }
   absl::Status Sync() override {

@@ -158,7 +158,7 @@ int Body(const std::string& dir, int rank, DeviceKind kind, Dropped dropped) {
   auto snapped = SnapshotState(*snapshot);
   CHILD_OK(snapped.status());
   CHILD_CHECK(SameBits(*snapped, *before));
-  // And its files are written from it over the checkpoint communicator.
+  // And its files are written from it.
   const std::string out = absl::StrCat(dir, "/ckpt");
   std::filesystem::create_directories(out);
   auto written = WriteShardSnapshot(*snapshot, out);

@@ -199,7 +199,8 @@ absl::StatusOr<v1::CommandResult> BatchExecutor::ExecuteCheckpoint(
       std::error_code ec;
       const std::filesystem::file_status found = std::filesystem::status(path, ec);
       if (!std::filesystem::is_directory(found)) {
-        // Still take part in the collectives: the save runs with writes failing.
+        // Still run the save, its writes failing: the rank reports the error
+        // with the others' outcomes and stays in sequence.
         SetError(result, absl::FailedPreconditionError(absl::StrCat(
                              "checkpoint directory ", path,
                              std::filesystem::exists(found) ? " is not a directory"

@@ -60,8 +60,8 @@ void RuntimeGroups::Abort(const std::string& reason) {
   for (Collectives* c : {replicate.get(), shard.get(), world.get()}) {
     if (c != nullptr) c->Abort(reason);
   }
-  for (Communicator* c : {snapshot.get(), host_replicate.get(), host_shard.get(),
-                          host_world.get()}) {
+  for (Communicator* c :
+       {snapshot.get(), host_replicate.get(), host_shard.get(), host_world.get()}) {
     if (c != nullptr) c->Abort(reason);
   }
 }

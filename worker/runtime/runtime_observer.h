@@ -17,7 +17,7 @@ class RuntimeObserver {
   virtual ~RuntimeObserver() = default;
 
   // The observer for one communicator: `group` is "world", "shard",
-  // "replicate" or "checkpoint". It lives as long as this observer.
+  // "replicate" or "snapshot". It lives as long as this observer.
   virtual CollectiveObserver* Collectives(absl::string_view group) = 0;
   // An all-gather issued to unshard a unit (prefetches included).
   virtual void OnUnshard() = 0;

@@ -76,7 +76,7 @@ class TolerantWriter {
 
 // What a save reads: the live runtime (a synchronous save, on the executor's
 // thread) or a snapshot of this rank's shards (an async save, on a background
-// thread, gathering over the checkpoint communicator).
+// thread).
 class SaveSource {
  public:
   virtual ~SaveSource() = default;
@@ -283,8 +283,9 @@ absl::Status StreamSave(SaveSource& source, const SavePlan& plan, TolerantWriter
     for (const Piece& piece : plan.pieces[u]) {
       TolerantWriter& file = piece.optim ? optim : model;
       if (piece.source == Piece::Source::kStep) {
-        if (!full || plan.rank == 0)
+        if (!full || plan.rank == 0) {
           file.Write(piece.slot.name, 0, std::span<const float>(&step, 1));
+        }
         continue;
       }
       std::span<const float> values;
@@ -375,8 +376,6 @@ absl::StatusOr<ShardSnapshot> SnapshotShardCheckpoint(FsdpRuntime& runtime,
         ASSIGN_OR_RETURN(copy.states[name], runtime.CopyOptimizerStateToPinned(u, name, *stream));
       }
       copy.step = static_cast<float>(runtime.OptimizerStep(u));
-      copy.numel = unit.layout().unpadded_unsharded_numel();
-      copy.sharded = unit.sharded();
     }
     return absl::OkStatus();
   }();

@@ -62,8 +62,6 @@ struct ShardSnapshot {
     std::map<std::string, PinnedBuffer> states;  // S floats each
     std::vector<std::string> state_order;        // torch's order, as the optimizer lists them
     float step = 0;
-    int64_t numel = 0;  // N, the unpadded flat size
-    bool sharded = true;
   };
   std::shared_ptr<const SavePlan> plan;
   FileSystem* file_system = nullptr;  // the runtime's (null: FileSystem::Default())

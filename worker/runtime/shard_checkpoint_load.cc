@@ -241,8 +241,8 @@ absl::StatusOr<StagedCheckpoint> StageShardCheckpoint(FsdpRuntime& runtime,
   staged.shards.resize(units);
   staged.states.resize(units);
   staged.steps.resize(units);
-  // The hashing is shared out: each rank hashes the files it is the verifier
-  // of and checks the others' sizes and headers. A damaged file fails its
+  // The hashing is shared out: each rank hashes the files or regions it is
+  // the verifier of and checks every file's size and header. A damaged file fails its
   // verifier's stage, so the load is refused whole (no rank applies), even
   // where no rank would have read the damage, and the checkpoint's bytes are
   // hashed once, not once per rank. The reads from a rank's own share (at the

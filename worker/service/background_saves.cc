@@ -21,9 +21,10 @@ BackgroundSaves::~BackgroundSaves() {
 
 void BackgroundSaves::Start(const std::string& key, ShardSnapshot snapshot, const std::string& path,
                             int rank, uint64_t seq) {
-  // One background save at a time: they all gather over the same checkpoint
-  // communicator, and one that the coordinator gave up on (its checkpoint
-  // failed elsewhere) may still be running.
+  // One background save at a time: one that the coordinator gave up on (its
+  // checkpoint failed elsewhere) may still be running, and must not write
+  // beside the next (a FULL save's files are opened by every rank, without
+  // O_EXCL) or hold a second snapshot's memory.
   std::vector<std::shared_future<v1::CommandResult>> running;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -34,7 +35,7 @@ void BackgroundSaves::Start(const std::string& key, ShardSnapshot snapshot, cons
   std::shared_future<v1::CommandResult> save =
       std::async(std::launch::async, [snapshot = std::move(snapshot), path, rank, seq]() {
         absl::StatusOr<ShardSaveResult> written = WriteShardSnapshot(snapshot, path);
-        if (!written.ok()) {  // a gather failed: report it like a file error
+        if (!written.ok()) {  // the snapshot could not be read: report it like a file error
           written = ShardSaveResult{{}, written.status()};
         }
         v1::CommandResult result;

@@ -29,8 +29,7 @@ struct WorkerServiceImpl::ActiveJob {
   std::unique_ptr<FsdpRuntime> runtime;
   std::unique_ptr<BatchExecutor> executor;
   // Last, so destroyed first: its destructor waits for writes in flight,
-  // whose snapshots hold the runtime's checkpoint communicator and pinned
-  // memory of its device.
+  // whose snapshots hold pinned memory of the runtime's device.
   BackgroundSaves saves;
 };
 

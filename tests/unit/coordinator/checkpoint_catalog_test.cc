@@ -85,7 +85,8 @@ TEST(CheckpointCatalogTest, RetentionSparesACheckpointBeingLoaded) {
 
 // Commit vouches only for files that are there at the size their writer
 // reported, with a header that fits: a missing, truncated or headerless file
-// is DATA_LOSS naming it, and nothing is committed.
+// is DATA_LOSS naming it, as are parts of a file several ranks wrote that do
+// not tile it, and nothing is committed.
 TEST(CheckpointCatalogTest, CommitRefusesFilesThatAreNotWhatTheirWriterReported) {
   const fs::path root = fs::path(::testing::TempDir()) / "catalog-commit";
   fs::remove_all(root);
@@ -115,12 +116,17 @@ TEST(CheckpointCatalogTest, CommitRefusesFilesThatAreNotWhatTheirWriterReported)
   fs::resize_file(truncated_path, fs::file_size(truncated_path) - 4);
   auto [lying, lying_path] = save("lying");
   lying.files[0].bytes += 4;
+  // Reported as two ranks' parts of the file, with a gap between them.
+  auto [gap, gap_path] = save("gap");
+  const uint64_t size = gap.files[0].bytes;
+  gap.files = {{file, 0, size, "", {{0, size / 2, "0"}}},
+               {file, 1, size, "", {{size / 2 + 1, size - size / 2 - 1, "1"}}}};
   auto [headless, headless_path] = save("headless");
   {  // the header's length field overwritten: the same size, no valid header
     std::fstream f(headless_path, std::ios::in | std::ios::out | std::ios::binary);
     f.write("\xff\xff\xff\xff", 4);
   }
-  for (const CheckpointManifest& m : {missing, truncated, lying, headless}) {
+  for (const CheckpointManifest& m : {missing, truncated, lying, gap, headless}) {
     absl::StatusOr<v1::CheckpointInfo> info = catalog.Commit(m, 0);
     ASSERT_FALSE(info.ok()) << m.name;
     EXPECT_EQ(info.status().code(), absl::StatusCode::kDataLoss) << info.status();

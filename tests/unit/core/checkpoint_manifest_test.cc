@@ -95,6 +95,9 @@ TEST(CheckpointManifestTest, RefusesRegionsThatDoNotTileTheirFile) {
   EXPECT_THAT(refused(WithSharedFile({{{0, 40}}, {{50, 50}}})),
               HasSubstr("bytes from 40 are nobody's"));
   EXPECT_THAT(refused(WithSharedFile({{{0, 60}}, {{50, 50}}})), HasSubstr("listed twice"));
+  // Sizes that would wrap past 2^64 back onto the file are refused too.
+  EXPECT_THAT(refused(WithSharedFile({{{0, 50}}, {{50, UINT64_MAX - 10}}})),
+              HasSubstr("past its end"));
   EXPECT_THAT(refused(WithSharedFile({{{0, 40}}, {{40, 50}}})), HasSubstr("end at byte 90 of 100"));
   EXPECT_THAT(refused(WithSharedFile({{{70, 30}, {0, 40}}, {{40, 30}}})),
               HasSubstr("out of file order"));
