@@ -63,7 +63,9 @@ class Fields {
 absl::Status CheckFileRegions(const std::vector<CheckpointFile>& files, absl::string_view what) {
   std::map<std::string, std::vector<const CheckpointFile*>> by_name;
   for (const CheckpointFile& f : files) by_name[f.name].push_back(&f);
-  for (const auto& [name, entries] : by_name) {
+  for (const auto& file : by_name) {
+    const std::string& name = file.first;  // a plain name: lambdas may not capture bindings
+    const std::vector<const CheckpointFile*>& entries = file.second;
     auto bad = [&](absl::string_view why) {
       return absl::InvalidArgumentError(absl::StrCat(what, ": files['", name, "'] ", why));
     };

@@ -178,6 +178,7 @@ absl::StatusOr<SafetensorsReader*> CheckpointReader::OpenFile(const std::string&
     // The whole file, or each region in order, in one pass.
     const std::vector<size_t>& units = file_units_.at(file_name);
     std::vector<ByteRange> ranges;
+    ranges.reserve(units.size());
     for (size_t u : units) ranges.push_back({units_[u].offset, units_[u].bytes});
     ASSIGN_OR_RETURN(std::vector<FileDigest> digests, DigestEachRange(path, ranges));
     for (size_t k = 0; k < units.size(); ++k) {

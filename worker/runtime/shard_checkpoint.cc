@@ -39,12 +39,18 @@ class TolerantWriter {
     if (shared) {
       auto writer = SafetensorsRegionWriter::Open(path, file.slots, file.metadata,
                                                   /*writes_header=*/rank == 0, fs);
-      if (writer.ok()) shared_ = *std::move(writer);
-      status_.Update(writer.status());
+      if (writer.ok()) {
+        shared_ = *std::move(writer);
+      } else {
+        status_ = writer.status();
+      }
     } else {
       auto writer = SafetensorsFileWriter::Create(path, file.slots, file.metadata, fs);
-      if (writer.ok()) whole_ = *std::move(writer);
-      status_.Update(writer.status());
+      if (writer.ok()) {
+        whole_ = *std::move(writer);
+      } else {
+        status_ = writer.status();
+      }
     }
   }
   // Elements [begin, begin + values.size()) of tensor `name` (a whole

@@ -47,7 +47,7 @@ std::string Contents(const std::string& path) {
 }
 
 std::string FreshDir(const std::string& name) {
-  const std::string dir = absl::StrCat(::testing::TempDir(), "/shared-file-", name);
+  std::string dir = absl::StrCat(::testing::TempDir(), "/shared-file-", name);
   fs::remove_all(dir);
   fs::create_directories(dir);
   return dir;
@@ -83,7 +83,7 @@ std::vector<CheckpointFile> WriteShared(const std::string& path, int world) {
 // A FULL checkpoint whose model file `world` ranks wrote together, the
 // optimizer file (no tensors) by rank 0 alone.
 std::string WriteFullCheckpoint(const std::string& name, int world) {
-  const std::string dir = FreshDir(name);
+  std::string dir = FreshDir(name);
   CheckpointManifest m;
   m.name = name;
   m.job = "test";
