@@ -310,6 +310,15 @@ for r in 0 1 2; do
 done
 "$bin/flatshard" ckpt verify "$ckpt_dir" >"$logs/ckpt-verify.log" 2>&1 \
   || { log_files+=("$logs/ckpt-verify.log"); fail "ckpt verify $ckpt_dir"; }
+# A FULL checkpoint: each host's worker writes its part of the same two files
+# on the shared volume, and each part verifies.
+full_ckpt=mh-full-5
+cli ckpt save -j "$job" -t full -n "$full_ckpt" >"$logs/ckpt-save-full.log" 2>&1 \
+  || { log_files+=("$logs/ckpt-save-full.log"); fail "ckpt save -t full"; }
+"$bin/flatshard" ckpt verify "$shared/$job/$full_ckpt" >"$logs/ckpt-verify-full.log" 2>&1 \
+  || { log_files+=("$logs/ckpt-verify-full.log"); fail "ckpt verify $full_ckpt"; }
+grep -q "model.safetensors .*from 3 writers" "$logs/ckpt-verify-full.log" \
+  || fail "not every host wrote the FULL model file: $(cat "$logs/ckpt-verify-full.log")"
 
 cli train -j "$job" --steps 2 >"$logs/train-2.log" 2>&1 \
   || { log_files+=("$logs/train-2.log"); fail "train 2 more steps"; }
@@ -378,7 +387,9 @@ check 'int(d["restarts"])' 1 "restarts"
 check 'd["world_size"]' 2 "the world size"
 check 'd["last_recovery"]["failed_ranks"]' "[$victim_rank]" "the failed ranks"
 check 'int(d["last_recovery"]["resumed_step"])' "$train_steps" "the resumed step"
-check 'd["last_recovery"]["checkpoint"]' "$ckpt" "the checkpoint restored"
+# The newest checkpoint: the FULL one the three hosts wrote together, loaded
+# at world size 2.
+check 'd["last_recovery"]["checkpoint"]' "$full_ckpt" "the checkpoint restored"
 cli job status -j "$job" | grep -q "recovered:" || fail "job status does not show the recovery"
 
 # The survivors train on across the bridge at world size 2.
@@ -391,6 +402,6 @@ echo "multi_host_netns_test: coordinator $coord_addr, client $client_ip, workers
 echo "  workers registered at their own addresses: $(echo "$workers_json" | json "', '.join(w['address'] for w in d['workers'])")"
 echo "  trained $train_steps steps at world size 3 in $(seconds "$t0" "$t1") s; veth traffic per worker (need rx >= $((min_rx / 1024)) KiB, tx >= $((min_tx / 1024)) KiB):"
 for line in "${traffic_report[@]}"; do echo "    $line"; done
-echo "  SHARDED checkpoint $ckpt (3 ranks' files on the shared volume) verified; trained to step $((train_steps + 2)), loaded back to step $train_steps; summoned $summoned parameters"
-echo "  SIGKILL of $victim_id (rank $victim_rank): READY at world size 2 from $ckpt after $(seconds "$killed_at" "$recovered_at") s, then trained to step $((train_steps + 1))"
+echo "  SHARDED checkpoint $ckpt (3 ranks' files on the shared volume) and FULL $full_ckpt (3 ranks' parts of 2 files) verified; trained to step $((train_steps + 2)), loaded back to step $train_steps; summoned $summoned parameters"
+echo "  SIGKILL of $victim_id (rank $victim_rank): READY at world size 2 from $full_ckpt after $(seconds "$killed_at" "$recovered_at") s, then trained to step $((train_steps + 1))"
 echo "  total $(($(date +%s) - started)) s; PASS"
