@@ -1,6 +1,5 @@
 #include "core/file_system.h"
 
-#include <algorithm>
 #include <cerrno>
 #include <cstring>
 

@@ -55,6 +55,36 @@ using checkpoint_testing::Start;
 using checkpoint_testing::Train;
 using ::testing::HasSubstr;
 
+// The ranks that wrote (part of) manifest file `name`.
+std::set<int> WritersOf(const CheckpointManifest& manifest, absl::string_view name) {
+  std::set<int> writers;
+  for (const CheckpointFile& f : manifest.files) {
+    if (f.name == name) writers.insert(f.rank);
+  }
+  return writers;
+}
+
+// `flatshard ckpt verify DIR`, run as a user would: its exit code and output.
+struct VerifyRun {
+  int exit_code = -1;
+  std::string output;
+};
+absl::StatusOr<VerifyRun> RunVerify(const std::string& dir) {
+  absl::StatusOr<std::unique_ptr<ChildProcess>> verify =
+      ChildProcess::Spawn({BinDir() + "/flatshard", "ckpt", "verify", dir});
+  if (!verify.ok()) return verify.status();
+  VerifyRun run;
+  while (true) {
+    absl::StatusOr<std::string> line = (*verify)->ReadLine(absl::Seconds(60));
+    if (!line.ok()) break;
+    run.output += *line + "\n";
+  }
+  const std::optional<int> status = (*verify)->Wait(absl::Seconds(60));
+  if (!status.has_value()) return absl::DeadlineExceededError("ckpt verify did not exit");
+  run.exit_code = WEXITSTATUS(*status);
+  return run;
+}
+
 class CheckpointTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
@@ -179,11 +209,7 @@ TEST_P(CheckpointTest, HybridShardedSaveConsolidatesToItsFullSave) {
   absl::StatusOr<std::unique_ptr<CheckpointReader>> full =
       CheckpointReader::Open(Dir(root, "full"));
   ASSERT_TRUE(full.ok()) << full.status();
-  std::set<int> writers;
-  for (const CheckpointFile& f : (*full)->manifest().files) {
-    if (f.name == kFullModelFile) writers.insert(f.rank);
-  }
-  EXPECT_EQ(writers, (std::set<int>{0, 1, 2, 3}));
+  EXPECT_EQ(WritersOf((*full)->manifest(), kFullModelFile), (std::set<int>{0, 1, 2, 3}));
   EXPECT_TRUE((*full)->VerifyAll().ok());
 }
 
@@ -203,25 +229,13 @@ TEST_P(CheckpointTest, NoShardFullSaveIsWrittenByEveryRankAndLoadsSharded) {
   absl::StatusOr<std::unique_ptr<CheckpointReader>> saved =
       CheckpointReader::Open(Dir(root, "replicated"));
   ASSERT_TRUE(saved.ok()) << saved.status();
-  std::set<int> writers;
-  for (const CheckpointFile& f : (*saved)->manifest().files) {
-    if (f.name == kFullModelFile) writers.insert(f.rank);
-  }
-  EXPECT_EQ(writers, (std::set<int>{0, 1}));
+  EXPECT_EQ(WritersOf((*saved)->manifest(), kFullModelFile), (std::set<int>{0, 1}));
   ASSERT_TRUE((*saved)->VerifyAll().ok());
   // The offline verifier checks every region and says so.
-  auto verify =
-      ChildProcess::Spawn({BinDir() + "/flatshard", "ckpt", "verify", Dir(root, "replicated")});
-  ASSERT_TRUE(verify.ok());
-  std::string output;
-  while (true) {
-    absl::StatusOr<std::string> line = (*verify)->ReadLine(absl::Seconds(60));
-    if (!line.ok()) break;
-    output += *line + "\n";
-  }
-  const std::optional<int> status = (*verify)->Wait(absl::Seconds(60));
-  ASSERT_TRUE(status.has_value());
-  EXPECT_EQ(WEXITSTATUS(*status), 0) << output;
+  absl::StatusOr<VerifyRun> verify = RunVerify(Dir(root, "replicated"));
+  ASSERT_TRUE(verify.ok()) << verify.status();
+  const std::string& output = verify->output;
+  EXPECT_EQ(verify->exit_code, 0) << output;
   EXPECT_THAT(output, HasSubstr("from 2 writers, each xxh3"));
   EXPECT_THAT(output, HasSubstr("verified: 2 files"));
   auto sharded = Start(Spec(3, false), root, GetParam());
@@ -368,18 +382,10 @@ TEST_P(CheckpointTest, DamagedCheckpointsAreRefusedNamingTheFileAndChangeNothing
   const std::vector<v1::StepResult> after = Train(client, 1);
   EXPECT_EQ(after.at(0).step(), before.at(0).step() + 1);
   // The offline verifier agrees and names the file.
-  auto verify =
-      ChildProcess::Spawn({BinDir() + "/flatshard", "ckpt", "verify", Dir(root, "flipped")});
-  ASSERT_TRUE(verify.ok());
-  std::string output;
-  while (true) {
-    absl::StatusOr<std::string> line = (*verify)->ReadLine(absl::Seconds(60));
-    if (!line.ok()) break;
-    output += *line + "\n";
-  }
-  const std::optional<int> status = (*verify)->Wait(absl::Seconds(60));
-  ASSERT_TRUE(status.has_value());
-  EXPECT_EQ(WEXITSTATUS(*status), 1);
+  absl::StatusOr<VerifyRun> verify = RunVerify(Dir(root, "flipped"));
+  ASSERT_TRUE(verify.ok()) << verify.status();
+  const std::string& output = verify->output;
+  EXPECT_EQ(verify->exit_code, 1) << output;
   EXPECT_THAT(output, HasSubstr("BAD   model-rank00001-of-00002.safetensors"));
   EXPECT_THAT(output, HasSubstr("ok    model-rank00000-of-00002.safetensors"));
 }
