@@ -19,6 +19,17 @@ while (($#)); do
   esac
 done
 
+# A full run (torch venv, build, test scratch) needs a few GiB; say so up front
+# rather than fail later inside the compiler with "No space left on device".
+need_gib=6
+for dir in . "${TMPDIR:-/tmp}"; do
+  free_gib=$(( $(df -Pk "$dir" | awk 'NR==2 {print $4}') / 1048576 ))
+  if ((free_gib < need_gib)); then
+    echo "test.sh: warning: only ${free_gib} GiB free on the file system of $dir;" \
+         "a full build and test run needs about ${need_gib} GiB" >&2
+  fi
+done
+
 bash scripts/setup.sh
 build_args=()
 build_dir=build
