@@ -3,12 +3,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <limits>
 #include <vector>
 
 #include "core/clip_grad_norm_math.h"
 #include "worker/device/host/cblas_api.h"
 #include "worker/device/host/host_gelu_kernels.h"
+#include "worker/device/host/interleaved_sum.h"
 #include "worker/device/kernels/element_ops.h"
 
 namespace flatshard::host_kernels {
@@ -183,12 +183,16 @@ void LayerNormForward(const float* x, size_t rows, size_t dim, const float* weig
   for (size_t r = 0; r < rows; ++r) {
     const float* xr = x + r * dim;
     // Row statistics in double: cheap, and var = E[(x - mean)^2] stays accurate.
-    double mean = 0.0;
-    for (size_t i = 0; i < dim; ++i) mean += xr[i];
-    mean /= static_cast<double>(dim);
-    double var = 0.0;
-    for (size_t i = 0; i < dim; ++i) var += (xr[i] - mean) * (xr[i] - mean);
-    var /= static_cast<double>(dim);  // biased, as torch
+    // (A double sum of floats is exact for any order unless their exponents
+    // span ~29 binades, so the interleaving rarely moves even the mean's bits.)
+    const double mean = InterleavedSum<double>(dim, [xr](size_t i) { return double{xr[i]}; }) /
+                        static_cast<double>(dim);
+    const double var = InterleavedSum<double>(dim,
+                                              [xr, mean](size_t i) {
+                                                const double centered = xr[i] - mean;
+                                                return centered * centered;
+                                              }) /
+                       static_cast<double>(dim);  // biased, as torch
     const float row_rstd = kernels::LayerNormRstd(var, eps);
     rstd[r] = row_rstd;
     for (size_t i = 0; i < dim; ++i) {
@@ -204,19 +208,18 @@ void LayerNormBackward(const float* dy, const float* xhat, const float* rstd, si
   for (size_t r = 0; r < rows; ++r) {
     const float* dyr = dy + r * dim;
     const float* xr = xhat + r * dim;
-    double mean_dnorm = 0.0;
-    double mean_dnorm_xhat = 0.0;
-    for (size_t i = 0; i < dim; ++i) {
-      const float dnorm = kernels::LayerNormDnorm(dyr, weight, static_cast<int64_t>(i));
-      mean_dnorm += dnorm;
-      mean_dnorm_xhat += dnorm * xr[i];
-    }
-    mean_dnorm /= static_cast<double>(dim);
-    mean_dnorm_xhat /= static_cast<double>(dim);
+    const auto dnorm = [dyr, weight](size_t i) {
+      return kernels::LayerNormDnorm(dyr, weight, static_cast<int64_t>(i));
+    };
+    const double mean_dnorm =
+        InterleavedSum<double>(dim, [&dnorm](size_t i) { return double{dnorm(i)}; }) /
+        static_cast<double>(dim);
+    const double mean_dnorm_xhat =
+        InterleavedSum<double>(dim, [&dnorm, xr](size_t i) { return double{dnorm(i) * xr[i]}; }) /
+        static_cast<double>(dim);
     float* dxr = dx + r * dim;
     for (size_t i = 0; i < dim; ++i) {
-      const float dnorm = kernels::LayerNormDnorm(dyr, weight, static_cast<int64_t>(i));
-      dxr[i] = kernels::LayerNormInputGrad(dnorm, xr[i], rstd[r], mean_dnorm, mean_dnorm_xhat);
+      dxr[i] = kernels::LayerNormInputGrad(dnorm(i), xr[i], rstd[r], mean_dnorm, mean_dnorm_xhat);
     }
   }
   // dw += sum_rows dy * xhat; db += sum_rows dy, in the column-sum order.
@@ -267,44 +270,6 @@ void MergeHeads(const float* heads, const HeadLayout& l, float* rows) {
   }
 }
 
-void CausalSoftmaxForward(const float* scores, size_t matrices, size_t seq, float scale,
-                          float* probs) {
-  for (size_t m = 0; m < matrices; ++m) {
-    for (size_t t = 0; t < seq; ++t) {
-      const float* s = scores + (m * seq + t) * seq;
-      float* p = probs + (m * seq + t) * seq;
-      // softmax over t2 <= t, shifted by the max for stability
-      float max = -std::numeric_limits<float>::infinity();
-      for (size_t t2 = 0; t2 <= t; ++t2) max = std::max(max, s[t2] * scale);
-      float sum = 0.0f;
-      for (size_t t2 = 0; t2 <= t; ++t2) {
-        p[t2] = expf(s[t2] * scale - max);
-        sum += p[t2];
-      }
-      const float inv_sum = 1.0f / sum;
-      for (size_t t2 = 0; t2 <= t; ++t2) p[t2] *= inv_sum;
-      for (size_t t2 = t + 1; t2 < seq; ++t2) p[t2] = 0.0f;
-    }
-  }
-}
-
-void CausalSoftmaxBackward(const float* probs, const float* dprobs, size_t matrices, size_t seq,
-                           float scale, float* dscores) {
-  for (size_t m = 0; m < matrices; ++m) {
-    for (size_t t = 0; t < seq; ++t) {
-      const float* p = probs + (m * seq + t) * seq;
-      const float* dp = dprobs + (m * seq + t) * seq;
-      float* ds = dscores + (m * seq + t) * seq;
-      float weighted = 0.0f;
-      for (size_t t2 = 0; t2 <= t; ++t2) weighted += p[t2] * dp[t2];
-      for (size_t t2 = 0; t2 <= t; ++t2) {
-        ds[t2] = kernels::SoftmaxInputGrad(p[t2], dp[t2], weighted, scale);
-      }
-      for (size_t t2 = t + 1; t2 < seq; ++t2) ds[t2] = 0.0f;
-    }
-  }
-}
-
 void MseLoss(const float* out, const float* target, size_t count, float* grad, double* loss) {
   const auto n = static_cast<double>(count);
   double sum = 0.0;
@@ -314,27 +279,6 @@ void MseLoss(const float* out, const float* target, size_t count, float* grad, d
     grad[i] = static_cast<float>(2.0 * diff / n);
   }
   *loss = sum / n;
-}
-
-void CrossEntropyLoss(const float* logits, size_t rows, size_t classes, const int32_t* labels,
-                      float* grad, double* loss) {
-  const double inv_rows = 1.0 / static_cast<double>(rows);
-  double total = 0.0;
-  for (size_t r = 0; r < rows; ++r) {
-    const float* z = logits + r * classes;
-    float* g = grad + r * classes;
-    const auto label = static_cast<size_t>(labels[r]);
-    // log_softmax(z)[k] = z[k] - max - log(sum_j exp(z[j] - max))
-    float max = z[0];
-    for (size_t k = 1; k < classes; ++k) max = z[k] > max ? z[k] : max;
-    double sum = 0.0;
-    for (size_t k = 0; k < classes; ++k) sum += exp(static_cast<double>(z[k]) - max);
-    total += std::log(sum) - (double{z[label]} - max);
-    for (size_t k = 0; k < classes; ++k) {
-      g[k] = kernels::CrossEntropyGrad(kernels::ShiftedExp(z[k], max), sum, k == label, inv_rows);
-    }
-  }
-  *loss = total * inv_rows;
 }
 
 double GradAbsPowSum(const float* grads, size_t count, double norm_type) {

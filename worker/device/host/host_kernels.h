@@ -52,14 +52,9 @@ void EmbeddingBackward(const int32_t* ids, size_t count, const float* dout, size
 
 void SplitHeads(const float* rows, const HeadLayout& layout, float* heads);
 void MergeHeads(const float* heads, const HeadLayout& layout, float* rows);
-void CausalSoftmaxForward(const float* scores, size_t matrices, size_t seq, float scale,
-                          float* probs);
-void CausalSoftmaxBackward(const float* probs, const float* dprobs, size_t matrices, size_t seq,
-                           float scale, float* dscores);
 
 void MseLoss(const float* out, const float* target, size_t count, float* grad, double* loss);
-void CrossEntropyLoss(const float* logits, size_t rows, size_t classes, const int32_t* labels,
-                      float* grad, double* loss);
+// The causal softmax and the cross-entropy loss: host_softmax_kernels.h.
 
 // One tensor's share of clip_grad_norm_'s local contribution: finite p, the sum of
 // |g|^p (double); inf, max |g| with NaN propagated.
