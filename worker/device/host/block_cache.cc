@@ -6,10 +6,14 @@
 namespace flatshard {
 namespace {
 
-// Blocks below this size come from malloc's own free lists cheaply; the cache is
-// for the large, repeated FSDP buffers. Bounded so a job that changes shapes
-// cannot hoard memory.
-constexpr size_t kMinCachedBytes = size_t{1} << 20;
+// Blocks below this size come from malloc's own free lists cheaply (glibc
+// serves up to 128 KiB from its heap before it starts to mmap); the cache is
+// for the large, repeated buffers: FSDP's all-gather and gradient buffers, and
+// the activations a pass allocates and frees in the same sizes every step (a
+// GPT's [512, 128..512] floats are 256 KiB-1 MiB; from malloc they came back
+// as fresh pages, ~3k page faults a forward + backward). Bounded so a job that
+// changes shapes cannot hoard memory.
+constexpr size_t kMinCachedBytes = size_t{64} << 10;
 constexpr size_t kMaxCachedBytes = size_t{2} << 30;
 
 size_t Rounded(size_t bytes) {
