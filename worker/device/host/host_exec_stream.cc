@@ -8,8 +8,8 @@
 #include "core/clip_grad_norm_math.h"
 #include "core/status_macros.h"
 #include "worker/device/host/host_kernels.h"
-#include "worker/device/host/host_softmax_kernels.h"
 #include "worker/device/host/host_optimizer_kernels.h"
+#include "worker/device/host/host_softmax_kernels.h"
 #include "worker/device/stream_checks.h"
 
 namespace flatshard {
