@@ -187,8 +187,17 @@ void CheckpointCatalog::Retire(int keep_last) {
       continue;
     }
     spdlog::info("job {}: retiring scheduled checkpoint {} (keep_last {})", job_, old, keep_last);
-    fs::remove(absl::StrCat(Path(old), "/", kManifestFileName), ec);
-    fs::remove_all(Path(old), ec);
+    // Out of the catalog in one step, renamed to a partial name: no reader
+    // sees the checkpoint's directory half removed, and a crash before the
+    // removal ends leaves a partial the next start sweeps (RemoveStalePartials).
+    const std::string doomed = Path(old) + std::string(kPartialSuffix);
+    fs::remove_all(doomed, ec);
+    fs::rename(Path(old), doomed, ec);
+    if (ec) {
+      spdlog::warn("job {}: cannot retire checkpoint {}: {}", job_, old, ec.message());
+      continue;
+    }
+    fs::remove_all(doomed, ec);
   }
 }
 
