@@ -130,9 +130,10 @@ absl::StatusOr<v1::CheckpointInfo> CheckpointCatalog::Commit(const CheckpointMan
     }
     bytes += size;
   }
+  // Durable with its directory entry (WriteFileDurably fsyncs `partial`
+  // itself, so the data files' entries are on disk too before the rename).
   RETURN_IF_ERROR(
       WriteFileDurably(absl::StrCat(partial, "/", kManifestFileName), ManifestToJson(manifest)));
-  RETURN_IF_ERROR(FsyncPath(partial));
   std::error_code ec;
   fs::rename(partial, Path(manifest.name), ec);
   if (ec) {
