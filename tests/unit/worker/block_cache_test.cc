@@ -26,13 +26,38 @@ TEST(BlockCacheTest, AnActivationSizedBlockIsHandedOutAgain) {
   cache.Give(block, bytes);
 }
 
-TEST(BlockCacheTest, SmallBlocksAreLeftToMalloc) {
+TEST(BlockCacheTest, BlocksBelowTheThresholdAreLeftToMalloc) {
   BlockCache& cache = BlockCache::Get();
   const int64_t before = cache.cached_bytes();
-  std::byte* block = cache.Take(4096);
+  const size_t below = BlockCache::kMinCachedBytes - BlockCache::kAlignment;
+  std::byte* block = cache.Take(below);
   ASSERT_NE(block, nullptr);
-  cache.Give(block, 4096);
+  cache.Give(block, below);
   EXPECT_EQ(cache.cached_bytes(), before);
+  block = cache.Take(BlockCache::kMinCachedBytes);  // the threshold itself is cached
+  cache.Give(block, BlockCache::kMinCachedBytes);
+  EXPECT_EQ(cache.cached_bytes(), before + static_cast<int64_t>(BlockCache::kMinCachedBytes));
+}
+
+TEST(BlockCacheTest, AFullCacheFreesOtherSizesToKeepANewOne) {
+  // Two blocks of half what is left fill the cache to within 128 bytes
+  // (never touched, so no pages behind them).
+  BlockCache& cache = BlockCache::Get();
+  const auto before = static_cast<size_t>(cache.cached_bytes());
+  const size_t half =
+      (BlockCache::kMaxCachedBytes - before) / 2 / BlockCache::kAlignment * BlockCache::kAlignment;
+  std::byte* a = cache.Take(half);
+  std::byte* b = cache.Take(half);
+  cache.Give(a, half);
+  cache.Give(b, half);
+  ASSERT_EQ(cache.cached_bytes(), static_cast<int64_t>(before + 2 * half));
+  // A block of a size in use now (one no other test caches): one of the
+  // stale halves makes room for it.
+  const size_t bytes = size_t{320} << 10;
+  std::byte* block = cache.Take(bytes);
+  cache.Give(block, bytes);
+  EXPECT_EQ(cache.cached_bytes(), static_cast<int64_t>(before + half + bytes));
+  EXPECT_EQ(cache.Take(bytes), block);
 }
 
 TEST(BlockCacheTest, OnlyTheSameRoundedSizeReusesABlock) {

@@ -6,16 +6,6 @@
 namespace flatshard {
 namespace {
 
-// Blocks below this size come from malloc's own free lists cheaply (glibc
-// serves up to 128 KiB from its heap before it starts to mmap); the cache is
-// for the large, repeated buffers: FSDP's all-gather and gradient buffers, and
-// the activations a pass allocates and frees in the same sizes every step (a
-// GPT's [512, 128..512] floats are 256 KiB-1 MiB; from malloc they came back
-// as fresh pages, ~3k page faults a forward + backward). Bounded so a job that
-// changes shapes cannot hoard memory.
-constexpr size_t kMinCachedBytes = size_t{64} << 10;
-constexpr size_t kMaxCachedBytes = size_t{2} << 30;
-
 size_t Rounded(size_t bytes) {
   const size_t rounded =
       (bytes + BlockCache::kAlignment - 1) / BlockCache::kAlignment * BlockCache::kAlignment;
@@ -48,8 +38,18 @@ std::byte* BlockCache::Take(size_t bytes) {
 
 void BlockCache::Give(std::byte* block, size_t bytes) {
   const size_t size = Rounded(bytes);
-  if (size >= kMinCachedBytes) {
+  if (size >= kMinCachedBytes && size <= kMaxCachedBytes) {
     std::lock_guard<std::mutex> lock(mu_);
+    // Make room from other sizes, largest first; this size's own blocks are
+    // what the next Take of it wants.
+    for (auto it = free_.rbegin(); cached_ + size > kMaxCachedBytes && it != free_.rend(); ++it) {
+      if (it->first == size) continue;
+      while (!it->second.empty() && cached_ + size > kMaxCachedBytes) {
+        std::free(it->second.back());
+        it->second.pop_back();
+        cached_ -= it->first;
+      }
+    }
     if (cached_ + size <= kMaxCachedBytes) {
       free_[size].push_back(block);
       cached_ += size;

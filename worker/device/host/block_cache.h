@@ -18,6 +18,18 @@ namespace flatshard {
 class BlockCache {
  public:
   static constexpr size_t kAlignment = 64;
+  // Blocks below this size come from malloc's own free lists cheaply (glibc's
+  // heap; its mmap threshold starts at 128 KiB and rises as blocks are freed,
+  // and its heap top is trimmed back to the kernel); the cache is
+  // for the large, repeated buffers: FSDP's all-gather and gradient buffers, and
+  // the activations a pass allocates and frees in the same sizes every step (a
+  // GPT's [512, 128..512] floats are 256 KiB-1 MiB; from malloc they came back
+  // as fresh pages, ~3k page faults a forward + backward). Bounded so a job that
+  // changes shapes cannot hoard memory: when a block would not fit, cached
+  // blocks of other sizes are freed first (sizes no longer used stay behind
+  // after a reshard or with variable-length batches).
+  static constexpr size_t kMinCachedBytes = size_t{64} << 10;
+  static constexpr size_t kMaxCachedBytes = size_t{2} << 30;
 
   static BlockCache& Get();
 
