@@ -191,6 +191,9 @@ void CheckpointCatalog::Retire(int keep_last) {
     // Out of the catalog in one step, renamed to a partial name: no reader
     // sees the checkpoint's directory half removed, and a crash before the
     // removal ends leaves a partial the next start sweeps (RemoveStalePartials).
+    // Not fsynced: either name is a consistent state after a crash. No save
+    // is writing `doomed`: BeginSave refuses a name that exists, so no save of
+    // this committed name can have started.
     const std::string doomed = Path(old) + std::string(kPartialSuffix);
     fs::remove_all(doomed, ec);
     fs::rename(Path(old), doomed, ec);
@@ -198,7 +201,10 @@ void CheckpointCatalog::Retire(int keep_last) {
       spdlog::warn("job {}: cannot retire checkpoint {}: {}", job_, old, ec.message());
       continue;
     }
-    fs::remove_all(doomed, ec);
+    if (fs::remove_all(doomed, ec); ec) {
+      spdlog::warn("job {}: retired checkpoint {}, but cannot remove {}: {}", job_, old, doomed,
+                   ec.message());
+    }
   }
 }
 

@@ -95,8 +95,10 @@ absl::Status Coordinator::RestoreState() {
     job_ = *std::move(job);
     restored_at_ = absl::Now();
     for (const std::string& partial : job_->checkpoints().RemoveStalePartials()) {
-      spdlog::warn("job '{}': removed {}.partial, a checkpoint save that never committed", name,
-                   partial);
+      spdlog::warn(
+          "job '{}': removed {}.partial, a checkpoint save that never committed or a retired one "
+          "not yet removed",
+          name, partial);
     }
     spdlog::info("job '{}' restored from {}: {} at step {}, epoch {}", name, state->dir(),
                  v1::JobState_Name(job_->states().state()), record.step, record.epoch);
@@ -125,8 +127,10 @@ absl::StatusOr<v1::Job> Coordinator::CreateJob(const v1::JobSpec& spec) {
                    TrainingJob::Create(spec, std::move(config), JobOptions()));
   job_ = std::move(job);
   for (const std::string& partial : job_->checkpoints().RemoveStalePartials()) {
-    spdlog::warn("job '{}': removed {}.partial, a checkpoint save that never committed",
-                 job_->name(), partial);
+    spdlog::warn(
+        "job '{}': removed {}.partial, a checkpoint save that never committed or a retired one not "
+        "yet removed",
+        job_->name(), partial);
   }
   spdlog::info("job '{}' created: world size {}, {} units", job_->name(), job_->config().world_size,
                job_->ToProto().units_size());

@@ -4,7 +4,6 @@
 // interleaved row sums they and LayerNorm use (interleaved_sum.h).
 #include "worker/device/host/host_softmax_kernels.h"
 
-#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -18,8 +17,6 @@
 
 namespace flatshard::host_kernels {
 namespace {
-
-bool SameBits(float a, float b) { return std::bit_cast<uint32_t>(a) == std::bit_cast<uint32_t>(b); }
 
 std::vector<float> Normal(size_t count, float stddev, unsigned seed) {
   std::mt19937 rng(seed);
@@ -37,12 +34,13 @@ std::vector<HostIsa> Copies() {
 
 TEST(InterleavedSumTest, SumsEveryElementOnceWhateverTheTail) {
   for (const size_t n : {size_t{0}, size_t{1}, size_t{7}, size_t{8}, size_t{9}, size_t{129}}) {
-    // Distinct powers of two: any element missed or counted twice shows.
-    const uint64_t sum =
-        InterleavedSum<uint64_t>(n, [](size_t i) { return uint64_t{1} << i % 64; });
-    uint64_t expected = 0;
-    for (size_t i = 0; i < n; ++i) expected += uint64_t{1} << i % 64;
-    EXPECT_EQ(sum, expected) << n << " elements";
+    std::vector<int> visits(n, 0);
+    const uint64_t sum = InterleavedSum<uint64_t>(n, [&visits](size_t i) {
+      ++visits[i];
+      return uint64_t{i + 1};
+    });
+    EXPECT_EQ(sum, n * (n + 1) / 2) << n << " elements";
+    for (size_t i = 0; i < n; ++i) EXPECT_EQ(visits[i], 1) << "element " << i << " of " << n;
   }
 }
 
@@ -96,6 +94,35 @@ TEST(HostSoftmaxKernelsTest, CausalSoftmaxMatchesADoubleReference) {
   }
 }
 
+TEST(HostSoftmaxKernelsTest, TheMaxComesFromEveryLaneAndTheTail) {
+  // A score of 1000 overflows exp unless the max took it: in the tail of a
+  // 13-wide row (index 12) and in a middle lane (index 3) of another.
+  for (const HostIsa isa : Copies()) {
+    const size_t seq = 13;
+    std::vector<float> scores = Normal(seq * seq, 1.0f, 2);
+    scores[(seq - 1) * seq + 12] = 1000.0f;
+    scores[(seq - 2) * seq + 3] = 1000.0f;
+    std::vector<float> probs(scores.size());
+    CausalSoftmaxForward(scores.data(), 1, seq, 1.0f, probs.data(), isa);
+    for (size_t i = 0; i < seq; ++i) {
+      EXPECT_EQ(probs[(seq - 1) * seq + i], i == 12 ? 1.0f : 0.0f) << i;
+      EXPECT_EQ(probs[(seq - 2) * seq + i], i == 3 ? 1.0f : 0.0f) << i;
+    }
+    std::vector<float> logits = Normal(2 * seq, 1.0f, 3);
+    logits[12] = 1000.0f;             // row 0: its tail
+    logits[seq + 3] = 1000.0f;        // row 1: a middle lane
+    logits[seq + 5] = std::nanf("");  // and a NaN that is not first: skipped by the max
+    const std::vector<int32_t> labels = {12, 3};
+    std::vector<float> grad(logits.size());
+    double loss = -1.0;
+    CrossEntropyLoss(logits.data(), 1, seq, labels.data(), grad.data(), &loss, isa);
+    EXPECT_EQ(loss, 0.0);  // log(1 + e^-1000...) - 0
+    CrossEntropyLoss(logits.data() + seq, 1, seq, labels.data() + 1, grad.data(), &loss, isa);
+    EXPECT_TRUE(std::isnan(loss));  // the NaN's own exp makes the row's sum NaN
+    EXPECT_FALSE(std::isinf(loss));
+  }
+}
+
 TEST(HostSoftmaxKernelsTest, CausalSoftmaxBackwardMatchesADoubleReference) {
   const size_t matrices = 2, seq = 67;
   std::vector<float> scores = Normal(matrices * seq * seq, 2.0f, 5);
@@ -125,12 +152,14 @@ TEST(HostSoftmaxKernelsTest, VectorCausalSoftmaxStaysWithinAFewUlpOfThePortableO
   std::vector<float> p0(scores.size()), p1(scores.size());
   CausalSoftmaxForward(scores.data(), matrices, seq, 0.25f, p0.data(), HostIsa::kPortable);
   CausalSoftmaxForward(scores.data(), matrices, seq, 0.25f, p1.data(), HostIsa::kAvx2Fma);
-  size_t identical = 0;
+  // On and below the diagonal, rows of two or more (a row of one is exactly
+  // 1): libmvec's expf is within an ulp or two of glibc's, and the row's
+  // normaliser adds a few more (about half the elements come out identical).
   for (size_t i = 0; i < scores.size(); ++i) {
-    identical += SameBits(p0[i], p1[i]);
-    ASSERT_NEAR(p0[i], p1[i], 4e-7f * std::max(p0[i], 1e-3f)) << "element " << i;
+    const size_t t = (i / seq) % seq, t2 = i % seq;
+    if (t2 > t || t == 0) continue;
+    ASSERT_NEAR(p0[i], p1[i], 1e-6f * p0[i]) << "element " << i;  // ~8 ulp
   }
-  EXPECT_GT(identical, scores.size() / 2);
 }
 
 TEST(HostSoftmaxKernelsTest, CrossEntropyMatchesADoubleReference) {

@@ -7,8 +7,9 @@
 // vectorized loops below call _ZGVdN8v_expf. glibc declares these itself only
 // under -ffast-math, which would also let the compiler reorder the
 // arithmetic; this file keeps IEEE semantics (and no contraction) and only
-// swaps the expf. The declaration is confined to this file so that no other
-// loop (softmax, the loss) changes its expf.
+// swaps the expf. The declaration is confined to the files whose marked loops
+// want it (this one and host_softmax_kernels.cc), so no other loop changes
+// its expf.
 extern "C" {
 #pragma omp declare simd notinbranch
 float expf(float) noexcept;

@@ -183,8 +183,9 @@ void LayerNormForward(const float* x, size_t rows, size_t dim, const float* weig
   for (size_t r = 0; r < rows; ++r) {
     const float* xr = x + r * dim;
     // Row statistics in double: cheap, and var = E[(x - mean)^2] stays accurate.
-    // (A double sum of floats is exact for any order unless their exponents
-    // span ~29 binades, so the interleaving rarely moves even the mean's bits.)
+    // (A double sum of n floats is exact in any order while their exponents
+    // span less than 29 - log2(n) binades, ~22 at n = 128, so the interleaving
+    // rarely moves even the mean's bits.)
     const double mean = InterleavedSum<double>(dim, [xr](size_t i) { return double{xr[i]}; }) /
                         static_cast<double>(dim);
     const double var = InterleavedSum<double>(dim,

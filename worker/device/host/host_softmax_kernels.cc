@@ -138,7 +138,8 @@ void CrossEntropyLoss(const float* logits, size_t rows, size_t classes, const in
   const auto larger = [](float a, float b) { return b > a ? b : a; };
   const double inv_rows = 1.0 / static_cast<double>(rows);
   // exp(z - max) in double a tile at a time: summed in double, and kept in
-  // the gradient as ShiftedExp (the float it rounds to) for the second pass.
+  // the gradient as the float it rounds to (ShiftedExp's value, within
+  // libmvec's few ulp in the AVX2 copy) for the second pass.
   constexpr size_t kTile = 512;
   double tile[kTile];
   double total = 0.0;
@@ -149,6 +150,9 @@ void CrossEntropyLoss(const float* logits, size_t rows, size_t classes, const in
     // log_softmax(z)[k] = z[k] - max - log(sum_j exp(z[j] - max))
     const float max = InterleavedMax(
         classes, z[0], [z](size_t k) { return z[k]; }, larger);
+    // Read before `g` is written: the loss stays right even if a caller's
+    // gradient buffer were its logits.
+    const double label_shifted = double{z[label]} - max;
     double sum = 0.0;
     for (size_t k0 = 0; k0 < classes; k0 += kTile) {
       const size_t width = std::min(kTile, classes - k0);
@@ -156,7 +160,7 @@ void CrossEntropyLoss(const float* logits, size_t rows, size_t classes, const in
       sum += InterleavedSum<double>(width, [&tile](size_t i) { return tile[i]; });
       for (size_t i = 0; i < width; ++i) g[k0 + i] = static_cast<float>(tile[i]);
     }
-    total += std::log(sum) - (double{z[label]} - max);
+    total += std::log(sum) - label_shifted;
     for (size_t k = 0; k < classes; ++k) {
       g[k] = kernels::CrossEntropyGrad(g[k], sum, k == label, inv_rows);
     }
