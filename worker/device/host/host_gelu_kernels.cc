@@ -2,27 +2,7 @@
 
 #include <cmath>
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-// glibc's vector expf (libmvec): declared with a SIMD clone so that the
-// vectorized loops below call _ZGVdN8v_expf. glibc declares these itself only
-// under -ffast-math, which would also let the compiler reorder the
-// arithmetic; this file keeps IEEE semantics (and no contraction) and only
-// swaps the expf. The declaration is confined to the files whose marked loops
-// want it (this one and host_softmax_kernels.cc), so no other loop changes
-// its expf.
-extern "C" {
-#pragma omp declare simd notinbranch
-float expf(float) noexcept;
-}
-#define FLATSHARD_HAVE_LIBMVEC 1
-// The portable copies must stay scalar glibc expf even though the clone is
-// declared: GCC would otherwise vectorize them with libmvec's SSE variant.
-#define FLATSHARD_SCALAR [[gnu::optimize("no-tree-vectorize")]]
-#else
-#define FLATSHARD_HAVE_LIBMVEC 0
-#define FLATSHARD_SCALAR
-#endif
-
+#include "worker/device/host/libmvec_simd.h"
 #include "worker/device/kernels/element_ops.h"
 
 namespace flatshard::host_kernels {

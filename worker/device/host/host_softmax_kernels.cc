@@ -4,26 +4,8 @@
 #include <cmath>
 #include <limits>
 
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-// glibc's vector expf and exp (libmvec), declared with SIMD clones so that the
-// two marked loops below call _ZGVdN8v_expf and _ZGVdN4v_exp. As in
-// host_gelu_kernels.cc: no -ffast-math, only the exponentials change.
-extern "C" {
-#pragma omp declare simd notinbranch
-float expf(float) noexcept;
-#pragma omp declare simd notinbranch
-double exp(double) noexcept;
-}
-#define FLATSHARD_HAVE_LIBMVEC 1
-// The portable copies must stay scalar glibc calls even though the clones are
-// declared: GCC would otherwise vectorize them with libmvec's SSE variants.
-#define FLATSHARD_SCALAR [[gnu::optimize("no-tree-vectorize")]]
-#else
-#define FLATSHARD_HAVE_LIBMVEC 0
-#define FLATSHARD_SCALAR
-#endif
-
 #include "worker/device/host/interleaved_sum.h"
+#include "worker/device/host/libmvec_simd.h"
 #include "worker/device/kernels/element_ops.h"
 
 namespace flatshard::host_kernels {
@@ -55,22 +37,21 @@ FLATSHARD_SCALAR void ShiftedExpPortable(const float* z, size_t n, float max, do
 #pragma omp simd
   for (size_t i = 0; i < n; ++i) out[i] = exp(static_cast<double>(z[i]) - max);
 }
-#endif
-
-ScaledExpFn ScaledExpFor(HostIsa isa) {
-#if FLATSHARD_HAVE_LIBMVEC
-  if (UseAvx2Fma(isa)) return ScaledExpAvx2;
-#endif
-  (void)isa;
-  return ScaledExpPortable;
+#else
+// No vector exponentials here: the portable copies stand in.
+void ScaledExpAvx2(const float* s, size_t n, float scale, float max, float* out) {
+  ScaledExpPortable(s, n, scale, max, out);
 }
 
-ShiftedExpFn ShiftedExpFor(HostIsa isa) {
-#if FLATSHARD_HAVE_LIBMVEC
-  if (UseAvx2Fma(isa)) return ShiftedExpAvx2;
+void ShiftedExpAvx2(const float* z, size_t n, float max, double* out) {
+  ShiftedExpPortable(z, n, max, out);
+}
 #endif
-  (void)isa;
-  return ShiftedExpPortable;
+
+// The copy of an exponential loop `isa` runs.
+template <typename Fn>
+Fn ForIsa(HostIsa isa, Fn portable, Fn avx2) {
+  return UseAvx2Fma(isa) ? avx2 : portable;
 }
 
 // The row's maximum of value(i), i < n, by `larger(a, b)` (which of two to
@@ -94,7 +75,7 @@ float InterleavedMax(size_t n, float seed, Value value, Larger larger) {
 
 void CausalSoftmaxForward(const float* scores, size_t matrices, size_t seq, float scale,
                           float* probs, HostIsa isa) {
-  const ScaledExpFn scaled_exp = ScaledExpFor(isa);
+  const ScaledExpFn scaled_exp = ForIsa<ScaledExpFn>(isa, ScaledExpPortable, ScaledExpAvx2);
   // std::max keeps its first argument against a NaN: a NaN score is skipped
   // here and makes its own probability (and the row's sum) NaN below.
   const auto larger = [](float a, float b) { return std::max(a, b); };
@@ -133,7 +114,7 @@ void CausalSoftmaxBackward(const float* probs, const float* dprobs, size_t matri
 
 void CrossEntropyLoss(const float* logits, size_t rows, size_t classes, const int32_t* labels,
                       float* grad, double* loss, HostIsa isa) {
-  const ShiftedExpFn shifted_exp = ShiftedExpFor(isa);
+  const ShiftedExpFn shifted_exp = ForIsa<ShiftedExpFn>(isa, ShiftedExpPortable, ShiftedExpAvx2);
   // A NaN logit is skipped unless it comes first (then the max, and the row, are NaN).
   const auto larger = [](float a, float b) { return b > a ? b : a; };
   const double inv_rows = 1.0 / static_cast<double>(rows);
