@@ -186,13 +186,16 @@ void GlooCommunicator::RingReduceScatterInPlace(std::byte* data, size_t count, D
       chunks->ProduceAndAdd(recv_chunk, 0, count, scratch_.data(), received_raw, acc);
     } else {
       // The result, a cache-sized block at a time, consumed while it is hot.
+      // It goes through one reused block, not the work buffer: a copy there
+      // would only be written back to memory, unread.
       constexpr size_t kBlockBytes = size_t{64} << 10;
       const size_t block = std::max<size_t>(1, kBlockBytes / es);
+      result_block_.resize(std::min(block, count) * es);
       for (size_t begin = 0; begin < count; begin += block) {
         const size_t n = std::min(block, count - begin);
         chunks->ProduceAndAdd(recv_chunk, begin, n, scratch_.data() + begin * es, received_raw,
-                              acc + begin * es);
-        chunks->Consume(begin, n, acc + begin * es);
+                              result_block_.data());
+        chunks->Consume(begin, n, result_block_.data());
       }
     }
     sending.WaitSend();

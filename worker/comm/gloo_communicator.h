@@ -87,8 +87,9 @@ class GlooCommunicator : public Communicator {
   int rank_;
   int size_;
   GlooOptions options_;
-  std::vector<std::byte> work_;     // reduce-scatter partial sums, kept across calls
-  std::vector<std::byte> scratch_;  // reduce-scatter receive buffer, kept across calls
+  std::vector<std::byte> work_;          // reduce-scatter partial sums, kept across calls
+  std::vector<std::byte> scratch_;       // reduce-scatter receive buffer, kept across calls
+  std::vector<std::byte> result_block_;  // the last ring step's result, a block at a time
 
   std::mutex abort_mu_;  // guards the three below
   bool aborted_ = false;
