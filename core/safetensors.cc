@@ -1,12 +1,9 @@
 #include "core/safetensors.h"
 
-#include <cstdio>
-#include <filesystem>
-#include <fstream>
-
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 
+#include "core/durable_file.h"
 #include "core/model_spec.h"
 
 namespace flatshard {
@@ -66,24 +63,9 @@ absl::Status WriteSafetensorsFile(const std::string& path,
                                   const std::map<std::string, std::string>& metadata) {
   absl::StatusOr<std::string> bytes = SerializeSafetensors(tensors, metadata);
   if (!bytes.ok()) return bytes.status();
-  const std::string tmp = path + ".partial";
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out.write(bytes->data(), static_cast<std::streamsize>(bytes->size()));
-    out.flush();
-    if (!out) {
-      std::remove(tmp.c_str());
-      return absl::UnavailableError(absl::StrCat("cannot write ", tmp));
-    }
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (ec) {
-    std::remove(tmp.c_str());
-    return absl::UnavailableError(
-        absl::StrCat("cannot rename ", tmp, " to ", path, ": ", ec.message()));
-  }
-  return absl::OkStatus();
+  // A summoned model is often the only copy a user keeps: a crash must leave
+  // the old file or the whole new one, never a renamed but unwritten one.
+  return WriteFileDurably(path, *bytes);
 }
 
 }  // namespace flatshard

@@ -176,5 +176,42 @@ TEST(SafetensorsReaderTest, OpenNamesTheFile) {
             absl::StatusCode::kNotFound);
 }
 
+TEST(SafetensorsReaderTest, WholeFileWriterReplacesAtomicallyAndNamesFailures) {
+  const std::string dir = ::testing::TempDir() + "/st-whole";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const std::string path = dir + "/model.safetensors";
+  std::map<std::string, SafetensorsTensor> tensors;
+  tensors["w"] = {DType::kFloat32, {2}, FloatBytes({1.5f, -2.0f})};
+  ASSERT_TRUE(WriteSafetensorsFile(path, tensors, {{"job", "a"}}).ok());
+  // A second write replaces the first whole, and leaves no temporary file.
+  tensors["w"].data = FloatBytes({3.0f, 4.0f});
+  ASSERT_TRUE(WriteSafetensorsFile(path, tensors, {{"job", "b"}}).ok());
+  absl::StatusOr<std::string> bytes = ReadFileToString(path);
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  std::map<std::string, std::string> metadata;
+  auto read = ParseSafetensors(*bytes, &metadata);
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(read->at("w").data, FloatBytes({3.0f, 4.0f}));
+  EXPECT_EQ(metadata.at("job"), "b");
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir),
+                          std::filesystem::directory_iterator()),
+            1);
+
+  // A directory that is not there: NOT_FOUND naming the file.
+  const absl::Status missing = WriteSafetensorsFile(dir + "/no/such/dir/m.safetensors", tensors);
+  EXPECT_EQ(missing.code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(missing.message()), HasSubstr("no/such/dir/m.safetensors"));
+  // Data that disagrees with its shape is refused before any file is touched.
+  tensors["w"].shape = {3};
+  const absl::Status bad = WriteSafetensorsFile(path, tensors);
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad.message()), HasSubstr("'w'"));
+  bytes = ReadFileToString(path);
+  ASSERT_TRUE(bytes.ok());
+  EXPECT_EQ(ParseSafetensors(*bytes)->at("w").data, FloatBytes({3.0f, 4.0f}));
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace flatshard
