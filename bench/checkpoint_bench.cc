@@ -37,9 +37,10 @@
 
 #include "client/flatshard_client.h"
 #include "client/local_cluster.h"
-#include "core/checkpoint_manifest.h"
-#include "core/file_system.h"
 #include "core/job_spec_yaml.h"
+#include "storage/checkpoint_manifest.h"
+#include "storage/file_system.h"
+#include "storage/spec_files.h"
 
 namespace flatshard {
 namespace {

@@ -41,6 +41,7 @@
 #include "core/job_config.h"
 #include "core/job_spec_yaml.h"
 #include "flatshard/v1/worker.grpc.pb.h"
+#include "storage/spec_files.h"
 
 namespace flatshard {
 namespace {

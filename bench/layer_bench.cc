@@ -25,6 +25,7 @@
 
 #include "core/model_spec.h"
 #include "core/model_spec_yaml.h"
+#include "storage/spec_files.h"
 #include "worker/compute/batch.h"
 #include "worker/compute/dense_param_store.h"
 #include "worker/compute/model.h"

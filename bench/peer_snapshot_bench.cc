@@ -32,6 +32,7 @@
 #include "client/flatshard_client.h"
 #include "client/local_cluster.h"
 #include "core/job_spec_yaml.h"
+#include "storage/spec_files.h"
 
 namespace flatshard {
 namespace {

@@ -22,6 +22,7 @@
 #include "absl/strings/str_split.h"
 
 #include "core/model_spec_yaml.h"
+#include "storage/spec_files.h"
 #include "worker/comm/file_store.h"
 #include "worker/device/device_factory.h"
 #include "worker/runtime/local_trainer.h"

@@ -12,8 +12,8 @@
 
 #include "client/cli_output.h"
 #include "client/flatshard_client.h"
-#include "core/checkpoint_convert.h"
-#include "core/checkpoint_reader.h"
+#include "storage/checkpoint_convert.h"
+#include "storage/checkpoint_reader.h"
 
 namespace flatshard {
 namespace {

@@ -17,6 +17,8 @@
 #include "core/job_spec_yaml.h"
 #include "core/model_spec_proto.h"
 #include "core/safetensors.h"
+#include "storage/safetensors_file_writer.h"
+#include "storage/spec_files.h"
 
 namespace flatshard {
 namespace {

@@ -8,11 +8,12 @@
 
 #include "absl/strings/str_cat.h"
 
-#include "core/checkpoint_reader.h"
 #include "core/model_spec_proto.h"
 #include "core/model_spec_yaml.h"
-#include "core/safetensors_reader.h"
 #include "core/status_macros.h"
+#include "storage/checkpoint_reader.h"
+#include "storage/safetensors_reader.h"
+#include "storage/spec_files.h"
 #include "worker/compute/module_hooks.h"
 #include "worker/compute/npy.h"
 

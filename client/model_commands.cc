@@ -8,6 +8,7 @@
 #include "client/cli_output.h"
 #include "client/text_dataset.h"
 #include "core/yaml_fields.h"
+#include "storage/spec_files.h"
 
 namespace flatshard {
 

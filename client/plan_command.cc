@@ -9,6 +9,7 @@
 #include "core/job_spec_yaml.h"
 #include "core/model_spec_yaml.h"
 #include "core/plan.h"
+#include "storage/spec_files.h"
 
 namespace flatshard {
 namespace {

@@ -6,8 +6,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
-#include "core/durable_file.h"
 #include "core/status_macros.h"
+#include "storage/durable_file.h"
 #include "worker/compute/npy.h"
 
 namespace flatshard {

@@ -12,6 +12,7 @@
 #include "client/cluster_security.h"
 #include "client/flatshard_client.h"
 #include "core/job_spec_yaml.h"
+#include "storage/spec_files.h"
 
 namespace flatshard {
 

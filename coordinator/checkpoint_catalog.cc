@@ -13,9 +13,9 @@
 #include "absl/strings/str_join.h"
 #include "spdlog/spdlog.h"
 
-#include "core/durable_file.h"
-#include "core/safetensors_reader.h"
 #include "core/status_macros.h"
+#include "storage/durable_file.h"
+#include "storage/safetensors_reader.h"
 
 namespace flatshard {
 

@@ -17,8 +17,8 @@
 
 #include "absl/status/statusor.h"
 
-#include "core/checkpoint_manifest.h"
 #include "flatshard/v1/job.pb.h"
+#include "storage/checkpoint_manifest.h"
 
 namespace flatshard {
 

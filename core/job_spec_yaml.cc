@@ -1,12 +1,10 @@
 #include "core/job_spec_yaml.h"
 
 #include <cstdint>
-#include <filesystem>
 #include <limits>
 #include <span>
 #include <vector>
 
-#include "absl/functional/function_ref.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -145,9 +143,6 @@ absl::Status InJobField(const YamlField& field, const absl::Status& inner) {
 // `model: PATH` or an inline mapping. The inline form is read by ParseModelSpec
 // from the whole job document (it reads a `model:` key of a larger file), so its
 // errors carry the job file's own lines and `model.root...` paths.
-// Reads the model file a job names (`model: PATH`, PATH as written).
-using ModelFileLoader = absl::FunctionRef<absl::StatusOr<ModelSpec>(const std::string& path)>;
-
 absl::StatusOr<v1::ModelSpec> ReadModel(const YamlField& field, absl::string_view text,
                                         const std::string& source, ModelFileLoader load_model) {
   if (field.node.IsMap()) {
@@ -347,6 +342,8 @@ absl::Status ReadRanks(const YamlField& field, v1::JobSpec& spec) {
   return absl::OkStatus();
 }
 
+}  // namespace
+
 absl::StatusOr<v1::JobSpec> ParseJobSpecWith(absl::string_view text, const std::string& source,
                                              ModelFileLoader load_model) {
   ASSIGN_OR_RETURN(YAML::Node document, ParseYamlDocument(text, source));
@@ -396,16 +393,6 @@ absl::StatusOr<v1::JobSpec> ParseJobSpecWith(absl::string_view text, const std::
   return spec;
 }
 
-}  // namespace
-
-absl::StatusOr<v1::JobSpec> ParseJobSpec(absl::string_view text, const std::string& source,
-                                         const std::string& base_dir) {
-  return ParseJobSpecWith(text, source, [&](const std::string& path) {
-    // operator/ keeps an absolute `path` as it is.
-    return LoadModelSpecFile((std::filesystem::path(base_dir) / path).string());
-  });
-}
-
 absl::StatusOr<v1::JobSpec> ParseJobDocument(const v1::JobDocument& document) {
   if (document.text().empty()) {
     return absl::InvalidArgumentError("document.text: the job document is empty");
@@ -421,11 +408,6 @@ absl::StatusOr<v1::JobSpec> ParseJobDocument(const v1::JobDocument& document) {
     }
     return ParseModelSpec(it->second, path);
   });
-}
-
-absl::StatusOr<v1::JobSpec> LoadJobSpecFile(const std::string& path) {
-  ASSIGN_OR_RETURN(std::string text, ReadTextFile(path));
-  return ParseJobSpec(text, path, std::filesystem::path(path).parent_path().string());
 }
 
 }  // namespace flatshard

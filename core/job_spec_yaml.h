@@ -12,21 +12,26 @@
 
 #include <string>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
+#include "core/model_spec.h"
 #include "flatshard/v1/job.pb.h"
 
 namespace flatshard {
 
+// Reads the model file a job names (`model: PATH`, PATH as written): from the
+// disk (ParseJobSpec in storage/spec_files.h) or from what a client sent
+// (ParseJobDocument).
+using ModelFileLoader = absl::FunctionRef<absl::StatusOr<ModelSpec>(const std::string& path)>;
+
 // `text` is the job document; `source` names it in errors (usually the file
 // path). `model:` is either an inline model mapping (docs/model-spec.md) or the
-// path of a model file, resolved against `base_dir` when relative (an empty
-// `base_dir` means the current directory). A model file that cannot be opened is
-// NOT_FOUND; errors inside it keep their code and are prefixed with the job's
-// `source:line: model:`.
-absl::StatusOr<v1::JobSpec> ParseJobSpec(absl::string_view text, const std::string& source,
-                                         const std::string& base_dir);
+// path of a model file, which `load_model` reads; its errors keep their code
+// and are prefixed with the job's `source:line: model:`.
+absl::StatusOr<v1::JobSpec> ParseJobSpecWith(absl::string_view text, const std::string& source,
+                                             ModelFileLoader load_model);
 
 // Parses a job document a client sent (JobDocument in job.proto) with the same
 // reader: `model: PATH` is taken from document.files only, never from the disk
@@ -44,10 +49,6 @@ absl::StatusOr<v1::JobSpec> RequestedJobSpec(const Request& request) {
   }
   return ParseJobDocument(request.document());
 }
-
-// Reads and parses a job file; a relative model path is resolved against the
-// file's directory. NOT_FOUND when the file cannot be opened.
-absl::StatusOr<v1::JobSpec> LoadJobSpecFile(const std::string& path);
 
 }  // namespace flatshard
 

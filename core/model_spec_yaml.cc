@@ -264,9 +264,4 @@ absl::StatusOr<ModelSpec> ParseModelSpec(absl::string_view text, const std::stri
   return ReadModel(top);
 }
 
-absl::StatusOr<ModelSpec> LoadModelSpecFile(const std::string& path) {
-  ASSIGN_OR_RETURN(std::string text, ReadTextFile(path));
-  return ParseModelSpec(text, path);
-}
-
 }  // namespace flatshard

@@ -18,9 +18,6 @@ namespace flatshard {
 // is validated (ValidateModelSpec).
 absl::StatusOr<ModelSpec> ParseModelSpec(absl::string_view text, const std::string& source);
 
-// Reads and parses a file; NOT_FOUND when it cannot be opened.
-absl::StatusOr<ModelSpec> LoadModelSpecFile(const std::string& path);
-
 }  // namespace flatshard
 
 #endif  // FLATSHARD_CORE_MODEL_SPEC_YAML_H_

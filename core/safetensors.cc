@@ -3,7 +3,6 @@
 #include "absl/strings/str_cat.h"
 #include "nlohmann/json.hpp"
 
-#include "core/durable_file.h"
 #include "core/model_spec.h"
 
 namespace flatshard {
@@ -56,16 +55,6 @@ absl::StatusOr<std::string> SerializeSafetensors(
   out->reserve(out->size() + data_bytes);
   for (const auto& [name, tensor] : tensors) *out += tensor.data;
   return out;
-}
-
-absl::Status WriteSafetensorsFile(const std::string& path,
-                                  const std::map<std::string, SafetensorsTensor>& tensors,
-                                  const std::map<std::string, std::string>& metadata) {
-  absl::StatusOr<std::string> bytes = SerializeSafetensors(tensors, metadata);
-  if (!bytes.ok()) return bytes.status();
-  // A summoned model is often the only copy a user keeps: a crash must leave
-  // the old file or the whole new one, never a renamed but unwritten one.
-  return WriteFileDurably(path, *bytes);
 }
 
 }  // namespace flatshard

@@ -50,12 +50,6 @@ absl::StatusOr<std::string> SerializeSafetensors(
     const std::map<std::string, SafetensorsTensor>& tensors,
     const std::map<std::string, std::string>& metadata = {});
 
-// Writes SerializeSafetensors' bytes to `path` atomically and durably
-// (WriteFileDurably: a temporary file, fsync, rename, the directory's fsync).
-absl::Status WriteSafetensorsFile(const std::string& path,
-                                  const std::map<std::string, SafetensorsTensor>& tensors,
-                                  const std::map<std::string, std::string>& metadata = {});
-
 }  // namespace flatshard
 
 #endif  // FLATSHARD_CORE_SAFETENSORS_H_

@@ -45,9 +45,6 @@ struct YamlField {
 // Parses a document; a syntax error names the source and the line.
 absl::StatusOr<YAML::Node> ParseYamlDocument(absl::string_view text, const std::string& source);
 
-// Reads a whole file; NOT_FOUND naming the path when it cannot be opened.
-absl::StatusOr<std::string> ReadTextFile(const std::string& path);
-
 }  // namespace flatshard
 
 #endif  // FLATSHARD_CORE_YAML_FIELDS_H_

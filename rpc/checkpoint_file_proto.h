@@ -3,8 +3,8 @@
 #ifndef FLATSHARD_RPC_CHECKPOINT_FILE_PROTO_H_
 #define FLATSHARD_RPC_CHECKPOINT_FILE_PROTO_H_
 
-#include "core/checkpoint_manifest.h"
 #include "flatshard/v1/worker.pb.h"
+#include "storage/checkpoint_manifest.h"
 
 namespace flatshard {
 

@@ -25,6 +25,16 @@ if [[ "$mode" == "--fix" ]]; then
 fi
 
 status=0
+# The layering (docs/architecture.md §2): core is pure logic, so it includes
+# nothing above it and touches no files, threads, sockets or devices; storage
+# adds the disk and nothing above it. A compiler would not notice either.
+layering="$(git grep -n -E '#include ["<](storage|worker|coordinator|client|rpc|metrics)/|#include <(fstream|filesystem|thread|mutex|shared_mutex|condition_variable|future|atomic|grpcpp/[^>]*|fcntl\.h|unistd\.h|sys/[^>]*)>' -- 'core/*.cc' 'core/*.h' || true)"
+layering+="$(git grep -n -E '#include ["<](worker|coordinator|client|rpc|metrics)/|#include <(thread|mutex|future|grpcpp/[^>]*)>' -- 'storage/*.cc' 'storage/*.h' || true)"
+if [[ -n "$layering" ]]; then
+  echo "$layering" >&2
+  echo "lint.sh: core/ or storage/ includes what its layer may not (docs/architecture.md §2)" >&2
+  status=1
+fi
 if ! clang-format --dry-run -Werror "${sources[@]}"; then
   echo "lint.sh: clang-format found unformatted files (scripts/lint.sh --fix)" >&2
   status=1

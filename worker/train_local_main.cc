@@ -19,6 +19,7 @@
 #include "absl/strings/str_format.h"
 
 #include "core/model_spec_yaml.h"
+#include "storage/spec_files.h"
 #include "worker/comm/file_store.h"
 #include "worker/compute/model.h"
 #include "worker/device/device_factory.h"

@@ -32,7 +32,7 @@
 #include "rpc/tls_flags.h"
 #include "spdlog/spdlog.h"
 
-#include "core/fault_injecting_file_system.h"
+#include "storage/fault_injecting_file_system.h"
 #include "worker/comm/grpc_store.h"
 #include "worker/device/device_factory.h"
 #include "worker/device/host/cblas_api.h"

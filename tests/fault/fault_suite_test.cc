@@ -35,8 +35,9 @@
 
 #include "client/flatshard_client.h"
 #include "client/local_cluster.h"
-#include "core/checkpoint_reader.h"
 #include "core/job_spec_yaml.h"
+#include "storage/checkpoint_reader.h"
+#include "storage/spec_files.h"
 #include "tests/integration/multiprocess.h"
 
 namespace flatshard {

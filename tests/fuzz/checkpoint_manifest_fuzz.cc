@@ -1,4 +1,4 @@
-// Fuzz target for checkpoint manifests (core/checkpoint_manifest.h): the
+// Fuzz target for checkpoint manifests (storage/checkpoint_manifest.h): the
 // coordinator's catalog and the offline tools read manifest.json from a
 // checkpoint directory, which is only as trusted as the disk under it.
 //
@@ -15,9 +15,9 @@
 
 #include "absl/strings/str_cat.h"
 
-#include "core/checkpoint_manifest.h"
 #include "core/job_config.h"
 #include "core/model_spec.h"
+#include "storage/checkpoint_manifest.h"
 #include "tests/fuzz/fuzz_driver.h"
 #include "tests/fuzz/job_checks.h"
 

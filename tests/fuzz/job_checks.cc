@@ -19,6 +19,7 @@
 #include "core/plan.h"
 #include "core/step_program.h"
 #include "core/wrap_policy_proto.h"
+#include "storage/spec_files.h"
 #include "tests/fuzz/fuzz_driver.h"
 
 namespace flatshard::fuzz {

@@ -19,6 +19,7 @@
 #include "core/job_config.h"
 #include "core/job_spec_yaml.h"
 #include "core/yaml_fields.h"
+#include "storage/spec_files.h"
 #include "tests/fuzz/fuzz_driver.h"
 #include "tests/fuzz/job_checks.h"
 

@@ -27,7 +27,6 @@
 #include "rpc/command_batch.h"
 #include "rpc/step_program_proto.h"
 
-#include "core/checkpoint_manifest.h"
 #include "core/device_kind.h"
 #include "core/job_config.h"
 #include "core/job_spec_yaml.h"
@@ -37,6 +36,7 @@
 #include "flatshard/v1/job.pb.h"
 #include "flatshard/v1/membership.pb.h"
 #include "flatshard/v1/worker.pb.h"
+#include "storage/checkpoint_manifest.h"
 #include "tests/fuzz/fuzz_driver.h"
 #include "tests/fuzz/job_checks.h"
 

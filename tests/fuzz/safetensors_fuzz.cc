@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "core/safetensors.h"
-#include "core/safetensors_reader.h"
+#include "storage/safetensors_reader.h"
 #include "tests/fuzz/fuzz_driver.h"
 
 namespace flatshard::fuzz {

@@ -29,6 +29,7 @@
 #include "flatshard/v1/job.grpc.pb.h"
 #include "flatshard/v1/membership.grpc.pb.h"
 #include "flatshard/v1/worker.grpc.pb.h"
+#include "storage/spec_files.h"
 #include "tests/integration/multiprocess.h"
 
 namespace flatshard {

@@ -17,9 +17,10 @@
 
 #include "client/flatshard_client.h"
 #include "client/local_cluster.h"
-#include "core/durable_file.h"
 #include "core/job_spec_yaml.h"
-#include "core/safetensors_reader.h"
+#include "storage/durable_file.h"
+#include "storage/safetensors_reader.h"
+#include "storage/spec_files.h"
 
 namespace flatshard::checkpoint_testing {
 

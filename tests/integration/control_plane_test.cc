@@ -26,6 +26,7 @@
 #include "core/job_config.h"
 #include "core/job_spec_yaml.h"
 #include "core/step_program.h"
+#include "storage/spec_files.h"
 #include "tests/integration/multiprocess.h"
 #include "tests/integration/rank_results.h"
 #include "worker/comm/file_store.h"

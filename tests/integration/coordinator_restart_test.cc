@@ -20,6 +20,7 @@
 #include "client/local_cluster.h"
 #include "coordinator/grpc_worker_client.h"
 #include "core/job_spec_yaml.h"
+#include "storage/spec_files.h"
 #include "tests/integration/multiprocess.h"
 
 namespace flatshard {

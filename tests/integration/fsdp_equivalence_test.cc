@@ -33,6 +33,7 @@
 #if defined(FLATSHARD_HAVE_CUDA)
 #include "worker/device/cuda/cuda_status.h"
 #endif
+#include "storage/spec_files.h"
 #include "worker/runtime/local_trainer.h"
 
 namespace flatshard {

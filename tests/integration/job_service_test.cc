@@ -21,6 +21,7 @@
 #include "core/job_spec_yaml.h"
 #include "flatshard/v1/membership.grpc.pb.h"
 #include "proto/grpc_status.h"
+#include "storage/spec_files.h"
 
 namespace flatshard {
 namespace {

@@ -19,6 +19,7 @@
 #include "client/flatshard_client.h"
 #include "client/local_cluster.h"
 #include "core/job_spec_yaml.h"
+#include "storage/spec_files.h"
 #include "tests/integration/multiprocess.h"
 #include "tests/integration/recovery_harness.h"
 

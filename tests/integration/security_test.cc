@@ -27,6 +27,7 @@
 #include "coordinator/service/access_policy.h"
 #include "core/job_spec_yaml.h"
 #include "flatshard/v1/membership.grpc.pb.h"
+#include "storage/spec_files.h"
 #include "tests/integration/multiprocess.h"
 
 namespace flatshard {

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 
 #include "core/model_spec_yaml.h"
+#include "storage/spec_files.h"
 #include "tests/integration/multiprocess.h"
 #include "worker/comm/file_store.h"
 #include "worker/device/device_factory.h"

@@ -28,12 +28,12 @@
 
 #include "absl/status/statusor.h"
 
-#include "core/file_system.h"
 #include "core/model_spec.h"
 #include "core/optimizer.h"
 #include "core/sharding.h"
 #include "core/step_program.h"
 #include "core/wrap_policy.h"
+#include "storage/file_system.h"
 #include "worker/comm/communicator.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/comm/store.h"

@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "core/safetensors_file_writer.h"
 #include "flatshard/v1/common.pb.h"
+#include "storage/safetensors_file_writer.h"
 #include "worker/runtime/flat_param_unit.h"
 
 namespace flatshard {

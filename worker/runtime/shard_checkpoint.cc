@@ -13,13 +13,13 @@
 #include "absl/strings/str_join.h"
 #include "nlohmann/json.hpp"
 
-#include "core/checkpoint_reader.h"
-#include "core/durable_file.h"
 #include "core/model_spec.h"
-#include "core/safetensors_file_writer.h"
-#include "core/safetensors_region_writer.h"
 #include "core/sharded_tensor_pieces.h"
 #include "core/status_macros.h"
+#include "storage/checkpoint_reader.h"
+#include "storage/durable_file.h"
+#include "storage/safetensors_file_writer.h"
+#include "storage/safetensors_region_writer.h"
 #include "worker/device/host/host_device.h"
 #include "worker/runtime/save_pieces.h"
 

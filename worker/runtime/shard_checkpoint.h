@@ -3,7 +3,7 @@
 // no save moves data between ranks: each writes what its own shard holds.
 //   FULL     every rank writes into model.safetensors (every FQN, tied aliases
 //            included) and optim.safetensors (<fqn>.<state>, <fqn>.step) the
-//            elements its shard holds, in place (core/safetensors_region_writer.h;
+//            elements its shard holds, in place (storage/safetensors_region_writer.h;
 //            rank 0 the headers and steps), and reports the regions it wrote;
 //   SHARDED  rank r writes model-rank<r>-of-<W> and optim-rank<r>-of-<W> with
 //            the elements of every parameter and state its flat shard holds
@@ -26,9 +26,9 @@
 
 #include "absl/status/statusor.h"
 
-#include "core/checkpoint_manifest.h"
 #include "core/model_spec.h"
-#include "core/safetensors_file_writer.h"
+#include "storage/checkpoint_manifest.h"
+#include "storage/safetensors_file_writer.h"
 #include "worker/runtime/fsdp_runtime.h"
 #include "worker/runtime/staged_floats.h"
 

@@ -11,9 +11,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
-#include "core/checkpoint_reader.h"
 #include "core/model_spec.h"
 #include "core/status_macros.h"
+#include "storage/checkpoint_reader.h"
 #include "worker/runtime/shard_checkpoint.h"
 
 namespace flatshard {

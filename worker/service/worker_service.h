@@ -16,8 +16,8 @@
 #include <mutex>
 #include <string>
 
-#include "core/file_system.h"
 #include "flatshard/v1/worker.grpc.pb.h"
+#include "storage/file_system.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/comm/store.h"
 #include "worker/device/device.h"

@@ -8,6 +8,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "storage/spec_files.h"
 #include "tests/unit/compute/compute_test_util.h"
 #include "tests/unit/core/test_paths.h"
 

@@ -11,7 +11,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "core/safetensors_file_writer.h"
+#include "storage/safetensors_file_writer.h"
 
 namespace flatshard {
 namespace {

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 
 #include "core/job_spec_yaml.h"
+#include "storage/spec_files.h"
 #include "tests/unit/core/test_paths.h"
 
 namespace flatshard {

@@ -17,6 +17,7 @@
 #include "core/wrap_policy.h"
 #include "core/wrap_policy_proto.h"
 #include "core/yaml_fields.h"
+#include "storage/spec_files.h"
 #include "tests/unit/core/test_paths.h"
 
 namespace flatshard {

@@ -9,6 +9,7 @@
 
 #include "core/model_spec_proto.h"
 #include "core/model_spec_yaml.h"
+#include "storage/spec_files.h"
 #include "tests/unit/core/test_paths.h"
 
 namespace flatshard {

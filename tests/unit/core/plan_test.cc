@@ -8,6 +8,7 @@
 #include "nlohmann/json.hpp"
 
 #include "core/model_spec_yaml.h"
+#include "storage/spec_files.h"
 #include "tests/unit/core/test_paths.h"
 
 namespace flatshard {

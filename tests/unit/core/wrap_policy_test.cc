@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "core/model_spec_yaml.h"
+#include "storage/spec_files.h"
 #include "tests/unit/core/test_paths.h"
 
 namespace flatshard {

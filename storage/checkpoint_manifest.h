@@ -3,8 +3,8 @@
 // checksums, so its presence is what makes a checkpoint exist. It embeds the
 // job spec, from which offline tools (consolidate, reshard) recompute the units
 // and flat layouts with the same code the cluster used.
-#ifndef FLATSHARD_CORE_CHECKPOINT_MANIFEST_H_
-#define FLATSHARD_CORE_CHECKPOINT_MANIFEST_H_
+#ifndef FLATSHARD_STORAGE_CHECKPOINT_MANIFEST_H_
+#define FLATSHARD_STORAGE_CHECKPOINT_MANIFEST_H_
 
 #include <cstdint>
 #include <map>
@@ -15,9 +15,9 @@
 #include "absl/strings/string_view.h"
 
 #include "core/dtype.h"
-#include "core/durable_file.h"
 #include "flatshard/v1/common.pb.h"
 #include "flatshard/v1/job.pb.h"
+#include "storage/durable_file.h"
 
 namespace flatshard {
 
@@ -121,4 +121,4 @@ absl::StatusOr<v1::StateDictType> ParseStateDictType(absl::string_view name);
 
 }  // namespace flatshard
 
-#endif  // FLATSHARD_CORE_CHECKPOINT_MANIFEST_H_
+#endif  // FLATSHARD_STORAGE_CHECKPOINT_MANIFEST_H_

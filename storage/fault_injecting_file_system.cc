@@ -1,4 +1,4 @@
-#include "core/fault_injecting_file_system.h"
+#include "storage/fault_injecting_file_system.h"
 
 #include <algorithm>
 #include <csignal>

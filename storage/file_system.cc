@@ -1,4 +1,4 @@
-#include "core/file_system.h"
+#include "storage/file_system.h"
 
 #include <cerrno>
 #include <cstring>

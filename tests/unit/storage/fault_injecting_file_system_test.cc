@@ -2,7 +2,7 @@
 // disk keeps the bytes that fit and fails with ENOSPC, a failing fsync fails
 // Finish, an unfinished file is removed, other files are untouched, and a bad
 // fault spec is refused naming the part.
-#include "core/fault_injecting_file_system.h"
+#include "storage/fault_injecting_file_system.h"
 
 #include <filesystem>
 #include <string>
@@ -11,7 +11,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "core/safetensors_file_writer.h"
+#include "storage/safetensors_file_writer.h"
 
 namespace flatshard {
 namespace {

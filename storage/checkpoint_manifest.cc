@@ -1,4 +1,4 @@
-#include "core/checkpoint_manifest.h"
+#include "storage/checkpoint_manifest.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -16,8 +16,8 @@
 #include "google/protobuf/util/json_util.h"
 #include "nlohmann/json.hpp"
 
-#include "core/durable_file.h"
 #include "core/status_macros.h"
+#include "storage/durable_file.h"
 
 namespace flatshard {
 namespace {

@@ -1,4 +1,4 @@
-#include "core/checkpoint_reader.h"
+#include "storage/checkpoint_reader.h"
 
 #include <algorithm>
 #include <filesystem>
@@ -11,11 +11,11 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
-#include "core/durable_file.h"
 #include "core/flat_param_layout.h"
 #include "core/model_spec.h"
 #include "core/sharded_tensor_pieces.h"
 #include "core/status_macros.h"
+#include "storage/durable_file.h"
 
 namespace flatshard {
 

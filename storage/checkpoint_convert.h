@@ -4,15 +4,15 @@
 // from the job spec embedded in the manifest with the code the cluster used.
 // The output is committed like a cluster save: files and manifest written
 // into <out>.partial/, fsynced, renamed to <out>.
-#ifndef FLATSHARD_CORE_CHECKPOINT_CONVERT_H_
-#define FLATSHARD_CORE_CHECKPOINT_CONVERT_H_
+#ifndef FLATSHARD_STORAGE_CHECKPOINT_CONVERT_H_
+#define FLATSHARD_STORAGE_CHECKPOINT_CONVERT_H_
 
 #include <functional>
 #include <string>
 
 #include "absl/status/statusor.h"
 
-#include "core/checkpoint_manifest.h"
+#include "storage/checkpoint_manifest.h"
 
 namespace flatshard {
 
@@ -29,4 +29,4 @@ absl::StatusOr<CheckpointManifest> ReshardCheckpoint(const std::string& src_dir,
 
 }  // namespace flatshard
 
-#endif  // FLATSHARD_CORE_CHECKPOINT_CONVERT_H_
+#endif  // FLATSHARD_STORAGE_CHECKPOINT_CONVERT_H_

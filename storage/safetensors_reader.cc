@@ -1,4 +1,4 @@
-#include "core/safetensors_reader.h"
+#include "storage/safetensors_reader.h"
 
 #include <algorithm>
 #include <cerrno>

@@ -5,8 +5,8 @@
 // once a number of bytes were written (by this process: a file several
 // processes write counts each one's bytes). Everything else goes to the wrapped
 // file system unchanged.
-#ifndef FLATSHARD_CORE_FAULT_INJECTING_FILE_SYSTEM_H_
-#define FLATSHARD_CORE_FAULT_INJECTING_FILE_SYSTEM_H_
+#ifndef FLATSHARD_STORAGE_FAULT_INJECTING_FILE_SYSTEM_H_
+#define FLATSHARD_STORAGE_FAULT_INJECTING_FILE_SYSTEM_H_
 
 #include <cstdint>
 #include <memory>
@@ -15,7 +15,7 @@
 
 #include "absl/status/statusor.h"
 
-#include "core/file_system.h"
+#include "storage/file_system.h"
 
 namespace flatshard {
 
@@ -51,4 +51,4 @@ class FaultInjectingFileSystem : public FileSystem {
 
 }  // namespace flatshard
 
-#endif  // FLATSHARD_CORE_FAULT_INJECTING_FILE_SYSTEM_H_
+#endif  // FLATSHARD_STORAGE_FAULT_INJECTING_FILE_SYSTEM_H_

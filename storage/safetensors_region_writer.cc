@@ -1,4 +1,4 @@
-#include "core/safetensors_region_writer.h"
+#include "storage/safetensors_region_writer.h"
 
 #include <utility>
 

@@ -6,8 +6,8 @@
 // (contiguous from 0 to its end, no gaps or overlaps). Errors are
 // INVALID_ARGUMENT (DATA_LOSS for a file shorter than its header says) and
 // name the file and the tensor.
-#ifndef FLATSHARD_CORE_SAFETENSORS_READER_H_
-#define FLATSHARD_CORE_SAFETENSORS_READER_H_
+#ifndef FLATSHARD_STORAGE_SAFETENSORS_READER_H_
+#define FLATSHARD_STORAGE_SAFETENSORS_READER_H_
 
 #include <cstdint>
 #include <map>
@@ -102,4 +102,4 @@ class SafetensorsReader {
 
 }  // namespace flatshard
 
-#endif  // FLATSHARD_CORE_SAFETENSORS_READER_H_
+#endif  // FLATSHARD_STORAGE_SAFETENSORS_READER_H_

@@ -1,7 +1,7 @@
-// The strict safetensors reader (core/safetensors_reader.h): what the writers
+// The strict safetensors reader (storage/safetensors_reader.h): what the writers
 // produce reads back exactly, and each kind of damage a checkpoint file can
 // suffer is refused with a message that says what is wrong.
-#include "core/safetensors_reader.h"
+#include "storage/safetensors_reader.h"
 
 #include <cstdio>
 #include <cstring>
@@ -12,9 +12,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "core/durable_file.h"
 #include "core/safetensors.h"
-#include "core/safetensors_file_writer.h"
+#include "storage/durable_file.h"
+#include "storage/safetensors_file_writer.h"
 
 namespace flatshard {
 namespace {

@@ -3,8 +3,8 @@
 // after a power cut a reader sees either the old state or the whole new file.
 // Checksums are XXH3-64 over the whole file, written as 16 lowercase hex
 // digits, the form checkpoint manifests record.
-#ifndef FLATSHARD_CORE_DURABLE_FILE_H_
-#define FLATSHARD_CORE_DURABLE_FILE_H_
+#ifndef FLATSHARD_STORAGE_DURABLE_FILE_H_
+#define FLATSHARD_STORAGE_DURABLE_FILE_H_
 
 #include <cstdint>
 #include <string>
@@ -48,4 +48,4 @@ absl::StatusOr<std::string> ReadFileToString(const std::string& path);
 
 }  // namespace flatshard
 
-#endif  // FLATSHARD_CORE_DURABLE_FILE_H_
+#endif  // FLATSHARD_STORAGE_DURABLE_FILE_H_

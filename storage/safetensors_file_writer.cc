@@ -1,4 +1,4 @@
-#include "core/safetensors_file_writer.h"
+#include "storage/safetensors_file_writer.h"
 
 #include <utility>
 
@@ -81,6 +81,16 @@ absl::StatusOr<FileDigest> SafetensorsFileWriter::Finish() {
   RETURN_IF_ERROR(file_->Close());
   finished_ = true;
   return FileDigest{bytes_, Xxh3Hex(XXH3_64bits_digest(hash_))};
+}
+
+absl::Status WriteSafetensorsFile(const std::string& path,
+                                  const std::map<std::string, SafetensorsTensor>& tensors,
+                                  const std::map<std::string, std::string>& metadata) {
+  absl::StatusOr<std::string> bytes = SerializeSafetensors(tensors, metadata);
+  if (!bytes.ok()) return bytes.status();
+  // A summoned model is often the only copy a user keeps: a crash must leave
+  // the old file or the whole new one, never a renamed but unwritten one.
+  return WriteFileDurably(path, *bytes);
 }
 
 }  // namespace flatshard

@@ -2,8 +2,8 @@
 // Env is the model), so that tests and the fault-injection suite can make a
 // disk fill up, fail or crash a process at a chosen point of a real save
 // without touching the production write path. FileSystem::Default() is POSIX.
-#ifndef FLATSHARD_CORE_FILE_SYSTEM_H_
-#define FLATSHARD_CORE_FILE_SYSTEM_H_
+#ifndef FLATSHARD_STORAGE_FILE_SYSTEM_H_
+#define FLATSHARD_STORAGE_FILE_SYSTEM_H_
 
 #include <cstdint>
 #include <memory>
@@ -48,4 +48,4 @@ class FileSystem {
 
 }  // namespace flatshard
 
-#endif  // FLATSHARD_CORE_FILE_SYSTEM_H_
+#endif  // FLATSHARD_STORAGE_FILE_SYSTEM_H_

@@ -7,8 +7,8 @@
 // order and are hashed as they go, and Finish returns the byte ranges it
 // wrote, each with its XXH3 (a manifest's CheckpointFile::regions), so each
 // writer vouches for its own bytes and none reads another's.
-#ifndef FLATSHARD_CORE_SAFETENSORS_REGION_WRITER_H_
-#define FLATSHARD_CORE_SAFETENSORS_REGION_WRITER_H_
+#ifndef FLATSHARD_STORAGE_SAFETENSORS_REGION_WRITER_H_
+#define FLATSHARD_STORAGE_SAFETENSORS_REGION_WRITER_H_
 
 #include <cstdint>
 #include <map>
@@ -20,9 +20,9 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
-#include "core/checkpoint_manifest.h"
-#include "core/file_system.h"
 #include "core/safetensors.h"
+#include "storage/checkpoint_manifest.h"
+#include "storage/file_system.h"
 
 struct XXH3_state_s;
 
@@ -76,4 +76,4 @@ class SafetensorsRegionWriter {
 
 }  // namespace flatshard
 
-#endif  // FLATSHARD_CORE_SAFETENSORS_REGION_WRITER_H_
+#endif  // FLATSHARD_STORAGE_SAFETENSORS_REGION_WRITER_H_

@@ -1,7 +1,7 @@
-// Checkpoint manifests (core/checkpoint_manifest.h, docs/architecture.md §6): they
+// Checkpoint manifests (storage/checkpoint_manifest.h, docs/architecture.md §6): they
 // round-trip, malformed ones are refused naming the field, and checkpoint
 // names cannot escape the checkpoint root or collide with its bookkeeping.
-#include "core/checkpoint_manifest.h"
+#include "storage/checkpoint_manifest.h"
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>

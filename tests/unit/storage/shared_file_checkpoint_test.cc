@@ -1,5 +1,5 @@
 // FULL checkpoint files that every rank writes part of (format version 3,
-// core/safetensors_region_writer.h): the writers together produce the very
+// storage/safetensors_region_writer.h): the writers together produce the very
 // file one writer would, each vouches for its own regions, and the reader
 // verifies and shares them writer by writer, so damage in one rank's bytes
 // fails exactly that rank's share and names it.
@@ -15,10 +15,10 @@
 
 #include "absl/strings/str_cat.h"
 
-#include "core/checkpoint_reader.h"
-#include "core/fault_injecting_file_system.h"
-#include "core/safetensors_file_writer.h"
-#include "core/safetensors_region_writer.h"
+#include "storage/checkpoint_reader.h"
+#include "storage/fault_injecting_file_system.h"
+#include "storage/safetensors_file_writer.h"
+#include "storage/safetensors_region_writer.h"
 
 namespace flatshard {
 namespace {

@@ -3,8 +3,8 @@
 // (every name, dtype and shape, known up front) goes first, then each tensor's
 // data in the declared order. The file is fsynced by Finish, which returns its
 // size and XXH3 checksum computed on the way out (no second read).
-#ifndef FLATSHARD_CORE_SAFETENSORS_FILE_WRITER_H_
-#define FLATSHARD_CORE_SAFETENSORS_FILE_WRITER_H_
+#ifndef FLATSHARD_STORAGE_SAFETENSORS_FILE_WRITER_H_
+#define FLATSHARD_STORAGE_SAFETENSORS_FILE_WRITER_H_
 
 #include <cstdint>
 #include <map>
@@ -17,9 +17,9 @@
 #include "absl/strings/string_view.h"
 
 #include "core/dtype.h"
-#include "core/durable_file.h"
-#include "core/file_system.h"
 #include "core/safetensors.h"
+#include "storage/durable_file.h"
+#include "storage/file_system.h"
 
 struct XXH3_state_s;
 
@@ -59,6 +59,12 @@ class SafetensorsFileWriter {
   bool finished_ = false;
 };
 
+// Writes SerializeSafetensors' bytes to `path` atomically and durably
+// (WriteFileDurably: a temporary file, fsync, rename, the directory's fsync).
+absl::Status WriteSafetensorsFile(const std::string& path,
+                                  const std::map<std::string, SafetensorsTensor>& tensors,
+                                  const std::map<std::string, std::string>& metadata = {});
+
 }  // namespace flatshard
 
-#endif  // FLATSHARD_CORE_SAFETENSORS_FILE_WRITER_H_
+#endif  // FLATSHARD_STORAGE_SAFETENSORS_FILE_WRITER_H_

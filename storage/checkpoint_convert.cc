@@ -1,4 +1,4 @@
-#include "core/checkpoint_convert.h"
+#include "storage/checkpoint_convert.h"
 
 #include <filesystem>
 #include <map>
@@ -11,15 +11,15 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 
-#include "core/checkpoint_reader.h"
-#include "core/durable_file.h"
 #include "core/flat_param_layout.h"
 #include "core/job_config.h"
 #include "core/model_spec.h"
 #include "core/plan.h"
-#include "core/safetensors_file_writer.h"
 #include "core/sharded_tensor_pieces.h"
 #include "core/status_macros.h"
+#include "storage/checkpoint_reader.h"
+#include "storage/durable_file.h"
+#include "storage/safetensors_file_writer.h"
 
 namespace flatshard {
 namespace {

@@ -1,4 +1,4 @@
-#include "core/durable_file.h"
+#include "storage/durable_file.h"
 
 #include <algorithm>
 #include <cerrno>

@@ -7,8 +7,8 @@
 // (a file several ranks wrote, format version 3: each region's) before its
 // first use; a mismatch is DATA_LOSS naming the file (and the region and its
 // writer). Used by workers on LoadShard and by the offline tools.
-#ifndef FLATSHARD_CORE_CHECKPOINT_READER_H_
-#define FLATSHARD_CORE_CHECKPOINT_READER_H_
+#ifndef FLATSHARD_STORAGE_CHECKPOINT_READER_H_
+#define FLATSHARD_STORAGE_CHECKPOINT_READER_H_
 
 #include <map>
 #include <memory>
@@ -18,9 +18,9 @@
 
 #include "absl/status/statusor.h"
 
-#include "core/checkpoint_manifest.h"
-#include "core/safetensors_reader.h"
 #include "core/sharded_tensor_pieces.h"
+#include "storage/checkpoint_manifest.h"
+#include "storage/safetensors_reader.h"
 
 namespace flatshard {
 
@@ -162,4 +162,4 @@ class CheckpointReader {
 
 }  // namespace flatshard
 
-#endif  // FLATSHARD_CORE_CHECKPOINT_READER_H_
+#endif  // FLATSHARD_STORAGE_CHECKPOINT_READER_H_

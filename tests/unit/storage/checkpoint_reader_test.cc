@@ -1,10 +1,10 @@
-// The checkpoint reader (core/checkpoint_reader.h): shared verification (W
+// The checkpoint reader (storage/checkpoint_reader.h): shared verification (W
 // readers that each verify their share have hashed every file exactly once
 // between them, so any damaged file fails exactly one share, while damage a
 // size or header check sees fails every share), and SHARDED tensors read from
 // their pieces, row chunks (format version 1) or element ranges (version 2)
 // that must tile them.
-#include "core/checkpoint_reader.h"
+#include "storage/checkpoint_reader.h"
 
 #include <filesystem>
 #include <fstream>
@@ -17,9 +17,9 @@
 
 #include "absl/strings/str_cat.h"
 
-#include "core/durable_file.h"
-#include "core/safetensors_file_writer.h"
 #include "core/sharded_tensor_pieces.h"
+#include "storage/durable_file.h"
+#include "storage/safetensors_file_writer.h"
 
 namespace flatshard {
 namespace {
