@@ -1,25 +1,21 @@
 #include "storage/spec_files.h"
 
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "absl/strings/str_cat.h"
 
 #include "core/job_spec_yaml.h"
 #include "core/model_spec_yaml.h"
 #include "core/status_macros.h"
+#include "storage/durable_file.h"
 
 namespace flatshard {
 
 absl::StatusOr<std::string> ReadTextFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return absl::NotFoundError(absl::StrCat(path, ": cannot open the file"));
-  }
-  std::ostringstream buffer;
-  buffer << in.rdbuf();
-  return buffer.str();
+  absl::StatusOr<std::string> text = ReadFileToString(path);
+  // A job or model file the user named: one message whatever the OS said.
+  if (!text.ok()) return absl::NotFoundError(absl::StrCat(path, ": cannot open the file"));
+  return text;
 }
 
 absl::StatusOr<ModelSpec> LoadModelSpecFile(const std::string& path) {
