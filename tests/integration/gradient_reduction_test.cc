@@ -6,8 +6,9 @@
 // for every reduce dtype, divide factors that are and are not powers of two,
 // gradients that fill the padded input or leave padding (a chunk partly or
 // wholly past the gradient), a first gradient (written) and a later one
-// (accumulated), at W = 1..4; on the strict simulated device, which checks the
-// fused operation's declared reads and writes like a kernel's.
+// (accumulated), at W = 1..4, and in float32 also in place on the gradient's
+// own padded buffer; on the strict simulated device, which checks the fused
+// operation's declared reads and writes like a kernel's.
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -132,18 +133,29 @@ int FusedEqualsSeparateBody(const std::string& dir, int rank, int world) {
                                : std::numeric_limits<float>::quiet_NaN();
     }
     std::vector<std::vector<float>> results;
-    for (bool fused : {true, false}) {
-      auto grad = alloc(c.grad_count * sizeof(float));
+    // float32 also runs in place: the work buffer is the gradient's own,
+    // padded with zeros (how FlatParamUnit holds a sharded gradient).
+    std::vector<std::pair<bool, bool>> variants = {{true, false}, {false, false}};
+    if (c.dtype == DType::kFloat32) variants.insert(variants.end(), {{true, true}, {false, true}});
+    for (auto [fused, in_place] : variants) {
+      auto grad = alloc((in_place ? total : c.grad_count) * sizeof(float));
       auto work = alloc(total * DTypeSize(c.dtype));
       auto shard = alloc(kCount * sizeof(float));
       CHILD_OK(grad.status());
       CHILD_OK(work.status());
       CHILD_OK(shard.status());
-      CHILD_OK(s.CopyToDevice(grad->byte_span(), std::as_bytes(std::span(grad_values))));
+      std::vector<float> padded_values = grad_values;
+      if (in_place) padded_values.resize(total, 0.0f);
+      CHILD_OK(s.CopyToDevice(grad->byte_span(), std::as_bytes(std::span(padded_values))));
       CHILD_OK(s.CopyToDevice(shard->byte_span(), std::as_bytes(std::span(before))));
-      const GradientReduction r{
-          grad->span<const float>(), c.dtype,     c.pre, c.post, work->byte_span(), kCount,
-          shard->span<float>(),      c.accumulate};
+      const GradientReduction r{grad->span<const float>().first(c.grad_count),
+                                c.dtype,
+                                c.pre,
+                                c.post,
+                                in_place ? grad->byte_span() : work->byte_span(),
+                                kCount,
+                                shard->span<float>(),
+                                c.accumulate};
       // The default is the three separate steps; HostCollectives fuses.
       CHILD_OK(fused ? collectives->ReduceGradient(s, r)
                      : collectives->Collectives::ReduceGradient(s, r));
@@ -152,11 +164,12 @@ int FusedEqualsSeparateBody(const std::string& dir, int rank, int world) {
       CHILD_OK(s.Synchronize());
       results.push_back(std::move(out));
     }
-    if (!SameBits(results[0], results[1])) {
+    for (size_t v = 1; v < results.size(); ++v) {
+      if (SameBits(results[0], results[v])) continue;
       for (size_t i = 0; i < kCount; ++i) {
-        if (!SameBits(results[0][i], results[1][i])) {
-          std::cerr << label << ": element " << i << " fused " << results[0][i] << " separate "
-                    << results[1][i] << "\n";
+        if (!SameBits(results[0][i], results[v][i])) {
+          std::cerr << label << ": element " << i << " fused " << results[0][i] << " variant " << v
+                    << " (separate, fused in place, separate in place) " << results[v][i] << "\n";
           break;
         }
       }
@@ -336,6 +349,16 @@ TEST(GradientReductionArgumentsTest, RejectsBuffersThatDoNotFit) {
   bad.back().r.work = work->byte_span().first(39);
   bad.push_back({good, "grad_shard holds 9"});
   bad.back().r.grad_shard = shard->span<float>().first(9);
+  // In place only in float32 and from the gradient's first byte.
+  auto padded = device.Allocate(11 * sizeof(float), s, MemoryKind::kGradients, nullptr);
+  ASSERT_TRUE(padded.ok());
+  bad.push_back({good, "work overlaps grad"});
+  bad.back().r.grad = padded->span<const float>().first(10);
+  bad.back().r.work = padded->byte_span().subspan(4, 40);
+  bad.push_back({good, "reduce_dtype bfloat16, work at grad + 0"});
+  bad.back().r.reduce_dtype = DType::kBFloat16;
+  bad.back().r.grad = padded->span<const float>().first(10);
+  bad.back().r.work = padded->byte_span();
   for (const Bad& b : bad) {
     for (bool fused : {true, false}) {
       absl::Status status = fused ? collectives->ReduceGradient(s, b.r)
@@ -345,6 +368,9 @@ TEST(GradientReductionArgumentsTest, RejectsBuffersThatDoNotFit) {
     }
   }
   EXPECT_TRUE(collectives->ReduceGradient(s, good).ok());
+  GradientReduction in_place = good;
+  in_place.work = grad->byte_span();
+  EXPECT_TRUE(collectives->ReduceGradient(s, in_place).ok());
   EXPECT_TRUE(s.Synchronize().ok());
   EXPECT_TRUE(device.fault().ok());
 }

@@ -35,6 +35,18 @@ absl::Status CheckGradientReduction(const GradientReduction& r, int group_size) 
                                                    " bytes, not ", total, " ",
                                                    DTypeName(r.reduce_dtype), " elements"));
   }
+  // The reduction may run in place on the gradient's own buffer: element i
+  // is read before it is written, so only a float32 work buffer that starts
+  // where the gradient does can share its memory.
+  const auto* grad = reinterpret_cast<const std::byte*>(r.grad.address());
+  const std::byte* work = r.work.address();
+  const bool overlap = grad < work + r.work.size() && work < grad + r.grad.size_bytes();
+  if (overlap && (r.reduce_dtype != DType::kFloat32 || grad != work)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ReduceGradient: work overlaps grad; only a float32 reduction may share the gradient's "
+        "buffer, starting where it starts (reduce_dtype ",
+        DTypeName(r.reduce_dtype), ", work at grad + ", work - grad, " bytes)"));
+  }
   if (r.grad_shard.size() != r.count) {
     return absl::InvalidArgumentError(absl::StrCat("ReduceGradient: grad_shard holds ",
                                                    r.grad_shard.size(), " elements, the shard ",

@@ -41,7 +41,9 @@ struct GradientReduction {
   DType reduce_dtype = DType::kFloat32;
   double pre_divide = 1.0;
   double post_divide = 1.0;
-  DeviceSpan<std::byte> work;    // size()*count elements of reduce_dtype, scratch
+  // size()*count elements of reduce_dtype, scratch. In float32 it may be the
+  // gradient's own buffer (starting at grad, zeros past it), reduced in place.
+  DeviceSpan<std::byte> work;
   size_t count = 0;              // the shard's elements
   DeviceSpan<float> grad_shard;  // count elements, accumulated into
   // false when grad_shard was just allocated and holds nothing: it is then

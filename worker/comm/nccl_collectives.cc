@@ -228,8 +228,13 @@ absl::Status NcclCollectives::ReduceGradient(Stream& stream, const GradientReduc
   }
   const bool into_shard = !r.accumulate && IsPowerOfTwo(r.post_divide);
   const double scale = 1.0 / (into_shard ? r.pre_divide * r.post_divide : r.pre_divide);
-  DeviceSpan<std::byte> out =
-      into_shard ? AsWritableBytes(r.grad_shard) : r.work.first(r.count * sizeof(float));
+  // Else this rank's chunk of the work buffer: where the work buffer is the
+  // gradient itself, that is NCCL's in-place form (recvbuff = sendbuff +
+  // rank * recvcount), the only overlap NCCL allows.
+  const size_t chunk = r.count * sizeof(float);
+  DeviceSpan<std::byte> out = into_shard
+                                  ? AsWritableBytes(r.grad_shard)
+                                  : r.work.subspan(static_cast<size_t>(rank_) * chunk, chunk);
   RETURN_IF_ERROR(Issue(stream, "ncclReduceScatter", [&](cudaStream_t s) {
     ncclRedOp_t op = ncclSum;
     float scalar = static_cast<float>(scale);

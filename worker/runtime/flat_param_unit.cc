@@ -93,14 +93,25 @@ void FlatParamUnit::Free() {
   gathered_.Release(*p_.compute);
 }
 
+size_t FlatParamUnit::GradCapacity() const {
+  // Sharded units hold the gradient padded to S*W (zeros past N), so a
+  // float32 reduction can run in place on it (ReduceGrad).
+  return sharded() ? (shard_.bytes() / sizeof(float)) * AsSize(layout().world_size())
+                   : AsSize(layout().unpadded_unsharded_numel());
+}
+
 absl::StatusOr<DeviceSpan<float>> FlatParamUnit::EnsureGrad() {
   if (!unsharded_grad_.allocated()) {
-    const size_t n = AsSize(layout().unpadded_unsharded_numel());
     ASSIGN_OR_RETURN(unsharded_grad_,
-                     Allocate(n * sizeof(float), *p_.compute, MemoryKind::kGradients));
+                     Allocate(GradCapacity() * sizeof(float), *p_.compute, MemoryKind::kGradients));
     RETURN_IF_ERROR(p_.compute->Zero(unsharded_grad_.byte_span()));
   }
-  return unsharded_grad_.span<float>();
+  return grad();
+}
+
+DeviceSpan<float> FlatParamUnit::grad() const {
+  if (!unsharded_grad_.allocated()) return {};
+  return unsharded_grad_.span<float>().first(AsSize(layout().unpadded_unsharded_numel()));
 }
 
 absl::Status FlatParamUnit::ReduceGrad() {
@@ -120,39 +131,50 @@ absl::Status FlatParamUnit::ReduceGrad() {
   // docs/fsdp-semantics.md §3.2: pad to S*W in the reduce dtype (zeros past N),
   // divide by pre, reduce, divide by post, cast to the parameter's dtype and
   // add (_accumulate_sharded_grad).
-  ASSIGN_OR_RETURN(DeviceBuffer padded, Allocate(s * world * es, comm, MemoryKind::kGradients));
-  if (sharded() && p_.replicate == nullptr) {
-    // One collective: the host ring folds the element passes into its own
-    // reads (HostCollectives::ReduceGradient), and reduce-scatters in place
-    // on the padded buffer (scratch after this) either way. A first
-    // gradient is written, not added to zeros.
-    RETURN_IF_ERROR(p_.shard->ReduceGradient(
-        comm, GradientReduction{unsharded_grad_.span<const float>(), reduce_dtype,
-                                config_.divide.pre, config_.divide.post, padded.byte_span(), s,
-                                grad_shard_.span<float>(), !first_grad}));
+  // In float32 the S*W buffer is the gradient itself, held padded with zeros
+  // (GradCapacity), which the reduction is the last reader of: no second
+  // unit-sized buffer, and each element is read and written back in the same
+  // cache line. Other reduce dtypes fill a separate buffer.
+  const DeviceSpan<const float> grad_in = grad();
+  DeviceBuffer padded;
+  DeviceSpan<std::byte> work = unsharded_grad_.byte_span();
+  if (reduce_dtype != DType::kFloat32 || work.size() != s * world * es) {
+    ASSIGN_OR_RETURN(padded, Allocate(s * world * es, comm, MemoryKind::kGradients));
+    work = padded.byte_span();
+  }
+  auto release = [&] {
     unsharded_grad_.Release(comm);
     padded.Release(comm);
+  };
+  if (sharded() && p_.replicate == nullptr) {
+    // One collective: the host ring folds the element passes into its own
+    // reads (HostCollectives::ReduceGradient) and reduce-scatters in place
+    // on the work buffer (scratch after this) either way. A first gradient
+    // is written, not added to zeros.
+    RETURN_IF_ERROR(p_.shard->ReduceGradient(
+        comm, GradientReduction{grad_in, reduce_dtype, config_.divide.pre, config_.divide.post,
+                                work, s, grad_shard_.span<float>(), !first_grad}));
+    release();
     return absl::OkStatus();
   }
-  RETURN_IF_ERROR(comm.PrepareGradForReduce(unsharded_grad_.span<float>(), reduce_dtype,
-                                            padded.byte_span(), s * world, config_.divide.pre));
-  unsharded_grad_.Release(comm);
-  // The reduced shard: this rank's chunk of the padded buffer.
-  DeviceSpan<std::byte> reduced = padded.byte_span().first(s * es);
+  RETURN_IF_ERROR(
+      comm.PrepareGradForReduce(grad_in, reduce_dtype, work, s * world, config_.divide.pre));
+  // The reduced shard: this rank's chunk of the work buffer.
+  DeviceSpan<std::byte> reduced = work.first(s * es);
   if (sharded()) {
     // HYBRID_SHARD: reduce-scatter in place within the shard group, then
     // all-reduce the shard across the replicas.
-    RETURN_IF_ERROR(p_.shard->ReduceScatterInPlace(comm, padded.byte_span(), s, reduce_dtype));
-    reduced = padded.byte_span().subspan(s * es * AsSize(p_.shard->rank()), s * es);
+    RETURN_IF_ERROR(p_.shard->ReduceScatterInPlace(comm, work, s, reduce_dtype));
+    reduced = work.subspan(s * es * AsSize(p_.shard->rank()), s * es);
     RETURN_IF_ERROR(p_.replicate->AllReduce(comm, reduced, s, reduce_dtype, ReduceOp::kSum));
   } else {
     // §3.3: NO_SHARD all-reduces the whole gradient in place.
-    RETURN_IF_ERROR(p_.shard->AllReduce(comm, padded.byte_span(), s, reduce_dtype, ReduceOp::kSum));
+    RETURN_IF_ERROR(p_.shard->AllReduce(comm, work, s, reduce_dtype, ReduceOp::kSum));
   }
   if (first_grad) RETURN_IF_ERROR(comm.Zero(grad_shard_.byte_span()));
   RETURN_IF_ERROR(comm.AccumulateReducedGrad(reduce_dtype, reduced, grad_shard_.span<float>(),
                                              config_.divide.post));
-  padded.Release(comm);
+  release();
   return absl::OkStatus();
 }
 

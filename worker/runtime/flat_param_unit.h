@@ -89,7 +89,7 @@ class FlatParamUnit {
   // The unsharded gradient (N floats), allocated zeroed on the compute stream on
   // first use and kept across no_sync micro-steps until ReduceGrad.
   absl::StatusOr<DeviceSpan<float>> EnsureGrad();
-  DeviceSpan<float> grad() const { return unsharded_grad_.span<float>(); }
+  DeviceSpan<float> grad() const;
   // Issues pre-divide + pad, reduce-scatter (all-reduce for NO_SHARD), the hybrid
   // all-reduce, post-divide and the accumulation into the grad shard on the
   // communication stream, which must have waited for the backward (and for
@@ -135,6 +135,8 @@ class FlatParamUnit {
       : config_(std::move(config)), p_(placement) {}
 
   absl::StatusOr<DeviceBuffer> Allocate(size_t bytes, Stream& stream, MemoryKind kind) const;
+  // Floats the unsharded gradient buffer holds (see unsharded_grad_).
+  size_t GradCapacity() const;
   // `values` copied into pinned host memory (waits for the copy).
   absl::StatusOr<PinnedBuffer> CopyToPinned(DeviceSpan<const float> values, Stream& stream) const;
   absl::StatusOr<std::vector<float>> ReadToHost(DeviceSpan<const float> values) const;
@@ -147,7 +149,7 @@ class FlatParamUnit {
   DeviceBuffer compute_copy_;  // fp32, N, when the gathered dtype is not fp32
   DeviceSpan<float> compute_view_;
   std::shared_ptr<Event> gathered_event_;
-  DeviceBuffer unsharded_grad_;  // fp32, N
+  DeviceBuffer unsharded_grad_;  // fp32: N, or S*W zero-padded when sharded (GradCapacity)
   DeviceBuffer grad_shard_;      // fp32, S
 };
 

@@ -73,6 +73,9 @@ struct GradientCase {
   double post;
   bool accumulate;
   size_t grad_count;  // < count: padded with zeros
+  // The work buffer is the gradient's own, padded with zeros (FlatParamUnit's
+  // float32 form): NCCL's in-place reduce-scatter.
+  bool in_place = false;
 };
 
 TEST_F(NcclCollectivesTest, ReduceGradientMatchesTheSeparatePassesBitForBit) {
@@ -85,6 +88,9 @@ TEST_F(NcclCollectivesTest, ReduceGradientMatchesTheSeparatePassesBitForBit) {
       {"padded: three steps", DType::kFloat32, 2, 1, true, kCount - 7},
       {"bf16: three steps", DType::kBFloat16, 2, 3, true, kCount},
       {"pre 3: three steps", DType::kFloat32, 3, 1, false, kCount},
+      {"in place, first into the shard", DType::kFloat32, 2, 4, false, kCount, true},
+      {"in place, accumulated", DType::kFloat32, 4, 2, true, kCount, true},
+      {"in place, padded: three steps", DType::kFloat32, 2, 3, true, kCount - 7, true},
   };
   for (const GradientCase& c : cases) {
     SCOPED_TRACE(c.name);
@@ -102,20 +108,23 @@ TEST_F(NcclCollectivesTest, ReduceGradientMatchesTheSeparatePassesBitForBit) {
     host_kernels::AccumulateReducedGrad(c.reduce_dtype, prepared.data(), want.data(), kCount,
                                         c.post);
 
-    DeviceBuffer g = *device_->Allocate(grad.size() * 4, *stream_, MemoryKind::kGradients, nullptr);
+    std::vector<float> held = grad;
+    if (c.in_place) held.resize(kCount, 0.0f);
+    DeviceBuffer g = *device_->Allocate(held.size() * 4, *stream_, MemoryKind::kGradients, nullptr);
     DeviceBuffer work =
         *device_->Allocate(prepared.size(), *stream_, MemoryKind::kGradients, nullptr);
     DeviceBuffer out = *device_->Allocate(kCount * 4, *stream_, MemoryKind::kGradients, nullptr);
-    ASSERT_TRUE(stream_->CopyToDevice(g.byte_span(), std::as_bytes(std::span(grad))).ok());
+    ASSERT_TRUE(stream_->CopyToDevice(g.byte_span(), std::as_bytes(std::span(held))).ok());
     // A first gradient's shard holds garbage: it must be written, not read.
     std::vector<float> initial = c.accumulate ? shard : std::vector<float>(kCount, 7.5e30f);
     ASSERT_TRUE(stream_->CopyToDevice(out.byte_span(), std::as_bytes(std::span(initial))).ok());
-    ASSERT_TRUE(
-        nccl_
-            ->ReduceGradient(*stream_, GradientReduction{g.span<const float>(), c.reduce_dtype,
-                                                         c.pre, c.post, work.byte_span(), kCount,
-                                                         out.span<float>(), c.accumulate})
-            .ok());
+    ASSERT_TRUE(nccl_
+                    ->ReduceGradient(
+                        *stream_, GradientReduction{g.span<const float>().first(c.grad_count),
+                                                    c.reduce_dtype, c.pre, c.post,
+                                                    c.in_place ? g.byte_span() : work.byte_span(),
+                                                    kCount, out.span<float>(), c.accumulate})
+                    .ok());
     std::vector<float> got(kCount);
     ASSERT_TRUE(stream_->CopyToHost(std::as_writable_bytes(std::span(got)), out.byte_span()).ok());
     ASSERT_TRUE(stream_->Synchronize().ok());
