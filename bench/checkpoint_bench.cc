@@ -31,10 +31,12 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 
+#include "bench/bench_flags.h"
 #include "client/flatshard_client.h"
 #include "client/local_cluster.h"
 #include "core/job_spec_yaml.h"
@@ -284,15 +286,28 @@ int Run(int workers, int reps, int disk_mib, const std::string& base) {
 }  // namespace
 }  // namespace flatshard
 
-int main(int argc, char** argv) {
+static int Main(int argc, char** argv) {
   int workers = 4, reps = 3, disk_mib = 1024;
   std::string dir = "/tmp";
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i];
-    if (flag == "--workers") workers = std::atoi(argv[i + 1]);
-    if (flag == "--reps") reps = std::atoi(argv[i + 1]);
-    if (flag == "--disk-mib") disk_mib = std::atoi(argv[i + 1]);
-    if (flag == "--dir") dir = argv[i + 1];
-  }
+  CLI::App app{
+      "checkpoint_bench: FULL, SHARDED and LOCAL saves and loads (sync and async) of a real "
+      "cluster, each against the disk's own sequential write and cold read in the same run"};
+  app.add_option("--workers", workers, "Worker processes (the world size)")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  app.add_option("--reps", reps, "Repetitions of each measurement (medians)")
+      ->check(flatshard::bench::AtLeastOne())
+      ->capture_default_str();
+  app.add_option("--disk-mib", disk_mib, "MiB the disk ceilings write and read")
+      ->check(flatshard::bench::AtLeastOne())
+      ->capture_default_str();
+  app.add_option("--dir", dir, "Where checkpoints and the disk probes are written")
+      ->check(CLI::ExistingDirectory)
+      ->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
   return flatshard::Run(workers, reps, disk_mib, dir);
+}
+
+int main(int argc, char** argv) {
+  return flatshard::bench::RunMain("checkpoint_bench", [&] { return Main(argc, argv); });
 }

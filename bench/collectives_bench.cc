@@ -13,7 +13,7 @@
 // reduction, as every training step starts without one.
 // Prints a markdown table; busbw follows nccl-tests: (W-1)/W * bytes / time.
 //
-//   collectives_bench [--sizes-mib 1,16,64] [--worlds 2,4] [--iters 10]
+//   collectives_bench [--sizes-mib 1,16,64] [--worlds 2,4] [--iters 10]   (--help)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -31,10 +31,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "absl/strings/numbers.h"
+#include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 
+#include "bench/bench_flags.h"
 #include "core/flat_param_layout.h"
 #include "worker/comm/file_store.h"
 #include "worker/comm/gloo_communicator.h"
@@ -191,28 +191,29 @@ int RunRank(const std::string& dir, int rank, int world, size_t bytes, int iters
   return 0;
 }
 
-std::vector<int> ParseList(const std::string& text) {
-  std::vector<int> values;
-  for (absl::string_view item : absl::StrSplit(text, ',')) {
-    int v = 0;
-    if (absl::SimpleAtoi(item, &v)) values.push_back(v);
-  }
-  return values;
-}
-
 }  // namespace
 }  // namespace flatshard
 
-int main(int argc, char** argv) {
+static int Main(int argc, char** argv) {
   std::vector<int> sizes = {1, 16, 64};
   std::vector<int> worlds = {2, 4};
   int iters = 10;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i];
-    if (flag == "--sizes-mib") sizes = flatshard::ParseList(argv[i + 1]);
-    if (flag == "--worlds") worlds = flatshard::ParseList(argv[i + 1]);
-    if (flag == "--iters") iters = std::atoi(argv[i + 1]);
-  }
+  CLI::App app{
+      "collectives_bench: the FSDP unit's all-gather and gradient reduce (FlatParamUnit on the "
+      "CPU device) against bare Gloo and the bare ring on the same bytes, in W processes on "
+      "loopback; prints a markdown table (busbw as nccl-tests computes it)"};
+  app.add_option("--sizes-mib", sizes, "Unsharded unit sizes in MiB")
+      ->delimiter(',')
+      ->check(flatshard::bench::AtLeastOne())
+      ->capture_default_str();
+  app.add_option("--worlds", worlds, "Process counts")
+      ->delimiter(',')
+      ->check(CLI::Range(2, 64))
+      ->capture_default_str();
+  app.add_option("--iters", iters, "Timed iterations per cell (medians; one warm-up more)")
+      ->check(flatshard::bench::AtLeastOne())
+      ->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
   std::printf(
       "| W | size | raw gloo all-gather busbw | unit all-gather busbw | ratio | ring "
       "reduce-scatter busbw (copying) | ring in place busbw | unit reduce busbw | unit / in "
@@ -255,4 +256,8 @@ int main(int argc, char** argv) {
     }
   }
   return 0;
+}
+
+int main(int argc, char** argv) {
+  return flatshard::bench::RunMain("collectives_bench", [&] { return Main(argc, argv); });
 }

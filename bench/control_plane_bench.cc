@@ -31,10 +31,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "rpc/grpc_server.h"
 
+#include "bench/bench_flags.h"
 #include "coordinator/grpc_worker_client.h"
 #include "coordinator/state_store.h"
 #include "coordinator/training_job.h"
@@ -297,13 +299,22 @@ int Main(int argc, char** argv) {
   int sim_steps = 200;
   int processes = 8;
   int rounds = 5;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i];
-    if (flag == "--steps") steps = std::atoi(argv[i + 1]);
-    if (flag == "--sim-steps") sim_steps = std::atoi(argv[i + 1]);
-    if (flag == "--processes") processes = std::max(1, std::atoi(argv[i + 1]));
-    if (flag == "--rounds") rounds = std::max(1, std::atoi(argv[i + 1]));
-  }
+  CLI::App app{
+      "control_plane_bench: the coordinator's per-step control path against a bare gRPC fan-out "
+      "to the same worker processes, and its own work with in-process simulated workers"};
+  app.add_option("--steps", steps, "Steps per measured round")
+      ->check(flatshard::bench::AtLeastOne())
+      ->capture_default_str();
+  app.add_option("--sim-steps", sim_steps, "Steps with simulated workers")
+      ->check(flatshard::bench::AtLeastOne())
+      ->capture_default_str();
+  app.add_option("--processes", processes, "Worker processes for the fan-out")
+      ->check(CLI::Range(1, 256))
+      ->capture_default_str();
+  app.add_option("--rounds", rounds, "Interleaved rounds (medians)")
+      ->check(flatshard::bench::AtLeastOne())
+      ->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
   // Forked first: a process must not fork once gRPC's threads exist.
   EchoProcesses echo = EchoProcesses::Start(processes);
   const v1::JobSpec spec = Spec(1);
@@ -406,4 +417,7 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace flatshard
 
-int main(int argc, char** argv) { return flatshard::Main(argc, argv); }
+int main(int argc, char** argv) {
+  return flatshard::bench::RunMain("control_plane_bench",
+                                   [&] { return flatshard::Main(argc, argv); });
+}

@@ -21,10 +21,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "absl/strings/numbers.h"
+#include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 
+#include "bench/bench_flags.h"
 #include "core/status_macros.h"
 #include "worker/comm/file_store.h"
 #include "worker/device/device_factory.h"
@@ -165,69 +165,47 @@ absl::StatusOr<std::vector<double>> RunRank(const Settings& settings, const std:
   return std::vector<double>{raw_gather, unit_gather, raw_reduce, unit_reduce};
 }
 
-std::vector<int> Ints(absl::string_view text) {
-  std::vector<int> values;
-  for (absl::string_view item : absl::StrSplit(text, ',')) {
-    int v = 0;
-    if (absl::SimpleAtoi(item, &v)) values.push_back(v);
-  }
-  return values;
-}
-
 }  // namespace
 }  // namespace flatshard
 
-int main(int argc, char** argv) {
+static int Main(int argc, char** argv) {
   flatshard::Settings settings;
-  settings.device.kind = flatshard::DeviceKind::kCuda;
   std::vector<int> sizes = {1, 16, 64, 256};
   std::vector<int> worlds = {1};
-  for (int i = 1; i < argc; i += 2) {
-    const std::string flag = argv[i];
-    if (flag == "-h" || flag == "--help") {
-      std::printf(
-          "device_collectives_bench: the runtime's unit all-gather and reduce-scatter against the\n"
-          "bare collective on the same bytes, in W processes.\n"
-          "  --device cuda|cpu|sim   (default cuda)\n"
-          "  --comm auto|gloo|nccl   (default auto: nccl on cuda, gloo otherwise)\n"
-          "  --worlds 1,2            process counts\n"
-          "  --sizes-mib 1,16,64,256 unsharded unit sizes\n"
-          "  --iters 20              timed iterations per cell (median; one warm-up more)\n"
-          "  --gpus 0,1              the GPU of each rank (default: rank)\n");
-      return 0;
-    }
-    if (i + 1 >= argc) {
-      std::fprintf(stderr, "%s: needs a value (try --help)\n", flag.c_str());
-      return 2;
-    }
-    const std::string value = argv[i + 1];
-    if (flag == "--device") {
-      auto kind = flatshard::ParseDeviceKind(value);
-      if (!kind.ok()) {
-        std::fprintf(stderr, "--device: %s\n", std::string(kind.status().message()).c_str());
-        return 2;
-      }
-      settings.device.kind = *kind;
-    } else if (flag == "--comm") {
-      auto comm = flatshard::ParseCommBackend(value);
-      if (!comm.ok()) {
-        std::fprintf(stderr, "--comm: %s\n", std::string(comm.status().message()).c_str());
-        return 2;
-      }
-      settings.comm = *comm;
-    } else if (flag == "--worlds") {
-      worlds = flatshard::Ints(value);
-    } else if (flag == "--sizes-mib") {
-      sizes = flatshard::Ints(value);
-    } else if (flag == "--gpus") {
-      settings.gpus = flatshard::Ints(value);
-    } else if (flag == "--iters") {
-      settings.iters = std::max(1, std::atoi(value.c_str()));
-    } else {
-      std::fprintf(stderr, "unknown flag %s (try --help)\n", flag.c_str());
+  std::string device = "cuda";
+  std::string comm = "auto";
+  CLI::App app{
+      "device_collectives_bench: the runtime's unit all-gather and reduce-scatter against the "
+      "bare collective on the same bytes, in W processes"};
+  app.add_option("--device", device, "cuda | cpu | sim")->capture_default_str();
+  app.add_option("--comm", comm, "auto (nccl on cuda, gloo otherwise) | gloo | nccl")
+      ->capture_default_str();
+  app.add_option("--worlds", worlds, "Process counts")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  app.add_option("--sizes-mib", sizes, "Unsharded unit sizes in MiB")
+      ->delimiter(',')
+      ->check(flatshard::bench::AtLeastOne())
+      ->capture_default_str();
+  app.add_option("--iters", settings.iters, "Timed iterations per cell (median; one warm-up more)")
+      ->check(flatshard::bench::AtLeastOne())
+      ->capture_default_str();
+  app.add_option("--gpus", settings.gpus, "The GPU of each rank (default: rank)")
+      ->delimiter(',')
+      ->check(flatshard::bench::AtLeastZero());
+  CLI11_PARSE(app, argc, argv);
+  auto kind = flatshard::ParseDeviceKind(device);
+  auto backend = flatshard::ParseCommBackend(comm);
+  for (const auto& [flag, status] :
+       {std::pair{"--device", kind.status()}, std::pair{"--comm", backend.status()}}) {
+    if (!status.ok()) {
+      std::fprintf(stderr, "%s: %s\n", flag, std::string(status.message()).c_str());
       return 2;
     }
   }
+  settings.device.kind = *kind;
+  settings.comm = *backend;
   std::printf(
       "| device | W | size | bare all-gather busbw | unit all-gather busbw | ratio | bare "
       "reduce-scatter busbw | unit reduce busbw | ratio "
@@ -280,4 +258,8 @@ int main(int argc, char** argv) {
     }
   }
   return 0;
+}
+
+int main(int argc, char** argv) {
+  return flatshard::bench::RunMain("device_collectives_bench", [&] { return Main(argc, argv); });
 }

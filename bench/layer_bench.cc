@@ -23,6 +23,9 @@
 #include <string>
 #include <vector>
 
+#include "CLI/CLI.hpp"
+
+#include "bench/bench_flags.h"
 #include "core/model_spec.h"
 #include "core/model_spec_yaml.h"
 #include "storage/spec_files.h"
@@ -248,37 +251,20 @@ int RunModel(const std::string& name, const std::string& file, int64_t batch, in
 }  // namespace
 }  // namespace flatshard
 
-int main(int argc, char** argv) {
+static int Main(int argc, char** argv) {
   int reps = 20;
   std::string which = "all";
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    if (flag == "-h" || flag == "--help") {
-      std::printf(
-          "layer_bench: each layer's forward + backward against the sgemm rate of its GEMM\n"
-          "shapes, one rank's batch at W=2 of the PyTorch comparison.\n"
-          "  --reps 20             timed passes (after 2 warm-up passes), medians\n"
-          "  --model gpt|mlp35m|all\n"
-          "Run with OPENBLAS_NUM_THREADS=1, as the workers' comparison does.\n");
-      return 0;
-    }
-    if (i + 1 >= argc) {
-      std::fprintf(stderr, "%s: needs a value (try --help)\n", flag.c_str());
-      return 2;
-    }
-    if (flag == "--reps") {
-      reps = std::atoi(argv[++i]);
-    } else if (flag == "--model") {
-      which = argv[++i];
-    } else {
-      std::fprintf(stderr, "unknown flag %s (try --help)\n", flag.c_str());
-      return 2;
-    }
-  }
-  if (reps < 1 || (which != "gpt" && which != "mlp35m" && which != "all")) {
-    std::fprintf(stderr, "--reps must be >= 1 and --model gpt, mlp35m or all\n");
-    return 2;
-  }
+  CLI::App app{
+      "layer_bench: each layer's forward + backward against the sgemm rate of its GEMM shapes, "
+      "one rank's batch at W=2 of the PyTorch comparison. Run with OPENBLAS_NUM_THREADS=1, as "
+      "the workers' comparison does."};
+  app.add_option("--reps", reps, "Timed passes (after 2 warm-up passes), medians")
+      ->check(flatshard::bench::AtLeastOne())
+      ->capture_default_str();
+  app.add_option("--model", which, "gpt | mlp35m | all")
+      ->check(CLI::IsMember({"gpt", "mlp35m", "all"}))
+      ->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
   const std::string root = FLATSHARD_SOURCE_DIR;
   int rc = 0;
   if (which != "mlp35m") {
@@ -288,4 +274,8 @@ int main(int argc, char** argv) {
     rc |= flatshard::RunModel("mlp35m", root + "/bench/models/mlp35m.yaml", 16, 1, reps);
   }
   return rc;
+}
+
+int main(int argc, char** argv) {
+  return flatshard::bench::RunMain("layer_bench", [&] { return Main(argc, argv); });
 }

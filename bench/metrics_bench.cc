@@ -14,7 +14,7 @@
 
 #include <curl/curl.h>
 
-#include "absl/strings/numbers.h"
+#include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "metrics/build_info.h"
@@ -23,6 +23,7 @@
 #include "prometheus/registry.h"
 #include "prometheus/text_serializer.h"
 
+#include "bench/bench_flags.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/coordinator_metrics.h"
 #include "worker/comm/observed_communicator.h"
@@ -164,14 +165,16 @@ ScrapeCost CoordinatorScrape(int workers, int scrapes) {
 int Main(int argc, char** argv) {
   int calls = 2000000;
   int scrapes = 200;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i];
-    int* target = flag == "--calls" ? &calls : flag == "--scrapes" ? &scrapes : nullptr;
-    if (target == nullptr || !absl::SimpleAtoi(argv[i + 1], target) || *target <= 0) {
-      std::fprintf(stderr, "usage: metrics_bench [--calls N] [--scrapes N]\n");
-      return 2;
-    }
-  }
+  CLI::App app{
+      "metrics_bench: what the collective metrics add to each call, and what a Prometheus "
+      "scrape of a worker and of the coordinator costs"};
+  app.add_option("--calls", calls, "Collective calls, split over 7 interleaved rounds")
+      ->check(CLI::Range(7, 1 << 30))
+      ->capture_default_str();
+  app.add_option("--scrapes", scrapes, "Scrapes timed")
+      ->check(flatshard::bench::AtLeastOne())
+      ->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
 
   prometheus::Registry registry;
   WorkerMetrics metrics(registry);
@@ -206,4 +209,6 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace flatshard
 
-int main(int argc, char** argv) { return flatshard::Main(argc, argv); }
+int main(int argc, char** argv) {
+  return flatshard::bench::RunMain("metrics_bench", [&] { return flatshard::Main(argc, argv); });
+}

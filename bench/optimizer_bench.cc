@@ -16,9 +16,9 @@
 #include <string>
 #include <vector>
 
-#include "absl/strings/numbers.h"
-#include "absl/strings/str_split.h"
+#include "CLI/CLI.hpp"
 
+#include "bench/bench_flags.h"
 #include "worker/device/host/host_optimizer_kernels.h"
 
 namespace flatshard {
@@ -59,21 +59,17 @@ struct Pass {
 int Main(int argc, char** argv) {
   std::vector<size_t> sizes = {size_t{1} << 20, size_t{1} << 24};
   int reps = 15;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string flag = argv[i];
-    if (flag == "--elements") {
-      sizes.clear();
-      for (absl::string_view item : absl::StrSplit(argv[i + 1], ',')) {
-        size_t n = 0;
-        if (absl::SimpleAtoi(item, &n) && n > 0) sizes.push_back(n);
-      }
-    } else if (flag == "--reps") {
-      reps = std::max(3, std::atoi(argv[i + 1]));
-    } else {
-      std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
-      return 2;
-    }
-  }
+  CLI::App app{
+      "optimizer_bench: each optimizer pass (AdamW, Adam amsgrad, SGD with and without "
+      "momentum) in each instruction set, against memcpy's rate for the bytes it touches"};
+  app.add_option("--elements", sizes, "Parameter counts")
+      ->delimiter(',')
+      ->check(flatshard::bench::AtLeastOne())
+      ->capture_default_str();
+  app.add_option("--reps", reps, "Repetitions (medians)")
+      ->check(CLI::Range(3, 100000))
+      ->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
   std::vector<HostIsa> isas = {HostIsa::kPortable};
   if (host_kernels::HostIsaSupported(HostIsa::kAvx2Fma)) {
     isas.push_back(HostIsa::kAvx2Fma);
@@ -136,4 +132,6 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace flatshard
 
-int main(int argc, char** argv) { return flatshard::Main(argc, argv); }
+int main(int argc, char** argv) {
+  return flatshard::bench::RunMain("optimizer_bench", [&] { return flatshard::Main(argc, argv); });
+}

@@ -22,12 +22,14 @@
 
 #include <curl/curl.h>
 
+#include "CLI/CLI.hpp"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 
+#include "bench/bench_flags.h"
 #include "bench/cluster_bench.h"
 #include "client/flatshard_client.h"
 #include "client/local_cluster.h"
@@ -71,19 +73,26 @@ struct Flags {
   std::string data_dir = ".";
 };
 
-Flags ParseFlags(int argc, char** argv) {
-  Flags f;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string name = argv[i];
-    if (name == "--job") f.job = argv[i + 1];
-    if (name == "--data-dir") f.data_dir = argv[i + 1];
-    const int value = std::atoi(argv[i + 1]);
-    if (name == "--workers") f.workers = value;
-    if (name == "--every") f.every = value;
-    if (name == "--steps") f.steps = value;
-    if (name == "--rounds") f.rounds = value;
-  }
-  return f;
+// The flags on `app`; CLI11_PARSE in Main reports errors and --help.
+void AddFlags(CLI::App& app, Flags& f) {
+  app.add_option("--job", f.job, "Job spec (YAML)")
+      ->check(CLI::ExistingFile)
+      ->capture_default_str();
+  app.add_option("--data-dir", f.data_dir, "Where the disk checkpoints are written")
+      ->check(CLI::ExistingDirectory)
+      ->capture_default_str();
+  app.add_option("--workers", f.workers, "Worker processes")
+      ->check(CLI::Range(2, 64))
+      ->capture_default_str();
+  app.add_option("--every", f.every, "Peer snapshot every N steps")
+      ->check(flatshard::bench::AtLeastOne())
+      ->capture_default_str();
+  app.add_option("--steps", f.steps, "Steps per run")
+      ->check(flatshard::bench::AtLeastOne())
+      ->capture_default_str();
+  app.add_option("--rounds", f.rounds, "Interleaved rounds (medians)")
+      ->check(flatshard::bench::AtLeastOne())
+      ->capture_default_str();
 }
 
 v1::JobSpec Job(const Flags& flags, int every, int64_t checkpoint_every) {
@@ -117,7 +126,12 @@ int WorkerOfRank(LocalCluster& cluster, FlatshardClient& client, const std::stri
 }
 
 int Main(int argc, char** argv) {
-  const Flags flags = ParseFlags(argc, argv);
+  Flags flags;
+  CLI::App app{
+      "peer_snapshot_bench: the step-time cost of in-memory peer snapshots, and recovery from "
+      "them against recovery from the last disk checkpoint, on a real local cluster"};
+  AddFlags(app, flags);
+  CLI11_PARSE(app, argc, argv);
   curl_global_init(CURL_GLOBAL_DEFAULT);
   LocalClusterOptions options;
   options.workers = flags.workers + 1;  // one spare for the recovery timings
@@ -188,4 +202,7 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace flatshard
 
-int main(int argc, char** argv) { return flatshard::Main(argc, argv); }
+int main(int argc, char** argv) {
+  return flatshard::bench::RunMain("peer_snapshot_bench",
+                                   [&] { return flatshard::Main(argc, argv); });
+}

@@ -15,8 +15,10 @@
 #include <string>
 #include <vector>
 
+#include "CLI/CLI.hpp"
 #include "absl/time/clock.h"
 
+#include "bench/bench_flags.h"
 #include "bench/cluster_bench.h"
 #include "client/cluster_security.h"
 #include "client/flatshard_client.h"
@@ -34,17 +36,19 @@ struct Flags {
   int calls = 500;
 };
 
-Flags ParseFlags(int argc, char** argv) {
-  Flags f;
-  for (int i = 1; i + 1 < argc; i += 2) {
-    const std::string name = argv[i];
-    const int value = std::atoi(argv[i + 1]);
-    if (name == "--workers") f.workers = value;
-    if (name == "--steps") f.steps = value;
-    if (name == "--rounds") f.rounds = value;
-    if (name == "--calls") f.calls = value;
-  }
-  return f;
+void AddFlags(CLI::App& app, Flags& f) {
+  app.add_option("--workers", f.workers, "Worker processes")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  app.add_option("--steps", f.steps, "Training steps per round")
+      ->check(flatshard::bench::AtLeastOne())
+      ->capture_default_str();
+  app.add_option("--rounds", f.rounds, "Interleaved rounds, plaintext and TLS (medians)")
+      ->check(flatshard::bench::AtLeastOne())
+      ->capture_default_str();
+  app.add_option("--calls", f.calls, "Unary client calls timed per round")
+      ->check(flatshard::bench::AtLeastOne())
+      ->capture_default_str();
 }
 
 void Die(const absl::Status& status) {
@@ -71,7 +75,12 @@ std::vector<double> CallTimes(FlatshardClient& client, const std::string& job, i
 }
 
 int Main(int argc, char** argv) {
-  const Flags flags = ParseFlags(argc, argv);
+  Flags flags;
+  CLI::App app{
+      "tls_bench: a training step and a unary client call over mutual TLS against plaintext, "
+      "on two real local clusters, interleaved"};
+  AddFlags(app, flags);
+  CLI11_PARSE(app, argc, argv);
   char dir[] = "/tmp/tls-bench.XXXXXX";
   if (::mkdtemp(dir) == nullptr) return 1;
   absl::StatusOr<ClusterSecurity> security = PrepareClusterSecurity(std::string(dir) + "/security");
@@ -129,4 +138,6 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace flatshard
 
-int main(int argc, char** argv) { return flatshard::Main(argc, argv); }
+int main(int argc, char** argv) {
+  return flatshard::bench::RunMain("tls_bench", [&] { return flatshard::Main(argc, argv); });
+}

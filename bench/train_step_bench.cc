@@ -17,10 +17,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "absl/strings/numbers.h"
+#include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 
+#include "bench/bench_flags.h"
 #include "core/model_spec_yaml.h"
 #include "storage/spec_files.h"
 #include "worker/comm/file_store.h"
@@ -76,7 +76,7 @@ int RunRank(LocalTrainOptions options, const DeviceOptions& device_options,
 }  // namespace
 }  // namespace flatshard
 
-int main(int argc, char** argv) {
+static int Main(int argc, char** argv) {
   using flatshard::BackwardPrefetch;
   using flatshard::LoadModelSpecFile;
   using flatshard::LocalTrainOptions;
@@ -87,65 +87,46 @@ int main(int argc, char** argv) {
   int steps = 30;
   int64_t batch = 64;
   std::string model = "mlp";
-  flatshard::DeviceOptions device;
-  flatshard::CommBackend comm = flatshard::CommBackend::kAuto;
+  std::string device_name = "cpu";
+  std::string comm_name = "auto";
   std::vector<int> gpus;
-  auto ints = [](absl::string_view text) {
-    std::vector<int> values;
-    for (absl::string_view w : absl::StrSplit(text, ',')) {
-      int v = 0;
-      if (absl::SimpleAtoi(w, &v)) values.push_back(v);
-    }
-    return values;
-  };
-  static constexpr const char* kFlags[] = {"--worlds", "--steps",  "--batch", "--model",
-                                           "--gpus",   "--device", "--comm"};
-  for (int i = 1; i < argc; i += 2) {
-    const std::string flag = argv[i];
-    if (flag == "-h" || flag == "--help") {
-      std::printf(
-          "train_step_bench: rank 0's median step split into compute, exposed communication and\n"
-          "optimizer, for each backward-prefetch policy, in W worker processes.\n"
-          "  --worlds 2,4            process counts\n"
-          "  --steps 30              steps per run (the median skips the first 3)\n"
-          "  --batch 64              global batch (samples per step, all ranks)\n"
-          "  --model mlp|mlp35m|gpt  examples/mlp.yaml, bench/models/mlp35m.yaml or\n"
-          "                          examples/gpt-7m.yaml\n"
-          "  --device cpu|sim|cuda   (default cpu)\n"
-          "  --comm auto|gloo|nccl   (default auto: nccl on cuda, gloo otherwise)\n"
-          "  --gpus 0,1              the GPU of each rank (default: rank)\n");
-      return 0;
-    }
-    if (std::find(std::begin(kFlags), std::end(kFlags), flag) == std::end(kFlags)) {
-      std::fprintf(stderr, "unknown flag %s (try --help)\n", flag.c_str());
+  CLI::App app{
+      "train_step_bench: rank 0's median step split into compute, exposed communication and "
+      "optimizer, for each backward-prefetch policy, in W worker processes"};
+  app.add_option("--worlds", worlds, "Process counts")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
+  app.add_option("--steps", steps, "Steps per run (the median skips the first 3)")
+      ->check(CLI::Range(4, 1000000))
+      ->capture_default_str();
+  app.add_option("--batch", batch, "Global batch (samples per step, all ranks)")
+      ->check(flatshard::bench::AtLeastOne())
+      ->capture_default_str();
+  app.add_option("--model", model,
+                 "mlp (examples/mlp.yaml) | mlp35m (bench/models/mlp35m.yaml) | gpt "
+                 "(examples/gpt-7m.yaml)")
+      ->check(CLI::IsMember({"mlp", "mlp35m", "gpt"}))
+      ->capture_default_str();
+  app.add_option("--device", device_name, "cpu | sim | cuda")->capture_default_str();
+  app.add_option("--comm", comm_name, "auto (nccl on cuda, gloo otherwise) | gloo | nccl")
+      ->capture_default_str();
+  app.add_option("--gpus", gpus, "The GPU of each rank (default: rank)")
+      ->delimiter(',')
+      ->check(flatshard::bench::AtLeastZero());
+  CLI11_PARSE(app, argc, argv);
+  auto kind = flatshard::ParseDeviceKind(device_name);
+  auto backend = flatshard::ParseCommBackend(comm_name);
+  for (const auto& [flag, status] :
+       {std::pair{"--device", kind.status()}, std::pair{"--comm", backend.status()}}) {
+    if (!status.ok()) {
+      std::fprintf(stderr, "%s: %s\n", flag, std::string(status.message()).c_str());
       return 2;
-    }
-    if (i + 1 >= argc) {
-      std::fprintf(stderr, "%s: needs a value (try --help)\n", flag.c_str());
-      return 2;
-    }
-    if (flag == "--worlds") worlds = ints(argv[i + 1]);
-    if (flag == "--steps") steps = std::atoi(argv[i + 1]);
-    if (flag == "--batch") batch = std::atoll(argv[i + 1]);
-    if (flag == "--model") {
-      model = argv[i + 1];
-      if (model != "mlp" && model != "mlp35m" && model != "gpt") {
-        std::fprintf(stderr, "--model: '%s' is not mlp, mlp35m or gpt\n", model.c_str());
-        return 2;
-      }
-    }
-    if (flag == "--gpus") gpus = ints(argv[i + 1]);
-    if (flag == "--device" || flag == "--comm") {
-      absl::Status parsed = flag == "--device" ? flatshard::ParseDeviceKind(argv[i + 1]).status()
-                                               : flatshard::ParseCommBackend(argv[i + 1]).status();
-      if (!parsed.ok()) {
-        std::fprintf(stderr, "%s: %s\n", flag.c_str(), std::string(parsed.message()).c_str());
-        return 2;
-      }
-      if (flag == "--device") device.kind = *flatshard::ParseDeviceKind(argv[i + 1]);
-      if (flag == "--comm") comm = *flatshard::ParseCommBackend(argv[i + 1]);
     }
   }
+  flatshard::DeviceOptions device;
+  device.kind = *kind;
+  const flatshard::CommBackend comm = *backend;
   const bool gpt = model == "gpt";
   const std::string file = gpt                 ? "/examples/gpt-7m.yaml"
                            : model == "mlp35m" ? "/bench/models/mlp35m.yaml"
@@ -204,4 +185,8 @@ int main(int argc, char** argv) {
     }
   }
   return 0;
+}
+
+int main(int argc, char** argv) {
+  return flatshard::bench::RunMain("train_step_bench", [&] { return Main(argc, argv); });
 }

@@ -1,0 +1,36 @@
+// What the benchmarks' flags share. They parse with CLI11, so --help works
+// and a bad value is refused by name; these validators say the bound in
+// their message (CLI::PositiveNumber's names DBL_MAX as its upper bound).
+#ifndef FLATSHARD_BENCH_BENCH_FLAGS_H_
+#define FLATSHARD_BENCH_BENCH_FLAGS_H_
+
+#include <cstdio>
+#include <exception>
+
+#include "CLI/CLI.hpp"
+
+namespace flatshard::bench {
+
+// A count: iterations, rounds, sizes, processes.
+inline CLI::Range AtLeastOne() { return CLI::Range(1, 1 << 30); }
+// An index, such as a GPU ordinal.
+inline CLI::Range AtLeastZero() { return CLI::Range(0, 1 << 30); }
+
+// A benchmark's main: `body` parses with CLI11_PARSE, which catches its own
+// errors; anything else thrown (CLI11 set-up errors, std::bad_alloc) is a bug
+// but still ends with a message and exit status 1, not std::terminate.
+template <typename Body>
+int RunMain(const char* name, Body&& body) noexcept {
+  try {
+    return body();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s: %s\n", name, e.what());
+  } catch (...) {
+    std::fprintf(stderr, "%s: an unknown exception\n", name);
+  }
+  return 1;
+}
+
+}  // namespace flatshard::bench
+
+#endif  // FLATSHARD_BENCH_BENCH_FLAGS_H_
