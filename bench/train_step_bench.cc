@@ -8,10 +8,14 @@
 //
 //   train_step_bench [--worlds 2,4] [--steps 30] [--batch 64] [--model mlp|mlp35m|gpt]
 //                    [--device cpu|sim|cuda] [--comm auto|gloo|nccl] [--gpus 0,1,...]
+//                    [--param-dtype bfloat16] [--reduce-dtype bfloat16]   (--help)
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
+#include <tuple>
 #include <vector>
 
 #include <sys/wait.h>
@@ -83,6 +87,10 @@ static int Main(int argc, char** argv) {
   using flatshard::OptimizerKind;
   using flatshard::ParseWrapPolicy;
   using flatshard::RunRank;
+  // One GEMM thread per rank, as flatshard-train-local and `flatshard up` on
+  // a host with no more cores than ranks give them: more would spin on the
+  // cores the other ranks compute on.
+  setenv("OPENBLAS_NUM_THREADS", "1", /*overwrite=*/0);
   std::vector<int> worlds = {2, 4};
   int steps = 30;
   int64_t batch = 64;
@@ -111,6 +119,12 @@ static int Main(int argc, char** argv) {
   app.add_option("--device", device_name, "cpu | sim | cuda")->capture_default_str();
   app.add_option("--comm", comm_name, "auto (nccl on cuda, gloo otherwise) | gloo | nccl")
       ->capture_default_str();
+  std::string param_dtype, reduce_dtype;
+  app.add_option("--param-dtype", param_dtype,
+                 "Mixed precision: the all-gather and compute dtype (bfloat16, float16; "
+                 "default: off)");
+  app.add_option("--reduce-dtype", reduce_dtype,
+                 "Mixed precision: the gradient reduction dtype (default: the param dtype)");
   app.add_option("--gpus", gpus, "The GPU of each rank (default: rank)")
       ->delimiter(',')
       ->check(flatshard::bench::AtLeastZero());
@@ -123,6 +137,17 @@ static int Main(int argc, char** argv) {
       std::fprintf(stderr, "%s: %s\n", flag, std::string(status.message()).c_str());
       return 2;
     }
+  }
+  std::optional<flatshard::DType> dtypes[2];
+  for (auto [flag, text, dtype] : {std::tuple{"--param-dtype", &param_dtype, &dtypes[0]},
+                                   std::tuple{"--reduce-dtype", &reduce_dtype, &dtypes[1]}}) {
+    if (text->empty()) continue;
+    absl::StatusOr<flatshard::DType> parsed = flatshard::ParseDType(*text);
+    if (!parsed.ok()) {
+      std::fprintf(stderr, "%s: %s\n", flag, std::string(parsed.status().message()).c_str());
+      return 2;
+    }
+    *dtype = *parsed;
   }
   flatshard::DeviceOptions device;
   device.kind = *kind;
@@ -145,6 +170,8 @@ static int Main(int argc, char** argv) {
       options.policy =
           *ParseWrapPolicy(gpt ? "module-type:TransformerBlock" : "module-type:Residual");
       options.runtime.sharding.backward_prefetch = prefetch;
+      options.runtime.sharding.param_dtype = dtypes[0];
+      options.runtime.sharding.reduce_dtype = dtypes[1];
       options.runtime.optimizer.kind = OptimizerKind::kAdamW;
       options.runtime.comm = comm;
       options.data.global_batch_size = batch;

@@ -1,9 +1,11 @@
 #include "client/local_cluster.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <thread>
 
 #include <sys/wait.h>
 #include <unistd.h>
@@ -34,11 +36,20 @@ std::string LocalCluster::SelfDirectory() {
   return ec ? std::string(".") : self.parent_path().string();
 }
 
+int ComputeThreadsPerWorker(unsigned hardware_threads, int workers) {
+  if (workers < 1) return 1;
+  return std::max(1, static_cast<int>(hardware_threads) / workers);
+}
+
 absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
     const LocalClusterOptions& options) {
   if (options.workers < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("--workers must be at least 1, got ", options.workers));
+  }
+  if (options.compute_threads < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--compute-threads must be 0 (automatic) or more, got ", options.compute_threads));
   }
   const std::string bin = options.bin_dir.empty() ? SelfDirectory() : options.bin_dir;
   const std::string metrics_listen = options.metrics ? "127.0.0.1:0" : "";
@@ -61,6 +72,10 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
   RETURN_IF_ERROR(WritePrivateFile(command_token_file, cluster->command_token_ + "\n"));
   std::error_code ec;
   std::filesystem::create_directories(options.checkpoint_dir, ec);
+  int compute_threads = options.compute_threads;
+  if (compute_threads == 0 && std::getenv("OPENBLAS_NUM_THREADS") == nullptr) {
+    compute_threads = ComputeThreadsPerWorker(std::thread::hardware_concurrency(), options.workers);
+  }
   for (int i = 0; i < options.workers; ++i) {
     std::vector<std::string> args = {bin + "/flatshard-worker",
                                      "--coordinator",
@@ -91,6 +106,9 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
       args.insert(args.end(), {"--gpu", absl::StrCat(gpu)});
     }
     if (options.device == "sim") args.insert(args.end(), {"--sim-seed", absl::StrCat(i + 1)});
+    if (options.device != "cuda" && compute_threads > 0) {
+      args.insert(args.end(), {"--compute-threads", absl::StrCat(compute_threads)});
+    }
     args.insert(args.end(), options.every_worker_flags.begin(), options.every_worker_flags.end());
     if (auto extra = options.worker_flags.find(i); extra != options.worker_flags.end()) {
       args.insert(args.end(), extra->second.begin(), extra->second.end());

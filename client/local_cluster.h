@@ -35,6 +35,11 @@ struct LocalClusterOptions {
   std::string comm = "auto";   // every worker's --comm
   // With device cuda: worker i drives gpus[i % gpus.size()]; empty: GPU i.
   std::vector<int> gpus;
+  // Every CPU (and sim) worker's --compute-threads; 0: unless the environment
+  // sets OPENBLAS_NUM_THREADS, each worker's share of this host's cores
+  // (ComputeThreadsPerWorker), as torchrun sets OMP_NUM_THREADS for several
+  // processes on a node.
+  int compute_threads = 0;
   absl::Duration start_timeout = absl::Seconds(60);
   // More flags for worker i (tests: --inject-file-faults on one rank).
   std::map<int, std::vector<std::string>> worker_flags;
@@ -46,6 +51,12 @@ struct LocalClusterOptions {
   // in a network namespace).
   std::map<int, std::vector<std::string>> worker_command_prefix;
 };
+
+// The GEMM threads each of `workers` CPU workers on one host gets by default:
+// an equal share of its hardware threads, at least one. All of them each
+// would have the workers' idle BLAS threads spin on the cores the others
+// compute on.
+int ComputeThreadsPerWorker(unsigned hardware_threads, int workers);
 
 class LocalCluster {
  public:

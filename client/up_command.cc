@@ -35,6 +35,11 @@ CLI::App* AddUpCommand(CLI::App& app, UpCommandOptions& o) {
                  "With --device cuda: GPUs to use, worker i on the i-th (cycling; several "
                  "workers per GPU need --comm gloo); default: worker i on GPU i")
       ->delimiter(',');
+  up->add_option("--compute-threads", o.cluster.compute_threads,
+                 "GEMM threads of each CPU worker (0: OPENBLAS_NUM_THREADS if set, else an equal "
+                 "share of this host's cores)")
+      ->check(CLI::Range(0, 4096))
+      ->capture_default_str();
   up->add_option("--listen", o.cluster.listen,
                  "Coordinator address (port 0: any free one; see --address-file)")
       ->capture_default_str();

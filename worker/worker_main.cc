@@ -56,6 +56,7 @@ struct Flags {
   std::string comm = "auto";
   uint64_t sim_seed = 1;
   int sim_max_delay_us = 50;
+  int compute_threads = 0;  // 0: OpenBLAS's own choice
   int rank = -1;
   std::string data_dir = ".";
   std::string checkpoint_dir = "./checkpoints";
@@ -139,10 +140,14 @@ int Run(const Flags& f) {
     return 2;
   }
   if (*kind != DeviceKind::kCuda) {
-    // Which OpenBLAS kernels the CPU path runs, for anyone comparing step times.
+    if (f.compute_threads > 0) Cblas().set_num_threads(f.compute_threads);
+    // Which OpenBLAS kernels the CPU path runs, and on how many threads, for
+    // anyone comparing step times.
     const char* forced = std::getenv("OPENBLAS_CORETYPE");
-    spdlog::info("flatshard-worker: host GEMMs run OpenBLAS's {} kernels ({})", Cblas().corename(),
-                 forced != nullptr ? absl::StrCat("OPENBLAS_CORETYPE=", forced) : "chosen by CPU");
+    spdlog::info("flatshard-worker: host GEMMs run OpenBLAS's {} kernels ({}) on {} thread(s)",
+                 Cblas().corename(),
+                 forced != nullptr ? absl::StrCat("OPENBLAS_CORETYPE=", forced) : "chosen by CPU",
+                 Cblas().num_threads());
   }
   absl::StatusOr<std::optional<TlsMaterial>> tls = LoadTls(f.tls, TlsRole::kServer);
   if (!tls.ok()) {
@@ -341,6 +346,12 @@ int Main(int argc, char** argv) {
                  "With --device cuda: the GPU index among the visible ones (respects "
                  "CUDA_VISIBLE_DEVICES; default: $LOCAL_RANK, else 0)")
       ->check(CLI::Range(0, 4095));
+  app.add_option("--compute-threads", f.compute_threads,
+                 "Threads for the CPU device's GEMMs (OpenBLAS). 0: OPENBLAS_NUM_THREADS, else one "
+                 "per core; with several CPU workers on a host give each its share of the cores "
+                 "(`flatshard up` does)")
+      ->check(CLI::Range(0, 4096))
+      ->capture_default_str();
   app.add_option("--comm", f.comm,
                  "Collectives for device memory: auto (nccl on cuda, gloo otherwise), gloo "
                  "(on cuda: staged through pinned host memory; several ranks may share a GPU) or "

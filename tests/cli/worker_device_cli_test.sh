@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs the real daemons' device flags: on a machine without a visible GPU,
 # `--device cuda` exits 2 before registering, saying no CUDA device is visible;
-# bad device flags exit 2 naming the flag; a bad --log-level is refused by
-# both daemons. Usage:
+# bad device flags exit 2 naming the flag; --compute-threads sizes the CPU
+# device's GEMM thread pool; a bad --log-level is refused by both daemons. Usage:
 #   worker_device_cli_test.sh <bin dir>
 # Exits 77 (skipped) on a machine where a GPU is visible.
 set -u
@@ -41,6 +41,19 @@ expect gpu_without_cuda 2 "only meaningful with --device cuda" -- \
   "$bin/flatshard-worker" --device sim --gpu 1 --coordinator $coordinator
 expect negative_gpu 105 "\-\-gpu" -- \
   "$bin/flatshard-worker" --device cuda --gpu -3 --coordinator $coordinator
+# GEMM threads: the flag sets OpenBLAS's pool over the environment's choice,
+# which holds without it; the worker logs the count before it registers (and
+# then fails to: nothing listens). A negative count is refused by name.
+expect compute_threads_flag 1 "kernels (.*) on 1 thread(s)" -- \
+  env OPENBLAS_NUM_THREADS=2 "$bin/flatshard-worker" --device cpu --compute-threads 1 \
+  --coordinator $coordinator --connect-timeout 1
+expect compute_threads_env 1 "kernels (.*) on 2 thread(s)" -- \
+  env OPENBLAS_NUM_THREADS=2 "$bin/flatshard-worker" --device cpu \
+  --coordinator $coordinator --connect-timeout 1
+expect negative_compute_threads 105 "\-\-compute-threads: Value -1 not in range" -- \
+  "$bin/flatshard-worker" --compute-threads -1 --coordinator $coordinator
+expect up_negative_compute_threads 2 "\-\-compute-threads: Value -2 not in range" -- \
+  "$bin/flatshard" up --compute-threads -2
 # Both daemons refuse a log level they do not know, from the flag or its env.
 expect worker_bad_log_level 105 "\-\-log-level: loud not in" -- \
   "$bin/flatshard-worker" --log-level loud --coordinator $coordinator

@@ -18,11 +18,16 @@ CblasApi Load() {
     api.sgemm = reinterpret_cast<decltype(api.sgemm)>(dlsym(library, "cblas_sgemm"));
     api.corename =
         reinterpret_cast<decltype(api.corename)>(dlsym(library, "openblas_get_corename"));
+    api.set_num_threads =
+        reinterpret_cast<decltype(api.set_num_threads)>(dlsym(library, "openblas_set_num_threads"));
+    api.num_threads =
+        reinterpret_cast<decltype(api.num_threads)>(dlsym(library, "openblas_get_num_threads"));
   }
-  if (api.sgemm == nullptr || api.corename == nullptr) {
+  if (api.sgemm == nullptr || api.corename == nullptr || api.set_num_threads == nullptr ||
+      api.num_threads == nullptr) {
     const char* error = dlerror();
     std::fprintf(stderr, "flatshard: cannot use %s (OpenBLAS, for the CPU kernels): %s\n", kLibrary,
-                 error != nullptr ? error : "no cblas_sgemm or openblas_get_corename");
+                 error != nullptr ? error : "an OpenBLAS entry point is missing");
     std::abort();
   }
   return api;

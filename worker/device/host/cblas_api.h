@@ -18,6 +18,12 @@ struct CblasApi {
   // when it is opened, or named by OPENBLAS_CORETYPE. It halves or doubles the
   // CPU path's GEMM rate on an AVX-512 machine, so the worker logs it.
   decltype(&openblas_get_corename) corename = nullptr;
+  // Its thread pool: OPENBLAS_NUM_THREADS or one thread per core unless set.
+  // Several CPU workers on one host each want a share of the cores, not all
+  // of them: idle pool threads spin in sched_yield, taking the cores the
+  // other workers' compute and TCP copies need.
+  decltype(&openblas_set_num_threads) set_num_threads = nullptr;
+  decltype(&openblas_get_num_threads) num_threads = nullptr;
 };
 
 // The OpenBLAS entry points, opened on first use. OpenBLAS is a hard dependency
