@@ -11,6 +11,11 @@
 # an admin token, an audit log); FLATSHARD_DEMO_TLS=0 runs it plaintext on
 # loopback. FLATSHARD_DEMO_STEPS (default 800) sets the training length.
 set -euo pipefail
+case "${1:-}" in
+  "") ;;
+  -h|--help) sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  *) echo "demo.sh: unknown argument '$1' (it takes none; try --help)" >&2; exit 2 ;;
+esac
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 echo "== building the daemons and the CLI (bash scripts/test.sh builds and runs everything) =="

@@ -7,8 +7,13 @@
 # keeps concurrent tests from building the same venv twice. The package itself
 # is reinstalled when client/python or proto/ changed. Progress goes to stderr.
 set -euo pipefail
+case "${1:-}" in
+  -h|--help) sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  "" | -*) echo "usage: python-env.sh REQUIREMENTS_FILE (try --help)" >&2; exit 2 ;;
+esac
+[[ -f $1 ]] || { echo "python-env.sh: no requirements file '$1'" >&2; exit 2; }
 root=$(cd "$(dirname "$0")/.." && pwd)
-requirements=$(realpath "${1:?usage: python-env.sh REQUIREMENTS_FILE}")
+requirements=$(realpath "$1")
 cache=${FLATSHARD_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/flatshard}
 mkdir -p "$cache"
 

@@ -2,6 +2,11 @@
 # Installs every Debian package the build and the tests need. Idempotent: packages
 # already present are skipped, and `apt-get update` runs only when something is missing.
 set -euo pipefail
+case "${1:-}" in
+  "") ;;
+  -h|--help) sed -n '2,3p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  *) echo "setup.sh: unknown argument '$1' (it takes none; try --help)" >&2; exit 2 ;;
+esac
 
 PACKAGES=(
   build-essential cmake ninja-build pkg-config git
