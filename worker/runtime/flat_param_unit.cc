@@ -82,6 +82,10 @@ absl::Status FlatParamUnit::Gather() {
     RETURN_IF_ERROR(
         comm.Cast(param_dtype, Bytes(gathered_), DType::kFloat32, compute_copy_.byte_span(), n));
     compute_view_ = compute_copy_.span<float>().first(n);
+    // The kernels compute on the fp32 copy (holding the low-precision
+    // values exactly), so nothing reads the low-precision gather after the
+    // cast: free it now rather than at Reshard, S*W*es less per live unit.
+    gathered_.Release(comm);
   }
   ASSIGN_OR_RETURN(gathered_event_, comm.Record());
   return absl::OkStatus();

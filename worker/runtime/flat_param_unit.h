@@ -145,7 +145,7 @@ class FlatParamUnit {
   UnitPlacement p_;
 
   DeviceBuffer shard_;         // fp32, S
-  DeviceBuffer gathered_;      // param dtype, S*W (sharded strategies)
+  DeviceBuffer gathered_;      // param dtype, S*W (sharded; a 16-bit one only until widened)
   DeviceBuffer compute_copy_;  // fp32, N, when the gathered dtype is not fp32
   DeviceSpan<float> compute_view_;
   std::shared_ptr<Event> gathered_event_;
