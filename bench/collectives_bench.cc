@@ -13,7 +13,8 @@
 // reduction, as every training step starts without one.
 // Prints a markdown table; busbw follows nccl-tests: (W-1)/W * bytes / time.
 //
-//   collectives_bench [--sizes-mib 1,16,64] [--worlds 2,4] [--iters 10]   (--help)
+//   collectives_bench [--sizes-mib 1,16,64] [--worlds 2,4] [--iters 10]
+//                     [--reduce-dtype float32|bfloat16|float16]   (--help)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -35,6 +36,7 @@
 #include "absl/strings/str_cat.h"
 
 #include "bench/bench_flags.h"
+#include "core/dtype.h"
 #include "core/flat_param_layout.h"
 #include "worker/comm/file_store.h"
 #include "worker/comm/gloo_communicator.h"
@@ -77,7 +79,7 @@ double MedianSeconds(int iters, Communicator& comm, Fn&& fn) {
 }
 
 int RunRank(const std::string& dir, int rank, int world, size_t bytes, int iters,
-            const std::string& out_path) {
+            DType reduce_dtype, const std::string& out_path) {
   auto store = FileStore::Open(dir);
   GlooOptions options;
   options.timeout = absl::Seconds(120);
@@ -114,7 +116,7 @@ int RunRank(const std::string& dir, int rank, int world, size_t bytes, int iters
                            *layout,
                            rank,
                            ShardingStrategy::kFullShard,
-                           ResolvedPrecision{DType::kFloat32, DType::kFloat32},
+                           ResolvedPrecision{DType::kFloat32, reduce_dtype},
                            ComputeGradientDivideFactors(world)};
   // The unit on the CPU device, as the runtime drives it: the collectives run
   // on the communication stream's thread, the compute stream waits for them.
@@ -145,13 +147,20 @@ int RunRank(const std::string& dir, int rank, int world, size_t bytes, int iters
   // is the median of the per-iteration ratios. Each step of a training run
   // starts without a gradient shard (zero_grad), so the setup clears it: the
   // reduction writes the shard, as the first micro-batch of a step does.
-  std::vector<float> scratch(total);
+  // The ceiling reduces the same elements in the reduce dtype (ones).
+  const size_t es = DTypeSize(reduce_dtype);
+  std::vector<std::byte> ones(es * total), scratch(es * total);
+  for (size_t i = 0; i < total; ++i) {
+    const float one = 1.0f;
+    ConvertElements(DType::kFloat32, reinterpret_cast<const std::byte*>(&one), reduce_dtype,
+                    ones.data() + i * es, 1);
+  }
   std::vector<double> ring_times, unit_times, ratios;
   for (int i = -1; i < iters; ++i) {  // i = -1 warms up
-    std::fill(scratch.begin(), scratch.end(), 1.0f);
+    std::copy(ones.begin(), ones.end(), scratch.begin());
     (void)comm.Barrier();
     auto start = Clock::now();
-    (void)comm.ReduceScatterInPlace(scratch.data(), shard, DType::kFloat32);
+    (void)comm.ReduceScatterInPlace(scratch.data(), shard, reduce_dtype);
     const double ring = std::chrono::duration<double>(Clock::now() - start).count();
     unit.ClearGradShard();
     (void)unit.EnsureGrad();
@@ -213,7 +222,16 @@ static int Main(int argc, char** argv) {
   app.add_option("--iters", iters, "Timed iterations per cell (medians; one warm-up more)")
       ->check(flatshard::bench::AtLeastOne())
       ->capture_default_str();
+  std::string reduce_dtype_name = "float32";
+  app.add_option("--reduce-dtype", reduce_dtype_name,
+                 "The gradient's reduce dtype (the unit's mixed precision); the in-place ring "
+                 "it is held against reduces the same elements in it")
+      ->check(CLI::IsMember({"float32", "bfloat16", "float16"}))
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  const flatshard::DType reduce_dtype = *flatshard::ParseDType(reduce_dtype_name);
+  // The reduce columns move the gradient in the reduce dtype.
+  const double reduce_share = static_cast<double>(flatshard::DTypeSize(reduce_dtype)) / 4.0;
   std::printf(
       "| W | size | raw gloo all-gather busbw | unit all-gather busbw | ratio | ring "
       "reduce-scatter busbw (copying) | ring in place busbw | unit reduce busbw | unit / in "
@@ -227,7 +245,7 @@ static int Main(int argc, char** argv) {
       std::vector<pid_t> pids;
       for (int rank = 0; rank < world; ++rank) {
         const pid_t pid = fork();
-        if (pid == 0) _exit(flatshard::RunRank(dir, rank, world, bytes, iters, out));
+        if (pid == 0) _exit(flatshard::RunRank(dir, rank, world, bytes, iters, reduce_dtype, out));
         pids.push_back(pid);
       }
       bool ok = true;
@@ -245,11 +263,12 @@ static int Main(int argc, char** argv) {
       const double factor =
           static_cast<double>(world - 1) / world * static_cast<double>(bytes) / 1e9;
       auto bw = [&](double s) { return factor / s; };
+      auto reduce_bw = [&](double s) { return factor * reduce_share / s; };
       std::printf(
           "| %d | %d MiB | %.2f GB/s | %.2f GB/s | %.2f | %.2f GB/s | %.2f GB/s | %.2f GB/s | %.2f "
           "| %.2f GB/s |\n",
-          world, mib, bw(t[0]), bw(t[1]), t[0] / t[1], bw(t[2]), bw(t[3]), bw(t[4]), t[6],
-          bw(t[5]));
+          world, mib, bw(t[0]), bw(t[1]), t[0] / t[1], bw(t[2]), reduce_bw(t[3]), reduce_bw(t[4]),
+          t[6], bw(t[5]));
       std::fflush(stdout);
       std::filesystem::remove_all(dir);
       std::filesystem::remove(out);

@@ -14,6 +14,7 @@
 
 #include "core/dtype.h"
 #include "worker/comm/communicator.h"
+#include "worker/device/host/host_isa.h"
 
 namespace flatshard {
 
@@ -28,6 +29,8 @@ struct GradientChunksSpec {
   // false: grad_shard holds nothing yet and is written, as accumulating into
   // zeros would (GradientReduction::accumulate).
   bool accumulate = true;
+  // Which compiled copy of the element loops runs (tests compare them).
+  host_kernels::HostIsa isa = host_kernels::HostIsa::kBest;
 };
 
 std::unique_ptr<ReduceScatterChunks> MakeGradientChunks(const GradientChunksSpec& spec);
