@@ -20,22 +20,57 @@ void Combine(ReduceOp op, const void* a, const void* b, void* out, size_t count)
   }
 }
 
+// The 16-bit combines are bound by their conversions (rounding, NaN selects),
+// not by memory: written once and inlined into a baseline copy and an AVX2
+// copy, chosen at run time, as the fused gradient reduction's loops are. The
+// same operations per element, so both give the same bits
+// (reduce_kernels_test). `z` may be `x`.
 template <float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float)>
-void Combine16(ReduceOp op, const void* a, const void* b, void* out, size_t count) {
-  const uint16_t* x = static_cast<const uint16_t*>(a);
-  const uint16_t* y = static_cast<const uint16_t*>(b);
-  uint16_t* z = static_cast<uint16_t*>(out);
-  for (size_t i = 0; i < count; ++i) {
-    const float fx = ToFloat(x[i]);
-    const float fy = ToFloat(y[i]);
-    z[i] = FromFloat(op == ReduceOp::kSum ? fx + fy : std::max(fx, fy));
+[[gnu::always_inline]] inline void Combine16Loop(ReduceOp op, const uint16_t* x, const uint16_t* y,
+                                                 uint16_t* z, size_t count) {
+  if (op == ReduceOp::kSum) {
+    for (size_t i = 0; i < count; ++i) z[i] = FromFloat(ToFloat(x[i]) + ToFloat(y[i]));
+  } else {
+    for (size_t i = 0; i < count; ++i) z[i] = FromFloat(std::max(ToFloat(x[i]), ToFloat(y[i])));
   }
+}
+
+template <float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float)>
+void Combine16Portable(ReduceOp op, const uint16_t* x, const uint16_t* y, uint16_t* z,
+                       size_t count) {
+  Combine16Loop<ToFloat, FromFloat>(op, x, y, z, count);
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+template <float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float)>
+[[gnu::target("avx2")]] void Combine16Avx2(ReduceOp op, const uint16_t* x, const uint16_t* y,
+                                           uint16_t* z, size_t count) {
+  Combine16Loop<ToFloat, FromFloat>(op, x, y, z, count);
+}
+#else
+template <float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float)>
+void Combine16Avx2(ReduceOp op, const uint16_t* x, const uint16_t* y, uint16_t* z, size_t count) {
+  Combine16Loop<ToFloat, FromFloat>(op, x, y, z, count);  // never chosen: no AVX2 here
+}
+#endif
+
+template <float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float)>
+void Combine16(ReduceOp op, const void* a, const void* b, void* out, size_t count,
+               host_kernels::HostIsa isa) {
+  const auto* x = static_cast<const uint16_t*>(a);
+  const auto* y = static_cast<const uint16_t*>(b);
+  auto* z = static_cast<uint16_t*>(out);
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (host_kernels::UseAvx2Fma(isa)) return Combine16Avx2<ToFloat, FromFloat>(op, x, y, z, count);
+#endif
+  (void)isa;
+  Combine16Portable<ToFloat, FromFloat>(op, x, y, z, count);
 }
 
 }  // namespace
 
-void ReduceElements(DType dtype, ReduceOp op, const void* a, const void* b, void* out,
-                    size_t count) {
+void ReduceElements(DType dtype, ReduceOp op, const void* a, const void* b, void* out, size_t count,
+                    host_kernels::HostIsa isa) {
   switch (dtype) {
     case DType::kFloat32:
       return Combine<float>(op, a, b, out, count);
@@ -46,9 +81,9 @@ void ReduceElements(DType dtype, ReduceOp op, const void* a, const void* b, void
     case DType::kInt64:
       return Combine<int64_t>(op, a, b, out, count);
     case DType::kBFloat16:
-      return Combine16<BFloat16ToFloat, FloatToBFloat16>(op, a, b, out, count);
+      return Combine16<BFloat16ToFloat, FloatToBFloat16>(op, a, b, out, count, isa);
     case DType::kFloat16:
-      return Combine16<HalfToFloat, FloatToHalf>(op, a, b, out, count);
+      return Combine16<HalfToFloat, FloatToHalf>(op, a, b, out, count, isa);
   }
 }
 

@@ -8,12 +8,14 @@
 
 #include "core/dtype.h"
 #include "worker/comm/communicator.h"
+#include "worker/device/host/host_isa.h"
 
 namespace flatshard {
 
-// `out` may alias `a`.
-void ReduceElements(DType dtype, ReduceOp op, const void* a, const void* b, void* out,
-                    size_t count);
+// `out` may alias `a`. `isa` picks the compiled copy of the 16-bit combines
+// (tests compare them; every copy gives the same bits).
+void ReduceElements(DType dtype, ReduceOp op, const void* a, const void* b, void* out, size_t count,
+                    host_kernels::HostIsa isa = host_kernels::HostIsa::kBest);
 
 // data[i] /= divisor in the buffer's dtype (computed in float for 16-bit types and
 // rounded back), as torch's Tensor.div_ does for FSDP's gradient divide factors.
