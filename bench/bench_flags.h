@@ -6,6 +6,8 @@
 
 #include <cstdio>
 #include <exception>
+#include <string>
+#include <utility>
 
 #include "CLI/CLI.hpp"
 
@@ -15,6 +17,19 @@ namespace flatshard::bench {
 inline CLI::Range AtLeastOne() { return CLI::Range(1, 1 << 30); }
 // An index, such as a GPU ordinal.
 inline CLI::Range AtLeastZero() { return CLI::Range(0, 1 << 30); }
+
+// A value one of the project's parsers (ParseDeviceKind, ParseDType, ...)
+// accepts; anything else is refused with that parser's message, so the flag
+// can be parsed again after CLI11_PARSE knowing it succeeds.
+template <typename Parse>
+CLI::Validator ParsedBy(Parse parse, std::string what) {
+  return CLI::Validator(
+      [parse](std::string& value) {
+        auto parsed = parse(value);
+        return parsed.ok() ? std::string() : std::string(parsed.status().message());
+      },
+      std::move(what));
+}
 
 // A benchmark's main: `body` parses with CLI11_PARSE, which catches its own
 // errors; anything else thrown (CLI11 set-up errors, std::bad_alloc) is a bug

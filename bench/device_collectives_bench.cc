@@ -177,8 +177,11 @@ static int Main(int argc, char** argv) {
   CLI::App app{
       "device_collectives_bench: the runtime's unit all-gather and reduce-scatter against the "
       "bare collective on the same bytes, in W processes"};
-  app.add_option("--device", device, "cuda | cpu | sim")->capture_default_str();
+  app.add_option("--device", device, "cuda | cpu | sim")
+      ->check(flatshard::bench::ParsedBy(flatshard::ParseDeviceKind, "DEVICE"))
+      ->capture_default_str();
   app.add_option("--comm", comm, "auto (nccl on cuda, gloo otherwise) | gloo | nccl")
+      ->check(flatshard::bench::ParsedBy(flatshard::ParseCommBackend, "COMM"))
       ->capture_default_str();
   app.add_option("--worlds", worlds, "Process counts")
       ->delimiter(',')
@@ -195,17 +198,8 @@ static int Main(int argc, char** argv) {
       ->delimiter(',')
       ->check(flatshard::bench::AtLeastZero());
   CLI11_PARSE(app, argc, argv);
-  auto kind = flatshard::ParseDeviceKind(device);
-  auto backend = flatshard::ParseCommBackend(comm);
-  for (const auto& [flag, status] :
-       {std::pair{"--device", kind.status()}, std::pair{"--comm", backend.status()}}) {
-    if (!status.ok()) {
-      std::fprintf(stderr, "%s: %s\n", flag, std::string(status.message()).c_str());
-      return 2;
-    }
-  }
-  settings.device.kind = *kind;
-  settings.comm = *backend;
+  settings.device.kind = *flatshard::ParseDeviceKind(device);
+  settings.comm = *flatshard::ParseCommBackend(comm);
   std::printf(
       "| device | W | size | bare all-gather busbw | unit all-gather busbw | ratio | bare "
       "reduce-scatter busbw | unit reduce busbw | ratio "

@@ -15,7 +15,6 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
-#include <tuple>
 #include <vector>
 
 #include <sys/wait.h>
@@ -116,42 +115,32 @@ static int Main(int argc, char** argv) {
                  "(examples/gpt-7m.yaml)")
       ->check(CLI::IsMember({"mlp", "mlp35m", "gpt"}))
       ->capture_default_str();
-  app.add_option("--device", device_name, "cpu | sim | cuda")->capture_default_str();
+  app.add_option("--device", device_name, "cpu | sim | cuda")
+      ->check(flatshard::bench::ParsedBy(flatshard::ParseDeviceKind, "DEVICE"))
+      ->capture_default_str();
   app.add_option("--comm", comm_name, "auto (nccl on cuda, gloo otherwise) | gloo | nccl")
+      ->check(flatshard::bench::ParsedBy(flatshard::ParseCommBackend, "COMM"))
       ->capture_default_str();
   std::string param_dtype, reduce_dtype;
   app.add_option("--param-dtype", param_dtype,
                  "Mixed precision: the all-gather and compute dtype (bfloat16, float16; "
-                 "default: off)");
+                 "default: off)")
+      ->check(flatshard::bench::ParsedBy(flatshard::ParseDType, "DTYPE"));
   app.add_option("--reduce-dtype", reduce_dtype,
-                 "Mixed precision: the gradient reduction dtype (default: the param dtype)");
+                 "Mixed precision: the gradient reduction dtype (default: the param dtype)")
+      ->check(flatshard::bench::ParsedBy(flatshard::ParseDType, "DTYPE"));
   app.add_option("--gpus", gpus, "The GPU of each rank (default: rank)")
       ->delimiter(',')
       ->check(flatshard::bench::AtLeastZero());
   CLI11_PARSE(app, argc, argv);
-  auto kind = flatshard::ParseDeviceKind(device_name);
-  auto backend = flatshard::ParseCommBackend(comm_name);
-  for (const auto& [flag, status] :
-       {std::pair{"--device", kind.status()}, std::pair{"--comm", backend.status()}}) {
-    if (!status.ok()) {
-      std::fprintf(stderr, "%s: %s\n", flag, std::string(status.message()).c_str());
-      return 2;
-    }
-  }
-  std::optional<flatshard::DType> dtypes[2];
-  for (auto [flag, text, dtype] : {std::tuple{"--param-dtype", &param_dtype, &dtypes[0]},
-                                   std::tuple{"--reduce-dtype", &reduce_dtype, &dtypes[1]}}) {
-    if (text->empty()) continue;
-    absl::StatusOr<flatshard::DType> parsed = flatshard::ParseDType(*text);
-    if (!parsed.ok()) {
-      std::fprintf(stderr, "%s: %s\n", flag, std::string(parsed.status().message()).c_str());
-      return 2;
-    }
-    *dtype = *parsed;
-  }
+  auto dtype = [](const std::string& name) -> std::optional<flatshard::DType> {
+    if (name.empty()) return std::nullopt;
+    return *flatshard::ParseDType(name);
+  };
+  const std::optional<flatshard::DType> dtypes[2] = {dtype(param_dtype), dtype(reduce_dtype)};
   flatshard::DeviceOptions device;
-  device.kind = *kind;
-  const flatshard::CommBackend comm = *backend;
+  device.kind = *flatshard::ParseDeviceKind(device_name);
+  const flatshard::CommBackend comm = *flatshard::ParseCommBackend(comm_name);
   const bool gpt = model == "gpt";
   const std::string file = gpt                 ? "/examples/gpt-7m.yaml"
                            : model == "mlp35m" ? "/bench/models/mlp35m.yaml"

@@ -77,49 +77,26 @@ void ConsumePortable(const StorageOf<D>* r, float* acc, size_t n, bool accumulat
   ConsumeLoop<D>(r, acc, n, accumulate, post);
 }
 
-#if defined(__x86_64__) && defined(__GNUC__)
-constexpr bool kHaveAvx2Copy = true;
 template <DType D, typename Pre>
-[[gnu::target("avx2")]] void ProduceAvx2(const float* g, size_t valid, size_t n, StorageOf<D>* o,
-                                         Pre pre) {
+FLATSHARD_AVX2_COPY void ProduceAvx2(const float* g, size_t valid, size_t n, StorageOf<D>* o,
+                                     Pre pre) {
   ProduceLoop<D>(g, valid, n, o, pre);
 }
 template <DType D, typename Pre>
-[[gnu::target("avx2")]] void AddAvx2(const float* g, size_t valid, size_t n, const StorageOf<D>* r,
-                                     StorageOf<D>* o, Pre pre) {
+FLATSHARD_AVX2_COPY void AddAvx2(const float* g, size_t valid, size_t n, const StorageOf<D>* r,
+                                 StorageOf<D>* o, Pre pre) {
   AddLoop<D>(g, valid, n, r, o, pre);
 }
 template <DType D, typename Pre>
-[[gnu::target("avx2")]] void AddRawAvx2(const float* g, size_t n, const float* r, StorageOf<D>* o,
-                                        Pre pre) {
+FLATSHARD_AVX2_COPY void AddRawAvx2(const float* g, size_t n, const float* r, StorageOf<D>* o,
+                                    Pre pre) {
   AddRawLoop<D>(g, n, r, o, pre);
 }
 template <DType D, typename Post>
-[[gnu::target("avx2")]] void ConsumeAvx2(const StorageOf<D>* r, float* acc, size_t n,
-                                         bool accumulate, Post post) {
+FLATSHARD_AVX2_COPY void ConsumeAvx2(const StorageOf<D>* r, float* acc, size_t n, bool accumulate,
+                                     Post post) {
   ConsumeLoop<D>(r, acc, n, accumulate, post);
 }
-#else
-// No AVX2 here: the same names for the baseline copy, never chosen.
-constexpr bool kHaveAvx2Copy = false;
-template <DType D, typename Pre>
-void ProduceAvx2(const float* g, size_t valid, size_t n, StorageOf<D>* o, Pre pre) {
-  ProduceLoop<D>(g, valid, n, o, pre);
-}
-template <DType D, typename Pre>
-void AddAvx2(const float* g, size_t valid, size_t n, const StorageOf<D>* r, StorageOf<D>* o,
-             Pre pre) {
-  AddLoop<D>(g, valid, n, r, o, pre);
-}
-template <DType D, typename Pre>
-void AddRawAvx2(const float* g, size_t n, const float* r, StorageOf<D>* o, Pre pre) {
-  AddRawLoop<D>(g, n, r, o, pre);
-}
-template <DType D, typename Post>
-void ConsumeAvx2(const StorageOf<D>* r, float* acc, size_t n, bool accumulate, Post post) {
-  ConsumeLoop<D>(r, acc, n, accumulate, post);
-}
-#endif
 
 // The divisors' cases are template arguments, decided once per reduction: a
 // per-element branch would keep these loops (one pass over every gradient
@@ -130,10 +107,7 @@ class GradientChunks final : public ReduceScatterChunks {
   using Storage = StorageOf<D>;
 
   GradientChunks(const GradientChunksSpec& spec, Pre pre, Post post)
-      : spec_(spec),
-        pre_(pre),
-        post_(post),
-        avx2_(kHaveAvx2Copy && host_kernels::UseAvx2Fma(spec.isa)) {}
+      : spec_(spec), pre_(pre), post_(post), avx2_(host_kernels::UseAvx2Fma(spec.isa)) {}
 
   // A float32 chunk wholly inside the gradient goes out as the gradient's own
   // bytes; its receiver applies the pre-divide (ProduceAndAdd).

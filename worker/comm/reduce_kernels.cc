@@ -41,18 +41,11 @@ void Combine16Portable(ReduceOp op, const uint16_t* x, const uint16_t* y, uint16
   Combine16Loop<ToFloat, FromFloat>(op, x, y, z, count);
 }
 
-#if defined(__x86_64__) && defined(__GNUC__)
 template <float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float)>
-[[gnu::target("avx2")]] void Combine16Avx2(ReduceOp op, const uint16_t* x, const uint16_t* y,
-                                           uint16_t* z, size_t count) {
+FLATSHARD_AVX2_COPY void Combine16Avx2(ReduceOp op, const uint16_t* x, const uint16_t* y,
+                                       uint16_t* z, size_t count) {
   Combine16Loop<ToFloat, FromFloat>(op, x, y, z, count);
 }
-#else
-template <float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float)>
-void Combine16Avx2(ReduceOp op, const uint16_t* x, const uint16_t* y, uint16_t* z, size_t count) {
-  Combine16Loop<ToFloat, FromFloat>(op, x, y, z, count);  // never chosen: no AVX2 here
-}
-#endif
 
 template <float (*ToFloat)(uint16_t), uint16_t (*FromFloat)(float)>
 void Combine16(ReduceOp op, const void* a, const void* b, void* out, size_t count,
@@ -60,10 +53,7 @@ void Combine16(ReduceOp op, const void* a, const void* b, void* out, size_t coun
   const auto* x = static_cast<const uint16_t*>(a);
   const auto* y = static_cast<const uint16_t*>(b);
   auto* z = static_cast<uint16_t*>(out);
-#if defined(__x86_64__) && defined(__GNUC__)
   if (host_kernels::UseAvx2Fma(isa)) return Combine16Avx2<ToFloat, FromFloat>(op, x, y, z, count);
-#endif
-  (void)isa;
   Combine16Portable<ToFloat, FromFloat>(op, x, y, z, count);
 }
 

@@ -5,6 +5,15 @@
 #ifndef FLATSHARD_WORKER_DEVICE_HOST_HOST_ISA_H_
 #define FLATSHARD_WORKER_DEVICE_HOST_HOST_ISA_H_
 
+// On a function: compile it as the AVX2 copy of a host pass (x86-64 GCC and
+// clang). Elsewhere it compiles as the baseline, and UseAvx2Fma never picks
+// it, so the dispatching code needs no #if of its own.
+#if defined(__x86_64__) && defined(__GNUC__)
+#define FLATSHARD_AVX2_COPY [[gnu::target("avx2")]]
+#else
+#define FLATSHARD_AVX2_COPY
+#endif
+
 namespace flatshard::host_kernels {
 
 enum class HostIsa {
