@@ -11,6 +11,9 @@
 // The gradient the backward leaves (allocated and zeroed by EnsureGrad) is set
 // up outside the timed region; the gradient shard is cleared before each
 // reduction, as every training step starts without one.
+// The last two columns are the same-host collectives (SameHostCommunicator:
+// each rank reads its peers' buffers with process_vm_readv, Gloo carrying
+// only the addresses and barriers) on the same bytes, in place.
 // Prints a markdown table; busbw follows nccl-tests: (W-1)/W * bytes / time.
 //
 //   collectives_bench [--sizes-mib 1,16,64] [--worlds 2,4] [--iters 10]
@@ -42,6 +45,7 @@
 #include "worker/comm/gloo_communicator.h"
 #include "worker/comm/gloo_store_adapter.h"
 #include "worker/comm/host_collectives.h"
+#include "worker/comm/same_host_communicator.h"
 #include "worker/device/host/host_device.h"
 #include "worker/runtime/flat_param_unit.h"
 
@@ -52,7 +56,8 @@ using Clock = std::chrono::steady_clock;
 
 struct Timings {
   double raw_allgather = 0, unit_gather = 0, ring_reduce_scatter = 0, ring_in_place = 0,
-         unit_reduce = 0, halving_doubling = 0, unit_over_ring = 0;
+         unit_reduce = 0, halving_doubling = 0, unit_over_ring = 0, same_host_allgather = 0,
+         same_host_in_place = 0;
 };
 
 // `setup` runs before each iteration's barrier, outside the timed region.
@@ -191,11 +196,29 @@ int RunRank(const std::string& dir, int rank, int world, size_t bytes, int iters
     hd.run();
   });
 
+  options.prefix = "same-host";
+  auto same_host_or = GlooCommunicator::Create(*store, rank, world, options);
+  if (!same_host_or.ok()) return 1;
+  std::string why_not;
+  auto wrapped = SameHostCommunicator::Wrap(*std::move(same_host_or), SameHostOptions{}, &why_not);
+  if (!wrapped.ok() || !why_not.empty()) {
+    std::cerr << "same-host collectives unavailable: " << why_not << "\n";
+    return 1;
+  }
+  Communicator& same_host = **wrapped;
+  t.same_host_allgather = MedianSeconds(iters, same_host, [&] {
+    (void)same_host.AllGather(out.data() + static_cast<size_t>(rank) * shard, out.data(), shard,
+                              DType::kFloat32);
+  });
+  t.same_host_in_place = MedianSeconds(
+      iters, same_host, [&] { std::copy(ones.begin(), ones.end(), scratch.begin()); },
+      [&] { (void)same_host.ReduceScatterInPlace(scratch.data(), shard, reduce_dtype); });
+
   if (rank == 0) {
     std::ofstream outf(out_path);
     outf << t.raw_allgather << " " << t.unit_gather << " " << t.ring_reduce_scatter << " "
          << t.ring_in_place << " " << t.unit_reduce << " " << t.halving_doubling << " "
-         << t.unit_over_ring << "\n";
+         << t.unit_over_ring << " " << t.same_host_allgather << " " << t.same_host_in_place << "\n";
   }
   return 0;
 }
@@ -235,7 +258,8 @@ static int Main(int argc, char** argv) {
   std::printf(
       "| W | size | raw gloo all-gather busbw | unit all-gather busbw | ratio | ring "
       "reduce-scatter busbw (copying) | ring in place busbw | unit reduce busbw | unit / in "
-      "place | gloo halving-doubling RS busbw |\n|---|---|---|---|---|---|---|---|---|---|\n");
+      "place | gloo halving-doubling RS busbw | same-host all-gather busbw | same-host in place "
+      "busbw |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (int world : worlds) {
     for (int mib : sizes) {
       const size_t bytes = static_cast<size_t>(mib) << 20;
@@ -255,8 +279,8 @@ static int Main(int argc, char** argv) {
         ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
       }
       std::ifstream in(out);
-      double t[7] = {};
-      if (!ok || !(in >> t[0] >> t[1] >> t[2] >> t[3] >> t[4] >> t[5] >> t[6])) {
+      double t[9] = {};
+      if (!ok || !(in >> t[0] >> t[1] >> t[2] >> t[3] >> t[4] >> t[5] >> t[6] >> t[7] >> t[8])) {
         std::fprintf(stderr, "W=%d %d MiB failed\n", world, mib);
         return 1;
       }
@@ -266,9 +290,9 @@ static int Main(int argc, char** argv) {
       auto reduce_bw = [&](double s) { return factor * reduce_share / s; };
       std::printf(
           "| %d | %d MiB | %.2f GB/s | %.2f GB/s | %.2f | %.2f GB/s | %.2f GB/s | %.2f GB/s | %.2f "
-          "| %.2f GB/s |\n",
+          "| %.2f GB/s | %.2f GB/s | %.2f GB/s |\n",
           world, mib, bw(t[0]), bw(t[1]), t[0] / t[1], bw(t[2]), reduce_bw(t[3]), reduce_bw(t[4]),
-          t[6], bw(t[5]));
+          t[6], bw(t[5]), bw(t[7]), reduce_bw(t[8]));
       std::fflush(stdout);
       std::filesystem::remove_all(dir);
       std::filesystem::remove(out);

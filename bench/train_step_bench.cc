@@ -132,7 +132,16 @@ static int Main(int argc, char** argv) {
   app.add_option("--gpus", gpus, "The GPU of each rank (default: rank)")
       ->delimiter(',')
       ->check(flatshard::bench::AtLeastZero());
+  std::string host_copies = "on";
+  app.add_option("--same-host-copies", host_copies,
+                 "Host collectives between ranks of this host: on (read each other's buffers, "
+                 "SameHostCommunicator), off (Gloo over loopback TCP), or both, interleaved")
+      ->check(CLI::IsMember({"on", "off", "both"}))
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  std::vector<bool> copies_runs;
+  if (host_copies != "off") copies_runs.push_back(true);
+  if (host_copies != "on") copies_runs.push_back(false);
   auto dtype = [](const std::string& name) -> std::optional<flatshard::DType> {
     if (name.empty()) return std::nullopt;
     return *flatshard::ParseDType(name);
@@ -148,56 +157,61 @@ static int Main(int argc, char** argv) {
   auto spec = LoadModelSpecFile(std::string(FLATSHARD_SOURCE_DIR) + file);
   if (!spec.ok()) return 1;
   std::printf(
-      "| W | backward prefetch | step | compute | exposed comm | optimizer | exposed "
-      "comm / step |\n|---|---|---|---|---|---|---|\n");
+      "| W | backward prefetch | host copies | step | compute | exposed comm | optimizer | "
+      "exposed comm / step |\n|---|---|---|---|---|---|---|---|\n");
+  std::fflush(stdout);  // or every forked rank prints it again at exit
   for (int world : worlds) {
     for (auto [name, prefetch] :
          {std::pair{"PRE", BackwardPrefetch::kPre}, std::pair{"POST", BackwardPrefetch::kPost},
           std::pair{"NONE", BackwardPrefetch::kNone}}) {
-      LocalTrainOptions options;
-      options.spec = *spec;
-      options.policy =
-          *ParseWrapPolicy(gpt ? "module-type:TransformerBlock" : "module-type:Residual");
-      options.runtime.sharding.backward_prefetch = prefetch;
-      options.runtime.sharding.param_dtype = dtypes[0];
-      options.runtime.sharding.reduce_dtype = dtypes[1];
-      options.runtime.optimizer.kind = OptimizerKind::kAdamW;
-      options.runtime.comm = comm;
-      options.data.global_batch_size = batch;
-      if (gpt) {
-        options.data.kind = flatshard::compute::DataKind::kTokens;
-        options.data.seq_len = 64;
-        options.data.vocab_size = 4096;
-      } else {
-        options.data.kind = flatshard::compute::DataKind::kRegression;
-        options.data.input_features = 64;
-        options.data.output_features = 16;
+      for (const bool same_host : copies_runs) {
+        LocalTrainOptions options;
+        options.runtime.gloo.same_host_copies = same_host;
+        options.spec = *spec;
+        options.policy =
+            *ParseWrapPolicy(gpt ? "module-type:TransformerBlock" : "module-type:Residual");
+        options.runtime.sharding.backward_prefetch = prefetch;
+        options.runtime.sharding.param_dtype = dtypes[0];
+        options.runtime.sharding.reduce_dtype = dtypes[1];
+        options.runtime.optimizer.kind = OptimizerKind::kAdamW;
+        options.runtime.comm = comm;
+        options.data.global_batch_size = batch;
+        if (gpt) {
+          options.data.kind = flatshard::compute::DataKind::kTokens;
+          options.data.seq_len = 64;
+          options.data.vocab_size = 4096;
+        } else {
+          options.data.kind = flatshard::compute::DataKind::kRegression;
+          options.data.input_features = 64;
+          options.data.output_features = 16;
+        }
+        options.steps = steps;
+        options.summon_final_params = false;
+        const std::string dir = absl::StrCat(std::filesystem::temp_directory_path().string(),
+                                             "/flatshard-step-bench-", getpid(), "-", world, name);
+        const std::string out = dir + ".out";
+        std::vector<pid_t> pids;
+        for (int rank = 0; rank < world; ++rank) {
+          const pid_t pid = fork();
+          if (pid == 0) _exit(RunRank(options, device, gpus, dir, rank, world, out));
+          pids.push_back(pid);
+        }
+        bool ok = true;
+        for (pid_t pid : pids) {
+          int status = 0;
+          waitpid(pid, &status, 0);
+          ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+        }
+        double t[4] = {};
+        std::ifstream in(out);
+        if (!ok || !(in >> t[0] >> t[1] >> t[2] >> t[3])) return 1;
+        std::printf("| %d | %s | %s | %.1f ms | %.1f ms | %.1f ms | %.1f ms | %.2f |\n", world,
+                    name, same_host ? "same-host" : "tcp", t[0] * 1e3, t[1] * 1e3, t[2] * 1e3,
+                    t[3] * 1e3, t[2] / t[0]);
+        std::fflush(stdout);
+        std::filesystem::remove_all(dir);
+        std::filesystem::remove(out);
       }
-      options.steps = steps;
-      options.summon_final_params = false;
-      const std::string dir = absl::StrCat(std::filesystem::temp_directory_path().string(),
-                                           "/flatshard-step-bench-", getpid(), "-", world, name);
-      const std::string out = dir + ".out";
-      std::vector<pid_t> pids;
-      for (int rank = 0; rank < world; ++rank) {
-        const pid_t pid = fork();
-        if (pid == 0) _exit(RunRank(options, device, gpus, dir, rank, world, out));
-        pids.push_back(pid);
-      }
-      bool ok = true;
-      for (pid_t pid : pids) {
-        int status = 0;
-        waitpid(pid, &status, 0);
-        ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
-      }
-      double t[4] = {};
-      std::ifstream in(out);
-      if (!ok || !(in >> t[0] >> t[1] >> t[2] >> t[3])) return 1;
-      std::printf("| %d | %s | %.1f ms | %.1f ms | %.1f ms | %.1f ms | %.2f |\n", world, name,
-                  t[0] * 1e3, t[1] * 1e3, t[2] * 1e3, t[3] * 1e3, t[2] / t[0]);
-      std::fflush(stdout);
-      std::filesystem::remove_all(dir);
-      std::filesystem::remove(out);
     }
   }
   return 0;

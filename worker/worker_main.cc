@@ -62,6 +62,7 @@ struct Flags {
   std::string checkpoint_dir = "./checkpoints";
   double connect_timeout_s = 30;
   double collective_timeout_s = 60;
+  bool same_host_copies = true;
   double coordinator_timeout_s = 10;
   std::string inject_file_faults;  // tests only
   std::string state_dir = "./flatshard-worker-state";
@@ -218,6 +219,7 @@ int Run(const Flags& f) {
   options.checkpoint_dir = f.checkpoint_dir;
   options.gloo.hostname = f.advertise_host;
   options.gloo.timeout = absl::Seconds(f.collective_timeout_s);
+  options.gloo.same_host_copies = f.same_host_copies;
   options.device = *device;
   options.comm = *comm;
   options.store_for_prefix =
@@ -377,6 +379,12 @@ int Main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--collective-timeout", f.collective_timeout_s,
                  "Seconds a collective may wait for a peer before failing")
+      ->capture_default_str();
+  app.add_flag("--same-host-copies,!--no-same-host-copies", f.same_host_copies,
+               "Host (Gloo) collectives between workers of one host read each other's buffers "
+               "directly (process_vm_readv) instead of over loopback TCP; used only when every "
+               "worker of the job can (same host and PID namespace, ptrace allowed), logged "
+               "either way")
       ->capture_default_str();
   flatshard::AddTlsFlags(app, f.tls, "the coordinator");
   app.add_option("--join-token", f.join_token,

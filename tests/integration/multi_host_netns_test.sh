@@ -204,7 +204,11 @@ for i in 0 1 2; do
   mkdir -p "$work/$w/state" "$work/$w/data"
   log=$logs/$w.log
   log_files+=("$log")
-  ip netns exec "${ns_workers[$i]}" "$bin/flatshard-worker" \
+  # A PID namespace of its own too, as on separate hosts: the workers' probe
+  # for same-host copies (process_vm_readv) must fail and fall back to TCP
+  # (asserted below), so their collectives cross the bridge. --kill-child: a
+  # SIGKILL of the launcher reaches the worker.
+  ip netns exec "${ns_workers[$i]}" unshare --pid --fork --kill-child "$bin/flatshard-worker" \
     --coordinator "$coord_addr" --worker-id "mh-$w" \
     --listen "${worker_ips[$i]}:0" --advertise-host "${worker_ips[$i]}" \
     --state-dir "$work/$w/state" --data-dir "$work/$w/data" --checkpoint-dir "$shared" \
@@ -291,6 +295,8 @@ for i in 0 1 2; do
   rx=$(($(link_bytes "$ns" eth0 rx) - before[$i.eth0.rx]))
   tx=$(($(link_bytes "$ns" eth0 tx) - before[$i.eth0.tx]))
   lo_bytes=$(($(link_bytes "$ns" lo tx) - before[$i.lo.tx]))
+  grep -q "host collectives over Gloo/TCP (.*cannot read" "$logs/w$((i + 1)).log" \
+    || fail "worker w$((i + 1)) did not fall back to TCP between hosts (no 'host collectives over Gloo/TCP' line)"
   ((rx >= min_rx)) || fail "worker w$((i + 1))'s veth received $rx bytes in $train_steps steps; FSDP needs at least $min_rx"
   ((tx >= min_tx)) || fail "worker w$((i + 1))'s veth sent $tx bytes in $train_steps steps; FSDP needs at least $min_tx"
   # The data plane never takes the loopback (there is no peer behind it here).

@@ -35,6 +35,10 @@ struct GlooOptions {
   std::string hostname = "127.0.0.1";          // address peers connect to
   absl::Duration timeout = absl::Seconds(60);  // per collective and for rendezvous
   std::string prefix = "gloo";                 // store namespace for this group
+  // Ranks of one host read each other's buffers directly (process_vm_readv)
+  // instead of over loopback TCP, when every rank's probe allows it
+  // (SameHostCommunicator, applied by ConnectRuntimeGroups).
+  bool same_host_copies = true;
 };
 
 class GlooCommunicator : public Communicator {

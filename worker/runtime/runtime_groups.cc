@@ -1,13 +1,16 @@
 #include "worker/runtime/runtime_groups.h"
 
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "spdlog/spdlog.h"
 
 #include "core/status_macros.h"
 #include "worker/comm/background_priority.h"
 #include "worker/comm/host_collectives.h"
 #include "worker/comm/observed_communicator.h"
+#include "worker/comm/same_host_communicator.h"
 #include "worker/comm/staged_collectives.h"
 
 #if defined(FLATSHARD_HAVE_CUDA)
@@ -80,6 +83,18 @@ absl::StatusOr<RuntimeGroups> ConnectRuntimeGroups(Device& device,
   ASSIGN_OR_RETURN(std::unique_ptr<GlooCommunicator> world,
                    GlooCommunicator::Create(store, rank, world_size, options.gloo));
   g.host_world = std::move(world);
+  if (options.gloo.same_host_copies && world_size > 1) {
+    // Sub-groups inherit the choice: they are created from host_world.
+    std::string why_not;
+    ASSIGN_OR_RETURN(g.host_world, SameHostCommunicator::Wrap(std::move(g.host_world),
+                                                              SameHostOptions{}, &why_not));
+    if (why_not.empty()) {
+      spdlog::info("rank {}: host collectives copy between the {} ranks of this host directly",
+                   rank, world_size);
+    } else {
+      spdlog::info("rank {}: host collectives over Gloo/TCP ({})", rank, why_not);
+    }
+  }
   const std::vector<int> shard_ranks = ranks.ShardGroup(rank);
   if (hybrid) {
     ASSIGN_OR_RETURN(

@@ -1,0 +1,333 @@
+// Same-host collectives (process_vm_readv) between real processes, over a real
+// Gloo group for the addresses and barriers: W in {2, 3, 4}, counts not
+// divisible by W, float32 / bfloat16, in place and not, the fused gradient
+// chunks bit for bit the separate steps, sub-groups, a rank whose seccomp
+// filter forbids the reads (every rank falls back to Gloo and says why), a
+// read that faults (both ranks fail at once, not at the timeout) and a peer
+// killed with SIGKILL.
+#include "worker/comm/same_host_communicator.h"
+
+#include <cmath>
+#include <csignal>
+#include <cstddef>
+#include <cstring>
+#include <iostream>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/syscall.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+#include "core/dtype.h"
+#include "core/float16.h"
+#include "tests/integration/multiprocess.h"
+#include "worker/comm/file_store.h"
+#include "worker/comm/gloo_communicator.h"
+#include "worker/comm/gradient_chunks.h"
+
+namespace flatshard {
+namespace {
+
+using testing::AllRanksSucceeded;
+using testing::MakeTempDir;
+using testing::RunRanks;
+
+// Distinct, exactly representable in bf16, so any order of the sums agrees.
+float Value(int rank, size_t i) { return static_cast<float>(rank * 3 + static_cast<int>(i % 17)); }
+
+// Not exactly representable: the order of the sums shows in the bits.
+float Noisy(int rank, size_t i) {
+  return std::sin(static_cast<float>(i) * 0.37f + static_cast<float>(rank)) * 1e-3f;
+}
+
+// min_bytes 0: every collective takes the same-host path, however small.
+std::unique_ptr<Communicator> Connect(const std::string& dir, int rank, int world,
+                                      std::string* why_not = nullptr,
+                                      absl::Duration timeout = absl::Seconds(30)) {
+  auto store = FileStore::Open(dir);
+  if (!store.ok()) return nullptr;
+  GlooOptions options;
+  options.timeout = timeout;
+  auto gloo = GlooCommunicator::Create(*store, rank, world, options);
+  if (!gloo.ok()) {
+    std::cerr << "rank " << rank << ": " << gloo.status() << "\n";
+    return nullptr;
+  }
+  auto comm = SameHostCommunicator::Wrap(*std::move(gloo), SameHostOptions{0}, why_not);
+  if (!comm.ok()) {
+    std::cerr << "rank " << rank << ": " << comm.status() << "\n";
+    return nullptr;
+  }
+  return *std::move(comm);
+}
+
+bool IsSameHost(const std::unique_ptr<Communicator>& c) {
+  return dynamic_cast<SameHostCommunicator*>(c.get()) != nullptr;
+}
+
+int CollectivesBody(const std::string& dir, int rank, int world) {
+  std::string why_not;
+  auto comm = Connect(dir, rank, world, &why_not);
+  CHILD_CHECK(comm != nullptr);
+  CHILD_CHECK(IsSameHost(comm));
+  CHILD_CHECK(why_not.empty());
+  CHILD_CHECK(comm->rank() == rank && comm->size() == world);
+  const auto w = static_cast<size_t>(world);
+  for (size_t count : {size_t{1}, size_t{7}, size_t{1001}, size_t{65537}, size_t{200003}}) {
+    std::vector<float> shard(count), gathered(count * w, -1.0f);
+    for (size_t i = 0; i < count; ++i) shard[i] = Value(rank, i);
+    CHILD_OK(comm->AllGather(shard.data(), gathered.data(), count, DType::kFloat32));
+    for (int r = 0; r < world; ++r) {
+      for (size_t i = 0; i < count; ++i) {
+        CHILD_CHECK(gathered[static_cast<size_t>(r) * count + i] == Value(r, i));
+      }
+    }
+    std::vector<float> inplace(count * w, -1.0f);
+    std::copy(shard.begin(), shard.end(),
+              inplace.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(rank) * count));
+    CHILD_OK(comm->AllGather(inplace.data() + static_cast<size_t>(rank) * count, inplace.data(),
+                             count, DType::kFloat32));
+    CHILD_CHECK(inplace == gathered);
+
+    std::vector<float> full(count * w);
+    for (size_t i = 0; i < full.size(); ++i) full[i] = Value(rank, i) + 0.5f;
+    std::vector<float> out(count, -1.0f);
+    CHILD_OK(comm->ReduceScatter(full.data(), out.data(), count, DType::kFloat32));
+    for (size_t i = 0; i < count; ++i) {
+      float want = 0;
+      for (int r = 0; r < world; ++r) {
+        want += Value(r, static_cast<size_t>(rank) * count + i) + 0.5f;
+      }
+      CHILD_CHECK(out[i] == want);
+    }
+    CHILD_CHECK(full[0] == Value(rank, 0) + 0.5f);  // the input is left alone
+    // In place: this rank's chunk of the buffer holds the same sums.
+    CHILD_OK(comm->ReduceScatterInPlace(full.data(), count, DType::kFloat32));
+    CHILD_CHECK(
+        std::equal(out.begin(), out.end(),
+                   full.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(rank) * count)));
+
+    // All-reduce, sum and max, in bf16 too (rounded after every addition).
+    std::vector<float> sum(count), max(count);
+    std::vector<uint16_t> bf(count);
+    for (size_t i = 0; i < count; ++i) {
+      sum[i] = max[i] = Value(rank, i);
+      bf[i] = FloatToBFloat16(Value(rank, i));
+    }
+    CHILD_OK(comm->AllReduce(sum.data(), count, DType::kFloat32, ReduceOp::kSum));
+    CHILD_OK(comm->AllReduce(max.data(), count, DType::kFloat32, ReduceOp::kMax));
+    CHILD_OK(comm->AllReduce(bf.data(), count, DType::kBFloat16, ReduceOp::kSum));
+    for (size_t i = 0; i < count; ++i) {
+      float want = 0;
+      for (int r = 0; r < world; ++r) want += Value(r, i);
+      CHILD_CHECK(sum[i] == want);
+      CHILD_CHECK(BFloat16ToFloat(bf[i]) == want);
+      CHILD_CHECK(max[i] == Value(world - 1, i));
+    }
+
+    std::vector<float> cast(count, rank == world - 1 ? 2.5f : -1.0f);
+    CHILD_OK(comm->Broadcast(cast.data(), count, DType::kFloat32, world - 1));
+    for (float v : cast) CHILD_CHECK(v == 2.5f);
+  }
+  return 0;
+}
+
+// The fused gradient (chunks produced and consumed where the reads touch
+// them; at W=2 straight from the caller's gradient) against the separate
+// steps on the same communicator, bit for bit, in place on the padded fp32
+// gradient and into a bf16 work buffer.
+int GradientBody(const std::string& dir, int rank, int world) {
+  auto comm = Connect(dir, rank, world);
+  CHILD_CHECK(comm != nullptr && IsSameHost(comm));
+  const auto w = static_cast<size_t>(world);
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    for (size_t n : {size_t{100000}, size_t{100003}}) {
+      const size_t count = (n + w - 1) / w;
+      std::vector<float> grad(count * w, 0.0f);  // padded, zeros past n
+      for (size_t i = 0; i < n; ++i) grad[i] = Noisy(rank, i);
+      const std::vector<float> original = grad;
+      GradientChunksSpec spec{nullptr, n,   count, dtype, 2.0, static_cast<double>(world) / 2.0,
+                              nullptr, true};
+      // Fused.
+      std::vector<float> fused(count, 0.25f);
+      std::vector<std::byte> work(count * w * DTypeSize(dtype));
+      spec.grad = grad.data();
+      spec.grad_shard = fused.data();
+      void* fused_work = dtype == DType::kFloat32 ? static_cast<void*>(grad.data()) : work.data();
+      CHILD_OK(comm->ReduceScatterChunked(*MakeGradientChunks(spec), fused_work, count, dtype));
+      // Separate: produce every chunk, reduce in place, consume (the base
+      // class's steps, run on the inner path's own primitives).
+      std::vector<float> separate(count, 0.25f);
+      spec.grad = original.data();
+      spec.grad_shard = separate.data();
+      auto chunks = MakeGradientChunks(spec);
+      for (size_t c = 0; c < w; ++c) {
+        chunks->Produce(c, 0, count, work.data() + c * count * DTypeSize(dtype));
+      }
+      CHILD_OK(comm->ReduceScatterInPlace(work.data(), count, dtype));
+      chunks->Consume(0, count, work.data() + static_cast<size_t>(rank) * count * DTypeSize(dtype));
+      CHILD_CHECK(std::memcmp(fused.data(), separate.data(), count * sizeof(float)) == 0);
+      // And near the exact sum (bf16 loses most digits).
+      const size_t first = static_cast<size_t>(rank) * count;
+      for (size_t i = 0; i < count && first + i < n; ++i) {
+        double want = 0;
+        for (int r = 0; r < world; ++r) want += Noisy(r, first + i);
+        want = want / world + 0.25;
+        const double tolerance = dtype == DType::kFloat32 ? 1e-6 : 1e-2 * std::abs(want) + 1e-5;
+        CHILD_CHECK(std::abs(fused[i] - want) <= tolerance);
+      }
+    }
+  }
+  return 0;
+}
+
+class SameHostCollectivesTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(SameHostCollectivesTest, AllCollectivesAgreeWithLocalArithmetic) {
+  const int world = GetParam();
+  const std::string dir = MakeTempDir(absl::StrCat("same-host-", world));
+  auto results = RunRanks(
+      world, [&](int rank) { return CollectivesBody(dir, rank, world); }, absl::Seconds(120));
+  EXPECT_TRUE(AllRanksSucceeded(results));
+}
+
+TEST_P(SameHostCollectivesTest, FusedGradientEqualsTheSeparateStepsBitForBit) {
+  const int world = GetParam();
+  const std::string dir = MakeTempDir(absl::StrCat("same-host-grad-", world));
+  auto results = RunRanks(
+      world, [&](int rank) { return GradientBody(dir, rank, world); }, absl::Seconds(120));
+  EXPECT_TRUE(AllRanksSucceeded(results));
+}
+
+INSTANTIATE_TEST_SUITE_P(WorldSizes, SameHostCollectivesTest, ::testing::Values(2, 3, 4));
+
+// A sub-group reads the same processes, by their ranks in the sub-group.
+TEST(SameHostCommunicatorTest, SubgroupsReadTheirMembers) {
+  const std::string dir = MakeTempDir("same-host-sub");
+  auto results = RunRanks(
+      4,
+      [&](int rank) {
+        auto comm = Connect(dir, rank, 4);
+        CHILD_CHECK(comm != nullptr && IsSameHost(comm));
+        const std::vector<int> members =
+            rank % 2 == 0 ? std::vector<int>{0, 2} : std::vector<int>{1, 3};
+        auto sub = comm->CreateSubgroup(members, absl::StrCat("pair", rank % 2));
+        CHILD_OK(sub.status());
+        CHILD_CHECK(IsSameHost(*sub) && (*sub)->size() == 2 && (*sub)->rank() == rank / 2);
+        std::vector<float> mine(5000, static_cast<float>(rank)), all(10000);
+        CHILD_OK((*sub)->AllGather(mine.data(), all.data(), 5000, DType::kFloat32));
+        CHILD_CHECK(all[0] == static_cast<float>(members[0]) &&
+                    all[9999] == static_cast<float>(members[1]));
+        return 0;
+      },
+      absl::Seconds(60));
+  EXPECT_TRUE(AllRanksSucceeded(results));
+}
+
+// Makes process_vm_readv fail with EPERM in this process, as a container
+// runtime's seccomp profile can.
+bool ForbidCrossMemoryReads() {
+  sock_filter filter[] = {
+      BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
+      BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_process_vm_readv, 0, 1),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA)),
+      BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+  };
+  sock_fprog program{static_cast<uint16_t>(std::size(filter)), filter};
+  return prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0 &&
+         prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &program) == 0;
+}
+
+// One rank that may not read: every rank keeps Gloo, learns which rank and
+// why, and the collectives still work.
+TEST(SameHostCommunicatorTest, ARankThatMayNotReadLeavesEveryRankOnGloo) {
+  const std::string dir = MakeTempDir("same-host-seccomp");
+  auto results = RunRanks(
+      3,
+      [&](int rank) {
+        if (rank == 1) CHILD_CHECK(ForbidCrossMemoryReads());
+        std::string why_not;
+        auto comm = Connect(dir, rank, 3, &why_not);
+        CHILD_CHECK(comm != nullptr);
+        CHILD_CHECK(!IsSameHost(comm));
+        std::cerr << "rank " << rank << ": " << why_not << "\n";
+        CHILD_CHECK(why_not.find("rank 1 cannot read rank 0's memory") != std::string::npos);
+        CHILD_CHECK(why_not.find(std::strerror(EPERM)) != std::string::npos);
+        std::vector<float> mine(1000, static_cast<float>(rank)), all(3000);
+        CHILD_OK(comm->AllGather(mine.data(), all.data(), 1000, DType::kFloat32));
+        CHILD_CHECK(all[0] == 0.0f && all[1000] == 1.0f && all[2999] == 2.0f);
+        return 0;
+      },
+      absl::Seconds(60));
+  EXPECT_TRUE(AllRanksSucceeded(results));
+}
+
+// The root publishes memory that cannot be read: the reader fails at once,
+// naming the root, and aborts the group, so the root's barrier fails well
+// before the collective timeout instead of waiting it out.
+TEST(SameHostCommunicatorTest, AFaultingReadFailsBothRanksPromptly) {
+  const std::string dir = MakeTempDir("same-host-fault");
+  auto results = RunRanks(
+      2,
+      [&](int rank) {
+        auto comm = Connect(dir, rank, 2, nullptr, absl::Seconds(60));
+        CHILD_CHECK(comm != nullptr && IsSameHost(comm));
+        const size_t bytes = size_t{1} << 20;
+        void* guard = mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        CHILD_CHECK(guard != MAP_FAILED);
+        std::vector<float> buffer(bytes / sizeof(float));
+        void* mine = rank == 0 ? guard : buffer.data();
+        const absl::Time begin = absl::Now();
+        const absl::Status status =
+            comm->Broadcast(mine, bytes / sizeof(float), DType::kFloat32, 0);
+        const absl::Duration took = absl::Now() - begin;
+        std::cerr << "rank " << rank << ": " << status << " after " << took << "\n";
+        CHILD_CHECK(!status.ok());
+        CHILD_CHECK(took < absl::Seconds(20));
+        if (rank == 1) {
+          CHILD_CHECK(status.code() == absl::StatusCode::kInternal);
+          CHILD_CHECK(std::string(status.message()).find("process_vm_readv from rank 0") !=
+                      std::string::npos);
+        }
+        // The group is unusable afterwards, on both ranks.
+        CHILD_CHECK(!comm->AllGather(buffer.data(), buffer.data(), 1, DType::kFloat32).ok());
+        munmap(guard, bytes);
+        return 0;
+      },
+      absl::Seconds(60));
+  EXPECT_TRUE(AllRanksSucceeded(results));
+}
+
+// A peer killed with SIGKILL: the survivor's next collective fails promptly.
+TEST(SameHostCommunicatorTest, APeerKilledMidJobFailsTheSurvivorPromptly) {
+  const std::string dir = MakeTempDir("same-host-kill");
+  auto results = RunRanks(
+      2,
+      [&](int rank) {
+        auto comm = Connect(dir, rank, 2, nullptr, absl::Seconds(60));
+        CHILD_CHECK(comm != nullptr && IsSameHost(comm));
+        std::vector<float> mine(100000, 1.0f), all(200000);
+        CHILD_OK(comm->AllGather(mine.data(), all.data(), 100000, DType::kFloat32));
+        if (rank == 1) raise(SIGKILL);
+        const absl::Time begin = absl::Now();
+        const absl::Status status =
+            comm->AllGather(mine.data(), all.data(), 100000, DType::kFloat32);
+        std::cerr << "rank 0: " << status << "\n";
+        CHILD_CHECK(!status.ok());
+        CHILD_CHECK(absl::Now() - begin < absl::Seconds(20));
+        return 0;
+      },
+      absl::Seconds(60));
+  ASSERT_EQ(results.size(), 2u);
+  EXPECT_EQ(results[0].exit_code, 0);
+  EXPECT_EQ(results[1].signal, SIGKILL);
+}
+
+}  // namespace
+}  // namespace flatshard

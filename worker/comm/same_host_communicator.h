@@ -1,0 +1,109 @@
+// Collectives among the ranks of one host that copy straight out of a peer
+// process's memory (Linux cross-memory attach, process_vm_readv), as MPI's
+// shared-memory transports do. Loopback TCP copies every byte twice through the
+// kernel's socket buffers and, on a host whose cores also run the model, takes
+// those cores from it: Gloo's ring moves ~1 GB/s here, one process_vm_readv
+// ~6 GB/s (bench/RESULTS.md, "Same-host collectives").
+//
+// The inner communicator (Gloo) still carries what needs ordering: each large
+// collective exchanges the buffers' addresses through its point-to-point
+// messages, reads the peers' bytes, and ends with a barrier, so no rank
+// returns (and lets its caller reuse the buffer) while a peer may still be
+// reading it. Both are dissemination rounds, ceil(log2 W) hops each. Their
+// failure paths are therefore Gloo's: a peer that died makes them fail, and
+// Abort() wakes them. Small collectives, Gather and SendRecv go to the inner one as they
+// are; so does everything when the probe at Wrap() fails.
+//
+// Each rank reduces its own chunk, reading every peer's copy of it in blocks
+// and adding them in a fixed order (its own value first, then ranks r+1, r+2,
+// ... mod W), so the fused gradient chunks (ReduceScatterChunked) and the
+// separate steps give the same bits, as on the ring.
+#ifndef FLATSHARD_WORKER_COMM_SAME_HOST_COMMUNICATOR_H_
+#define FLATSHARD_WORKER_COMM_SAME_HOST_COMMUNICATOR_H_
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <sys/types.h>
+
+#include "worker/comm/communicator.h"
+
+namespace flatshard {
+
+struct SameHostOptions {
+  // Collectives whose whole buffer is smaller go to the inner communicator:
+  // below it the address exchange and the barrier cost more than the ring.
+  size_t min_bytes = size_t{256} << 10;
+};
+
+class SameHostCommunicator : public Communicator {
+ public:
+  // Every rank of `inner`'s group calls it together. Each rank reads a random
+  // token every peer published, through process_vm_readv: that needs the same
+  // host, the same PID namespace and ptrace permission (same user; no Yama
+  // ptrace_scope >= 1 between siblings, no seccomp filter against it). If any
+  // rank cannot read any peer, every rank gets `inner` back unchanged and
+  // `why_not` (when given) says which rank failed and why. Fails only when the
+  // inner communicator's own collectives do.
+  static absl::StatusOr<std::unique_ptr<Communicator>> Wrap(std::unique_ptr<Communicator> inner,
+                                                            const SameHostOptions& options,
+                                                            std::string* why_not = nullptr);
+
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  absl::Status AllGather(const void* input, void* output, size_t count, DType dtype) override;
+  absl::Status ReduceScatter(const void* input, void* output, size_t count, DType dtype) override;
+  absl::Status ReduceScatterInPlace(void* buffer, size_t count, DType dtype) override;
+  absl::Status ReduceScatterChunked(ReduceScatterChunks& chunks, void* work, size_t count,
+                                    DType dtype) override;
+  absl::Status AllReduce(void* buffer, size_t count, DType dtype, ReduceOp op) override;
+  absl::Status Broadcast(void* buffer, size_t count, DType dtype, int root) override;
+  absl::Status Gather(const void* input, void* output, size_t count, DType dtype,
+                      int root) override {
+    return inner_->Gather(input, output, count, dtype, root);
+  }
+  absl::Status SendRecv(const void* send, size_t send_bytes, int to, void* recv, size_t recv_bytes,
+                        int from) override {
+    return inner_->SendRecv(send, send_bytes, to, recv, recv_bytes, from);
+  }
+  absl::Status Barrier() override;
+  void Abort(const std::string& reason) override;
+  // The inner communicator's sub-group, reading the same processes.
+  absl::StatusOr<std::unique_ptr<Communicator>> CreateSubgroup(const std::vector<int>& ranks,
+                                                               absl::string_view name) override;
+
+ private:
+  SameHostCommunicator(std::unique_ptr<Communicator> inner, std::vector<pid_t> pids,
+                       SameHostOptions options);
+
+  bool Small(size_t bytes) const { return bytes < options_.min_bytes; }
+  // Every rank's `address`, by rank; also a barrier.
+  absl::StatusOr<std::vector<uint64_t>> ExchangeAddresses(const void* address);
+  // Copies `bytes` at `remote` in rank `peer`'s memory to `local`.
+  absl::Status ReadPeer(int peer, uint64_t remote, void* local, size_t bytes);
+  // acc[0, count) = acc (or `own` first, when given) + every peer's elements at
+  // `remotes[p] + offset`, in the fixed order; with `chunks`, the first sum is
+  // chunks->ProduceAndAdd of this rank's chunk (the peer's bytes raw or
+  // produced) and the result is consumed.
+  absl::Status ReduceFromPeers(const std::vector<uint64_t>& remotes, size_t offset,
+                               const std::byte* own, std::byte* acc, size_t count, DType dtype,
+                               ReduceOp op, ReduceScatterChunks* chunks = nullptr,
+                               bool received_raw = false);
+  // After a failed read: make the peers' barrier fail at once rather than time
+  // out, and say why.
+  absl::Status Fail(absl::Status status);
+
+  std::unique_ptr<Communicator> inner_;
+  std::vector<pid_t> pids_;  // by rank of this group
+  SameHostOptions options_;
+  std::vector<std::byte> block_;  // a peer's block, read before it is added
+  std::atomic<bool> aborted_{false};
+};
+
+}  // namespace flatshard
+
+#endif  // FLATSHARD_WORKER_COMM_SAME_HOST_COMMUNICATOR_H_
