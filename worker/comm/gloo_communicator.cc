@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <exception>
 #include <optional>
 
 #include <gloo/rendezvous/context.h>
@@ -70,6 +71,13 @@ class GlooCommunicator::ActiveBuffer {
     comm_.active_.push_back(buffer_.get());
   }
   ~ActiveBuffer() {
+    // Unwinding from a failure (a peer gone, a wait given up): Gloo's
+    // transport thread may still be signalling this buffer or completing it
+    // (Pair::signalException wakes every pending buffer of the pair under the
+    // pair's lock). Closing the pairs takes that lock, so once it returns the
+    // buffer can be destroyed; the communicator is unusable after an error
+    // anyway. Idempotent, as later buffers of the same unwinding find.
+    if (std::uncaught_exceptions() > unwinding_at_start_) comm_.ClosePairs();
     std::lock_guard<std::mutex> lock(comm_.abort_mu_);
     std::erase(comm_.active_, buffer_.get());
   }
@@ -96,6 +104,7 @@ class GlooCommunicator::ActiveBuffer {
 
   GlooCommunicator& comm_;
   std::unique_ptr<gloo::transport::UnboundBuffer> buffer_;
+  const int unwinding_at_start_ = std::uncaught_exceptions();
 };
 
 GlooCommunicator::GlooCommunicator(std::shared_ptr<Store> store,
