@@ -11,9 +11,11 @@
 // The gradient the backward leaves (allocated and zeroed by EnsureGrad) is set
 // up outside the timed region; the gradient shard is cleared before each
 // reduction, as every training step starts without one.
-// The last two columns are the same-host collectives (SameHostCommunicator:
-// each rank reads its peers' buffers with process_vm_readv, Gloo carrying
-// only the addresses and barriers) on the same bytes, in place.
+// The last five columns are the same over the same-host collectives
+// (SameHostCommunicator: each rank reads its peers' buffers with
+// process_vm_readv, Gloo carrying only the addresses and barriers), which the
+// runtime uses where the ranks share a host: the bare all-gather, the unit's,
+// and the unit reduce against the bare same-host reduce-scatter in place.
 // Prints a markdown table; busbw follows nccl-tests: (W-1)/W * bytes / time.
 //
 //   collectives_bench [--sizes-mib 1,16,64] [--worlds 2,4] [--iters 10]
@@ -56,8 +58,7 @@ using Clock = std::chrono::steady_clock;
 
 struct Timings {
   double raw_allgather = 0, unit_gather = 0, ring_reduce_scatter = 0, ring_in_place = 0,
-         unit_reduce = 0, halving_doubling = 0, unit_over_ring = 0, same_host_allgather = 0,
-         same_host_in_place = 0;
+         unit_reduce = 0, halving_doubling = 0, unit_over_ring = 0, same_host_allgather = 0;
 };
 
 // `setup` runs before each iteration's barrier, outside the timed region.
@@ -83,39 +84,20 @@ double MedianSeconds(int iters, Communicator& comm, Fn&& fn) {
       iters, comm, [] {}, std::forward<Fn>(fn));
 }
 
-int RunRank(const std::string& dir, int rank, int world, size_t bytes, int iters,
-            DType reduce_dtype, const std::string& out_path) {
-  auto store = FileStore::Open(dir);
-  GlooOptions options;
-  options.timeout = absl::Seconds(120);
-  auto comm_or = GlooCommunicator::Create(*store, rank, world, options);
-  if (!comm_or.ok()) {
-    std::cerr << comm_or.status() << "\n";
-    return 1;
-  }
-  GlooCommunicator& comm = **comm_or;
-  // A raw Gloo context of its own, for the baseline.
-  auto device = gloo::transport::tcp::CreateDevice(gloo::transport::tcp::attr("127.0.0.1"));
-  auto context = std::make_shared<gloo::rendezvous::Context>(rank, world);
-  GlooStoreAdapter adapter(*store, "raw", absl::Seconds(120));
-  context->connectFullMesh(adapter, device);
+// The unit's all-gather and its gradient reduce over `comm`, and the bare
+// in-place reduce-scatter of the same bytes they are held against.
+struct UnitTimings {
+  double gather = 0, in_place = 0, reduce = 0, reduce_over_in_place = 0;
+};
 
-  const size_t total =
-      bytes / sizeof(float) / static_cast<size_t>(world) * static_cast<size_t>(world);
+absl::StatusOr<UnitTimings> MeasureUnit(Communicator& comm, int rank, int world, size_t total,
+                                        int iters, DType reduce_dtype) {
   const size_t shard = total / static_cast<size_t>(world);
-  Timings t;
-  std::vector<float> in(shard, 1.0f), out(total);
-  t.raw_allgather = MedianSeconds(iters, comm, [&] {
-    gloo::AllgatherOptions opts(context);
-    opts.setInput(in.data(), shard);
-    opts.setOutput(out.data(), total);
-    gloo::allgather(opts);
-  });
-
   FlatParamLayoutOptions layout_options;
   layout_options.world_size = world;
   auto layout = FlatParamLayout::Create(
       {{"w", {static_cast<int64_t>(total)}, DType::kFloat32, true}}, layout_options, "bench");
+  if (!layout.ok()) return layout.status();
   MemoryTracker memory;
   UnitRuntimeConfig config{Unit{},
                            *layout,
@@ -132,20 +114,13 @@ int RunRank(const std::string& dir, int rank, int world, size_t bytes, int iters
   UnitPlacement placement{&host,   compute.get(), comm_stream.get(), &memory, collectives.get(),
                           nullptr, &comm};
   auto unit_or = FlatParamUnit::Create(config, placement);
-  if (!unit_or.ok()) {
-    std::cerr << unit_or.status() << "\n";
-    return 1;
-  }
+  if (!unit_or.ok()) return unit_or.status();
   FlatParamUnit& unit = **unit_or;
-  t.unit_gather = MedianSeconds(iters, comm, [&] {
+  UnitTimings t;
+  t.gather = MedianSeconds(iters, comm, [&] {
     (void)unit.Gather();
     (void)compute->Wait(unit.gathered());
     unit.Free();
-  });
-
-  std::vector<float> full(total, 1.0f), reduced(shard);
-  t.ring_reduce_scatter = MedianSeconds(iters, comm, [&] {
-    (void)comm.ReduceScatter(full.data(), reduced.data(), shard, DType::kFloat32);
   });
   // The unit reduce against its ceiling interleaved (A B A B ...): the two
   // share every iteration's conditions on this noisy machine, and the ratio
@@ -185,9 +160,55 @@ int RunRank(const std::string& dir, int rank, int world, size_t bytes, int iters
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
   };
-  t.ring_in_place = median(ring_times);
-  t.unit_reduce = median(unit_times);
-  t.unit_over_ring = median(ratios);
+  t.in_place = median(ring_times);
+  t.reduce = median(unit_times);
+  t.reduce_over_in_place = median(ratios);
+  return t;
+}
+
+int RunRank(const std::string& dir, int rank, int world, size_t bytes, int iters,
+            DType reduce_dtype, const std::string& out_path) {
+  auto store = FileStore::Open(dir);
+  GlooOptions options;
+  options.timeout = absl::Seconds(120);
+  auto comm_or = GlooCommunicator::Create(*store, rank, world, options);
+  if (!comm_or.ok()) {
+    std::cerr << comm_or.status() << "\n";
+    return 1;
+  }
+  GlooCommunicator& comm = **comm_or;
+  // A raw Gloo context of its own, for the baseline.
+  auto device = gloo::transport::tcp::CreateDevice(gloo::transport::tcp::attr("127.0.0.1"));
+  auto context = std::make_shared<gloo::rendezvous::Context>(rank, world);
+  GlooStoreAdapter adapter(*store, "raw", absl::Seconds(120));
+  context->connectFullMesh(adapter, device);
+
+  const size_t total =
+      bytes / sizeof(float) / static_cast<size_t>(world) * static_cast<size_t>(world);
+  const size_t shard = total / static_cast<size_t>(world);
+  Timings t;
+  std::vector<float> in(shard, 1.0f), out(total);
+  t.raw_allgather = MedianSeconds(iters, comm, [&] {
+    gloo::AllgatherOptions opts(context);
+    opts.setInput(in.data(), shard);
+    opts.setOutput(out.data(), total);
+    gloo::allgather(opts);
+  });
+
+  absl::StatusOr<UnitTimings> gloo_unit =
+      MeasureUnit(comm, rank, world, total, iters, reduce_dtype);
+  if (!gloo_unit.ok()) {
+    std::cerr << gloo_unit.status() << "\n";
+    return 1;
+  }
+  t.unit_gather = gloo_unit->gather;
+  t.ring_in_place = gloo_unit->in_place;
+  t.unit_reduce = gloo_unit->reduce;
+  t.unit_over_ring = gloo_unit->reduce_over_in_place;
+  std::vector<float> full(total, 1.0f), reduced(shard);
+  t.ring_reduce_scatter = MedianSeconds(iters, comm, [&] {
+    (void)comm.ReduceScatter(full.data(), reduced.data(), shard, DType::kFloat32);
+  });
 
   std::vector<int> recv_elems(static_cast<size_t>(world), static_cast<int>(shard));
   t.halving_doubling = MedianSeconds(iters, comm, [&] {
@@ -210,15 +231,20 @@ int RunRank(const std::string& dir, int rank, int world, size_t bytes, int iters
     (void)same_host.AllGather(out.data() + static_cast<size_t>(rank) * shard, out.data(), shard,
                               DType::kFloat32);
   });
-  t.same_host_in_place = MedianSeconds(
-      iters, same_host, [&] { std::copy(ones.begin(), ones.end(), scratch.begin()); },
-      [&] { (void)same_host.ReduceScatterInPlace(scratch.data(), shard, reduce_dtype); });
+  absl::StatusOr<UnitTimings> same_host_unit =
+      MeasureUnit(same_host, rank, world, total, iters, reduce_dtype);
+  if (!same_host_unit.ok()) {
+    std::cerr << same_host_unit.status() << "\n";
+    return 1;
+  }
 
   if (rank == 0) {
     std::ofstream outf(out_path);
     outf << t.raw_allgather << " " << t.unit_gather << " " << t.ring_reduce_scatter << " "
          << t.ring_in_place << " " << t.unit_reduce << " " << t.halving_doubling << " "
-         << t.unit_over_ring << " " << t.same_host_allgather << " " << t.same_host_in_place << "\n";
+         << t.unit_over_ring << " " << t.same_host_allgather << " " << same_host_unit->gather << " "
+         << same_host_unit->in_place << " " << same_host_unit->reduce << " "
+         << same_host_unit->reduce_over_in_place << "\n";
   }
   return 0;
 }
@@ -258,8 +284,9 @@ static int Main(int argc, char** argv) {
   std::printf(
       "| W | size | raw gloo all-gather busbw | unit all-gather busbw | ratio | ring "
       "reduce-scatter busbw (copying) | ring in place busbw | unit reduce busbw | unit / in "
-      "place | gloo halving-doubling RS busbw | same-host all-gather busbw | same-host in place "
-      "busbw |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+      "place | gloo halving-doubling RS busbw | same-host all-gather busbw | unit all-gather "
+      "busbw, same-host | same-host in place busbw | unit reduce busbw, same-host | unit / in "
+      "place, same-host |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (int world : worlds) {
     for (int mib : sizes) {
       const size_t bytes = static_cast<size_t>(mib) << 20;
@@ -279,8 +306,10 @@ static int Main(int argc, char** argv) {
         ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
       }
       std::ifstream in(out);
-      double t[9] = {};
-      if (!ok || !(in >> t[0] >> t[1] >> t[2] >> t[3] >> t[4] >> t[5] >> t[6] >> t[7] >> t[8])) {
+      double t[12] = {};
+      bool read = ok;
+      for (double& v : t) read = read && static_cast<bool>(in >> v);
+      if (!read) {
         std::fprintf(stderr, "W=%d %d MiB failed\n", world, mib);
         return 1;
       }
@@ -290,9 +319,9 @@ static int Main(int argc, char** argv) {
       auto reduce_bw = [&](double s) { return factor * reduce_share / s; };
       std::printf(
           "| %d | %d MiB | %.2f GB/s | %.2f GB/s | %.2f | %.2f GB/s | %.2f GB/s | %.2f GB/s | %.2f "
-          "| %.2f GB/s | %.2f GB/s | %.2f GB/s |\n",
+          "| %.2f GB/s | %.2f GB/s | %.2f GB/s | %.2f GB/s | %.2f GB/s | %.2f |\n",
           world, mib, bw(t[0]), bw(t[1]), t[0] / t[1], bw(t[2]), reduce_bw(t[3]), reduce_bw(t[4]),
-          t[6], bw(t[5]), bw(t[7]), reduce_bw(t[8]));
+          t[6], bw(t[5]), bw(t[7]), bw(t[8]), reduce_bw(t[9]), reduce_bw(t[10]), t[11]);
       std::fflush(stdout);
       std::filesystem::remove_all(dir);
       std::filesystem::remove(out);

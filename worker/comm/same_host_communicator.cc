@@ -171,10 +171,14 @@ absl::Status SameHostCommunicator::ReduceFromPeers(const std::vector<uint64_t>& 
   const size_t es = DTypeSize(dtype);
   const size_t block = std::max<size_t>(1, kBlockBytes / es);
   block_.resize(block * es);
+  // A block that is consumed is summed in a buffer of its own, still in cache
+  // when consumed, rather than in `acc` (the caller's scratch then): that
+  // saves a write of the whole chunk.
+  if (chunks != nullptr) sum_.resize(block * es);
   const int world = size();
   for (size_t begin = 0; begin < count; begin += block) {
     const size_t n = std::min(block, count - begin);
-    std::byte* a = acc + begin * es;
+    std::byte* a = chunks != nullptr ? sum_.data() : acc + begin * es;
     for (int k = 1; k < world; ++k) {
       const int p = (rank() + k) % world;
       RETURN_IF_ERROR(ReadPeer(p, remotes[static_cast<size_t>(p)] + offset + begin * es,

@@ -88,7 +88,7 @@ class SameHostCommunicator : public Communicator {
   // acc[0, count) = acc (or `own` first, when given) + every peer's elements at
   // `remotes[p] + offset`, in the fixed order; with `chunks`, the first sum is
   // chunks->ProduceAndAdd of this rank's chunk (the peer's bytes raw or
-  // produced) and the result is consumed.
+  // produced) and the result is consumed (summed in sum_, not in acc).
   absl::Status ReduceFromPeers(const std::vector<uint64_t>& remotes, size_t offset,
                                const std::byte* own, std::byte* acc, size_t count, DType dtype,
                                ReduceOp op, ReduceScatterChunks* chunks = nullptr,
@@ -101,6 +101,7 @@ class SameHostCommunicator : public Communicator {
   std::vector<pid_t> pids_;  // by rank of this group
   SameHostOptions options_;
   std::vector<std::byte> block_;  // a peer's block, read before it is added
+  std::vector<std::byte> sum_;    // ReduceScatterChunked: a block's sum, then consumed
   std::atomic<bool> aborted_{false};
 };
 
