@@ -381,10 +381,10 @@ int Main(int argc, char** argv) {
                  "Seconds a collective may wait for a peer before failing")
       ->capture_default_str();
   app.add_flag("--same-host-copies,!--no-same-host-copies", f.same_host_copies,
-               "Host (Gloo) collectives between workers of one host read each other's buffers "
-               "directly (process_vm_readv) instead of over loopback TCP; used only when every "
-               "worker of the job can (same host and PID namespace, ptrace allowed), logged "
-               "either way")
+               "CPU workers of one host read each other's collective buffers directly "
+               "(process_vm_readv) instead of over loopback TCP; used only when every worker of "
+               "the job can and none turned it off (same host and PID namespace, ptrace "
+               "allowed; never with --device cuda), logged either way")
       ->capture_default_str();
   flatshard::AddTlsFlags(app, f.tls, "the coordinator");
   app.add_option("--join-token", f.join_token,

@@ -1,7 +1,8 @@
 // Same-host collectives (process_vm_readv) between real processes, over a real
-// Gloo group for the addresses and barriers: W in {2, 3, 4}, counts not
-// divisible by W, float32 / bfloat16, in place and not, the fused gradient
-// chunks bit for bit the separate steps, sub-groups, a rank whose seccomp
+// Gloo group for the addresses and barriers: W in {2, 3, 4, 5}, counts not
+// divisible by W, float32 / bfloat16, in place and not, every sum bit for bit
+// the Gloo ring's, the fused gradient chunks bit for bit the separate steps,
+// sub-groups (of one rank too), a rank that opts out, a rank whose seccomp
 // filter forbids the reads (every rank falls back to Gloo and says why), a
 // read that faults (both ranks fail at once, not at the timeout) and a peer
 // killed with SIGKILL.
@@ -49,17 +50,20 @@ float Noisy(int rank, size_t i) {
 // min_bytes 0: every collective takes the same-host path, however small.
 std::unique_ptr<Communicator> Connect(const std::string& dir, int rank, int world,
                                       std::string* why_not = nullptr,
-                                      absl::Duration timeout = absl::Seconds(30)) {
+                                      absl::Duration timeout = absl::Seconds(30),
+                                      SameHostOptions same_host = SameHostOptions{0},
+                                      const std::string& prefix = "gloo") {
   auto store = FileStore::Open(dir);
   if (!store.ok()) return nullptr;
   GlooOptions options;
   options.timeout = timeout;
+  options.prefix = prefix;
   auto gloo = GlooCommunicator::Create(*store, rank, world, options);
   if (!gloo.ok()) {
     std::cerr << "rank " << rank << ": " << gloo.status() << "\n";
     return nullptr;
   }
-  auto comm = SameHostCommunicator::Wrap(*std::move(gloo), SameHostOptions{0}, why_not);
+  auto comm = SameHostCommunicator::Wrap(*std::move(gloo), same_host, why_not);
   if (!comm.ok()) {
     std::cerr << "rank " << rank << ": " << comm.status() << "\n";
     return nullptr;
@@ -187,7 +191,67 @@ int GradientBody(const std::string& dir, int rank, int world) {
   return 0;
 }
 
+// Every sum bit for bit the Gloo ring's (the path the inner communicator
+// takes for small collectives, and every collective where the probe fails):
+// values whose sums round, W ranks, fp32 and bf16, counts not divisible by W.
+int RingBitsBody(const std::string& dir, int rank, int world) {
+  auto same_host = Connect(dir, rank, world);
+  CHILD_CHECK(same_host != nullptr && IsSameHost(same_host));
+  // min_bytes beyond every buffer here: the wrapper hands all to Gloo's ring.
+  auto ring = Connect(dir, rank, world, nullptr, absl::Seconds(30),
+                      SameHostOptions{size_t{1} << 40}, "ring");
+  CHILD_CHECK(ring != nullptr);
+  const auto w = static_cast<size_t>(world);
+  auto same_bits = [](const auto& a, const auto& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(a[0])) == 0;
+  };
+  const size_t count = 30011;
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    const size_t es = DTypeSize(dtype);
+    std::vector<float> values(count * w);
+    for (size_t i = 0; i < values.size(); ++i) values[i] = Noisy(rank, i);
+    std::vector<std::byte> input(values.size() * es);
+    ConvertElements(DType::kFloat32, reinterpret_cast<const std::byte*>(values.data()), dtype,
+                    input.data(), values.size());
+    std::vector<std::byte> a = input, b = input;
+    CHILD_OK(same_host->ReduceScatterInPlace(a.data(), count, dtype));
+    CHILD_OK(ring->ReduceScatterInPlace(b.data(), count, dtype));
+    const size_t mine = static_cast<size_t>(rank) * count * es;
+    CHILD_CHECK(std::memcmp(a.data() + mine, b.data() + mine, count * es) == 0);
+    std::vector<std::byte> out_a(count * es), out_b(count * es);
+    CHILD_OK(same_host->ReduceScatter(input.data(), out_a.data(), count, dtype));
+    CHILD_OK(ring->ReduceScatter(input.data(), out_b.data(), count, dtype));
+    CHILD_CHECK(same_bits(out_a, out_b));
+    a = input;
+    b = input;
+    CHILD_OK(same_host->AllReduce(a.data(), count * w - 3, dtype, ReduceOp::kSum));
+    CHILD_OK(ring->AllReduce(b.data(), count * w - 3, dtype, ReduceOp::kSum));
+    CHILD_CHECK(same_bits(a, b));
+    // The fused gradient: pre- and post-divided, accumulated.
+    const size_t n = count * w - 5;
+    std::vector<float> grad(count * w, 0.0f);
+    for (size_t i = 0; i < n; ++i) grad[i] = values[i];
+    std::vector<float> shard_a(count, 0.125f), shard_b(count, 0.125f);
+    std::vector<std::byte> work(count * w * es);
+    GradientChunksSpec spec{
+        grad.data(), n, count, dtype, 2.0, static_cast<double>(world) / 2.0, shard_a.data(), true};
+    CHILD_OK(same_host->ReduceScatterChunked(*MakeGradientChunks(spec), work.data(), count, dtype));
+    spec.grad_shard = shard_b.data();
+    CHILD_OK(ring->ReduceScatterChunked(*MakeGradientChunks(spec), work.data(), count, dtype));
+    CHILD_CHECK(same_bits(shard_a, shard_b));
+  }
+  return 0;
+}
+
 class SameHostCollectivesTest : public ::testing::TestWithParam<int> {};
+
+TEST_P(SameHostCollectivesTest, EverySumIsBitForBitTheGlooRings) {
+  const int world = GetParam();
+  const std::string dir = MakeTempDir(absl::StrCat("same-host-bits-", world));
+  auto results = RunRanks(
+      world, [&](int rank) { return RingBitsBody(dir, rank, world); }, absl::Seconds(120));
+  EXPECT_TRUE(AllRanksSucceeded(results));
+}
 
 TEST_P(SameHostCollectivesTest, AllCollectivesAgreeWithLocalArithmetic) {
   const int world = GetParam();
@@ -205,7 +269,7 @@ TEST_P(SameHostCollectivesTest, FusedGradientEqualsTheSeparateStepsBitForBit) {
   EXPECT_TRUE(AllRanksSucceeded(results));
 }
 
-INSTANTIATE_TEST_SUITE_P(WorldSizes, SameHostCollectivesTest, ::testing::Values(2, 3, 4));
+INSTANTIATE_TEST_SUITE_P(WorldSizes, SameHostCollectivesTest, ::testing::Values(2, 3, 4, 5));
 
 // A sub-group reads the same processes, by their ranks in the sub-group.
 TEST(SameHostCommunicatorTest, SubgroupsReadTheirMembers) {
@@ -224,6 +288,58 @@ TEST(SameHostCommunicatorTest, SubgroupsReadTheirMembers) {
         CHILD_OK((*sub)->AllGather(mine.data(), all.data(), 5000, DType::kFloat32));
         CHILD_CHECK(all[0] == static_cast<float>(members[0]) &&
                     all[9999] == static_cast<float>(members[1]));
+        return 0;
+      },
+      absl::Seconds(60));
+  EXPECT_TRUE(AllRanksSucceeded(results));
+}
+
+// A sub-group of one rank (HYBRID_SHARD with shard groups of one): every
+// collective is this rank's own data, as on Gloo.
+TEST(SameHostCommunicatorTest, OneRankSubgroupsKeepTheirOwnData) {
+  const std::string dir = MakeTempDir("same-host-solo");
+  auto results = RunRanks(
+      2,
+      [&](int rank) {
+        auto comm = Connect(dir, rank, 2);
+        CHILD_CHECK(comm != nullptr && IsSameHost(comm));
+        auto solo = comm->CreateSubgroup({rank}, absl::StrCat("solo", rank));
+        CHILD_OK(solo.status());
+        CHILD_CHECK((*solo)->size() == 1 && (*solo)->rank() == 0);
+        std::vector<float> in(70000, 1.5f + static_cast<float>(rank)), out(70000, -1.0f);
+        CHILD_OK((*solo)->ReduceScatter(in.data(), out.data(), 70000, DType::kFloat32));
+        CHILD_CHECK(out == in);
+        std::vector<float> gathered(70000, -1.0f);
+        CHILD_OK((*solo)->AllGather(in.data(), gathered.data(), 70000, DType::kFloat32));
+        CHILD_CHECK(gathered == in);
+        std::vector<float> grad(70000, 3.0f), shard(70000, 1.0f), work(70000);
+        GradientChunksSpec spec{grad.data(), 70000, 70000,        DType::kFloat32,
+                                1.0,         1.0,   shard.data(), true};
+        CHILD_OK((*solo)->ReduceScatterChunked(*MakeGradientChunks(spec), work.data(), 70000,
+                                               DType::kFloat32));
+        for (float v : shard) CHILD_CHECK(v == 4.0f);
+        return 0;
+      },
+      absl::Seconds(60));
+  EXPECT_TRUE(AllRanksSucceeded(results));
+}
+
+// A rank whose options turn the same-host path off takes every rank with it,
+// instead of leaving the group split between two protocols.
+TEST(SameHostCommunicatorTest, ARankThatOptsOutLeavesEveryRankOnGloo) {
+  const std::string dir = MakeTempDir("same-host-opt-out");
+  auto results = RunRanks(
+      3,
+      [&](int rank) {
+        SameHostOptions options{0};
+        options.enabled = rank != 2;
+        std::string why_not;
+        auto comm = Connect(dir, rank, 3, &why_not, absl::Seconds(30), options);
+        CHILD_CHECK(comm != nullptr && !IsSameHost(comm));
+        CHILD_CHECK(why_not.find("rank 2 opted out") != std::string::npos);
+        std::vector<float> mine(1000, static_cast<float>(rank)), all(3000);
+        CHILD_OK(comm->AllGather(mine.data(), all.data(), 1000, DType::kFloat32));
+        CHILD_CHECK(all[0] == 0.0f && all[1000] == 1.0f && all[2999] == 2.0f);
         return 0;
       },
       absl::Seconds(60));

@@ -77,7 +77,12 @@ class GlooCommunicator::ActiveBuffer {
     // pair's lock). Closing the pairs takes that lock, so once it returns the
     // buffer can be destroyed; the communicator is unusable after an error
     // anyway. Idempotent, as later buffers of the same unwinding find.
-    if (std::uncaught_exceptions() > unwinding_at_start_) comm_.ClosePairs();
+    if (std::uncaught_exceptions() > unwinding_at_start_) {
+      try {
+        comm_.ClosePairs();
+      } catch (const std::exception&) {  // a destructor must not throw while unwinding
+      }
+    }
     std::lock_guard<std::mutex> lock(comm_.abort_mu_);
     std::erase(comm_.active_, buffer_.get());
   }

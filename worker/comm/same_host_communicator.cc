@@ -24,6 +24,10 @@ constexpr size_t kCopyPiece = size_t{8} << 20;
 
 uint64_t AddressOf(const void* p) { return reinterpret_cast<uintptr_t>(p); }
 
+// Probe outcomes besides an errno.
+constexpr int64_t kReadAnotherProcess = -1;  // the token read back was not the peer's
+constexpr int64_t kOptedOut = -2;            // SameHostOptions::enabled was false
+
 // Reads `bytes` at `remote` in `pid` into `local`; errno of the failed call, or 0.
 int ReadProcess(pid_t pid, uint64_t remote, void* local, size_t bytes) {
   auto* out = static_cast<std::byte*>(local);
@@ -70,6 +74,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> SameHostCommunicator::Wrap(
     std::unique_ptr<Communicator> inner, const SameHostOptions& options, std::string* why_not) {
   const int world = inner->size();
   const int rank = inner->rank();
+  if (why_not != nullptr) why_not->clear();
   if (world == 1) {
     if (why_not != nullptr) *why_not = "a group of one rank has no peer to read";
     return inner;
@@ -77,37 +82,50 @@ absl::StatusOr<std::unique_ptr<Communicator>> SameHostCommunicator::Wrap(
   // What each rank publishes: its pid, and where a random token lies in its
   // memory. A rank that reads the token back is reading the right process
   // (not a namesake pid in another PID namespace or on another host).
-  const auto token = std::make_unique<uint64_t>((uint64_t{std::random_device{}()} << 32) ^
-                                                std::random_device{}() ^ 1);
+  const auto token = std::make_unique<uint64_t>(
+      ((uint64_t{std::random_device{}()} << 32) ^ std::random_device{}()) | 1);
   const std::vector<int64_t> mine = {getpid(), static_cast<int64_t>(AddressOf(token.get())),
                                      static_cast<int64_t>(*token)};
   std::vector<int64_t> all(mine.size() * static_cast<size_t>(world));
   RETURN_IF_ERROR(inner->AllGather(mine.data(), all.data(), mine.size(), DType::kInt64));
-  // 0, or (the first unreadable peer + 1) and its errno in the high half.
-  int64_t result = 0;
+  // {reason, peer}: 0, errno of the first failed read of `peer`,
+  // kReadAnotherProcess, or kOptedOut. An opted-out rank still takes part in
+  // both exchanges, so every rank agrees whatever each one's options say.
+  std::vector<int64_t> result = {0, 0};
+  if (!options.enabled) result = {kOptedOut, rank};
   std::vector<pid_t> pids(static_cast<size_t>(world));
   for (int p = 0; p < world; ++p) {
     const auto* peer = &all[static_cast<size_t>(p) * mine.size()];
     pids[static_cast<size_t>(p)] = static_cast<pid_t>(peer[0]);
-    if (p == rank || result != 0) continue;
+    if (p == rank || result[0] != 0) continue;
     uint64_t seen = 0;
-    int err = ReadProcess(static_cast<pid_t>(peer[0]), static_cast<uint64_t>(peer[1]), &seen,
-                          sizeof(seen));
-    if (err == 0 && seen != static_cast<uint64_t>(peer[2])) err = ESRCH;  // another process
-    if (err != 0) result = (static_cast<int64_t>(err) << 32) | (p + 1);
+    int64_t reason = ReadProcess(static_cast<pid_t>(peer[0]), static_cast<uint64_t>(peer[1]), &seen,
+                                 sizeof(seen));
+    if (reason == 0 && seen != static_cast<uint64_t>(peer[2])) reason = kReadAnotherProcess;
+    if (reason != 0) result = {reason, p};
   }
   // Also the barrier that keeps every token alive until all have been read.
-  std::vector<int64_t> results(static_cast<size_t>(world));
-  RETURN_IF_ERROR(inner->AllGather(&result, results.data(), 1, DType::kInt64));
+  std::vector<int64_t> results(result.size() * static_cast<size_t>(world));
+  RETURN_IF_ERROR(inner->AllGather(result.data(), results.data(), result.size(), DType::kInt64));
   for (int r = 0; r < world; ++r) {
-    const int64_t failed = results[static_cast<size_t>(r)];
-    if (failed == 0) continue;
+    const int64_t reason = results[2 * static_cast<size_t>(r)];
+    const int64_t peer = results[2 * static_cast<size_t>(r) + 1];
+    if (reason == 0) continue;
     if (why_not != nullptr) {
-      const int peer = static_cast<int>(failed & 0xffffffff) - 1;
-      *why_not = absl::StrCat(
-          "rank ", r, " cannot read rank ", peer,
-          "'s memory (process_vm_readv: ", std::strerror(static_cast<int>(failed >> 32)),
-          "): another host or PID namespace, or ptrace not permitted");
+      if (reason == kOptedOut) {
+        *why_not = absl::StrCat("rank ", r,
+                                " opted out (--no-same-host-copies, or a cuda device's pinned "
+                                "buffers)");
+      } else if (reason == kReadAnotherProcess) {
+        *why_not = absl::StrCat("rank ", r, " cannot read rank ", peer,
+                                "'s memory: its pid is another process here (another host or "
+                                "PID namespace)");
+      } else {
+        *why_not =
+            absl::StrCat("rank ", r, " cannot read rank ", peer,
+                         "'s memory (process_vm_readv: ", std::strerror(static_cast<int>(reason)),
+                         "): another host or PID namespace, or ptrace not permitted");
+      }
     }
     return inner;
   }
@@ -168,30 +186,37 @@ absl::Status SameHostCommunicator::ReduceFromPeers(const std::vector<uint64_t>& 
                                                    std::byte* acc, size_t count, DType dtype,
                                                    ReduceOp op, ReduceScatterChunks* chunks,
                                                    bool received_raw) {
+  // The Gloo ring's association, so that either path gives the same bits:
+  // chunk r ends as v_r + (v_{r-1} + (... + (v_{r+2} + v_{r+1}))), each
+  // addition rounded in the dtype (a + b and b + a round alike). The peers'
+  // partial sum is formed in sum_ (in cache), then this rank's value is added,
+  // by ProduceAndAdd when the chunks are FSDP's gradient.
   const size_t es = DTypeSize(dtype);
   const size_t block = std::max<size_t>(1, kBlockBytes / es);
   block_.resize(block * es);
-  // A block that is consumed is summed in a buffer of its own, still in cache
-  // when consumed, rather than in `acc` (the caller's scratch then): that
-  // saves a write of the whole chunk.
-  if (chunks != nullptr) sum_.resize(block * es);
+  sum_.resize(block * es);
   const int world = size();
   for (size_t begin = 0; begin < count; begin += block) {
     const size_t n = std::min(block, count - begin);
-    std::byte* a = chunks != nullptr ? sum_.data() : acc + begin * es;
     for (int k = 1; k < world; ++k) {
       const int p = (rank() + k) % world;
-      RETURN_IF_ERROR(ReadPeer(p, remotes[static_cast<size_t>(p)] + offset + begin * es,
-                               block_.data(), n * es));
-      if (k == 1 && chunks != nullptr) {
-        chunks->ProduceAndAdd(static_cast<size_t>(rank()), begin, n, block_.data(), received_raw,
-                              a);
+      const uint64_t remote = remotes[static_cast<size_t>(p)] + offset + begin * es;
+      if (k == 1) {
+        RETURN_IF_ERROR(ReadPeer(p, remote, sum_.data(), n * es));
       } else {
-        ReduceElements(dtype, op, k == 1 && own != nullptr ? own + begin * es : a, block_.data(), a,
-                       n);
+        RETURN_IF_ERROR(ReadPeer(p, remote, block_.data(), n * es));
+        ReduceElements(dtype, op, sum_.data(), block_.data(), sum_.data(), n);
       }
     }
-    if (chunks != nullptr) chunks->Consume(begin, n, a);
+    if (chunks != nullptr) {
+      // The peers' sum is raw only when it is one peer's raw chunk (W=2).
+      chunks->ProduceAndAdd(static_cast<size_t>(rank()), begin, n, sum_.data(), received_raw,
+                            block_.data());
+      chunks->Consume(begin, n, block_.data());
+    } else {
+      std::byte* a = acc + begin * es;
+      ReduceElements(dtype, op, own != nullptr ? own + begin * es : a, sum_.data(), a, n);
+    }
   }
   return absl::OkStatus();
 }
@@ -199,7 +224,7 @@ absl::Status SameHostCommunicator::ReduceFromPeers(const std::vector<uint64_t>& 
 absl::Status SameHostCommunicator::AllGather(const void* input, void* output, size_t count,
                                              DType dtype) {
   const size_t bytes = count * DTypeSize(dtype);
-  if (Small(bytes * static_cast<size_t>(size()))) {
+  if (Inner(bytes * static_cast<size_t>(size()))) {
     return inner_->AllGather(input, output, count, dtype);
   }
   ASSIGN_OR_RETURN(const std::vector<uint64_t> remotes, ExchangeAddresses(input));
@@ -217,7 +242,7 @@ absl::Status SameHostCommunicator::AllGather(const void* input, void* output, si
 absl::Status SameHostCommunicator::ReduceScatter(const void* input, void* output, size_t count,
                                                  DType dtype) {
   const size_t bytes = count * DTypeSize(dtype);
-  if (Small(bytes * static_cast<size_t>(size()))) {
+  if (Inner(bytes * static_cast<size_t>(size()))) {
     return inner_->ReduceScatter(input, output, count, dtype);
   }
   ASSIGN_OR_RETURN(const std::vector<uint64_t> remotes, ExchangeAddresses(input));
@@ -229,7 +254,7 @@ absl::Status SameHostCommunicator::ReduceScatter(const void* input, void* output
 
 absl::Status SameHostCommunicator::ReduceScatterInPlace(void* buffer, size_t count, DType dtype) {
   const size_t bytes = count * DTypeSize(dtype);
-  if (Small(bytes * static_cast<size_t>(size()))) {
+  if (Inner(bytes * static_cast<size_t>(size()))) {
     return inner_->ReduceScatterInPlace(buffer, count, dtype);
   }
   ASSIGN_OR_RETURN(const std::vector<uint64_t> remotes, ExchangeAddresses(buffer));
@@ -245,7 +270,7 @@ absl::Status SameHostCommunicator::ReduceScatterInPlace(void* buffer, size_t cou
 absl::Status SameHostCommunicator::ReduceScatterChunked(ReduceScatterChunks& chunks, void* work,
                                                         size_t count, DType dtype) {
   const size_t bytes = count * DTypeSize(dtype);
-  if (Small(bytes * static_cast<size_t>(size()))) {
+  if (Inner(bytes * static_cast<size_t>(size()))) {
     return inner_->ReduceScatterChunked(chunks, work, count, dtype);
   }
   auto* data = static_cast<std::byte*>(work);
@@ -277,7 +302,7 @@ absl::Status SameHostCommunicator::ReduceScatterChunked(ReduceScatterChunks& chu
 
 absl::Status SameHostCommunicator::AllReduce(void* buffer, size_t count, DType dtype, ReduceOp op) {
   const size_t es = DTypeSize(dtype);
-  if (Small(count * es)) return inner_->AllReduce(buffer, count, dtype, op);
+  if (Inner(count * es)) return inner_->AllReduce(buffer, count, dtype, op);
   auto* data = static_cast<std::byte*>(buffer);
   ASSIGN_OR_RETURN(const std::vector<uint64_t> remotes, ExchangeAddresses(buffer));
   // Each rank reduces its range, then reads the others' reduced ranges.
@@ -294,7 +319,7 @@ absl::Status SameHostCommunicator::AllReduce(void* buffer, size_t count, DType d
 
 absl::Status SameHostCommunicator::Broadcast(void* buffer, size_t count, DType dtype, int root) {
   const size_t bytes = count * DTypeSize(dtype);
-  if (Small(bytes) || root < 0 || root >= size()) {
+  if (Inner(bytes) || root < 0 || root >= size()) {
     return inner_->Broadcast(buffer, count, dtype, root);  // it names a bad root
   }
   ASSIGN_OR_RETURN(const std::vector<uint64_t> remotes, ExchangeAddresses(buffer));

@@ -15,9 +15,11 @@
 // are; so does everything when the probe at Wrap() fails.
 //
 // Each rank reduces its own chunk, reading every peer's copy of it in blocks
-// and adding them in a fixed order (its own value first, then ranks r+1, r+2,
-// ... mod W), so the fused gradient chunks (ReduceScatterChunked) and the
-// separate steps give the same bits, as on the ring.
+// and adding them in the Gloo ring's order (v_r + (v_{r-1} + (... + v_{r+1}))),
+// so the results are bit for bit the ring's, whichever path a collective
+// takes, and the fused gradient chunks (ReduceScatterChunked) equal the
+// separate steps. ReduceScatter's output may overlap its input only at this
+// rank's chunk (peers read the others while it runs).
 #ifndef FLATSHARD_WORKER_COMM_SAME_HOST_COMMUNICATOR_H_
 #define FLATSHARD_WORKER_COMM_SAME_HOST_COMMUNICATOR_H_
 
@@ -38,6 +40,9 @@ struct SameHostOptions {
   // Collectives whose whole buffer is smaller go to the inner communicator:
   // below it the address exchange and the barrier cost more than the ring.
   size_t min_bytes = size_t{256} << 10;
+  // False: this rank opts out, and with it the whole group (it still takes
+  // part in Wrap's exchanges, so ranks whose options differ agree).
+  bool enabled = true;
 };
 
 class SameHostCommunicator : public Communicator {
@@ -80,15 +85,18 @@ class SameHostCommunicator : public Communicator {
   SameHostCommunicator(std::unique_ptr<Communicator> inner, std::vector<pid_t> pids,
                        SameHostOptions options);
 
-  bool Small(size_t bytes) const { return bytes < options_.min_bytes; }
+  // Collectives the inner communicator runs as they are: small ones, and all
+  // of a one-rank group (a sub-group may have one).
+  bool Inner(size_t bytes) const { return size() == 1 || bytes < options_.min_bytes; }
   // Every rank's `address`, by rank; also a barrier.
   absl::StatusOr<std::vector<uint64_t>> ExchangeAddresses(const void* address);
   // Copies `bytes` at `remote` in rank `peer`'s memory to `local`.
   absl::Status ReadPeer(int peer, uint64_t remote, void* local, size_t bytes);
-  // acc[0, count) = acc (or `own` first, when given) + every peer's elements at
-  // `remotes[p] + offset`, in the fixed order; with `chunks`, the first sum is
-  // chunks->ProduceAndAdd of this rank's chunk (the peer's bytes raw or
-  // produced) and the result is consumed (summed in sum_, not in acc).
+  // acc[0, count) = acc (or `own`, when given) + the sum of every peer's
+  // elements at `remotes[p] + offset`, in the ring's order; with `chunks`,
+  // the last addition is chunks->ProduceAndAdd of this rank's chunk (the
+  // peers' sum raw when it is one peer's raw chunk) and the result is
+  // consumed, never written to acc.
   absl::Status ReduceFromPeers(const std::vector<uint64_t>& remotes, size_t offset,
                                const std::byte* own, std::byte* acc, size_t count, DType dtype,
                                ReduceOp op, ReduceScatterChunks* chunks = nullptr,
@@ -101,7 +109,7 @@ class SameHostCommunicator : public Communicator {
   std::vector<pid_t> pids_;  // by rank of this group
   SameHostOptions options_;
   std::vector<std::byte> block_;  // a peer's block, read before it is added
-  std::vector<std::byte> sum_;    // ReduceScatterChunked: a block's sum, then consumed
+  std::vector<std::byte> sum_;    // the peers' partial sum of a block
   std::atomic<bool> aborted_{false};
 };
 

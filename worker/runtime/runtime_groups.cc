@@ -83,11 +83,16 @@ absl::StatusOr<RuntimeGroups> ConnectRuntimeGroups(Device& device,
   ASSIGN_OR_RETURN(std::unique_ptr<GlooCommunicator> world,
                    GlooCommunicator::Create(store, rank, world_size, options.gloo));
   g.host_world = std::move(world);
-  if (options.gloo.same_host_copies && world_size > 1) {
-    // Sub-groups inherit the choice: they are created from host_world.
+  if (world_size > 1) {
+    // Every rank takes part in the probe, opted out or not, so they agree.
+    // Sub-groups inherit the outcome: they are created from host_world. Not
+    // for cuda devices: their host buffers (StagedCollectives) are the
+    // driver's pinned memory, which the probe does not check.
+    SameHostOptions same_host;
+    same_host.enabled = options.gloo.same_host_copies && device.kind() != DeviceKind::kCuda;
     std::string why_not;
-    ASSIGN_OR_RETURN(g.host_world, SameHostCommunicator::Wrap(std::move(g.host_world),
-                                                              SameHostOptions{}, &why_not));
+    ASSIGN_OR_RETURN(g.host_world,
+                     SameHostCommunicator::Wrap(std::move(g.host_world), same_host, &why_not));
     if (why_not.empty()) {
       spdlog::info("rank {}: host collectives copy between the {} ranks of this host directly",
                    rank, world_size);
