@@ -3,6 +3,8 @@
 #include <cstdlib>
 #include <new>
 
+#include <sys/mman.h>
+
 namespace flatshard {
 namespace {
 
@@ -30,6 +32,17 @@ std::byte* BlockCache::Take(size_t bytes) {
       cached_ -= size;
       return block;
     }
+  }
+  if (size >= kHugeBytes) {
+    // Whole 2 MiB pages, asked for as huge pages: one TLB entry per 2 MiB for
+    // the GEMMs and element passes that stream these buffers, and one page to
+    // pin per 2 MiB when a peer on this host reads them (process_vm_readv).
+    // Debian's default is transparent huge pages only where madvised.
+    const size_t whole = (size + kHugePage - 1) / kHugePage * kHugePage;
+    void* block = std::aligned_alloc(kHugePage, whole);
+    if (block == nullptr) throw std::bad_alloc();
+    (void)madvise(block, whole, MADV_HUGEPAGE);  // advice: failing changes nothing
+    return static_cast<std::byte*>(block);
   }
   void* block = std::aligned_alloc(kAlignment, size);
   if (block == nullptr) throw std::bad_alloc();

@@ -30,6 +30,9 @@ class BlockCache {
   // after a reshard or with variable-length batches).
   static constexpr size_t kMinCachedBytes = size_t{64} << 10;
   static constexpr size_t kMaxCachedBytes = size_t{2} << 30;
+  // Blocks from this size are whole huge pages (Take).
+  static constexpr size_t kHugePage = size_t{2} << 20;
+  static constexpr size_t kHugeBytes = size_t{4} << 20;
 
   static BlockCache& Get();
 
