@@ -26,7 +26,10 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iostream>
+#include <memory>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -48,6 +51,7 @@
 #include "worker/comm/gloo_store_adapter.h"
 #include "worker/comm/host_collectives.h"
 #include "worker/comm/same_host_communicator.h"
+#include "worker/device/host/block_cache.h"
 #include "worker/device/host/host_device.h"
 #include "worker/runtime/flat_param_unit.h"
 
@@ -129,7 +133,13 @@ absl::StatusOr<UnitTimings> MeasureUnit(Communicator& comm, int rank, int world,
   // reduction writes the shard, as the first micro-batch of a step does.
   // The ceiling reduces the same elements in the reduce dtype (ones).
   const size_t es = DTypeSize(reduce_dtype);
-  std::vector<std::byte> ones(es * total), scratch(es * total);
+  // The ceiling's buffer comes from the CPU device's allocator, as the
+  // unit's do (whole huge pages at these sizes): both sides on the same pages.
+  std::vector<std::byte> ones(es * total);
+  const std::unique_ptr<std::byte, std::function<void(std::byte*)>> scratch_block(
+      BlockCache::Get().Take(es * total),
+      [bytes = es * total](std::byte* b) { BlockCache::Get().Give(b, bytes); });
+  const std::span<std::byte> scratch(scratch_block.get(), es * total);
   for (size_t i = 0; i < total; ++i) {
     const float one = 1.0f;
     ConvertElements(DType::kFloat32, reinterpret_cast<const std::byte*>(&one), reduce_dtype,
