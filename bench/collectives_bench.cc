@@ -37,13 +37,13 @@
 #include <gloo/reduce_scatter.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/transport/tcp/device.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 
 #include "bench/bench_flags.h"
+#include "bench/forked_ranks.h"
 #include "core/dtype.h"
 #include "core/flat_param_layout.h"
 #include "worker/comm/file_store.h"
@@ -303,18 +303,9 @@ static int Main(int argc, char** argv) {
       const std::string dir = absl::StrCat(std::filesystem::temp_directory_path().string(),
                                            "/flatshard-bench-", getpid(), "-", world, "-", mib);
       const std::string out = dir + ".out";
-      std::vector<pid_t> pids;
-      for (int rank = 0; rank < world; ++rank) {
-        const pid_t pid = fork();
-        if (pid == 0) _exit(flatshard::RunRank(dir, rank, world, bytes, iters, reduce_dtype, out));
-        pids.push_back(pid);
-      }
-      bool ok = true;
-      for (pid_t pid : pids) {
-        int status = 0;
-        waitpid(pid, &status, 0);
-        ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
-      }
+      const bool ok = flatshard::bench::RunForkedRanks(world, [&](int rank) {
+        return flatshard::RunRank(dir, rank, world, bytes, iters, reduce_dtype, out);
+      });
       std::ifstream in(out);
       double t[12] = {};
       bool read = ok;

@@ -18,13 +18,13 @@
 #include <string>
 #include <vector>
 
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 
 #include "bench/bench_flags.h"
+#include "bench/forked_ranks.h"
 #include "core/status_macros.h"
 #include "worker/comm/file_store.h"
 #include "worker/device/device_factory.h"
@@ -210,29 +210,18 @@ static int Main(int argc, char** argv) {
       const std::string dir = absl::StrCat(std::filesystem::temp_directory_path().string(),
                                            "/flatshard-devbench-", getpid(), "-", world, "-", mib);
       const std::string out = dir + ".out";
-      std::vector<pid_t> pids;
-      for (int rank = 0; rank < world; ++rank) {
-        const pid_t pid = fork();
-        if (pid == 0) {
-          auto t = flatshard::RunRank(settings, dir, rank, world, bytes);
-          if (!t.ok()) {
-            std::fprintf(stderr, "rank %d: %s\n", rank, std::string(t.status().message()).c_str());
-            _exit(1);
-          }
-          if (rank == 0) {
-            std::ofstream(out) << (*t)[0] << " " << (*t)[1] << " " << (*t)[2] << " " << (*t)[3]
-                               << "\n";
-          }
-          _exit(0);
+      const bool ok = flatshard::bench::RunForkedRanks(world, [&](int rank) {
+        auto t = flatshard::RunRank(settings, dir, rank, world, bytes);
+        if (!t.ok()) {
+          std::fprintf(stderr, "rank %d: %s\n", rank, std::string(t.status().message()).c_str());
+          return 1;
         }
-        pids.push_back(pid);
-      }
-      bool ok = true;
-      for (pid_t pid : pids) {
-        int status = 0;
-        waitpid(pid, &status, 0);
-        ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
-      }
+        if (rank == 0) {
+          std::ofstream(out) << (*t)[0] << " " << (*t)[1] << " " << (*t)[2] << " " << (*t)[3]
+                             << "\n";
+        }
+        return 0;
+      });
       double t[4] = {};
       std::ifstream in(out);
       if (!ok || !(in >> t[0] >> t[1] >> t[2] >> t[3])) {

@@ -17,13 +17,13 @@
 #include <optional>
 #include <vector>
 
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 
 #include "bench/bench_flags.h"
+#include "bench/forked_ranks.h"
 #include "core/model_spec_yaml.h"
 #include "storage/spec_files.h"
 #include "worker/comm/file_store.h"
@@ -159,7 +159,6 @@ static int Main(int argc, char** argv) {
   std::printf(
       "| W | backward prefetch | host copies | step | compute | exposed comm | optimizer | "
       "exposed comm / step |\n|---|---|---|---|---|---|---|---|\n");
-  std::fflush(stdout);  // or every forked rank prints it again at exit
   for (int world : worlds) {
     for (auto [name, prefetch] :
          {std::pair{"PRE", BackwardPrefetch::kPre}, std::pair{"POST", BackwardPrefetch::kPost},
@@ -190,18 +189,8 @@ static int Main(int argc, char** argv) {
         const std::string dir = absl::StrCat(std::filesystem::temp_directory_path().string(),
                                              "/flatshard-step-bench-", getpid(), "-", world, name);
         const std::string out = dir + ".out";
-        std::vector<pid_t> pids;
-        for (int rank = 0; rank < world; ++rank) {
-          const pid_t pid = fork();
-          if (pid == 0) _exit(RunRank(options, device, gpus, dir, rank, world, out));
-          pids.push_back(pid);
-        }
-        bool ok = true;
-        for (pid_t pid : pids) {
-          int status = 0;
-          waitpid(pid, &status, 0);
-          ok = ok && WIFEXITED(status) && WEXITSTATUS(status) == 0;
-        }
+        const bool ok = flatshard::bench::RunForkedRanks(
+            world, [&](int rank) { return RunRank(options, device, gpus, dir, rank, world, out); });
         double t[4] = {};
         std::ifstream in(out);
         if (!ok || !(in >> t[0] >> t[1] >> t[2] >> t[3])) return 1;
