@@ -241,15 +241,10 @@ absl::Status SameHostCommunicator::AllGather(const void* input, void* output, si
 
 absl::Status SameHostCommunicator::ReduceScatter(const void* input, void* output, size_t count,
                                                  DType dtype) {
-  const size_t bytes = count * DTypeSize(dtype);
-  if (Inner(bytes * static_cast<size_t>(size()))) {
+  if (Inner(count * DTypeSize(dtype) * static_cast<size_t>(size()))) {
     return inner_->ReduceScatter(input, output, count, dtype);
   }
-  ASSIGN_OR_RETURN(const std::vector<uint64_t> remotes, ExchangeAddresses(input));
-  const size_t offset = static_cast<size_t>(rank()) * bytes;
-  RETURN_IF_ERROR(ReduceFromPeers(remotes, offset, static_cast<const std::byte*>(input) + offset,
-                                  static_cast<std::byte*>(output), count, dtype, ReduceOp::kSum));
-  return Barrier();
+  return ReduceOwnChunk(input, output, count, dtype);
 }
 
 absl::Status SameHostCommunicator::ReduceScatterInPlace(void* buffer, size_t count, DType dtype) {
@@ -257,13 +252,18 @@ absl::Status SameHostCommunicator::ReduceScatterInPlace(void* buffer, size_t cou
   if (Inner(bytes * static_cast<size_t>(size()))) {
     return inner_->ReduceScatterInPlace(buffer, count, dtype);
   }
-  ASSIGN_OR_RETURN(const std::vector<uint64_t> remotes, ExchangeAddresses(buffer));
-  const size_t offset = static_cast<size_t>(rank()) * bytes;
-  // Peers read chunk r of this buffer only, which this rank leaves alone, and
-  // this rank writes only its own chunk.
-  RETURN_IF_ERROR(ReduceFromPeers(remotes, offset, nullptr,
-                                  static_cast<std::byte*>(buffer) + offset, count, dtype,
-                                  ReduceOp::kSum));
+  // Peers read only their own chunks of this buffer, which this rank leaves
+  // alone; it writes only its own.
+  return ReduceOwnChunk(
+      buffer, static_cast<std::byte*>(buffer) + static_cast<size_t>(rank()) * bytes, count, dtype);
+}
+
+absl::Status SameHostCommunicator::ReduceOwnChunk(const void* input, void* output, size_t count,
+                                                  DType dtype) {
+  ASSIGN_OR_RETURN(const std::vector<uint64_t> remotes, ExchangeAddresses(input));
+  const size_t offset = static_cast<size_t>(rank()) * count * DTypeSize(dtype);
+  RETURN_IF_ERROR(ReduceFromPeers(remotes, offset, static_cast<const std::byte*>(input) + offset,
+                                  static_cast<std::byte*>(output), count, dtype, ReduceOp::kSum));
   return Barrier();
 }
 

@@ -104,6 +104,9 @@ class SameHostCommunicator : public Communicator {
                                const std::byte* own, std::byte* acc, size_t count, DType dtype,
                                ReduceOp op, ReduceScatterChunks* chunks = nullptr,
                                bool received_raw = false);
+  // Both reduce-scatters once the addresses are known: this rank's chunk of
+  // every rank's `input` summed into `output` (which may be that chunk).
+  absl::Status ReduceOwnChunk(const void* input, void* output, size_t count, DType dtype);
   // After a failed read: make the peers' barrier fail at once rather than time
   // out, and say why.
   absl::Status Fail(absl::Status status);
