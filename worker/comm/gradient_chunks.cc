@@ -1,6 +1,12 @@
 #include "worker/comm/gradient_chunks.h"
 
 #include <algorithm>
+#include <cstdint>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#define FLATSHARD_STREAMING_STORES 1
+#endif
 
 #include "worker/device/host/host_isa.h"
 #include "worker/device/kernels/element_ops.h"
@@ -18,6 +24,13 @@ template <DType D>
 [[gnu::always_inline]] inline StorageOf<D> Add(StorageOf<D> mine, StorageOf<D> theirs) {
   return Element<D>::FromFloat(Element<D>::ToFloat(mine) + Element<D>::ToFloat(theirs));
 }
+
+// A gradient shard at least this large is written with streaming stores when
+// the reduction writes it rather than accumulates into it: the optimizer reads
+// it only after the rest of the backward pass, by when a shard this size has
+// left the cache anyway (each core here has 1 MiB of L2, the ranks share the
+// L3), so bringing its lines in first would buy nothing.
+constexpr size_t kStreamShardBytes = size_t{4} << 20;
 
 // The element loops, written once and inlined into a baseline copy and an
 // AVX2 copy below (as the optimizer's passes are): the 16-bit conversions'
@@ -94,7 +107,33 @@ FLATSHARD_AVX2_COPY void AddRawAvx2(const float* g, size_t n, const float* r, St
 }
 template <DType D, typename Post>
 FLATSHARD_AVX2_COPY void ConsumeAvx2(const StorageOf<D>* r, float* acc, size_t n, bool accumulate,
-                                     Post post) {
+                                     bool stream, Post post) {
+#ifdef FLATSHARD_STREAMING_STORES
+  if (!accumulate && stream) {
+    // A shard that is written, not accumulated, goes around the cache: an
+    // ordinary store first reads every line it fills (write-allocate), one
+    // more pass over the shard than the reduction needs. Each tile is formed
+    // by the same loop in L1 (so the same bits), then streamed out.
+    constexpr size_t kTile = 256;
+    constexpr size_t kLane = 8;  // floats per 32-byte streaming store
+    const size_t misaligned = reinterpret_cast<uintptr_t>(acc) % 32 / sizeof(float);
+    const size_t head = std::min(n, misaligned == 0 ? 0 : kLane - misaligned);
+    ConsumeLoop<D>(r, acc, head, false, post);
+    alignas(32) float tile[kTile];
+    for (size_t i = head; i < n; i += kTile) {
+      const size_t m = std::min(kTile, n - i);
+      ConsumeLoop<D>(r + i, tile, m, false, post);
+      size_t j = 0;
+      for (; j + kLane <= m; j += kLane) _mm256_stream_ps(acc + i + j, _mm256_load_ps(tile + j));
+      for (; j < m; ++j) acc[i + j] = tile[j];
+    }
+    // Streaming stores are weakly ordered: they reach memory before whatever
+    // tells another thread that the shard is ready.
+    _mm_sfence();
+    return;
+  }
+#endif
+  (void)stream;
   ConsumeLoop<D>(r, acc, n, accumulate, post);
 }
 
@@ -107,7 +146,11 @@ class GradientChunks final : public ReduceScatterChunks {
   using Storage = StorageOf<D>;
 
   GradientChunks(const GradientChunksSpec& spec, Pre pre, Post post)
-      : spec_(spec), pre_(pre), post_(post), avx2_(host_kernels::UseAvx2Fma(spec.isa)) {}
+      : spec_(spec),
+        pre_(pre),
+        post_(post),
+        avx2_(host_kernels::UseAvx2Fma(spec.isa)),
+        stream_(spec.count * sizeof(float) >= kStreamShardBytes) {}
 
   // A float32 chunk wholly inside the gradient goes out as the gradient's own
   // bytes; its receiver applies the pre-divide (ProduceAndAdd).
@@ -142,7 +185,7 @@ class GradientChunks final : public ReduceScatterChunks {
   void Consume(size_t begin, size_t n, const std::byte* reduced) override {
     const auto* r = reinterpret_cast<const Storage*>(reduced);
     float* acc = spec_.grad_shard + begin;
-    if (avx2_) return ConsumeAvx2<D>(r, acc, n, spec_.accumulate, post_);
+    if (avx2_) return ConsumeAvx2<D>(r, acc, n, spec_.accumulate, stream_, post_);
     ConsumePortable<D>(r, acc, n, spec_.accumulate, post_);
   }
 
@@ -156,6 +199,7 @@ class GradientChunks final : public ReduceScatterChunks {
   Pre pre_;
   Post post_;
   bool avx2_;
+  bool stream_;  // write the shard around the cache (ConsumeAvx2)
 };
 
 template <typename Fn>

@@ -8,6 +8,7 @@
 // separate steps between real processes.)
 #include "worker/comm/gradient_chunks.h"
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -109,6 +110,57 @@ TEST(GradientChunksTest, BaselineAndAvx2CopiesGiveTheSameBits) {
             EXPECT_TRUE(SameBytes(outputs[0][k], outputs[1][k])) << "output " << k;
           }
         }
+      }
+    }
+  }
+}
+
+// A shard of several MiB that the reduction writes (not accumulates) leaves
+// the AVX2 copy through streaming stores, from a tile formed in L1 (kTile 256,
+// kStreamShardBytes 4 MiB in gradient_chunks.cc): the same bits as the
+// baseline's plain stores, from a shard that starts off a 32-byte boundary and
+// blocks that end inside a tile, and nothing written outside the shard.
+TEST(GradientChunksTest, AStreamedShardHoldsTheBaselinesBits) {
+  if (!host_kernels::HostIsaSupported(HostIsa::kAvx2Fma)) {
+    GTEST_SKIP() << "this CPU has no AVX2: only the baseline copy can run";
+  }
+  constexpr size_t kCount = (size_t{5} << 20) / sizeof(float) + 37;  // past the 4 MiB line
+  constexpr size_t kWorld = 2;
+  constexpr float kGuard = 12345.0f;
+  const std::vector<float> grad = Values(kCount * kWorld, 3);
+  for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+    SCOPED_TRACE(DTypeName(dtype));
+    const size_t es = DTypeSize(dtype);
+    const std::vector<float> raw = Values(kCount, 5);
+    std::vector<std::byte> reduced(kCount * es);
+    for (size_t i = 0; i < kCount; ++i) {
+      const uint32_t bits = std::bit_cast<uint32_t>(raw[i]);
+      std::memcpy(reduced.data() + i * es, &bits, es);
+    }
+    std::vector<float> shards[2];
+    for (int copy = 0; copy < 2; ++copy) {
+      // One float past an aligned start, so the streamed part begins after a head.
+      std::vector<float>& held = shards[copy];
+      held.assign(kCount + 2, kGuard);
+      GradientChunksSpec spec{grad.data(), kCount * kWorld, kCount, dtype, 2.0,
+                              3.0,         held.data() + 1, false};
+      spec.isa = copy == 0 ? HostIsa::kPortable : HostIsa::kAvx2Fma;
+      std::unique_ptr<ReduceScatterChunks> chunks = MakeGradientChunks(spec);
+      for (size_t begin = 0; begin < kCount; begin += 4099) {
+        const size_t n = std::min<size_t>(4099, kCount - begin);
+        chunks->Consume(begin, n, reduced.data() + begin * es);
+      }
+    }
+    EXPECT_EQ(shards[0].front(), kGuard);
+    EXPECT_EQ(shards[0].back(), kGuard);
+    EXPECT_EQ(shards[1].front(), kGuard);
+    EXPECT_EQ(shards[1].back(), kGuard);
+    EXPECT_EQ(std::memcmp(shards[0].data(), shards[1].data(), shards[0].size() * sizeof(float)), 0);
+    if (dtype == DType::kFloat32) {  // and the values themselves: 0 + reduced / 3
+      for (size_t i = 0; i < kCount; i += 997) {
+        EXPECT_EQ(std::bit_cast<uint32_t>(shards[1][1 + i]),
+                  std::bit_cast<uint32_t>(0.0f + raw[i] / 3.0f))
+            << "element " << i;
       }
     }
   }
