@@ -8,13 +8,16 @@
 //
 //   train_step_bench [--worlds 2,4] [--steps 30] [--batch 64] [--model mlp|mlp35m|gpt]
 //                    [--device cpu|sim|cuda] [--comm auto|gloo|nccl] [--gpus 0,1,...]
-//                    [--param-dtype bfloat16] [--reduce-dtype bfloat16]   (--help)
+//                    [--param-dtype bfloat16] [--reduce-dtype bfloat16]
+//                    [--same-host-copies on|off|both] [--forward-prefetch off|on|both]
+//                    (--help)
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include <unistd.h>
@@ -36,6 +39,16 @@ namespace {
 struct Row {
   double step = 0, compute = 0, comm = 0, optim = 0;
 };
+
+// Every (same-host copies, forward prefetch) pair to run, back to back.
+std::vector<std::pair<bool, bool>> Runs(const std::vector<bool>& copies,
+                                        const std::vector<bool>& forward) {
+  std::vector<std::pair<bool, bool>> runs;
+  for (const bool c : copies) {
+    for (const bool f : forward) runs.emplace_back(c, f);
+  }
+  return runs;
+}
 
 double Median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -86,6 +99,7 @@ static int Main(int argc, char** argv) {
   using flatshard::OptimizerKind;
   using flatshard::ParseWrapPolicy;
   using flatshard::RunRank;
+  using flatshard::Runs;
   // One GEMM thread per rank, as flatshard-train-local and `flatshard up` on
   // a host with no more cores than ranks give them: more would spin on the
   // cores the other ranks compute on.
@@ -138,7 +152,16 @@ static int Main(int argc, char** argv) {
                  "SameHostCommunicator), off (Gloo over loopback TCP), or both, interleaved")
       ->check(CLI::IsMember({"on", "off", "both"}))
       ->capture_default_str();
+  std::string forward_prefetch = "off";
+  app.add_option("--forward-prefetch", forward_prefetch,
+                 "FSDP's forward_prefetch: off, on (the next unit's all-gather is issued as "
+                 "this unit's forward starts), or both, interleaved")
+      ->check(CLI::IsMember({"on", "off", "both"}))
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  std::vector<bool> forward_runs;
+  if (forward_prefetch != "off") forward_runs.push_back(true);
+  if (forward_prefetch != "on") forward_runs.push_back(false);
   std::vector<bool> copies_runs;
   if (host_copies != "off") copies_runs.push_back(true);
   if (host_copies != "on") copies_runs.push_back(false);
@@ -157,14 +180,15 @@ static int Main(int argc, char** argv) {
   auto spec = LoadModelSpecFile(std::string(FLATSHARD_SOURCE_DIR) + file);
   if (!spec.ok()) return 1;
   std::printf(
-      "| W | backward prefetch | host copies | step | compute | exposed comm | optimizer | "
-      "exposed comm / step |\n|---|---|---|---|---|---|---|---|\n");
+      "| W | backward prefetch | forward prefetch | host copies | step | compute | exposed comm | "
+      "optimizer | exposed comm / step |\n|---|---|---|---|---|---|---|---|---|\n");
   for (int world : worlds) {
     for (auto [name, prefetch] :
          {std::pair{"PRE", BackwardPrefetch::kPre}, std::pair{"POST", BackwardPrefetch::kPost},
           std::pair{"NONE", BackwardPrefetch::kNone}}) {
-      for (const bool same_host : copies_runs) {
+      for (const auto [same_host, forward] : Runs(copies_runs, forward_runs)) {
         LocalTrainOptions options;
+        options.runtime.sharding.forward_prefetch = forward;
         options.runtime.gloo.same_host_copies = same_host;
         options.spec = *spec;
         options.policy =
@@ -194,9 +218,9 @@ static int Main(int argc, char** argv) {
         double t[4] = {};
         std::ifstream in(out);
         if (!ok || !(in >> t[0] >> t[1] >> t[2] >> t[3])) return 1;
-        std::printf("| %d | %s | %s | %.1f ms | %.1f ms | %.1f ms | %.1f ms | %.2f |\n", world,
-                    name, same_host ? "same-host" : "tcp", t[0] * 1e3, t[1] * 1e3, t[2] * 1e3,
-                    t[3] * 1e3, t[2] / t[0]);
+        std::printf("| %d | %s | %s | %s | %.1f ms | %.1f ms | %.1f ms | %.1f ms | %.2f |\n", world,
+                    name, forward ? "on" : "off", same_host ? "same-host" : "tcp", t[0] * 1e3,
+                    t[1] * 1e3, t[2] * 1e3, t[3] * 1e3, t[2] / t[0]);
         std::fflush(stdout);
         std::filesystem::remove_all(dir);
         std::filesystem::remove(out);
