@@ -21,6 +21,9 @@ namespace {
 constexpr size_t kBlockBytes = size_t{256} << 10;
 // Whole copies go in pieces this size, so Abort() is seen between them.
 constexpr size_t kCopyPiece = size_t{8} << 20;
+// The fused gradient's sums go to the shard in pieces this size, each formed
+// and consumed while it is still in L1.
+constexpr size_t kConsumeBytes = size_t{16} << 10;
 
 uint64_t AddressOf(const void* p) { return reinterpret_cast<uintptr_t>(p); }
 
@@ -210,9 +213,14 @@ absl::Status SameHostCommunicator::ReduceFromPeers(const std::vector<uint64_t>& 
     }
     if (chunks != nullptr) {
       // The peers' sum is raw only when it is one peer's raw chunk (W=2).
-      chunks->ProduceAndAdd(static_cast<size_t>(rank()), begin, n, sum_.data(), received_raw,
-                            block_.data());
-      chunks->Consume(begin, n, block_.data());
+      // Consumed an L1-sized piece at a time, while the piece is in L1.
+      const size_t piece = std::max<size_t>(1, kConsumeBytes / es);
+      for (size_t b = 0; b < n; b += piece) {
+        const size_t m = std::min(piece, n - b);
+        chunks->ProduceAndAdd(static_cast<size_t>(rank()), begin + b, m, sum_.data() + b * es,
+                              received_raw, block_.data());
+        chunks->Consume(begin + b, m, block_.data());
+      }
     } else {
       std::byte* a = acc + begin * es;
       ReduceElements(dtype, op, own != nullptr ? own + begin * es : a, sum_.data(), a, n);
