@@ -234,6 +234,12 @@ class RecordingChunks final : public ReduceScatterChunks {
     auto* o = reinterpret_cast<float*>(out);
     for (size_t i = 0; i < n; ++i) o[i] = 2.0f * input_[chunk * count_ + begin + i];
   }
+  // Another rank's element: its sums show whether it was finished once.
+  void FinishRaw(size_t chunk, size_t /*begin*/, size_t n, std::byte* values) override {
+    if (RawChunk(chunk) == nullptr) wrong_raw_ = true;
+    auto* v = reinterpret_cast<float*>(values);
+    for (size_t i = 0; i < n; ++i) v[i] *= 2.0f;
+  }
   void ProduceAndAdd(size_t chunk, size_t begin, size_t n, const std::byte* received,
                      bool received_raw, std::byte* out) override {
     Touch(chunk, begin, n);

@@ -50,6 +50,9 @@ class ReduceScatterChunks {
   virtual const std::byte* RawChunk(size_t /*chunk*/) { return nullptr; }
   // out = the input's elements.
   virtual void Produce(size_t chunk, size_t begin, size_t n, std::byte* out) = 0;
+  // Another rank's RawChunk(chunk) elements [begin, begin + n), read as they
+  // were, finished in place: what that rank's Produce would have written.
+  virtual void FinishRaw(size_t chunk, size_t begin, size_t n, std::byte* values) = 0;
   // out = the input's elements + received, as ReduceElements sums them (this
   // rank's value first; 16-bit types round after the addition). With
   // `received_raw`, `received` is the sending rank's RawChunk, not yet

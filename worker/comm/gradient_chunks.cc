@@ -45,6 +45,12 @@ template <DType D, typename Pre>
   for (size_t i = valid; i < n; ++i) o[i] = Element<D>::FromFloat(0.0f);
 }
 
+// A float32 RawChunk as Produce would have written it (no padding inside).
+template <typename Pre>
+[[gnu::always_inline]] inline void FinishRawLoop(float* v, size_t n, Pre pre) {
+  for (size_t i = 0; i < n; ++i) v[i] = kernels::PrepareGradValue<DType::kFloat32>(v[i], pre);
+}
+
 template <DType D, typename Pre>
 [[gnu::always_inline]] inline void AddLoop(const float* g, size_t valid, size_t n,
                                            const StorageOf<D>* r, StorageOf<D>* o, Pre pre) {
@@ -76,6 +82,10 @@ template <DType D, typename Pre>
 void ProducePortable(const float* g, size_t valid, size_t n, StorageOf<D>* o, Pre pre) {
   ProduceLoop<D>(g, valid, n, o, pre);
 }
+template <typename Pre>
+void FinishRawPortable(float* v, size_t n, Pre pre) {
+  FinishRawLoop(v, n, pre);
+}
 template <DType D, typename Pre>
 void AddPortable(const float* g, size_t valid, size_t n, const StorageOf<D>* r, StorageOf<D>* o,
                  Pre pre) {
@@ -94,6 +104,10 @@ template <DType D, typename Pre>
 FLATSHARD_AVX2_COPY void ProduceAvx2(const float* g, size_t valid, size_t n, StorageOf<D>* o,
                                      Pre pre) {
   ProduceLoop<D>(g, valid, n, o, pre);
+}
+template <typename Pre>
+FLATSHARD_AVX2_COPY void FinishRawAvx2(float* v, size_t n, Pre pre) {
+  FinishRawLoop(v, n, pre);
 }
 template <DType D, typename Pre>
 FLATSHARD_AVX2_COPY void AddAvx2(const float* g, size_t valid, size_t n, const StorageOf<D>* r,
@@ -165,6 +179,15 @@ class GradientChunks final : public ReduceScatterChunks {
     const float* g = spec_.grad + first;
     if (avx2_) return ProduceAvx2<D>(g, Valid(first, n), n, o, pre_);
     ProducePortable<D>(g, Valid(first, n), n, o, pre_);
+  }
+
+  // Only float32 chunks are ever raw (RawChunk).
+  void FinishRaw(size_t /*chunk*/, size_t /*begin*/, size_t n, std::byte* values) override {
+    if constexpr (D == DType::kFloat32) {
+      auto* v = reinterpret_cast<float*>(values);
+      if (avx2_) return FinishRawAvx2(v, n, pre_);
+      FinishRawPortable(v, n, pre_);
+    }
   }
 
   void ProduceAndAdd(size_t chunk, size_t begin, size_t n, const std::byte* received,

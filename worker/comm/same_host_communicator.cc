@@ -27,6 +27,10 @@ constexpr size_t kConsumeBytes = size_t{16} << 10;
 
 uint64_t AddressOf(const void* p) { return reinterpret_cast<uintptr_t>(p); }
 
+// Set on a published address whose raw chunks the readers finish
+// (ReduceScatterChunked): no user-space address has its top bit set.
+constexpr uint64_t kRawFlag = uint64_t{1} << 63;
+
 // Probe outcomes besides an errno.
 constexpr int64_t kReadAnotherProcess = -1;  // the token read back was not the peer's
 constexpr int64_t kOptedOut = -2;            // SameHostOptions::enabled was false
@@ -137,6 +141,10 @@ absl::StatusOr<std::unique_ptr<Communicator>> SameHostCommunicator::Wrap(
 }
 
 absl::StatusOr<std::vector<uint64_t>> SameHostCommunicator::ExchangeAddresses(const void* address) {
+  return Exchange(AddressOf(address));
+}
+
+absl::StatusOr<std::vector<uint64_t>> SameHostCommunicator::Exchange(uint64_t value) {
   // Dissemination (Hensgen, Finkel and Manber's barrier, carrying data): in
   // round k each rank sends what it has to rank r + 2^k and hears from
   // r - 2^k, who by then has the values of ranks r - 2^k - j, j < 2^k. After
@@ -146,7 +154,7 @@ absl::StatusOr<std::vector<uint64_t>> SameHostCommunicator::ExchangeAddresses(co
   const int world = size();
   const int me = rank();
   std::vector<uint64_t> all(static_cast<size_t>(world)), received(all.size());
-  all[static_cast<size_t>(me)] = AddressOf(address);
+  all[static_cast<size_t>(me)] = value;
   for (int dist = 1; dist < world; dist *= 2) {
     RETURN_IF_ERROR(inner_->SendRecv(all.data(), all.size() * sizeof(uint64_t), (me + dist) % world,
                                      received.data(), received.size() * sizeof(uint64_t),
@@ -187,8 +195,7 @@ absl::Status SameHostCommunicator::ReadPeer(int peer, uint64_t remote, void* loc
 absl::Status SameHostCommunicator::ReduceFromPeers(const std::vector<uint64_t>& remotes,
                                                    size_t offset, const std::byte* own,
                                                    std::byte* acc, size_t count, DType dtype,
-                                                   ReduceOp op, ReduceScatterChunks* chunks,
-                                                   bool received_raw) {
+                                                   ReduceOp op, const ChunkSums* sums) {
   // The Gloo ring's association, so that either path gives the same bits:
   // chunk r ends as v_r + (v_{r-1} + (... + (v_{r+2} + v_{r+1}))), each
   // addition rounded in the dtype (a + b and b + a round alike). The peers'
@@ -204,22 +211,23 @@ absl::Status SameHostCommunicator::ReduceFromPeers(const std::vector<uint64_t>& 
     for (int k = 1; k < world; ++k) {
       const int p = (rank() + k) % world;
       const uint64_t remote = remotes[static_cast<size_t>(p)] + offset + begin * es;
-      if (k == 1) {
-        RETURN_IF_ERROR(ReadPeer(p, remote, sum_.data(), n * es));
-      } else {
-        RETURN_IF_ERROR(ReadPeer(p, remote, block_.data(), n * es));
-        ReduceElements(dtype, op, sum_.data(), block_.data(), sum_.data(), n);
+      std::byte* into = k == 1 ? sum_.data() : block_.data();
+      RETURN_IF_ERROR(ReadPeer(p, remote, into, n * es));
+      if (sums != nullptr && !sums->finish_on_read.empty() &&
+          sums->finish_on_read[static_cast<size_t>(p)]) {
+        sums->chunks->FinishRaw(static_cast<size_t>(rank()), begin, n, into);
       }
+      if (k > 1) ReduceElements(dtype, op, sum_.data(), block_.data(), sum_.data(), n);
     }
-    if (chunks != nullptr) {
+    if (sums != nullptr) {
       // The peers' sum is raw only when it is one peer's raw chunk (W=2).
       // Consumed an L1-sized piece at a time, while the piece is in L1.
       const size_t piece = std::max<size_t>(1, kConsumeBytes / es);
       for (size_t b = 0; b < n; b += piece) {
         const size_t m = std::min(piece, n - b);
-        chunks->ProduceAndAdd(static_cast<size_t>(rank()), begin + b, m, sum_.data() + b * es,
-                              received_raw, block_.data());
-        chunks->Consume(begin + b, m, block_.data());
+        sums->chunks->ProduceAndAdd(static_cast<size_t>(rank()), begin + b, m, sum_.data() + b * es,
+                                    sums->received_raw, block_.data());
+        sums->chunks->Consume(begin + b, m, block_.data());
       }
     } else {
       std::byte* a = acc + begin * es;
@@ -286,25 +294,43 @@ absl::Status SameHostCommunicator::ReduceScatterChunked(ReduceScatterChunks& chu
   const auto world = static_cast<size_t>(size());
   // With two ranks the one chunk a peer reads may be the caller's own memory,
   // finished by the reader (RawChunk; both ranks answer alike for a chunk),
-  // as the ring's first send is. With more, later sums need produced values,
-  // so every chunk but this rank's is produced into `work` before the peers
-  // may read it.
+  // as the ring's first send is. With more, a raw chunk that already lies in
+  // place in `work` (a float32 gradient reduced on its own padded buffer) is
+  // left as it is and finished by its reader as it reads it; every other
+  // chunk but this rank's is produced into `work` before the peers may read
+  // it. A rank says which with kRawFlag on the address it publishes.
+  ChunkSums sums;
+  sums.chunks = &chunks;
   const bool send_raw = world == 2 && chunks.RawChunk(1 - r) != nullptr;
-  const bool received_raw = world == 2 && chunks.RawChunk(r) != nullptr;
+  sums.received_raw = world == 2 && chunks.RawChunk(r) != nullptr;
   uint64_t base = AddressOf(data);
   if (send_raw) {
     // Chunk c of the published base is then RawChunk(c) (unsigned arithmetic).
     base = AddressOf(chunks.RawChunk(1 - r)) - (1 - r) * bytes;
   } else {
+    bool raw_in_place = world > 2;
+    for (size_t c = 0; c < world && raw_in_place; ++c) {
+      const std::byte* raw = chunks.RawChunk(c);
+      raw_in_place = c == r || raw == nullptr || raw == data + c * bytes;
+    }
     for (size_t c = 0; c < world; ++c) {
-      if (c != r) chunks.Produce(c, 0, count, data + c * bytes);
+      if (c != r && !(raw_in_place && chunks.RawChunk(c) != nullptr)) {
+        chunks.Produce(c, 0, count, data + c * bytes);
+      }
+    }
+    if (raw_in_place) base |= kRawFlag;
+  }
+  ASSIGN_OR_RETURN(std::vector<uint64_t> remotes, Exchange(base));
+  if (world > 2) {
+    const bool mine_raw = chunks.RawChunk(r) != nullptr;
+    sums.finish_on_read.resize(world);
+    for (size_t p = 0; p < world; ++p) {
+      sums.finish_on_read[p] = mine_raw && (remotes[p] & kRawFlag) != 0;
     }
   }
-  ASSIGN_OR_RETURN(
-      const std::vector<uint64_t> remotes,
-      ExchangeAddresses(reinterpret_cast<const void*>(base)));  // NOLINT(performance-no-int-to-ptr)
+  for (uint64_t& remote : remotes) remote &= ~kRawFlag;
   RETURN_IF_ERROR(ReduceFromPeers(remotes, r * bytes, nullptr, data + r * bytes, count, dtype,
-                                  ReduceOp::kSum, &chunks, received_raw));
+                                  ReduceOp::kSum, &sums));
   return Barrier();
 }
 

@@ -18,8 +18,11 @@
 // and adding them in the Gloo ring's order (v_r + (v_{r-1} + (... + v_{r+1}))),
 // so the results are bit for bit the ring's, whichever path a collective
 // takes, and the fused gradient chunks (ReduceScatterChunked) equal the
-// separate steps. ReduceScatter's output may overlap its input only at this
-// rank's chunk (peers read the others while it runs).
+// separate steps. Their float32 chunks that lie wholly inside the gradient
+// are read as the caller holds them and finished by the reader (RawChunk,
+// FinishRaw): no rank writes a produced copy of its gradient for the others.
+// ReduceScatter's output may overlap its input only at this rank's chunk
+// (peers read the others while it runs).
 #ifndef FLATSHARD_WORKER_COMM_SAME_HOST_COMMUNICATOR_H_
 #define FLATSHARD_WORKER_COMM_SAME_HOST_COMMUNICATOR_H_
 
@@ -93,17 +96,25 @@ class SameHostCommunicator : public Communicator {
   bool Inner(size_t bytes) const { return size() == 1 || bytes < options_.min_bytes; }
   // Every rank's `address`, by rank; also a barrier.
   absl::StatusOr<std::vector<uint64_t>> ExchangeAddresses(const void* address);
+  // Every rank's `value` (an address, maybe with kRawFlag), in rank order.
+  absl::StatusOr<std::vector<uint64_t>> Exchange(uint64_t value);
   // Copies `bytes` at `remote` in rank `peer`'s memory to `local`.
   absl::Status ReadPeer(int peer, uint64_t remote, void* local, size_t bytes);
+  // How ReduceFromPeers hands its sums to FSDP's gradient chunks.
+  struct ChunkSums {
+    ReduceScatterChunks* chunks = nullptr;
+    // W=2: the one peer's value is its RawChunk, which ProduceAndAdd finishes.
+    bool received_raw = false;
+    // W>=3, by rank: that peer's value is its RawChunk, finished as it is read.
+    std::vector<bool> finish_on_read;
+  };
   // acc[0, count) = acc (or `own`, when given) + the sum of every peer's
-  // elements at `remotes[p] + offset`, in the ring's order; with `chunks`,
-  // the last addition is chunks->ProduceAndAdd of this rank's chunk (the
-  // peers' sum raw when it is one peer's raw chunk) and the result is
-  // consumed, never written to acc.
+  // elements at `remotes[p] + offset`, in the ring's order; with `sums`,
+  // the last addition is chunks->ProduceAndAdd of this rank's chunk and the
+  // result is consumed, never written to acc.
   absl::Status ReduceFromPeers(const std::vector<uint64_t>& remotes, size_t offset,
                                const std::byte* own, std::byte* acc, size_t count, DType dtype,
-                               ReduceOp op, ReduceScatterChunks* chunks = nullptr,
-                               bool received_raw = false);
+                               ReduceOp op, const ChunkSums* sums = nullptr);
   // Both reduce-scatters once the addresses are known: this rank's chunk of
   // every rank's `input` summed into `output` (which may be that chunk).
   absl::Status ReduceOwnChunk(const void* input, void* output, size_t count, DType dtype);
