@@ -189,7 +189,7 @@ static int Main(int argc, char** argv) {
       for (const auto [same_host, forward] : Runs(copies_runs, forward_runs)) {
         LocalTrainOptions options;
         options.runtime.sharding.forward_prefetch = forward;
-        options.runtime.gloo.same_host_copies = same_host;
+        options.runtime.gloo.same_host.enabled = same_host;
         options.spec = *spec;
         options.policy =
             *ParseWrapPolicy(gpt ? "module-type:TransformerBlock" : "module-type:Residual");

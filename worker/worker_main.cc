@@ -219,7 +219,7 @@ int Run(const Flags& f) {
   options.checkpoint_dir = f.checkpoint_dir;
   options.gloo.hostname = f.advertise_host;
   options.gloo.timeout = absl::Seconds(f.collective_timeout_s);
-  options.gloo.same_host_copies = f.same_host_copies;
+  options.gloo.same_host.enabled = f.same_host_copies;
   options.device = *device;
   options.comm = *comm;
   options.store_for_prefix =

@@ -58,6 +58,9 @@ struct Config {
   int steps = 20;
   double grad_norm_type = 2.0;
   DeviceKind device = DeviceKind::kCpu;
+  // Every host collective, however small, copies between the ranks directly
+  // (SameHostOptions::min_bytes 0), and the ranks must have taken that path.
+  bool every_collective_same_host = false;
 };
 
 void PrintTo(const Config& c, std::ostream* os) { *os << c.name; }
@@ -96,6 +99,7 @@ LocalTrainOptions MakeOptions(const Config& c) {
   optimizer.grad_norm_type = c.grad_norm_type;
   o.runtime.seed = 5;
   o.runtime.gloo.timeout = absl::Seconds(60);
+  if (c.every_collective_same_host) o.runtime.gloo.same_host.min_bytes = 0;
   o.data = Data();
   o.steps = c.steps;
   o.no_sync_micro_steps = c.micro_steps;
@@ -153,6 +157,14 @@ TEST_P(FsdpEquivalenceTest, MatchesUnshardedTraining) {
         if (!result.ok()) {
           std::cerr << "rank " << rank << ": " << result.status() << "\n";
           return 1;
+        }
+        // cuda ranks never read each other's (pinned) host buffers.
+        const bool want_same_host = c.every_collective_same_host;
+        if (result->same_host_collectives != want_same_host &&
+            (want_same_host || c.device == DeviceKind::kCuda)) {
+          std::cerr << "rank " << rank << ": host collectives "
+                    << (want_same_host ? "did not take" : "took") << " the same-host path\n";
+          return 3;
         }
         testing::WriteRankResult(dir, rank, *result);
         return 0;
@@ -283,12 +295,27 @@ std::vector<Config> Configs(DeviceKind device) {
   return configs;
 }
 
+// The CPU suite with every host collective on the same-host path (the
+// runtime takes it only from SameHostOptions::min_bytes, which these models'
+// units never reach): sub-groups, no_sync, clipping and bf16 included.
+std::vector<Config> SameHostConfigs() {
+  std::vector<Config> configs;
+  for (Config c : Configs(DeviceKind::kCpu)) {
+    if (c.world == 1) continue;  // one rank has no peers to read
+    c.every_collective_same_host = true;
+    configs.push_back(c);
+  }
+  return configs;
+}
+
 std::string Name(const ::testing::TestParamInfo<Config>& param_info) {
   return param_info.param.name;
 }
 
 INSTANTIATE_TEST_SUITE_P(Strategies, FsdpEquivalenceTest,
                          ::testing::ValuesIn(Configs(DeviceKind::kCpu)), Name);
+INSTANTIATE_TEST_SUITE_P(SameHost, FsdpEquivalenceTest, ::testing::ValuesIn(SameHostConfigs()),
+                         Name);
 // ctest label `sim`: the same suite on the strict simulated device.
 INSTANTIATE_TEST_SUITE_P(SimDevice, FsdpEquivalenceTest,
                          ::testing::ValuesIn(Configs(DeviceKind::kSim)), Name);

@@ -19,6 +19,7 @@
 #include "absl/time/time.h"
 
 #include "worker/comm/communicator.h"
+#include "worker/comm/same_host_options.h"
 #include "worker/comm/store.h"
 
 namespace gloo {
@@ -38,7 +39,7 @@ struct GlooOptions {
   // Ranks of one host read each other's buffers directly (process_vm_readv)
   // instead of over loopback TCP, when every rank's probe allows it
   // (SameHostCommunicator, applied by ConnectRuntimeGroups).
-  bool same_host_copies = true;
+  SameHostOptions same_host;
 };
 
 class GlooCommunicator : public Communicator {

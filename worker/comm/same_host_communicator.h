@@ -36,20 +36,9 @@
 #include <sys/types.h>
 
 #include "worker/comm/communicator.h"
+#include "worker/comm/same_host_options.h"
 
 namespace flatshard {
-
-struct SameHostOptions {
-  // Collectives whose whole buffer is smaller go to the inner communicator:
-  // below it the address exchange and the barrier (2 ceil(log2 W) hops
-  // against the ring's W-1 for an all-gather) cost more than the copies save.
-  // Measured on 2 cores (bench/RESULTS.md, "Same-host collectives"): at W=2
-  // even at 1 MiB, ahead from 2-4 MiB.
-  size_t min_bytes = size_t{4} << 20;
-  // False: this rank opts out, and with it the whole group (it still takes
-  // part in Wrap's exchanges, so ranks whose options differ agree).
-  bool enabled = true;
-};
 
 class SameHostCommunicator : public Communicator {
  public:

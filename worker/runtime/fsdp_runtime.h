@@ -151,6 +151,8 @@ class FsdpRuntime : public compute::ParamResolver, public compute::ModuleHooks {
   Communicator* host_world_comm() { return groups_.host_world.get(); }
   // The shard group for host memory: what synchronous saves gather over.
   Communicator* host_shard_comm() { return groups_.host_shard_group(); }
+  // The host groups copy between this host's ranks directly (RuntimeGroups).
+  bool same_host_collectives() const { return groups_.same_host; }
 
   // Waits for both streams: afterwards host code may read and write the
   // shards and optimizer state through the units' and the methods' host views.

@@ -37,6 +37,7 @@ absl::StatusOr<LocalTrainResult> TrainLocalRank(
   }
   result.peak_unsharded_bytes = runtime->memory().peak(MemoryKind::kUnshardedParams);
   result.peak_live_units = runtime->peak_live_units();
+  result.same_host_collectives = runtime->same_host_collectives();
   if (options.summon_final_params) {
     ASSIGN_OR_RETURN(result.final_params, runtime->SummonFullParams());
   }

@@ -45,6 +45,7 @@ struct LocalTrainResult {
   std::map<std::string, std::vector<float>> final_params;  // when summoned
   int64_t peak_unsharded_bytes = 0;
   int peak_live_units = 0;
+  bool same_host_collectives = false;  // FsdpRuntime::same_host_collectives
 };
 
 // `on_step` (optional) sees each step as it completes.

@@ -88,11 +88,12 @@ absl::StatusOr<RuntimeGroups> ConnectRuntimeGroups(Device& device,
     // Sub-groups inherit the outcome: they are created from host_world. Not
     // for cuda devices: their host buffers (StagedCollectives) are the
     // driver's pinned memory, which the probe does not check.
-    SameHostOptions same_host;
-    same_host.enabled = options.gloo.same_host_copies && device.kind() != DeviceKind::kCuda;
+    SameHostOptions same_host = options.gloo.same_host;
+    same_host.enabled = same_host.enabled && device.kind() != DeviceKind::kCuda;
     std::string why_not;
     ASSIGN_OR_RETURN(g.host_world,
                      SameHostCommunicator::Wrap(std::move(g.host_world), same_host, &why_not));
+    g.same_host = why_not.empty();
     if (why_not.empty()) {
       spdlog::info("rank {}: host collectives copy between the {} ranks of this host directly",
                    rank, world_size);

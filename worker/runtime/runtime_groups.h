@@ -47,6 +47,9 @@ struct RuntimeGroups {
   std::unique_ptr<Collectives> shard;      // hybrid only
   std::unique_ptr<Collectives> replicate;  // hybrid with more than one replica
   std::vector<ObservedCollectives*> observed;
+  // The host groups copy between this host's ranks directly
+  // (SameHostCommunicator), not over Gloo's TCP.
+  bool same_host = false;
 
   // The group a unit is sharded over.
   Communicator* host_shard_group() const {
