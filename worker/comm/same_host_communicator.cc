@@ -321,14 +321,14 @@ absl::Status SameHostCommunicator::ReduceScatterChunked(ReduceScatterChunks& chu
     if (raw_in_place) base |= kRawFlag;
   }
   ASSIGN_OR_RETURN(std::vector<uint64_t> remotes, Exchange(base));
-  if (world > 2) {
+  if (world > 2) {  // (at W=2 the base may wrap, as above, and carries no flag)
     const bool mine_raw = chunks.RawChunk(r) != nullptr;
     sums.finish_on_read.resize(world);
     for (size_t p = 0; p < world; ++p) {
       sums.finish_on_read[p] = mine_raw && (remotes[p] & kRawFlag) != 0;
+      remotes[p] &= ~kRawFlag;
     }
   }
-  for (uint64_t& remote : remotes) remote &= ~kRawFlag;
   RETURN_IF_ERROR(ReduceFromPeers(remotes, r * bytes, nullptr, data + r * bytes, count, dtype,
                                   ReduceOp::kSum, &sums));
   return Barrier();
