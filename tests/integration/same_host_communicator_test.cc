@@ -243,6 +243,19 @@ int RingBitsBody(const std::string& dir, int rank, int world) {
     spec.grad_shard = shard_b.data();
     CHILD_OK(ring->ReduceScatterChunked(*MakeGradientChunks(spec), work.data(), count, dtype));
     CHILD_CHECK(same_bits(shard_a, shard_b));
+    if (dtype == DType::kFloat32) {
+      // Mixed: even ranks reduce on their own padded gradient (from W=3 their
+      // raw chunks stay in place and their readers finish them), odd ranks
+      // into a separate buffer (every chunk produced). The same bits still.
+      std::vector<float> own = grad;
+      std::vector<float> shard_c(count, 0.125f);
+      spec.grad = own.data();
+      spec.grad_shard = shard_c.data();
+      void* mixed_work = rank % 2 == 0 ? static_cast<void*>(own.data()) : work.data();
+      CHILD_OK(
+          same_host->ReduceScatterChunked(*MakeGradientChunks(spec), mixed_work, count, dtype));
+      CHILD_CHECK(same_bits(shard_c, shard_b));
+    }
   }
   return 0;
 }
@@ -350,6 +363,34 @@ TEST(SameHostCommunicatorTest, ARankThatOptsOutLeavesEveryRankOnGloo) {
         CHILD_CHECK(comm != nullptr && !IsSameHost(comm));
         CHILD_CHECK(why_not.find("rank 2 opted out") != std::string::npos);
         return ThreeRanksStillGather(*comm, rank);
+      },
+      absl::Seconds(60));
+  EXPECT_TRUE(AllRanksSucceeded(results));
+}
+
+// Ranks that ask for different thresholds take the largest: a collective
+// one rank would send to Gloo's ring no rank sends down the same-host path
+// (where the two would wait on different messages until the timeout).
+TEST(SameHostCommunicatorTest, RanksWithDifferentThresholdsAgreeOnThePath) {
+  const std::string dir = MakeTempDir("same-host-thresholds");
+  auto results = RunRanks(
+      2,
+      [&](int rank) {
+        const SameHostOptions options{rank == 0 ? size_t{0} : size_t{1} << 20};
+        auto comm = Connect(dir, rank, 2, nullptr, absl::Seconds(10), options);
+        CHILD_CHECK(comm != nullptr && IsSameHost(comm));
+        // 8 KB gathered: under rank 1's threshold; 4 MiB: over both.
+        for (size_t count : {size_t{1000}, size_t{1} << 19}) {
+          std::vector<float> shard(count), gathered(2 * count, -1.0f);
+          for (size_t i = 0; i < count; ++i) shard[i] = Value(rank, i);
+          CHILD_OK(comm->AllGather(shard.data(), gathered.data(), count, DType::kFloat32));
+          for (int r = 0; r < 2; ++r) {
+            for (size_t i = 0; i < count; ++i) {
+              CHILD_CHECK(gathered[static_cast<size_t>(r) * count + i] == Value(r, i));
+            }
+          }
+        }
+        return 0;
       },
       absl::Seconds(60));
   EXPECT_TRUE(AllRanksSucceeded(results));

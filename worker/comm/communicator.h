@@ -46,7 +46,11 @@ class ReduceScatterChunks {
   // ProduceAndAdd with `received_raw` set, and that finishes what Produce
   // would have done to it (FSDP's pre-divide, an exact per-element operation
   // either side can apply): the first send then reads the caller's gradient
-  // instead of a copy of it. Every rank must answer alike for a chunk.
+  // instead of a copy of it. A collective that reads peers' memory
+  // (SameHostCommunicator at W >= 3) may instead have a reader finish it with
+  // FinishRaw as it reads it. Either way its bytes must stay as they are, and
+  // readable, until the collective returns. Every rank must answer alike for
+  // a chunk.
   virtual const std::byte* RawChunk(size_t /*chunk*/) { return nullptr; }
   // out = the input's elements.
   virtual void Produce(size_t chunk, size_t begin, size_t n, std::byte* out) = 0;

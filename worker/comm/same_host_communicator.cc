@@ -91,8 +91,10 @@ absl::StatusOr<std::unique_ptr<Communicator>> SameHostCommunicator::Wrap(
   // (not a namesake pid in another PID namespace or on another host).
   const auto token = std::make_unique<uint64_t>(
       ((uint64_t{std::random_device{}()} << 32) ^ std::random_device{}()) | 1);
+  // And its min_bytes: every rank must send a collective down the same path.
   const std::vector<int64_t> mine = {getpid(), static_cast<int64_t>(AddressOf(token.get())),
-                                     static_cast<int64_t>(*token)};
+                                     static_cast<int64_t>(*token),
+                                     static_cast<int64_t>(options.min_bytes)};
   std::vector<int64_t> all(mine.size() * static_cast<size_t>(world));
   RETURN_IF_ERROR(inner->AllGather(mine.data(), all.data(), mine.size(), DType::kInt64));
   // {reason, peer}: 0, errno of the first failed read of `peer`,
@@ -101,9 +103,13 @@ absl::StatusOr<std::unique_ptr<Communicator>> SameHostCommunicator::Wrap(
   std::vector<int64_t> result = {0, 0};
   if (!options.enabled) result = {kOptedOut, rank};
   std::vector<pid_t> pids(static_cast<size_t>(world));
+  SameHostOptions agreed = options;
   for (int p = 0; p < world; ++p) {
     const auto* peer = &all[static_cast<size_t>(p) * mine.size()];
     pids[static_cast<size_t>(p)] = static_cast<pid_t>(peer[0]);
+    // The largest threshold any rank asked for, so that a collective one rank
+    // sends to Gloo's ring no rank sends down the same-host path.
+    agreed.min_bytes = std::max(agreed.min_bytes, static_cast<size_t>(peer[3]));
     if (p == rank || result[0] != 0) continue;
     uint64_t seen = 0;
     int64_t reason = ReadProcess(static_cast<pid_t>(peer[0]), static_cast<uint64_t>(peer[1]), &seen,
@@ -137,7 +143,7 @@ absl::StatusOr<std::unique_ptr<Communicator>> SameHostCommunicator::Wrap(
     return inner;
   }
   return std::unique_ptr<Communicator>(
-      new SameHostCommunicator(std::move(inner), std::move(pids), options));
+      new SameHostCommunicator(std::move(inner), std::move(pids), agreed));
 }
 
 absl::StatusOr<std::vector<uint64_t>> SameHostCommunicator::ExchangeAddresses(const void* address) {

@@ -20,7 +20,9 @@
 // takes, and the fused gradient chunks (ReduceScatterChunked) equal the
 // separate steps. Their float32 chunks that lie wholly inside the gradient
 // are read as the caller holds them and finished by the reader (RawChunk,
-// FinishRaw): no rank writes a produced copy of its gradient for the others.
+// FinishRaw) wherever they already lie in place in the work buffer (at W=2,
+// wherever they lie): only the others (the padding chunk, 16-bit reduce
+// dtypes, a work buffer that is not the gradient) are produced for the peers.
 // ReduceScatter's output may overlap its input only at this rank's chunk
 // (peers read the others while it runs).
 #ifndef FLATSHARD_WORKER_COMM_SAME_HOST_COMMUNICATOR_H_
