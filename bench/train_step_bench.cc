@@ -85,7 +85,7 @@ int RunRank(LocalTrainOptions options, const DeviceOptions& device_options,
     step.push_back(s.compute_seconds + s.exposed_comm_seconds + s.optimizer_seconds);
   }
   std::ofstream(out) << Median(step) << " " << Median(compute) << " " << Median(comm) << " "
-                     << Median(optim) << "\n";
+                     << Median(optim) << " " << (result->same_host_collectives ? 1 : 0) << "\n";
   return 0;
 }
 
@@ -216,11 +216,15 @@ static int Main(int argc, char** argv) {
         const bool ok = flatshard::bench::RunForkedRanks(
             world, [&](int rank) { return RunRank(options, device, gpus, dir, rank, world, out); });
         double t[4] = {};
+        int took_same_host = 0;
         std::ifstream in(out);
-        if (!ok || !(in >> t[0] >> t[1] >> t[2] >> t[3])) return 1;
+        if (!ok || !(in >> t[0] >> t[1] >> t[2] >> t[3] >> took_same_host)) return 1;
+        // What the ranks took, not what was asked: a single rank, GPU ranks and
+        // ranks that cannot read each other's memory keep their transport.
+        const char* copies = took_same_host != 0 ? "same-host" : same_host ? "not taken" : "off";
         std::printf("| %d | %s | %s | %s | %.1f ms | %.1f ms | %.1f ms | %.1f ms | %.2f |\n", world,
-                    name, forward ? "on" : "off", same_host ? "same-host" : "tcp", t[0] * 1e3,
-                    t[1] * 1e3, t[2] * 1e3, t[3] * 1e3, t[2] / t[0]);
+                    name, forward ? "on" : "off", copies, t[0] * 1e3, t[1] * 1e3, t[2] * 1e3,
+                    t[3] * 1e3, t[2] / t[0]);
         std::fflush(stdout);
         std::filesystem::remove_all(dir);
         std::filesystem::remove(out);
