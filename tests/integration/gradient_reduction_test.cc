@@ -8,14 +8,19 @@
 // wholly past the gradient), a first gradient (written) and a later one
 // (accumulated), at W = 1..4, and in float32 also in place on the gradient's
 // own padded buffer; on the strict simulated device, which checks the fused
-// operation's declared reads and writes like a kernel's.
+// operation's declared reads and writes like a kernel's. And the chunk
+// contract every ReduceScatterChunked keeps, on the ring and on the same-host
+// collectives.
 #include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <iostream>
 #include <limits>
 #include <set>
 #include <span>
+#include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -29,6 +34,7 @@
 #include "worker/comm/file_store.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/comm/host_collectives.h"
+#include "worker/comm/same_host_communicator.h"
 #include "worker/device/sim/sim_device.h"
 
 namespace flatshard {
@@ -208,17 +214,25 @@ TEST_P(GradientReductionTest, SimDeviceFusedRingEqualsTheSeparateStepsBitForBit)
 INSTANTIATE_TEST_SUITE_P(WorldSizes, GradientReductionTest, ::testing::Values(1, 2, 3, 4));
 
 // The chunk contract itself (communicator.h), through a recording
-// ReduceScatterChunks on Gloo's ring: every chunk's elements are produced
-// exactly once (written, or sent raw and finished by the receiver), this
-// rank's chunk is consumed exactly once, and the sums are right. Producing
-// doubles the input, so a raw chunk its receiver did not finish, or one it
-// finished twice, shows in the sums.
+// ReduceScatterChunks, on Gloo's ring and on the same-host collectives (which
+// read the peers' memory): every chunk's elements are produced exactly once
+// (written, or sent raw and finished by the receiver or, same-host at W >= 3,
+// by each reader as it reads), this rank's chunk is consumed exactly once,
+// and the sums are right. Producing doubles the input, so a raw chunk its
+// reader did not finish, or one it finished twice, shows in the sums. The raw
+// chunks lie either in the caller's own memory or in place in `work` (a
+// float32 gradient reduced on its own padded buffer).
+enum class Transport { kGlooRing, kSameHost };
+enum class RawChunks { kNone, kEvenInOwnMemory, kEvenInPlace };
+
 class RecordingChunks final : public ReduceScatterChunks {
  public:
-  RecordingChunks(int rank, size_t count, bool raw_even_chunks)
-      : count_(count), raw_even_(raw_even_chunks) {
-    input_.resize(count * 8);
+  // `work` holds the input too when the raw chunks lie in place.
+  RecordingChunks(int rank, size_t count, int world, RawChunks raw, float* work)
+      : count_(count), raw_(raw), work_(work) {
+    input_.resize(count * static_cast<size_t>(world));
     for (size_t i = 0; i < input_.size(); ++i) input_[i] = Value(rank, i);
+    if (raw == RawChunks::kEvenInPlace) std::copy(input_.begin(), input_.end(), work);
     consumed_.assign(count, -1.0f);
   }
   static float Value(int rank, size_t i) {
@@ -226,17 +240,19 @@ class RecordingChunks final : public ReduceScatterChunks {
   }
 
   const std::byte* RawChunk(size_t chunk) override {
-    if (!raw_even_ || chunk % 2 != 0) return nullptr;
-    return reinterpret_cast<const std::byte*>(input_.data() + chunk * count_);
+    if (raw_ == RawChunks::kNone || chunk % 2 != 0) return nullptr;
+    const float* base = raw_ == RawChunks::kEvenInPlace ? work_ : input_.data();
+    return reinterpret_cast<const std::byte*>(base + chunk * count_);
   }
   void Produce(size_t chunk, size_t begin, size_t n, std::byte* out) override {
     Touch(chunk, begin, n);
     auto* o = reinterpret_cast<float*>(out);
     for (size_t i = 0; i < n; ++i) o[i] = 2.0f * input_[chunk * count_ + begin + i];
   }
-  // Another rank's element: its sums show whether it was finished once.
+  // Another rank's elements: its sums show whether they were finished once.
   void FinishRaw(size_t chunk, size_t /*begin*/, size_t n, std::byte* values) override {
     if (RawChunk(chunk) == nullptr) wrong_raw_ = true;
+    finished_ += n;
     auto* v = reinterpret_cast<float*>(values);
     for (size_t i = 0; i < n; ++i) v[i] *= 2.0f;
   }
@@ -267,38 +283,64 @@ class RecordingChunks final : public ReduceScatterChunks {
   }
 
   size_t count_;
-  bool raw_even_;
+  RawChunks raw_;
+  float* work_;
   std::vector<float> input_;
   std::vector<float> consumed_;
   std::set<size_t> produced_;
+  size_t finished_ = 0;
   bool twice_ = false;
   bool wrong_raw_ = false;
 };
 
-int ChunkContractBody(const std::string& dir, int rank, int world) {
-  auto comm = Connect(dir, rank, world);
+std::unique_ptr<Communicator> ConnectFor(Transport transport, const std::string& dir, int rank,
+                                         int world) {
+  std::unique_ptr<Communicator> ring = Connect(dir, rank, world);
+  if (ring == nullptr || transport == Transport::kGlooRing) return ring;
+  // min_bytes 0: every collective takes the same-host path, however small.
+  std::string why_not;
+  auto same_host = SameHostCommunicator::Wrap(std::move(ring), SameHostOptions{0}, &why_not);
+  if (!same_host.ok() || dynamic_cast<SameHostCommunicator*>(same_host->get()) == nullptr) {
+    std::cerr << "rank " << rank << ": no same-host collectives: "
+              << (same_host.ok() ? why_not : same_host.status().ToString()) << "\n";
+    return nullptr;
+  }
+  return *std::move(same_host);
+}
+
+int ChunkContractBody(Transport transport, const std::string& dir, int rank, int world) {
+  auto comm = ConnectFor(transport, dir, rank, world);
   CHILD_CHECK(comm != nullptr);
   const auto w = static_cast<size_t>(world);
+  const auto r = static_cast<size_t>(rank);
   // 70000 floats: more than one 64 KiB block in the consuming step.
   for (size_t count : {size_t{1}, size_t{333}, size_t{70000}}) {
-    for (bool raw : {false, true}) {
-      RecordingChunks chunks(rank, count, raw);
+    for (RawChunks raw : {RawChunks::kNone, RawChunks::kEvenInOwnMemory, RawChunks::kEvenInPlace}) {
       std::vector<float> work(count * w, -7.0f);
+      RecordingChunks chunks(rank, count, world, raw, work.data());
       CHILD_OK(comm->ReduceScatterChunked(chunks, work.data(), count, DType::kFloat32));
       CHILD_CHECK(!chunks.twice_);
       CHILD_CHECK(!chunks.wrong_raw_);
-      // Every chunk except those sent raw was produced in full.
-      size_t raw_sent = 0;
-      for (size_t c = 0; c < w; ++c) {
-        if (world > 1 && c == (static_cast<size_t>(rank) + w - 1) % w && raw && c % 2 == 0) {
-          raw_sent = count;
+      // The chunks a rank never produced: the one it sends first raw (the
+      // ring, and same-host at W=2, where it is the one chunk its peer reads),
+      // or, same-host from W=3, every raw chunk in place (its readers finish
+      // them), of which this rank finishes its peers' copies of its own.
+      const bool raw_sent = raw != RawChunks::kNone && (r + w - 1) % w % 2 == 0;
+      size_t not_produced = world > 1 && raw_sent ? count : 0;
+      size_t finished = 0;
+      if (transport == Transport::kSameHost && world > 2) {
+        not_produced = 0;
+        if (raw == RawChunks::kEvenInPlace) {
+          for (size_t c = 0; c < w; ++c) not_produced += c != r && c % 2 == 0 ? count : 0;
+          finished = r % 2 == 0 ? (w - 1) * count : 0;
         }
       }
-      CHILD_CHECK(chunks.produced_.size() == count * w - raw_sent);
+      CHILD_CHECK(chunks.produced_.size() == count * w - not_produced);
+      CHILD_CHECK(chunks.finished_ == finished);
       for (size_t i = 0; i < count; ++i) {
         float want = 0;
-        for (int r = 0; r < world; ++r) {
-          want += 2.0f * RecordingChunks::Value(r, static_cast<size_t>(rank) * count + i);
+        for (int q = 0; q < world; ++q) {
+          want += 2.0f * RecordingChunks::Value(q, r * count + i);
         }
         CHILD_CHECK(chunks.consumed_[i] == want);
       }
@@ -307,17 +349,32 @@ int ChunkContractBody(const std::string& dir, int rank, int world) {
   return 0;
 }
 
-class ReduceScatterChunkedTest : public ::testing::TestWithParam<int> {};
+std::string ChunkedTestName(const ::testing::TestParamInfo<std::tuple<Transport, int>>& info) {
+  return absl::StrCat("w", std::get<1>(info.param));
+}
+
+class ReduceScatterChunkedTest : public ::testing::TestWithParam<std::tuple<Transport, int>> {};
 
 TEST_P(ReduceScatterChunkedTest, ProducesEveryChunkOnceAndConsumesTheSum) {
-  const int world = GetParam();
-  const std::string dir = testing::MakeTempDir(absl::StrCat("chunked-", world));
+  // (Not a structured binding: clang 14's lambdas cannot capture one.)
+  const Transport transport = std::get<0>(GetParam());
+  const int world = std::get<1>(GetParam());
+  const std::string dir = testing::MakeTempDir(
+      absl::StrCat("chunked-", transport == Transport::kSameHost ? "same-host-" : "", world));
   auto results = testing::RunRanks(
-      world, [&](int rank) { return ChunkContractBody(dir, rank, world); }, absl::Seconds(120));
+      world, [&](int rank) { return ChunkContractBody(transport, dir, rank, world); },
+      absl::Seconds(120));
   EXPECT_TRUE(testing::AllRanksSucceeded(results));
 }
 
-INSTANTIATE_TEST_SUITE_P(WorldSizes, ReduceScatterChunkedTest, ::testing::Values(1, 2, 3, 4));
+INSTANTIATE_TEST_SUITE_P(GlooRing, ReduceScatterChunkedTest,
+                         ::testing::Combine(::testing::Values(Transport::kGlooRing),
+                                            ::testing::Values(1, 2, 3, 4)),
+                         ChunkedTestName);
+INSTANTIATE_TEST_SUITE_P(SameHost, ReduceScatterChunkedTest,
+                         ::testing::Combine(::testing::Values(Transport::kSameHost),
+                                            ::testing::Values(2, 3, 4, 5)),
+                         ChunkedTestName);
 
 // Bad requests name the field and change nothing.
 TEST(GradientReductionArgumentsTest, RejectsBuffersThatDoNotFit) {
