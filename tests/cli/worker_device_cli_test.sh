@@ -6,9 +6,13 @@
 #   worker_device_cli_test.sh <bin dir>
 # Exits 77 (skipped) on a machine where a GPU is visible.
 set -u
-bin=$1
+bin=$(cd "$1" && pwd)
+here=$(cd "$(dirname "$0")" && pwd)
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+# A worker that gets as far as registering claims a seat in its --state-dir
+# (default ./flatshard-worker-state): in $tmp, not where the test was started.
+cd "$tmp" || exit 1
 failures=0
 
 expect() {  # expect <name> <want-exit> <pattern> -- command...
@@ -70,6 +74,6 @@ expect worker_no_gpu 2 "no CUDA device is visible" -- \
 expect worker_hidden_gpus 2 "no CUDA device is visible" -- \
   env CUDA_VISIBLE_DEVICES= "$bin/flatshard-worker" --device cuda --coordinator $coordinator
 expect train_local_no_gpu 2 "no CUDA device is visible" -- \
-  "$bin/flatshard-train-local" --device cuda --model "$(dirname "$0")/../../examples/mlp.yaml"
+  "$bin/flatshard-train-local" --device cuda --model "$here/../../examples/mlp.yaml"
 
 ((failures == 0)) || { echo "$failures failure(s)"; exit 1; }
