@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 
+#include "coordinator/sqlite_statement.h"
 #include "core/status_macros.h"
 
 namespace flatshard {
@@ -79,69 +80,6 @@ ALTER TABLE workers ADD COLUMN identity_sha256 TEXT NOT NULL DEFAULT '';
 };
 constexpr int kNumMigrations = static_cast<int>(std::size(kMigrations));
 static_assert(kNumMigrations == StateStore::kSchemaVersion);
-
-// One prepared statement; finalized on scope exit.
-class Statement {
- public:
-  Statement(sqlite3* db, const char* sql) : db_(db) {
-    rc_ = sqlite3_prepare_v2(db, sql, -1, &stmt_, nullptr);
-  }
-  ~Statement() { sqlite3_finalize(stmt_); }
-  Statement(const Statement&) = delete;
-  Statement& operator=(const Statement&) = delete;
-
-  Statement& Text(int i, const std::string& v) {
-    Check(sqlite3_bind_text(stmt_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT));
-    return *this;
-  }
-  Statement& Blob(int i, const std::string& v) {
-    Check(sqlite3_bind_blob(stmt_, i, v.data(), static_cast<int>(v.size()), SQLITE_TRANSIENT));
-    return *this;
-  }
-  Statement& Int(int i, int64_t v) {
-    Check(sqlite3_bind_int64(stmt_, i, v));
-    return *this;
-  }
-  Statement& Real(int i, double v) {
-    Check(sqlite3_bind_double(stmt_, i, v));
-    return *this;
-  }
-  Statement& Null(int i) {
-    Check(sqlite3_bind_null(stmt_, i));
-    return *this;
-  }
-  // True while a row is there; a failure ends the rows and shows in status().
-  bool Next() {
-    if (rc_ != SQLITE_OK && rc_ != SQLITE_ROW) return false;
-    rc_ = sqlite3_step(stmt_);
-    return rc_ == SQLITE_ROW;
-  }
-  absl::Status Run() {
-    Next();
-    return status();
-  }
-  absl::Status status() const {
-    if (rc_ == SQLITE_OK || rc_ == SQLITE_ROW || rc_ == SQLITE_DONE) return absl::OkStatus();
-    return absl::InternalError(absl::StrCat("state store: ", sqlite3_errmsg(db_)));
-  }
-  int64_t ColumnInt(int i) const { return sqlite3_column_int64(stmt_, i); }
-  double ColumnReal(int i) const { return sqlite3_column_double(stmt_, i); }
-  bool ColumnNull(int i) const { return sqlite3_column_type(stmt_, i) == SQLITE_NULL; }
-  std::string ColumnString(int i) const {
-    const void* data = sqlite3_column_blob(stmt_, i);
-    const int size = sqlite3_column_bytes(stmt_, i);
-    return data == nullptr ? std::string()
-                           : std::string(static_cast<const char*>(data), static_cast<size_t>(size));
-  }
-
- private:
-  void Check(int rc) {
-    if (rc_ == SQLITE_OK) rc_ = rc;
-  }
-  sqlite3* db_;
-  sqlite3_stmt* stmt_ = nullptr;
-  int rc_;
-};
 
 absl::Status ParseProto(const std::string& bytes, google::protobuf::Message* out,
                         const std::string& what) {
@@ -218,7 +156,7 @@ absl::Status StateStore::ExecLocked(const std::string& sql) {
 
 int StateStore::schema_version() const {
   std::lock_guard<std::mutex> lock(mu_);
-  Statement s(db_, "PRAGMA user_version");
+  SqliteStatement s(db_, "PRAGMA user_version");
   return s.Next() ? static_cast<int>(s.ColumnInt(0)) : -1;
 }
 
@@ -244,12 +182,13 @@ absl::Status StateStore::PutJob(const JobRecord& job) {
   const std::string& name = job.spec.name();
   RETURN_IF_ERROR(ExecLocked("PRAGMA synchronous=FULL; BEGIN IMMEDIATE"));
   absl::Status status = [&]() -> absl::Status {
-    Statement put(db_,
-                  "INSERT INTO jobs(name, spec, state, failure, epoch, step, data_position, "
-                  "last_seq, restarts, world_size, last_recovery, updated_at) VALUES "
-                  "(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12) ON CONFLICT(name) DO UPDATE SET "
-                  "spec=?2, state=?3, failure=?4, epoch=?5, step=?6, data_position=?7, "
-                  "last_seq=?8, restarts=?9, world_size=?10, last_recovery=?11, updated_at=?12");
+    SqliteStatement put(
+        db_,
+        "INSERT INTO jobs(name, spec, state, failure, epoch, step, data_position, "
+        "last_seq, restarts, world_size, last_recovery, updated_at) VALUES "
+        "(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12) ON CONFLICT(name) DO UPDATE SET "
+        "spec=?2, state=?3, failure=?4, epoch=?5, step=?6, data_position=?7, "
+        "last_seq=?8, restarts=?9, world_size=?10, last_recovery=?11, updated_at=?12");
     put.Text(1, name)
         .Blob(2, job.spec.SerializeAsString())
         .Text(3, v1::JobState_Name(job.state))
@@ -267,10 +206,11 @@ absl::Status StateStore::PutJob(const JobRecord& job) {
       put.Null(11);
     }
     RETURN_IF_ERROR(put.Run());
-    RETURN_IF_ERROR(Statement(db_, "DELETE FROM job_members WHERE job=?1").Text(1, name).Run());
+    RETURN_IF_ERROR(
+        SqliteStatement(db_, "DELETE FROM job_members WHERE job=?1").Text(1, name).Run());
     for (size_t r = 0; r < job.worker_ids.size(); ++r) {
       RETURN_IF_ERROR(
-          Statement(db_, "INSERT INTO job_members(job, rank, worker_id) VALUES (?1,?2,?3)")
+          SqliteStatement(db_, "INSERT INTO job_members(job, rank, worker_id) VALUES (?1,?2,?3)")
               .Text(1, name)
               .Int(2, static_cast<int64_t>(r))
               .Text(3, job.worker_ids[r])
@@ -287,9 +227,9 @@ absl::Status StateStore::PutProgress(const std::string& job, int64_t step, int64
   std::lock_guard<std::mutex> lock(mu_);
   RETURN_IF_ERROR(ExecLocked("PRAGMA synchronous=NORMAL"));
   absl::Status status =
-      Statement(db_,
-                "UPDATE jobs SET step=?2, data_position=?3, last_seq=?4, updated_at=?5 "
-                "WHERE name=?1")
+      SqliteStatement(db_,
+                      "UPDATE jobs SET step=?2, data_position=?3, last_seq=?4, updated_at=?5 "
+                      "WHERE name=?1")
           .Text(1, job)
           .Int(2, step)
           .Int(3, data_position)
@@ -303,15 +243,15 @@ absl::Status StateStore::PutProgress(const std::string& job, int64_t step, int64
 absl::Status StateStore::DeleteJob(const std::string& job) {
   std::lock_guard<std::mutex> lock(mu_);
   RETURN_IF_ERROR(ExecLocked("PRAGMA synchronous=FULL"));
-  return Statement(db_, "DELETE FROM jobs WHERE name=?1").Text(1, job).Run();
+  return SqliteStatement(db_, "DELETE FROM jobs WHERE name=?1").Text(1, job).Run();
 }
 
 absl::StatusOr<std::vector<JobRecord>> StateStore::LoadJobs() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<JobRecord> jobs;
-  Statement s(db_,
-              "SELECT name, spec, state, failure, epoch, step, data_position, last_seq, "
-              "restarts, world_size, last_recovery FROM jobs ORDER BY name");
+  SqliteStatement s(db_,
+                    "SELECT name, spec, state, failure, epoch, step, data_position, last_seq, "
+                    "restarts, world_size, last_recovery FROM jobs ORDER BY name");
   while (s.Next()) {
     JobRecord job;
     const std::string name = s.ColumnString(0);
@@ -337,7 +277,7 @@ absl::StatusOr<std::vector<JobRecord>> StateStore::LoadJobs() const {
   }
   RETURN_IF_ERROR(s.status());
   for (JobRecord& job : jobs) {
-    Statement m(db_, "SELECT worker_id FROM job_members WHERE job=?1 ORDER BY rank");
+    SqliteStatement m(db_, "SELECT worker_id FROM job_members WHERE job=?1 ORDER BY rank");
     m.Text(1, job.spec.name());
     while (m.Next()) job.worker_ids.push_back(m.ColumnString(0));
     RETURN_IF_ERROR(m.status());
@@ -349,9 +289,9 @@ absl::Status StateStore::PutLastBatch(const std::string& job, const BatchRecord&
   std::lock_guard<std::mutex> lock(mu_);
   RETURN_IF_ERROR(ExecLocked("PRAGMA synchronous=NORMAL"));
   absl::Status status =
-      Statement(db_,
-                "INSERT OR REPLACE INTO last_batches(job, epoch, seq, batch, step_after, "
-                "data_position_after) VALUES (?1,?2,?3,?4,?5,?6)")
+      SqliteStatement(db_,
+                      "INSERT OR REPLACE INTO last_batches(job, epoch, seq, batch, step_after, "
+                      "data_position_after) VALUES (?1,?2,?3,?4,?5,?6)")
           .Text(1, job)
           .Int(2, static_cast<int64_t>(batch.batch.job_epoch()))
           .Int(3, static_cast<int64_t>(batch.batch.seq()))
@@ -365,7 +305,8 @@ absl::Status StateStore::PutLastBatch(const std::string& job, const BatchRecord&
 
 absl::StatusOr<std::optional<BatchRecord>> StateStore::LoadLastBatch(const std::string& job) const {
   std::lock_guard<std::mutex> lock(mu_);
-  Statement s(db_, "SELECT batch, step_after, data_position_after FROM last_batches WHERE job=?1");
+  SqliteStatement s(db_,
+                    "SELECT batch, step_after, data_position_after FROM last_batches WHERE job=?1");
   s.Text(1, job);
   if (!s.Next()) {
     RETURN_IF_ERROR(s.status());
@@ -384,11 +325,12 @@ absl::Status StateStore::PutOperation(const std::string& job,
   std::lock_guard<std::mutex> lock(mu_);
   RETURN_IF_ERROR(ExecLocked("PRAGMA synchronous=FULL"));
   if (!op.has_value()) {
-    return Statement(db_, "DELETE FROM operations WHERE job=?1").Text(1, job).Run();
+    return SqliteStatement(db_, "DELETE FROM operations WHERE job=?1").Text(1, job).Run();
   }
-  return Statement(db_,
-                   "INSERT OR REPLACE INTO operations(job, target_step, micro_steps, started_by, "
-                   "started_at) VALUES (?1,?2,?3,?4,?5)")
+  return SqliteStatement(
+             db_,
+             "INSERT OR REPLACE INTO operations(job, target_step, micro_steps, started_by, "
+             "started_at) VALUES (?1,?2,?3,?4,?5)")
       .Text(1, job)
       .Int(2, op->target_step())
       .Int(3, op->no_sync_micro_steps())
@@ -400,9 +342,9 @@ absl::Status StateStore::PutOperation(const std::string& job,
 absl::StatusOr<std::optional<v1::TrainingOperation>> StateStore::LoadOperation(
     const std::string& job) const {
   std::lock_guard<std::mutex> lock(mu_);
-  Statement s(db_,
-              "SELECT target_step, micro_steps, started_by, started_at FROM operations "
-              "WHERE job=?1");
+  SqliteStatement s(db_,
+                    "SELECT target_step, micro_steps, started_by, started_at FROM operations "
+                    "WHERE job=?1");
   s.Text(1, job);
   if (!s.Next()) {
     RETURN_IF_ERROR(s.status());
@@ -420,9 +362,10 @@ absl::StatusOr<std::optional<v1::TrainingOperation>> StateStore::LoadOperation(
 absl::Status StateStore::PutWorker(const WorkerRecord& worker) {
   std::lock_guard<std::mutex> lock(mu_);
   RETURN_IF_ERROR(ExecLocked("PRAGMA synchronous=FULL"));
-  return Statement(db_,
-                   "INSERT OR REPLACE INTO workers(worker_id, host, device, device_name, address, "
-                   "rank, metrics_address, identity_sha256) VALUES (?1,?2,?3,?4,?5,?6,?7,?8)")
+  return SqliteStatement(
+             db_,
+             "INSERT OR REPLACE INTO workers(worker_id, host, device, device_name, address, "
+             "rank, metrics_address, identity_sha256) VALUES (?1,?2,?3,?4,?5,?6,?7,?8)")
       .Text(1, worker.worker_id)
       .Text(2, worker.host)
       .Text(3, worker.device)
@@ -437,9 +380,9 @@ absl::Status StateStore::PutWorker(const WorkerRecord& worker) {
 absl::StatusOr<std::vector<WorkerRecord>> StateStore::LoadWorkers() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<WorkerRecord> workers;
-  Statement s(db_,
-              "SELECT worker_id, host, device, device_name, address, rank, metrics_address, "
-              "identity_sha256 FROM workers ORDER BY rank");
+  SqliteStatement s(db_,
+                    "SELECT worker_id, host, device, device_name, address, rank, metrics_address, "
+                    "identity_sha256 FROM workers ORDER BY rank");
   while (s.Next()) {
     WorkerRecord w;
     w.worker_id = s.ColumnString(0);
@@ -461,11 +404,12 @@ absl::Status StateStore::PutCheckpoints(const std::string& job,
   std::lock_guard<std::mutex> lock(mu_);
   RETURN_IF_ERROR(ExecLocked("PRAGMA synchronous=FULL; BEGIN IMMEDIATE"));
   absl::Status status = [&]() -> absl::Status {
-    RETURN_IF_ERROR(Statement(db_, "DELETE FROM checkpoints WHERE job=?1").Text(1, job).Run());
+    RETURN_IF_ERROR(
+        SqliteStatement(db_, "DELETE FROM checkpoints WHERE job=?1").Text(1, job).Run());
     for (const v1::CheckpointInfo& c : checkpoints) {
-      RETURN_IF_ERROR(Statement(db_,
-                                "INSERT INTO checkpoints(job, name, step, state_dict_type, "
-                                "world_size, bytes, latest) VALUES (?1,?2,?3,?4,?5,?6,?7)")
+      RETURN_IF_ERROR(SqliteStatement(db_,
+                                      "INSERT INTO checkpoints(job, name, step, state_dict_type, "
+                                      "world_size, bytes, latest) VALUES (?1,?2,?3,?4,?5,?6,?7)")
                           .Text(1, job)
                           .Text(2, c.name())
                           .Int(3, c.step())
@@ -485,9 +429,10 @@ absl::StatusOr<std::vector<v1::CheckpointInfo>> StateStore::LoadCheckpoints(
     const std::string& job) const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<v1::CheckpointInfo> out;
-  Statement s(db_,
-              "SELECT name, step, state_dict_type, world_size, bytes, latest FROM checkpoints "
-              "WHERE job=?1 ORDER BY step, name");
+  SqliteStatement s(
+      db_,
+      "SELECT name, step, state_dict_type, world_size, bytes, latest FROM checkpoints "
+      "WHERE job=?1 ORDER BY step, name");
   s.Text(1, job);
   while (s.Next()) {
     v1::CheckpointInfo c;
