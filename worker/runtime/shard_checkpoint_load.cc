@@ -183,6 +183,25 @@ absl::Status ReadShard(CheckpointReader& reader, absl::string_view kind, const F
   return absl::OkStatus();
 }
 
+// Whether the checkpoint holds optimizer state `state` for any trainable
+// parameter of the unit, wherever its elements lie. Decided per unit, not by
+// what this rank's shard holds: a rank whose shard has only frozen elements
+// or padding keeps the state (zeros) as every other rank does, as training
+// would have left it, so that its next save lists the unit's states and step
+// as theirs do (a zero-length read finds the tensor or says NOT_FOUND).
+absl::StatusOr<bool> UnitHoldsState(CheckpointReader& reader, const Unit& spec,
+                                    const std::string& state) {
+  for (const UnitParam& p : spec.params) {
+    if (!p.requires_grad) continue;
+    const absl::Status probe =
+        reader.ReadRangeInto("optim", absl::StrCat(p.fqn, ".", state), p.shape, 0, {});
+    if (absl::IsNotFound(probe)) continue;
+    RETURN_IF_ERROR(probe);
+    return true;
+  }
+  return false;
+}
+
 absl::Status StageTensors(FsdpRuntime& runtime, CheckpointReader& reader,
                           StagedCheckpoint& staged) {
   RETURN_IF_ERROR(CheckSameParams(runtime, reader));
@@ -209,6 +228,9 @@ absl::Status StageTensors(FsdpRuntime& runtime, CheckpointReader& reader,
             return p.requires_grad ? absl::StrCat(p.fqn, ".", state) : std::string();
           },
           0.0f, values.values(), &any));
+      if (!any) {
+        ASSIGN_OR_RETURN(any, UnitHoldsState(reader, spec, state));
+      }
       if (any) staged.states[u][state] = std::move(values);
     }
     for (const UnitParam& p : spec.params) {
@@ -218,6 +240,13 @@ absl::Status StageTensors(FsdpRuntime& runtime, CheckpointReader& reader,
       if (!step.ok()) return step.status();
       staged.steps[u] = (*step)[0];
       break;
+    }
+    // Every save writes a unit's step with its states: states without one
+    // would restart the bias corrections at step 0 while the moments go on.
+    if (!staged.states[u].empty() && !staged.steps[u].has_value()) {
+      return absl::DataLossError(absl::StrCat(reader.dir(), ": unit ", spec.module_fqn,
+                                              " has optimizer state but no '<fqn>.step' in the "
+                                              "optimizer files"));
     }
   }
   return absl::OkStatus();
