@@ -241,8 +241,7 @@ std::unique_ptr<CommandSequencer> TrainingJob::MakeSequencerLocked(uint64_t epoc
   return sequencer;
 }
 
-absl::StatusOr<TrainingJob::OperationLock> TrainingJob::BeginOperation(const char* what) {
-  const v1::JobState state = states_.state();
+absl::Status TrainingJob::RefuseOperationIn(v1::JobState state, const char* what) const {
   switch (state) {
     case v1::PENDING:
     case v1::FORMING:
@@ -251,6 +250,14 @@ absl::StatusOr<TrainingJob::OperationLock> TrainingJob::BeginOperation(const cha
                        " (waiting for ", config_.world_size,
                        " workers to join and be configured; start them with flatshard-worker "
                        "--coordinator ADDRESS, and see `flatshard workers`)"));
+    case v1::RECOVERING:
+      // Transient: the job has no epoch to run commands in until it is
+      // re-formed or its workers are re-adopted (after a coordinator restart
+      // that waits for their heartbeats).
+      return absl::UnavailableError(
+          absl::StrCat("cannot ", what, ": job '", config_.name,
+                       "' is RECOVERING (re-forming, or re-adopting its workers after a "
+                       "coordinator restart); try again when it is READY (flatshard job status)"));
     case v1::FAILED:
       return absl::FailedPreconditionError(absl::StrCat("cannot ", what, ": job '", config_.name,
                                                         "' FAILED: ", states_.failure(),
@@ -259,8 +266,12 @@ absl::StatusOr<TrainingJob::OperationLock> TrainingJob::BeginOperation(const cha
       return absl::FailedPreconditionError(
           absl::StrCat("cannot ", what, ": job '", config_.name, "' is STOPPED"));
     default:
-      break;
+      return absl::OkStatus();
   }
+}
+
+absl::StatusOr<TrainingJob::OperationLock> TrainingJob::BeginOperation(const char* what) {
+  RETURN_IF_ERROR(RefuseOperationIn(states_.state(), what));
   OperationLock op(op_mu_, std::try_to_lock);
   if (const v1::JobState now = states_.state();
       !op.owns_lock() && (now == v1::READY || now == v1::IDLE)) {
@@ -273,6 +284,14 @@ absl::StatusOr<TrainingJob::OperationLock> TrainingJob::BeginOperation(const cha
     return absl::FailedPreconditionError(absl::StrCat(
         "cannot ", what, ": job '", config_.name, "' is busy (", v1::JobState_Name(states_.state()),
         "); one operation runs at a time, try again when it finishes"));
+  }
+  // Whoever held the slot may have left the job in another state (a recovery
+  // that failed, a restart's restore): checked again now that none can.
+  RETURN_IF_ERROR(RefuseOperationIn(states_.state(), what));
+  if (sequencer() == nullptr) {
+    return absl::UnavailableError(absl::StrCat("cannot ", what, ": job '", config_.name,
+                                               "' has no workers formed yet; try again when it "
+                                               "is READY"));
   }
   return op;
 }

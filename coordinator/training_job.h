@@ -173,6 +173,8 @@ class TrainingJob {
   // before it is refused. A TRAINING job refuses at once.
   using OperationLock = std::unique_lock<std::timed_mutex>;
   absl::StatusOr<OperationLock> BeginOperation(const char* what);
+  // Why no operation may start in `state` (OK when one may): what is named.
+  absl::Status RefuseOperationIn(v1::JobState state, const char* what) const;
   absl::StatusOr<std::vector<int>> CheckUnits(const std::vector<int>& units) const;
   absl::Status RunControl(const StepProgram& commands);
   void FailWith(const absl::Status& status);

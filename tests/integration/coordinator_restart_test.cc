@@ -268,6 +268,61 @@ TEST(CoordinatorRestartTest, ABatchHalfDeliveredIsAbortedAndRolledBack) {
   EXPECT_TRUE(cluster->Stop());
 }
 
+// Between a restart and the re-adoption (its workers' heartbeats) the job has
+// no epoch to run commands in: every operation is refused as UNAVAILABLE,
+// saying why, and the coordinator stays up (it dereferenced a sequencer the
+// restore had not made yet); the workers' heartbeats then re-adopt them.
+TEST(CoordinatorRestartTest, OperationsBeforeTheReadoptionAreRefusedAsUnavailable) {
+  const std::string dir = testing::MakeTempDir("restart-early");
+  LocalClusterOptions options = ClusterOptions(dir);
+  options.heartbeat_timeout_s = 15;  // the re-adoption waits while the workers are stopped
+  auto started = LocalCluster::Start(options);
+  ASSERT_TRUE(started.ok()) << started.status();
+  std::unique_ptr<LocalCluster> cluster = *std::move(started);
+  const v1::JobSpec spec = Job();
+  std::map<int64_t, double> losses;
+  {
+    FlatshardClient client(cluster->address());
+    CreateAndWaitReady(client, spec);
+    ASSERT_TRUE(TrainSteps(client, spec.name(), 4, &losses).ok());  // saves step-00000004
+  }
+  for (int w = 0; w < kWorld; ++w) cluster->worker(w).Signal(SIGSTOP);
+  ASSERT_TRUE(cluster->KillAndRestartCoordinator().ok());
+  FlatshardClient client(cluster->address());
+  auto job = client.GetJob(spec.name());
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->state(), v1::RECOVERING);
+  const std::map<std::string, absl::Status> refused = {
+      {"unshard", client.Unshard(spec.name(), {})},
+      {"reshard", client.Reshard(spec.name(), {})},
+      {"summon", client.SummonFullParams(spec.name(), false, 0,
+                                         [](const v1::TensorChunk&) { return absl::OkStatus(); })},
+      {"save",
+       [&] {
+         v1::SaveCheckpointRequest request;
+         request.set_job(spec.name());
+         return client.SaveCheckpoint(request, [](const v1::CheckpointProgress&) {}).status();
+       }()},
+      {"load", client.LoadCheckpoint(spec.name(), "step-00000004").status()},
+      {"train", TrainSteps(client, spec.name(), 1, &losses)},
+  };
+  for (const auto& [what, status] : refused) {
+    EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << what << ": " << status;
+    EXPECT_THAT(std::string(status.message()), HasSubstr("is RECOVERING")) << what;
+  }
+  ASSERT_TRUE(client.GetJob(spec.name()).ok()) << "the coordinator did not survive";
+  for (int w = 0; w < kWorld; ++w) cluster->worker(w).Signal(SIGCONT);
+  auto ready = client.WaitForState(spec.name(), {v1::READY}, absl::Seconds(60));
+  ASSERT_TRUE(ready.ok()) << ready.status();
+  job = client.GetJob(spec.name());
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->epoch(), 1u);  // re-adopted
+  EXPECT_EQ(job->step(), 4);
+  ASSERT_TRUE(TrainSteps(client, spec.name(), 2, &losses).ok());
+  EXPECT_EQ(losses.at(6), Uninterrupted().losses.at(6));  // bit for bit
+  EXPECT_TRUE(cluster->Stop());
+}
+
 TEST(CoordinatorRestartTest, ASecondCoordinatorOnTheStateDirIsRefused) {
   const std::string dir = testing::MakeTempDir("restart-lock");
   std::unique_ptr<LocalCluster> cluster = StartCluster(dir);
