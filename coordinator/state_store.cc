@@ -77,6 +77,11 @@ CREATE TABLE workers(
     R"sql(
 ALTER TABLE workers ADD COLUMN identity_sha256 TEXT NOT NULL DEFAULT '';
 )sql",
+    // 3: whether the ranks held a step's earlier no_sync micro-batches when
+    // the last batch was sent, so a restart re-adopts only at a step boundary.
+    R"sql(
+ALTER TABLE last_batches ADD COLUMN mid_step_before INTEGER NOT NULL DEFAULT 0;
+)sql",
 };
 constexpr int kNumMigrations = static_cast<int>(std::size(kMigrations));
 static_assert(kNumMigrations == StateStore::kSchemaVersion);
@@ -291,13 +296,14 @@ absl::Status StateStore::PutLastBatch(const std::string& job, const BatchRecord&
   absl::Status status =
       SqliteStatement(db_,
                       "INSERT OR REPLACE INTO last_batches(job, epoch, seq, batch, step_after, "
-                      "data_position_after) VALUES (?1,?2,?3,?4,?5,?6)")
+                      "data_position_after, mid_step_before) VALUES (?1,?2,?3,?4,?5,?6,?7)")
           .Text(1, job)
           .Int(2, static_cast<int64_t>(batch.batch.job_epoch()))
           .Int(3, static_cast<int64_t>(batch.batch.seq()))
           .Blob(4, batch.batch.SerializeAsString())
           .Int(5, batch.step_after)
           .Int(6, batch.data_position_after)
+          .Int(7, batch.mid_step_before ? 1 : 0)
           .Run();
   RETURN_IF_ERROR(ExecLocked("PRAGMA synchronous=FULL"));
   return status;
@@ -306,7 +312,8 @@ absl::Status StateStore::PutLastBatch(const std::string& job, const BatchRecord&
 absl::StatusOr<std::optional<BatchRecord>> StateStore::LoadLastBatch(const std::string& job) const {
   std::lock_guard<std::mutex> lock(mu_);
   SqliteStatement s(db_,
-                    "SELECT batch, step_after, data_position_after FROM last_batches WHERE job=?1");
+                    "SELECT batch, step_after, data_position_after, mid_step_before FROM "
+                    "last_batches WHERE job=?1");
   s.Text(1, job);
   if (!s.Next()) {
     RETURN_IF_ERROR(s.status());
@@ -317,6 +324,7 @@ absl::StatusOr<std::optional<BatchRecord>> StateStore::LoadLastBatch(const std::
       ParseProto(s.ColumnString(0), &record.batch, absl::StrCat("job ", job, " last batch")));
   record.step_after = s.ColumnInt(1);
   record.data_position_after = s.ColumnInt(2);
+  record.mid_step_before = s.ColumnInt(3) != 0;
   return record;
 }
 

@@ -60,11 +60,14 @@ struct BatchRecord {
   v1::CommandBatch batch;  // stamped: epoch, seq, digest
   int64_t step_after = 0;
   int64_t data_position_after = 0;
+  // Sent while the ranks held gradients of the step's earlier no_sync
+  // micro-batches (the batch before it, in its epoch, was one).
+  bool mid_step_before = false;
 };
 
 class StateStore {
  public:
-  static constexpr int kSchemaVersion = 2;
+  static constexpr int kSchemaVersion = 3;
 
   // Creates `dir` if needed and opens (or creates) its database.
   // FAILED_PRECONDITION when another process holds the directory, or when its

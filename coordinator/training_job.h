@@ -314,6 +314,9 @@ class TrainingJob {
   std::mutex persist_mu_;  // one writer at a time, so the last write is the newest state
   StateStore* state_store_ = nullptr;  // guarded by persist_mu_; null once detached
   absl::Time last_progress_persisted_ = absl::InfinitePast();  // guarded by persist_mu_
+  // The epoch whose last journaled batch was a no_sync micro-batch (0: none);
+  // guarded by mu_ (JournalBatch).
+  uint64_t journaled_micro_epoch_ = 0;
 
   CheckpointCatalog catalog_;
   // The async save being written and committed; joined (under the operation

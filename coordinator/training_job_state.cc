@@ -9,6 +9,7 @@
 // batch), or the state after it; the ranks' reports say which one is true:
 // all at the batch's seq (it ran everywhere), all at the seq before it (it
 // ran nowhere), or anything else (it ran on some ranks: roll back).
+#include <algorithm>
 #include <thread>
 #include <utility>
 
@@ -17,6 +18,7 @@
 #include "absl/time/clock.h"
 #include "spdlog/spdlog.h"
 
+#include "coordinator/readoption.h"
 #include "coordinator/training_job.h"
 #include "core/status_macros.h"
 
@@ -108,6 +110,11 @@ void TrainingJob::JournalBatch(const v1::CommandBatch& batch) {
     const bool step = batch.has_step();
     record.step_after = step_ + (step && batch.step().sync_gradients() ? 1 : 0);
     record.data_position_after = data_position_ + (step ? 1 : 0);
+    // The sequencer sends a batch only once the one before it ran on every
+    // rank; a failed one ends the epoch. So within an epoch, the ranks hold a
+    // step's micro-batch gradients exactly when the last batch was one.
+    record.mid_step_before = journaled_micro_epoch_ == batch.job_epoch();
+    journaled_micro_epoch_ = step && !batch.step().sync_gradients() ? batch.job_epoch() : 0;
   }
   if (absl::Status s = state_store_->PutLastBatch(config_.name, record); !s.ok()) {
     spdlog::error("job {}: {}", config_.name, std::string(s.message()));
@@ -136,10 +143,19 @@ absl::StatusOr<std::unique_ptr<TrainingJob>> TrainingJob::Restore(
     ASSIGN_OR_RETURN(JobConfig shrunk, JobConfigFromProto(epoch_spec));
     epoch_config = std::make_shared<const JobConfig>(std::move(shrunk));
   }
+  // Progress is persisted at most once a second; a journaled step batch of
+  // the epoch is newer: the job had reached at least the step it began in
+  // (what a rollback counts its lost steps from).
+  int64_t step = record.step;
+  if (last_batch.has_value() && last_batch->batch.job_epoch() == record.epoch &&
+      last_batch->batch.has_step()) {
+    const bool sync = last_batch->batch.step().sync_gradients();
+    step = std::max(step, last_batch->step_after - (sync ? 1 : 0));
+  }
   {
     std::lock_guard<std::mutex> lock(job->mu_);
     job->epoch_ = record.epoch;
-    job->step_ = record.step;
+    job->step_ = step;
     job->data_position_ = record.data_position;
     job->restarts_ = record.restarts;
     job->last_recovery_ = record.last_recovery;
@@ -147,7 +163,7 @@ absl::StatusOr<std::unique_ptr<TrainingJob>> TrainingJob::Restore(
     job->epoch_config_ = std::move(epoch_config);
     if (record.state != v1::FAILED) job->resume_ = training;
   }
-  const std::string where = absl::StrCat("step ", record.step, ", epoch ", record.epoch, ", ",
+  const std::string where = absl::StrCat("step ", step, ", epoch ", record.epoch, ", ",
                                          record.worker_ids.size(), " ranks");
   switch (record.state) {
     case v1::FAILED:
@@ -255,32 +271,9 @@ absl::StatusOr<TrainingJob::Progress> TrainingJob::AgreedProgress(
                      ")"));
   };
   if (disagree || !agreed.has_value()) return explain("the ranks disagree");
-  Progress progress{record.step, record.data_position, *agreed};
-  if (restored.last_batch.has_value() && restored.last_batch->batch.job_epoch() == record.epoch) {
-    const BatchRecord& last = *restored.last_batch;
-    if (*agreed == last.batch.seq()) {
-      // It ran everywhere; a checkpoint load moves the job to a step the
-      // journal does not know.
-      if (last.batch.has_checkpoint() && last.batch.checkpoint().has_load_shard()) {
-        return explain("the last batch loaded a checkpoint");
-      }
-      progress.step = last.step_after;
-      progress.data_position = last.data_position_after;
-      return progress;
-    }
-    if (*agreed + 1 == last.batch.seq()) {
-      // It ran nowhere: the state before it, which progress recorded.
-      progress.step =
-          last.step_after - (last.batch.has_step() && last.batch.step().sync_gradients() ? 1 : 0);
-      progress.data_position = last.data_position_after - (last.batch.has_step() ? 1 : 0);
-      return progress;
-    }
-    return explain("the ranks are at another seq than the coordinator's last batch");
-  }
-  if (*agreed != record.last_seq) {
-    return explain("the ranks are at another seq than the coordinator recorded");
-  }
-  return progress;
+  absl::StatusOr<ReadoptionPoint> point = ReadoptionPointAt(record, restored.last_batch, *agreed);
+  if (!point.ok()) return explain(std::string(point.status().message()));
+  return Progress{point->step, point->data_position, point->last_seq};
 }
 
 absl::Status TrainingJob::Readopt() {

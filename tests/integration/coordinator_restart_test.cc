@@ -66,8 +66,8 @@ void CreateAndWaitReady(FlatshardClient& client, const v1::JobSpec& spec) {
 // each result (the kill).
 absl::Status TrainSteps(FlatshardClient& client, const std::string& job, int64_t steps,
                         std::map<int64_t, double>* losses,
-                        const std::function<void(int64_t)>& after_step = {}) {
-  return client.Train(job, steps, 0, [&](const v1::StepResult& r) {
+                        const std::function<void(int64_t)>& after_step = {}, int micro_steps = 0) {
+  return client.Train(job, steps, micro_steps, [&](const v1::StepResult& r) {
     (*losses)[r.step()] = r.loss();
     if (after_step) after_step(r.step());
   });
@@ -93,28 +93,31 @@ std::map<std::string, std::string> Parameters(FlatshardClient& client, const std
   return out;
 }
 
-// The uninterrupted run the tests compare with: 12 steps on a fresh cluster.
+// The uninterrupted run the tests compare with: 12 steps on a fresh cluster
+// (each of `micro_steps` no_sync micro-batches and a synced one).
 struct Reference {
   std::map<int64_t, double> losses;
   std::map<std::string, std::string> parameters;  // at step 12
 };
+Reference RunUninterrupted(int micro_steps) {
+  Reference out;
+  std::unique_ptr<LocalCluster> cluster = StartCluster(testing::MakeTempDir("restart-ref"));
+  if (cluster == nullptr) return out;
+  FlatshardClient client(cluster->address());
+  CreateAndWaitReady(client, Job());
+  EXPECT_TRUE(TrainSteps(client, Job().name(), 12, &out.losses, {}, micro_steps).ok());
+  out.parameters = Parameters(client, Job().name());
+  return out;
+}
 const Reference& Uninterrupted() {
-  static const Reference reference = [] {
-    Reference out;
-    std::unique_ptr<LocalCluster> cluster = StartCluster(testing::MakeTempDir("restart-ref"));
-    if (cluster == nullptr) return out;
-    FlatshardClient client(cluster->address());
-    CreateAndWaitReady(client, Job());
-    EXPECT_TRUE(TrainSteps(client, Job().name(), 12, &out.losses).ok());
-    out.parameters = Parameters(client, Job().name());
-    return out;
-  }();
+  static const Reference reference = RunUninterrupted(0);
   return reference;
 }
 
 // After a restart the training operation goes on by itself to step 12: the
 // job ends IDLE there with the same parameters as the uninterrupted run.
-void ExpectTrainedTo12LikeTheReference(FlatshardClient& client, const std::string& job) {
+void ExpectTrainedTo12LikeTheReference(FlatshardClient& client, const std::string& job,
+                                       const Reference& reference = Uninterrupted()) {
   auto idle = client.WaitForState(job, {v1::IDLE}, absl::Seconds(120));
   ASSERT_TRUE(idle.ok()) << idle.status();
   auto status = client.GetJob(job);
@@ -124,7 +127,7 @@ void ExpectTrainedTo12LikeTheReference(FlatshardClient& client, const std::strin
   EXPECT_EQ(status->training().outcome(), "trained to step 12");
   const auto parameters = Parameters(client, job);
   ASSERT_FALSE(parameters.empty());
-  EXPECT_TRUE(parameters == Uninterrupted().parameters) << "the parameters differ at step 12";
+  EXPECT_TRUE(parameters == reference.parameters) << "the parameters differ at step 12";
 }
 
 TEST(CoordinatorRestartTest, IdleJobIsReadoptedWithNoStepLost) {
@@ -187,6 +190,57 @@ TEST(CoordinatorRestartTest, KilledMidTrainingGoesOnFromWhereTheRanksAre) {
   ExpectTrainedTo12LikeTheReference(client, spec.name());
   for (const auto& [step, loss] : losses) {
     EXPECT_EQ(loss, Uninterrupted().losses.at(step)) << "step " << step;
+  }
+  EXPECT_TRUE(cluster->Stop());
+}
+
+// The same with no_sync micro-batches (7 a step, then the synced one): the
+// kill most often falls between a step's micro-batches, where the ranks hold
+// gradients a restarted step would add to again. The coordinator re-adopts
+// only at a step boundary and otherwise rolls back, so whichever it was the
+// run ends with the uninterrupted run's losses and parameters.
+TEST(CoordinatorRestartTest, KilledBetweenMicroBatchesLosesNoGradientAndAddsNone) {
+  const std::string dir = testing::MakeTempDir("restart-micro");
+  std::unique_ptr<LocalCluster> cluster = StartCluster(dir);
+  ASSERT_NE(cluster, nullptr);
+  const v1::JobSpec spec = Job();
+  std::map<int64_t, double> losses;
+  {
+    FlatshardClient client(cluster->address());
+    CreateAndWaitReady(client, spec);
+    // Killed once rank 0 reports a batch of step 6 running (a bounded poll
+    // of its heartbeats): by then the step is most often part way through.
+    const auto rank0_running = [&] {
+      const absl::Time deadline = absl::Now() + absl::Seconds(30);
+      while (absl::Now() < deadline) {
+        auto workers = client.ListWorkers();
+        if (!workers.ok()) return;
+        for (const v1::WorkerInfo& w : *workers) {
+          if (w.rank() == 0 && w.state() == "running") return;
+        }
+      }
+    };
+    const absl::Status cut = TrainSteps(
+        client, spec.name(), 12, &losses,
+        [&](int64_t step) {
+          if (step != 5) return;
+          rank0_running();
+          cluster->coordinator().Signal(SIGKILL);
+        },
+        /*micro_steps=*/7);
+    EXPECT_EQ(cut.code(), absl::StatusCode::kUnavailable) << cut;
+  }
+  ASSERT_TRUE(cluster->KillAndRestartCoordinator().ok());
+  FlatshardClient client(cluster->address());
+  const std::string events = Events(client, spec.name());
+  std::cerr << events;
+  // Re-adopted at a step boundary, or rolled back from step 5 to step 4.
+  EXPECT_THAT(events, ::testing::AnyOf(HasSubstr("re-adopted 2 workers of epoch 1"),
+                                       HasSubstr("from checkpoint step-00000004, 1 step(s) lost")));
+  const Reference reference = RunUninterrupted(7);
+  ExpectTrainedTo12LikeTheReference(client, spec.name(), reference);
+  for (const auto& [step, loss] : losses) {
+    EXPECT_EQ(loss, reference.losses.at(step)) << "step " << step;
   }
   EXPECT_TRUE(cluster->Stop());
 }

@@ -57,6 +57,7 @@ TEST(StateStoreTest, WhatIsPutSurvivesReopening) {
     batch.batch.mutable_step()->set_step(84);
     batch.step_after = 43;
     batch.data_position_after = 85;
+    batch.mid_step_before = true;
     ASSERT_TRUE((*store)->PutLastBatch("gpt", batch).ok());
     v1::TrainingOperation op;
     op.set_target_step(100);
@@ -102,6 +103,7 @@ TEST(StateStoreTest, WhatIsPutSurvivesReopening) {
   EXPECT_EQ((*batch)->batch.seq(), 100u);
   EXPECT_EQ((*batch)->batch.step().step(), 84);
   EXPECT_EQ((*batch)->step_after, 43);
+  EXPECT_TRUE((*batch)->mid_step_before);
   auto op = (*store)->LoadOperation("gpt");
   ASSERT_TRUE(op.ok() && op->has_value());
   EXPECT_EQ((*op)->target_step(), 100);
@@ -152,6 +154,37 @@ TEST(StateStoreTest, ANewerSchemaIsRefused) {
   EXPECT_EQ(store.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(store.status().message(), HasSubstr("newer flatshard (schema version 99"));
   EXPECT_THAT(store.status().message(), HasSubstr(dir));
+}
+
+// A state dir an earlier flatshard wrote (schema 2: no mid_step_before) is
+// migrated in place; its journaled batch reads as sent at a step boundary.
+TEST(StateStoreTest, AnOlderSchemaIsMigrated) {
+  const std::string dir = FreshDir("older");
+  {
+    auto store = StateStore::Open(dir);
+    ASSERT_TRUE(store.ok()) << store.status();
+    ASSERT_TRUE((*store)->PutJob(SomeJob()).ok());
+    BatchRecord batch;
+    batch.batch.set_job_epoch(1);
+    batch.batch.set_seq(5);
+    batch.mid_step_before = true;
+    ASSERT_TRUE((*store)->PutLastBatch("gpt", batch).ok());
+  }
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open((dir + "/coordinator.db").c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db,
+                         "ALTER TABLE last_batches DROP COLUMN mid_step_before; "
+                         "PRAGMA user_version = 2",
+                         nullptr, nullptr, nullptr),
+            SQLITE_OK);
+  sqlite3_close(db);
+  auto store = StateStore::Open(dir);
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_EQ((*store)->schema_version(), StateStore::kSchemaVersion);
+  auto batch = (*store)->LoadLastBatch("gpt");
+  ASSERT_TRUE(batch.ok() && batch->has_value());
+  EXPECT_EQ((*batch)->batch.seq(), 5u);
+  EXPECT_FALSE((*batch)->mid_step_before);
 }
 
 TEST(StateStoreTest, AnUnusableDirectoryIsNamed) {
