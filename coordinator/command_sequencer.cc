@@ -19,8 +19,9 @@ constexpr absl::Duration kProbeTimeout = absl::Seconds(1);
 
 }  // namespace
 
-CommandSequencer::CommandSequencer(std::vector<WorkerClient*> workers, uint64_t epoch,
-                                   absl::Duration batch_timeout, BatchObserver on_batch)
+CommandSequencer::CommandSequencer(std::vector<std::shared_ptr<WorkerClient>> workers,
+                                   uint64_t epoch, absl::Duration batch_timeout,
+                                   BatchObserver on_batch)
     : workers_(std::move(workers)),
       epoch_(epoch),
       batch_timeout_(batch_timeout),
@@ -71,7 +72,7 @@ void CommandSequencer::Fail(int rank, const absl::Status& reason) {
                  : absl::Status(reason.code(), absl::StrCat("rank ", rank, ": ", reason.message()));
     aborting_ = true;
   }
-  for (WorkerClient* worker : workers_) worker->CancelAll();
+  for (const std::shared_ptr<WorkerClient>& worker : workers_) worker->CancelAll();
   AbortAll(std::string(reason.message()));
   std::lock_guard<std::mutex> lock(mu_);
   aborting_ = false;
@@ -83,7 +84,7 @@ void CommandSequencer::AbortAll(const std::string& reason) {
   std::vector<std::thread> aborts;
   aborts.reserve(workers_.size());
   const absl::Time deadline = absl::Now() + kProbeTimeout;
-  for (WorkerClient* worker : workers_) {
+  for (const std::shared_ptr<WorkerClient>& worker : workers_) {
     aborts.emplace_back(
         [this, worker, &reason, deadline] { (void)worker->Abort(epoch_, reason, deadline); });
   }

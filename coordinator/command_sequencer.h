@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -26,9 +27,12 @@ class CommandSequencer {
   // Told of every batch that succeeded on all ranks and its round trip.
   using BatchObserver = std::function<void(const v1::CommandBatch&, absl::Duration)>;
 
-  // `workers[r]` is rank r. `batch_timeout` bounds one batch end to end.
-  CommandSequencer(std::vector<WorkerClient*> workers, uint64_t epoch, absl::Duration batch_timeout,
-                   BatchObserver on_batch = {});
+  // `workers[r]` is rank r, kept alive as long as the sequencer: whoever
+  // holds it (an operation, a heartbeat failing a rank, an async save's
+  // committer) may use it while a recovery replaces the job's clients.
+  // `batch_timeout` bounds one batch end to end.
+  CommandSequencer(std::vector<std::shared_ptr<WorkerClient>> workers, uint64_t epoch,
+                   absl::Duration batch_timeout, BatchObserver on_batch = {});
 
   // Runs `batch` (its kind and content set by the caller; epoch, seq and
   // digest stamped here) on every rank; the results by rank. Errors name the
@@ -63,7 +67,7 @@ class CommandSequencer {
   absl::Status Settle(const std::vector<absl::Status>& statuses);
   void AbortAll(const std::string& reason);
 
-  std::vector<WorkerClient*> workers_;
+  std::vector<std::shared_ptr<WorkerClient>> workers_;
   const uint64_t epoch_;
   const absl::Duration batch_timeout_;
   const BatchObserver on_batch_;

@@ -295,7 +295,7 @@ void Coordinator::CheckHeartbeats(const std::shared_ptr<TrainingJob>& job, absl:
         absl::FormatDuration(absl::Trunc(now - stale.last_heartbeat, absl::Milliseconds(1))),
         " (timeout ", absl::FormatDuration(options_.heartbeat_timeout), ")"));
     spdlog::error("job '{}': rank {}: {}", job->name(), rank, std::string(reason.message()));
-    job->FailRank(rank, reason);
+    job->FailRank(rank, stale.worker_id, reason);
     return;
   }
 }

@@ -88,9 +88,9 @@ std::vector<std::string> TrainingJob::worker_ids() const {
   return worker_ids_;
 }
 
-CommandSequencer* TrainingJob::sequencer() const {
+std::shared_ptr<CommandSequencer> TrainingJob::sequencer() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return sequencer_.get();
+  return sequencer_;
 }
 
 absl::Status CheckOneDeviceKind(const std::vector<WorkerRecord>& members) {
@@ -224,9 +224,6 @@ absl::Status TrainingJob::FormLocked(const std::vector<WorkerRecord>& members,
 }
 
 std::unique_ptr<CommandSequencer> TrainingJob::MakeSequencerLocked(uint64_t epoch) {
-  std::vector<WorkerClient*> raw;
-  raw.reserve(clients_.size());
-  for (auto& client : clients_) raw.push_back(client.get());
   CommandSequencer::BatchObserver on_batch;
   if (JobObserver* observer = options_.observer; observer != nullptr) {
     on_batch = [observer, job = config_.name](const v1::CommandBatch& batch,
@@ -234,7 +231,7 @@ std::unique_ptr<CommandSequencer> TrainingJob::MakeSequencerLocked(uint64_t epoc
       observer->OnBatch(job, batch, round_trip);
     };
   }
-  auto sequencer = std::make_unique<CommandSequencer>(std::move(raw), epoch, options_.batch_timeout,
+  auto sequencer = std::make_unique<CommandSequencer>(clients_, epoch, options_.batch_timeout,
                                                       std::move(on_batch));
   // The state store's write-ahead record of every batch (training_job_state.cc).
   sequencer->set_journal([this](const v1::CommandBatch& batch) { JournalBatch(batch); });
@@ -361,7 +358,7 @@ absl::Status TrainingJob::Summon(bool with_grads, int64_t chunk_bytes,
   v1::CommandBatch batch;
   batch.mutable_summon()->set_with_grads(with_grads);
   batch.mutable_summon()->set_chunk_bytes(chunk_bytes);
-  CommandSequencer* seq = sequencer();
+  const std::shared_ptr<CommandSequencer> seq = sequencer();
   absl::Status status = seq->Summon(std::move(batch), sink);
   if (!status.ok() && !seq->failure().ok()) (void)OnBatchFailure(status);
   return status;
@@ -379,7 +376,7 @@ void TrainingJob::Stop(const std::string& reason) {
     std::lock_guard<std::mutex> lock(mu_);
     stopping_ = true;  // a recovery in progress gives up
   }
-  if (CommandSequencer* seq = sequencer(); seq != nullptr) {
+  if (const std::shared_ptr<CommandSequencer> seq = sequencer(); seq != nullptr) {
     seq->Fail(-1, absl::CancelledError(reason));
   }
   {

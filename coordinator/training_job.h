@@ -138,7 +138,7 @@ class TrainingJob {
   // The heartbeat monitor's verdict: fails the batch in flight. The operation
   // that ran it recovers (Train goes on); with no operation running, recovery
   // runs on a thread of its own. Without restarts left the job is FAILED.
-  void FailRank(int rank, const absl::Status& reason);
+  void FailRank(int rank, const std::string& worker_id, const absl::Status& reason);
   // Stops the job for good (deleted): aborts the workers' collectives and
   // waits for a recovery in progress to give up.
   void Stop(const std::string& reason);
@@ -263,7 +263,7 @@ class TrainingJob {
   // Everything but the files, as the job stands now.
   CheckpointManifest BuildManifest(const std::string& name, v1::StateDictType type,
                                    bool scheduled) const;
-  CommandSequencer* sequencer() const;
+  std::shared_ptr<CommandSequencer> sequencer() const;
   // A sequencer over clients_ for `epoch`, with the metrics observer and the
   // batch journal; mu_ held.
   std::unique_ptr<CommandSequencer> MakeSequencerLocked(uint64_t epoch);

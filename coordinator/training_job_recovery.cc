@@ -21,12 +21,21 @@
 
 namespace flatshard {
 
-void TrainingJob::FailRank(int rank, const absl::Status& reason) {
+void TrainingJob::FailRank(int rank, const std::string& worker_id, const absl::Status& reason) {
   const v1::JobState state = states_.state();
   if (state != v1::READY && state != v1::TRAINING && state != v1::IDLE) return;
   const absl::Status cause(reason.code(), absl::StrCat("rank ", rank, ": ", reason.message()));
+  std::shared_ptr<CommandSequencer> seq;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    // The caller found the rank in the epoch it read; a recovery since may
+    // have seated someone else there, whose epoch this must not fail.
+    const auto r = static_cast<size_t>(rank);
+    if (rank < 0 || r >= worker_ids_.size() || worker_ids_[r] != worker_id) return;
+    seq = sequencer_;
+  }
   // An operation blocked on the failed rank returns now and recovers itself.
-  if (CommandSequencer* seq = sequencer(); seq != nullptr) seq->Fail(rank, reason);
+  if (seq != nullptr) seq->Fail(rank, reason);
   // With no operation running, a thread takes the slot and recovers; when an
   // operation did run, it recovered first and the epoch moved on.
   std::thread finished;
@@ -191,7 +200,9 @@ absl::Status TrainingJob::RecoverOnce(const absl::Status& cause, std::vector<int
       v1::RECOVERING, absl::StrCat(cause.message(), "; recovering (restart ", restart, " of ",
                                    config_.recovery.max_restarts, ")")));
   // Nothing of the failed epoch may go on: batches in flight end, waits wake.
-  if (CommandSequencer* seq = sequencer(); seq != nullptr) seq->Fail(-1, cause);
+  if (const std::shared_ptr<CommandSequencer> seq = sequencer(); seq != nullptr) {
+    seq->Fail(-1, cause);
+  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (const auto& client : clients_) client->CancelAll();

@@ -88,9 +88,10 @@ class FakeWorker : public WorkerClient {
 struct Fixture {
   explicit Fixture(int world) {
     for (int r = 0; r < world; ++r) workers.push_back(std::make_unique<FakeWorker>(r));
-    std::vector<WorkerClient*> raw;
-    for (auto& w : workers) raw.push_back(w.get());
-    sequencer = std::make_unique<CommandSequencer>(raw, /*epoch=*/3, absl::Seconds(10));
+    // Not owned by the sequencer: the fixture keeps them (aliasing, no owner).
+    std::vector<std::shared_ptr<WorkerClient>> clients;
+    for (auto& w : workers) clients.emplace_back(std::shared_ptr<void>(), w.get());
+    sequencer = std::make_unique<CommandSequencer>(clients, /*epoch=*/3, absl::Seconds(10));
   }
   std::vector<std::unique_ptr<FakeWorker>> workers;
   std::unique_ptr<CommandSequencer> sequencer;
