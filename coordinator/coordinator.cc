@@ -68,7 +68,7 @@ absl::Status Coordinator::RestoreState() {
   StateStore* state = options_.state;
   if (state == nullptr) return absl::OkStatus();
   ASSIGN_OR_RETURN(std::vector<WorkerRecord> workers, state->LoadWorkers());
-  members_.Restore(workers);
+  members_.Restore(workers, absl::Now());
   members_.set_on_register([state](const WorkerRecord& w) {
     if (absl::Status s = state->PutWorker(w); !s.ok()) {
       spdlog::error("worker {}: {}", w.worker_id, std::string(s.message()));

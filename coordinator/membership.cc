@@ -37,11 +37,22 @@ absl::StatusOr<MembershipTable::Registered> MembershipTable::Register(const Regi
     // or re-registering after a coordinator restart): one that proves the
     // identity the seat was first registered with.
     const WorkerRecord& old = existing->second;
-    if (!old.identity_sha256.empty() && !ConstantTimeEquals(old.identity_sha256, identity) &&
-        now - old.last_heartbeat <= live_for_) {
+    const bool foreign =
+        !old.identity_sha256.empty() && !ConstantTimeEquals(old.identity_sha256, identity);
+    if (foreign && now - old.last_heartbeat <= live_for_) {
       return absl::PermissionDeniedError(absl::StrCat(
           "worker id '", r.worker_id, "' belongs to a live worker at ", old.address,
           "; registering under it needs that worker's identity secret (its --state-dir)"));
+    }
+    // A restored seat has no heartbeat yet: kept for its own daemon, whose
+    // registration is due within the liveness window, so another cannot take
+    // its place (and its rank in the job) first.
+    if (foreign && old.state == "restored" && now - restored_at_ <= live_for_) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "worker id '", r.worker_id, "' was registered at ", old.address,
+          " before the coordinator restarted and that worker has not registered again yet; "
+          "registering under it needs its identity secret (its --state-dir), or wait ",
+          absl::FormatDuration(live_for_), " for the seat to be released"));
     }
     rank = existing->second.rank;
     if (r.requested_rank >= 0 && r.requested_rank != rank) {
@@ -101,8 +112,9 @@ void MembershipTable::set_live_for(absl::Duration live_for) {
   live_for_ = live_for;
 }
 
-void MembershipTable::Restore(const std::vector<WorkerRecord>& workers) {
+void MembershipTable::Restore(const std::vector<WorkerRecord>& workers, absl::Time now) {
   std::lock_guard<std::mutex> lock(mu_);
+  restored_at_ = now;
   for (WorkerRecord w : workers) {
     if (w.worker_id.empty() || w.rank < 0 || id_by_rank_.contains(w.rank)) continue;
     // Not live until it heartbeats: a restarted coordinator knows who was

@@ -78,8 +78,10 @@ class MembershipTable {
   // heartbeat (a stopped process resumed) makes it live again.
   void MarkUnreachable(const std::string& worker_id);
   // A restarted coordinator's registrations from its state store; each counts
-  // as live only once it heartbeats again.
-  void Restore(const std::vector<WorkerRecord>& workers);
+  // as live only once it heartbeats again. Until then, for the liveness
+  // window after `now`, a seat registered with an identity is kept for the
+  // daemon that proves it (the one coming back), as a live worker's is.
+  void Restore(const std::vector<WorkerRecord>& workers, absl::Time now);
   // Called with every registration, under the table's lock (the state store
   // writes it; it must not call back into the table).
   void set_on_register(std::function<void(const WorkerRecord&)> observer);
@@ -90,6 +92,7 @@ class MembershipTable {
   mutable std::mutex mu_;
   int world_size_;
   absl::Duration live_for_;
+  absl::Time restored_at_ = absl::InfinitePast();
   std::map<std::string, WorkerRecord> by_id_;
   std::set<std::string> session_digests_;  // SHA-256 of every current session
   std::map<int, std::string> id_by_rank_;

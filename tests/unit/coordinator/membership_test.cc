@@ -190,7 +190,7 @@ TEST(MembershipTableTest, ARestoredWorkerMustRegisterAgainButKeepsItsIdentity) {
   ASSERT_TRUE(first.ok());
   std::vector<WorkerRecord> durable = table.List();
   MembershipTable restarted(0);
-  restarted.Restore(durable);
+  restarted.Restore(durable, t0);
   // Sessions die with the coordinator: the old one is refused with NOT_FOUND,
   // which makes the worker register again.
   EXPECT_EQ(restarted.Heartbeat("w-a", first->session, 0, "", t0).code(),
@@ -198,6 +198,40 @@ TEST(MembershipTableTest, ARestoredWorkerMustRegisterAgainButKeepsItsIdentity) {
   EXPECT_FALSE(restarted.HasSession(first->session));
   EXPECT_TRUE(
       restarted.Register(Reg("w-a", "h", "cpu", "h:1", -1, "", "cpu", "secret-1"), t0).ok());
+}
+
+// Until the restored seat's own daemon registers again, for the liveness
+// window after the restart, another identity cannot take its id (and rank).
+TEST(MembershipTableTest, ARestoredSeatIsKeptForItsOwnDaemonUntilTheWindowEnds) {
+  MembershipTable table(0, absl::Seconds(5));
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  ASSERT_TRUE(table.Register(Reg("w-a", "h", "cpu", "h:1", -1, "", "cpu", "secret-1"), t0).ok());
+  ASSERT_TRUE(table.Register(Reg("w-b", "h", "cpu", "h:2", -1, "", "cpu", "secret-2"), t0).ok());
+  const std::vector<WorkerRecord> durable = table.List();
+  MembershipTable restarted(0, absl::Seconds(5));
+  const absl::Time restart = t0 + absl::Minutes(10);  // long after the last heartbeats
+  restarted.Restore(durable, restart);
+  const auto impostor =
+      restarted.Register(Reg("w-a", "x", "cpu", "x:1", -1, "", "cpu", "other"), restart);
+  EXPECT_EQ(impostor.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(std::string(impostor.status().message()),
+              HasSubstr("before the coordinator restarted"));
+  // Its own daemon comes back under its rank.
+  auto back = restarted.Register(Reg("w-a", "h", "cpu", "h:1", -1, "", "cpu", "secret-1"),
+                                 restart + absl::Seconds(1));
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->rank, 0);
+  // A seat whose daemon never came back is released after the window.
+  EXPECT_EQ(restarted
+                .Register(Reg("w-b", "x", "cpu", "x:2", -1, "", "cpu", "other"),
+                          restart + absl::Seconds(2))
+                .status()
+                .code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_TRUE(restarted
+                  .Register(Reg("w-b", "x", "cpu", "x:2", -1, "", "cpu", "other"),
+                            restart + absl::Seconds(6))
+                  .ok());
 }
 
 TEST(KvStoreTest, KeysAndBytesPerJobAreLimited) {
