@@ -1,6 +1,7 @@
 #include "worker/service/background_saves.h"
 
 #include <chrono>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -32,9 +33,15 @@ void BackgroundSaves::Start(const std::string& key, ShardSnapshot snapshot, cons
     saves_.erase(key);
   }
   for (auto& save : running) save.wait();
+  // The snapshot is freed as soon as its files are written: the future's
+  // shared state keeps the closure for as long as the entry is kept, and an
+  // entry the coordinator stopped awaiting (a commit that gave up) stays
+  // until the next save into the same directory.
   std::shared_future<v1::CommandResult> save =
-      std::async(std::launch::async, [snapshot = std::move(snapshot), path, rank, seq]() {
-        absl::StatusOr<ShardSaveResult> written = WriteShardSnapshot(snapshot, path);
+      std::async(std::launch::async, [snapshot = std::optional<ShardSnapshot>(std::move(snapshot)),
+                                      path, rank, seq]() mutable {
+        absl::StatusOr<ShardSaveResult> written = WriteShardSnapshot(*snapshot, path);
+        snapshot.reset();
         if (!written.ok()) {  // the snapshot could not be read: report it like a file error
           written = ShardSaveResult{{}, written.status()};
         }
