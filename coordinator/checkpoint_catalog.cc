@@ -175,7 +175,6 @@ void CheckpointCatalog::Retire(int keep_last) {
     absl::StatusOr<CheckpointManifest> m = Read(info.name());
     if (m.ok() && m->scheduled) scheduled.push_back(info.name());
   }
-  std::error_code ec;
   const int excess = static_cast<int>(scheduled.size()) - keep_last;
   const std::string latest = LatestName();
   for (int i = 0; i < excess; ++i) {
@@ -188,24 +187,33 @@ void CheckpointCatalog::Retire(int keep_last) {
       continue;
     }
     spdlog::info("job {}: retiring scheduled checkpoint {} (keep_last {})", job_, old, keep_last);
-    // Out of the catalog in one step, renamed to a partial name: no reader
-    // sees the checkpoint's directory half removed, and a crash before the
-    // removal ends leaves a partial the next start sweeps (RemoveStalePartials).
-    // Not fsynced: either name is a consistent state after a crash. No save
-    // is writing `doomed`: BeginSave refuses a name that exists, so no save of
-    // this committed name can have started.
-    const std::string doomed = Path(old) + std::string(kPartialSuffix);
-    fs::remove_all(doomed, ec);
-    fs::rename(Path(old), doomed, ec);
-    if (ec) {
-      spdlog::warn("job {}: cannot retire checkpoint {}: {}", job_, old, ec.message());
-      continue;
-    }
-    if (fs::remove_all(doomed, ec); ec) {
-      spdlog::warn("job {}: retired checkpoint {}, but cannot remove {}: {}", job_, old, doomed,
-                   ec.message());
+    if (absl::Status removed = RemoveCommitted(old); !removed.ok()) {
+      spdlog::warn("job {}: cannot retire checkpoint {}: {}", job_, old,
+                   std::string(removed.message()));
     }
   }
+}
+
+absl::Status CheckpointCatalog::RemoveCommitted(const std::string& name) {
+  // Out of the catalog in one step, renamed to a partial name: no reader
+  // sees the checkpoint's directory half removed, and a crash (or a removal
+  // that fails, as on NFS with a file still open elsewhere) leaves a partial
+  // the next start sweeps (RemoveStalePartials) and the next save of the
+  // name replaces (BeginSave). Not fsynced: either name is a consistent
+  // state after a crash. No save is writing `doomed`: BeginSave refuses a
+  // name that exists, so no save of this committed name can have started.
+  std::error_code ec;
+  const std::string doomed = Path(name) + std::string(kPartialSuffix);
+  fs::remove_all(doomed, ec);
+  fs::rename(Path(name), doomed, ec);
+  if (ec) {
+    return absl::UnavailableError(absl::StrCat("cannot remove ", Path(name), ": ", ec.message()));
+  }
+  if (fs::remove_all(doomed, ec); ec) {
+    spdlog::warn("job {}: removed checkpoint {} from the catalog, but cannot remove {}: {}", job_,
+                 name, doomed, ec.message());
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<CheckpointManifest> CheckpointCatalog::Read(const std::string& name) const {
@@ -272,14 +280,8 @@ absl::StatusOr<std::vector<v1::CheckpointInfo>> CheckpointCatalog::List() const 
 absl::Status CheckpointCatalog::Delete(const std::string& name) {
   std::lock_guard<std::recursive_mutex> lock(mu_);
   RETURN_IF_ERROR(Read(name).status());
+  RETURN_IF_ERROR(RemoveCommitted(name));
   std::error_code ec;
-  // The manifest goes first: from then on the directory is not a checkpoint,
-  // whatever happens to the rest of the removal.
-  fs::remove(absl::StrCat(Path(name), "/", kManifestFileName), ec);
-  fs::remove_all(Path(name), ec);
-  if (ec) {
-    return absl::UnavailableError(absl::StrCat("cannot remove ", Path(name), ": ", ec.message()));
-  }
   if (LatestName() == name) {
     ASSIGN_OR_RETURN(std::vector<v1::CheckpointInfo> rest, List());
     if (rest.empty()) {

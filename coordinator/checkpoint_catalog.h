@@ -72,6 +72,9 @@ class CheckpointCatalog {
   std::string Path(const std::string& name) const { return job_dir_ + "/" + name; }
   std::string LatestName() const;
   absl::Status WriteLatest(const std::string& name);
+  // Takes committed checkpoint `name` out of the catalog (one rename), then
+  // removes its files.
+  absl::Status RemoveCommitted(const std::string& name);
   // Deletes the oldest scheduled checkpoints beyond `keep_last`; best effort.
   void Retire(int keep_last);
   void NotifyChanged();
