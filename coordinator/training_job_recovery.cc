@@ -376,12 +376,24 @@ absl::Status TrainingJob::MaybeGrow() {
     spec = spec_;
   }
   spec.clear_rank_by_worker_id();
-  absl::Status grown = FormLocked(members, spec, std::make_shared<const JobConfig>(config_));
-  if (grown.ok()) grown = LoadLocked(*checkpoint).status();
+  absl::Status grown;
+  {
+    // Like a recovery's own load: a batch that fails in it is recovered from
+    // once, below, not also by the batch's caller (RunCheckpointBatch).
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      recovering_ = true;
+    }
+    grown = FormLocked(members, spec, std::make_shared<const JobConfig>(config_));
+    if (grown.ok()) grown = LoadLocked(*checkpoint).status();
+    std::lock_guard<std::mutex> lock(mu_);
+    recovering_ = false;
+  }
   if (!grown.ok()) {
-    // A joining worker failed: recover as from any failure (it shrinks again).
-    return RecoverLocked(
-        absl::Status(grown.code(), absl::StrCat("growing back failed: ", grown.message())), {});
+    // A joining worker failed: recover as from any failure (it shrinks
+    // again), within recovery.max_restarts.
+    return OnBatchFailure(
+        absl::Status(grown.code(), absl::StrCat("growing back failed: ", grown.message())));
   }
   const std::string summary =
       absl::StrCat("grew back to world size ", config_.world_size, " at step ", step,

@@ -338,7 +338,8 @@ absl::Status TrainingJob::ReadoptLocked() {
       absl::StrCat("the coordinator restarted and cannot re-adopt epoch ", record.epoch, ": ",
                    progress.status().message(), "; rolling back to the last checkpoint"));
   spdlog::warn("job {}: {}", config_.name, std::string(cause.message()));
-  return RecoverLocked(cause, {});
+  // A rollback is a recovery: within recovery.max_restarts, as any other.
+  return OnBatchFailure(cause);
 }
 
 }  // namespace flatshard
