@@ -12,11 +12,11 @@ absl::StatusOr<RecoveryChoice> ChooseRecovery(const v1::JobSpec& spec,
                                               const RecoverySettings& recovery,
                                               const RecoveryCandidates& candidates) {
   // One kind of device per job: spares of another kind cannot take a seat.
+  std::string device = candidates.device;
+  if (device.empty() && !candidates.survivors.empty()) device = candidates.survivors.front().device;
   std::vector<WorkerRecord> spares;
   for (const WorkerRecord& spare : candidates.spares) {
-    if (candidates.survivors.empty() || spare.device == candidates.survivors.front().device) {
-      spares.push_back(spare);
-    }
+    if (device.empty() || spare.device == device) spares.push_back(spare);
   }
   const int available = static_cast<int>(candidates.survivors.size() + spares.size());
   const int top = std::min(spec.world_size(), available);

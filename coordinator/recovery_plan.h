@@ -8,6 +8,7 @@
 #ifndef FLATSHARD_COORDINATOR_RECOVERY_PLAN_H_
 #define FLATSHARD_COORDINATOR_RECOVERY_PLAN_H_
 
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -21,6 +22,10 @@ namespace flatshard {
 struct RecoveryCandidates {
   std::vector<WorkerRecord> survivors;  // the failed epoch's live members, by rank
   std::vector<WorkerRecord> spares;     // live workers outside it, in membership order
+  // The job's kind of device (its epoch's members'); empty: the survivors'.
+  // Set where no member may survive, so that spares of another kind are
+  // never seated beside each other.
+  std::string device;
 };
 
 struct RecoveryChoice {

@@ -208,6 +208,15 @@ absl::Status TrainingJob::RecoverOnce(const absl::Status& cause, std::vector<int
     for (const auto& client : clients_) client->CancelAll();
   }
   RecoveryCandidates candidates;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const WorkerRecord& m : members_) {
+      if (!m.device.empty()) {
+        candidates.device = m.device;
+        break;
+      }
+    }
+  }
   std::map<std::string, std::vector<v1::PeerSnapshotHeld>> held;  // by worker id
   std::vector<int> unreachable = ProbeMembers(&candidates.survivors, &held);
   failed_ranks.insert(failed_ranks.end(), unreachable.begin(), unreachable.end());
@@ -222,7 +231,8 @@ absl::Status TrainingJob::RecoverOnce(const absl::Status& cause, std::vector<int
     candidates.spares.clear();
     if (options_.live_workers) {
       for (const WorkerRecord& w : options_.live_workers()) {
-        if (!old_ids.contains(w.worker_id)) candidates.spares.push_back(w);
+        const bool same_kind = candidates.device.empty() || w.device == candidates.device;
+        if (!old_ids.contains(w.worker_id) && same_kind) candidates.spares.push_back(w);
       }
     }
     const size_t have = candidates.survivors.size() + candidates.spares.size();

@@ -50,8 +50,8 @@ std::vector<std::string> Ids(const std::vector<WorkerRecord>& members) {
 TEST(RecoveryPlanTest, SparesFillTheFailedSeatsAtTheSameWorldSize) {
   v1::JobSpec spec = Spec(4, 32);
   (*spec.mutable_rank_by_worker_id())["a"] = 0;  // pinned ranks give way
-  auto choice =
-      ChooseRecovery(spec, RecoverySettings{}, {Workers({"a", "b", "d"}), Workers({"s1", "s2"})});
+  auto choice = ChooseRecovery(spec, RecoverySettings{},
+                               {Workers({"a", "b", "d"}), Workers({"s1", "s2"}), ""});
   ASSERT_TRUE(choice.ok()) << choice.status();
   EXPECT_THAT(Ids(choice->members), ::testing::ElementsAre("a", "b", "d", "s1"));
   EXPECT_TRUE(choice->spare_used);
@@ -61,7 +61,7 @@ TEST(RecoveryPlanTest, SparesFillTheFailedSeatsAtTheSameWorldSize) {
 
 TEST(RecoveryPlanTest, ShrinksToTheLargestSizeTheGlobalBatchDivides) {
   // 3 survivors, no spare: 32 does not split 3 ways, so 2.
-  auto choice = ChooseRecovery(Spec(4, 32), RecoverySettings{}, {Workers({"a", "b", "c"}), {}});
+  auto choice = ChooseRecovery(Spec(4, 32), RecoverySettings{}, {Workers({"a", "b", "c"}), {}, ""});
   ASSERT_TRUE(choice.ok()) << choice.status();
   EXPECT_EQ(choice->config.world_size, 2);
   EXPECT_EQ(choice->spec.world_size(), 2);
@@ -69,7 +69,7 @@ TEST(RecoveryPlanTest, ShrinksToTheLargestSizeTheGlobalBatchDivides) {
   EXPECT_THAT(Ids(choice->members), ::testing::ElementsAre("a", "b"));
   EXPECT_FALSE(choice->spare_used);
   // With a batch 3 divides, all 3 stay.
-  auto three = ChooseRecovery(Spec(4, 24), RecoverySettings{}, {Workers({"a", "b", "c"}), {}});
+  auto three = ChooseRecovery(Spec(4, 24), RecoverySettings{}, {Workers({"a", "b", "c"}), {}, ""});
   ASSERT_TRUE(three.ok());
   EXPECT_EQ(three->config.world_size, 3);
 }
@@ -77,8 +77,8 @@ TEST(RecoveryPlanTest, ShrinksToTheLargestSizeTheGlobalBatchDivides) {
 TEST(RecoveryPlanTest, MinWorldSizeAndDeviceKindBoundTheChoice) {
   RecoverySettings no_shrink;
   no_shrink.min_world_size = 4;
-  auto refused =
-      ChooseRecovery(Spec(4, 32), no_shrink, {Workers({"a", "b", "c"}), Workers({"g1"}, "cuda")});
+  auto refused = ChooseRecovery(Spec(4, 32), no_shrink,
+                                {Workers({"a", "b", "c"}), Workers({"g1"}, "cuda"), ""});
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(refused.status().message()),
@@ -86,6 +86,12 @@ TEST(RecoveryPlanTest, MinWorldSizeAndDeviceKindBoundTheChoice) {
   EXPECT_THAT(std::string(refused.status().message()), HasSubstr("min_world_size 4"));
   // Nobody left at all.
   EXPECT_FALSE(ChooseRecovery(Spec(2, 8), RecoverySettings{}, {}).ok());
+  // No survivor: the job's kind still decides, not the spares' order.
+  std::vector<WorkerRecord> mixed = Workers({"g1"}, "cuda");
+  for (const WorkerRecord& w : Workers({"c1", "c2"})) mixed.push_back(w);
+  auto cpu_only = ChooseRecovery(Spec(2, 8), RecoverySettings{}, {{}, mixed, "cpu"});
+  ASSERT_TRUE(cpu_only.ok()) << cpu_only.status();
+  EXPECT_EQ(Ids(cpu_only->members), (std::vector<std::string>{"c1", "c2"}));
 }
 
 }  // namespace
