@@ -64,6 +64,7 @@ absl::Status BatchExecutor::CheckBatch(const v1::CommandBatch& batch,
 absl::StatusOr<v1::CommandResult> BatchExecutor::Execute(const v1::CommandBatch& batch,
                                                          const compute::Batch& data) {
   RETURN_IF_ERROR(CheckBatch(batch, v1::CommandBatch::kStep));
+  staged_.reset();  // a stage whose apply never came (see Run)
   const v1::StepBatch& step = batch.step();
   ASSIGN_OR_RETURN(StepProgram program, StepProgramFromProto(step.commands(), "step.commands"));
   const StepProgram expected = runtime_->CompileProgram(step.sync_gradients());
@@ -96,6 +97,13 @@ absl::Status BatchExecutor::Run(const v1::CommandBatch& batch,
   // Every batch but a step may change the state (loads, restores) or take a
   // new snapshot of it: a snapshot still copying is waited for first.
   absl::Status status = runtime_->AwaitSnapshotCopies();
+  // A stage is for the apply that comes next: when another rank's stage
+  // failed, the coordinator sends no apply, and whatever it sends instead
+  // drops this one's staged copy of the rank's state (a whole shard and its
+  // optimizer state) rather than keep it beside training.
+  const bool apply = batch.has_checkpoint() && batch.checkpoint().has_load_shard() &&
+                     batch.checkpoint().load_shard().apply();
+  if (!apply) staged_.reset();
   if (status.ok()) status = run();
   if (!status.ok()) {
     failure_ = status;
