@@ -180,11 +180,16 @@ grpc::Status WorkerServiceImpl::Configure(grpc::ServerContext* /*context*/,
     // runtime goes; the snapshots it holds stay, for a restore in this epoch.
     peer_snapshots_.Quiesce();
     peer_snapshots_.Configuring(job->config.name, job->epoch);
+    std::shared_ptr<ActiveJob> old;
     {
       std::lock_guard<std::mutex> lock(state_mu_);
-      job_ = nullptr;
+      old = std::move(job_);
       status_ = WorkerStatus{job->rank, job->epoch, 0, "configuring", ""};
     }
+    // Destroyed outside state_mu_: it waits for the old epoch's background
+    // writes and closes its Gloo pairs, and heartbeats (Status) must not wait
+    // on that, or a healthy survivor is declared dead while it re-forms.
+    old.reset();
     absl::Status built = [&]() -> absl::Status {
       ASSIGN_OR_RETURN(compute::DataSourceOptions data_options,
                        DataOptionsFromJob(job->config, options_.data_dir));
