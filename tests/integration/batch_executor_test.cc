@@ -136,6 +136,23 @@ int RefusalsBody(const std::string& dir, int rank, int world) {
   CHILD_CHECK(executor.last_completed_seq() == 0);
   CHILD_CHECK(started->runtime->memory().peak(MemoryKind::kUnshardedParams) == 0);
 
+  // A malformed peer-snapshot restore is refused before it runs (a holder
+  // outside the world), so it does not poison the executor either.
+  v1::CommandBatch restore;
+  v1::CheckpointBatch::RestorePeerSnapshot* request =
+      restore.mutable_checkpoint()->mutable_restore_peer_snapshot();
+  request->set_from_world_size(2);
+  request->add_holder(0);
+  request->add_holder(world + 3);
+  restore.set_job_epoch(good.job_epoch());
+  restore.set_seq(good.seq());
+  restore.set_digest(*BatchDigest(restore));
+  auto refused = executor.ExecutePeerSnapshot(
+      restore, [](v1::CommandResult&) { return absl::InternalError("must not run"); });
+  CHILD_CHECK(refused.status().code() == absl::StatusCode::kInvalidArgument);
+  CHILD_CHECK(std::string(refused.status().message()).find("is outside a world of size") !=
+              std::string::npos);
+
   // Nothing ran, so the ranks are still in step: the real batches go through.
   for (int64_t step = 0; step < 3; ++step) {
     auto batch = started->data->GetBatch(step, rank, world);

@@ -171,6 +171,24 @@ absl::StatusOr<v1::CommandResult> BatchExecutor::ExecutePeerSnapshot(
                                                    " refuses batch seq ", batch.seq(),
                                                    ": not a peer snapshot batch"));
   }
+  if (batch.checkpoint().has_restore_peer_snapshot()) {
+    // Checked before it runs: a malformed request issued no collective, so
+    // it must not poison the executor (Run's failure_) as a failed one does.
+    const v1::CheckpointBatch::RestorePeerSnapshot& restore =
+        batch.checkpoint().restore_peer_snapshot();
+    if (restore.from_world_size() < 1 || restore.holder_size() != restore.from_world_size()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("restore_peer_snapshot: holder names ", restore.holder_size(),
+                       " ranks for a world of size ", restore.from_world_size()));
+    }
+    for (const int h : restore.holder()) {
+      if (h < 0 || h >= runtime_->world_size()) {
+        return absl::InvalidArgumentError(absl::StrCat("restore_peer_snapshot: holder rank ", h,
+                                                       " is outside a world of size ",
+                                                       runtime_->world_size()));
+      }
+    }
+  }
   v1::CommandResult result;
   result.set_seq(batch.seq());
   result.set_rank(runtime_->rank());
