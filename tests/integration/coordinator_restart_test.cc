@@ -93,6 +93,20 @@ std::map<std::string, std::string> Parameters(FlatshardClient& client, const std
   return out;
 }
 
+// Whether rank 0's heartbeats report `state` within 30 s (bounded polls of a
+// condition).
+bool Rank0Reports(FlatshardClient& client, const std::string& state) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(30);
+  while (absl::Now() < deadline) {
+    auto workers = client.ListWorkers();
+    if (!workers.ok()) return false;
+    for (const v1::WorkerInfo& w : *workers) {
+      if (w.rank() == 0 && w.state() == state) return true;
+    }
+  }
+  return false;
+}
+
 // The uninterrupted run the tests compare with: 12 steps on a fresh cluster
 // (each of `micro_steps` no_sync micro-batches and a synced one).
 struct Reference {
@@ -208,23 +222,13 @@ TEST(CoordinatorRestartTest, KilledBetweenMicroBatchesLosesNoGradientAndAddsNone
   {
     FlatshardClient client(cluster->address());
     CreateAndWaitReady(client, spec);
-    // Killed once rank 0 reports a batch of step 6 running (a bounded poll
-    // of its heartbeats): by then the step is most often part way through.
-    const auto rank0_running = [&] {
-      const absl::Time deadline = absl::Now() + absl::Seconds(30);
-      while (absl::Now() < deadline) {
-        auto workers = client.ListWorkers();
-        if (!workers.ok()) return;
-        for (const v1::WorkerInfo& w : *workers) {
-          if (w.rank() == 0 && w.state() == "running") return;
-        }
-      }
-    };
+    // Killed once rank 0 reports a batch of step 6 running: by then the
+    // step is most often part way through.
     const absl::Status cut = TrainSteps(
         client, spec.name(), 12, &losses,
         [&](int64_t step) {
           if (step != 5) return;
-          rank0_running();
+          (void)Rank0Reports(client, "running");
           cluster->coordinator().Signal(SIGKILL);
         },
         /*micro_steps=*/7);
@@ -265,23 +269,11 @@ TEST(CoordinatorRestartTest, ABatchHalfDeliveredIsAbortedAndRolledBack) {
     FlatshardClient client(cluster->address());
     CreateAndWaitReady(client, spec);
     ASSERT_TRUE(TrainSteps(client, spec.name(), 5, &losses).ok());
-    // Rank 0's state as its heartbeats report it (bounded polls of a condition).
-    const auto rank0_reports = [&](const std::string& state) {
-      const absl::Time deadline = absl::Now() + absl::Seconds(30);
-      while (absl::Now() < deadline) {
-        auto workers = client.ListWorkers();
-        if (!workers.ok()) return false;
-        for (const v1::WorkerInfo& w : *workers) {
-          if (w.rank() == 0 && w.state() == state) return true;
-        }
-      }
-      return false;
-    };
-    ASSERT_TRUE(rank0_reports("ready"));  // past the first Train's last batch
+    ASSERT_TRUE(Rank0Reports(client, "ready"));  // past the first Train's last batch
     cluster->worker(1).Signal(SIGSTOP);
     absl::Status cut;
     std::thread train([&] { cut = TrainSteps(client, spec.name(), 7, &losses); });
-    const bool running = rank0_reports("running");  // step 6's batch
+    const bool running = Rank0Reports(client, "running");  // step 6's batch
     if (!running) {
       cluster->worker(1).Signal(SIGCONT);
       train.join();
