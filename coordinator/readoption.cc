@@ -3,6 +3,13 @@
 #include "absl/strings/str_cat.h"
 
 namespace flatshard {
+namespace {
+
+constexpr char kMidStep[] =
+    "the ranks are between the no_sync micro-batches of a step: they hold gradients a restarted "
+    "step would add to again";
+
+}  // namespace
 
 absl::StatusOr<ReadoptionPoint> ReadoptionPointAt(const JobRecord& record,
                                                   const std::optional<BatchRecord>& last,
@@ -25,9 +32,7 @@ absl::StatusOr<ReadoptionPoint> ReadoptionPointAt(const JobRecord& record,
       return absl::FailedPreconditionError("the last batch loaded a checkpoint");
     }
     if (micro) {
-      return absl::FailedPreconditionError(
-          "the ranks are between the no_sync micro-batches of a step: they hold gradients a "
-          "restarted step would add to again");
+      return absl::FailedPreconditionError(kMidStep);
     }
     point.step = last->step_after;
     point.data_position = last->data_position_after;
@@ -36,9 +41,7 @@ absl::StatusOr<ReadoptionPoint> ReadoptionPointAt(const JobRecord& record,
   if (agreed + 1 == batch.seq()) {
     // It ran nowhere: the state before it, which the journal recorded.
     if (last->mid_step_before) {
-      return absl::FailedPreconditionError(
-          "the ranks are between the no_sync micro-batches of a step: they hold gradients a "
-          "restarted step would add to again");
+      return absl::FailedPreconditionError(kMidStep);
     }
     point.step = last->step_after - (batch.has_step() && batch.step().sync_gradients() ? 1 : 0);
     point.data_position = last->data_position_after - (batch.has_step() ? 1 : 0);
