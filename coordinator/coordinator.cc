@@ -57,9 +57,7 @@ TrainingJobOptions Coordinator::JobOptions() {
     return std::nullopt;
   };
   job_options.mark_unreachable = [this](const std::string& id) { members_.MarkUnreachable(id); };
-  job_options.forget_store_prefix = [this](const std::string& prefix) {
-    store_.DeletePrefix(prefix);
-  };
+  job_options.rendezvous = &store_;
   job_options.state = options_.state;
   return job_options;
 }
@@ -284,16 +282,26 @@ void Coordinator::MaybeForm(const std::shared_ptr<TrainingJob>& job, absl::Time 
 
 void Coordinator::CheckHeartbeats(const std::shared_ptr<TrainingJob>& job, absl::Time now) {
   const v1::JobState state = job->states().state();
-  if (state != v1::READY && state != v1::TRAINING && state != v1::IDLE) return;
+  const bool forming = state == v1::FORMING || state == v1::RECOVERING;
+  if (!forming && state != v1::READY && state != v1::TRAINING && state != v1::IDLE) return;
   const std::vector<std::string> ids = job->worker_ids();
   for (const WorkerRecord& stale : members_.Stale(now, options_.heartbeat_timeout)) {
-    auto it = std::find(ids.begin(), ids.end(), stale.worker_id);
-    if (it == ids.end()) continue;
-    const int rank = static_cast<int>(it - ids.begin());
     const absl::Status reason = absl::UnavailableError(absl::StrCat(
         "worker ", stale.worker_id, " at ", stale.address, " missed heartbeats for ",
         absl::FormatDuration(absl::Trunc(now - stale.last_heartbeat, absl::Milliseconds(1))),
         " (timeout ", absl::FormatDuration(options_.heartbeat_timeout), ")"));
+    if (forming) {
+      // A worker that stops while being configured holds up every rank's
+      // rendezvous; without this the formation waits its configure timeout.
+      if (job->FailFormingWorker(stale.worker_id, reason)) {
+        spdlog::error("job '{}': {}", job->name(), std::string(reason.message()));
+        return;
+      }
+      continue;
+    }
+    auto it = std::find(ids.begin(), ids.end(), stale.worker_id);
+    if (it == ids.end()) continue;
+    const int rank = static_cast<int>(it - ids.begin());
     spdlog::error("job '{}': rank {}: {}", job->name(), rank, std::string(reason.message()));
     job->FailRank(rank, stale.worker_id, reason);
     return;

@@ -1,5 +1,7 @@
 #include "coordinator/kv_store.h"
 
+#include <iterator>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -37,6 +39,16 @@ absl::Status KvStore::PutLocked(const std::string& key, std::string value) {
   return absl::OkStatus();
 }
 
+absl::Status KvStore::CheckNotAbandonedLocked(const std::string& key) const {
+  for (const auto& [prefix, reason] : abandoned_) {
+    if (key.size() > prefix.size() && key.starts_with(prefix) && key[prefix.size()] == '/') {
+      return absl::AbortedError(
+          absl::StrCat("the rendezvous under '", prefix, "' was abandoned: ", reason));
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status KvStore::CheckKey(const std::string& key) {
   if (key.empty()) return absl::InvalidArgumentError("key must not be empty");
   if (key.size() > kMaxKeyBytes) {
@@ -55,6 +67,7 @@ absl::Status KvStore::Set(const std::string& key, std::string value) {
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (absl::Status s = CheckNotAbandonedLocked(key); !s.ok()) return s;
     if (absl::Status put = PutLocked(key, std::move(value)); !put.ok()) return put;
   }
   changed_.notify_all();
@@ -64,6 +77,7 @@ absl::Status KvStore::Set(const std::string& key, std::string value) {
 absl::StatusOr<std::string> KvStore::Get(const std::string& key) const {
   if (absl::Status s = CheckKey(key); !s.ok()) return s;
   std::lock_guard<std::mutex> lock(mu_);
+  if (absl::Status s = CheckNotAbandonedLocked(key); !s.ok()) return s;
   auto it = values_.find(key);
   if (it == values_.end()) return absl::NotFoundError(absl::StrCat("key '", key, "' is not set"));
   return it->second;
@@ -81,9 +95,16 @@ absl::Status KvStore::Wait(const std::vector<std::string>& keys, absl::Duration 
     }
     return out;
   };
-  const bool all = changed_.wait_for(lock, absl::ToChronoNanoseconds(timeout),
-                                     [&] { return missing().empty(); });
-  if (all) return absl::OkStatus();
+  absl::Status abandoned;
+  const bool done = changed_.wait_for(lock, absl::ToChronoNanoseconds(timeout), [&] {
+    for (const std::string& key : keys) {
+      abandoned = CheckNotAbandonedLocked(key);
+      if (!abandoned.ok()) return true;
+    }
+    return missing().empty();
+  });
+  if (!abandoned.ok()) return abandoned;
+  if (done) return absl::OkStatus();
   return absl::DeadlineExceededError(absl::StrCat("timed out after ", absl::FormatDuration(timeout),
                                                   " waiting for key(s) ",
                                                   absl::StrJoin(missing(), ", ")));
@@ -94,6 +115,7 @@ absl::StatusOr<int64_t> KvStore::Add(const std::string& key, int64_t delta) {
   int64_t value = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (absl::Status s = CheckNotAbandonedLocked(key); !s.ok()) return s;
     auto it = values_.find(key);
     if (it != values_.end() && !absl::SimpleAtoi(it->second, &value)) {
       return absl::InvalidArgumentError(absl::StrCat("key '", key, "' does not hold an integer"));
@@ -120,6 +142,19 @@ void KvStore::DeletePrefix(const std::string& prefix) {
     }
     it = values_.erase(it);
   }
+  for (auto it = abandoned_.lower_bound(prefix);
+       it != abandoned_.end() && it->first.starts_with(prefix);) {
+    const bool under = it->first.size() == prefix.size() || it->first[prefix.size()] == '/';
+    it = under ? abandoned_.erase(it) : std::next(it);
+  }
+}
+
+void KvStore::Abandon(const std::string& prefix, const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    abandoned_[prefix] = reason;
+  }
+  changed_.notify_all();
 }
 
 size_t KvStore::size() const {

@@ -1,6 +1,9 @@
 // The coordinator's rendezvous key-value store: what workers' Gloo rendezvous
 // and NCCL unique ids go through (Membership.Store* RPCs). In memory, safe for
 // concurrent RPC threads; Wait blocks on a condition variable, not a poll.
+// The coordinator abandons an epoch's prefix when that epoch's formation
+// fails: the ranks still waiting in its rendezvous are answered at once
+// instead of at their collective timeout, so they are free for the next try.
 #ifndef FLATSHARD_COORDINATOR_KV_STORE_H_
 #define FLATSHARD_COORDINATOR_KV_STORE_H_
 
@@ -41,8 +44,12 @@ class KvStore {
   // Adds to the decimal integer at `key` (0 when unset); INVALID_ARGUMENT when the
   // key holds something else.
   absl::StatusOr<int64_t> Add(const std::string& key, int64_t delta);
-  // Removes every key under "<prefix>/" (a finished job epoch).
+  // Removes every key under "<prefix>/" (a finished job epoch), and forgets
+  // that prefixes at or under it were abandoned (a new job may reuse them).
   void DeletePrefix(const std::string& prefix);
+  // From now on every call on a key under "<prefix>/" fails with ABORTED
+  // naming `reason`, and waits on such keys return so at once.
+  void Abandon(const std::string& prefix, const std::string& reason);
   size_t size() const;
 
  private:
@@ -53,6 +60,8 @@ class KvStore {
   static absl::Status CheckKey(const std::string& key);
   // Stores `value` at `key`, within the job's limits. Holds mu_.
   absl::Status PutLocked(const std::string& key, std::string value);
+  // ABORTED when `key` is under an abandoned prefix. Holds mu_.
+  absl::Status CheckNotAbandonedLocked(const std::string& key) const;
 
   const size_t max_keys_per_job_;
   const size_t max_bytes_per_job_;
@@ -60,6 +69,7 @@ class KvStore {
   std::map<std::string, Usage> usage_;  // by job namespace
   mutable std::condition_variable changed_;
   std::map<std::string, std::string> values_;
+  std::map<std::string, std::string> abandoned_;  // prefix -> why; a few per job
 };
 
 }  // namespace flatshard

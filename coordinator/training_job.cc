@@ -129,7 +129,8 @@ absl::Status TrainingJob::Form(const std::vector<WorkerRecord>& members) {
 
 absl::Status TrainingJob::FormLocked(const std::vector<WorkerRecord>& members,
                                      const v1::JobSpec& spec,
-                                     std::shared_ptr<const JobConfig> config) {
+                                     std::shared_ptr<const JobConfig> config,
+                                     std::string* failed_worker) {
   if (static_cast<int>(members.size()) != config->world_size) {
     return absl::InternalError(
         absl::StrCat("forming with ", members.size(), " workers, need ", config->world_size));
@@ -159,16 +160,16 @@ absl::Status TrainingJob::FormLocked(const std::vector<WorkerRecord>& members,
   request.set_world_size(config->world_size);
   *request.mutable_spec() = spec;
   for (const Unit& unit : units_) *request.add_units() = UnitToProto(unit);
-  request.set_store_prefix(absl::StrCat("job/", config_.name, "/epoch/", epoch, "/"));
+  const std::string prefix = absl::StrCat("job/", config_.name, "/epoch/", epoch);
+  request.set_store_prefix(prefix + "/");
   // Configure is a collective (the ranks rendezvous), so all in parallel.
-  std::vector<absl::Status> statuses(members.size());
   {
-    // Stop (SIGTERM, delete) cancels these calls rather than wait for the
-    // configure timeout.
+    // Stop (SIGTERM, delete) and the heartbeat monitor cancel these calls
+    // rather than wait for the configure timeout.
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) return absl::CancelledError("the job was stopped before it was formed");
-    forming_clients_.clear();
-    for (auto& client : clients) forming_clients_.push_back(client.get());
+    forming_ = Formation{prefix, ids, {}, absl::OkStatus(), -1};
+    for (auto& client : clients) forming_.clients.push_back(client.get());
   }
   std::vector<std::thread> threads;
   threads.reserve(members.size());
@@ -177,33 +178,36 @@ absl::Status TrainingJob::FormLocked(const std::vector<WorkerRecord>& members,
     threads.emplace_back([&, r] {
       v1::ConfigureRequest mine = request;
       mine.set_rank(static_cast<int>(r));
-      statuses[r] = clients[r]->Configure(mine, deadline);
+      const absl::Status status = clients[r]->Configure(mine, deadline);
+      if (status.ok()) return;
       // The others would wait for this rank until their rendezvous timeout.
-      if (!statuses[r].ok()) {
-        for (auto& client : clients) client->CancelAll();
-      }
+      std::lock_guard<std::mutex> lock(mu_);
+      AbandonFormationLocked(
+          static_cast<int>(r),
+          absl::Status(
+              status.code(),
+              absl::StrCat("rank ", r, " (worker ", members[r].worker_id, " at ",
+                           members[r].address, ") could not be configured: ", status.message())));
     });
   }
   for (std::thread& t : threads) t.join();
+  Formation formed;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    forming_clients_.clear();
+    formed = std::exchange(forming_, Formation{});
     if (stopping_) return absl::CancelledError("the job was stopped while it was being formed");
   }
-  for (size_t r = 0; r < members.size(); ++r) {
-    if (!statuses[r].ok() && statuses[r].code() != absl::StatusCode::kCancelled) {
-      absl::Status failure(
-          statuses[r].code(),
-          absl::StrCat("rank ", r, " (worker ", members[r].worker_id, " at ", members[r].address,
-                       ") could not be configured: ", statuses[r].message()));
-      // Not a candidate for the next try (a recovery retries; Form fails the job).
-      if (options_.mark_unreachable &&
-          (statuses[r].code() == absl::StatusCode::kUnavailable ||
-           statuses[r].code() == absl::StatusCode::kDeadlineExceeded)) {
-        options_.mark_unreachable(members[r].worker_id);
-      }
-      return failure;
+  if (!formed.failure.ok()) {
+    // Not a candidate for the next try (a recovery retries; Form fails the job).
+    const absl::StatusCode code = formed.failure.code();
+    if (options_.mark_unreachable && formed.failed_rank >= 0 &&
+        (code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kDeadlineExceeded)) {
+      options_.mark_unreachable(members[static_cast<size_t>(formed.failed_rank)].worker_id);
     }
+    if (failed_worker != nullptr && formed.failed_rank >= 0) {
+      *failed_worker = members[static_cast<size_t>(formed.failed_rank)].worker_id;
+    }
+    return formed.failure;
   }
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -217,10 +221,32 @@ absl::Status TrainingJob::FormLocked(const std::vector<WorkerRecord>& members,
     unsharded_.clear();
   }
   // Every rank is past the new epoch's rendezvous; the old one's keys are garbage.
-  if (epoch > 1 && options_.forget_store_prefix) {
-    options_.forget_store_prefix(absl::StrCat("job/", config_.name, "/epoch/", epoch - 1));
+  if (epoch > 1 && options_.rendezvous != nullptr) {
+    options_.rendezvous->DeletePrefix(absl::StrCat("job/", config_.name, "/epoch/", epoch - 1));
   }
   return absl::OkStatus();
+}
+
+void TrainingJob::AbandonFormationLocked(int rank, const absl::Status& why) {
+  if (forming_.prefix.empty() || !forming_.failure.ok()) return;  // the first cause stands
+  forming_.failure = why;
+  forming_.failed_rank = rank;
+  for (WorkerClient* client : forming_.clients) client->CancelAll();
+  if (options_.rendezvous != nullptr) {
+    options_.rendezvous->Abandon(forming_.prefix, std::string(why.message()));
+  }
+}
+
+bool TrainingJob::FailFormingWorker(const std::string& worker_id, const absl::Status& reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto it = std::find(forming_.ids.begin(), forming_.ids.end(), worker_id);
+  if (it == forming_.ids.end() || !forming_.failure.ok()) return false;
+  const int rank = static_cast<int>(it - forming_.ids.begin());
+  AbandonFormationLocked(
+      rank,
+      absl::Status(reason.code(), absl::StrCat("rank ", rank, " (worker ", worker_id,
+                                               ") could not be configured: ", reason.message())));
+  return true;
 }
 
 std::unique_ptr<CommandSequencer> TrainingJob::MakeSequencerLocked(uint64_t epoch) {
@@ -384,7 +410,7 @@ void TrainingJob::Stop(const std::string& reason) {
     // sequencer had already failed (and so cancelled nothing above).
     std::lock_guard<std::mutex> lock(mu_);
     for (const auto& client : clients_) client->CancelAll();
-    for (WorkerClient* client : forming_clients_) client->CancelAll();
+    if (!forming_.prefix.empty()) AbandonFormationLocked(-1, absl::CancelledError(reason));
   }
   (void)states_.Transition(v1::STOPPED, reason);
   states_.Close();

@@ -25,6 +25,7 @@
 #include "coordinator/command_sequencer.h"
 #include "coordinator/job_observer.h"
 #include "coordinator/job_state_machine.h"
+#include "coordinator/kv_store.h"
 #include "coordinator/membership.h"
 #include "coordinator/peer_snapshot_plan.h"
 #include "coordinator/state_store.h"
@@ -50,8 +51,11 @@ struct TrainingJobOptions {
   // liveness probe after a failure.
   std::function<std::vector<WorkerRecord>()> live_workers;
   std::function<void(const std::string& worker_id)> mark_unreachable;
-  // Deletes the rendezvous store's keys under a prefix (a finished epoch's).
-  std::function<void(const std::string& prefix)> forget_store_prefix;
+  // The rendezvous store the workers' Configure meets in: a formed epoch
+  // deletes its predecessor's keys, a failed formation abandons its own so the
+  // ranks still waiting there are released at once. Null: neither. Must
+  // outlive the job.
+  KvStore* rendezvous = nullptr;
   absl::Duration probe_timeout = absl::Seconds(2);
   // A registered worker by id, live or not (a restarted coordinator's
   // membership); unset or nullopt: unknown.
@@ -139,6 +143,10 @@ class TrainingJob {
   // that ran it recovers (Train goes on); with no operation running, recovery
   // runs on a thread of its own. Without restarts left the job is FAILED.
   void FailRank(int rank, const std::string& worker_id, const absl::Status& reason);
+  // The heartbeat monitor's verdict while the job is FORMING or RECOVERING:
+  // when `worker_id` is being configured, that formation fails now, naming it
+  // (rather than at the configure timeout). True when it was.
+  bool FailFormingWorker(const std::string& worker_id, const absl::Status& reason);
   // Stops the job for good (deleted): aborts the workers' collectives and
   // waits for a recovery in progress to give up.
   void Stop(const std::string& reason);
@@ -179,8 +187,15 @@ class TrainingJob {
   absl::Status RunControl(const StepProgram& commands);
   void FailWith(const absl::Status& status);
   // Form's work with the operation slot held, at the world size of `config`.
+  // On failure `*failed_worker` (when given) names the worker whose failure
+  // ended the formation (empty: none did, e.g. the job was stopped).
   absl::Status FormLocked(const std::vector<WorkerRecord>& members, const v1::JobSpec& spec,
-                          std::shared_ptr<const JobConfig> config);
+                          std::shared_ptr<const JobConfig> config,
+                          std::string* failed_worker = nullptr);
+  // Ends the formation in progress for `why` (the first cause stands): its
+  // Configure calls are cancelled and its rendezvous abandoned, so the ranks
+  // waiting there are free at once. `rank`: whose failure it is, or -1. mu_ held.
+  void AbandonFormationLocked(int rank, const absl::Status& why);
 
   // Recovery (training_job_recovery.cc), with the operation slot held: after
   // `cause` failed a batch, re-forms (spares, else a smaller world) and
@@ -188,9 +203,10 @@ class TrainingJob {
   // READY again; otherwise the job is FAILED and the status says why.
   absl::Status RecoverLocked(const absl::Status& cause, std::vector<int> failed_ranks);
   // One try of it; `*retryable` says whether a failure of the try may be
-  // recovered from again (a rank lost meanwhile) or is final.
+  // recovered from again (a rank lost meanwhile) or is final. Spares in
+  // `*refused_spares` are not chosen; a spare whose Configure fails is added.
   absl::Status RecoverOnce(const absl::Status& cause, std::vector<int> failed_ranks,
-                           bool* retryable);
+                           std::set<std::string>* refused_spares, bool* retryable);
   // A batch failed under an operation: recovers when the policy allows, and
   // returns the status the operation ends with (OK: recovered, go on).
   absl::Status OnBatchFailure(const absl::Status& cause);
@@ -284,7 +300,15 @@ class TrainingJob {
   // Shared: an async save's committer keeps the clients of its epoch alive
   // while a recovery replaces them.
   std::vector<std::shared_ptr<WorkerClient>> clients_;
-  std::vector<WorkerClient*> forming_clients_;   // FormLocked's, while Configure runs
+  // FormLocked's epoch while its Configure calls run (prefix empty otherwise).
+  struct Formation {
+    std::string prefix;            // the epoch's rendezvous keys
+    std::vector<std::string> ids;  // worker ids by rank
+    std::vector<WorkerClient*> clients;
+    absl::Status failure;  // the first cause that ended it
+    int failed_rank = -1;
+  };
+  Formation forming_;
   std::shared_ptr<CommandSequencer> sequencer_;  // shared with an async save's committer
   std::set<int> unsharded_;                      // units a manual Unshard left unsharded
   bool training_ = false;                        // Train holds the operation slot

@@ -150,9 +150,12 @@ absl::Status TrainingJob::RecoverLocked(const absl::Status& cause, std::vector<i
   // re-formation or the restore) is recovered from again, each try counting
   // as a restart; too few workers, or no restart left, fail the job.
   absl::Status why = cause;
+  // Spares whose Configure failed in an earlier try (a node without the data
+  // set, say) are not chosen again: the next try takes another or shrinks.
+  std::set<std::string> refused_spares;
   while (true) {
     bool retryable = false;
-    absl::Status attempt = RecoverOnce(why, failed_ranks, &retryable);
+    absl::Status attempt = RecoverOnce(why, failed_ranks, &refused_spares, &retryable);
     if (attempt.ok()) return attempt;
     int restarts = 0;
     bool stopping = false;
@@ -180,7 +183,7 @@ absl::Status TrainingJob::RecoverLocked(const absl::Status& cause, std::vector<i
 }
 
 absl::Status TrainingJob::RecoverOnce(const absl::Status& cause, std::vector<int> failed_ranks,
-                                      bool* retryable) {
+                                      std::set<std::string>* refused_spares, bool* retryable) {
   const absl::Time began = absl::Now();
   int64_t failed_step = 0;
   int restart = 0;
@@ -232,7 +235,9 @@ absl::Status TrainingJob::RecoverOnce(const absl::Status& cause, std::vector<int
     if (options_.live_workers) {
       for (const WorkerRecord& w : options_.live_workers()) {
         const bool same_kind = candidates.device.empty() || w.device == candidates.device;
-        if (!old_ids.contains(w.worker_id) && same_kind) candidates.spares.push_back(w);
+        if (!old_ids.contains(w.worker_id) && !refused_spares->contains(w.worker_id) && same_kind) {
+          candidates.spares.push_back(w);
+        }
       }
     }
     const size_t have = candidates.survivors.size() + candidates.spares.size();
@@ -253,9 +258,14 @@ absl::Status TrainingJob::RecoverOnce(const absl::Status& cause, std::vector<int
   absl::StatusOr<RecoveryChoice> choice = ChooseRecovery(spec, config_.recovery, candidates);
   if (!choice.ok()) return fail(choice.status(), false);
   const int world = choice->config.world_size;
-  if (absl::Status formed = FormLocked(choice->members, choice->spec,
-                                       std::make_shared<const JobConfig>(choice->config));
+  std::string failed_worker;
+  if (absl::Status formed =
+          FormLocked(choice->members, choice->spec,
+                     std::make_shared<const JobConfig>(choice->config), &failed_worker);
       !formed.ok()) {
+    if (!failed_worker.empty() && !old_ids.contains(failed_worker)) {
+      refused_spares->insert(failed_worker);
+    }
     return fail(formed, true);  // FormLocked named the rank
   }
   std::optional<std::string> checkpoint;

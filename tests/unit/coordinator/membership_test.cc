@@ -1,14 +1,10 @@
-// Tests coordinator/kv_store.h and coordinator/membership.h: the rendezvous
-// store's semantics and limits, and stable rank assignment with its errors.
+// Tests coordinator/membership.h: stable rank assignment with its errors,
+// heartbeats and staleness, and who may take over a worker's seat.
 #include "coordinator/membership.h"
-
-#include <limits>
-#include <thread>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
-#include "coordinator/kv_store.h"
 #include "coordinator/training_job.h"
 
 namespace flatshard {
@@ -29,42 +25,6 @@ Registration Reg(const char* id, const char* host, const char* device, const cha
   r.device_name = device_name;
   r.identity_secret = secret;
   return r;
-}
-
-TEST(KvStoreTest, SetGetAddAndLimits) {
-  KvStore store;
-  EXPECT_EQ(store.Get("a").status().code(), absl::StatusCode::kNotFound);
-  ASSERT_TRUE(store.Set("a", "1").ok());
-  EXPECT_EQ(*store.Get("a"), "1");
-  EXPECT_EQ(*store.Add("a", 4), 5);
-  EXPECT_EQ(*store.Add("counter", -2), -2);
-  ASSERT_TRUE(store.Set("text", "x").ok());
-  EXPECT_THAT(std::string(store.Add("text", 1).status().message()),
-              HasSubstr("does not hold an integer"));
-  EXPECT_EQ(store.Set("", "v").code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(store.Set(std::string(KvStore::kMaxKeyBytes + 1, 'k'), "v").code(),
-            absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(
-      std::string(store.Set("big", std::string(KvStore::kMaxValueBytes + 1, 'v')).message()),
-      HasSubstr("more than the limit"));
-  ASSERT_TRUE(store.Set("job/1/x", "1").ok());
-  ASSERT_TRUE(store.Set("job/1/y", "1").ok());
-  ASSERT_TRUE(store.Set("job/10/z", "1").ok());
-  store.DeletePrefix("job/1");
-  EXPECT_FALSE(store.Get("job/1/x").ok());
-  EXPECT_TRUE(store.Get("job/10/z").ok());
-}
-
-TEST(KvStoreTest, WaitWakesOnSetAndTimesOutNamingTheKeys) {
-  KvStore store;
-  EXPECT_THAT(std::string(store.Wait({"p", "q"}, absl::Milliseconds(20)).message()),
-              HasSubstr("waiting for key(s) p, q"));
-  std::thread setter([&] {
-    ASSERT_TRUE(store.Set("p", "1").ok());
-    ASSERT_TRUE(store.Set("q", "2").ok());
-  });
-  EXPECT_TRUE(store.Wait({"p", "q"}, absl::Seconds(30)).ok());
-  setter.join();
 }
 
 TEST(MembershipTableTest, AssignsStableRanksAndRefusesConflicts) {
@@ -232,27 +192,6 @@ TEST(MembershipTableTest, ARestoredSeatIsKeptForItsOwnDaemonUntilTheWindowEnds) 
                   .Register(Reg("w-b", "x", "cpu", "x:2", -1, "", "cpu", "other"),
                             restart + absl::Seconds(6))
                   .ok());
-}
-
-TEST(KvStoreTest, KeysAndBytesPerJobAreLimited) {
-  KvStore store(/*max_keys_per_job=*/3, /*max_bytes_per_job=*/64);
-  ASSERT_TRUE(store.Set("job/a/epoch/1/k1", "v").ok());
-  ASSERT_TRUE(store.Set("job/a/epoch/1/k2", "v").ok());
-  ASSERT_TRUE(store.Set("job/a/epoch/1/k2", "w").ok());  // replacing is not a new key
-  ASSERT_TRUE(store.Add("job/a/epoch/1/n", 1).ok());
-  const absl::Status keys = store.Set("job/a/epoch/2/k", "v");
-  EXPECT_EQ(keys.code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_THAT(std::string(keys.message()), HasSubstr("keys_per_job (3) reached for 'job/a'"));
-  EXPECT_TRUE(store.Set("job/b/k", "v").ok());  // another job has its own budget
-  const absl::Status bytes = store.Set("job/b/k2", std::string(64, 'x'));
-  EXPECT_EQ(bytes.code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_THAT(std::string(bytes.message()), HasSubstr("bytes_per_job (64)"));
-  EXPECT_FALSE(store.Get("job/b/k2").ok());  // nothing stored by the refused call
-  store.DeletePrefix("job/a/epoch/1");       // an epoch ends: its budget returns
-  EXPECT_TRUE(store.Set("job/a/epoch/2/k", "v").ok());
-  EXPECT_EQ(store.Add("job/b/k3", std::numeric_limits<int64_t>::max()).value_or(0),
-            std::numeric_limits<int64_t>::max());
-  EXPECT_EQ(store.Add("job/b/k3", 1).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

@@ -1,0 +1,190 @@
+// A recovery whose re-formation fails, with real coordinator and worker
+// processes (docs/fault-tolerance.md, "When a re-formation fails"): the spare
+// that broke it is passed over on the next try, the survivor that was waiting
+// in the failed epoch's rendezvous is released at once (the coordinator
+// abandons that epoch's keys) instead of at its 120 s collective timeout, and
+// a worker that stops while being configured fails the formation at its
+// heartbeat timeout instead of the configure timeout. Each test bounds how
+// long the recovery took well below the timeouts it would otherwise wait out.
+#include <cerrno>
+#include <csignal>
+#include <cstddef>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include "client/flatshard_client.h"
+#include "client/local_cluster.h"
+#include "coordinator/grpc_worker_client.h"
+#include "core/dtype.h"
+#include "storage/spec_files.h"
+#include "tests/integration/multiprocess.h"
+#include "tests/integration/recovery_harness.h"
+#include "worker/compute/npy.h"
+
+namespace flatshard {
+namespace {
+
+using ::testing::HasSubstr;
+
+// The survivor's rendezvous would hold it this long without the abandonment,
+// and a formation would wait this long for a stopped worker without the
+// heartbeat verdict; recoveries here must take far less than either.
+constexpr double kCollectiveTimeoutS = 120;
+constexpr double kConfigureTimeoutS = 40;
+constexpr double kHeartbeatTimeoutS = 4;
+constexpr double kRecoveryBoundS = 25;
+
+std::unique_ptr<LocalCluster> StartCluster(
+    int workers, const std::string& checkpoint_dir, const std::string& data_dir,
+    std::map<int, std::vector<std::string>> command_prefix = {}) {
+  LocalClusterOptions options;
+  options.workers = workers;
+  options.bin_dir = FLATSHARD_BIN_DIR;
+  options.heartbeat_interval_s = 0.25;
+  options.heartbeat_timeout_s = kHeartbeatTimeoutS;
+  options.collective_timeout_s = kCollectiveTimeoutS;
+  options.checkpoint_dir = checkpoint_dir;
+  options.data_dir = data_dir;
+  options.coordinator_flags = {"--configure-timeout", std::to_string(kConfigureTimeoutS)};
+  options.worker_command_prefix = std::move(command_prefix);
+  auto cluster = LocalCluster::Start(options);
+  EXPECT_TRUE(cluster.ok()) << cluster.status();
+  return cluster.ok() ? *std::move(cluster) : nullptr;
+}
+
+// The demo MLP at world size 2, recovering up to 3 times, with spares.
+v1::JobSpec Job() {
+  auto spec = LoadJobSpecFile(std::string(FLATSHARD_SOURCE_DIR) + "/examples/mlp-job.yaml");
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  spec->set_world_size(2);
+  spec->mutable_recovery()->set_max_restarts(3);
+  spec->mutable_recovery()->set_spare_wait_s(10);
+  return *spec;
+}
+
+// A regression data set for examples/mlp.yaml (64 inputs, 16 outputs) in
+// <dir>/set/{inputs,targets}.npy.
+void WriteDataSet(const std::string& dir) {
+  std::filesystem::create_directories(dir + "/set");
+  constexpr int64_t kSamples = 64;
+  std::vector<float> inputs(kSamples * 64);
+  std::vector<float> targets(kSamples * 16);
+  for (size_t i = 0; i < inputs.size(); ++i) inputs[i] = static_cast<float>(i % 7) * 0.1F - 0.3F;
+  for (size_t i = 0; i < targets.size(); ++i) targets[i] = static_cast<float>(i % 5) * 0.2F;
+  ASSERT_TRUE(compute::WriteNpyFile(dir + "/set/inputs.npy", DType::kFloat32, {kSamples, 64},
+                                    std::as_bytes(std::span(inputs)))
+                  .ok());
+  ASSERT_TRUE(compute::WriteNpyFile(dir + "/set/targets.npy", DType::kFloat32, {kSamples, 16},
+                                    std::as_bytes(std::span(targets)))
+                  .ok());
+}
+
+TEST(FormationFailureTest, ASpareWithoutTheDataIsPassedOverAndTheSurvivorIsReleasedAtOnce) {
+  const std::string dir = testing::MakeTempDir("formation-data");
+  // Two kinds of node: every worker reads its data set under "data", relative
+  // to where it runs; worker 2 runs where there is none (its mount is missing).
+  WriteDataSet(dir + "/with/data");
+  std::filesystem::create_directories(dir + "/without");
+  std::map<int, std::vector<std::string>> where;
+  for (int i = 0; i < 4; ++i) {
+    where[i] = {"/usr/bin/env", "-C", dir + (i == 2 ? "/without" : "/with")};
+  }
+  // Ranks 0 and 1 on workers 0 and 1; workers 2 and 3 are spares, 2 first.
+  std::unique_ptr<LocalCluster> cluster = StartCluster(4, dir + "/checkpoints", "data", where);
+  ASSERT_NE(cluster, nullptr);
+  FlatshardClient client(cluster->address());
+  v1::JobSpec spec = Job();
+  spec.mutable_data()->set_kind(v1::DataSpec::FILE);
+  spec.mutable_data()->set_path("set");
+  testing::CreateAndWaitReady(client, spec);
+
+  testing::TrainRun run = testing::TrainAndKill(*cluster, client, spec.name(), 6,
+                                                /*kill_after=*/2, {1});
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  auto job = client.GetJob(spec.name());
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->step(), 6);
+  EXPECT_EQ(job->world_size(), 2);
+  // The first try seated worker 2, whose Configure failed; the second seated
+  // worker 3 beside the survivor, which was free for it at once.
+  EXPECT_EQ(job->restarts(), 2);
+  const v1::Recovery& r = job->last_recovery();
+  EXPECT_TRUE(r.spare_used());
+  EXPECT_THAT(r.cause(), HasSubstr("(worker worker-2 at "));
+  EXPECT_THAT(r.cause(), HasSubstr("could not be configured"));
+  EXPECT_LT(r.seconds(), kRecoveryBoundS) << r.ShortDebugString();
+  auto workers = client.ListWorkers(spec.name());
+  ASSERT_TRUE(workers.ok()) << workers.status();
+  std::map<std::string, int> rank_of;
+  for (const v1::WorkerInfo& w : *workers) rank_of[w.worker_id()] = w.rank();
+  EXPECT_EQ(rank_of["worker-0"], 0);
+  EXPECT_EQ(rank_of["worker-3"], 1);
+  EXPECT_TRUE(!rank_of.contains("worker-2") || rank_of.at("worker-2") < 0);
+}
+
+TEST(FormationFailureTest, AWorkerThatStopsWhileBeingConfiguredFailsItAtTheHeartbeatTimeout) {
+  const std::string dir = testing::MakeTempDir("formation-stopped");
+  // Worker 1's data set is a pair of FIFOs nobody writes: its Configure hangs
+  // opening them, as on a hung network mount, while it still heartbeats.
+  WriteDataSet(dir + "/good/data");
+  std::filesystem::create_directories(dir + "/hung/data/set");
+  for (const char* file : {"/inputs.npy", "/targets.npy"}) {
+    ASSERT_EQ(mkfifo((dir + "/hung/data/set" + file).c_str(), 0600), 0) << std::strerror(errno);
+  }
+  std::map<int, std::vector<std::string>> where = {{0, {"/usr/bin/env", "-C", dir + "/good"}},
+                                                   {1, {"/usr/bin/env", "-C", dir + "/hung"}}};
+  std::unique_ptr<LocalCluster> cluster = StartCluster(2, dir + "/checkpoints", "data", where);
+  ASSERT_NE(cluster, nullptr);
+  FlatshardClient client(cluster->address());
+  v1::JobSpec spec = Job();
+  spec.mutable_data()->set_kind(v1::DataSpec::FILE);
+  spec.mutable_data()->set_path("set");
+  ASSERT_TRUE(client.CreateJob(spec).ok());
+
+  // Both ranks are in Configure: rank 0 waits in the rendezvous for rank 1.
+  GrpcWorkerClient rank0(cluster->worker_addresses()[0], nullptr, cluster->command_token());
+  GrpcWorkerClient rank1(cluster->worker_addresses()[1], nullptr, cluster->command_token());
+  const auto state_of = [](GrpcWorkerClient& worker) {
+    auto status = worker.GetStatus(absl::Now() + absl::Seconds(1));
+    return status.ok() ? status->state() : std::string(status.status().message());
+  };
+  const absl::Time created = absl::Now();
+  while (state_of(rank1) != "configuring" && absl::Now() - created < absl::Seconds(30)) {
+  }
+  ASSERT_EQ(state_of(rank1), "configuring");
+  EXPECT_EQ(state_of(rank0), "configuring");
+  // Now it stops altogether: only its missing heartbeats tell.
+  const absl::Time stopped = absl::Now();
+  cluster->worker(1).Signal(SIGSTOP);
+  auto failed = client.WaitForState(spec.name(), {v1::FAILED}, absl::Seconds(kRecoveryBoundS));
+  ASSERT_TRUE(failed.ok()) << failed.status() << " (the formation waits its configure timeout)";
+  EXPECT_LT(absl::Now() - stopped, absl::Seconds(kRecoveryBoundS));
+  auto job = client.GetJob(spec.name());
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_THAT(job->failure(),
+              HasSubstr("rank 1 (worker worker-1) could not be configured: worker worker-1 at "));
+  EXPECT_THAT(job->failure(), HasSubstr("missed heartbeats"));
+
+  // Rank 0 was released from the abandoned rendezvous: a job on it alone
+  // forms now, not after its 120 s collective timeout.
+  ASSERT_TRUE(client.DeleteJob(spec.name()).ok());
+  v1::JobSpec solo = Job();
+  solo.set_name("solo");
+  solo.set_world_size(1);
+  (*solo.mutable_rank_by_worker_id())["worker-0"] = 0;
+  ASSERT_TRUE(client.CreateJob(solo).ok());
+  auto ready = client.WaitForState(solo.name(), {v1::READY}, absl::Seconds(kRecoveryBoundS));
+  EXPECT_TRUE(ready.ok()) << ready.status();
+  cluster->worker(1).Signal(SIGKILL);  // a stopped worker would hold up the teardown
+}
+
+}  // namespace
+}  // namespace flatshard
