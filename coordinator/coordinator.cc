@@ -290,21 +290,18 @@ void Coordinator::CheckHeartbeats(const std::shared_ptr<TrainingJob>& job, absl:
         "worker ", stale.worker_id, " at ", stale.address, " missed heartbeats for ",
         absl::FormatDuration(absl::Trunc(now - stale.last_heartbeat, absl::Milliseconds(1))),
         " (timeout ", absl::FormatDuration(options_.heartbeat_timeout), ")"));
-    if (forming) {
-      // A worker that stops while being configured holds up every rank's
-      // rendezvous; without this the formation waits its configure timeout.
-      if (job->FailFormingWorker(stale.worker_id, reason)) {
-        spdlog::error("job '{}': {}", job->name(), std::string(reason.message()));
-        return;
-      }
-      continue;
+    // A worker that stops while being configured holds up every rank's
+    // rendezvous; without this the formation waits its configure timeout.
+    bool failed = forming && job->FailFormingWorker(stale.worker_id, reason);
+    if (!failed) {
+      auto it = std::find(ids.begin(), ids.end(), stale.worker_id);
+      if (it == ids.end()) continue;
+      failed = job->FailRank(static_cast<int>(it - ids.begin()), stale.worker_id, reason);
     }
-    auto it = std::find(ids.begin(), ids.end(), stale.worker_id);
-    if (it == ids.end()) continue;
-    const int rank = static_cast<int>(it - ids.begin());
-    spdlog::error("job '{}': rank {}: {}", job->name(), rank, std::string(reason.message()));
-    job->FailRank(rank, stale.worker_id, reason);
-    return;
+    if (failed) {
+      spdlog::error("job '{}': {}", job->name(), std::string(reason.message()));
+      return;
+    }
   }
 }
 

@@ -142,7 +142,11 @@ class TrainingJob {
   // The heartbeat monitor's verdict: fails the batch in flight. The operation
   // that ran it recovers (Train goes on); with no operation running, recovery
   // runs on a thread of its own. Without restarts left the job is FAILED.
-  void FailRank(int rank, const std::string& worker_id, const absl::Status& reason);
+  // While RECOVERING or FORMING it fails only the batches of an epoch a
+  // recovery formed (its restore), and the recovery tries again. False when
+  // there was nothing to fail (`worker_id` no longer holds `rank`, or no
+  // live epoch).
+  bool FailRank(int rank, const std::string& worker_id, const absl::Status& reason);
   // The heartbeat monitor's verdict while the job is FORMING or RECOVERING:
   // when `worker_id` is being configured, that formation fails now, naming it
   // (rather than at the configure timeout). True when it was.

@@ -21,9 +21,13 @@
 
 namespace flatshard {
 
-void TrainingJob::FailRank(int rank, const std::string& worker_id, const absl::Status& reason) {
+bool TrainingJob::FailRank(int rank, const std::string& worker_id, const absl::Status& reason) {
   const v1::JobState state = states_.state();
-  if (state != v1::READY && state != v1::TRAINING && state != v1::IDLE) return;
+  // A recovery's (or growth's) epoch stays FORMING until it has restored.
+  const bool recovering = state == v1::RECOVERING || state == v1::FORMING;
+  if (!recovering && state != v1::READY && state != v1::TRAINING && state != v1::IDLE) {
+    return false;
+  }
   const absl::Status cause(reason.code(), absl::StrCat("rank ", rank, ": ", reason.message()));
   std::shared_ptr<CommandSequencer> seq;
   {
@@ -31,8 +35,16 @@ void TrainingJob::FailRank(int rank, const std::string& worker_id, const absl::S
     // The caller found the rank in the epoch it read; a recovery since may
     // have seated someone else there, whose epoch this must not fail.
     const auto r = static_cast<size_t>(rank);
-    if (rank < 0 || r >= worker_ids_.size() || worker_ids_[r] != worker_id) return;
+    if (rank < 0 || r >= worker_ids_.size() || worker_ids_[r] != worker_id) return false;
     seq = sequencer_;
+  }
+  if (recovering) {
+    // The recovery's own batches (the restore in the epoch it formed) fail
+    // now, and it tries again; before it formed one, the failed epoch's
+    // sequencer has already failed and there is nothing to do.
+    if (seq == nullptr || !seq->failure().ok()) return false;
+    seq->Fail(rank, reason);
+    return true;
   }
   // An operation blocked on the failed rank returns now and recovers itself.
   if (seq != nullptr) seq->Fail(rank, reason);
@@ -41,7 +53,7 @@ void TrainingJob::FailRank(int rank, const std::string& worker_id, const absl::S
   std::thread finished;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_ || recovery_pending_) return;
+    if (stopping_ || recovery_pending_) return true;
     recovery_pending_ = true;
     finished = std::move(recoverer_);
     const uint64_t epoch = epoch_;
@@ -60,6 +72,7 @@ void TrainingJob::FailRank(int rank, const std::string& worker_id, const absl::S
     });
   }
   if (finished.joinable()) finished.join();  // it had cleared recovery_pending_: done
+  return true;
 }
 
 absl::Status TrainingJob::OnBatchFailure(const absl::Status& cause) {

@@ -1,11 +1,13 @@
-// A recovery whose re-formation fails, with real coordinator and worker
-// processes (docs/fault-tolerance.md, "When a re-formation fails"): the spare
-// that broke it is passed over on the next try, the survivor that was waiting
-// in the failed epoch's rendezvous is released at once (the coordinator
-// abandons that epoch's keys) instead of at its 120 s collective timeout, and
-// a worker that stops while being configured fails the formation at its
-// heartbeat timeout instead of the configure timeout. Each test bounds how
-// long the recovery took well below the timeouts it would otherwise wait out.
+// Formations and recoveries that fail under a worker, with real coordinator
+// and worker processes (docs/fault-tolerance.md, "When a formation fails"):
+// the spare that broke a re-formation is passed over on the next try, the
+// survivor that was waiting in the failed epoch's rendezvous is released at
+// once (the coordinator abandons that epoch's keys) instead of at its 120 s
+// collective timeout, a worker that stops while being configured fails the
+// formation at its heartbeat timeout instead of the configure timeout, and one
+// that stops during the recovery's restore fails that try at the heartbeat
+// timeout instead of the batch timeout. Each test bounds how long it took well
+// below the timeout it would otherwise wait out.
 #include <cerrno>
 #include <csignal>
 #include <cstddef>
@@ -39,6 +41,7 @@ using ::testing::HasSubstr;
 // heartbeat verdict; recoveries here must take far less than either.
 constexpr double kCollectiveTimeoutS = 120;
 constexpr double kConfigureTimeoutS = 40;
+constexpr double kBatchTimeoutS = 60;
 constexpr double kHeartbeatTimeoutS = 4;
 constexpr double kRecoveryBoundS = 25;
 
@@ -53,7 +56,8 @@ std::unique_ptr<LocalCluster> StartCluster(
   options.collective_timeout_s = kCollectiveTimeoutS;
   options.checkpoint_dir = checkpoint_dir;
   options.data_dir = data_dir;
-  options.coordinator_flags = {"--configure-timeout", std::to_string(kConfigureTimeoutS)};
+  options.coordinator_flags = {"--configure-timeout", std::to_string(kConfigureTimeoutS),
+                               "--batch-timeout", std::to_string(kBatchTimeoutS)};
   options.worker_command_prefix = std::move(command_prefix);
   auto cluster = LocalCluster::Start(options);
   EXPECT_TRUE(cluster.ok()) << cluster.status();
@@ -184,6 +188,91 @@ TEST(FormationFailureTest, AWorkerThatStopsWhileBeingConfiguredFailsItAtTheHeart
   auto ready = client.WaitForState(solo.name(), {v1::READY}, absl::Seconds(kRecoveryBoundS));
   EXPECT_TRUE(ready.ok()) << ready.status();
   cluster->worker(1).Signal(SIGKILL);  // a stopped worker would hold up the teardown
+}
+
+// Mirrors every file under `from` into `to` as a FIFO nobody writes: a
+// worker that reads them there hangs, as on a hung network mount.
+void MirrorAsFifos(const std::string& from, const std::string& to) {
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(from)) {
+    const std::filesystem::path target = to / std::filesystem::relative(entry.path(), from);
+    if (entry.is_directory()) {
+      std::filesystem::create_directories(target);
+    } else {
+      std::filesystem::create_directories(target.parent_path());
+      ASSERT_EQ(mkfifo(target.c_str(), 0600), 0) << target << ": " << std::strerror(errno);
+    }
+  }
+}
+
+TEST(FormationFailureTest, AWorkerThatStopsDuringTheRestoreFailsThatTryAtTheHeartbeatTimeout) {
+  const std::string dir = testing::MakeTempDir("restore-stopped");
+  // The coordinator and workers 0, 1 and 3 share "ckpt" under dir/shared (the
+  // test runs there); worker 2 runs in dir/stalled, whose copy of the
+  // checkpoint hangs on every read.
+  std::filesystem::create_directories(dir + "/shared");
+  std::filesystem::create_directories(dir + "/stalled");
+  const std::filesystem::path cwd = std::filesystem::current_path();
+  std::filesystem::current_path(dir + "/shared");
+  struct RestoreCwd {
+    std::filesystem::path path;
+    ~RestoreCwd() { std::filesystem::current_path(path); }
+  } restore_cwd{cwd};
+  std::unique_ptr<LocalCluster> cluster =
+      StartCluster(4, "ckpt", ".", {{2, {"/usr/bin/env", "-C", dir + "/stalled"}}});
+  ASSERT_NE(cluster, nullptr);
+  FlatshardClient client(cluster->address());
+  v1::JobSpec spec = Job();
+  spec.mutable_state_dict_settings()->set_state_dict_type(v1::SHARDED_STATE_DICT);
+  testing::CreateAndWaitReady(client, spec);
+  ASSERT_TRUE(client.Train(spec.name(), 2, 0, [](const v1::StepResult&) {}).ok());
+  v1::SaveCheckpointRequest save;
+  save.set_job(spec.name());
+  save.set_name("base");
+  ASSERT_TRUE(client.SaveCheckpoint(save).ok());
+  MirrorAsFifos(dir + "/shared/ckpt", dir + "/stalled/ckpt");
+
+  // Rank 1 dies while the job is idle: the recovery seats worker 2, whose
+  // restore hangs reading the checkpoint; then worker 2 stops altogether.
+  cluster->worker(1).Signal(SIGKILL);
+  GrpcWorkerClient spare(cluster->worker_addresses()[2], nullptr, cluster->command_token());
+  const absl::Time killed = absl::Now();
+  std::string state;
+  while (state != "running" && absl::Now() - killed < absl::Seconds(60)) {
+    auto status = spare.GetStatus(absl::Now() + absl::Seconds(1));
+    state = status.ok() ? status->state() : "";
+  }
+  ASSERT_EQ(state, "running") << "the recovery never ran a batch on worker 2";
+  const absl::Time stopped = absl::Now();
+  cluster->worker(2).Signal(SIGSTOP);
+  // READY again after a RECOVERING that came after the kill.
+  bool recovered = false;
+  ASSERT_TRUE(client
+                  .WatchEvents(spec.name(),
+                               [&](const v1::JobEvent& event) {
+                                 if (event.state() == v1::FAILED) return false;
+                                 if (event.state() == v1::RECOVERING) recovered = true;
+                                 return !(recovered && event.state() == v1::READY);
+                               })
+                  .ok());
+  const absl::Duration took = absl::Now() - stopped;
+  cluster->worker(2).Signal(SIGKILL);  // a stopped worker would hold up the teardown
+  EXPECT_LT(took, absl::Seconds(kRecoveryBoundS)) << "the restore waited its batch timeout";
+  auto job = client.GetJob(spec.name());
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_EQ(job->state(), v1::READY) << job->failure();
+  EXPECT_EQ(job->restarts(), 2);
+  EXPECT_EQ(job->step(), 2);  // from "base"
+  const v1::Recovery& r = job->last_recovery();
+  EXPECT_THAT(r.cause(), HasSubstr("rank 1: worker worker-2 at "));
+  EXPECT_THAT(r.cause(), HasSubstr("missed heartbeats"));
+  EXPECT_EQ(r.checkpoint(), "base");
+  auto workers = client.ListWorkers(spec.name());
+  ASSERT_TRUE(workers.ok()) << workers.status();
+  std::map<std::string, int> rank_of;
+  for (const v1::WorkerInfo& w : *workers) rank_of[w.worker_id()] = w.rank();
+  EXPECT_EQ(rank_of["worker-0"], 0);
+  EXPECT_EQ(rank_of["worker-3"], 1);
+  ASSERT_TRUE(client.Train(spec.name(), 1, 0, [](const v1::StepResult&) {}).ok());
 }
 
 }  // namespace
