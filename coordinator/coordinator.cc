@@ -286,13 +286,19 @@ void Coordinator::CheckHeartbeats(const std::shared_ptr<TrainingJob>& job, absl:
   if (!forming && state != v1::READY && state != v1::TRAINING && state != v1::IDLE) return;
   const std::vector<std::string> ids = job->worker_ids();
   for (const WorkerRecord& stale : members_.Stale(now, options_.heartbeat_timeout)) {
-    const absl::Status reason = absl::UnavailableError(absl::StrCat(
-        "worker ", stale.worker_id, " at ", stale.address, " missed heartbeats for ",
-        absl::FormatDuration(absl::Trunc(now - stale.last_heartbeat, absl::Milliseconds(1))),
-        " (timeout ", absl::FormatDuration(options_.heartbeat_timeout), ")"));
+    const absl::Status reason = absl::UnavailableError(
+        stale.last_heartbeat == absl::InfinitePast()
+            ? absl::StrCat("worker ", stale.worker_id, " at ", stale.address,
+                           " has not heartbeat since it was found unreachable")
+            : absl::StrCat("worker ", stale.worker_id, " at ", stale.address,
+                           " missed heartbeats for ",
+                           absl::FormatDuration(
+                               absl::Trunc(now - stale.last_heartbeat, absl::Milliseconds(1))),
+                           " (timeout ", absl::FormatDuration(options_.heartbeat_timeout), ")"));
     // A worker that stops while being configured holds up every rank's
     // rendezvous; without this the formation waits its configure timeout.
-    bool failed = forming && job->FailFormingWorker(stale.worker_id, reason);
+    bool failed = forming && job->FailFormingWorker(stale.worker_id, stale.last_heartbeat,
+                                                    options_.heartbeat_timeout, now, reason);
     if (!failed) {
       auto it = std::find(ids.begin(), ids.end(), stale.worker_id);
       if (it == ids.end()) continue;

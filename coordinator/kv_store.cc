@@ -1,7 +1,5 @@
 #include "coordinator/kv_store.h"
 
-#include <iterator>
-
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -142,10 +140,9 @@ void KvStore::DeletePrefix(const std::string& prefix) {
     }
     it = values_.erase(it);
   }
-  for (auto it = abandoned_.lower_bound(prefix);
-       it != abandoned_.end() && it->first.starts_with(prefix);) {
-    const bool under = it->first.size() == prefix.size() || it->first[prefix.size()] == '/';
-    it = under ? abandoned_.erase(it) : std::next(it);
+  for (auto it = abandoned_.lower_bound(start);
+       it != abandoned_.end() && it->first.starts_with(start);) {
+    it = abandoned_.erase(it);
   }
 }
 

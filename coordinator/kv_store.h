@@ -45,7 +45,8 @@ class KvStore {
   // key holds something else.
   absl::StatusOr<int64_t> Add(const std::string& key, int64_t delta);
   // Removes every key under "<prefix>/" (a finished job epoch), and forgets
-  // that prefixes at or under it were abandoned (a new job may reuse them).
+  // that prefixes under it were abandoned (a deleted job's: a new job of the
+  // same name reuses them). An abandoned prefix itself stays abandoned.
   void DeletePrefix(const std::string& prefix);
   // From now on every call on a key under "<prefix>/" fails with ABORTED
   // naming `reason`, and waits on such keys return so at once.

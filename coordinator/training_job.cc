@@ -168,7 +168,7 @@ absl::Status TrainingJob::FormLocked(const std::vector<WorkerRecord>& members,
     // rather than wait for the configure timeout.
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) return absl::CancelledError("the job was stopped before it was formed");
-    forming_ = Formation{prefix, ids, {}, absl::OkStatus(), -1};
+    forming_ = Formation{prefix, ids, {}, absl::Now(), absl::OkStatus(), -1};
     for (auto& client : clients) forming_.clients.push_back(client.get());
   }
   std::vector<std::thread> threads;
@@ -181,13 +181,18 @@ absl::Status TrainingJob::FormLocked(const std::vector<WorkerRecord>& members,
       const absl::Status status = clients[r]->Configure(mine, deadline);
       if (status.ok()) return;
       // The others would wait for this rank until their rendezvous timeout.
+      // A call cancelled by Stop or by another rank's failure comes after
+      // that cause and is ignored; one cancelled first was cancelled by the
+      // worker (its server shutting down), which is this rank's failure.
+      const absl::StatusCode code = status.code() == absl::StatusCode::kCancelled
+                                        ? absl::StatusCode::kUnavailable
+                                        : status.code();
       std::lock_guard<std::mutex> lock(mu_);
       AbandonFormationLocked(
           static_cast<int>(r),
-          absl::Status(
-              status.code(),
-              absl::StrCat("rank ", r, " (worker ", members[r].worker_id, " at ",
-                           members[r].address, ") could not be configured: ", status.message())));
+          absl::Status(code, absl::StrCat("rank ", r, " (worker ", members[r].worker_id, " at ",
+                                          members[r].address,
+                                          ") could not be configured: ", status.message())));
     });
   }
   for (std::thread& t : threads) t.join();
@@ -220,9 +225,17 @@ absl::Status TrainingJob::FormLocked(const std::vector<WorkerRecord>& members,
     epoch_config_ = std::move(config);
     unsharded_.clear();
   }
-  // Every rank is past the new epoch's rendezvous; the old one's keys are garbage.
-  if (epoch > 1 && options_.rendezvous != nullptr) {
-    options_.rendezvous->DeletePrefix(absl::StrCat("job/", config_.name, "/epoch/", epoch - 1));
+  // Every rank is past the new epoch's rendezvous; the keys of the epochs
+  // before it (the last formed one, and any whose formation failed) are garbage.
+  uint64_t oldest = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    oldest = std::exchange(oldest_rendezvous_epoch_, epoch);
+  }
+  if (options_.rendezvous != nullptr) {
+    for (uint64_t e = oldest; e < epoch; ++e) {
+      options_.rendezvous->DeletePrefix(absl::StrCat("job/", config_.name, "/epoch/", e));
+    }
   }
   return absl::OkStatus();
 }
@@ -237,10 +250,16 @@ void TrainingJob::AbandonFormationLocked(int rank, const absl::Status& why) {
   }
 }
 
-bool TrainingJob::FailFormingWorker(const std::string& worker_id, const absl::Status& reason) {
+bool TrainingJob::FailFormingWorker(const std::string& worker_id, absl::Time silent_since,
+                                    absl::Duration timeout, absl::Time now,
+                                    const absl::Status& reason) {
   std::lock_guard<std::mutex> lock(mu_);
   const auto it = std::find(forming_.ids.begin(), forming_.ids.end(), worker_id);
   if (it == forming_.ids.end() || !forming_.failure.ok()) return false;
+  // Silent for a whole timeout within this formation: a worker marked
+  // unreachable by the try before (it counts as stale until it heartbeats
+  // again) that answered the probe and was seated again is given its chance.
+  if (now - std::max(silent_since, forming_.started) <= timeout) return false;
   const int rank = static_cast<int>(it - forming_.ids.begin());
   AbandonFormationLocked(
       rank,

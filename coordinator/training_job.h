@@ -150,7 +150,10 @@ class TrainingJob {
   // The heartbeat monitor's verdict while the job is FORMING or RECOVERING:
   // when `worker_id` is being configured, that formation fails now, naming it
   // (rather than at the configure timeout). True when it was.
-  bool FailFormingWorker(const std::string& worker_id, const absl::Status& reason);
+  // `silent_since`: its last heartbeat; it must have been silent for
+  // `timeout` since the formation began.
+  bool FailFormingWorker(const std::string& worker_id, absl::Time silent_since,
+                         absl::Duration timeout, absl::Time now, const absl::Status& reason);
   // Stops the job for good (deleted): aborts the workers' collectives and
   // waits for a recovery in progress to give up.
   void Stop(const std::string& reason);
@@ -298,8 +301,9 @@ class TrainingJob {
   std::timed_mutex op_mu_;  // one operation at a time
   mutable std::mutex mu_;   // guards everything below
   uint64_t epoch_ = 0;
-  int64_t step_ = 0;           // optimizer steps completed
-  int64_t data_position_ = 0;  // global batches consumed (micro-steps included)
+  uint64_t oldest_rendezvous_epoch_ = 1;  // the oldest epoch whose store keys may remain
+  int64_t step_ = 0;                      // optimizer steps completed
+  int64_t data_position_ = 0;             // global batches consumed (micro-steps included)
   std::vector<std::string> worker_ids_;
   // Shared: an async save's committer keeps the clients of its epoch alive
   // while a recovery replaces them.
@@ -309,6 +313,7 @@ class TrainingJob {
     std::string prefix;            // the epoch's rendezvous keys
     std::vector<std::string> ids;  // worker ids by rank
     std::vector<WorkerClient*> clients;
+    absl::Time started;
     absl::Status failure;  // the first cause that ended it
     int failed_rank = -1;
   };

@@ -30,6 +30,7 @@ bool TrainingJob::FailRank(int rank, const std::string& worker_id, const absl::S
   }
   const absl::Status cause(reason.code(), absl::StrCat("rank ", rank, ": ", reason.message()));
   std::shared_ptr<CommandSequencer> seq;
+  bool recovery_runs = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     // The caller found the rank in the epoch it read; a recovery since may
@@ -37,12 +38,14 @@ bool TrainingJob::FailRank(int rank, const std::string& worker_id, const absl::S
     const auto r = static_cast<size_t>(rank);
     if (rank < 0 || r >= worker_ids_.size() || worker_ids_[r] != worker_id) return false;
     seq = sequencer_;
+    recovery_runs = recovering_;
   }
   if (recovering) {
     // The recovery's own batches (the restore in the epoch it formed) fail
     // now, and it tries again; before it formed one, the failed epoch's
-    // sequencer has already failed and there is nothing to do.
-    if (seq == nullptr || !seq->failure().ok()) return false;
+    // sequencer has already failed and there is nothing to do. Re-adoption
+    // (RECOVERING, no recovery running) settles its epoch by itself.
+    if (!recovery_runs || seq == nullptr || !seq->failure().ok()) return false;
     seq->Fail(rank, reason);
     return true;
   }

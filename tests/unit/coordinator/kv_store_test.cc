@@ -94,8 +94,11 @@ TEST(KvStoreTest, AnAbandonedPrefixReleasesItsWaitersAndRefusesItsKeys) {
   // A wait on several keys fails when any of them is abandoned.
   EXPECT_EQ(store.Wait({"job/a/epoch/2/rank0", "job/a/epoch/1/rank0"}, absl::Seconds(1)).code(),
             absl::StatusCode::kAborted);
-  // Deleting the job (a new job of the same name starts at epoch 1 again)
-  // forgets the mark; deleting another prefix does not.
+  // Deleting the epoch's keys (the next epoch formed) keeps the mark, so a
+  // straggler cannot write there again; deleting another prefix keeps it too;
+  // deleting the job (a new job of the same name starts at epoch 1 again)
+  // forgets it.
+  store.DeletePrefix("job/a/epoch/1");
   store.DeletePrefix("job/a/epoch/10");
   EXPECT_EQ(store.Set("job/a/epoch/1/x", "v").code(), absl::StatusCode::kAborted);
   store.DeletePrefix("job/a");
