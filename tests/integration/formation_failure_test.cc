@@ -168,10 +168,13 @@ TEST(FormationFailureTest, AWorkerThatStopsWhileBeingConfiguredFailsItAtTheHeart
     return status.ok() ? status->state() : std::string(status.status().message());
   };
   const absl::Time created = absl::Now();
-  while (state_of(rank1) != "configuring" && absl::Now() - created < absl::Seconds(30)) {
+  const auto both_configuring = [&] {
+    return state_of(rank1) == "configuring" && state_of(rank0) == "configuring";
+  };
+  while (!both_configuring() && absl::Now() - created < absl::Seconds(30)) {
   }
   ASSERT_EQ(state_of(rank1), "configuring");
-  EXPECT_EQ(state_of(rank0), "configuring");
+  ASSERT_EQ(state_of(rank0), "configuring");
   // Now it stops altogether: only its missing heartbeats tell.
   const absl::Time stopped = absl::Now();
   cluster->worker(1).Signal(SIGSTOP);
