@@ -14,7 +14,7 @@
 namespace flatshard {
 
 Coordinator::Coordinator(CoordinatorOptions options)
-    : options_(std::move(options)), members_(/*world_size=*/0, options_.heartbeat_timeout) {}
+    : options_(std::move(options)), members_(options_.max_workers, options_.heartbeat_timeout) {}
 
 Coordinator::~Coordinator() { Shutdown("the coordinator is shutting down"); }
 

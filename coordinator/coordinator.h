@@ -29,6 +29,10 @@ struct CoordinatorOptions {
   absl::Duration heartbeat_interval = absl::Seconds(1);
   absl::Duration heartbeat_timeout = absl::Seconds(5);
   TrainingJobOptions job;  // job.connect: GrpcWorkerClient unless a test swaps it
+  // Worker ids the membership keeps (their ranks are [0, max_workers)): a
+  // holder of the join token cannot grow the table, the state store and
+  // every monitor pass without bound.
+  int max_workers = 65536;
   // The durable state (--state-dir); null keeps everything in memory. Must
   // outlive the coordinator.
   StateStore* state = nullptr;

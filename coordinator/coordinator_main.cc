@@ -45,6 +45,7 @@ struct Flags {
   double heartbeat_timeout_s = 5.0;
   double configure_timeout_s = 120.0;
   double batch_timeout_s = 600.0;
+  int max_workers = 65536;
   std::string address_file;
   std::string checkpoint_root = "./checkpoints";
   std::string state_dir = "./flatshard-state";
@@ -74,6 +75,11 @@ int Run(const Flags& f) {
     std::cerr << "flatshard-coordinator: --heartbeat-timeout (" << f.heartbeat_timeout_s
               << ") must exceed --heartbeat-interval (" << f.heartbeat_interval_s
               << "), which must be positive\n";
+    return 2;
+  }
+  if (f.max_workers < 1) {
+    std::cerr << "flatshard-coordinator: --max-workers must be at least 1, got " << f.max_workers
+              << "\n";
     return 2;
   }
   absl::StatusOr<std::optional<TlsMaterial>> tls = LoadTls(f.tls, TlsRole::kServer);
@@ -135,6 +141,7 @@ int Run(const Flags& f) {
   options.state = state.ok() ? state->get() : nullptr;
   options.heartbeat_interval = absl::Seconds(f.heartbeat_interval_s);
   options.heartbeat_timeout = absl::Seconds(f.heartbeat_timeout_s);
+  options.max_workers = f.max_workers;
   options.job.configure_timeout = absl::Seconds(f.configure_timeout_s);
   options.job.batch_timeout = absl::Seconds(f.batch_timeout_s);
   options.job.checkpoint_root = f.checkpoint_root;
@@ -230,6 +237,9 @@ int Main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--configure-timeout", f.configure_timeout_s,
                  "Seconds the workers have to configure a job (build units, rendezvous)")
+      ->capture_default_str();
+  app.add_option("--max-workers", f.max_workers,
+                 "Worker daemons that may register (membership ranks 0 to N-1); more are refused")
       ->capture_default_str();
   app.add_option("--batch-timeout", f.batch_timeout_s, "Seconds one step may take end to end")
       ->capture_default_str();

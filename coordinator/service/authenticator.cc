@@ -1,6 +1,7 @@
 #include "coordinator/service/authenticator.h"
 
 #include "absl/status/status.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -59,13 +60,28 @@ absl::Status Authenticator::Permit(const Principal& who, absl::string_view call,
                                                   who.name, "' has role ", RoleName(who.role)));
 }
 
+std::string AuditField(absl::string_view value) {
+  // Callers choose these bytes (even unidentified ones, whose refusals are
+  // audited too): escaped, so a newline cannot forge a line, and capped, so
+  // an 8 MiB job name cannot fill the disk one refused call at a time.
+  constexpr size_t kMaxAuditFieldBytes = 256;
+  if (value.empty()) return "-";
+  const bool cut = value.size() > kMaxAuditFieldBytes;
+  std::string field = absl::CHexEscape(value.substr(0, kMaxAuditFieldBytes));
+  for (char& c : field) {
+    if (c == ' ') c = '_';  // one token per field: name=value pairs split on spaces
+  }
+  if (cut) absl::StrAppend(&field, "...(", value.size(), " bytes)");
+  return field;
+}
+
 void Authenticator::Audit(const grpc::ServerContext& context, const Principal& who,
                           absl::string_view call, absl::string_view target,
                           const grpc::Status& result) {
   const std::string line = absl::StrCat(
       "audit time=", absl::FormatTime(absl::RFC3339_full, absl::Now(), absl::UTCTimeZone()),
       " who=", who.name, " role=", RoleName(who.role), " peer=", context.peer(), " call=", call,
-      " target=", target.empty() ? "-" : target,
+      " target=", AuditField(target),
       " result=", absl::StatusCodeToString(static_cast<absl::StatusCode>(result.error_code())));
   spdlog::info("{}", line);
   if (audit_file_.is_open()) {

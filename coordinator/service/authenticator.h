@@ -29,6 +29,11 @@ struct AuthenticatorOptions {
   std::string audit_log_path;  // empty: audit lines go to the log only
 };
 
+// A caller-chosen value as one audit-line token: C-escaped (no newline or
+// quote survives), spaces as '_', at most 256 bytes of it ("..." and the
+// full size after), "-" when empty.
+std::string AuditField(absl::string_view value);
+
 class Authenticator {
  public:
   // INVALID_ARGUMENT when the audit log cannot be opened for appending.

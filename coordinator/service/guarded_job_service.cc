@@ -114,14 +114,18 @@ grpc::Status GuardedJobService::Guard(grpc::ServerContext& context, const char* 
   grpc::Status result;
   std::optional<RequestLimits::StreamSlot> slot;
   absl::Status admitted = absl::OkStatus();
-  if (policy->expensive) admitted = limits_->AdmitExpensive(client, method, absl::Now());
-  if (admitted.ok() && policy->streaming) {
+  // The stream slot first: a call refused for want of one must not also
+  // spend the client's budget of expensive calls.
+  if (policy->streaming) {
     absl::StatusOr<RequestLimits::StreamSlot> s = limits_->AdmitStream(client, method);
     if (s.ok()) {
       slot.emplace(*std::move(s));
     } else {
       admitted = s.status();
     }
+  }
+  if (admitted.ok() && policy->expensive) {
+    admitted = limits_->AdmitExpensive(client, method, absl::Now());
   }
   result = admitted.ok() ? call() : ToGrpcStatus(admitted);
   if (policy->audited) auth_->Audit(context, *who, method, Target(request), result);

@@ -49,6 +49,8 @@ expect token_bad_role 2 "role 'root' is not one of" -- \
 
 coord=("$bin/flatshard-coordinator" --state-dir "" --metrics-listen "")
 tls=(--tls-cert "$c/coordinator.pem" --tls-key "$c/coordinator-key.pem" --tls-ca "$c/ca.pem")
+expect coordinator_no_workers 2 "max-workers must be at least 1, got 0" -- \
+  "${coord[@]}" --listen 127.0.0.1:0 --max-workers 0
 expect coordinator_missing_cert 2 "tls-cert file '$tmp/none.pem' cannot be read" -- \
   "${coord[@]}" --listen 127.0.0.1:0 --tls-cert "$tmp/none.pem" --tls-key "$c/coordinator-key.pem"
 expect coordinator_wrong_key 2 "is not the key of --tls-cert file '$c/coordinator.pem'" -- \

@@ -34,6 +34,7 @@ namespace flatshard {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 std::string ReadFile(const std::string& path) {
   std::ifstream in(path);
@@ -189,7 +190,12 @@ TEST_F(SecurityTest, ClientsWithoutTheRightCredentialsAreRefusedWithTheRightCode
   EXPECT_EQ(after.state(), before.state());
   EXPECT_EQ(after.step(), before.step());
   EXPECT_EQ(after.epoch(), before.epoch());
+  // A caller without a token cannot forge an audit line through the name it sends.
+  s = ClientWithToken("").DeleteJob("x result=OK\naudit time=now who=local-admin call=DeleteJob");
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnauthenticated);
   const std::string audit = ReadFile(security_.dir + "/audit.log");
+  EXPECT_THAT(audit, HasSubstr("target=x_result=OK\\naudit_time=now_who=local-admin"));
+  EXPECT_THAT(audit, Not(HasSubstr("\naudit time=now")));
   EXPECT_THAT(audit, HasSubstr("who=vic role=viewer"));
   EXPECT_THAT(audit, HasSubstr("call=DeleteJob target=mlp-demo result=PERMISSION_DENIED"));
   EXPECT_THAT(audit, HasSubstr("call=DeleteJob target=mlp-demo result=UNAUTHENTICATED"));

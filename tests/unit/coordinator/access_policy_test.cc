@@ -1,6 +1,7 @@
 // Tests coordinator/service/access_policy.h (roles, the tokens file),
-// request_limits.h, and that the JobService policy table covers every method
-// of the service, so a new RPC cannot be added without deciding who may call it.
+// request_limits.h, authenticator.h's audit fields, and that the JobService
+// policy table covers every method of the service, so a new RPC cannot be
+// added without deciding who may call it.
 #include "coordinator/service/access_policy.h"
 
 #include <set>
@@ -12,6 +13,7 @@
 #include "google/protobuf/descriptor.h"
 #include "rpc/secrets.h"
 
+#include "coordinator/service/authenticator.h"
 #include "coordinator/service/guarded_job_service.h"
 #include "coordinator/service/request_limits.h"
 #include "flatshard/v1/job.grpc.pb.h"
@@ -73,6 +75,19 @@ TEST(AccessPolicyTest, EveryJobServiceMethodHasAPolicy) {
         << service->method(i)->name() << " has no access policy";
   }
   EXPECT_EQ(covered.size(), static_cast<size_t>(service->method_count()));
+}
+
+TEST(AuditFieldTest, ACallersNameCannotForgeALineOrFillTheDisk) {
+  EXPECT_EQ(AuditField(""), "-");
+  EXPECT_EQ(AuditField("mlp-demo/step-00000003"), "mlp-demo/step-00000003");
+  // A newline and a fake "result=OK" stay inside one escaped token.
+  const std::string forged = AuditField("x result=OK\naudit time=now who=alice call=DeleteJob");
+  EXPECT_EQ(forged, "x_result=OK\\naudit_time=now_who=alice_call=DeleteJob");
+  EXPECT_EQ(forged.find('\n'), std::string::npos);
+  EXPECT_EQ(forged.find(' '), std::string::npos);
+  const std::string huge = AuditField(std::string(8 << 20, 'a'));
+  EXPECT_EQ(huge, std::string(256, 'a') + "...(8388608 bytes)");
+  EXPECT_EQ(AuditField(std::string("\x01\xff\"", 3)), "\\x01\\xff\\\"");
 }
 
 TEST(RequestLimitsTest, StreamsPerClientAndExpensiveCallsPerMinute) {
