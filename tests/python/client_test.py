@@ -14,6 +14,7 @@ import shutil
 import struct
 import sys
 import unittest
+from unittest import mock
 
 import grpc
 import numpy as np
@@ -122,6 +123,15 @@ class PlaintextClusterTest(ClusterTestCase):
             job.stop()
         self.assertEqual(caught.exception.code, grpc.StatusCode.FAILED_PRECONDITION)
         self.assertIn("not training", caught.exception.message)
+        # Detached, as a plain statement: it starts at once and runs on.
+        job.train(4, detach=True)
+        for event in job.watch(timeout=120):  # DEADLINE_EXCEEDED if it never ends
+            if event.state == "IDLE" and event.message == "training trained to step 10":
+                break
+        self.assertEqual(job.status().step, 10)
+        with self.assertRaises(flatshard.FlatshardError) as caught:
+            job.train(0, detach=True)  # refused at the call, not at a first next()
+        self.assertEqual(caught.exception.code, grpc.StatusCode.INVALID_ARGUMENT)
 
     def test_plan_of_a_dict_and_of_a_file(self) -> None:
         plan = self.cluster.plan(small_job(world_size=4))
@@ -286,6 +296,17 @@ class SecuredClusterTest(unittest.TestCase):
             with self.assertRaises(flatshard.FlatshardError) as caught:
                 cluster.workers()
             self.assertEqual(caught.exception.code, grpc.StatusCode.UNAUTHENTICATED)
+        # $FLATSHARD_TOKEN_FILE, which `flatshard up --tls` tells users to export
+        # for the CLI, is read the same way: a wrong token in it is refused.
+        wrong = os.path.join(WORK, "wrong.token")
+        with open(wrong, "w") as f:
+            f.write("not-a-token\n")
+        with mock.patch.dict(os.environ, {"FLATSHARD_TOKEN_FILE": wrong}):
+            os.environ.pop("FLATSHARD_TOKEN", None)
+            with flatshard.Cluster(self.local.address, tls=self.tls) as from_file:
+                with self.assertRaises(flatshard.FlatshardError) as caught:
+                    from_file.workers()
+                self.assertEqual(caught.exception.code, grpc.StatusCode.UNAUTHENTICATED)
 
     def test_plaintext_and_certificateless_clients_are_refused(self) -> None:
         with flatshard.Cluster(self.local.address, token=self.token, timeout=5) as plain:

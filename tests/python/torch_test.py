@@ -101,8 +101,17 @@ class TorchInteropTest(ClusterTestCase):
         trained = 2
         list(job.train(trained))
         model = torch_modules.build(job.model_spec())
-        model.load_state_dict(job.summon(as_torch=True), strict=True)
+        summoned = job.summon(as_torch=True)
+        model.load_state_dict(summoned, strict=True)
         self.assertIs(model.lm_head.weight, model.wte.weight)
+        # A SHARDED checkpoint holds the tied weight once; it loads strictly too.
+        job.save_checkpoint("sharded2", type="sharded")
+        sharded = checkpoint.load(os.path.join(self.local.checkpoint_dir, "gpt-torch", "sharded2"))
+        self.assertIn("lm_head.weight", sharded.manifest["tied"])
+        from_files = torch_modules.build(sharded.model_spec)
+        from_files.load_state_dict(sharded.model_state(as_torch=True), strict=True)
+        for fqn, value in from_files.state_dict().items():
+            torch.testing.assert_close(value, summoned[fqn], rtol=0, atol=0, msg=fqn)
 
         # Step trained+1 runs on global batch `trained`: samples (s*B + i) mod N.
         rows = [(trained * batch + i) % samples for i in range(batch)]
@@ -152,6 +161,13 @@ class TorchInteropTest(ClusterTestCase):
         with self.assertRaises(from_torch.UnsupportedModule) as caught:
             from_torch.model_spec(torch.nn.Sequential(torch.nn.Conv1d(2, 2, 3)))
         self.assertIn("0: torch.nn.modules.conv.Conv1d", str(caught.exception))
+        # Dropout: the workers apply none, so only p=0 describes what they run.
+        with self.assertRaises(from_torch.UnsupportedModule) as caught:
+            from_torch.model_spec(torch.nn.Sequential(torch.nn.Linear(2, 2),
+                                                      torch.nn.Dropout(0.1)), "drop")
+        self.assertIn("1: Dropout(p=0.1)", str(caught.exception))
+        from_torch.model_spec(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.0)))
+        self.assertEqual(torch_modules.build({"root": {"type": "Dropout"}}).p, 0.0)
 
 
 if __name__ == "__main__":

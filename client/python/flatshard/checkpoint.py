@@ -113,6 +113,14 @@ def load_sharded(path: str) -> Checkpoint:
                                                offsets[kind][name])
             else:
                 merged[kind][name] = _merge(path, name, pieces, pieces_v2)
+    # The ranks' files hold each tensor once; a tied alias (GPT's lm_head.weight)
+    # is only named in the manifest, as in FSDP's sharded state dict, and is the
+    # same tensor as its primary in the model state, as in a FULL checkpoint.
+    for alias, primary in manifest.get("tied", {}).items():
+        if alias not in merged["model"] and primary in merged["model"]:
+            merged["model"][alias] = merged["model"][primary]
+            if primary in bf16:
+                bf16.add(alias)
     checkpoint = Checkpoint(path, manifest, merged["model"], merged["optim"], bf16)
     _check_shapes(checkpoint)
     return checkpoint

@@ -44,12 +44,20 @@ def _read(path: Optional[str]) -> Optional[bytes]:
         return f.read()
 
 
+def _token_from_file(path: Optional[str]) -> Optional[str]:
+    if not path:
+        return None
+    with open(path, encoding="utf-8") as f:
+        return f.readline().strip() or None
+
+
 class Cluster:
     """A connection to a flatshard coordinator.
 
     ``address`` is HOST:PORT (default ``$FLATSHARD_COORDINATOR`` or
     127.0.0.1:7070). ``token`` is a bearer token (``flatshard token create``;
-    default ``$FLATSHARD_TOKEN``); ``tls`` a `TlsConfig` or a dict of its
+    default ``$FLATSHARD_TOKEN``, else the first line of ``$FLATSHARD_TOKEN_FILE``,
+    as the CLI reads them); ``tls`` a `TlsConfig` or a dict of its
     fields (default: from ``$FLATSHARD_TLS_CA/CERT/KEY`` when set, else
     plaintext). Use it as a context manager, or call ``close()``.
     """
@@ -58,7 +66,9 @@ class Cluster:
                  tls: Union[TlsConfig, Dict[str, str], None] = None,
                  timeout: float = 60.0) -> None:
         self.address = address or os.environ.get("FLATSHARD_COORDINATOR", "127.0.0.1:7070")
-        token = token if token is not None else os.environ.get("FLATSHARD_TOKEN")
+        if token is None:
+            token = os.environ.get("FLATSHARD_TOKEN") or _token_from_file(
+                os.environ.get("FLATSHARD_TOKEN_FILE"))
         self._metadata = [("authorization", f"Bearer {token}")] if token else []
         self.timeout = timeout
         if isinstance(tls, dict):
@@ -99,7 +109,12 @@ class Cluster:
             raise from_rpc_error(error, name) from None
 
     def _stream(self, name: str, request: Any, timeout: Optional[float] = None) -> Iterator[Any]:
+        """Starts the call now (not at the first ``next``) and iterates its responses."""
         call = getattr(self._stub, name)(request, metadata=self._metadata, timeout=timeout)
+        return self._responses(name, call)
+
+    @staticmethod
+    def _responses(name: str, call: Any) -> Iterator[Any]:
         try:
             yield from call
         except grpc.RpcError as error:
@@ -201,23 +216,32 @@ class Job:
               detach: bool = False) -> Iterator[StepResult]:
         """Starts ``steps`` training steps on the coordinator and yields each.
 
-        The training runs on the coordinator: leaving the loop early (or losing
-        the connection) leaves it running (`attach()` follows it again).
-        KeyboardInterrupt asks it to stop after the current step, as Ctrl-C in
-        `flatshard train` does, and is re-raised.
+        The call starts the training at once; iterating yields its steps and
+        raises its errors. The training runs on the coordinator: leaving the
+        loop early, never iterating, or losing the connection leaves it running
+        (`attach()` follows it again). With ``detach`` it returns once the
+        training has started (an empty iterator), raising here if it could not
+        start. KeyboardInterrupt asks it to stop after the current step, as
+        Ctrl-C in `flatshard train` does, and is re-raised.
         """
         request = job_pb2.TrainRequest(job=self.name, steps=steps,
                                        no_sync_micro_steps=no_sync_micro_steps, detach=detach,
                                        started_by=f"{getpass.getuser()}@{socket.gethostname()} (python)")
-        return self._follow(request)
+        responses = self.cluster._stream("Train", request)
+        if detach:
+            for _ in responses:  # the coordinator ends the stream once it started
+                pass
+            return iter(())
+        return self._follow(responses)
 
     def attach(self) -> Iterator[StepResult]:
         """Streams the running training from its current step."""
-        return self._follow(job_pb2.TrainRequest(job=self.name, attach=True))
+        return self._follow(self.cluster._stream("Train",
+                                                 job_pb2.TrainRequest(job=self.name, attach=True)))
 
-    def _follow(self, request: job_pb2.TrainRequest) -> Iterator[StepResult]:
+    def _follow(self, responses: Iterator[Any]) -> Iterator[StepResult]:
         try:
-            for result in self.cluster._stream("Train", request):
+            for result in responses:
                 yield _convert.step_result(result)
         except KeyboardInterrupt:
             self.stop()
@@ -241,25 +265,35 @@ class Job:
         """The full parameters by FQN (tied aliases included, as state_dict()).
 
         numpy arrays by default, with bfloat16 widened to float32 exactly;
-        ``as_torch=True`` gives torch tensors in the parameters' own dtypes
-        (torch is then needed).
+        ``as_torch=True`` gives torch tensors (torch is then needed). The values
+        come in the dtype the workers stream them in (float32 today, as the
+        unsharded fp32 parameters FSDP summons), whatever the model's dtype.
         """
         buffers: Dict[str, bytearray] = {}
         meta: Dict[str, tuple] = {}
+        received: Dict[str, int] = {}
         request = job_pb2.SummonFullParamsRequest(job=self.name, with_grads=with_grads)
         for chunk in self.cluster._stream("SummonFullParams", request):
             if chunk.fqn not in buffers:
                 buffers[chunk.fqn] = bytearray(chunk.total_bytes)
                 meta[chunk.fqn] = (chunk.dtype, tuple(chunk.shape))
+                received[chunk.fqn] = 0
             end = chunk.offset_bytes + len(chunk.data)
-            if chunk.offset_bytes < 0 or end > chunk.total_bytes:
+            # The worker streams each tensor's chunks in order, back to back.
+            if chunk.offset_bytes != received[chunk.fqn] or end > len(buffers[chunk.fqn]):
                 raise FlatshardError(grpc.StatusCode.DATA_LOSS,
                                      f"summon: chunk of '{chunk.fqn}' at [{chunk.offset_bytes}, "
-                                     f"{end}) runs past its {chunk.total_bytes} bytes",
+                                     f"{end}) does not follow the {received[chunk.fqn]} bytes "
+                                     f"received of its {len(buffers[chunk.fqn])}",
                                      "SummonFullParams")
             buffers[chunk.fqn][chunk.offset_bytes:end] = chunk.data
+            received[chunk.fqn] = end
         out: Dict[str, Any] = {}
         for fqn, data in buffers.items():
+            if received[fqn] != len(data):
+                raise FlatshardError(grpc.StatusCode.DATA_LOSS,
+                                     f"summon: '{fqn}' ended after {received[fqn]} of its "
+                                     f"{len(data)} bytes", "SummonFullParams")
             dtype, shape = meta[fqn]
             if dtype not in _WIRE_DTYPES:
                 raise FlatshardError(grpc.StatusCode.DATA_LOSS,

@@ -114,6 +114,11 @@ def _module(module: nn.Module, fqn: str, default_dtype: str) -> Dict[str, Any]:
     if kind == "Linear":
         out.update(in_features=module.in_features, out_features=module.out_features,
                    bias=module.bias is not None)
+    elif kind == "Dropout":
+        if module.p != 0:
+            raise UnsupportedModule(f"{where}: Dropout(p={module.p}); flatshard's workers pass "
+                                    "the input through (no dropout), so the cluster would train "
+                                    "another model: set p=0 or use nn.Identity")
     elif kind == "LayerNorm":
         if len(module.normalized_shape) != 1:
             raise UnsupportedModule(f"{where}: LayerNorm over {list(module.normalized_shape)}; "

@@ -171,8 +171,10 @@ def _build(spec, fqn: str) -> nn.Module:
         module = nn.Embedding(num, dim, dtype=dtype)
     elif kind == "GELU":
         module = nn.GELU(approximate=attrs.get("approximate", "none"))
-    elif kind in ("ReLU", "Identity", "Dropout"):
-        module = {"ReLU": nn.ReLU, "Identity": nn.Identity, "Dropout": nn.Dropout}[kind]()
+    elif kind == "Dropout":
+        module = nn.Dropout(p=0.0)  # the workers pass the input through
+    elif kind in ("ReLU", "Identity"):
+        module = {"ReLU": nn.ReLU, "Identity": nn.Identity}[kind]()
     elif kind in ("Sequential", "Module"):
         module = nn.Sequential(children)
     elif kind in ("Residual", "MLP"):
