@@ -429,7 +429,7 @@ void TrainingJob::Stop(const std::string& reason) {
     // sequencer had already failed (and so cancelled nothing above).
     std::lock_guard<std::mutex> lock(mu_);
     for (const auto& client : clients_) client->CancelAll();
-    if (!forming_.prefix.empty()) AbandonFormationLocked(-1, absl::CancelledError(reason));
+    AbandonFormationLocked(-1, absl::CancelledError(reason));  // when one is in progress
   }
   (void)states_.Transition(v1::STOPPED, reason);
   states_.Close();

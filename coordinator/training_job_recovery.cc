@@ -28,7 +28,6 @@ bool TrainingJob::FailRank(int rank, const std::string& worker_id, const absl::S
   if (!recovering && state != v1::READY && state != v1::TRAINING && state != v1::IDLE) {
     return false;
   }
-  const absl::Status cause(reason.code(), absl::StrCat("rank ", rank, ": ", reason.message()));
   std::shared_ptr<CommandSequencer> seq;
   bool recovery_runs = false;
   {
@@ -51,6 +50,7 @@ bool TrainingJob::FailRank(int rank, const std::string& worker_id, const absl::S
   }
   // An operation blocked on the failed rank returns now and recovers itself.
   if (seq != nullptr) seq->Fail(rank, reason);
+  const absl::Status cause(reason.code(), absl::StrCat("rank ", rank, ": ", reason.message()));
   // With no operation running, a thread takes the slot and recovers; when an
   // operation did run, it recovered first and the epoch moved on.
   std::thread finished;

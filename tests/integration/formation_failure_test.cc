@@ -64,10 +64,15 @@ std::unique_ptr<LocalCluster> StartCluster(
   return cluster.ok() ? *std::move(cluster) : nullptr;
 }
 
-// The demo MLP at world size 2, recovering up to 3 times, with spares.
-v1::JobSpec Job() {
+// The demo MLP at world size 2, recovering up to 3 times, with spares; with
+// `data_set`, trained on the .npy files there (under each worker's data dir).
+v1::JobSpec Job(const std::string& data_set = "") {
   auto spec = LoadJobSpecFile(std::string(FLATSHARD_SOURCE_DIR) + "/examples/mlp-job.yaml");
   EXPECT_TRUE(spec.ok()) << spec.status();
+  if (!data_set.empty()) {
+    spec->mutable_data()->set_kind(v1::DataSpec::FILE);
+    spec->mutable_data()->set_path(data_set);
+  }
   spec->set_world_size(2);
   spec->mutable_recovery()->set_max_restarts(3);
   spec->mutable_recovery()->set_spare_wait_s(10);
@@ -117,9 +122,7 @@ TEST(FormationFailureTest, ASpareWithoutTheDataIsPassedOverAndTheSurvivorIsRelea
   std::unique_ptr<LocalCluster> cluster = StartCluster(4, dir + "/checkpoints", "data", where);
   ASSERT_NE(cluster, nullptr);
   FlatshardClient client(cluster->address());
-  v1::JobSpec spec = Job();
-  spec.mutable_data()->set_kind(v1::DataSpec::FILE);
-  spec.mutable_data()->set_path("set");
+  const v1::JobSpec spec = Job(/*data_set=*/"set");
   testing::CreateAndWaitReady(client, spec);
 
   testing::TrainRun run = testing::TrainAndKill(*cluster, client, spec.name(), 6,
@@ -155,9 +158,7 @@ TEST(FormationFailureTest, AWorkerThatStopsWhileBeingConfiguredFailsItAtTheHeart
   std::unique_ptr<LocalCluster> cluster = StartCluster(2, dir + "/checkpoints", "data", where);
   ASSERT_NE(cluster, nullptr);
   FlatshardClient client(cluster->address());
-  v1::JobSpec spec = Job();
-  spec.mutable_data()->set_kind(v1::DataSpec::FILE);
-  spec.mutable_data()->set_path("set");
+  const v1::JobSpec spec = Job(/*data_set=*/"set");
   ASSERT_TRUE(client.CreateJob(spec).ok());
 
   // Both ranks are in Configure: rank 0 waits in the rendezvous for rank 1.
