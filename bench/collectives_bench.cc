@@ -6,8 +6,9 @@
 // The unit reduce (issue #14: cast, pre-divide, pad, reduce-scatter,
 // post-divide, accumulate) is held against the bare ring in place on a buffer
 // of the same bytes, its ceiling; the ring's out-of-place form (one working
-// copy in, one chunk out) is shown beside it. The two are timed interleaved
-// (ring, unit, ring, unit ...) and their ratio is the median of each pair's.
+// copy in, one chunk out, as the unit's result goes to the gradient shard) is
+// shown beside it. The three are timed interleaved (in place, copying, unit,
+// ...) and each ratio is the median of the per-iteration ones.
 // The gradient the backward leaves (allocated and zeroed by EnsureGrad) is set
 // up outside the timed region; the gradient shard is cleared before each
 // reduction, as every training step starts without one.
@@ -15,11 +16,13 @@
 // (SameHostCommunicator: each rank reads its peers' buffers with
 // process_vm_readv, Gloo carrying only the addresses and barriers), which the
 // runtime uses where the ranks share a host: the bare all-gather, the unit's,
-// and the unit reduce against the bare same-host reduce-scatter in place.
+// and the unit reduce against the bare same-host reduce-scatter, in place and
+// copying. --skip-gloo measures only these.
 // Prints a markdown table; busbw follows nccl-tests: (W-1)/W * bytes / time.
 //
 //   collectives_bench [--sizes-mib 1,16,64] [--worlds 2,4] [--iters 10]
-//                     [--reduce-dtype float32|bfloat16|float16]   (--help)
+//                     [--reduce-dtype float32|bfloat16|float16] [--skip-gloo]
+//                     (--help)
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -41,6 +44,8 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 
 #include "bench/bench_flags.h"
 #include "bench/forked_ranks.h"
@@ -91,7 +96,8 @@ double MedianSeconds(int iters, Communicator& comm, Fn&& fn) {
 // The unit's all-gather and its gradient reduce over `comm`, and the bare
 // in-place reduce-scatter of the same bytes they are held against.
 struct UnitTimings {
-  double gather = 0, in_place = 0, reduce = 0, reduce_over_in_place = 0;
+  double gather = 0, in_place = 0, copying = 0, reduce = 0, reduce_over_in_place = 0,
+         reduce_over_copying = 0;
 };
 
 absl::StatusOr<UnitTimings> MeasureUnit(Communicator& comm, int rank, int world, size_t total,
@@ -126,9 +132,12 @@ absl::StatusOr<UnitTimings> MeasureUnit(Communicator& comm, int rank, int world,
     (void)compute->Wait(unit.gathered());
     unit.Free();
   });
-  // The unit reduce against its ceiling interleaved (A B A B ...): the two
-  // share every iteration's conditions on this noisy machine, and the ratio
-  // is the median of the per-iteration ratios. Each step of a training run
+  // The unit reduce against its ceilings interleaved (A B C A B C ...): the
+  // three share every iteration's conditions on this noisy machine, and each
+  // ratio is the median of the per-iteration ratios. The in-place
+  // reduce-scatter leaves its result in its input, dirty in the cache; the
+  // copying one writes it to a buffer of its own, as the unit must (the
+  // gradient shard outlives the unsharded gradient). Each step of a training run
   // starts without a gradient shard (zero_grad), so the setup clears it: the
   // reduction writes the shard, as the first micro-batch of a step does.
   // The ceiling reduces the same elements in the reduce dtype (ones).
@@ -140,18 +149,26 @@ absl::StatusOr<UnitTimings> MeasureUnit(Communicator& comm, int rank, int world,
       BlockCache::Get().Take(es * total),
       [bytes = es * total](std::byte* b) { BlockCache::Get().Give(b, bytes); });
   const std::span<std::byte> scratch(scratch_block.get(), es * total);
+  const std::unique_ptr<std::byte, std::function<void(std::byte*)>> output_block(
+      BlockCache::Get().Take(es * shard),
+      [bytes = es * shard](std::byte* b) { BlockCache::Get().Give(b, bytes); });
   for (size_t i = 0; i < total; ++i) {
     const float one = 1.0f;
     ConvertElements(DType::kFloat32, reinterpret_cast<const std::byte*>(&one), reduce_dtype,
                     ones.data() + i * es, 1);
   }
-  std::vector<double> ring_times, unit_times, ratios;
+  std::vector<double> ring_times, copying_times, unit_times, ratios, copying_ratios;
   for (int i = -1; i < iters; ++i) {  // i = -1 warms up
     std::copy(ones.begin(), ones.end(), scratch.begin());
     (void)comm.Barrier();
     auto start = Clock::now();
     (void)comm.ReduceScatterInPlace(scratch.data(), shard, reduce_dtype);
     const double ring = std::chrono::duration<double>(Clock::now() - start).count();
+    std::copy(ones.begin(), ones.end(), scratch.begin());
+    (void)comm.Barrier();
+    start = Clock::now();
+    (void)comm.ReduceScatter(scratch.data(), output_block.get(), shard, reduce_dtype);
+    const double copying = std::chrono::duration<double>(Clock::now() - start).count();
     unit.ClearGradShard();
     (void)unit.EnsureGrad();
     (void)compute->Synchronize();
@@ -163,8 +180,10 @@ absl::StatusOr<UnitTimings> MeasureUnit(Communicator& comm, int rank, int world,
     const double reduce = std::chrono::duration<double>(Clock::now() - start).count();
     if (i < 0) continue;
     ring_times.push_back(ring);
+    copying_times.push_back(copying);
     unit_times.push_back(reduce);
     ratios.push_back(ring / reduce);
+    copying_ratios.push_back(copying / reduce);
   }
   auto median = [](std::vector<double> v) {
     std::sort(v.begin(), v.end());
@@ -173,11 +192,13 @@ absl::StatusOr<UnitTimings> MeasureUnit(Communicator& comm, int rank, int world,
   t.in_place = median(ring_times);
   t.reduce = median(unit_times);
   t.reduce_over_in_place = median(ratios);
+  t.copying = median(copying_times);
+  t.reduce_over_copying = median(copying_ratios);
   return t;
 }
 
 int RunRank(const std::string& dir, int rank, int world, size_t bytes, int iters,
-            DType reduce_dtype, const std::string& out_path) {
+            DType reduce_dtype, bool skip_gloo, const std::string& out_path) {
   auto store = FileStore::Open(dir);
   GlooOptions options;
   options.timeout = absl::Seconds(120);
@@ -198,34 +219,32 @@ int RunRank(const std::string& dir, int rank, int world, size_t bytes, int iters
   const size_t shard = total / static_cast<size_t>(world);
   Timings t;
   std::vector<float> in(shard, 1.0f), out(total);
-  t.raw_allgather = MedianSeconds(iters, comm, [&] {
-    gloo::AllgatherOptions opts(context);
-    opts.setInput(in.data(), shard);
-    opts.setOutput(out.data(), total);
-    gloo::allgather(opts);
-  });
-
-  absl::StatusOr<UnitTimings> gloo_unit =
-      MeasureUnit(comm, rank, world, total, iters, reduce_dtype);
-  if (!gloo_unit.ok()) {
-    std::cerr << gloo_unit.status() << "\n";
-    return 1;
+  if (!skip_gloo) {
+    t.raw_allgather = MedianSeconds(iters, comm, [&] {
+      gloo::AllgatherOptions opts(context);
+      opts.setInput(in.data(), shard);
+      opts.setOutput(out.data(), total);
+      gloo::allgather(opts);
+    });
+    absl::StatusOr<UnitTimings> gloo_unit =
+        MeasureUnit(comm, rank, world, total, iters, reduce_dtype);
+    if (!gloo_unit.ok()) {
+      std::cerr << gloo_unit.status() << "\n";
+      return 1;
+    }
+    t.unit_gather = gloo_unit->gather;
+    t.ring_in_place = gloo_unit->in_place;
+    t.ring_reduce_scatter = gloo_unit->copying;
+    t.unit_reduce = gloo_unit->reduce;
+    t.unit_over_ring = gloo_unit->reduce_over_in_place;
+    std::vector<float> full(total, 1.0f);
+    std::vector<int> recv_elems(static_cast<size_t>(world), static_cast<int>(shard));
+    t.halving_doubling = MedianSeconds(iters, comm, [&] {
+      gloo::ReduceScatterHalvingDoubling<float> hd(context, {full.data()}, static_cast<int>(total),
+                                                   recv_elems);
+      hd.run();
+    });
   }
-  t.unit_gather = gloo_unit->gather;
-  t.ring_in_place = gloo_unit->in_place;
-  t.unit_reduce = gloo_unit->reduce;
-  t.unit_over_ring = gloo_unit->reduce_over_in_place;
-  std::vector<float> full(total, 1.0f), reduced(shard);
-  t.ring_reduce_scatter = MedianSeconds(iters, comm, [&] {
-    (void)comm.ReduceScatter(full.data(), reduced.data(), shard, DType::kFloat32);
-  });
-
-  std::vector<int> recv_elems(static_cast<size_t>(world), static_cast<int>(shard));
-  t.halving_doubling = MedianSeconds(iters, comm, [&] {
-    gloo::ReduceScatterHalvingDoubling<float> hd(context, {full.data()}, static_cast<int>(total),
-                                                 recv_elems);
-    hd.run();
-  });
 
   options.prefix = "same-host";
   auto same_host_or = GlooCommunicator::Create(*store, rank, world, options);
@@ -254,7 +273,8 @@ int RunRank(const std::string& dir, int rank, int world, size_t bytes, int iters
          << t.ring_in_place << " " << t.unit_reduce << " " << t.halving_doubling << " "
          << t.unit_over_ring << " " << t.same_host_allgather << " " << same_host_unit->gather << " "
          << same_host_unit->in_place << " " << same_host_unit->reduce << " "
-         << same_host_unit->reduce_over_in_place << "\n";
+         << same_host_unit->reduce_over_in_place << " " << same_host_unit->copying << " "
+         << same_host_unit->reduce_over_copying << "\n";
   }
   return 0;
 }
@@ -287,6 +307,9 @@ static int Main(int argc, char** argv) {
                  "it is held against reduces the same elements in it")
       ->check(CLI::IsMember({"float32", "bfloat16", "float16"}))
       ->capture_default_str();
+  bool skip_gloo = false;
+  app.add_flag("--skip-gloo", skip_gloo,
+               "Measure only the same-host columns (their Gloo counterparts print '-')");
   CLI11_PARSE(app, argc, argv);
   const flatshard::DType reduce_dtype = *flatshard::ParseDType(reduce_dtype_name);
   // The reduce columns move the gradient in the reduce dtype.
@@ -295,8 +318,9 @@ static int Main(int argc, char** argv) {
       "| W | size | raw gloo all-gather busbw | unit all-gather busbw | ratio | ring "
       "reduce-scatter busbw (copying) | ring in place busbw | unit reduce busbw | unit / in "
       "place | gloo halving-doubling RS busbw | same-host all-gather busbw | unit all-gather "
-      "busbw, same-host | same-host in place busbw | unit reduce busbw, same-host | unit / in "
-      "place, same-host |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+      "busbw, same-host | same-host in place busbw | same-host reduce-scatter busbw (copying) | "
+      "unit reduce busbw, same-host | unit / in place, same-host | unit / copying, same-host "
+      "|\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (int world : worlds) {
     for (int mib : sizes) {
       const size_t bytes = static_cast<size_t>(mib) << 20;
@@ -304,10 +328,10 @@ static int Main(int argc, char** argv) {
                                            "/flatshard-bench-", getpid(), "-", world, "-", mib);
       const std::string out = dir + ".out";
       const bool ok = flatshard::bench::RunForkedRanks(world, [&](int rank) {
-        return flatshard::RunRank(dir, rank, world, bytes, iters, reduce_dtype, out);
+        return flatshard::RunRank(dir, rank, world, bytes, iters, reduce_dtype, skip_gloo, out);
       });
       std::ifstream in(out);
-      double t[12] = {};
+      double t[14] = {};
       bool read = ok;
       for (double& v : t) read = read && static_cast<bool>(in >> v);
       if (!read) {
@@ -316,13 +340,19 @@ static int Main(int argc, char** argv) {
       }
       const double factor =
           static_cast<double>(world - 1) / world * static_cast<double>(bytes) / 1e9;
-      auto bw = [&](double s) { return factor / s; };
-      auto reduce_bw = [&](double s) { return factor * reduce_share / s; };
-      std::printf(
-          "| %d | %d MiB | %.2f GB/s | %.2f GB/s | %.2f | %.2f GB/s | %.2f GB/s | %.2f GB/s | %.2f "
-          "| %.2f GB/s | %.2f GB/s | %.2f GB/s | %.2f GB/s | %.2f GB/s | %.2f |\n",
-          world, mib, bw(t[0]), bw(t[1]), t[0] / t[1], bw(t[2]), reduce_bw(t[3]), reduce_bw(t[4]),
-          t[6], bw(t[5]), bw(t[7]), bw(t[8]), reduce_bw(t[9]), reduce_bw(t[10]), t[11]);
+      // A cell the run skipped (--skip-gloo) holds 0.
+      auto bw = [&](double s, double share = 1.0) {
+        return s == 0 ? std::string("-") : absl::StrFormat("%.2f GB/s", factor * share / s);
+      };
+      auto reduce_bw = [&](double s) { return bw(s, reduce_share); };
+      auto ratio = [](double r) { return r == 0 ? std::string("-") : absl::StrFormat("%.2f", r); };
+      const std::string row = absl::StrJoin(
+          {absl::StrCat(world), absl::StrCat(mib, " MiB"), bw(t[0]), bw(t[1]),
+           ratio(t[1] == 0 ? 0 : t[0] / t[1]), reduce_bw(t[2]), reduce_bw(t[3]), reduce_bw(t[4]),
+           ratio(t[6]), bw(t[5]), bw(t[7]), bw(t[8]), reduce_bw(t[9]), reduce_bw(t[12]),
+           reduce_bw(t[10]), ratio(t[11]), ratio(t[13])},
+          " | ");
+      std::printf("| %s |\n", row.c_str());
       std::fflush(stdout);
       std::filesystem::remove_all(dir);
       std::filesystem::remove(out);
