@@ -2,8 +2,10 @@
 
     client_test.py BIN_DIR SOURCE_DIR WORK_DIR     (run by run_in_venv.sh in the test venv)
 
-Every test talks to a coordinator and worker daemons started by `flatshard up`:
+The cluster tests talk to a coordinator and worker daemons started by `flatshard up`:
 plaintext for the job lifecycle, mutual TLS with tokens for the security paths.
+The client's own checks on what a server sends (a sharded checkpoint's pieces,
+a summon stream's chunks) are tested offline and against a crafted gRPC server.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import shutil
 import struct
 import sys
 import unittest
+from concurrent import futures
 from unittest import mock
 
 import grpc
@@ -21,6 +24,7 @@ import numpy as np
 
 import flatshard
 from flatshard import checkpoint
+from flatshard.v1 import common_pb2, job_pb2, job_pb2_grpc
 from local_cluster import ClusterTestCase, LocalCluster
 
 BIN, SOURCE, WORK = sys.argv[1:4]
@@ -260,6 +264,63 @@ class OfflineShardedCheckpointTest(unittest.TestCase):
             with self.subTest(name):
                 with self.assertRaisesRegex(ValueError, says):
                     checkpoint.load(self.write(name, 2, pieces))
+
+
+class SummonStreamCheckTest(unittest.TestCase):
+    """`Job.summon` against a real gRPC server that streams crafted chunks: the
+    client's own checks on a stream a worker or a proxy got wrong (the CLI's
+    `summon` makes the same ones)."""
+
+    WEIGHT = np.arange(6, dtype=np.float32).reshape(3, 2)
+
+    class _Server(job_pb2_grpc.JobServiceServicer):
+        def __init__(self) -> None:
+            self.chunks: list = []
+
+        def SummonFullParams(self, request, context):  # noqa: N802 (the RPC's name)
+            yield from self.chunks
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls.servicer = cls._Server()
+        cls.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        job_pb2_grpc.add_JobServiceServicer_to_server(cls.servicer, cls.server)
+        port = cls.server.add_insecure_port("127.0.0.1:0")
+        cls.server.start()
+        cls.job = flatshard.Job(flatshard.Cluster(f"127.0.0.1:{port}"), "crafted")
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        cls.server.stop(grace=None).wait()
+
+    def chunk(self, begin: int, end: int, total: int = 24) -> job_pb2.TensorChunk:
+        data = self.WEIGHT.tobytes()
+        return job_pb2.TensorChunk(fqn="w", dtype=common_pb2.DTYPE_FLOAT32, shape=[3, 2],
+                                   offset_bytes=begin, total_bytes=total, data=data[begin:end])
+
+    def test_chunks_in_order_assemble_the_tensor(self) -> None:
+        self.servicer.chunks = [self.chunk(0, 8), self.chunk(8, 20), self.chunk(20, 24)]
+        np.testing.assert_array_equal(self.job.summon()["w"], self.WEIGHT)
+
+    def test_gapped_overlapping_long_and_short_streams_are_data_loss(self) -> None:
+        for name, chunks, says in (
+                ("gap", [(0, 8), (12, 24)], r"at \[12, 24\) does not follow the 8 bytes"),
+                ("overlap", [(0, 12), (8, 24)], r"at \[8, 24\) does not follow the 12 bytes"),
+                ("past the end", [(0, 24), (24, 28)], r"does not follow the 24 bytes"),
+                ("short", [(0, 8), (8, 20)], r"'w' ended after 20 of its 24 bytes")):
+            with self.subTest(name):
+                self.servicer.chunks = [self.chunk(b, e) for b, e in chunks]
+                if name == "past the end":
+                    self.servicer.chunks[1].data = b"\0" * 4
+                with self.assertRaisesRegex(flatshard.FlatshardError, says) as caught:
+                    self.job.summon()
+                self.assertEqual(caught.exception.code, grpc.StatusCode.DATA_LOSS)
+
+    def test_a_dtype_this_client_cannot_read_is_data_loss(self) -> None:
+        self.servicer.chunks = [self.chunk(0, 24)]
+        self.servicer.chunks[0].dtype = common_pb2.DTYPE_UNSPECIFIED
+        with self.assertRaisesRegex(flatshard.FlatshardError, "dtype 0 this client cannot read"):
+            self.job.summon()
 
 
 class SecuredClusterTest(unittest.TestCase):
