@@ -1,5 +1,6 @@
 #include "core/module_types.h"
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
@@ -124,6 +125,11 @@ absl::Status ExpandShorthand(const ModuleTypeInfo& type, const ShorthandSettings
         if (Flag(settings, "bias", true)) {
           module.params.push_back(MakeParam("bias", {*dim}, dtype));
         }
+      } else {
+        // Without a weight nothing else would keep the width: the workers
+        // check their input against it, and a client rebuilding the torch
+        // module (torch_modules.build) needs it.
+        module.attrs.insert_or_assign("normalized_shape", absl::StrCat(*dim));
       }
       return absl::OkStatus();
     }
@@ -206,6 +212,18 @@ absl::Status CheckModuleAgainstType(const ModuleSpec& module, const ModuleTypeIn
       }
       if (bias != nullptr && weight == nullptr) {
         return absl::InvalidArgumentError("LayerNorm has a bias but no weight");
+      }
+      if (auto it = module.attrs.find("normalized_shape"); it != module.attrs.end()) {
+        int64_t dim = 0;
+        if (!absl::SimpleAtoi(it->second, &dim) || dim <= 0) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "LayerNorm attrs.normalized_shape must be an integer > 0, got '", it->second, "'"));
+        }
+        if (weight != nullptr && weight->shape != std::vector<int64_t>{dim}) {
+          return absl::InvalidArgumentError(absl::StrCat("LayerNorm attrs.normalized_shape ", dim,
+                                                         " does not match weight ",
+                                                         ShapeString(weight->shape)));
+        }
       }
       return NoChildren(module, type.name);
     }

@@ -149,6 +149,37 @@ class TorchInteropTest(ClusterTestCase):
         (step,) = list(job.train(1))
         self.assertAlmostEqual(step.loss, expected, delta=2e-5 * expected)
 
+    def test_layer_norm_without_affine_round_trips_and_computes_the_clusters_loss(self) -> None:
+        # No weight keeps its width: the spec's attrs.normalized_shape does.
+        samples, batch = 16, 8
+        rng = np.random.default_rng(5)
+        inputs = rng.standard_normal((samples, 8), dtype=np.float32)
+        targets = rng.standard_normal((samples, 4), dtype=np.float32)
+        data = os.path.join(self.local.work, "plain-norm")
+        os.makedirs(data, exist_ok=True)
+        np.save(os.path.join(data, "inputs.npy"), inputs)
+        np.save(os.path.join(data, "targets.npy"), targets)
+        net = torch.nn.Sequential(torch.nn.Linear(8, 16),
+                                  torch.nn.LayerNorm(16, elementwise_affine=False, eps=1e-3),
+                                  torch.nn.Linear(16, 4))
+        job = self.cluster.create_job({
+            "name": "plain-norm", "model": from_torch.model_spec(net, "plain-norm"),
+            "world_size": 2, "wrap_policy": "module-type:Linear",
+            "data": {"kind": "file", "path": "plain-norm", "global_batch_size": batch},
+        })
+        list(job.train(1))
+        model = torch_modules.build(job.model_spec())
+        norm = model[1]
+        self.assertEqual((norm.normalized_shape, norm.elementwise_affine, norm.eps),
+                         ((16,), False, 1e-3))
+        model.load_state_dict(job.summon(as_torch=True), strict=True)
+        rows = [(batch + i) % samples for i in range(batch)]
+        with torch.no_grad():
+            expected = F.mse_loss(model(torch.from_numpy(inputs[rows])),
+                                  torch.from_numpy(targets[rows])).item()
+        (step,) = list(job.train(1))
+        self.assertAlmostEqual(step.loss, expected, delta=2e-5 * expected)
+
     def test_unsupported_module_names_its_fqn_and_type(self) -> None:
         made = run_from_torch("models:with_custom_block", os.path.join(WORK, "never.yaml"))
         self.assertEqual(made.returncode, 2)

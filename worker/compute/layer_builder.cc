@@ -133,9 +133,20 @@ class Builder {
   absl::StatusOr<LayerPtr> BuildLayerNorm(const ModuleSpec& m, int mi, int64_t& width) {
     ASSIGN_OR_RETURN(LayerParam weight, FindParam(m, mi, "weight", /*required=*/false));
     ASSIGN_OR_RETURN(LayerParam bias, FindParam(m, mi, "bias", /*required=*/false));
-    int64_t dim = 0;  // without weight the layer takes its input's width
+    // Without weight the width is attrs.normalized_shape (the shorthand
+    // keeps it; CheckModuleAgainstType validated it) or, in a spec written
+    // without it, whatever the layer's input has.
+    int64_t dim = 0;
     if (weight.present()) {
       dim = Shape(weight)[0];
+    } else if (auto it = m.attrs.find("normalized_shape"); it != m.attrs.end()) {
+      if (!absl::SimpleAtoi(it->second, &dim) || dim <= 0) {
+        return Error(
+            m, mi,
+            absl::StrCat("attrs.normalized_shape must be an integer > 0, got '", it->second, "'"));
+      }
+    }
+    if (dim != 0) {
       RETURN_IF_ERROR(ExpectWidth(m, mi, width, dim, "normalized_shape"));
       width = dim;
     }

@@ -67,6 +67,12 @@ INSTANTIATE_TEST_SUITE_P(
                  "{name: ln, type: LayerNorm, normalized_shape: 6}]}",
                  absl::StatusCode::kInvalidArgument,
                  "module 'ln' (LayerNorm): its input has width 4 but its normalized_shape is 6"},
+        BadModel{"layer_norm_without_affine_width",
+                 "root: {type: Sequential, children: ["
+                 "{name: a, type: Linear, in_features: 3, out_features: 4},"
+                 "{name: ln, type: LayerNorm, normalized_shape: 6, elementwise_affine: false}]}",
+                 absl::StatusCode::kInvalidArgument,
+                 "module 'ln' (LayerNorm): its input has width 4 but its normalized_shape is 6"},
         BadModel{"embedding_not_first",
                  "root: {type: Sequential, children: ["
                  "{name: a, type: Linear, in_features: 3, out_features: 4},"

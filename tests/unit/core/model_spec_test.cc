@@ -120,6 +120,13 @@ INSTANTIATE_TEST_SUITE_P(
                 "root:\n  type: Module\n  children:\n    - name: blk\n      type: Module\n"
                 "      params: [{name: w, shape: [3, -4]}]\n",
                 "parameter 'blk.w': shape[1] must be > 0, got -4"},
+        BadSpec{"layer_norm_width_not_a_number",
+                "root:\n  type: LayerNorm\n  attrs: {normalized_shape: wide}\n",
+                "LayerNorm attrs.normalized_shape must be an integer > 0, got 'wide'"},
+        BadSpec{"layer_norm_width_against_weight",
+                "root:\n  type: LayerNorm\n  params: [{name: weight, shape: [6]}]\n"
+                "  attrs: {normalized_shape: '8'}\n",
+                "LayerNorm attrs.normalized_shape 8 does not match weight [6]"},
         BadSpec{"linear_overflows",
                 "root:\n  type: Sequential\n  children:\n"
                 "    - {name: fc, type: Linear, in_features: 4000000000, "
@@ -213,6 +220,27 @@ TEST(ModelSpecTest, MissingFileIsNotFoundNamingThePath) {
   EXPECT_EQ(spec.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(std::string(spec.status().message()),
               HasSubstr("/nonexistent/model.yaml: cannot open"));
+}
+
+// A LayerNorm without affine parameters keeps its width where the workers and
+// a client rebuilding the torch module find it: attrs.normalized_shape, also
+// on the wire.
+TEST(ModelSpecTest, LayerNormWithoutAffineKeepsItsWidthInAttrs) {
+  auto spec = ParseModelSpec(
+      "root:\n  type: Sequential\n  children:\n"
+      "    - {name: plain, type: LayerNorm, normalized_shape: 6, elementwise_affine: false}\n"
+      "    - {name: affine, type: LayerNorm, normalized_shape: 6}\n",
+      "ln.yaml");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  const ModuleSpec& plain = spec->root.children[0];
+  EXPECT_TRUE(plain.params.empty());
+  EXPECT_THAT(plain.attrs, ::testing::ElementsAre(::testing::Pair("normalized_shape", "6")));
+  const ModuleSpec& affine = spec->root.children[1];
+  EXPECT_EQ(affine.params.size(), 2u);
+  EXPECT_TRUE(affine.attrs.empty());  // the weight's shape says it
+  auto round_trip = ModelSpecFromProto(ModelSpecToProto(*spec));
+  ASSERT_TRUE(round_trip.ok()) << round_trip.status();
+  EXPECT_EQ(round_trip->root.children[0].attrs.at("normalized_shape"), "6");
 }
 
 TEST(ModelSpecTest, RepeatMakesPyTorchStyleIndexedChildren) {
