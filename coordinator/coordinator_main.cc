@@ -2,6 +2,7 @@
 // store) and JobService on one address, Prometheus metrics on another.
 // SIGTERM or SIGINT stops serving (aborting the workers' collectives) and
 // exits 0; the job stays in --state-dir as it was, for the next start.
+#include <cmath>
 #include <csignal>
 #include <cstring>
 #include <filesystem>
@@ -46,6 +47,7 @@ struct Flags {
   double configure_timeout_s = 120.0;
   double batch_timeout_s = 600.0;
   int max_workers = 65536;
+  double stalled_write_timeout_s = 60.0;
   std::string address_file;
   std::string checkpoint_root = "./checkpoints";
   std::string state_dir = "./flatshard-state";
@@ -75,6 +77,12 @@ int Run(const Flags& f) {
     std::cerr << "flatshard-coordinator: --heartbeat-timeout (" << f.heartbeat_timeout_s
               << ") must exceed --heartbeat-interval (" << f.heartbeat_interval_s
               << "), which must be positive\n";
+    return 2;
+  }
+  if (!(f.stalled_write_timeout_s >= 0) || !std::isfinite(f.stalled_write_timeout_s)) {
+    std::cerr << "flatshard-coordinator: --stalled-write-timeout must be a number of seconds >= 0 "
+                 "(0: never), got "
+              << f.stalled_write_timeout_s << "\n";
     return 2;
   }
   if (f.max_workers < 1) {
@@ -161,7 +169,9 @@ int Run(const Flags& f) {
                                options.heartbeat_interval, auth->get());
   Coordinator* c = coordinator.get();
   membership.set_abort_query([c](const std::string& id) { return c->AbortEpochFor(id); });
-  JobServiceImpl jobs(c);
+  JobServiceOptions job_service_options;
+  job_service_options.stalled_write_timeout = absl::Seconds(f.stalled_write_timeout_s);
+  JobServiceImpl jobs(c, job_service_options);
   RequestLimits limits(f.limits);
   GuardedJobService guarded_jobs(&jobs, auth->get(), &limits);
   GrpcServer::Interceptors interceptors;
@@ -274,6 +284,10 @@ int Main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--expensive-calls-per-minute", f.limits.expensive_calls_per_minute,
                  "Plan, SummonFullParams and SaveCheckpoint calls per client per minute")
+      ->capture_default_str();
+  app.add_option("--stalled-write-timeout", f.stalled_write_timeout_s,
+                 "Seconds a streaming call (train, watch, summon) may wait for its client to "
+                 "read before it is cancelled; a summon holds the job meanwhile (0: never)")
       ->capture_default_str();
   std::string log_level;
   flatshard::AddLogLevelFlag(app, log_level);

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 
+#include "coordinator/service/stalled_write_guard.h"
 #include "core/job_config.h"
 #include "core/job_spec_yaml.h"
 #include "core/plan.h"
@@ -131,11 +132,13 @@ grpc::Status JobServiceImpl::Train(grpc::ServerContext* context, const v1::Train
     run = *std::move(started);
     if (request->detach()) return grpc::Status::OK;
   }
-  // Stream until the operation ends; a client that goes away leaves it running.
+  // Stream until the operation ends; a client that goes away (or stops
+  // reading) leaves it running.
+  StalledWriteGuard guard(context, options_.stalled_write_timeout, "Train");
   while (true) {
     TrainingRun::Results next = run->Next(cursor, absl::Now() + absl::Seconds(1));
     for (const v1::StepResult& result : next.results) {
-      if (context->IsCancelled() || !writer->Write(result)) {
+      if (context->IsCancelled() || !guard.Write(writer, result)) {
         return grpc::Status(grpc::StatusCode::CANCELLED,
                             "the client went away; the training goes on");
       }
@@ -182,13 +185,19 @@ grpc::Status JobServiceImpl::SummonFullParams(grpc::ServerContext* context,
                                               grpc::ServerWriter<v1::TensorChunk>* writer) {
   absl::StatusOr<std::shared_ptr<TrainingJob>> job = coordinator_->FindJob(request->job());
   if (!job.ok()) return ToGrpcStatus(job.status());
-  return ToGrpcStatus((*job)->Summon(request->with_grads(), request->chunk_bytes(),
-                                     [&](const v1::TensorChunk& chunk) {
-                                       if (context->IsCancelled() || !writer->Write(chunk)) {
-                                         return absl::CancelledError("the client stopped reading");
-                                       }
-                                       return absl::OkStatus();
-                                     }));
+  // The job's operation slot is held while this streams: a client that stops
+  // reading is cut off after the stalled-write timeout, not when its
+  // connection happens to die.
+  StalledWriteGuard guard(context, options_.stalled_write_timeout, "SummonFullParams");
+  return ToGrpcStatus((*job)->Summon(
+      request->with_grads(), request->chunk_bytes(), [&](const v1::TensorChunk& chunk) {
+        if (context->IsCancelled() || !guard.Write(writer, chunk)) {
+          return absl::CancelledError(guard.cancelled()
+                                          ? "the client read nothing for the stalled-write timeout"
+                                          : "the client stopped reading");
+        }
+        return absl::OkStatus();
+      }));
 }
 
 grpc::Status JobServiceImpl::SetStateDictSettings(grpc::ServerContext*,
@@ -222,6 +231,7 @@ grpc::Status JobServiceImpl::WatchEvents(grpc::ServerContext* context,
   absl::StatusOr<std::shared_ptr<TrainingJob>> job = coordinator_->FindJob(request->job());
   if (!job.ok()) return ToGrpcStatus(job.status());
   JobStateMachine& states = (*job)->states();
+  StalledWriteGuard guard(context, options_.stalled_write_timeout, "WatchEvents");
   size_t next = 0;
   // Wake up now and then to notice a client that went away.
   while (!context->IsCancelled()) {
@@ -233,7 +243,7 @@ grpc::Status JobServiceImpl::WatchEvents(grpc::ServerContext* context,
       event.set_state(e.state);
       event.set_message(e.message);
       event.set_unix_micros(absl::ToUnixMicros(e.time));
-      if (!writer->Write(event)) return grpc::Status::OK;
+      if (!guard.Write(writer, event)) return grpc::Status::OK;
     }
     next += events.size();
     if (events.empty() && states.closed()) break;

@@ -5,14 +5,24 @@
 #ifndef FLATSHARD_COORDINATOR_SERVICE_JOB_SERVICE_H_
 #define FLATSHARD_COORDINATOR_SERVICE_JOB_SERVICE_H_
 
+#include "absl/time/time.h"
+
 #include "coordinator/coordinator.h"
 #include "flatshard/v1/job.grpc.pb.h"
 
 namespace flatshard {
 
+struct JobServiceOptions {
+  // A streaming call (Train, SummonFullParams, WatchEvents) whose client has
+  // read nothing for this long while the server waits to write is cancelled
+  // (StalledWriteGuard); zero: never.
+  absl::Duration stalled_write_timeout = absl::Minutes(1);
+};
+
 class JobServiceImpl final : public v1::JobService::Service {
  public:
-  explicit JobServiceImpl(Coordinator* coordinator) : coordinator_(coordinator) {}
+  explicit JobServiceImpl(Coordinator* coordinator, JobServiceOptions options = {})
+      : coordinator_(coordinator), options_(options) {}
 
   grpc::Status CreateJob(grpc::ServerContext* context, const v1::CreateJobRequest* request,
                          v1::CreateJobResponse* response) override;
@@ -57,6 +67,7 @@ class JobServiceImpl final : public v1::JobService::Service {
 
  private:
   Coordinator* coordinator_;
+  JobServiceOptions options_;
 };
 
 }  // namespace flatshard

@@ -1,0 +1,148 @@
+// A client that keeps a stream open but stops reading (StalledWriteGuard),
+// with a real coordinator (--stalled-write-timeout 2) and real workers: its
+// summon, which holds the job's operation slot, is cancelled once a write has
+// waited the timeout, and the job takes other operations again; a client that
+// reads slowly but steadily is never cut off.
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+
+#include "client/flatshard_client.h"
+#include "client/local_cluster.h"
+#include "core/job_spec_yaml.h"
+#include "core/model_spec_proto.h"
+#include "core/model_spec_yaml.h"
+#include "storage/spec_files.h"
+#include "tests/integration/multiprocess.h"
+
+namespace flatshard {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr double kStallSeconds = 2.0;
+
+// ~8.5M parameters (34 MB in float32, streamed in 4 MiB chunks): more than
+// the HTTP/2 windows and the loopback socket buffers hold, so a summon whose
+// client reads nothing blocks the server's Write.
+constexpr char kModel[] = R"(
+root:
+  type: Sequential
+  children:
+    - {name: inp, type: Linear, in_features: 64, out_features: 2048}
+    - {name: mid, type: Linear, in_features: 2048, out_features: 2048}
+    - {name: mid2, type: Linear, in_features: 2048, out_features: 2048}
+    - {name: out, type: Linear, in_features: 2048, out_features: 16}
+)";
+
+class StalledClientTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const std::string dir = testing::MakeTempDir("stalled-client");
+    LocalClusterOptions options;
+    options.workers = 2;
+    options.bin_dir = FLATSHARD_BIN_DIR;
+    options.checkpoint_dir = dir + "/checkpoints";
+    options.coordinator_flags = {"--stalled-write-timeout", std::to_string(kStallSeconds)};
+    auto cluster = LocalCluster::Start(options);
+    ASSERT_TRUE(cluster.ok()) << cluster.status();
+    cluster_ = *std::move(cluster);
+    client_ = std::make_unique<FlatshardClient>(cluster_->address());
+    auto spec = LoadJobSpecFile(std::string(FLATSHARD_SOURCE_DIR) + "/examples/mlp-job.yaml");
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    auto model = ParseModelSpec(kModel, "stalled.yaml");
+    ASSERT_TRUE(model.ok()) << model.status();
+    *spec->mutable_model() = ModelSpecToProto(*model);
+    spec->clear_wrap_policy();
+    spec->set_world_size(2);
+    job_ = spec->name();
+    ASSERT_TRUE(client_->CreateJob(*spec).ok());
+    ASSERT_TRUE(client_->WaitForState(job_, {v1::READY}, absl::Seconds(120)).ok());
+  }
+  void TearDown() override {
+    if (cluster_ != nullptr) {
+      EXPECT_TRUE(cluster_->Stop());
+    }
+  }
+
+  std::unique_ptr<LocalCluster> cluster_;
+  std::unique_ptr<FlatshardClient> client_;
+  std::string job_;
+};
+
+TEST_F(StalledClientTest, SummonThatStopsReadingIsCutOffAndTheJobIsFreeAgain) {
+  // The stalled client: it takes the first chunk, then reads nothing more
+  // until the test lets it.
+  absl::Notification first_chunk, release;
+  absl::Status summoned;
+  std::thread stalled([&] {
+    FlatshardClient client(cluster_->address());
+    summoned = client.SummonFullParams(job_, false, 0, [&](const v1::TensorChunk&) {
+      if (!first_chunk.HasBeenNotified()) first_chunk.Notify();
+      release.WaitForNotification();
+      return absl::OkStatus();
+    });
+  });
+  ASSERT_TRUE(first_chunk.WaitForNotificationWithTimeout(absl::Seconds(60)));
+  const absl::Time stalled_at = absl::Now();
+
+  // Meanwhile the summon holds the job's operation slot: a Train waits up
+  // to 5 s for it, then is refused, until the coordinator cuts the stalled
+  // stream off. Bounded at 60 s, far past the 2 s timeout; without the guard
+  // the summon held the job for as long as the client's connection lived.
+  absl::Status trained = absl::UnknownError("not tried");
+  int refused = 0;
+  const absl::Time give_up = stalled_at + absl::Seconds(60);
+  while (absl::Now() < give_up) {
+    trained = client_->Train(job_, 1, 0, [](const v1::StepResult&) {});
+    if (trained.ok()) break;
+    ASSERT_EQ(trained.code(), absl::StatusCode::kFailedPrecondition) << trained;
+    EXPECT_THAT(std::string(trained.message()), HasSubstr("is busy"));
+    ++refused;
+  }
+  ASSERT_TRUE(trained.ok()) << trained << " after " << refused << " refusals";
+  EXPECT_GE(absl::Now() - stalled_at, absl::Seconds(kStallSeconds))
+      << "the summon let go of the job before a write had waited the timeout";
+
+  release.Notify();
+  stalled.join();
+  EXPECT_EQ(summoned.code(), absl::StatusCode::kCancelled) << summoned;
+
+  // The job is whole: another summon, read at once, streams every parameter.
+  int64_t bytes = 0;
+  ASSERT_TRUE(client_
+                  ->SummonFullParams(job_, false, 0,
+                                     [&](const v1::TensorChunk& chunk) {
+                                       bytes += static_cast<int64_t>(chunk.data().size());
+                                       return absl::OkStatus();
+                                     })
+                  .ok());
+  EXPECT_EQ(bytes, int64_t{4} * (64 * 2048 + 2048 + 2 * (2048 * 2048 + 2048) + 2048 * 16 + 16));
+}
+
+TEST_F(StalledClientTest, SlowButSteadyReaderIsNeverCutOff) {
+  // Nine 4 MiB chunks at 0.5 s each: the summon takes about twice the stall
+  // timeout, but no single write waits that long.
+  int64_t bytes = 0;
+  const absl::Time start = absl::Now();
+  const absl::Status summoned =
+      client_->SummonFullParams(job_, false, 0, [&](const v1::TensorChunk& chunk) {
+        bytes += static_cast<int64_t>(chunk.data().size());
+        std::this_thread::sleep_for(std::chrono::milliseconds(500));  // a slow consumer
+        return absl::OkStatus();
+      });
+  ASSERT_TRUE(summoned.ok()) << summoned;
+  EXPECT_GT(absl::Now() - start, absl::Seconds(kStallSeconds));
+  EXPECT_EQ(bytes, int64_t{4} * (64 * 2048 + 2048 + 2 * (2048 * 2048 + 2048) + 2048 * 16 + 16));
+}
+
+}  // namespace
+}  // namespace flatshard
