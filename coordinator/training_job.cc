@@ -113,6 +113,7 @@ absl::Status TrainingJob::Form(const std::vector<WorkerRecord>& members) {
   v1::JobSpec spec;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    NoteOperationLocked("form the job");
     spec = spec_;
   }
   if (absl::Status formed = FormLocked(members, spec, std::make_shared<const JobConfig>(config_));
@@ -323,9 +324,20 @@ absl::StatusOr<TrainingJob::OperationLock> TrainingJob::BeginOperation(const cha
     (void)op.try_lock_until(std::chrono::system_clock::now() + std::chrono::seconds(5));
   }
   if (!op.owns_lock()) {
+    std::string holder;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      holder = absl::StrCat(
+          op_what_, " for ",
+          absl::FormatDuration(absl::Trunc(absl::Now() - op_since_, absl::Milliseconds(100))));
+    }
     return absl::FailedPreconditionError(absl::StrCat(
         "cannot ", what, ": job '", config_.name, "' is busy (", v1::JobState_Name(states_.state()),
-        "); one operation runs at a time, try again when it finishes"));
+        ", ", holder, "); one operation runs at a time, try again when it finishes"));
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    NoteOperationLocked(what);
   }
   // Whoever held the slot may have left the job in another state (a recovery
   // that failed, a restart's restore): checked again now that none can.
@@ -336,6 +348,11 @@ absl::StatusOr<TrainingJob::OperationLock> TrainingJob::BeginOperation(const cha
                                                "is READY"));
   }
   return op;
+}
+
+void TrainingJob::NoteOperationLocked(const char* what) {
+  op_what_ = what;
+  op_since_ = absl::Now();
 }
 
 void TrainingJob::FailWith(const absl::Status& status) {

@@ -188,6 +188,8 @@ class TrainingJob {
   // before it is refused. A TRAINING job refuses at once.
   using OperationLock = std::unique_lock<std::timed_mutex>;
   absl::StatusOr<OperationLock> BeginOperation(const char* what);
+  // Records that `what` holds the operation slot now; mu_ held.
+  void NoteOperationLocked(const char* what);
   // Why no operation may start in `state` (OK when one may): what is named.
   absl::Status RefuseOperationIn(v1::JobState state, const char* what) const;
   absl::StatusOr<std::vector<int>> CheckUnits(const std::vector<int>& units) const;
@@ -300,6 +302,10 @@ class TrainingJob {
 
   std::timed_mutex op_mu_;  // one operation at a time
   mutable std::mutex mu_;   // guards everything below
+  // What took the operation slot last, and when: while the slot is held, the
+  // operation that holds it (a refusal names it).
+  const char* op_what_ = "";
+  absl::Time op_since_;
   uint64_t epoch_ = 0;
   uint64_t oldest_rendezvous_epoch_ = 1;  // the oldest epoch whose store keys may remain
   int64_t step_ = 0;                      // optimizer steps completed

@@ -66,6 +66,7 @@ bool TrainingJob::FailRank(int rank, const std::string& worker_id, const absl::S
         bool current = false;
         {
           std::lock_guard<std::mutex> inner(mu_);
+          NoteOperationLocked("recover");
           current = !stopping_ && epoch_ == epoch;
         }
         if (current) (void)OnBatchFailure(cause);

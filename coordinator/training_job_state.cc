@@ -290,6 +290,7 @@ absl::Status TrainingJob::ReadoptLocked() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!restored_.has_value()) return absl::OkStatus();
+    NoteOperationLocked("re-adopt the workers");
     restored = *restored_;
   }
   const JobRecord& record = restored.record;

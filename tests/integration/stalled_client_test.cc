@@ -1,5 +1,5 @@
 // A client that keeps a stream open but stops reading (StalledWriteGuard),
-// with a real coordinator (--stalled-write-timeout 2) and real workers: its
+// with a real coordinator (--stalled-write-timeout 7) and real workers: its
 // summon, which holds the job's operation slot, is cancelled once a write has
 // waited the timeout, and the job takes other operations again; a client that
 // reads slowly but steadily is never cut off.
@@ -28,7 +28,10 @@ namespace {
 
 using ::testing::HasSubstr;
 
-constexpr double kStallSeconds = 2.0;
+// Longer than the 5 s a call waits for a busy job's operation slot, so that
+// the first Train is refused (naming what holds the job) and a later one
+// gets it.
+constexpr double kStallSeconds = 7.0;
 
 // ~8.5M parameters (34 MB in float32, streamed in 4 MiB chunks): more than
 // the HTTP/2 windows and the loopback socket buffers hold, so a summon whose
@@ -95,9 +98,10 @@ TEST_F(StalledClientTest, SummonThatStopsReadingIsCutOffAndTheJobIsFreeAgain) {
   const absl::Time stalled_at = absl::Now();
 
   // Meanwhile the summon holds the job's operation slot: a Train waits up
-  // to 5 s for it, then is refused, until the coordinator cuts the stalled
-  // stream off. Bounded at 60 s, far past the 2 s timeout; without the guard
-  // the summon held the job for as long as the client's connection lived.
+  // to 5 s for it, then is refused naming the summon, until the coordinator
+  // cuts the stalled stream off. Bounded at 60 s, far past the timeout;
+  // without the guard the summon held the job for as long as the client's
+  // connection lived.
   absl::Status trained = absl::UnknownError("not tried");
   int refused = 0;
   const absl::Time give_up = stalled_at + absl::Seconds(60);
@@ -105,10 +109,11 @@ TEST_F(StalledClientTest, SummonThatStopsReadingIsCutOffAndTheJobIsFreeAgain) {
     trained = client_->Train(job_, 1, 0, [](const v1::StepResult&) {});
     if (trained.ok()) break;
     ASSERT_EQ(trained.code(), absl::StatusCode::kFailedPrecondition) << trained;
-    EXPECT_THAT(std::string(trained.message()), HasSubstr("is busy"));
+    EXPECT_THAT(std::string(trained.message()), HasSubstr("is busy (READY, summon parameters for"));
     ++refused;
   }
   ASSERT_TRUE(trained.ok()) << trained << " after " << refused << " refusals";
+  EXPECT_GE(refused, 1) << "the summon did not hold the job past the slot's 5 s wait";
   EXPECT_GE(absl::Now() - stalled_at, absl::Seconds(kStallSeconds))
       << "the summon let go of the job before a write had waited the timeout";
 
@@ -129,14 +134,14 @@ TEST_F(StalledClientTest, SummonThatStopsReadingIsCutOffAndTheJobIsFreeAgain) {
 }
 
 TEST_F(StalledClientTest, SlowButSteadyReaderIsNeverCutOff) {
-  // Nine 4 MiB chunks at 0.5 s each: the summon takes about twice the stall
+  // Fourteen chunks (up to 4 MiB) at 0.75 s each: the summon takes longer than the stall
   // timeout, but no single write waits that long.
   int64_t bytes = 0;
   const absl::Time start = absl::Now();
   const absl::Status summoned =
       client_->SummonFullParams(job_, false, 0, [&](const v1::TensorChunk& chunk) {
         bytes += static_cast<int64_t>(chunk.data().size());
-        std::this_thread::sleep_for(std::chrono::milliseconds(500));  // a slow consumer
+        std::this_thread::sleep_for(std::chrono::milliseconds(750));  // a slow consumer
         return absl::OkStatus();
       });
   ASSERT_TRUE(summoned.ok()) << summoned;
