@@ -11,6 +11,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "rpc/call_metadata.h"
+#include "rpc/keepalive.h"
 
 #include "core/status_macros.h"
 #include "proto/grpc_status.h"
@@ -45,6 +46,8 @@ FlatshardClient::FlatshardClient(const CoordinatorTarget& target) : address_(tar
   }
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  // A Train or watch stream notices a coordinator that vanished.
+  ApplyClientKeepalive(args);
   const TlsMaterial* material = tls.ok() && tls->has_value() ? &**tls : nullptr;
   stub_ = v1::JobService::NewStub(
       grpc::CreateCustomChannel(target.address, ChannelCredentials(material), args));

@@ -48,6 +48,7 @@ struct Flags {
   double batch_timeout_s = 600.0;
   int max_workers = 65536;
   double stalled_write_timeout_s = 60.0;
+  double keepalive_interval_s = 30.0;
   std::string address_file;
   std::string checkpoint_root = "./checkpoints";
   std::string state_dir = "./flatshard-state";
@@ -83,6 +84,12 @@ int Run(const Flags& f) {
     std::cerr << "flatshard-coordinator: --stalled-write-timeout must be a number of seconds >= 0 "
                  "(0: never), got "
               << f.stalled_write_timeout_s << "\n";
+    return 2;
+  }
+  if (!(f.keepalive_interval_s >= 0) || !std::isfinite(f.keepalive_interval_s)) {
+    std::cerr << "flatshard-coordinator: --keepalive-interval must be a number of seconds >= 0 "
+                 "(0: no pings), got "
+              << f.keepalive_interval_s << "\n";
     return 2;
   }
   if (f.max_workers < 1) {
@@ -178,7 +185,7 @@ int Run(const Flags& f) {
   interceptors.push_back(RpcMetricsInterceptor(*registry));
   absl::StatusOr<std::unique_ptr<GrpcServer>> server =
       GrpcServer::Start(f.listen, {&membership, &guarded_jobs}, std::move(interceptors),
-                        ServerCredentials(tls_material));
+                        ServerCredentials(tls_material), absl::Seconds(f.keepalive_interval_s));
   if (!server.ok()) {
     std::cerr << "flatshard-coordinator: --listen: " << server.status().message() << "\n";
     return 1;
@@ -288,6 +295,11 @@ int Main(int argc, char** argv) {
   app.add_option("--stalled-write-timeout", f.stalled_write_timeout_s,
                  "Seconds a streaming call (train, watch, summon) may wait for its client to "
                  "read before it is cancelled; a summon holds the job meanwhile (0: never)")
+      ->capture_default_str();
+  app.add_option("--keepalive-interval", f.keepalive_interval_s,
+                 "Seconds without traffic after which the coordinator pings a client or worker "
+                 "with calls in flight; one that does not answer within as long (at most 20 s) "
+                 "is dropped and its streams end (0: no pings)")
       ->capture_default_str();
   std::string log_level;
   flatshard::AddLogLevelFlag(app, log_level);

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "rpc/call_metadata.h"
+#include "rpc/keepalive.h"
 
 #include "proto/grpc_status.h"
 
@@ -59,6 +60,7 @@ GrpcWorkerClient::GrpcWorkerClient(const std::string& address,
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  ApplyClientKeepalive(args);
   channel_ = grpc::CreateCustomChannel(
       address, credentials != nullptr ? credentials : grpc::InsecureChannelCredentials(), args);
   stub_ = v1::WorkerService::NewStub(channel_);

@@ -19,7 +19,8 @@ constexpr int kMaxMessageBytes = 64 << 20;
 
 absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(
     const std::string& address, const std::vector<grpc::Service*>& services,
-    Interceptors interceptors, const std::shared_ptr<grpc::ServerCredentials>& credentials) {
+    Interceptors interceptors, const std::shared_ptr<grpc::ServerCredentials>& credentials,
+    absl::Duration keepalive_interval) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
@@ -27,6 +28,7 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(
   builder.AddListeningPort(
       address, credentials != nullptr ? credentials : grpc::InsecureServerCredentials(), &port);
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
+  ApplyServerKeepalive(builder, keepalive_interval);
   for (grpc::Service* service : services) builder.RegisterService(service);
   if (!interceptors.empty()) {
     builder.experimental().SetInterceptorCreators(std::move(interceptors));

@@ -13,6 +13,8 @@
 #include <grpcpp/support/server_interceptor.h>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "rpc/keepalive.h"
 
 namespace flatshard {
 
@@ -23,11 +25,13 @@ class GrpcServer {
 
   // `address` like "127.0.0.1:0". The services must outlive the server.
   // `interceptors` see every call (the daemons' RPC metrics); `credentials`
-  // null serves plaintext (rpc/tls_credentials.h makes TLS ones).
+  // null serves plaintext (rpc/tls_credentials.h makes TLS ones);
+  // `keepalive_interval`: rpc/keepalive.h.
   static absl::StatusOr<std::unique_ptr<GrpcServer>> Start(
       const std::string& address, const std::vector<grpc::Service*>& services,
       Interceptors interceptors = {},
-      const std::shared_ptr<grpc::ServerCredentials>& credentials = nullptr);
+      const std::shared_ptr<grpc::ServerCredentials>& credentials = nullptr,
+      absl::Duration keepalive_interval = kServerKeepaliveInterval);
   ~GrpcServer();  // shuts down, cancelling in-flight calls after a short grace
 
   int port() const { return port_; }

@@ -25,6 +25,7 @@
 #include "prometheus/registry.h"
 #include "rpc/call_metadata.h"
 #include "rpc/grpc_server.h"
+#include "rpc/keepalive.h"
 #include "rpc/listen_policy.h"
 #include "rpc/log_flags.h"
 #include "rpc/secrets.h"
@@ -190,8 +191,10 @@ int Run(const Flags& f) {
   if (worker_id.empty()) worker_id = absl::StrCat(f.advertise_host, "-", getpid());
   // Without a state dir the identity lives as long as the process.
   const std::string identity_secret = identity != nullptr ? identity->secret() : RandomSecret();
+  grpc::ChannelArguments channel_args;
+  ApplyClientKeepalive(channel_args);  // a StoreWait notices a coordinator that vanished
   std::shared_ptr<grpc::Channel> channel =
-      grpc::CreateChannel(f.coordinator, ChannelCredentials(tls_material));
+      grpc::CreateCustomChannel(f.coordinator, ChannelCredentials(tls_material), channel_args);
   auto call_credentials = std::make_shared<WorkerCallCredentials>(*join_token);
   // Declared before the service they observe, so they outlive it.
   auto registry = std::make_shared<prometheus::Registry>();

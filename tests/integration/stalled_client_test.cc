@@ -1,13 +1,19 @@
-// A client that keeps a stream open but stops reading (StalledWriteGuard),
-// with a real coordinator (--stalled-write-timeout 7) and real workers: its
-// summon, which holds the job's operation slot, is cancelled once a write has
-// waited the timeout, and the job takes other operations again; a client that
-// reads slowly but steadily is never cut off.
+// Clients that stop reading or vanish, with a real coordinator and real
+// workers. One that keeps a summon open but reads nothing (StalledWriteGuard,
+// --stalled-write-timeout 7) is cancelled once a write has waited the
+// timeout, and the job, whose operation slot the summon held, takes other
+// operations again; one that reads slowly but steadily is never cut off. One
+// that vanishes with an idle stream (SIGSTOP) is dropped by the coordinator's
+// keepalive pings (--keepalive-interval 1), which frees its stream slot.
 #include <atomic>
 #include <chrono>
+#include <csignal>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -15,6 +21,7 @@
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 
+#include "client/child_process.h"
 #include "client/flatshard_client.h"
 #include "client/local_cluster.h"
 #include "core/job_spec_yaml.h"
@@ -49,12 +56,16 @@ root:
 class StalledClientTest : public ::testing::Test {
  protected:
   void SetUp() override {
+    StartCluster({"--stalled-write-timeout", std::to_string(kStallSeconds)});
+  }
+
+  void StartCluster(std::vector<std::string> coordinator_flags) {
     const std::string dir = testing::MakeTempDir("stalled-client");
     LocalClusterOptions options;
     options.workers = 2;
     options.bin_dir = FLATSHARD_BIN_DIR;
     options.checkpoint_dir = dir + "/checkpoints";
-    options.coordinator_flags = {"--stalled-write-timeout", std::to_string(kStallSeconds)};
+    options.coordinator_flags = std::move(coordinator_flags);
     auto cluster = LocalCluster::Start(options);
     ASSERT_TRUE(cluster.ok()) << cluster.status();
     cluster_ = *std::move(cluster);
@@ -147,6 +158,65 @@ TEST_F(StalledClientTest, SlowButSteadyReaderIsNeverCutOff) {
   ASSERT_TRUE(summoned.ok()) << summoned;
   EXPECT_GT(absl::Now() - start, absl::Seconds(kStallSeconds));
   EXPECT_EQ(bytes, int64_t{4} * (64 * 2048 + 2048 + 2 * (2048 * 2048 + 2048) + 2048 * 16 + 16));
+}
+
+// A client that vanishes without closing its connection (SIGSTOP here; a
+// host that lost power or its network alike) while its stream is idle: no
+// Write ever blocks, so only the coordinator's keepalive pings, which go
+// unanswered, end the stream and free the client's stream slot.
+class VanishedClientTest : public StalledClientTest {
+ protected:
+  void SetUp() override {
+    StartCluster({"--keepalive-interval", "1", "--max-streams-per-client", "1"});
+  }
+};
+
+TEST_F(VanishedClientTest, StoppedWatcherIsDroppedByKeepaliveAndFreesItsStreamSlot) {
+  // The setup's wait for READY was a stream too, and its slot is free once
+  // the coordinator has seen that call end (within 0.5 s): a watcher refused
+  // before then is started again. The job's history is replayed first, so a
+  // line means the stream is open.
+  std::unique_ptr<ChildProcess> watcher;
+  const absl::Time give_up_start = absl::Now() + absl::Seconds(30);
+  while (watcher == nullptr && absl::Now() < give_up_start) {
+    auto started = ChildProcess::Spawn({std::string(FLATSHARD_BIN_DIR) + "/flatshard", "watch",
+                                        "-c", cluster_->address(), "-j", job_});
+    ASSERT_TRUE(started.ok()) << started.status();
+    if ((*started)->ReadLine(absl::Seconds(60)).ok()) {
+      watcher = *std::move(started);
+    } else {
+      (void)(*started)->Wait(absl::Seconds(10));
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));  // retry pacing, not sync
+    }
+  }
+  ASSERT_NE(watcher, nullptr) << "no watcher got a stream";
+  watcher->Signal(SIGSTOP);
+  const absl::Time stopped_at = absl::Now();
+
+  // Every client here is 127.0.0.1, allowed one stream: training (a stream)
+  // is refused while the stopped watcher holds the slot, until the pings
+  // (every 1 s, 1 s to answer) drop it. Bounded at 60 s; without keepalive
+  // the slot stayed taken for as long as the watcher did not exit.
+  absl::Status trained = absl::UnknownError("not tried");
+  int refused = 0;
+  while (absl::Now() < stopped_at + absl::Seconds(60)) {
+    trained = client_->Train(job_, 1, 0, [](const v1::StepResult&) {});
+    if (trained.ok()) break;
+    ASSERT_EQ(trained.code(), absl::StatusCode::kResourceExhausted) << trained;
+    ++refused;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));  // retry pacing, not sync
+  }
+  ASSERT_TRUE(trained.ok()) << trained << " after " << refused << " refusals";
+  EXPECT_GE(refused, 1) << "the stopped watcher never held the slot";
+  EXPECT_LT(absl::Now() - stopped_at, absl::Seconds(30));
+
+  // Woken, the watcher finds its stream gone and ends with an error.
+  watcher->Signal(SIGCONT);
+  for (int line = 0; line < 100 && watcher->ReadLine(absl::Seconds(30)).ok(); ++line) {
+  }
+  const std::optional<int> exit_code = watcher->Wait(absl::Seconds(30));
+  ASSERT_TRUE(exit_code.has_value()) << "the watcher did not end";
+  EXPECT_NE(*exit_code, 0);
 }
 
 }  // namespace

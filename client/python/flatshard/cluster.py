@@ -33,8 +33,11 @@ _WIRE_DTYPES = {
     common_pb2.DTYPE_INT32: np.int32, common_pb2.DTYPE_INT64: np.int64,
 }
 # Summons and checkpoints move whole models: no message-size ceiling below the
-# server's own chunking.
-_CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 64 << 20)]
+# server's own chunking. Keepalive as the C++ clients (rpc/keepalive.h): a
+# stream notices a coordinator that vanished within about 40 s.
+_CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 64 << 20),
+                    ("grpc.keepalive_time_ms", 30000), ("grpc.keepalive_timeout_ms", 10000),
+                    ("grpc.http2.max_pings_without_data", 0)]
 
 
 def _read(path: Optional[str]) -> Optional[bytes]:
