@@ -238,9 +238,12 @@ TEST(CoordinatorRestartTest, KilledBetweenMicroBatchesLosesNoGradientAndAddsNone
   FlatshardClient client(cluster->address());
   const std::string events = Events(client, spec.name());
   std::cerr << events;
-  // Re-adopted at a step boundary, or rolled back from step 5 to step 4.
+  // Re-adopted at a step boundary, or rolled back to step 4: from step 5, or
+  // from step 6 when the kill landed after it (a loaded machine; seen under
+  // ctest -j2). The losses and parameters below are the proof either way.
   EXPECT_THAT(events, ::testing::AnyOf(HasSubstr("re-adopted 2 workers of epoch 1"),
-                                       HasSubstr("from checkpoint step-00000004, 1 step(s) lost")));
+                                       HasSubstr("from checkpoint step-00000004, 1 step(s) lost"),
+                                       HasSubstr("from checkpoint step-00000004, 2 step(s) lost")));
   const Reference reference = RunUninterrupted(7);
   ExpectTrainedTo12LikeTheReference(client, spec.name(), reference);
   for (const auto& [step, loss] : losses) {
