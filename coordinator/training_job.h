@@ -188,6 +188,9 @@ class TrainingJob {
   // before it is refused. A TRAINING job refuses at once.
   using OperationLock = std::unique_lock<std::timed_mutex>;
   absl::StatusOr<OperationLock> BeginOperation(const char* what);
+  // Whether `worker`'s current registration failed to join this job
+  // (refused_joiners_); takes mu_.
+  bool RefusedToJoin(const WorkerRecord& worker) const;
   // Records that `what` holds the operation slot now; mu_ held.
   void NoteOperationLocked(const char* what);
   // Why no operation may start in `state` (OK when one may): what is named.
@@ -332,8 +335,15 @@ class TrainingJob {
   std::vector<WorkerRecord> members_;              // the current epoch's, by rank
   int restarts_ = 0;
   std::optional<v1::Recovery> last_recovery_;
-  PeerSnapshotMarks peer_marks_;   // the peer snapshots every rank took, newest last
-  bool recovering_ = false;        // RecoverLocked runs (a failure inside it is final)
+  PeerSnapshotMarks peer_marks_;  // the peer snapshots every rank took, newest last
+  bool recovering_ = false;       // RecoverLocked runs (a failure inside it is final)
+  // Workers whose Configure failed when the job grew back onto them, with the
+  // registration (session) that failed: growing and recoveries pass them over
+  // until they register again (a restarted daemon, say once its node is
+  // fixed), so that one broken node cannot spend a restart at every
+  // checkpoint. (A joiner that configures but fails the checkpoint load is
+  // not told apart from the others yet.)
+  std::map<std::string, std::string> refused_joiners_;
   bool recovery_pending_ = false;  // recoverer_ has not finished
   std::thread recoverer_;          // recovers a failure FailRank saw outside operations
   bool stopping_ = false;          // Stop or the destructor: no more recoveries

@@ -252,7 +252,8 @@ absl::Status TrainingJob::RecoverOnce(const absl::Status& cause, std::vector<int
     if (options_.live_workers) {
       for (const WorkerRecord& w : options_.live_workers()) {
         const bool same_kind = candidates.device.empty() || w.device == candidates.device;
-        if (!old_ids.contains(w.worker_id) && !refused_spares->contains(w.worker_id) && same_kind) {
+        if (!old_ids.contains(w.worker_id) && !refused_spares->contains(w.worker_id) &&
+            !RefusedToJoin(w) && same_kind) {
           candidates.spares.push_back(w);
         }
       }
@@ -358,6 +359,12 @@ absl::Status TrainingJob::RecoverOnce(const absl::Status& cause, std::vector<int
   return states_.Transition(v1::READY, summary);
 }
 
+bool TrainingJob::RefusedToJoin(const WorkerRecord& worker) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto it = refused_joiners_.find(worker.worker_id);
+  return it != refused_joiners_.end() && it->second == worker.session;
+}
+
 absl::Status TrainingJob::MaybeGrow() {
   const int world = world_size();
   if (world >= config_.world_size) return absl::OkStatus();
@@ -390,6 +397,7 @@ absl::Status TrainingJob::MaybeGrow() {
       if (in_epoch.contains(w.worker_id) || (!members.empty() && w.device != members[0].device)) {
         continue;
       }
+      if (RefusedToJoin(w)) continue;
       if (static_cast<int>(members.size() + joining.size()) < config_.world_size) {
         joining.push_back(w);
       }
@@ -414,6 +422,7 @@ absl::Status TrainingJob::MaybeGrow() {
   }
   spec.clear_rank_by_worker_id();
   absl::Status grown;
+  std::string failed_worker;
   {
     // Like a recovery's own load: a batch that fails in it is recovered from
     // once, below, not also by the batch's caller (RunCheckpointBatch).
@@ -421,10 +430,19 @@ absl::Status TrainingJob::MaybeGrow() {
       std::lock_guard<std::mutex> lock(mu_);
       recovering_ = true;
     }
-    grown = FormLocked(members, spec, std::make_shared<const JobConfig>(config_));
+    grown = FormLocked(members, spec, std::make_shared<const JobConfig>(config_), &failed_worker);
     if (grown.ok()) grown = LoadLocked(*checkpoint).status();
     std::lock_guard<std::mutex> lock(mu_);
     recovering_ = false;
+    for (const WorkerRecord& w : joining) {
+      if (!grown.ok() && w.worker_id == failed_worker) {
+        refused_joiners_[w.worker_id] = w.session;
+        spdlog::warn(
+            "job {}: worker {} could not be configured to grow back onto; it is passed over "
+            "until it registers again",
+            config_.name, w.worker_id);
+      }
+    }
   }
   if (!grown.ok()) {
     // A joining worker failed: recover as from any failure (it shrinks

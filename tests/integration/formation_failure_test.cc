@@ -7,8 +7,10 @@
 // formation at its heartbeat timeout instead of the configure timeout, and one
 // that stops during the recovery's restore fails that try at the heartbeat
 // timeout instead of the batch timeout. Each test bounds how long it took well
-// below the timeout it would otherwise wait out.
+// below the timeout it would otherwise wait out. And a worker that cannot be
+// configured to grow back onto costs one restart, not one per checkpoint.
 #include <cerrno>
+#include <chrono>
 #include <csignal>
 #include <cstddef>
 #include <cstring>
@@ -16,6 +18,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <gmock/gmock.h>
@@ -280,6 +283,82 @@ TEST(FormationFailureTest, AWorkerThatStopsDuringTheRestoreFailsThatTryAtTheHear
   const std::map<std::string, int> rank_of = RanksByWorker(client, spec.name());
   EXPECT_EQ(rank_of, (std::map<std::string, int>{{"worker-0", 0}, {"worker-3", 1}}));
   ASSERT_TRUE(client.Train(spec.name(), 1, 0, [](const v1::StepResult&) {}).ok());
+}
+
+// Growing back (docs/fault-tolerance.md): a worker whose node lost its data
+// set rejoins under its old id and cannot be configured. The job tries to
+// grow back onto it once, recovers from that (one restart), and passes it
+// over at the checkpoints after; before, every checkpoint spent a restart on
+// it and the fourth failed the job. Once it registers again (the node fixed,
+// the daemon restarted) the job grows back onto it.
+TEST(FormationFailureTest, AWorkerThatCannotJoinIsPassedOverForGrowingUntilItRegistersAgain) {
+  const std::string dir = testing::MakeTempDir("grow-refused");
+  WriteDataSet(dir + "/n0/data");
+  WriteDataSet(dir + "/n1/data");
+  std::unique_ptr<LocalCluster> cluster = StartCluster(
+      2, dir + "/checkpoints", "data",
+      {{0, {"/usr/bin/env", "-C", dir + "/n0"}}, {1, {"/usr/bin/env", "-C", dir + "/n1"}}});
+  ASSERT_NE(cluster, nullptr);
+  FlatshardClient client(cluster->address());
+  v1::JobSpec spec = Job(/*data_set=*/"set");
+  spec.mutable_checkpoints()->set_every_steps(2);
+  spec.mutable_checkpoints()->set_keep_last(0);
+  spec.mutable_state_dict_settings()->set_state_dict_type(v1::SHARDED_STATE_DICT);
+  spec.mutable_recovery()->set_max_restarts(4);
+  spec.mutable_recovery()->set_spare_wait_s(0.5);
+  testing::CreateAndWaitReady(client, spec);
+  const auto job_now = [&] {
+    auto job = client.GetJob(spec.name());
+    EXPECT_TRUE(job.ok()) << job.status();
+    return job.ok() ? *job : v1::Job{};
+  };
+
+  // Rank 1 dies at step 3; with no spare the job shrinks to world size 1.
+  const int victim = testing::WorkerIndexOfRank(*cluster, client, spec.name(), 1);
+  ASSERT_GE(victim, 0);
+  testing::TrainRun run = testing::TrainAndKill(*cluster, client, spec.name(), 4,
+                                                /*kill_after=*/3, {1});
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  ASSERT_EQ(job_now().world_size(), 1);
+  const int restarts = job_now().restarts();
+
+  // Its node lost the data set and its daemon comes back under its old id.
+  std::filesystem::remove_all(dir + "/n1/data");
+  ASSERT_TRUE(cluster->worker(victim).Wait(absl::Seconds(30)).has_value());
+  ASSERT_TRUE(cluster->RestartWorker(victim).ok());
+  // Checkpoints at steps 6, 8, 10, 12 and 14: one try to grow onto it.
+  absl::Status trained = client.Train(spec.name(), 10, 0, [](const v1::StepResult&) {});
+  ASSERT_TRUE(trained.ok()) << trained << " (a restart spent at every checkpoint)";
+  v1::Job job = job_now();
+  EXPECT_EQ(job.step(), 14);
+  EXPECT_EQ(job.world_size(), 1);
+  EXPECT_EQ(job.restarts(), restarts + 1);
+  EXPECT_THAT(job.last_recovery().cause(), HasSubstr("growing back failed"));
+
+  // The node is fixed and the daemon restarted: a new registration, tried
+  // again at the next checkpoint (step 16), which it joins.
+  WriteDataSet(dir + "/n1/data");
+  cluster->worker(victim).Signal(SIGKILL);
+  ASSERT_TRUE(cluster->worker(victim).Wait(absl::Seconds(30)).has_value());
+  // Its old registration stays live until its heartbeats have been missed
+  // for the timeout: a daemon started before then is refused the id and
+  // exits, and is started again.
+  absl::Status restarted;
+  const absl::Time give_up = absl::Now() + absl::Seconds(3 * kHeartbeatTimeoutS);
+  while (!(restarted = cluster->RestartWorker(victim)).ok() && absl::Now() < give_up) {
+    (void)cluster->worker(victim).Wait(absl::Seconds(10));
+    std::this_thread::sleep_for(std::chrono::milliseconds(250));  // retry pacing, not sync
+  }
+  ASSERT_TRUE(restarted.ok()) << restarted;
+  std::map<int64_t, int> ranks_by_step;
+  trained = client.Train(spec.name(), 4, 0, [&](const v1::StepResult& r) {
+    ranks_by_step[r.step()] = r.rank_losses_size();
+  });
+  ASSERT_TRUE(trained.ok()) << trained;
+  job = job_now();
+  EXPECT_EQ(job.step(), 18);
+  EXPECT_EQ(job.world_size(), 2);
+  EXPECT_EQ(ranks_by_step[18], 2);
 }
 
 }  // namespace
