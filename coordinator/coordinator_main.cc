@@ -298,8 +298,8 @@ int Main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--keepalive-interval", f.keepalive_interval_s,
                  "Seconds without traffic after which the coordinator pings a client or worker "
-                 "with calls in flight; one that does not answer within as long (at most 20 s) "
-                 "is dropped and its streams end (0: no pings)")
+                 "with calls in flight; one that does not answer within as long (5 to 20 s) is "
+                 "dropped and its streams end (0: no pings)")
       ->capture_default_str();
   std::string log_level;
   flatshard::AddLogLevelFlag(app, log_level);

@@ -29,7 +29,8 @@ inline constexpr absl::Duration kServerKeepaliveInterval = absl::Seconds(30);
 
 // A server pings each connection that has calls in flight after `interval`
 // without traffic, and drops it (cancelling its calls) when a ping is not
-// answered within min(interval, 20 s). `interval` <= 0: no server pings.
+// answered within `interval` clamped to [5 s, 20 s]. `interval` <= 0: no
+// server pings.
 void ApplyServerKeepalive(grpc::ServerBuilder& builder, absl::Duration interval);
 
 // A client channel pings as above (kClientKeepaliveInterval / Timeout).

@@ -78,11 +78,22 @@ std::string AuditField(absl::string_view value) {
 void Authenticator::Audit(const grpc::ServerContext& context, const Principal& who,
                           absl::string_view call, absl::string_view target,
                           const grpc::Status& result) {
+  WriteAudit(context, who, call, target,
+             absl::StatusCodeToString(static_cast<absl::StatusCode>(result.error_code())));
+}
+
+void Authenticator::AuditStarted(const grpc::ServerContext& context, const Principal& who,
+                                 absl::string_view call, absl::string_view target) {
+  WriteAudit(context, who, call, target, "STARTED");
+}
+
+void Authenticator::WriteAudit(const grpc::ServerContext& context, const Principal& who,
+                               absl::string_view call, absl::string_view target,
+                               absl::string_view result) {
   const std::string line = absl::StrCat(
       "audit time=", absl::FormatTime(absl::RFC3339_full, absl::Now(), absl::UTCTimeZone()),
       " who=", who.name, " role=", RoleName(who.role), " peer=", context.peer(), " call=", call,
-      " target=", AuditField(target),
-      " result=", absl::StatusCodeToString(static_cast<absl::StatusCode>(result.error_code())));
+      " target=", AuditField(target), " result=", result);
   spdlog::info("{}", line);
   if (audit_file_.is_open()) {
     std::lock_guard<std::mutex> lock(audit_mu_);

@@ -54,9 +54,16 @@ class Authenticator {
   // its target and its result.
   void Audit(const grpc::ServerContext& context, const Principal& who, absl::string_view call,
              absl::string_view target, const grpc::Status& result);
+  // The line of an admitted streaming call when it starts (result=STARTED):
+  // a training or a save may run for hours, and the trail should show it
+  // while it runs, not only once it ended. Audit writes its end.
+  void AuditStarted(const grpc::ServerContext& context, const Principal& who,
+                    absl::string_view call, absl::string_view target);
 
  private:
   explicit Authenticator(AuthenticatorOptions options) : options_(std::move(options)) {}
+  void WriteAudit(const grpc::ServerContext& context, const Principal& who, absl::string_view call,
+                  absl::string_view target, absl::string_view result);
 
   AuthenticatorOptions options_;
   std::mutex audit_mu_;

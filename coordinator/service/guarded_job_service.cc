@@ -127,6 +127,9 @@ grpc::Status GuardedJobService::Guard(grpc::ServerContext& context, const char* 
   if (admitted.ok() && policy->expensive) {
     admitted = limits_->AdmitExpensive(client, method, absl::Now());
   }
+  if (admitted.ok() && policy->audited && policy->streaming) {
+    auth_->AuditStarted(context, *who, method, Target(request));
+  }
   result = admitted.ok() ? call() : ToGrpcStatus(admitted);
   if (policy->audited) auth_->Audit(context, *who, method, Target(request), result);
   return result;

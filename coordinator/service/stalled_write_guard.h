@@ -7,8 +7,10 @@
 // lives: keepalive pings do not notice, since the client's transport still
 // answers them. The guard's watcher thread cancels the call (TryCancel, which
 // gRPC allows from any thread) when one Write has waited `limit`, and the
-// blocked Write then returns false. A slow client that keeps reading is never
-// cut: each Write that completes starts the clock again.
+// blocked Write then returns false. A slow client that keeps reading is not
+// cut as long as one message drains within `limit` (a 4 MiB summon chunk
+// within 60 s: above about 1 Mbit/s): each Write that completes starts the
+// clock again.
 #ifndef FLATSHARD_COORDINATOR_SERVICE_STALLED_WRITE_GUARD_H_
 #define FLATSHARD_COORDINATOR_SERVICE_STALLED_WRITE_GUARD_H_
 

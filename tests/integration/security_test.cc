@@ -128,6 +128,13 @@ TEST_F(SecurityTest, AMutualTlsClusterTrainsAndCheckpointsAndAuditsIt) {
   EXPECT_THAT(audit, HasSubstr("call=CreateJob target=mlp-demo result=OK"));
   EXPECT_THAT(audit, HasSubstr("call=SaveCheckpoint target=mlp-demo/secured result=OK"));
   EXPECT_THAT(audit, HasSubstr("who=otto role=operator"));
+  // A streaming call is audited when it starts and when it ends, in order.
+  const size_t started = audit.find("call=SaveCheckpoint target=mlp-demo/secured result=STARTED");
+  ASSERT_NE(started, std::string::npos) << audit;
+  EXPECT_LT(started, audit.find("call=SaveCheckpoint target=mlp-demo/secured result=OK"));
+  EXPECT_THAT(audit, HasSubstr("call=Train target=mlp-demo result=STARTED"));
+  // A unary call has one line.
+  EXPECT_THAT(audit, Not(HasSubstr("call=CreateJob target=mlp-demo result=STARTED")));
 }
 
 TEST_F(SecurityTest, ClientsWithoutTheRightCredentialsAreRefusedWithTheRightCode) {

@@ -5,7 +5,6 @@
 // operations again; one that reads slowly but steadily is never cut off. One
 // that vanishes with an idle stream (SIGSTOP) is dropped by the coordinator's
 // keepalive pings (--keepalive-interval 1), which frees its stream slot.
-#include <atomic>
 #include <chrono>
 #include <csignal>
 #include <memory>
@@ -16,9 +15,9 @@
 #include <vector>
 
 #include <gmock/gmock.h>
+#include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
-#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 
 #include "client/child_process.h"
@@ -27,6 +26,7 @@
 #include "core/job_spec_yaml.h"
 #include "core/model_spec_proto.h"
 #include "core/model_spec_yaml.h"
+#include "flatshard/v1/job.grpc.pb.h"
 #include "storage/spec_files.h"
 #include "tests/integration/multiprocess.h"
 
@@ -93,19 +93,39 @@ class StalledClientTest : public ::testing::Test {
 };
 
 TEST_F(StalledClientTest, SummonThatStopsReadingIsCutOffAndTheJobIsFreeAgain) {
-  // The stalled client: it takes the first chunk, then reads nothing more
-  // until the test lets it.
-  absl::Notification first_chunk, release;
-  absl::Status summoned;
-  std::thread stalled([&] {
-    FlatshardClient client(cluster_->address());
-    summoned = client.SummonFullParams(job_, false, 0, [&](const v1::TensorChunk&) {
-      if (!first_chunk.HasBeenNotified()) first_chunk.Notify();
-      release.WaitForNotification();
-      return absl::OkStatus();
-    });
-  });
-  ASSERT_TRUE(first_chunk.WaitForNotificationWithTimeout(absl::Seconds(60)));
+  // The stalled client: a channel of its own with small HTTP/2 windows (no
+  // BDP probing, 64 KiB of lookahead), so that what it leaves unread fills
+  // them whatever this host's socket buffers hold. It takes the first chunk,
+  // then reads nothing more until the test is done with the job.
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 64 << 10);
+  args.SetMaxReceiveMessageSize(64 << 20);
+  const std::unique_ptr<v1::JobService::Stub> stub = v1::JobService::NewStub(
+      grpc::CreateCustomChannel(cluster_->address(), grpc::InsecureChannelCredentials(), args));
+  struct StalledCall {
+    grpc::ClientContext context;
+    std::unique_ptr<grpc::ClientReader<v1::TensorChunk>> reader;
+    // Reads what is left and ends the call; also on a failed assertion.
+    grpc::Status Finish() {
+      if (reader == nullptr) return grpc::Status::OK;
+      v1::TensorChunk rest;
+      while (reader->Read(&rest)) {
+      }
+      grpc::Status status = reader->Finish();
+      reader.reset();
+      return status;
+    }
+    ~StalledCall() {
+      if (reader != nullptr) context.TryCancel();
+      (void)Finish();
+    }
+  } stalled;
+  v1::SummonFullParamsRequest request;
+  request.set_job(job_);
+  stalled.reader = stub->SummonFullParams(&stalled.context, request);
+  v1::TensorChunk first;
+  ASSERT_TRUE(stalled.reader->Read(&first)) << "the summon streamed nothing";
   const absl::Time stalled_at = absl::Now();
 
   // Meanwhile the summon holds the job's operation slot: a Train waits up
@@ -128,9 +148,8 @@ TEST_F(StalledClientTest, SummonThatStopsReadingIsCutOffAndTheJobIsFreeAgain) {
   EXPECT_GE(absl::Now() - stalled_at, absl::Seconds(kStallSeconds))
       << "the summon let go of the job before a write had waited the timeout";
 
-  release.Notify();
-  stalled.join();
-  EXPECT_EQ(summoned.code(), absl::StatusCode::kCancelled) << summoned;
+  const grpc::Status summoned = stalled.Finish();
+  EXPECT_EQ(summoned.error_code(), grpc::StatusCode::CANCELLED) << summoned.error_message();
 
   // The job is whole: another summon, read at once, streams every parameter.
   int64_t bytes = 0;
