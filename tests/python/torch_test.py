@@ -125,15 +125,32 @@ class TorchInteropTest(ClusterTestCase):
         self.assertAlmostEqual(step.loss, expected, delta=2e-5 * expected)
         self.assertGreater(expected, 0.5 * np.log(vocab))  # a real loss, not a constant
 
-    def test_mlp_computes_the_clusters_loss(self) -> None:
-        samples, batch = 40, 8
-        rng = np.random.default_rng(3)
-        inputs = rng.standard_normal((samples, 64), dtype=np.float32)
-        targets = rng.standard_normal((samples, 16), dtype=np.float32)
-        data = os.path.join(self.local.work, "dense")
+    def write_regression_set(self, name: str, samples: int, features: int, outputs: int,
+                             seed: int) -> tuple:
+        """A FILE data set `name` under the workers' data dir; its (inputs, targets)."""
+        rng = np.random.default_rng(seed)
+        inputs = rng.standard_normal((samples, features), dtype=np.float32)
+        targets = rng.standard_normal((samples, outputs), dtype=np.float32)
+        data = os.path.join(self.local.work, name)
         os.makedirs(data, exist_ok=True)
         np.save(os.path.join(data, "inputs.npy"), inputs)
         np.save(os.path.join(data, "targets.npy"), targets)
+        return inputs, targets
+
+    def assert_next_loss_is_torchs(self, job, model, inputs, targets, batch: int,
+                                   done: int) -> None:
+        """The cluster's next step has torch's MSE on its batch: after `done` steps it
+        reads global batch `done`, samples (done*B + i) mod N."""
+        rows = [(done * batch + i) % len(inputs) for i in range(batch)]
+        with torch.no_grad():
+            expected = F.mse_loss(model(torch.from_numpy(inputs[rows])),
+                                  torch.from_numpy(targets[rows])).item()
+        (step,) = list(job.train(1))
+        self.assertAlmostEqual(step.loss, expected, delta=2e-5 * expected)
+
+    def test_mlp_computes_the_clusters_loss(self) -> None:
+        batch = 8
+        inputs, targets = self.write_regression_set("dense", 40, 64, 16, seed=3)
         job = self.cluster.create_job({
             "name": "mlp-torch", "model": os.path.join(SOURCE, "examples", "mlp.yaml"),
             "world_size": 2, "wrap_policy": "module-type:Residual",
@@ -142,23 +159,12 @@ class TorchInteropTest(ClusterTestCase):
         list(job.train(2))
         model = torch_modules.build(job.model_spec())
         model.load_state_dict(job.summon(as_torch=True), strict=True)
-        rows = [(2 * batch + i) % samples for i in range(batch)]
-        with torch.no_grad():
-            expected = F.mse_loss(model(torch.from_numpy(inputs[rows])),
-                                  torch.from_numpy(targets[rows])).item()
-        (step,) = list(job.train(1))
-        self.assertAlmostEqual(step.loss, expected, delta=2e-5 * expected)
+        self.assert_next_loss_is_torchs(job, model, inputs, targets, batch, done=2)
 
     def test_layer_norm_without_affine_round_trips_and_computes_the_clusters_loss(self) -> None:
         # No weight keeps its width: the spec's attrs.normalized_shape does.
-        samples, batch = 16, 8
-        rng = np.random.default_rng(5)
-        inputs = rng.standard_normal((samples, 8), dtype=np.float32)
-        targets = rng.standard_normal((samples, 4), dtype=np.float32)
-        data = os.path.join(self.local.work, "plain-norm")
-        os.makedirs(data, exist_ok=True)
-        np.save(os.path.join(data, "inputs.npy"), inputs)
-        np.save(os.path.join(data, "targets.npy"), targets)
+        batch = 8
+        inputs, targets = self.write_regression_set("plain-norm", 16, 8, 4, seed=5)
         net = torch.nn.Sequential(torch.nn.Linear(8, 16),
                                   torch.nn.LayerNorm(16, elementwise_affine=False, eps=1e-3),
                                   torch.nn.Linear(16, 4))
@@ -173,12 +179,7 @@ class TorchInteropTest(ClusterTestCase):
         self.assertEqual((norm.normalized_shape, norm.elementwise_affine, norm.eps),
                          ((16,), False, 1e-3))
         model.load_state_dict(job.summon(as_torch=True), strict=True)
-        rows = [(batch + i) % samples for i in range(batch)]
-        with torch.no_grad():
-            expected = F.mse_loss(model(torch.from_numpy(inputs[rows])),
-                                  torch.from_numpy(targets[rows])).item()
-        (step,) = list(job.train(1))
-        self.assertAlmostEqual(step.loss, expected, delta=2e-5 * expected)
+        self.assert_next_loss_is_torchs(job, model, inputs, targets, batch, done=1)
 
     def test_unsupported_module_names_its_fqn_and_type(self) -> None:
         made = run_from_torch("models:with_custom_block", os.path.join(WORK, "never.yaml"))
