@@ -151,8 +151,8 @@ trap - EXIT
 grep -A2 'stopping the cluster' "$out/up.log" | sed 's/^/  /' || true
 if ((${#tls[@]})); then
   echo
-  echo "== the audit log: every state-changing call, who made it and how it ended =="
-  sed 's/^audit time=[^ ]* /  /' "$security/audit.log" | head -12
+  echo "== the audit log: every state-changing call, who made it, when a stream started, how it ended =="
+  sed 's/^audit time=[^ ]* /  /' "$security/audit.log" | head -16
 fi
 echo
 echo "Next: run 'build/bin/flatshard up' in one terminal and drive it from another"
