@@ -87,7 +87,9 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
                                      "--data-dir",
                                      options.data_dir,
                                      "--checkpoint-dir",
-                                     options.checkpoint_dir,
+                                     options.worker_checkpoint_dirs.contains(i)
+                                         ? options.worker_checkpoint_dirs.at(i)
+                                         : options.checkpoint_dir,
                                      "--collective-timeout",
                                      Number(options.collective_timeout_s),
                                      "--coordinator-timeout",

@@ -41,6 +41,9 @@ struct LocalClusterOptions {
   // processes on a node.
   int compute_threads = 0;
   absl::Duration start_timeout = absl::Seconds(60);
+  // Worker i's --checkpoint-dir, where its node mounts the shared checkpoint
+  // storage (default: checkpoint_dir, the coordinator's --checkpoint-root).
+  std::map<int, std::string> worker_checkpoint_dirs;
   // More flags for worker i (tests: --inject-file-faults on one rank).
   std::map<int, std::vector<std::string>> worker_flags;
   // More flags for the coordinator and for every worker (TLS, tokens: see

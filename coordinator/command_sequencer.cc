@@ -8,6 +8,7 @@
 #include "absl/time/clock.h"
 #include "rpc/command_batch.h"
 
+#include "coordinator/failed_rank.h"
 #include "core/status_macros.h"
 
 namespace flatshard {
@@ -67,9 +68,9 @@ void CommandSequencer::Fail(int rank, const absl::Status& reason) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!failure_.ok()) return;
-    failure_ =
-        rank < 0 ? reason
-                 : absl::Status(reason.code(), absl::StrCat("rank ", rank, ": ", reason.message()));
+    failure_ = rank < 0
+                   ? reason
+                   : WithFailedRank(PrefixStatus(absl::StrCat("rank ", rank, ": "), reason), rank);
     aborting_ = true;
   }
   for (const std::shared_ptr<WorkerClient>& worker : workers_) worker->CancelAll();
@@ -91,10 +92,13 @@ void CommandSequencer::AbortAll(const std::string& reason) {
   for (std::thread& t : aborts) t.join();
 }
 
-absl::Status CommandSequencer::Settle(const std::vector<absl::Status>& statuses) {
+absl::Status CommandSequencer::Settle(const std::vector<absl::Status>& statuses, int first_failed) {
   std::vector<int> failed;
+  if (first_failed >= 0) failed.push_back(first_failed);
   for (size_t r = 0; r < statuses.size(); ++r) {
-    if (!statuses[r].ok()) failed.push_back(static_cast<int>(r));
+    if (!statuses[r].ok() && static_cast<int>(r) != first_failed) {
+      failed.push_back(static_cast<int>(r));
+    }
   }
   if (failed.empty()) return absl::OkStatus();
   {
@@ -106,7 +110,8 @@ absl::Status CommandSequencer::Settle(const std::vector<absl::Status>& statuses)
     if (!failure_.ok()) return failure_;
   }
   // A rank that no longer answers is the cause; the others failed because
-  // their collectives lost it. Otherwise the lowest failing rank.
+  // their collectives lost it. Otherwise the rank that failed first: the
+  // others were aborted for it, or lost it in a collective.
   int blamed = failed.front();
   bool unreachable = false;
   for (int r : failed) {
@@ -118,13 +123,15 @@ absl::Status CommandSequencer::Settle(const std::vector<absl::Status>& statuses)
   }
   const auto b = static_cast<size_t>(blamed);
   const absl::Status& cause = statuses[b];
-  absl::Status failure(
-      cause.code(),
-      unreachable ? absl::StrCat(
-                        "rank ", blamed, " (", workers_[b]->address(),
-                        ") is unreachable, its process died or its host is down: ", cause.message())
-                  : absl::StrCat("rank ", blamed, " (", workers_[b]->address(),
-                                 ") failed: ", cause.message()));
+  absl::Status failure = WithFailedRank(
+      absl::Status(cause.code(), unreachable
+                                     ? absl::StrCat("rank ", blamed, " (", workers_[b]->address(),
+                                                    ") is unreachable, its process died "
+                                                    "or its host is down: ",
+                                                    cause.message())
+                                     : absl::StrCat("rank ", blamed, " (", workers_[b]->address(),
+                                                    ") failed: ", cause.message())),
+      blamed);
   {
     std::lock_guard<std::mutex> lock(mu_);
     failure_ = failure;
@@ -141,6 +148,7 @@ absl::StatusOr<std::vector<v1::CommandResult>> CommandSequencer::Run(v1::Command
   std::mutex mu;
   std::condition_variable all_done;
   size_t pending = world;
+  int first_failed = -1;
   bool aborting = false;
   const absl::Time start = absl::Now();
   const absl::Time deadline = start + batch_timeout_;
@@ -152,6 +160,7 @@ absl::StatusOr<std::vector<v1::CommandResult>> CommandSequencer::Run(v1::Command
         results[r] = *std::move(result);
       } else {
         statuses[r] = result.status();
+        if (first_failed < 0) first_failed = static_cast<int>(r);
       }
       // Wake the waiter for the last answer or a failure (which it acts on
       // at once), not for every answer: a context switch per worker was a
@@ -176,7 +185,7 @@ absl::StatusOr<std::vector<v1::CommandResult>> CommandSequencer::Run(v1::Command
       all_done.wait(lock);
     }
   }
-  if (absl::Status s = Settle(statuses); !s.ok()) return s;
+  if (absl::Status s = Settle(statuses, first_failed); !s.ok()) return s;
   if (on_batch_) on_batch_(batch, absl::Now() - start);
   std::lock_guard<std::mutex> lock(mu_);
   last_seq_ = batch.seq();
@@ -188,27 +197,34 @@ absl::Status CommandSequencer::Summon(v1::CommandBatch batch, const WorkerClient
   const size_t world = workers_.size();
   std::vector<absl::Status> statuses(world);
   const absl::Time deadline = absl::Now() + batch_timeout_;
+  std::mutex mu;
+  int first_failed = -1;
+  const auto note = [&](size_t r, absl::Status status) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!status.ok() && first_failed < 0) first_failed = static_cast<int>(r);
+    statuses[r] = std::move(status);
+  };
   std::vector<std::thread> others;
   others.reserve(world);
   for (size_t r = 1; r < world; ++r) {
     others.emplace_back([&, r] {
-      statuses[r] = workers_[r]->Summon(batch, deadline, [r](const v1::TensorChunk&) {
+      note(r, workers_[r]->Summon(batch, deadline, [r](const v1::TensorChunk&) {
         return absl::InternalError(absl::StrCat("rank ", r,
                                                 " streamed parameters; only rank 0 "
                                                 "should"));
-      });
+      }));
     });
   }
   // A sink error (the client went away) is not the workers' failure: rank 0
   // finishes the collective without streaming and the job stays usable.
   absl::Status sink_status;
-  statuses[0] = workers_[0]->Summon(batch, deadline, [&](const v1::TensorChunk& chunk) {
+  absl::Status mine = workers_[0]->Summon(batch, deadline, [&](const v1::TensorChunk& chunk) {
     sink_status = sink(chunk);
     return sink_status;
   });
-  if (!sink_status.ok()) statuses[0] = absl::OkStatus();
+  note(0, sink_status.ok() ? std::move(mine) : absl::OkStatus());
   for (std::thread& t : others) t.join();
-  if (absl::Status s = Settle(statuses); !s.ok()) return s;
+  if (absl::Status s = Settle(statuses, first_failed); !s.ok()) return s;
   {
     std::lock_guard<std::mutex> lock(mu_);
     last_seq_ = batch.seq();

@@ -36,7 +36,8 @@ class CommandSequencer {
 
   // Runs `batch` (its kind and content set by the caller; epoch, seq and
   // digest stamped here) on every rank; the results by rank. Errors name the
-  // rank; a batch without a kind or with malformed content is
+  // rank to blame (the one that no longer answers, else the one that failed
+  // first), in the message and as FailedRank(); a batch without a kind or with malformed content is
   // INVALID_ARGUMENT before anything is sent.
   absl::StatusOr<std::vector<v1::CommandResult>> Run(v1::CommandBatch batch);
 
@@ -63,8 +64,11 @@ class CommandSequencer {
 
  private:
   absl::Status Begin(v1::CommandBatch& batch);
-  // Picks the rank to blame among per-rank failures and aborts the survivors.
-  absl::Status Settle(const std::vector<absl::Status>& statuses);
+  // Picks the rank to blame among per-rank failures and aborts the
+  // survivors. `first_failed` is the rank whose failure arrived first (-1:
+  // none did): the others' may be that failure's echo (their collective lost
+  // it, or the sequencer aborted them).
+  absl::Status Settle(const std::vector<absl::Status>& statuses, int first_failed);
   void AbortAll(const std::string& reason);
 
   std::vector<std::shared_ptr<WorkerClient>> workers_;

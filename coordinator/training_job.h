@@ -191,6 +191,9 @@ class TrainingJob {
   // Whether `worker`'s current registration failed to join this job
   // (refused_joiners_); takes mu_.
   bool RefusedToJoin(const WorkerRecord& worker) const;
+  // The worker (id) of the current epoch's rank that `failure` is blamed on
+  // (FailedRank), or empty. Takes mu_.
+  std::string BlamedMember(const absl::Status& failure) const;
   // Records that `what` holds the operation slot now; mu_ held.
   void NoteOperationLocked(const char* what);
   // Why no operation may start in `state` (OK when one may): what is named.

@@ -9,6 +9,7 @@
 #include "rpc/status_proto.h"
 #include "spdlog/spdlog.h"
 
+#include "coordinator/failed_rank.h"
 #include "coordinator/training_job.h"
 #include "core/optimizer.h"
 #include "core/status_macros.h"
@@ -161,11 +162,20 @@ absl::StatusOr<std::vector<v1::CommandResult>> TrainingJob::RunCheckpointBatch(
     (void)OnBatchFailure(results.status());
     return results.status();
   }
+  // The lowest rank whose part failed. It is to blame (its node cannot read
+  // or write the storage, say) only if another rank's part succeeded: when
+  // every part fails, the checkpoint or the storage is at fault.
+  absl::Status first;
+  bool any_ok = false;
   for (const v1::CommandResult& r : *results) {
-    if (absl::Status s = StatusFromProto(r.checkpoint_status()); !s.ok()) {
-      return absl::Status(s.code(), absl::StrCat("rank ", r.rank(), ": ", s.message()));
+    absl::Status s = StatusFromProto(r.checkpoint_status());
+    any_ok |= s.ok();
+    if (!s.ok() && first.ok()) {
+      first = PrefixStatus(absl::StrCat("rank ", r.rank(), ": "), s);
+      if (r.rank() >= 0) first = WithFailedRank(first, r.rank());
     }
   }
+  if (!first.ok()) return any_ok ? first : absl::Status(first.code(), first.message());
   return results;
 }
 
@@ -329,10 +339,9 @@ absl::StatusOr<v1::CheckpointInfo> TrainingJob::LoadLocked(const std::string& na
   // Stage everywhere first: a rank that cannot read its part changes nothing.
   absl::StatusOr<std::vector<v1::CommandResult>> staged = RunCheckpointBatch(command);
   if (!staged.ok()) {
-    return absl::Status(staged.status().code(), absl::StrCat("checkpoint '", manifest.name,
-                                                             "' was not loaded (the job "
-                                                             "is unchanged): ",
-                                                             staged.status().message()));
+    return PrefixStatus(
+        absl::StrCat("checkpoint '", manifest.name, "' was not loaded (the job is unchanged): "),
+        staged.status());
   }
   command.mutable_load_shard()->set_apply(true);
   absl::StatusOr<std::vector<v1::CommandResult>> applied = RunCheckpointBatch(command);

@@ -15,6 +15,7 @@
 #include "absl/time/clock.h"
 #include "spdlog/spdlog.h"
 
+#include "coordinator/failed_rank.h"
 #include "coordinator/recovery_plan.h"
 #include "coordinator/training_job.h"
 #include "core/status_macros.h"
@@ -167,8 +168,9 @@ absl::Status TrainingJob::RecoverLocked(const absl::Status& cause, std::vector<i
   // re-formation or the restore) is recovered from again, each try counting
   // as a restart; too few workers, or no restart left, fail the job.
   absl::Status why = cause;
-  // Spares whose Configure failed in an earlier try (a node without the data
-  // set, say) are not chosen again: the next try takes another or shrinks.
+  // Spares whose Configure or first batches failed in an earlier try (a node
+  // without the data set or the checkpoint storage, say) are not chosen
+  // again: the next try takes another or shrinks.
   std::set<std::string> refused_spares;
   while (true) {
     bool retryable = false;
@@ -239,6 +241,11 @@ absl::Status TrainingJob::RecoverOnce(const absl::Status& cause, std::vector<int
   }
   std::map<std::string, std::vector<v1::PeerSnapshotHeld>> held;  // by worker id
   std::vector<int> unreachable = ProbeMembers(&candidates.survivors, &held);
+  // A member that broke the failed epoch's first batches as a newcomer (the
+  // spare of an earlier try, a worker grown back onto) does not survive it.
+  std::erase_if(candidates.survivors, [&](const WorkerRecord& w) {
+    return refused_spares->contains(w.worker_id) || RefusedToJoin(w);
+  });
   failed_ranks.insert(failed_ranks.end(), unreachable.begin(), unreachable.end());
   std::sort(failed_ranks.begin(), failed_ranks.end());
   failed_ranks.erase(std::unique(failed_ranks.begin(), failed_ranks.end()), failed_ranks.end());
@@ -286,6 +293,16 @@ absl::Status TrainingJob::RecoverOnce(const absl::Status& cause, std::vector<int
     }
     return fail(formed, true);  // FormLocked named the rank
   }
+  // A spare that breaks the new epoch's first batches (its node cannot read
+  // the shared checkpoint storage, say) would break every try it is chosen
+  // for: the next try passes it over.
+  const auto fail_batch = [&](const absl::Status& why) {
+    if (const std::string blamed = BlamedMember(why);
+        !blamed.empty() && !old_ids.contains(blamed)) {
+      refused_spares->insert(blamed);
+    }
+    return fail(why, true);
+  };
   std::optional<std::string> checkpoint;
   const std::optional<v1::CheckpointInfo> newest = RecoveryCheckpoint(world);
   // The survivors' in-memory peer snapshots, when they hold a newer step than
@@ -305,7 +322,7 @@ absl::Status TrainingJob::RecoverOnce(const absl::Status& cause, std::vector<int
   }
   if (snapshot.has_value()) {
     absl::StatusOr<bool> restored = RestorePeerSnapshotLocked(*snapshot);
-    if (!restored.ok()) return fail(restored.status(), true);
+    if (!restored.ok()) return fail_batch(restored.status());
     from_memory = *restored;
   }
   if (from_memory) {
@@ -313,7 +330,7 @@ absl::Status TrainingJob::RecoverOnce(const absl::Status& cause, std::vector<int
   } else if (newest.has_value()) {
     checkpoint = newest->name();
     absl::StatusOr<v1::CheckpointInfo> loaded = LoadLocked(*checkpoint);
-    if (!loaded.ok()) return fail(loaded.status(), true);
+    if (!loaded.ok()) return fail_batch(loaded.status());
   } else {
     // No checkpoint: the new epoch starts from the seed's initialization.
     std::lock_guard<std::mutex> lock(mu_);
@@ -357,6 +374,13 @@ absl::Status TrainingJob::RecoverOnce(const absl::Status& cause, std::vector<int
   spdlog::warn("job {}: {}", config_.name, summary);
   if (options_.observer != nullptr) options_.observer->OnRecovery(config_.name, record);
   return states_.Transition(v1::READY, summary);
+}
+
+std::string TrainingJob::BlamedMember(const absl::Status& failure) const {
+  const std::optional<int> rank = FailedRank(failure);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!rank.has_value() || static_cast<size_t>(*rank) >= members_.size()) return "";
+  return members_[static_cast<size_t>(*rank)].worker_id;
 }
 
 bool TrainingJob::RefusedToJoin(const WorkerRecord& worker) const {
@@ -431,15 +455,18 @@ absl::Status TrainingJob::MaybeGrow() {
       recovering_ = true;
     }
     grown = FormLocked(members, spec, std::make_shared<const JobConfig>(config_), &failed_worker);
-    if (grown.ok()) grown = LoadLocked(*checkpoint).status();
+    if (grown.ok()) {
+      grown = LoadLocked(*checkpoint).status();
+      if (!grown.ok()) failed_worker = BlamedMember(grown);
+    }
     std::lock_guard<std::mutex> lock(mu_);
     recovering_ = false;
     for (const WorkerRecord& w : joining) {
       if (!grown.ok() && w.worker_id == failed_worker) {
         refused_joiners_[w.worker_id] = w.session;
         spdlog::warn(
-            "job {}: worker {} could not be configured to grow back onto; it is passed over "
-            "until it registers again",
+            "job {}: worker {} could not be configured or load the checkpoint to grow back "
+            "onto; it is passed over until it registers again",
             config_.name, w.worker_id);
       }
     }

@@ -7,14 +7,17 @@
 // formation at its heartbeat timeout instead of the configure timeout, and one
 // that stops during the recovery's restore fails that try at the heartbeat
 // timeout instead of the batch timeout. Each test bounds how long it took well
-// below the timeout it would otherwise wait out. And a worker that cannot be
-// configured to grow back onto costs one restart, not one per checkpoint.
+// below the timeout it would otherwise wait out. A worker that cannot be
+// configured to grow back onto, or cannot load the checkpoint it grows from,
+// costs one restart, not one per checkpoint; and a spare that cannot read the
+// checkpoints is passed over by the recovery's next try.
 #include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstddef>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -24,6 +27,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+
+#include "absl/strings/str_cat.h"
 
 #include "client/flatshard_client.h"
 #include "client/local_cluster.h"
@@ -50,7 +55,8 @@ constexpr double kRecoveryBoundS = 25;
 
 std::unique_ptr<LocalCluster> StartCluster(
     int workers, const std::string& checkpoint_dir, const std::string& data_dir,
-    std::map<int, std::vector<std::string>> command_prefix = {}) {
+    std::map<int, std::vector<std::string>> command_prefix = {},
+    std::map<int, std::string> worker_checkpoint_dirs = {}) {
   LocalClusterOptions options;
   options.workers = workers;
   options.bin_dir = FLATSHARD_BIN_DIR;
@@ -62,6 +68,7 @@ std::unique_ptr<LocalCluster> StartCluster(
   options.coordinator_flags = {"--configure-timeout", std::to_string(kConfigureTimeoutS),
                                "--batch-timeout", std::to_string(kBatchTimeoutS)};
   options.worker_command_prefix = std::move(command_prefix);
+  options.worker_checkpoint_dirs = std::move(worker_checkpoint_dirs);
   auto cluster = LocalCluster::Start(options);
   EXPECT_TRUE(cluster.ok()) << cluster.status();
   return cluster.ok() ? *std::move(cluster) : nullptr;
@@ -291,16 +298,17 @@ TEST(FormationFailureTest, AWorkerThatStopsDuringTheRestoreFailsThatTryAtTheHear
 // over at the checkpoints after; before, every checkpoint spent a restart on
 // it and the fourth failed the job. Once it registers again (the node fixed,
 // the daemon restarted) the job grows back onto it.
-TEST(FormationFailureTest, AWorkerThatCannotJoinIsPassedOverForGrowingUntilItRegistersAgain) {
-  const std::string dir = testing::MakeTempDir("grow-refused");
-  WriteDataSet(dir + "/n0/data");
-  WriteDataSet(dir + "/n1/data");
-  std::unique_ptr<LocalCluster> cluster = StartCluster(
-      2, dir + "/checkpoints", "data",
-      {{0, {"/usr/bin/env", "-C", dir + "/n0"}}, {1, {"/usr/bin/env", "-C", dir + "/n1"}}});
-  ASSERT_NE(cluster, nullptr);
-  FlatshardClient client(cluster->address());
-  v1::JobSpec spec = Job(/*data_set=*/"set");
+// Rank 1 dies at step 3 and, with no spare, the job shrinks to world size 1.
+// While its daemon is down its node breaks (`break_node(worker index)`); the
+// daemon comes back under its old id and cannot join when the job grows back
+// at a checkpoint (`why` names the failure): one restart over five
+// checkpoints, not one per checkpoint. Once `fix_node` has fixed the node and
+// the daemon registers again, the job grows back onto it.
+void ExpectGrowingToPassOverABrokenNode(LocalCluster& cluster, v1::JobSpec spec,
+                                        const std::function<void(int)>& break_node,
+                                        const std::function<void(int)>& fix_node,
+                                        const std::string& why) {
+  FlatshardClient client(cluster.address());
   spec.mutable_checkpoints()->set_every_steps(2);
   spec.mutable_checkpoints()->set_keep_last(0);
   spec.mutable_state_dict_settings()->set_state_dict_type(v1::SHARDED_STATE_DICT);
@@ -313,19 +321,17 @@ TEST(FormationFailureTest, AWorkerThatCannotJoinIsPassedOverForGrowingUntilItReg
     return job.ok() ? *job : v1::Job{};
   };
 
-  // Rank 1 dies at step 3; with no spare the job shrinks to world size 1.
-  const int victim = testing::WorkerIndexOfRank(*cluster, client, spec.name(), 1);
+  const int victim = testing::WorkerIndexOfRank(cluster, client, spec.name(), 1);
   ASSERT_GE(victim, 0);
-  testing::TrainRun run = testing::TrainAndKill(*cluster, client, spec.name(), 4,
+  testing::TrainRun run = testing::TrainAndKill(cluster, client, spec.name(), 4,
                                                 /*kill_after=*/3, {1});
   ASSERT_TRUE(run.status.ok()) << run.status;
   ASSERT_EQ(job_now().world_size(), 1);
   const int restarts = job_now().restarts();
 
-  // Its node lost the data set and its daemon comes back under its old id.
-  std::filesystem::remove_all(dir + "/n1/data");
-  ASSERT_TRUE(cluster->worker(victim).Wait(absl::Seconds(30)).has_value());
-  ASSERT_TRUE(cluster->RestartWorker(victim).ok());
+  break_node(victim);
+  ASSERT_TRUE(cluster.worker(victim).Wait(absl::Seconds(30)).has_value());
+  ASSERT_TRUE(cluster.RestartWorker(victim).ok());
   // Checkpoints at steps 6, 8, 10, 12 and 14: one try to grow onto it.
   absl::Status trained = client.Train(spec.name(), 10, 0, [](const v1::StepResult&) {});
   ASSERT_TRUE(trained.ok()) << trained << " (a restart spent at every checkpoint)";
@@ -334,19 +340,20 @@ TEST(FormationFailureTest, AWorkerThatCannotJoinIsPassedOverForGrowingUntilItReg
   EXPECT_EQ(job.world_size(), 1);
   EXPECT_EQ(job.restarts(), restarts + 1);
   EXPECT_THAT(job.last_recovery().cause(), HasSubstr("growing back failed"));
+  EXPECT_THAT(job.last_recovery().cause(), HasSubstr(why));
 
   // The node is fixed and the daemon restarted: a new registration, tried
   // again at the next checkpoint (step 16), which it joins.
-  WriteDataSet(dir + "/n1/data");
-  cluster->worker(victim).Signal(SIGKILL);
-  ASSERT_TRUE(cluster->worker(victim).Wait(absl::Seconds(30)).has_value());
+  fix_node(victim);
+  cluster.worker(victim).Signal(SIGKILL);
+  ASSERT_TRUE(cluster.worker(victim).Wait(absl::Seconds(30)).has_value());
   // Its old registration stays live until its heartbeats have been missed
   // for the timeout: a daemon started before then is refused the id and
   // exits, and is started again.
   absl::Status restarted;
   const absl::Time give_up = absl::Now() + absl::Seconds(3 * kHeartbeatTimeoutS);
-  while (!(restarted = cluster->RestartWorker(victim)).ok() && absl::Now() < give_up) {
-    (void)cluster->worker(victim).Wait(absl::Seconds(10));
+  while (!(restarted = cluster.RestartWorker(victim)).ok() && absl::Now() < give_up) {
+    (void)cluster.worker(victim).Wait(absl::Seconds(10));
     std::this_thread::sleep_for(std::chrono::milliseconds(250));  // retry pacing, not sync
   }
   ASSERT_TRUE(restarted.ok()) << restarted;
@@ -359,6 +366,89 @@ TEST(FormationFailureTest, AWorkerThatCannotJoinIsPassedOverForGrowingUntilItReg
   EXPECT_EQ(job.step(), 18);
   EXPECT_EQ(job.world_size(), 2);
   EXPECT_EQ(ranks_by_step[18], 2);
+}
+
+TEST(FormationFailureTest, AWorkerThatCannotJoinIsPassedOverForGrowingUntilItRegistersAgain) {
+  const std::string dir = testing::MakeTempDir("grow-refused");
+  const auto node = [&](int i) { return absl::StrCat(dir, "/n", i); };
+  WriteDataSet(node(0) + "/data");
+  WriteDataSet(node(1) + "/data");
+  std::unique_ptr<LocalCluster> cluster =
+      StartCluster(2, dir + "/checkpoints", "data",
+                   {{0, {"/usr/bin/env", "-C", node(0)}}, {1, {"/usr/bin/env", "-C", node(1)}}});
+  ASSERT_NE(cluster, nullptr);
+  // Its node lost the data set: it cannot be configured.
+  ExpectGrowingToPassOverABrokenNode(
+      *cluster, Job(/*data_set=*/"set"),
+      [&](int victim) { std::filesystem::remove_all(node(victim) + "/data"); },
+      [&](int victim) { WriteDataSet(node(victim) + "/data"); }, "could not be configured");
+}
+
+TEST(FormationFailureTest, AWorkerThatCannotLoadTheCheckpointIsPassedOverForGrowingToo) {
+  // Every node mounts the shared checkpoint storage at its own path.
+  const std::string dir = testing::MakeTempDir("grow-unloadable");
+  const std::string shared = dir + "/checkpoints";
+  const auto mount = [&](int i) { return absl::StrCat(dir, "/n", i, "-checkpoints"); };
+  std::filesystem::create_directories(shared);
+  for (int i = 0; i < 2; ++i) std::filesystem::create_directory_symlink(shared, mount(i));
+  std::unique_ptr<LocalCluster> cluster =
+      StartCluster(2, shared, ".", {}, {{0, mount(0)}, {1, mount(1)}});
+  ASSERT_NE(cluster, nullptr);
+  // Its node lost the mount (an empty mount point): it is configured, but
+  // cannot read the checkpoint the job grows back from.
+  ExpectGrowingToPassOverABrokenNode(
+      *cluster, Job(),
+      [&](int victim) {
+        std::filesystem::remove_all(mount(victim));
+        std::filesystem::create_directory(mount(victim));
+      },
+      [&](int victim) {
+        std::filesystem::remove_all(mount(victim));
+        std::filesystem::create_directory_symlink(shared, mount(victim));
+      },
+      "it has no manifest.json");
+}
+
+TEST(FormationFailureTest, ASpareThatCannotReadTheCheckpointsIsPassedOverByTheNextTry) {
+  const std::string dir = testing::MakeTempDir("spare-unloadable");
+  const std::string shared = dir + "/checkpoints";
+  const auto mount = [&](int i) { return absl::StrCat(dir, "/n", i, "-checkpoints"); };
+  std::filesystem::create_directories(shared);
+  std::map<int, std::string> mounts;
+  for (int i = 0; i < 4; ++i) {
+    // Worker 2's node has an empty mount point instead of the storage.
+    if (i == 2) {
+      std::filesystem::create_directory(mount(i));
+    } else {
+      std::filesystem::create_directory_symlink(shared, mount(i));
+    }
+    mounts[i] = mount(i);
+  }
+  // Ranks 0 and 1 on workers 0 and 1; workers 2 and 3 are spares, 2 first.
+  std::unique_ptr<LocalCluster> cluster = StartCluster(4, shared, ".", {}, mounts);
+  ASSERT_NE(cluster, nullptr);
+  FlatshardClient client(cluster->address());
+  v1::JobSpec spec = Job();
+  spec.mutable_state_dict_settings()->set_state_dict_type(v1::SHARDED_STATE_DICT);
+  spec.mutable_checkpoints()->set_every_steps(2);
+  testing::CreateAndWaitReady(client, spec);
+  ASSERT_EQ(RanksByWorker(client, spec.name()),
+            (std::map<std::string, int>{{"worker-0", 0}, {"worker-1", 1}}));
+
+  // Rank 1 dies at step 3: the first try takes spare 2, which cannot read the
+  // step-2 checkpoint; the next passes it over for spare 3.
+  testing::TrainRun run = testing::TrainAndKill(*cluster, client, spec.name(), 4,
+                                                /*kill_after=*/3, {1});
+  ASSERT_TRUE(run.status.ok()) << run.status << " (every try took the spare that cannot load)";
+  auto job = client.GetJob(spec.name());
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->state(), v1::IDLE);  // trained, not failed
+  EXPECT_EQ(job->step(), 4);
+  EXPECT_EQ(job->world_size(), 2);
+  EXPECT_EQ(job->restarts(), 2);
+  EXPECT_TRUE(job->last_recovery().spare_used());
+  EXPECT_EQ(RanksByWorker(client, spec.name()),
+            (std::map<std::string, int>{{"worker-0", 0}, {"worker-3", 1}}));
 }
 
 }  // namespace

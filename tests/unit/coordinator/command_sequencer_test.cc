@@ -7,12 +7,15 @@
 #include <future>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "coordinator/failed_rank.h"
 #include "core/step_program.h"
 
 namespace flatshard {
@@ -57,7 +60,14 @@ class FakeWorker : public WorkerClient {
     return absl::OkStatus();
   }
   absl::Status Abort(uint64_t, const std::string& reason, absl::Time) override {
-    aborts_.push_back(reason);
+    ExecuteDone done;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      aborts_.push_back(reason);
+      if (fail_when_aborted_) done = std::exchange(pending_, nullptr);
+    }
+    // A worker's collective fails when it is aborted: the batch's answer.
+    if (done) done(absl::AbortedError("gloo all_gather aborted: " + reason));
     return absl::OkStatus();
   }
   absl::StatusOr<v1::GetStatusResponse> GetStatus(absl::Time) override {
@@ -76,6 +86,7 @@ class FakeWorker : public WorkerClient {
   absl::Status fail_;
   bool dead_ = false;
   bool hang_ = false;
+  bool fail_when_aborted_ = false;
   // std primitives, not absl's: ThreadSanitizer sees through these (the
   // Debian abseil is not instrumented).
   std::promise<void> hung_;
@@ -146,9 +157,11 @@ TEST(CommandSequencerTest, NamesTheUnreachableRankAbortsTheOthersAndRefusesLater
   ASSERT_FALSE(results.ok());
   EXPECT_THAT(std::string(results.status().message()), HasSubstr("rank 2 (fake:2)"));
   EXPECT_THAT(std::string(results.status().message()), HasSubstr("unreachable"));
+  EXPECT_EQ(FailedRank(results.status()), 2);
   for (int r : {1, 3}) EXPECT_FALSE(f.workers[static_cast<size_t>(r)]->aborts_.empty()) << r;
   auto later = f.sequencer->Run(Batch());
   EXPECT_FALSE(later.ok());
+  EXPECT_EQ(FailedRank(later.status()), 2);
   EXPECT_EQ(f.workers[1]->seen_.size(), 1u) << "nothing is sent after a failure";
   EXPECT_EQ(f.sequencer->last_seq(), 0u);
 }
@@ -161,6 +174,21 @@ TEST(CommandSequencerTest, LowestFailingRankIsBlamedWhenAllAnswer) {
   ASSERT_FALSE(results.ok());
   EXPECT_EQ(results.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(results.status().message()), HasSubstr("rank 1 (fake:1) failed"));
+  EXPECT_EQ(FailedRank(results.status()), 1);
+}
+
+TEST(CommandSequencerTest, TheRankThatFailedFirstIsBlamedNotTheOnesAbortedForIt) {
+  Fixture f(3);
+  // Rank 0 waits in a collective for rank 2, whose load fails; aborted, rank
+  // 0's collective fails too, after rank 2's failure.
+  f.workers[0]->hang_ = true;
+  f.workers[0]->fail_when_aborted_ = true;
+  f.workers[2]->fail_ = absl::NotFoundError("no such file: model-1-of-2.safetensors");
+  auto results = f.sequencer->Run(Batch());
+  ASSERT_FALSE(results.ok());
+  EXPECT_EQ(results.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(results.status().message()), HasSubstr("rank 2 (fake:2) failed"));
+  EXPECT_EQ(FailedRank(results.status()), 2);
 }
 
 TEST(CommandSequencerTest, FailCancelsTheBatchInFlight) {
@@ -174,7 +202,20 @@ TEST(CommandSequencerTest, FailCancelsTheBatchInFlight) {
   ASSERT_FALSE(results.ok());
   EXPECT_THAT(std::string(results.status().message()),
               HasSubstr("rank 1: missed heartbeats for 5s"));
+  EXPECT_EQ(FailedRank(results.status()), 1);
   EXPECT_FALSE(f.workers[0]->aborts_.empty());
+}
+
+TEST(FailedRankTest, TravelsWithTheStatusThroughPrefixesAndIsAbsentOtherwise) {
+  const absl::Status blamed = WithFailedRank(absl::NotFoundError("no manifest.json"), 3);
+  const absl::Status prefixed = PrefixStatus("checkpoint 'step-2' was not loaded: ", blamed);
+  EXPECT_EQ(prefixed.code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(prefixed.message(), "checkpoint 'step-2' was not loaded: no manifest.json");
+  EXPECT_EQ(FailedRank(prefixed), 3);
+  EXPECT_EQ(FailedRank(absl::NotFoundError("no manifest.json")), std::nullopt);
+  EXPECT_EQ(FailedRank(WithFailedRank(absl::AbortedError("stopped"), -1)), std::nullopt);
+  EXPECT_TRUE(WithFailedRank(absl::OkStatus(), 1).ok());
+  EXPECT_EQ(FailedRank(WithFailedRank(absl::OkStatus(), 1)), std::nullopt);
 }
 
 }  // namespace
