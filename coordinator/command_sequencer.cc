@@ -123,6 +123,13 @@ absl::Status CommandSequencer::Settle(const std::vector<absl::Status>& statuses,
   }
   const auto b = static_cast<size_t>(blamed);
   const absl::Status& cause = statuses[b];
+  // Named in the message either way; blamed in the code (FailedRank, which
+  // a recovery acts on) only on evidence: a batch that ran out of time fails
+  // every rank at once, in no telling order, and an aborted or cancelled
+  // rank failed for something else.
+  const bool evident = unreachable || (cause.code() != absl::StatusCode::kDeadlineExceeded &&
+                                       cause.code() != absl::StatusCode::kCancelled &&
+                                       cause.code() != absl::StatusCode::kAborted);
   absl::Status failure = WithFailedRank(
       absl::Status(cause.code(), unreachable
                                      ? absl::StrCat("rank ", blamed, " (", workers_[b]->address(),
@@ -131,7 +138,7 @@ absl::Status CommandSequencer::Settle(const std::vector<absl::Status>& statuses,
                                                     cause.message())
                                      : absl::StrCat("rank ", blamed, " (", workers_[b]->address(),
                                                     ") failed: ", cause.message())),
-      blamed);
+      evident ? blamed : -1);
   {
     std::lock_guard<std::mutex> lock(mu_);
     failure_ = failure;

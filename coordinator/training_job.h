@@ -191,6 +191,9 @@ class TrainingJob {
   // Whether `worker`'s current registration failed to join this job
   // (refused_joiners_); takes mu_.
   bool RefusedToJoin(const WorkerRecord& worker) const;
+  // Passes `worker`'s current registration over from now on (it broke a
+  // formation or the first batches of an epoch it joined, `why`); takes mu_.
+  void RefuseJoiner(const WorkerRecord& worker, absl::string_view why);
   // The worker (id) of the current epoch's rank that `failure` is blamed on
   // (FailedRank), or empty. Takes mu_.
   std::string BlamedMember(const absl::Status& failure) const;
@@ -218,10 +221,10 @@ class TrainingJob {
   // READY again; otherwise the job is FAILED and the status says why.
   absl::Status RecoverLocked(const absl::Status& cause, std::vector<int> failed_ranks);
   // One try of it; `*retryable` says whether a failure of the try may be
-  // recovered from again (a rank lost meanwhile) or is final. Spares in
-  // `*refused_spares` are not chosen; a spare whose Configure fails is added.
+  // recovered from again (a rank lost meanwhile) or is final. A spare that
+  // fails the try's Configure or restore is refused (RefuseJoiner).
   absl::Status RecoverOnce(const absl::Status& cause, std::vector<int> failed_ranks,
-                           std::set<std::string>* refused_spares, bool* retryable);
+                           bool* retryable);
   // A batch failed under an operation: recovers when the policy allows, and
   // returns the status the operation ends with (OK: recovered, go on).
   absl::Status OnBatchFailure(const absl::Status& cause);
@@ -340,12 +343,11 @@ class TrainingJob {
   std::optional<v1::Recovery> last_recovery_;
   PeerSnapshotMarks peer_marks_;  // the peer snapshots every rank took, newest last
   bool recovering_ = false;       // RecoverLocked runs (a failure inside it is final)
-  // Workers whose Configure failed when the job grew back onto them, with the
-  // registration (session) that failed: growing and recoveries pass them over
-  // until they register again (a restarted daemon, say once its node is
-  // fixed), so that one broken node cannot spend a restart at every
-  // checkpoint. (A joiner that configures but fails the checkpoint load is
-  // not told apart from the others yet.)
+  // Newcomers (spares a recovery took, workers the job grew back onto) whose
+  // Configure or restore failed, with the registration (session) that
+  // failed: growing and recoveries pass them over until they register again
+  // (a restarted daemon, say once its node is fixed), so that one broken node
+  // cannot spend a restart at every try or checkpoint.
   std::map<std::string, std::string> refused_joiners_;
   bool recovery_pending_ = false;  // recoverer_ has not finished
   std::thread recoverer_;          // recovers a failure FailRank saw outside operations

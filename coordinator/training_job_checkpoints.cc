@@ -2,6 +2,7 @@
 // of the two-phase commit, checkpoints requested during Train, and loading.
 #include <chrono>
 #include <future>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -164,19 +165,25 @@ absl::StatusOr<std::vector<v1::CommandResult>> TrainingJob::RunCheckpointBatch(
   }
   // The lowest rank whose part failed. It is to blame (its node cannot read
   // or write the storage, say) only if another rank's part succeeded: when
-  // every part fails, the checkpoint or the storage is at fault.
+  // every part fails, the storage is at fault. Nor when its part is damaged
+  // (DATA_LOSS): each rank checks only the files it reads, so a damaged
+  // checkpoint fails one rank, whichever node it runs on.
   absl::Status first;
+  int first_rank = -1;
   bool any_ok = false;
   for (const v1::CommandResult& r : *results) {
     absl::Status s = StatusFromProto(r.checkpoint_status());
     any_ok |= s.ok();
     if (!s.ok() && first.ok()) {
-      first = PrefixStatus(absl::StrCat("rank ", r.rank(), ": "), s);
-      if (r.rank() >= 0) first = WithFailedRank(first, r.rank());
+      first = std::move(s);
+      first_rank = r.rank();
     }
   }
-  if (!first.ok()) return any_ok ? first : absl::Status(first.code(), first.message());
-  return results;
+  if (first.ok()) return results;
+  absl::Status failure = PrefixStatus(absl::StrCat("rank ", first_rank, ": "), first);
+  return any_ok && first.code() != absl::StatusCode::kDataLoss
+             ? WithFailedRank(std::move(failure), first_rank)
+             : failure;
 }
 
 CheckpointManifest TrainingJob::BuildManifest(const std::string& name, v1::StateDictType type,

@@ -168,13 +168,12 @@ absl::Status TrainingJob::RecoverLocked(const absl::Status& cause, std::vector<i
   // re-formation or the restore) is recovered from again, each try counting
   // as a restart; too few workers, or no restart left, fail the job.
   absl::Status why = cause;
-  // Spares whose Configure or first batches failed in an earlier try (a node
-  // without the data set or the checkpoint storage, say) are not chosen
-  // again: the next try takes another or shrinks.
-  std::set<std::string> refused_spares;
+  // A spare whose Configure or restore failed in a try (a node without the
+  // data set or the checkpoint storage, say) is refused (refused_joiners_):
+  // the next try takes another or shrinks.
   while (true) {
     bool retryable = false;
-    absl::Status attempt = RecoverOnce(why, failed_ranks, &refused_spares, &retryable);
+    absl::Status attempt = RecoverOnce(why, failed_ranks, &retryable);
     if (attempt.ok()) return attempt;
     int restarts = 0;
     bool stopping = false;
@@ -202,7 +201,7 @@ absl::Status TrainingJob::RecoverLocked(const absl::Status& cause, std::vector<i
 }
 
 absl::Status TrainingJob::RecoverOnce(const absl::Status& cause, std::vector<int> failed_ranks,
-                                      std::set<std::string>* refused_spares, bool* retryable) {
+                                      bool* retryable) {
   const absl::Time began = absl::Now();
   int64_t failed_step = 0;
   int restart = 0;
@@ -241,12 +240,22 @@ absl::Status TrainingJob::RecoverOnce(const absl::Status& cause, std::vector<int
   }
   std::map<std::string, std::vector<v1::PeerSnapshotHeld>> held;  // by worker id
   std::vector<int> unreachable = ProbeMembers(&candidates.survivors, &held);
-  // A member that broke the failed epoch's first batches as a newcomer (the
-  // spare of an earlier try, a worker grown back onto) does not survive it.
-  std::erase_if(candidates.survivors, [&](const WorkerRecord& w) {
-    return refused_spares->contains(w.worker_id) || RefusedToJoin(w);
-  });
   failed_ranks.insert(failed_ranks.end(), unreachable.begin(), unreachable.end());
+  // A member that broke the failed epoch's restore as a newcomer (the spare
+  // of an earlier try, a worker grown back onto) does not survive it.
+  {
+    std::vector<std::string> ids;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      ids = worker_ids_;
+    }
+    std::erase_if(candidates.survivors, [&](const WorkerRecord& w) {
+      if (!RefusedToJoin(w)) return false;
+      const auto rank = std::find(ids.begin(), ids.end(), w.worker_id);
+      if (rank != ids.end()) failed_ranks.push_back(static_cast<int>(rank - ids.begin()));
+      return true;
+    });
+  }
   std::sort(failed_ranks.begin(), failed_ranks.end());
   failed_ranks.erase(std::unique(failed_ranks.begin(), failed_ranks.end()), failed_ranks.end());
 
@@ -259,8 +268,7 @@ absl::Status TrainingJob::RecoverOnce(const absl::Status& cause, std::vector<int
     if (options_.live_workers) {
       for (const WorkerRecord& w : options_.live_workers()) {
         const bool same_kind = candidates.device.empty() || w.device == candidates.device;
-        if (!old_ids.contains(w.worker_id) && !refused_spares->contains(w.worker_id) &&
-            !RefusedToJoin(w) && same_kind) {
+        if (!old_ids.contains(w.worker_id) && !RefusedToJoin(w) && same_kind) {
           candidates.spares.push_back(w);
         }
       }
@@ -284,23 +292,24 @@ absl::Status TrainingJob::RecoverOnce(const absl::Status& cause, std::vector<int
   if (!choice.ok()) return fail(choice.status(), false);
   const int world = choice->config.world_size;
   std::string failed_worker;
+  // A spare that fails the new epoch's Configure or restore (its node lacks
+  // the data set or cannot read the shared checkpoint storage, say) would
+  // fail every try it is chosen for, and every grow-back after: refused.
+  const auto refuse_spare = [&](const std::string& worker_id, const absl::Status& why) {
+    if (worker_id.empty() || old_ids.contains(worker_id)) return;
+    for (const WorkerRecord& w : choice->members) {
+      if (w.worker_id == worker_id) RefuseJoiner(w, why.message());
+    }
+  };
   if (absl::Status formed =
           FormLocked(choice->members, choice->spec,
                      std::make_shared<const JobConfig>(choice->config), &failed_worker);
       !formed.ok()) {
-    if (!failed_worker.empty() && !old_ids.contains(failed_worker)) {
-      refused_spares->insert(failed_worker);
-    }
+    refuse_spare(failed_worker, formed);
     return fail(formed, true);  // FormLocked named the rank
   }
-  // A spare that breaks the new epoch's first batches (its node cannot read
-  // the shared checkpoint storage, say) would break every try it is chosen
-  // for: the next try passes it over.
   const auto fail_batch = [&](const absl::Status& why) {
-    if (const std::string blamed = BlamedMember(why);
-        !blamed.empty() && !old_ids.contains(blamed)) {
-      refused_spares->insert(blamed);
-    }
+    refuse_spare(BlamedMember(why), why);
     return fail(why, true);
   };
   std::optional<std::string> checkpoint;
@@ -383,6 +392,17 @@ std::string TrainingJob::BlamedMember(const absl::Status& failure) const {
   return members_[static_cast<size_t>(*rank)].worker_id;
 }
 
+void TrainingJob::RefuseJoiner(const WorkerRecord& worker, absl::string_view why) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    refused_joiners_[worker.worker_id] = worker.session;
+  }
+  spdlog::warn(
+      "job {}: worker {} is passed over for this job until it registers again (its daemon "
+      "restarted): it failed to join: {}",
+      config_.name, worker.worker_id, std::string(why));
+}
+
 bool TrainingJob::RefusedToJoin(const WorkerRecord& worker) const {
   std::lock_guard<std::mutex> lock(mu_);
   const auto it = refused_joiners_.find(worker.worker_id);
@@ -461,15 +481,9 @@ absl::Status TrainingJob::MaybeGrow() {
     }
     std::lock_guard<std::mutex> lock(mu_);
     recovering_ = false;
-    for (const WorkerRecord& w : joining) {
-      if (!grown.ok() && w.worker_id == failed_worker) {
-        refused_joiners_[w.worker_id] = w.session;
-        spdlog::warn(
-            "job {}: worker {} could not be configured or load the checkpoint to grow back "
-            "onto; it is passed over until it registers again",
-            config_.name, w.worker_id);
-      }
-    }
+  }
+  for (const WorkerRecord& w : joining) {
+    if (!grown.ok() && w.worker_id == failed_worker) RefuseJoiner(w, grown.message());
   }
   if (!grown.ok()) {
     // A joining worker failed: recover as from any failure (it shrinks

@@ -166,7 +166,8 @@ TEST(CommandSequencerTest, NamesTheUnreachableRankAbortsTheOthersAndRefusesLater
   EXPECT_EQ(f.sequencer->last_seq(), 0u);
 }
 
-TEST(CommandSequencerTest, LowestFailingRankIsBlamedWhenAllAnswer) {
+TEST(CommandSequencerTest, OfSeveralFailingRanksThatAnswerTheFirstToFailIsBlamed) {
+  // The fake answers on the calling thread, in rank order: rank 1 first.
   Fixture f(3);
   f.workers[1]->fail_ = absl::InvalidArgumentError("digest mismatch");
   f.workers[2]->fail_ = absl::InvalidArgumentError("digest mismatch");
@@ -204,6 +205,16 @@ TEST(CommandSequencerTest, FailCancelsTheBatchInFlight) {
               HasSubstr("rank 1: missed heartbeats for 5s"));
   EXPECT_EQ(FailedRank(results.status()), 1);
   EXPECT_FALSE(f.workers[0]->aborts_.empty());
+}
+
+TEST(CommandSequencerTest, ABatchThatRanOutOfTimeIsNamedButBlamedOnNoRank) {
+  Fixture f(2);
+  f.workers[0]->fail_ = absl::DeadlineExceededError("Deadline Exceeded");
+  f.workers[1]->fail_ = absl::DeadlineExceededError("Deadline Exceeded");
+  auto results = f.sequencer->Run(Batch());
+  ASSERT_FALSE(results.ok());
+  EXPECT_THAT(std::string(results.status().message()), HasSubstr("rank 0 (fake:0) failed"));
+  EXPECT_EQ(FailedRank(results.status()), std::nullopt);
 }
 
 TEST(FailedRankTest, TravelsWithTheStatusThroughPrefixesAndIsAbsentOtherwise) {
