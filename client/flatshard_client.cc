@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "rpc/call_metadata.h"
 #include "rpc/keepalive.h"
+#include "rpc/read_retries.h"
 
 #include "core/status_macros.h"
 #include "proto/grpc_status.h"
@@ -48,6 +49,8 @@ FlatshardClient::FlatshardClient(const CoordinatorTarget& target) : address_(tar
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
   // A Train or watch stream notices a coordinator that vanished.
   ApplyClientKeepalive(args);
+  // A read after a coordinator restart does not fail on the dead connection.
+  ApplyReadRetries(args);
   const TlsMaterial* material = tls.ok() && tls->has_value() ? &**tls : nullptr;
   stub_ = v1::JobService::NewStub(
       grpc::CreateCustomChannel(target.address, ChannelCredentials(material), args));

@@ -175,9 +175,10 @@ absl::Status LocalCluster::StartCoordinator(const std::string& listen) {
   return absl::OkStatus();
 }
 
-absl::Status LocalCluster::KillAndRestartCoordinator() {
+absl::Status LocalCluster::KillAndRestartCoordinator(const std::function<void()>& while_down) {
   coordinator_->Signal(SIGKILL);
   (void)coordinator_->Terminate(absl::Seconds(10));  // reaps it
+  if (while_down) while_down();
   return StartCoordinator(address_);
 }
 

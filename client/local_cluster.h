@@ -5,6 +5,7 @@
 #ifndef FLATSHARD_CLIENT_LOCAL_CLUSTER_H_
 #define FLATSHARD_CLIENT_LOCAL_CLUSTER_H_
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -85,8 +86,9 @@ class LocalCluster {
   bool Stop();
   // Kills the coordinator with SIGKILL (it gets no chance to clean up) and
   // starts it again on the same address and state dir; returns once it
-  // listens. The workers are left running.
-  absl::Status KillAndRestartCoordinator();
+  // listens. The workers are left running. `while_down` runs between the two
+  // (tests: what a crash at some moment would have left in the state dir).
+  absl::Status KillAndRestartCoordinator(const std::function<void()>& while_down = {});
   // Starts worker `i` again with the arguments it had (its id, so it keeps its
   // rank) after it died; returns once it has registered. It must have exited.
   absl::Status RestartWorker(int i);

@@ -75,6 +75,17 @@ absl::Status Coordinator::RestoreState() {
   ASSIGN_OR_RETURN(std::vector<JobRecord> jobs, state->LoadJobs());
   for (const JobRecord& record : jobs) {
     const std::string& name = record.spec.name();
+    if (record.state == v1::STOPPED) {
+      // Only a deletion persists STOPPED (a coordinator's own shutdown keeps
+      // the record as it was): this one was cut short. It is finished now.
+      if (absl::Status s = ForgetJobRecord(name); s.ok()) {
+        spdlog::warn(
+            "state dir {}: job '{}' was being deleted when the coordinator stopped; "
+            "deleted now",
+            state->dir(), name);
+      }
+      continue;
+    }
     if (job_ != nullptr) {
       spdlog::warn("state dir {} also holds job '{}'; this coordinator runs one job ('{}')",
                    state->dir(), name, job_->name());
@@ -107,6 +118,14 @@ absl::Status Coordinator::RestoreState() {
 
 absl::StatusOr<v1::Job> Coordinator::CreateJob(const v1::JobSpec& spec) {
   ASSIGN_OR_RETURN(JobConfig config, JobConfigFromProto(spec));
+  // A job left STOPPED by a deletion whose record stayed: that record goes
+  // first, or a restarted coordinator would bring the old job back instead.
+  std::string undeleted;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (job_ != nullptr && job_->states().state() == v1::STOPPED) undeleted = job_->name();
+  }
+  if (!undeleted.empty()) RETURN_IF_ERROR(ForgetJobRecord(undeleted));
   std::lock_guard<std::mutex> lock(mu_);
   if (job_ != nullptr && job_->states().state() != v1::STOPPED) {
     if (job_->name() == config.name) {
@@ -158,19 +177,31 @@ absl::StatusOr<std::shared_ptr<TrainingJob>> Coordinator::FindJob(const std::str
 
 absl::Status Coordinator::DeleteJob(const std::string& name) {
   ASSIGN_OR_RETURN(std::shared_ptr<TrainingJob> job, FindJob(name));
-  job->Stop("deleted");
+  job->Stop("deleted");  // STOPPED is persisted: a crash after it finishes the deletion
+  store_.DeletePrefix(absl::StrCat("job/", name));
+  RETURN_IF_ERROR(ForgetJobRecord(name));
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (job_ == job) job_ = nullptr;
   }
-  store_.DeletePrefix(absl::StrCat("job/", name));
-  if (options_.state != nullptr) {
-    if (absl::Status s = options_.state->DeleteJob(name); !s.ok()) {
-      spdlog::error("job '{}': {}", name, std::string(s.message()));
-    }
-  }
   spdlog::info("job '{}' deleted", name);
   return absl::OkStatus();
+}
+
+absl::Status Coordinator::ForgetJobRecord(const std::string& name) {
+  if (options_.state == nullptr) return absl::OkStatus();
+  absl::Status s = options_.state->DeleteJob(name);
+  if (s.ok()) return s;
+  spdlog::error("job '{}': stopped, but its record was not deleted: {}", name,
+                std::string(s.message()));
+  return absl::Status(
+      s.code(), absl::StrCat("job '", name,
+                             "' is stopped but not deleted: its record in the state store could "
+                             "not be removed (",
+                             s.message(),
+                             "), and a restarted coordinator would bring it back; retry `flatshard "
+                             "job delete ",
+                             name, "`"));
 }
 
 int Coordinator::JobRank(const std::string& worker_id) const {

@@ -63,6 +63,11 @@ class Coordinator {
   absl::StatusOr<v1::Job> CreateJob(const v1::JobSpec& spec);
   // NOT_FOUND naming the job (and the one that exists, if any).
   absl::StatusOr<std::shared_ptr<TrainingJob>> FindJob(const std::string& name) const;
+  // Stops the job, then removes its record from the state store. When that
+  // fails (the database busy or the disk full) the job stays, STOPPED, and
+  // the error says so: a restarted coordinator would otherwise bring back a
+  // job its user was told is gone. A retry, or creating the next job,
+  // finishes the deletion.
   absl::Status DeleteJob(const std::string& name);
   // The job, or null when there is none.
   std::shared_ptr<TrainingJob> current_job() const;
@@ -78,6 +83,8 @@ class Coordinator {
 
  private:
   TrainingJobOptions JobOptions();
+  // Removes the record of the deleted job `name` from the state store.
+  absl::Status ForgetJobRecord(const std::string& name);
   void MaybeForm(const std::shared_ptr<TrainingJob>& job, absl::Time now);
   void MaybeReadopt(const std::shared_ptr<TrainingJob>& job, absl::Time now);
   void CheckHeartbeats(const std::shared_ptr<TrainingJob>& job, absl::Time now);

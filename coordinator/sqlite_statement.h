@@ -12,8 +12,26 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 
 namespace flatshard {
+
+// A failed SQLite call (`rc`, its message, `where` it failed) as a Status
+// whose code says what a caller can do: another process holding the database
+// (busy, locked) is UNAVAILABLE and worth a retry, a full disk
+// RESOURCE_EXHAUSTED.
+inline absl::Status SqliteStatus(int rc, absl::string_view where, const char* message) {
+  const std::string what = absl::StrCat(where, ": ", message == nullptr ? "error" : message);
+  switch (rc & 0xff) {  // the primary code of an extended one
+    case SQLITE_BUSY:
+    case SQLITE_LOCKED:
+      return absl::UnavailableError(what);
+    case SQLITE_FULL:
+      return absl::ResourceExhaustedError(what);
+    default:
+      return absl::InternalError(what);
+  }
+}
 
 class SqliteStatement {
  public:
@@ -56,7 +74,7 @@ class SqliteStatement {
   }
   absl::Status status() const {
     if (rc_ == SQLITE_OK || rc_ == SQLITE_ROW || rc_ == SQLITE_DONE) return absl::OkStatus();
-    return absl::InternalError(absl::StrCat("state store: ", sqlite3_errmsg(db_)));
+    return SqliteStatus(rc_, "state store", sqlite3_errmsg(db_));
   }
   int64_t ColumnInt(int i) const { return sqlite3_column_int64(stmt_, i); }
   double ColumnReal(int i) const { return sqlite3_column_double(stmt_, i); }

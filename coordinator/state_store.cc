@@ -150,9 +150,8 @@ StateStore::~StateStore() {
 
 absl::Status StateStore::ExecLocked(const std::string& sql) {
   char* message = nullptr;
-  if (sqlite3_exec(db_, sql.c_str(), nullptr, nullptr, &message) != SQLITE_OK) {
-    absl::Status status = absl::InternalError(
-        absl::StrCat("state store ", dir_, ": ", message == nullptr ? "error" : message));
+  if (const int rc = sqlite3_exec(db_, sql.c_str(), nullptr, nullptr, &message); rc != SQLITE_OK) {
+    absl::Status status = SqliteStatus(rc, absl::StrCat("state store ", dir_), message);
     sqlite3_free(message);
     return status;
   }

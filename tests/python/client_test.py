@@ -323,6 +323,67 @@ class SummonStreamCheckTest(unittest.TestCase):
             self.job.summon()
 
 
+class ReadRetryTest(unittest.TestCase):
+    """The channel retries reads, never writes, that fail UNAVAILABLE (a
+    client that outlived a coordinator restart meets the dead connection once),
+    against a real gRPC server that fails each call's first attempts."""
+
+    class _Server(job_pb2_grpc.JobServiceServicer):
+        def __init__(self) -> None:
+            self.failures_left = 0
+            self.calls: dict = {}
+
+        def _answer(self, method: str, context, response):
+            self.calls[method] = self.calls.get(method, 0) + 1
+            if self.failures_left > 0:
+                self.failures_left -= 1
+                context.abort(grpc.StatusCode.UNAVAILABLE, "Socket closed")
+            return response
+
+        def GetJob(self, request, context):  # noqa: N802 (the RPC's name)
+            return self._answer("GetJob", context, job_pb2.GetJobResponse(
+                job=job_pb2.Job(spec=job_pb2.JobSpec(name=request.name))))
+
+        def DeleteJob(self, request, context):  # noqa: N802
+            return self._answer("DeleteJob", context, job_pb2.DeleteJobResponse())
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls.servicer = cls._Server()
+        cls.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        job_pb2_grpc.add_JobServiceServicer_to_server(cls.servicer, cls.server)
+        port = cls.server.add_insecure_port("127.0.0.1:0")
+        cls.server.start()
+        cls.cluster = flatshard.Cluster(f"127.0.0.1:{port}")
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        cls.server.stop(grace=None).wait()
+
+    def setUp(self) -> None:
+        self.servicer.calls.clear()
+
+    def test_a_read_is_retried_past_unavailable(self) -> None:
+        self.servicer.failures_left = 2
+        self.assertEqual(self.cluster.job("j").name, "j")
+        self.assertEqual(self.servicer.calls["GetJob"], 3)
+
+    def test_a_read_gives_up_after_four_attempts(self) -> None:
+        self.servicer.failures_left = 10
+        with self.assertRaises(flatshard.FlatshardError) as caught:
+            self.cluster.job("j")
+        self.assertEqual(caught.exception.code, grpc.StatusCode.UNAVAILABLE)
+        self.assertEqual(self.servicer.calls["GetJob"], 4)
+        self.servicer.failures_left = 0
+
+    def test_a_write_is_not_retried(self) -> None:
+        self.servicer.failures_left = 1
+        with self.assertRaises(flatshard.FlatshardError) as caught:
+            flatshard.Job(self.cluster, "j").delete()
+        self.assertEqual(caught.exception.code, grpc.StatusCode.UNAVAILABLE)
+        self.assertEqual(self.servicer.calls["DeleteJob"], 1)
+
+
 class SecuredClusterTest(unittest.TestCase):
     """`flatshard up --tls`: mutual TLS on every channel, tokens for clients."""
 

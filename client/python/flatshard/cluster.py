@@ -35,9 +35,21 @@ _WIRE_DTYPES = {
 # Summons and checkpoints move whole models: no message-size ceiling below the
 # server's own chunking. Keepalive as the C++ clients (rpc/keepalive.h): a
 # stream notices a coordinator that vanished within about 40 s.
+# Read-only calls are retried on UNAVAILABLE, so a client that outlived a
+# coordinator restart does not fail its first read on the dead connection
+# (rpc/read_retries.cc carries the same service config for the C++ client).
+_READ_RETRY_SERVICE_CONFIG = json.dumps({
+    "methodConfig": [{
+        "name": [{"service": "flatshard.v1.JobService", "method": m}
+                 for m in ("GetJob", "ListJobs", "ListWorkers", "ListCheckpoints", "Plan")],
+        "retryPolicy": {"maxAttempts": 4, "initialBackoff": "0.1s", "maxBackoff": "1s",
+                        "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]},
+    }]})
+
 _CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 64 << 20),
                     ("grpc.keepalive_time_ms", 30000), ("grpc.keepalive_timeout_ms", 10000),
-                    ("grpc.http2.max_pings_without_data", 0)]
+                    ("grpc.http2.max_pings_without_data", 0),
+                    ("grpc.enable_retries", 1), ("grpc.service_config", _READ_RETRY_SERVICE_CONFIG)]
 
 
 def _read(path: Optional[str]) -> Optional[bytes]:

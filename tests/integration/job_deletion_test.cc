@@ -1,0 +1,165 @@
+// Deleting a job when its record cannot be removed from the state store, with
+// a real coordinator and workers and the coordinator's real SQLite database
+// (docs/fault-tolerance.md, "Deleting a job"). Another process holding the
+// database makes the removal fail: the delete is refused (UNAVAILABLE) and the
+// job stays STOPPED rather than reported gone while a restarted coordinator
+// would bring it back; a retry, or the next CreateJob, finishes it. A deletion
+// cut short by a crash after the job was stopped is finished by the next start.
+#include <memory>
+#include <string>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sqlite3.h>
+
+#include "client/flatshard_client.h"
+#include "client/local_cluster.h"
+#include "storage/spec_files.h"
+#include "tests/integration/multiprocess.h"
+#include "tests/integration/recovery_harness.h"
+
+namespace flatshard {
+namespace {
+
+using ::testing::HasSubstr;
+
+// A connection of the test's own to the coordinator's database, as an
+// operator's sqlite3 shell or a backup tool would open one.
+class StateDb {
+ public:
+  explicit StateDb(const std::string& state_dir) {
+    const std::string path = state_dir + "/coordinator.db";
+    EXPECT_EQ(sqlite3_open_v2(path.c_str(), &db_, SQLITE_OPEN_READWRITE, nullptr), SQLITE_OK)
+        << path;
+    sqlite3_busy_timeout(db_, 30000);  // the coordinator may be writing
+  }
+  ~StateDb() { sqlite3_close(db_); }
+  StateDb(const StateDb&) = delete;
+  StateDb& operator=(const StateDb&) = delete;
+
+  void Exec(const std::string& sql) {
+    char* message = nullptr;
+    EXPECT_EQ(sqlite3_exec(db_, sql.c_str(), nullptr, nullptr, &message), SQLITE_OK)
+        << sql << ": " << (message == nullptr ? "" : message);
+    sqlite3_free(message);
+  }
+  // The job records the store holds.
+  int Jobs() {
+    sqlite3_stmt* s = nullptr;
+    EXPECT_EQ(sqlite3_prepare_v2(db_, "SELECT count(*) FROM jobs", -1, &s, nullptr), SQLITE_OK);
+    const int n = sqlite3_step(s) == SQLITE_ROW ? sqlite3_column_int(s, 0) : -1;
+    sqlite3_finalize(s);
+    return n;
+  }
+
+ private:
+  sqlite3* db_ = nullptr;
+};
+
+struct Cluster {
+  explicit Cluster(const std::string& tag) : dir(testing::MakeTempDir(tag)) {
+    LocalClusterOptions options;
+    options.workers = 2;
+    options.bin_dir = FLATSHARD_BIN_DIR;
+    options.heartbeat_interval_s = 0.25;
+    options.heartbeat_timeout_s = 2.0;
+    options.checkpoint_dir = dir + "/checkpoints";
+    options.state_dir = dir + "/state";
+    auto started = LocalCluster::Start(options);
+    EXPECT_TRUE(started.ok()) << started.status();
+    if (started.ok()) cluster = *std::move(started);
+  }
+  std::string state_dir() const { return dir + "/state"; }
+
+  std::string dir;
+  std::unique_ptr<LocalCluster> cluster;
+};
+
+v1::JobSpec Job(const std::string& name) {
+  auto spec = LoadJobSpecFile(std::string(FLATSHARD_SOURCE_DIR) + "/examples/mlp-job.yaml");
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  spec->set_name(name);
+  spec->set_world_size(2);
+  return *spec;
+}
+
+// Deletes `job` while another connection holds the database's write lock:
+// refused, the job left STOPPED, its record still there.
+void ExpectDeleteRefusedWhileTheStoreIsLocked(FlatshardClient& client, StateDb& db,
+                                              const std::string& job) {
+  db.Exec("BEGIN EXCLUSIVE");
+  const absl::Status deleted = client.DeleteJob(job);
+  EXPECT_EQ(deleted.code(), absl::StatusCode::kUnavailable) << deleted;
+  EXPECT_THAT(std::string(deleted.message()), HasSubstr("is stopped but not deleted"));
+  EXPECT_THAT(std::string(deleted.message()), HasSubstr("database is locked"));
+  EXPECT_THAT(std::string(deleted.message()), HasSubstr("retry `flatshard job delete " + job));
+  db.Exec("ROLLBACK");
+  auto after = client.GetJob(job);
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->state(), v1::STOPPED);
+  EXPECT_EQ(db.Jobs(), 1);
+}
+
+TEST(JobDeletionTest, ADeleteTheStoreCannotRecordIsRefusedAndARetryFinishesIt) {
+  Cluster c("delete-locked");
+  ASSERT_NE(c.cluster, nullptr);
+  FlatshardClient client(c.cluster->address());
+  const v1::JobSpec spec = Job("mlp-demo");
+  testing::CreateAndWaitReady(client, spec);
+  StateDb db(c.state_dir());
+  ExpectDeleteRefusedWhileTheStoreIsLocked(client, db, spec.name());
+
+  ASSERT_TRUE(client.DeleteJob(spec.name()).ok());
+  EXPECT_EQ(client.GetJob(spec.name()).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(db.Jobs(), 0);
+  // Gone for good: a restarted coordinator does not bring it back. (The
+  // client outlived the restart: its read is retried past the dead
+  // connection, rpc/read_retries.h, rather than failing UNAVAILABLE.)
+  ASSERT_TRUE(c.cluster->KillAndRestartCoordinator().ok());
+  const auto gone = client.GetJob(spec.name());
+  EXPECT_EQ(gone.status().code(), absl::StatusCode::kNotFound) << gone.status();
+}
+
+TEST(JobDeletionTest, TheNextJobFinishesADeleteTheStoreCouldNotRecord) {
+  Cluster c("delete-then-create");
+  ASSERT_NE(c.cluster, nullptr);
+  FlatshardClient client(c.cluster->address());
+  const v1::JobSpec first = Job("mlp-a");
+  testing::CreateAndWaitReady(client, first);
+  StateDb db(c.state_dir());
+  ExpectDeleteRefusedWhileTheStoreIsLocked(client, db, first.name());
+
+  // The restored job would be the first by name: mlp-a, not the new one.
+  const v1::JobSpec second = Job("mlp-b");
+  testing::CreateAndWaitReady(client, second);
+  EXPECT_EQ(db.Jobs(), 1);
+  ASSERT_TRUE(c.cluster->KillAndRestartCoordinator().ok());
+  const auto gone = client.GetJob(first.name());
+  EXPECT_EQ(gone.status().code(), absl::StatusCode::kNotFound) << gone.status();
+  auto job = client.GetJob(second.name());
+  ASSERT_TRUE(job.ok()) << job.status();
+  auto ready = client.WaitForState(second.name(), {v1::READY}, absl::Seconds(120));
+  EXPECT_TRUE(ready.ok()) << ready.status();
+}
+
+TEST(JobDeletionTest, ADeletionCutShortByACrashIsFinishedByTheNextStart) {
+  Cluster c("delete-crash");
+  ASSERT_NE(c.cluster, nullptr);
+  FlatshardClient client(c.cluster->address());
+  const v1::JobSpec spec = Job("mlp-demo");
+  testing::CreateAndWaitReady(client, spec);
+  // Killed after the job was stopped (STOPPED persisted), before its record
+  // was removed.
+  ASSERT_TRUE(c.cluster
+                  ->KillAndRestartCoordinator(
+                      [&] { StateDb(c.state_dir()).Exec("UPDATE jobs SET state='STOPPED'"); })
+                  .ok());
+  const auto gone = client.GetJob(spec.name());
+  EXPECT_EQ(gone.status().code(), absl::StatusCode::kNotFound) << gone.status();
+  EXPECT_EQ(StateDb(c.state_dir()).Jobs(), 0);
+  // The coordinator takes a new job.
+  testing::CreateAndWaitReady(client, Job("mlp-next"));
+}
+
+}  // namespace
+}  // namespace flatshard
