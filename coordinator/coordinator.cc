@@ -8,6 +8,7 @@
 #include "absl/time/clock.h"
 #include "spdlog/spdlog.h"
 
+#include "coordinator/failed_rank.h"
 #include "core/job_config.h"
 #include "core/status_macros.h"
 
@@ -19,6 +20,12 @@ Coordinator::Coordinator(CoordinatorOptions options)
 Coordinator::~Coordinator() { Shutdown("the coordinator is shutting down"); }
 
 void Coordinator::Shutdown(const std::string& reason) {
+  {
+    // From here on the job is stopped in memory only: no create or delete
+    // may take that for a deletion.
+    std::lock_guard<std::mutex> lock(mu_);
+    shutting_down_ = true;
+  }
   {
     std::lock_guard<std::mutex> lock(monitor_mu_);
     stop_ = true;
@@ -78,13 +85,13 @@ absl::Status Coordinator::RestoreState() {
     if (record.state == v1::STOPPED) {
       // Only a deletion persists STOPPED (a coordinator's own shutdown keeps
       // the record as it was): this one was cut short. It is finished now.
-      if (absl::Status s = ForgetJobRecord(name); s.ok()) {
+      if (ForgetJobRecord(name).ok()) {
         spdlog::warn(
             "state dir {}: job '{}' was being deleted when the coordinator stopped; "
             "deleted now",
             state->dir(), name);
       }
-      continue;
+      continue;  // not restored either way
     }
     if (job_ != nullptr) {
       spdlog::warn("state dir {} also holds job '{}'; this coordinator runs one job ('{}')",
@@ -118,15 +125,19 @@ absl::Status Coordinator::RestoreState() {
 
 absl::StatusOr<v1::Job> Coordinator::CreateJob(const v1::JobSpec& spec) {
   ASSIGN_OR_RETURN(JobConfig config, JobConfigFromProto(spec));
-  // A job left STOPPED by a deletion whose record stayed: that record goes
-  // first, or a restarted coordinator would bring the old job back instead.
-  std::string undeleted;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (job_ != nullptr && job_->states().state() == v1::STOPPED) undeleted = job_->name();
-  }
-  if (!undeleted.empty()) RETURN_IF_ERROR(ForgetJobRecord(undeleted));
   std::lock_guard<std::mutex> lock(mu_);
+  RETURN_IF_ERROR(RefuseWhileDeletingLocked());
+  if (job_ != nullptr && job_->name() == undeleted_) {
+    // A deletion whose record stayed: that record goes first (under mu_, so
+    // no delete or create comes between), or a restarted coordinator would
+    // bring the old job back instead of this one.
+    if (absl::Status s = ForgetJobRecord(undeleted_); !s.ok()) {
+      return PrefixStatus(absl::StrCat("job '", config.name, "' was not created: job '", undeleted_,
+                                       "' was deleted but kept its record: "),
+                          s);
+    }
+    undeleted_.clear();
+  }
   if (job_ != nullptr && job_->states().state() != v1::STOPPED) {
     if (job_->name() == config.name) {
       return absl::AlreadyExistsError(absl::StrCat("job '", config.name, "' already exists (",
@@ -177,31 +188,50 @@ absl::StatusOr<std::shared_ptr<TrainingJob>> Coordinator::FindJob(const std::str
 
 absl::Status Coordinator::DeleteJob(const std::string& name) {
   ASSIGN_OR_RETURN(std::shared_ptr<TrainingJob> job, FindJob(name));
-  job->Stop("deleted");  // STOPPED is persisted: a crash after it finishes the deletion
-  store_.DeletePrefix(absl::StrCat("job/", name));
-  RETURN_IF_ERROR(ForgetJobRecord(name));
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (job_ == job) job_ = nullptr;
+    RETURN_IF_ERROR(RefuseWhileDeletingLocked());
+    deleting_ = name;
   }
+  // STOPPED is persisted (when the store takes it): a crash between this and
+  // the record's removal leaves a deletion the next start finishes.
+  job->Stop("deleted");
+  store_.DeletePrefix(absl::StrCat("job/", name));
+  const absl::Status forgotten = ForgetJobRecord(name);
+  std::lock_guard<std::mutex> lock(mu_);
+  deleting_.clear();
+  if (!forgotten.ok()) {
+    undeleted_ = name;
+    return PrefixStatus(
+        absl::StrCat("job '", name,
+                     "' is stopped but not deleted, and a restarted coordinator would bring it "
+                     "back; retry `flatshard job delete ",
+                     name, "`: "),
+        forgotten);
+  }
+  if (undeleted_ == name) undeleted_.clear();
+  if (job_ == job) job_ = nullptr;
   spdlog::info("job '{}' deleted", name);
+  return absl::OkStatus();
+}
+
+absl::Status Coordinator::RefuseWhileDeletingLocked() const {
+  if (shutting_down_) return absl::UnavailableError("the coordinator is shutting down");
+  if (!deleting_.empty()) {
+    return absl::UnavailableError(
+        absl::StrCat("job '", deleting_, "' is being deleted; try again once it is"));
+  }
   return absl::OkStatus();
 }
 
 absl::Status Coordinator::ForgetJobRecord(const std::string& name) {
   if (options_.state == nullptr) return absl::OkStatus();
   absl::Status s = options_.state->DeleteJob(name);
-  if (s.ok()) return s;
-  spdlog::error("job '{}': stopped, but its record was not deleted: {}", name,
-                std::string(s.message()));
-  return absl::Status(
-      s.code(), absl::StrCat("job '", name,
-                             "' is stopped but not deleted: its record in the state store could "
-                             "not be removed (",
-                             s.message(),
-                             "), and a restarted coordinator would bring it back; retry `flatshard "
-                             "job delete ",
-                             name, "`"));
+  if (!s.ok()) {
+    spdlog::error("job '{}': its record in the state store could not be removed: {}", name,
+                  std::string(s.message()));
+  }
+  return s;
 }
 
 int Coordinator::JobRank(const std::string& worker_id) const {

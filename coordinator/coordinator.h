@@ -59,7 +59,8 @@ class Coordinator {
   absl::Status RestoreState();
 
   // INVALID_ARGUMENT naming the field for a bad spec; ALREADY_EXISTS when a job
-  // of that name exists; FAILED_PRECONDITION when another job is running.
+  // of that name exists; FAILED_PRECONDITION when another job is running;
+  // UNAVAILABLE while a deletion runs or the coordinator shuts down.
   absl::StatusOr<v1::Job> CreateJob(const v1::JobSpec& spec);
   // NOT_FOUND naming the job (and the one that exists, if any).
   absl::StatusOr<std::shared_ptr<TrainingJob>> FindJob(const std::string& name) const;
@@ -85,6 +86,8 @@ class Coordinator {
   TrainingJobOptions JobOptions();
   // Removes the record of the deleted job `name` from the state store.
   absl::Status ForgetJobRecord(const std::string& name);
+  // UNAVAILABLE while a deletion or the shutdown runs; mu_ held.
+  absl::Status RefuseWhileDeletingLocked() const;
   void MaybeForm(const std::shared_ptr<TrainingJob>& job, absl::Time now);
   void MaybeReadopt(const std::shared_ptr<TrainingJob>& job, absl::Time now);
   void CheckHeartbeats(const std::shared_ptr<TrainingJob>& job, absl::Time now);
@@ -98,6 +101,11 @@ class Coordinator {
   std::thread former_;  // forms the job off the monitor thread
   bool forming_ = false;
   absl::Time restored_at_;  // when RestoreState brought a job back
+  // The job DeleteJob is deleting now, and the one (STOPPED, still job_)
+  // whose record it could not remove: the next create removes that first.
+  std::string deleting_;
+  std::string undeleted_;
+  bool shutting_down_ = false;  // Shutdown began: the job is stopped in memory only
 
   std::mutex monitor_mu_;
   std::condition_variable monitor_cv_;

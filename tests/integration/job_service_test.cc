@@ -219,5 +219,20 @@ TEST_F(JobServiceTest, WatchEventsReplaysTheLifecycle) {
   EXPECT_EQ(seen[1], v1::STOPPED);
 }
 
+TEST_F(JobServiceTest, OnceTheCoordinatorShutsDownNoJobIsCreatedOrDeleted) {
+  ASSERT_TRUE(Create(spec_).ok());
+  // The shutdown stops the job in memory only (its record stays for the next
+  // start): a create must not take the stopped job for a deleted one and
+  // replace it, nor a delete remove the record the next start needs.
+  coordinator_->Shutdown("SIGTERM");
+  v1::JobSpec other = spec_;
+  other.set_name("other");
+  ExpectRefused(Create(other), absl::StatusCode::kUnavailable, "shutting down");
+  ExpectRefused(client_->DeleteJob(spec_.name()), absl::StatusCode::kUnavailable, "shutting down");
+  auto job = client_->GetJob(spec_.name());
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->state(), v1::STOPPED);
+}
+
 }  // namespace
 }  // namespace flatshard

@@ -362,6 +362,7 @@ class ReadRetryTest(unittest.TestCase):
 
     def setUp(self) -> None:
         self.servicer.calls.clear()
+        self.servicer.failures_left = 0
 
     def test_a_read_is_retried_past_unavailable(self) -> None:
         self.servicer.failures_left = 2
@@ -374,7 +375,6 @@ class ReadRetryTest(unittest.TestCase):
             self.cluster.job("j")
         self.assertEqual(caught.exception.code, grpc.StatusCode.UNAVAILABLE)
         self.assertEqual(self.servicer.calls["GetJob"], 4)
-        self.servicer.failures_left = 0
 
     def test_a_write_is_not_retried(self) -> None:
         self.servicer.failures_left = 1
