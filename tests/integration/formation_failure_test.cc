@@ -20,6 +20,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -117,6 +118,43 @@ std::map<std::string, int> RanksByWorker(FlatshardClient& client, const std::str
   }
   return ranks;
 }
+
+// Checkpoint storage the nodes share: <dir>/checkpoints, which node i mounts
+// at <dir>/n<i>-checkpoints (a symlink to it; its worker's --checkpoint-dir).
+// A node that lost its mount has an empty mount point instead.
+class SharedCheckpointStorage {
+ public:
+  SharedCheckpointStorage(const std::string& dir, int nodes, const std::set<int>& unmounted = {})
+      : dir_(dir), shared_(dir + "/checkpoints") {
+    std::filesystem::create_directories(shared_);
+    for (int i = 0; i < nodes; ++i) {
+      mounts_[i] = MountPoint(i);
+      if (unmounted.contains(i)) {
+        std::filesystem::create_directory(MountPoint(i));
+      } else {
+        std::filesystem::create_directory_symlink(shared_, MountPoint(i));
+      }
+    }
+  }
+  void Unmount(int i) {
+    std::filesystem::remove_all(MountPoint(i));  // the symlink, not the storage
+    std::filesystem::create_directory(MountPoint(i));
+  }
+  void Mount(int i) {
+    std::filesystem::remove_all(MountPoint(i));
+    std::filesystem::create_directory_symlink(shared_, MountPoint(i));
+  }
+  std::unique_ptr<LocalCluster> StartCluster(int workers) const {
+    return ::flatshard::StartCluster(workers, shared_, ".", {}, mounts_);
+  }
+
+ private:
+  std::string MountPoint(int i) const { return absl::StrCat(dir_, "/n", i, "-checkpoints"); }
+
+  std::string dir_;
+  std::string shared_;
+  std::map<int, std::string> mounts_;
+};
 
 TEST(FormationFailureTest, ASpareWithoutTheDataIsPassedOverAndTheSurvivorIsReleasedAtOnce) {
   const std::string dir = testing::MakeTempDir("formation-data");
@@ -385,47 +423,21 @@ TEST(FormationFailureTest, AWorkerThatCannotJoinIsPassedOverForGrowingUntilItReg
 }
 
 TEST(FormationFailureTest, AWorkerThatCannotLoadTheCheckpointIsPassedOverForGrowingToo) {
-  // Every node mounts the shared checkpoint storage at its own path.
-  const std::string dir = testing::MakeTempDir("grow-unloadable");
-  const std::string shared = dir + "/checkpoints";
-  const auto mount = [&](int i) { return absl::StrCat(dir, "/n", i, "-checkpoints"); };
-  std::filesystem::create_directories(shared);
-  for (int i = 0; i < 2; ++i) std::filesystem::create_directory_symlink(shared, mount(i));
-  std::unique_ptr<LocalCluster> cluster =
-      StartCluster(2, shared, ".", {}, {{0, mount(0)}, {1, mount(1)}});
+  SharedCheckpointStorage storage(testing::MakeTempDir("grow-unloadable"), 2);
+  std::unique_ptr<LocalCluster> cluster = storage.StartCluster(2);
   ASSERT_NE(cluster, nullptr);
   // Its node lost the mount (an empty mount point): it is configured, but
   // cannot read the checkpoint the job grows back from.
   ExpectGrowingToPassOverABrokenNode(
-      *cluster, Job(),
-      [&](int victim) {
-        std::filesystem::remove_all(mount(victim));
-        std::filesystem::create_directory(mount(victim));
-      },
-      [&](int victim) {
-        std::filesystem::remove_all(mount(victim));
-        std::filesystem::create_directory_symlink(shared, mount(victim));
-      },
-      "it has no manifest.json");
+      *cluster, Job(), [&](int victim) { storage.Unmount(victim); },
+      [&](int victim) { storage.Mount(victim); }, "it has no manifest.json");
 }
 
 TEST(FormationFailureTest, ASpareThatCannotReadTheCheckpointsIsPassedOverByTheNextTry) {
-  const std::string dir = testing::MakeTempDir("spare-unloadable");
-  const std::string shared = dir + "/checkpoints";
-  const auto mount = [&](int i) { return absl::StrCat(dir, "/n", i, "-checkpoints"); };
-  std::filesystem::create_directories(shared);
-  std::map<int, std::string> mounts;
-  for (int i = 0; i < 4; ++i) {
-    // Worker 2's node has an empty mount point instead of the storage.
-    if (i == 2) {
-      std::filesystem::create_directory(mount(i));
-    } else {
-      std::filesystem::create_directory_symlink(shared, mount(i));
-    }
-    mounts[i] = mount(i);
-  }
+  // Worker 2's node has an empty mount point instead of the storage.
+  const SharedCheckpointStorage storage(testing::MakeTempDir("spare-unloadable"), 4, {2});
   // Ranks 0 and 1 on workers 0 and 1; workers 2 and 3 are spares, 2 first.
-  std::unique_ptr<LocalCluster> cluster = StartCluster(4, shared, ".", {}, mounts);
+  std::unique_ptr<LocalCluster> cluster = storage.StartCluster(4);
   ASSERT_NE(cluster, nullptr);
   FlatshardClient client(cluster->address());
   v1::JobSpec spec = Job();
@@ -454,20 +466,9 @@ TEST(FormationFailureTest, ASpareThatCannotReadTheCheckpointsIsPassedOverByTheNe
 }
 
 TEST(FormationFailureTest, ASpareThatCannotReadTheCheckpointsIsNotGrownOntoEither) {
-  const std::string dir = testing::MakeTempDir("spare-not-grown");
-  const std::string shared = dir + "/checkpoints";
-  const auto mount = [&](int i) { return absl::StrCat(dir, "/n", i, "-checkpoints"); };
-  std::filesystem::create_directories(shared);
-  std::map<int, std::string> mounts;
-  for (int i = 0; i < 3; ++i) {
-    if (i == 2) {
-      std::filesystem::create_directory(mount(i));  // worker 2, the only spare, has no storage
-    } else {
-      std::filesystem::create_directory_symlink(shared, mount(i));
-    }
-    mounts[i] = mount(i);
-  }
-  std::unique_ptr<LocalCluster> cluster = StartCluster(3, shared, ".", {}, mounts);
+  // Worker 2, the only spare, has an empty mount point.
+  const SharedCheckpointStorage storage(testing::MakeTempDir("spare-not-grown"), 3, {2});
+  std::unique_ptr<LocalCluster> cluster = storage.StartCluster(3);
   ASSERT_NE(cluster, nullptr);
   FlatshardClient client(cluster->address());
   v1::JobSpec spec = Job();

@@ -56,25 +56,6 @@ class StateDb {
   sqlite3* db_ = nullptr;
 };
 
-struct Cluster {
-  explicit Cluster(const std::string& tag) : dir(testing::MakeTempDir(tag)) {
-    LocalClusterOptions options;
-    options.workers = 2;
-    options.bin_dir = FLATSHARD_BIN_DIR;
-    options.heartbeat_interval_s = 0.25;
-    options.heartbeat_timeout_s = 2.0;
-    options.checkpoint_dir = dir + "/checkpoints";
-    options.state_dir = dir + "/state";
-    auto started = LocalCluster::Start(options);
-    EXPECT_TRUE(started.ok()) << started.status();
-    if (started.ok()) cluster = *std::move(started);
-  }
-  std::string state_dir() const { return dir + "/state"; }
-
-  std::string dir;
-  std::unique_ptr<LocalCluster> cluster;
-};
-
 v1::JobSpec Job(const std::string& name) {
   auto spec = LoadJobSpecFile(std::string(FLATSHARD_SOURCE_DIR) + "/examples/mlp-job.yaml");
   EXPECT_TRUE(spec.ok()) << spec.status();
@@ -83,82 +64,89 @@ v1::JobSpec Job(const std::string& name) {
   return *spec;
 }
 
-// Deletes `job` while another connection holds the database's write lock:
-// refused, the job left STOPPED, its record still there.
-void ExpectDeleteRefusedWhileTheStoreIsLocked(FlatshardClient& client, StateDb& db,
-                                              const std::string& job) {
-  db.Exec("BEGIN EXCLUSIVE");
-  const absl::Status deleted = client.DeleteJob(job);
-  EXPECT_EQ(deleted.code(), absl::StatusCode::kUnavailable) << deleted;
-  EXPECT_THAT(std::string(deleted.message()), HasSubstr("is stopped but not deleted"));
-  EXPECT_THAT(std::string(deleted.message()), HasSubstr("database is locked"));
-  EXPECT_THAT(std::string(deleted.message()), HasSubstr("retry `flatshard job delete " + job));
-  db.Exec("ROLLBACK");
-  auto after = client.GetJob(job);
-  ASSERT_TRUE(after.ok()) << after.status();
-  EXPECT_EQ(after->state(), v1::STOPPED);
-  EXPECT_EQ(db.Jobs(), 1);
+// A coordinator with a state dir and two workers, and a client that outlives
+// the coordinator's restarts.
+class JobDeletionTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = testing::MakeTempDir("job-deletion");
+    LocalClusterOptions options;
+    options.workers = 2;
+    options.bin_dir = FLATSHARD_BIN_DIR;
+    options.heartbeat_interval_s = 0.25;
+    options.heartbeat_timeout_s = 2.0;
+    options.checkpoint_dir = dir_ + "/checkpoints";
+    options.state_dir = state_dir();
+    auto started = LocalCluster::Start(options);
+    ASSERT_TRUE(started.ok()) << started.status();
+    cluster_ = *std::move(started);
+    client_ = std::make_unique<FlatshardClient>(cluster_->address());
+  }
+  std::string state_dir() const { return dir_ + "/state"; }
+
+  // Creates `job` and deletes it while another connection holds the
+  // database's write lock: refused, the job left STOPPED, its record there.
+  void ExpectDeleteRefusedWhileTheStoreIsLocked(const std::string& job) {
+    testing::CreateAndWaitReady(*client_, Job(job));
+    StateDb db(state_dir());
+    db.Exec("BEGIN EXCLUSIVE");
+    const absl::Status deleted = client_->DeleteJob(job);
+    EXPECT_EQ(deleted.code(), absl::StatusCode::kUnavailable) << deleted;
+    EXPECT_THAT(std::string(deleted.message()), HasSubstr("is stopped but not deleted"));
+    EXPECT_THAT(std::string(deleted.message()), HasSubstr("database is locked"));
+    EXPECT_THAT(std::string(deleted.message()), HasSubstr("retry `flatshard job delete " + job));
+    db.Exec("ROLLBACK");
+    auto after = client_->GetJob(job);
+    ASSERT_TRUE(after.ok()) << after.status();
+    EXPECT_EQ(after->state(), v1::STOPPED);
+    EXPECT_EQ(db.Jobs(), 1);
+  }
+
+  // After a restart: the client's read is retried past the dead connection
+  // (rpc/read_retries.h) rather than failing UNAVAILABLE.
+  void ExpectGone(const std::string& job) {
+    const auto gone = client_->GetJob(job);
+    EXPECT_EQ(gone.status().code(), absl::StatusCode::kNotFound) << gone.status();
+  }
+
+  std::string dir_;
+  std::unique_ptr<LocalCluster> cluster_;
+  std::unique_ptr<FlatshardClient> client_;
+};
+
+TEST_F(JobDeletionTest, ADeleteTheStoreCannotRecordIsRefusedAndARetryFinishesIt) {
+  ExpectDeleteRefusedWhileTheStoreIsLocked("mlp-demo");
+  ASSERT_TRUE(client_->DeleteJob("mlp-demo").ok());
+  ExpectGone("mlp-demo");
+  EXPECT_EQ(StateDb(state_dir()).Jobs(), 0);
+  // Gone for good: a restarted coordinator does not bring it back.
+  ASSERT_TRUE(cluster_->KillAndRestartCoordinator().ok());
+  ExpectGone("mlp-demo");
 }
 
-TEST(JobDeletionTest, ADeleteTheStoreCannotRecordIsRefusedAndARetryFinishesIt) {
-  Cluster c("delete-locked");
-  ASSERT_NE(c.cluster, nullptr);
-  FlatshardClient client(c.cluster->address());
-  const v1::JobSpec spec = Job("mlp-demo");
-  testing::CreateAndWaitReady(client, spec);
-  StateDb db(c.state_dir());
-  ExpectDeleteRefusedWhileTheStoreIsLocked(client, db, spec.name());
-
-  ASSERT_TRUE(client.DeleteJob(spec.name()).ok());
-  EXPECT_EQ(client.GetJob(spec.name()).status().code(), absl::StatusCode::kNotFound);
-  EXPECT_EQ(db.Jobs(), 0);
-  // Gone for good: a restarted coordinator does not bring it back. (The
-  // client outlived the restart: its read is retried past the dead
-  // connection, rpc/read_retries.h, rather than failing UNAVAILABLE.)
-  ASSERT_TRUE(c.cluster->KillAndRestartCoordinator().ok());
-  const auto gone = client.GetJob(spec.name());
-  EXPECT_EQ(gone.status().code(), absl::StatusCode::kNotFound) << gone.status();
-}
-
-TEST(JobDeletionTest, TheNextJobFinishesADeleteTheStoreCouldNotRecord) {
-  Cluster c("delete-then-create");
-  ASSERT_NE(c.cluster, nullptr);
-  FlatshardClient client(c.cluster->address());
-  const v1::JobSpec first = Job("mlp-a");
-  testing::CreateAndWaitReady(client, first);
-  StateDb db(c.state_dir());
-  ExpectDeleteRefusedWhileTheStoreIsLocked(client, db, first.name());
-
+TEST_F(JobDeletionTest, TheNextJobFinishesADeleteTheStoreCouldNotRecord) {
+  ExpectDeleteRefusedWhileTheStoreIsLocked("mlp-a");
   // The restored job would be the first by name: mlp-a, not the new one.
-  const v1::JobSpec second = Job("mlp-b");
-  testing::CreateAndWaitReady(client, second);
-  EXPECT_EQ(db.Jobs(), 1);
-  ASSERT_TRUE(c.cluster->KillAndRestartCoordinator().ok());
-  const auto gone = client.GetJob(first.name());
-  EXPECT_EQ(gone.status().code(), absl::StatusCode::kNotFound) << gone.status();
-  auto job = client.GetJob(second.name());
-  ASSERT_TRUE(job.ok()) << job.status();
-  auto ready = client.WaitForState(second.name(), {v1::READY}, absl::Seconds(120));
+  testing::CreateAndWaitReady(*client_, Job("mlp-b"));
+  EXPECT_EQ(StateDb(state_dir()).Jobs(), 1);
+  ASSERT_TRUE(cluster_->KillAndRestartCoordinator().ok());
+  ExpectGone("mlp-a");
+  auto ready = client_->WaitForState("mlp-b", {v1::READY}, absl::Seconds(120));
   EXPECT_TRUE(ready.ok()) << ready.status();
 }
 
-TEST(JobDeletionTest, ADeletionCutShortByACrashIsFinishedByTheNextStart) {
-  Cluster c("delete-crash");
-  ASSERT_NE(c.cluster, nullptr);
-  FlatshardClient client(c.cluster->address());
-  const v1::JobSpec spec = Job("mlp-demo");
-  testing::CreateAndWaitReady(client, spec);
+TEST_F(JobDeletionTest, ADeletionCutShortByACrashIsFinishedByTheNextStart) {
+  testing::CreateAndWaitReady(*client_, Job("mlp-demo"));
   // Killed after the job was stopped (STOPPED persisted), before its record
   // was removed.
-  ASSERT_TRUE(c.cluster
+  ASSERT_TRUE(cluster_
                   ->KillAndRestartCoordinator(
-                      [&] { StateDb(c.state_dir()).Exec("UPDATE jobs SET state='STOPPED'"); })
+                      [&] { StateDb(state_dir()).Exec("UPDATE jobs SET state='STOPPED'"); })
                   .ok());
-  const auto gone = client.GetJob(spec.name());
-  EXPECT_EQ(gone.status().code(), absl::StatusCode::kNotFound) << gone.status();
-  EXPECT_EQ(StateDb(c.state_dir()).Jobs(), 0);
+  ExpectGone("mlp-demo");
+  EXPECT_EQ(StateDb(state_dir()).Jobs(), 0);
   // The coordinator takes a new job.
-  testing::CreateAndWaitReady(client, Job("mlp-next"));
+  testing::CreateAndWaitReady(*client_, Job("mlp-next"));
 }
 
 }  // namespace

@@ -266,6 +266,15 @@ class OfflineShardedCheckpointTest(unittest.TestCase):
                     checkpoint.load(self.write(name, 2, pieces))
 
 
+def _serve(servicer: job_pb2_grpc.JobServiceServicer) -> tuple:
+    """A real gRPC server on 127.0.0.1 answering with `servicer`, and its address."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    job_pb2_grpc.add_JobServiceServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    return server, f"127.0.0.1:{port}"
+
+
 class SummonStreamCheckTest(unittest.TestCase):
     """`Job.summon` against a real gRPC server that streams crafted chunks: the
     client's own checks on a stream a worker or a proxy got wrong (the CLI's
@@ -283,11 +292,8 @@ class SummonStreamCheckTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls) -> None:
         cls.servicer = cls._Server()
-        cls.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-        job_pb2_grpc.add_JobServiceServicer_to_server(cls.servicer, cls.server)
-        port = cls.server.add_insecure_port("127.0.0.1:0")
-        cls.server.start()
-        cls.job = flatshard.Job(flatshard.Cluster(f"127.0.0.1:{port}"), "crafted")
+        cls.server, address = _serve(cls.servicer)
+        cls.job = flatshard.Job(flatshard.Cluster(address), "crafted")
 
     @classmethod
     def tearDownClass(cls) -> None:
@@ -350,11 +356,8 @@ class ReadRetryTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls) -> None:
         cls.servicer = cls._Server()
-        cls.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
-        job_pb2_grpc.add_JobServiceServicer_to_server(cls.servicer, cls.server)
-        port = cls.server.add_insecure_port("127.0.0.1:0")
-        cls.server.start()
-        cls.cluster = flatshard.Cluster(f"127.0.0.1:{port}")
+        cls.server, address = _serve(cls.servicer)
+        cls.cluster = flatshard.Cluster(address)
 
     @classmethod
     def tearDownClass(cls) -> None:
