@@ -37,8 +37,9 @@ class CommandSequencer {
   // Runs `batch` (its kind and content set by the caller; epoch, seq and
   // digest stamped here) on every rank; the results by rank. Errors name the
   // rank to blame (the one that no longer answers, else the one that failed
-  // first), in the message and as FailedRank(); a batch without a kind or with malformed content is
-  // INVALID_ARGUMENT before anything is sent.
+  // first) in the message, and as FailedRank() unless the failure was a
+  // timeout, a cancellation or an abort. A batch without a kind or with
+  // malformed content is INVALID_ARGUMENT before anything is sent.
   absl::StatusOr<std::vector<v1::CommandResult>> Run(v1::CommandBatch batch);
 
   // A summon batch: rank 0's chunks go to `sink`; the other ranks join the

@@ -44,6 +44,7 @@ namespace flatshard {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 // The survivor's rendezvous would hold it this long without the abandonment,
 // and a formation would wait this long for a stopped worker without the
@@ -486,6 +487,10 @@ TEST(FormationFailureTest, ASpareThatCannotReadTheCheckpointsIsNotGrownOntoEithe
   auto job = client.GetJob(spec.name());
   ASSERT_TRUE(job.ok()) << job.status();
   ASSERT_EQ(job->world_size(), 1);
+  // A try with the spare, a try without (one, had the spare not been live
+  // yet); then the checkpoint at step 4 must not grow back onto it.
+  EXPECT_LE(job->restarts(), 2);
+  EXPECT_THAT(job->last_recovery().cause(), Not(HasSubstr("growing back")));
   const int restarts = job->restarts();
   // Checkpoints at steps 6 to 14: the job does not try to grow onto it.
   const absl::Status trained = client.Train(spec.name(), 10, 0, [](const v1::StepResult&) {});
@@ -495,6 +500,7 @@ TEST(FormationFailureTest, ASpareThatCannotReadTheCheckpointsIsNotGrownOntoEithe
   EXPECT_EQ(job->step(), 14);
   EXPECT_EQ(job->world_size(), 1);
   EXPECT_EQ(job->restarts(), restarts) << job->last_recovery().cause();
+  EXPECT_THAT(job->last_recovery().cause(), Not(HasSubstr("growing back")));
 }
 
 }  // namespace
