@@ -15,6 +15,7 @@
 #include "absl/time/clock.h"
 #include "spdlog/spdlog.h"
 
+#include "coordinator/drain_wait.h"
 #include "coordinator/failed_rank.h"
 #include "coordinator/recovery_plan.h"
 #include "coordinator/training_job.h"
@@ -120,8 +121,22 @@ std::vector<int> TrainingJob::ProbeMembers(
   std::vector<std::thread> probes;
   probes.reserve(clients.size());
   const absl::Time deadline = absl::Now() + options_.probe_timeout;
+  // A member whose aborted work has not let go yet (a write into a hung
+  // mount) is not a survivor until it does: if it never does, it ends itself
+  // at its abort grace, and a try that seated it would fail then and spend
+  // a restart. So the probe waits for the verdict, bounded by that grace.
   for (size_t r = 0; r < clients.size(); ++r) {
-    probes.emplace_back([&, r] { answers[r] = clients[r]->GetStatus(deadline); });
+    probes.emplace_back([&, r] {
+      WorkerClient& client = *clients[r];
+      answers[r] = AwaitDrained(
+          client.GetStatus(deadline),
+          [&] { return client.GetStatus(absl::Now() + options_.probe_timeout); },
+          [this] {
+            std::lock_guard<std::mutex> lock(mu_);
+            return stopping_;
+          },
+          absl::StrCat("job ", config_.name, ": rank ", r, " (", client.address(), ")"));
+    });
   }
   for (std::thread& t : probes) t.join();
   std::vector<int> failed;

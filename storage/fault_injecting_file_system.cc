@@ -8,6 +8,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/notification.h"
 
 #include "core/status_macros.h"
 
@@ -23,6 +24,12 @@ class FaultyFile : public WritableFile {
     for (const FileFault& f : faults_) {
       if (f.kind == FileFault::Kind::kCrash && written_ + data.size() > f.after_bytes) {
         std::raise(SIGKILL);  // a crash mid-write, at a chosen byte
+      }
+      if (f.kind == FileFault::Kind::kHang && written_ + data.size() > f.after_bytes) {
+        // A write into a hung mount: it never returns, and nothing the
+        // process does (an abort, a shutdown) gets it back.
+        absl::Notification never;
+        never.WaitForNotification();
       }
       if (f.kind == FileFault::Kind::kDiskFull && written_ + data.size() > f.after_bytes) {
         // What a full disk does: the bytes that fit, then ENOSPC.
@@ -66,8 +73,8 @@ absl::StatusOr<std::vector<FileFault>> ParseFileFaults(const std::string& spec) 
     const auto bad = [&](const std::string& why) {
       return absl::InvalidArgumentError(
           absl::StrCat("file fault '", part, "': ", why,
-                       " (expected disk-full:SUBSTRING[:BYTES], sync-error:SUBSTRING or "
-                       "crash:SUBSTRING[:BYTES])"));
+                       " (expected disk-full:SUBSTRING[:BYTES], sync-error:SUBSTRING, "
+                       "crash:SUBSTRING[:BYTES] or hang:SUBSTRING[:BYTES])"));
     };
     if (fields.size() < 2 || fields.size() > 3 || fields[1].empty()) {
       return bad("wrong number of fields");
@@ -78,6 +85,8 @@ absl::StatusOr<std::vector<FileFault>> ParseFileFaults(const std::string& spec) 
       fault.kind = FileFault::Kind::kSyncError;
     } else if (fields[0] == "crash") {
       fault.kind = FileFault::Kind::kCrash;
+    } else if (fields[0] == "hang") {
+      fault.kind = FileFault::Kind::kHang;
     } else {
       return bad(absl::StrCat("unknown kind '", fields[0], "'"));
     }

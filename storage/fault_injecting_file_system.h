@@ -20,13 +20,14 @@
 namespace flatshard {
 
 struct FileFault {
-  enum class Kind { kDiskFull, kSyncError, kCrash };
+  enum class Kind { kDiskFull, kSyncError, kCrash, kHang };
   Kind kind = Kind::kDiskFull;
   std::string path_contains;  // which files
-  uint64_t after_bytes = 0;   // disk full / crash once this many bytes are in the file
+  uint64_t after_bytes = 0;   // disk full / crash / hang once this many bytes are in the file
 };
 
-// "disk-full:SUBSTRING[:BYTES]", "sync-error:SUBSTRING", "crash:SUBSTRING[:BYTES]";
+// "disk-full:SUBSTRING[:BYTES]", "sync-error:SUBSTRING", "crash:SUBSTRING[:BYTES]",
+// "hang:SUBSTRING[:BYTES]";
 // several separated by commas. INVALID_ARGUMENT naming the bad part.
 absl::StatusOr<std::vector<FileFault>> ParseFileFaults(const std::string& spec);
 

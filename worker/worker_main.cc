@@ -1,13 +1,16 @@
 // flatshard-worker: one per device. Serves WorkerService, registers with the
 // coordinator, heartbeats, hosts the data plane the coordinator configures,
 // and serves Prometheus metrics. SIGTERM or SIGINT: abort the job's
-// collectives, stop serving, exit 0.
+// collectives, stop serving, exit 0. Exit 3: wedged (a batch that did not
+// let go of an abort; worker/service/abort_watchdog.h).
 #include <csignal>
+#include <cstdlib>
 #include <fstream>
 #include <iostream>
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 
 #include <grpcpp/create_channel.h>
 #include <grpcpp/security/credentials.h>
@@ -18,6 +21,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "metrics/build_info.h"
 #include "metrics/metrics_server.h"
 #include "metrics/rpc_metrics.h"
@@ -63,6 +67,7 @@ struct Flags {
   std::string checkpoint_dir = "./checkpoints";
   double connect_timeout_s = 30;
   double collective_timeout_s = 60;
+  double abort_grace_s = 120;
   bool same_host_copies = true;
   double coordinator_timeout_s = 10;
   std::string inject_file_faults;  // tests only
@@ -222,6 +227,30 @@ int Run(const Flags& f) {
   options.checkpoint_dir = f.checkpoint_dir;
   options.gloo.hostname = f.advertise_host;
   options.gloo.timeout = absl::Seconds(f.collective_timeout_s);
+  options.abort_grace = absl::Seconds(f.abort_grace_s);
+  if (f.abort_grace_s > 0 && f.abort_grace_s <= f.collective_timeout_s) {
+    // A Gloo connection an abort cannot interrupt still ends at the
+    // collective timeout: a grace shorter than that ends healthy workers.
+    spdlog::warn(
+        "--abort-grace {} s is not longer than --collective-timeout {} s: a worker blocked in a "
+        "Gloo connection when its job is aborted may count itself wedged and exit",
+        f.abort_grace_s, f.collective_timeout_s);
+  }
+  options.on_wedged = [worker_id](const std::string& what) {
+    // Destructors would wait for the very work that does not return: end
+    // the process as it is, with a status its supervisor can tell apart.
+    // The log itself may block (a stderr on the same hung mount), so the
+    // exit does not wait for it beyond a few seconds.
+    std::thread([] {
+      absl::SleepFor(absl::Seconds(5));
+      std::_Exit(kWedgedExitCode);
+    }).detach();
+    spdlog::critical(
+        "flatshard-worker {}: wedged, exiting with status {} to be restarted clean: {}", worker_id,
+        kWedgedExitCode, what);
+    spdlog::default_logger()->flush();
+    std::_Exit(kWedgedExitCode);
+  };
   options.gloo.same_host.enabled = f.same_host_copies;
   options.device = *device;
   options.comm = *comm;
@@ -337,8 +366,8 @@ int Main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--inject-file-faults", f.inject_file_faults,
                  "Fault-injection tests only: make checkpoint writes fail, e.g. "
-                 "disk-full:NAME[:BYTES], sync-error:NAME, crash:NAME[:BYTES] for files whose path "
-                 "contains NAME (comma-separated)");
+                 "disk-full:NAME[:BYTES], sync-error:NAME, crash:NAME[:BYTES], hang:NAME[:BYTES] "
+                 "for files whose path contains NAME (comma-separated)");
   app.add_option("--coordinator-timeout", f.coordinator_timeout_s,
                  "Seconds without an answer from the coordinator after which a batch in flight "
                  "is aborted (a restarted coordinator then rolls back instead of waiting)")
@@ -383,6 +412,14 @@ int Main(int argc, char** argv) {
   app.add_option("--collective-timeout", f.collective_timeout_s,
                  "Seconds a collective may wait for a peer before failing")
       ->capture_default_str();
+  app.add_option("--abort-grace", f.abort_grace_s,
+                 "Seconds a batch or configuration may go on after it was aborted (a job "
+                 "failure, a re-formation) before the worker counts itself wedged (blocked "
+                 "where an abort cannot reach: a hung mount, a kernel that never ends) and "
+                 "exits with status 3, for its supervisor to restart it; longer than "
+                 "--collective-timeout; 0: never")
+      ->capture_default_str()
+      ->check(CLI::Range(0.0, 86400.0));
   app.add_flag("--same-host-copies,!--no-same-host-copies", f.same_host_copies,
                "CPU workers of one host read each other's collective buffers directly "
                "(process_vm_readv) instead of over loopback TCP; used only when every worker of "

@@ -266,5 +266,48 @@ TEST(BatchExecutorTest, ASaveIntoAnAbandonedDirectoryFailsAndLeavesNothing) {
   EXPECT_TRUE(AllRanksSucceeded(results));
 }
 
+// A synchronous save has no collective for an abort to fail, so it asks
+// the runtime between units: a save batch on an aborted runtime fails
+// ABORTED before its first unit and writes nothing, instead of writing the
+// whole shard first (the worker's abort watchdog counts on an aborted batch
+// letting go within one unit's I/O).
+TEST(BatchExecutorTest, ASaveOnAnAbortedRuntimeStopsBeforeItsFirstUnit) {
+  const std::string dir = MakeTempDir("executor-abort");
+  const std::string root = dir + "/checkpoints";
+  std::filesystem::create_directories(root + "/job/aborted.partial");
+  auto results = RunRanks(
+      2,
+      [&](int rank) {
+        auto started = Start(dir + "/store", rank, 2, absl::Seconds(60));
+        if (!started.ok()) {
+          std::cerr << "rank " << rank << " start: " << started.status() << "\n";
+          return 1;
+        }
+        BatchExecutor executor(started->runtime.get(), 1);
+        started->runtime->Abort("the test aborts it");
+        v1::CommandBatch batch;
+        batch.mutable_checkpoint()->mutable_save_shard()->set_directory("job/aborted.partial");
+        batch.mutable_checkpoint()->mutable_save_shard()->mutable_settings()->set_state_dict_type(
+            v1::SHARDED_STATE_DICT);
+        batch.set_job_epoch(1);
+        batch.set_seq(1);
+        batch.set_digest(*BatchDigest(batch));
+        std::optional<ShardSnapshot> snapshot;
+        auto saved = executor.ExecuteCheckpoint(batch, root, &snapshot);
+        CHILD_CHECK(!saved.ok());
+        CHILD_CHECK(saved.status().code() == absl::StatusCode::kAborted);
+        CHILD_CHECK(std::string(saved.status().message()).find("the save was aborted after 0 of") !=
+                    std::string::npos);
+        for (const auto& entry :
+             std::filesystem::directory_iterator(root + "/job/aborted.partial")) {
+          std::cerr << "rank " << rank << " left " << entry.path() << "\n";
+          return 1;
+        }
+        return 0;
+      },
+      absl::Seconds(120));
+  EXPECT_TRUE(AllRanksSucceeded(results));
+}
+
 }  // namespace
 }  // namespace flatshard

@@ -2,7 +2,8 @@
 // worker killed in the middle of a save (sync and async) leaves no checkpoint
 // and the earlier ones verify; a full disk on one rank (through the injected
 // file system, sync and async, and once for real on a small tmpfs) fails the
-// save cleanly and the job trains and saves on (docs/fault-tolerance.md).
+// save cleanly and the job trains and saves on; a write that hangs for good
+// ends its worker, and the job recovers onto a spare (docs/fault-tolerance.md).
 #include <algorithm>
 #include <cerrno>
 #include <cstdlib>
@@ -35,6 +36,8 @@
 #include "storage/safetensors_reader.h"
 #include "tests/integration/checkpoint_harness.h"
 #include "tests/integration/multiprocess.h"
+#include "tests/integration/recovery_harness.h"
+#include "worker/service/abort_watchdog.h"
 
 namespace flatshard {
 namespace {
@@ -126,6 +129,96 @@ TEST_P(DiskFullTest, TheSaveFailsCleanlyAndTheJobGoesOn) {
 INSTANTIATE_TEST_SUITE_P(SyncAndAsync, DiskFullTest, ::testing::Bool(),
                          [](const ::testing::TestParamInfo<bool>& p) {
                            return p.param ? "Async" : "Sync";
+                         });
+
+// A write into a hung mount: one rank's write of checkpoint "stuck" blocks
+// for good after 4 KiB (the injected hang ignores aborts, as a write into a
+// hard-mounted NFS share that stopped answering does), while its daemon
+// heartbeats on. Its peer finishes (nothing waits for the stuck rank in a
+// collective: each rank writes its own file, or its own regions of the one
+// FULL file), so the batch ends at --batch-timeout and the sequencer aborts
+// every rank. The stuck rank's watchdog then ends its daemon with status 3
+// after --abort-grace; the recovery's probe waits for that verdict instead
+// of keeping the worker, so the job recovers onto the spare with one
+// restart, and saves and trains on. With --abort-grace 0 (no watchdog, as
+// before) the wedged worker is still running a minute later and every
+// recovery try that chooses it (it answers its probe) waits behind its stuck
+// batch; with the watchdog but a probe that kept a draining worker, the job
+// spent three restarts.
+struct HungWrite {
+  v1::StateDictType type;
+  int rank;          // whose write hangs
+  std::string file;  // the file of "stuck" it hangs in
+};
+
+// Names the case in ctest's listing instead of GetParam()'s bytes.
+void PrintTo(const HungWrite& hang, std::ostream* os) {
+  *os << v1::StateDictType_Name(hang.type) << " rank " << hang.rank << " " << hang.file;
+}
+
+class HungWriteTest : public ::testing::TestWithParam<HungWrite> {};
+
+TEST_P(HungWriteTest, TheWedgedWorkerEndsItselfAndTheJobRecoversOntoTheSpare) {
+  const HungWrite& hang = GetParam();
+  const std::string root = testing::MakeTempDir("ckpt-hang") + "/checkpoints";
+  LocalClusterOptions options;
+  options.workers = 3;  // two ranks and a spare
+  options.bin_dir = checkpoint_testing::BinDir();
+  options.checkpoint_dir = root;
+  options.heartbeat_interval_s = 0.25;
+  options.heartbeat_timeout_s = 2.0;
+  options.collective_timeout_s = 5;
+  // Worker i asks for rank i (checked below); every rank writes into the
+  // FULL file, so the hang goes to one worker only.
+  options.worker_flags = {
+      {hang.rank,
+       {"--inject-file-faults", absl::StrCat("hang:stuck.partial/", hang.file, ":4096")}}};
+  options.every_worker_flags = {"--abort-grace", "8"};
+  options.coordinator_flags = {"--batch-timeout", "20", "--configure-timeout", "30"};
+  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  FlatshardClient client((*cluster)->address());
+  testing::CreateAndWaitReady(client, Spec(2, true));
+  const int wedged = testing::WorkerIndexOfRank(**cluster, client, kJob, hang.rank);
+  ASSERT_EQ(wedged, hang.rank);
+  Train(client, 1);
+  ASSERT_TRUE(Save(client, "before", hang.type).ok());
+
+  absl::StatusOr<v1::CheckpointProgress> stuck = Save(client, "stuck", hang.type);
+  ASSERT_FALSE(stuck.ok());
+  EXPECT_THAT(std::string(stuck.status().message()), HasSubstr("was not saved"));
+  const std::optional<int> exit = (*cluster)->worker(wedged).Wait(absl::Seconds(60));
+  ASSERT_TRUE(exit.has_value()) << "the wedged worker is still running";
+  ASSERT_TRUE(WIFEXITED(*exit)) << "wait status " << *exit;
+  EXPECT_EQ(WEXITSTATUS(*exit), kWedgedExitCode);
+
+  absl::StatusOr<v1::JobState> ready = client.WaitForState(kJob, {v1::READY}, absl::Seconds(60));
+  ASSERT_TRUE(ready.ok()) << ready.status();
+  absl::StatusOr<v1::Job> job = client.GetJob(kJob);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->world_size(), 2);
+  EXPECT_EQ(job->restarts(), 1) << "a recovery try chose the wedged worker";
+  const int seated = testing::WorkerIndexOfRank(**cluster, client, kJob, hang.rank);
+  EXPECT_GE(seated, 0);
+  EXPECT_NE(seated, wedged);
+  EXPECT_FALSE(fs::exists(Dir(root, "stuck")));
+  EXPECT_EQ(*ReadFileToString(absl::StrCat(root, "/", kJob, "/latest")), "before\n");
+  // The job goes on: it trains, and a save commits.
+  Train(client, 1);
+  ASSERT_TRUE(Save(client, "after", hang.type).ok());
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> after =
+      CheckpointReader::Open(Dir(root, "after"));
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_TRUE((*after)->VerifyAll().ok());
+  (*cluster)->Stop();  // one daemon is gone: no clean stop to assert
+}
+
+INSTANTIATE_TEST_SUITE_P(ShardedAndFull, HungWriteTest,
+                         ::testing::Values(HungWrite{v1::SHARDED_STATE_DICT, 1, "model-rank00001"},
+                                           HungWrite{v1::FULL_STATE_DICT, 0, "model.safetensors"}),
+                         [](const ::testing::TestParamInfo<HungWrite>& p) {
+                           return p.param.type == v1::FULL_STATE_DICT ? "FullWriterHangs"
+                                                                      : "ShardedRankHangs";
                          });
 
 // The same with a real full disk: the checkpoint root is a small tmpfs the

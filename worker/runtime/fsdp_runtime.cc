@@ -148,7 +148,10 @@ StepProgram FsdpRuntime::CompileProgram(bool sync_gradients) const {
       StepProgramOptionsFor(options_.sharding, options_.optimizer, world_size_, sync_gradients));
 }
 
-void FsdpRuntime::Abort(const std::string& reason) { groups_.Abort(reason); }
+void FsdpRuntime::Abort(const std::string& reason) {
+  aborted_.store(true, std::memory_order_relaxed);
+  groups_.Abort(reason);
+}
 
 absl::Status FsdpRuntime::SynchronizeStreams() {
   // Called from whichever thread serves the request (checkpoints, summon).

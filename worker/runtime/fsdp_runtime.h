@@ -20,6 +20,7 @@
 #ifndef FLATSHARD_WORKER_RUNTIME_FSDP_RUNTIME_H_
 #define FLATSHARD_WORKER_RUNTIME_FSDP_RUNTIME_H_
 
+#include <atomic>
 #include <functional>
 #include <map>
 #include <memory>
@@ -124,6 +125,10 @@ class FsdpRuntime : public compute::ParamResolver, public compute::ModuleHooks {
   // communicators'), from any thread: a peer died or the coordinator failed
   // the step. The runtime is unusable afterwards; the job is re-formed.
   void Abort(const std::string& reason);
+  // Whether Abort was called: what has no collective to fail (a checkpoint's
+  // reads and writes) checks it between units, so an aborted batch lets go
+  // within one unit's I/O (worker/service/abort_watchdog.h counts on that).
+  bool aborted() const { return aborted_.load(std::memory_order_relaxed); }
 
   // Every parameter's full fp32 value by FQN (tied aliases included), gathered
   // unit by unit. A collective: all ranks call it.
@@ -269,6 +274,7 @@ class FsdpRuntime : public compute::ParamResolver, public compute::ModuleHooks {
   // Events bracketing the step, its waits on the communication stream and the
   // optimizer: the timings are read from them once the step synchronized.
   std::shared_ptr<Event> step_start_, step_end_, optim_start_, optim_end_;
+  std::atomic<bool> aborted_{false};
   std::vector<std::pair<std::shared_ptr<Event>, std::shared_ptr<Event>>> waits_;
   double clip_norm_type_ = 0.0;  // > 0 when this step clipped
   int peak_live_units_ = 0;

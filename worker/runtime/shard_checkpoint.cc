@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -280,11 +281,15 @@ absl::StatusOr<SavePlan> PlanSave(FsdpRuntime& runtime, v1::StateDictType type) 
 // same elements, at their places in the whole tensors of the shared files
 // (the pieces are whole tensors in file order, so each rank's writes go
 // forward through each file); rank 0 writes the 0-dim steps. No collective:
-// nothing moves between ranks.
+// nothing moves between ranks, so `aborted` (if set) is asked between units.
 absl::Status StreamSave(SaveSource& source, const SavePlan& plan, TolerantWriter& model,
-                        TolerantWriter& optim) {
+                        TolerantWriter& optim, const std::function<bool()>& aborted) {
   const bool full = plan.type == v1::FULL_STATE_DICT;
   for (size_t u = 0; u < plan.pieces.size(); ++u) {
+    if (aborted && aborted()) {
+      return absl::AbortedError(
+          absl::StrCat("the save was aborted after ", u, " of ", plan.pieces.size(), " units"));
+    }
     const float step = source.Step(u);
     for (const Piece& piece : plan.pieces[u]) {
       TolerantWriter& file = piece.optim ? optim : model;
@@ -337,11 +342,12 @@ ShardSaveResult FinishWriters(const std::vector<TolerantWriter*>& writers) {
 
 // Streams `source` into this rank's files in `dir`.
 absl::StatusOr<ShardSaveResult> WriteFiles(SaveSource& source, const SavePlan& plan,
-                                           const std::string& dir, FileSystem* fs) {
+                                           const std::string& dir, FileSystem* fs,
+                                           const std::function<bool()>& aborted) {
   const bool shared = plan.type == v1::FULL_STATE_DICT;
   TolerantWriter model(absl::StrCat(dir, "/", plan.model.name), plan.model, shared, plan.rank, fs);
   TolerantWriter optim(absl::StrCat(dir, "/", plan.optim.name), plan.optim, shared, plan.rank, fs);
-  RETURN_IF_ERROR(StreamSave(source, plan, model, optim));
+  RETURN_IF_ERROR(StreamSave(source, plan, model, optim, aborted));
   return FinishWriters({&model, &optim});
 }
 
@@ -350,14 +356,15 @@ absl::StatusOr<ShardSaveResult> WriteFiles(SaveSource& source, const SavePlan& p
 absl::StatusOr<ShardSaveResult> SaveShardCheckpoint(FsdpRuntime& runtime, const std::string& dir,
                                                     v1::StateDictType type) {
   ASSIGN_OR_RETURN(std::unique_ptr<LiveHostSource> live, LiveHostSource::Create(runtime));
+  const std::function<bool()> aborted = [&runtime] { return runtime.aborted(); };
   if (live != nullptr) {
     ASSIGN_OR_RETURN(SavePlan plan, PlanSave(runtime, type));
-    return WriteFiles(*live, plan, dir, runtime.options().file_system);
+    return WriteFiles(*live, plan, dir, runtime.options().file_system, aborted);
   }
   // The shards live on the device: a save copies them (and the optimizer
   // state) to host memory first, then writes from the copies.
   ASSIGN_OR_RETURN(ShardSnapshot snapshot, SnapshotShardCheckpoint(runtime, type));
-  return WriteShardSnapshot(snapshot, dir);
+  return WriteShardSnapshot(snapshot, dir, aborted);
 }
 
 absl::StatusOr<ShardSnapshot> SnapshotShardCheckpoint(FsdpRuntime& runtime,
@@ -398,9 +405,10 @@ absl::StatusOr<ShardSnapshot> SnapshotShardCheckpoint(FsdpRuntime& runtime,
 }
 
 absl::StatusOr<ShardSaveResult> WriteShardSnapshot(const ShardSnapshot& snapshot,
-                                                   const std::string& dir) {
+                                                   const std::string& dir,
+                                                   const std::function<bool()>& aborted) {
   ASSIGN_OR_RETURN(std::unique_ptr<SnapshotSource> source, SnapshotSource::Create(snapshot));
-  return WriteFiles(*source, *snapshot.plan, dir, snapshot.file_system);
+  return WriteFiles(*source, *snapshot.plan, dir, snapshot.file_system, aborted);
 }
 
 ShardSnapshot::~ShardSnapshot() {

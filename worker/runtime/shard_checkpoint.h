@@ -17,6 +17,7 @@
 #ifndef FLATSHARD_WORKER_RUNTIME_SHARD_CHECKPOINT_H_
 #define FLATSHARD_WORKER_RUNTIME_SHARD_CHECKPOINT_H_
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -80,9 +81,11 @@ struct ShardSnapshot {
 absl::StatusOr<ShardSnapshot> SnapshotShardCheckpoint(FsdpRuntime& runtime, v1::StateDictType type);
 // Writes a snapshot's files into the existing directory `dir`. File errors
 // are in write_status; an error status is one the save could not go on from
-// (a snapshot copy that failed).
+// (a snapshot copy that failed). `aborted` (a synchronous save's runtime)
+// is asked between units: ABORTED once it says so.
 absl::StatusOr<ShardSaveResult> WriteShardSnapshot(const ShardSnapshot& snapshot,
-                                                   const std::string& dir);
+                                                   const std::string& dir,
+                                                   const std::function<bool()>& aborted = {});
 
 // A checkpoint read and validated into memory, ready to replace the runtime's
 // shards: loading is staged on every rank first and applied only when all

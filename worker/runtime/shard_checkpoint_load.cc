@@ -20,6 +20,14 @@ namespace flatshard {
 
 namespace {
 
+// Asked between units: a load reads without collectives, so nothing else in
+// it would notice an abort (worker/service/abort_watchdog.h counts on it).
+absl::Status CheckNotAborted(const FsdpRuntime& runtime, size_t unit) {
+  if (!runtime.aborted()) return absl::OkStatus();
+  return absl::AbortedError(
+      absl::StrCat("the load was aborted after ", unit, " of ", runtime.units().size(), " units"));
+}
+
 absl::Status StageLocal(FsdpRuntime& runtime, CheckpointReader& reader, StagedCheckpoint& staged) {
   const CheckpointManifest& m = reader.manifest();
   const int rank = runtime.rank();
@@ -64,6 +72,7 @@ absl::Status StageLocal(FsdpRuntime& runtime, CheckpointReader& reader, StagedCh
   const std::string model_file = RankFileName("model", rank, m.world_size);
   const std::string optim_file = RankFileName("optim", rank, m.world_size);
   for (size_t u = 0; u < runtime.units().size(); ++u) {
+    RETURN_IF_ERROR(CheckNotAborted(runtime, u));
     const FlatParamUnit& unit = *runtime.units()[u];
     const auto s = static_cast<uint64_t>(unit.layout().sharded_numel());
     const std::string flat = LocalFlatTensorName(unit.config().unit);
@@ -207,6 +216,7 @@ absl::Status StageTensors(FsdpRuntime& runtime, CheckpointReader& reader,
   RETURN_IF_ERROR(CheckSameParams(runtime, reader));
   const CheckpointManifest& m = reader.manifest();
   for (size_t u = 0; u < runtime.units().size(); ++u) {
+    RETURN_IF_ERROR(CheckNotAborted(runtime, u));
     const FlatParamUnit& unit = *runtime.units()[u];
     const Unit& spec = unit.config().unit;
     const auto s = static_cast<size_t>(unit.layout().sharded_numel());

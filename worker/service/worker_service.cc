@@ -59,7 +59,8 @@ absl::Status CheckUnitsAgree(const std::vector<Unit>& mine,
 
 }  // namespace
 
-WorkerServiceImpl::WorkerServiceImpl(WorkerServiceOptions options) : options_(std::move(options)) {
+WorkerServiceImpl::WorkerServiceImpl(WorkerServiceOptions options)
+    : options_(std::move(options)), watchdog_(options_.abort_grace, options_.on_wedged) {
   status_.state = "idle";
 }
 
@@ -70,20 +71,39 @@ std::shared_ptr<WorkerServiceImpl::ActiveJob> WorkerServiceImpl::CurrentJob() co
   return job_;
 }
 
-absl::Status WorkerServiceImpl::BeginBatch() {
+absl::Status WorkerServiceImpl::BeginBatch(const v1::CommandBatch& batch, uint64_t epoch) {
   std::lock_guard<std::mutex> lock(state_mu_);
   if (status_.state == "aborted") {
     return absl::AbortedError(absl::StrCat("rank ", status_.rank, " was aborted (",
                                            status_.abort_reason, "); re-form the job"));
   }
   status_.state = "running";
+  BeginWorkLocked(absl::StrCat("batch seq ", batch.seq(), " (", BatchKindName(batch.kind_case()),
+                               ") of epoch ", epoch, " on rank ", status_.rank),
+                  epoch);
   return absl::OkStatus();
+}
+
+void WorkerServiceImpl::BeginWorkLocked(std::string what, uint64_t epoch) {
+  in_flight_ = std::move(what);
+  in_flight_epoch_ = epoch;
+  in_flight_armed_ = 0;
+  in_flight_aborted_.reset();
+}
+
+void WorkerServiceImpl::EndWorkLocked() {
+  watchdog_.Disarm(in_flight_armed_);
+  in_flight_.clear();
+  in_flight_epoch_ = 0;
+  in_flight_armed_ = 0;
+  in_flight_aborted_.reset();
 }
 
 void WorkerServiceImpl::EndBatch(const absl::Status& status) {
   std::function<void()> observer;
   {
     std::lock_guard<std::mutex> lock(state_mu_);
+    EndWorkLocked();
     observer = batch_end_observer_;
     if (job_ != nullptr) status_.last_completed_seq = job_->executor->last_completed_seq();
     if (status_.state != "aborted") {
@@ -104,7 +124,14 @@ void WorkerServiceImpl::set_batch_end_observer(std::function<void()> observer) {
 
 WorkerStatus WorkerServiceImpl::Status() const {
   std::lock_guard<std::mutex> lock(state_mu_);
-  return status_;
+  WorkerStatus status = status_;
+  if (in_flight_aborted_.has_value()) {
+    // At least a millisecond: zero on the wire means nothing is draining.
+    status.draining =
+        std::max(absl::FromChrono(std::chrono::steady_clock::now() - *in_flight_aborted_),
+                 absl::Milliseconds(1));
+  }
+  return status;
 }
 
 WorkerSnapshot WorkerServiceImpl::Snapshot() const {
@@ -135,6 +162,13 @@ void WorkerServiceImpl::AbortJob(const std::string& reason, uint64_t epoch) {
   std::shared_ptr<ActiveJob> job;
   {
     std::lock_guard<std::mutex> lock(state_mu_);
+    // The work in flight must return now; if it does not (it is blocked
+    // somewhere an abort cannot reach), the watchdog ends the worker.
+    if (!in_flight_.empty() && !in_flight_aborted_.has_value() &&
+        (epoch == 0 || in_flight_epoch_ <= epoch)) {
+      in_flight_aborted_ = std::chrono::steady_clock::now();
+      in_flight_armed_ = watchdog_.Arm(absl::StrCat(in_flight_, " (aborted: ", reason, ")"));
+    }
     job = job_;
     if (job == nullptr || status_.state == "aborted") return;
     if (epoch != 0 && job->epoch > epoch) return;
@@ -184,7 +218,7 @@ grpc::Status WorkerServiceImpl::Configure(grpc::ServerContext* /*context*/,
     {
       std::lock_guard<std::mutex> lock(state_mu_);
       old = std::move(job_);
-      status_ = WorkerStatus{job->rank, job->epoch, 0, "configuring", ""};
+      status_ = WorkerStatus{job->rank, job->epoch, 0, "configuring", "", absl::ZeroDuration()};
     }
     // Destroyed outside state_mu_: it waits for the old epoch's background
     // writes and closes its Gloo pairs, and heartbeats (Status) must not wait
@@ -242,7 +276,7 @@ absl::Status WorkerServiceImpl::RunBatch(const v1::CommandBatch& batch, v1::Comm
     return absl::FailedPreconditionError(
         "this worker has no job: the coordinator must Configure it first");
   }
-  RETURN_IF_ERROR(BeginBatch());
+  RETURN_IF_ERROR(BeginBatch(batch, job->epoch));
   absl::Status status = Dispatch(*job, batch, result, writer);
   EndBatch(status);
   return status;
@@ -407,6 +441,8 @@ grpc::Status WorkerServiceImpl::GetStatus(grpc::ServerContext* /*context*/,
   response->set_job_epoch(status.job_epoch);
   response->set_last_completed_seq(status.last_completed_seq);
   response->set_state(status.state);
+  response->set_draining_ms(absl::ToInt64Milliseconds(status.draining));
+  response->set_abort_grace_ms(absl::ToInt64Milliseconds(watchdog_.grace()));
   for (v1::PeerSnapshotHeld& held : peer_snapshots_.Held()) {
     *response->add_peer_snapshots() = std::move(held);
   }

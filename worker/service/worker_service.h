@@ -10,11 +10,15 @@
 #define FLATSHARD_WORKER_SERVICE_WORKER_SERVICE_H_
 
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
+
+#include "absl/time/time.h"
 
 #include "flatshard/v1/worker.grpc.pb.h"
 #include "storage/file_system.h"
@@ -24,6 +28,7 @@
 #include "worker/device/memory_tracker.h"
 #include "worker/runtime/runtime_groups.h"
 #include "worker/runtime/runtime_observer.h"
+#include "worker/service/abort_watchdog.h"
 #include "worker/service/peer_snapshot_store.h"
 
 namespace flatshard {
@@ -43,6 +48,11 @@ struct WorkerServiceOptions {
   std::function<RuntimeObserver*(const std::string& job, int rank)> observer_for_job;
   // Where checkpoint files are written (null: FileSystem::Default()).
   FileSystem* file_system = nullptr;
+  // A batch or configuration still running this long after an abort is
+  // wedged (worker/service/abort_watchdog.h): `on_wedged` is told what (the
+  // daemon exits). Zero: never.
+  absl::Duration abort_grace = absl::ZeroDuration();
+  std::function<void(const std::string& what)> on_wedged;
 };
 
 // The worker's state as GetStatus and heartbeats report it.
@@ -52,6 +62,8 @@ struct WorkerStatus {
   uint64_t last_completed_seq = 0;
   std::string state;  // idle, configuring, ready, running, failed, aborted
   std::string abort_reason;
+  // How long aborted work has been running without letting go; zero: none.
+  absl::Duration draining = absl::ZeroDuration();
 };
 
 // What the metrics read at scrape time.
@@ -117,12 +129,20 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
   absl::Status RunSummon(ActiveJob& job, const v1::CommandBatch& batch,
                          grpc::ServerWriter<v1::TensorChunk>& writer);
   // Marks a batch running, or refuses it when the job was aborted.
-  absl::Status BeginBatch();
+  absl::Status BeginBatch(const v1::CommandBatch& batch, uint64_t epoch);
   // Back to ready (failed if the batch poisoned the executor), unless an
   // abort arrived meanwhile.
   void EndBatch(const absl::Status& status);
+  // The batch holding run_mu_, for an abort to watch; state_mu_ held. A
+  // configuration is not watched: its slow parts (reading the data set,
+  // waiting for the old epoch's background writes) cannot see an abort, so
+  // time since one says nothing; the configure timeout and the heartbeats
+  // bound it instead.
+  void BeginWorkLocked(std::string what, uint64_t epoch);
+  void EndWorkLocked();
 
   WorkerServiceOptions options_;
+  AbortWatchdog watchdog_;
   // One batch (or configuration) at a time: a worker's runtime is single-use
   // per step, and ordering is the executor's job.
   std::mutex run_mu_;
@@ -133,6 +153,14 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
   // the job's (by then aborted) snapshot communicator.
   PeerSnapshotStore peer_snapshots_;
   WorkerStatus status_;
+  // The batch holding run_mu_ ("" when none), its epoch, and its watchdog
+  // token once an abort armed it (0: not armed, or no watchdog).
+  std::string in_flight_;
+  uint64_t in_flight_epoch_ = 0;
+  uint64_t in_flight_armed_ = 0;
+  // When an abort reached it (steady: the coordinator compares it with the
+  // grace, which the watchdog counts on the same clock).
+  std::optional<std::chrono::steady_clock::time_point> in_flight_aborted_;
 };
 
 }  // namespace flatshard

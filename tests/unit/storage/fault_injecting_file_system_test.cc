@@ -71,18 +71,21 @@ TEST(FaultInjectingFileSystemTest, AFailingFsyncFailsFinish) {
 }
 
 TEST(FaultInjectingFileSystemTest, BadSpecsAreRefusedNamingThePart) {
-  for (const char* spec :
-       {"disk-full", "melt:model", "disk-full:model:lots", "sync-error:m:3", "crash::5"}) {
+  for (const char* spec : {"disk-full", "melt:model", "disk-full:model:lots", "sync-error:m:3",
+                           "crash::5", "hang:m:x"}) {
     auto faults = ParseFileFaults(spec);
     ASSERT_FALSE(faults.ok()) << spec;
     EXPECT_EQ(faults.status().code(), absl::StatusCode::kInvalidArgument);
     EXPECT_THAT(faults.status().message(), HasSubstr(std::string("'") + spec + "'")) << spec;
   }
-  auto two = ParseFileFaults("disk-full:a:10,crash:b");
-  ASSERT_TRUE(two.ok());
-  ASSERT_EQ(two->size(), 2u);
-  EXPECT_EQ((*two)[0].after_bytes, 10u);
-  EXPECT_EQ((*two)[1].kind, FileFault::Kind::kCrash);
+  auto three = ParseFileFaults("disk-full:a:10,crash:b,hang:c:7");
+  ASSERT_TRUE(three.ok());
+  ASSERT_EQ(three->size(), 3u);
+  EXPECT_EQ((*three)[0].after_bytes, 10u);
+  EXPECT_EQ((*three)[1].kind, FileFault::Kind::kCrash);
+  EXPECT_EQ((*three)[2].kind, FileFault::Kind::kHang);
+  EXPECT_EQ((*three)[2].path_contains, "c");
+  EXPECT_EQ((*three)[2].after_bytes, 7u);
 }
 
 }  // namespace

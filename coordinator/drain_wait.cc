@@ -1,0 +1,40 @@
+#include "coordinator/drain_wait.h"
+
+#include <algorithm>
+#include <string>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "spdlog/spdlog.h"
+
+namespace flatshard {
+
+absl::StatusOr<v1::GetStatusResponse> AwaitDrained(absl::StatusOr<v1::GetStatusResponse> first,
+                                                   const StatusProbe& probe,
+                                                   const std::function<bool()>& stopping,
+                                                   absl::string_view who,
+                                                   const DrainWaitOptions& options) {
+  if (!first.ok() || first->draining_ms() <= 0 || first->abort_grace_ms() <= 0) return first;
+  const absl::Duration left =
+      std::clamp(absl::Milliseconds(first->abort_grace_ms() - first->draining_ms()),
+                 absl::ZeroDuration(), options.cap);
+  const absl::Time until = absl::Now() + left + options.margin;
+  absl::StatusOr<v1::GetStatusResponse> answer = std::move(first);
+  while (answer.ok() && answer->draining_ms() > 0) {
+    if (stopping && stopping()) return answer;
+    if (absl::Now() >= until) {
+      absl::Status wedged = absl::UnavailableError(
+          absl::StrCat(who, ": its aborted batch has not let go for ", answer->draining_ms(),
+                       " ms, past its abort grace of ", answer->abort_grace_ms(),
+                       " ms: it is wedged and not kept"));
+      spdlog::warn("{}", std::string(wedged.message()));
+      return wedged;
+    }
+    absl::SleepFor(options.poll);  // polls one worker, bounded by its grace (and the cap)
+    answer = probe();
+  }
+  return answer;
+}
+
+}  // namespace flatshard
