@@ -17,6 +17,7 @@
 #include "rpc/status_proto.h"
 
 #include "core/model_spec_yaml.h"
+#include "storage/checkpoint_manifest.h"
 #include "tests/integration/multiprocess.h"
 #include "worker/comm/file_store.h"
 #include "worker/compute/data_source.h"
@@ -208,6 +209,19 @@ TEST(BatchExecutorTest, PeerRefusalTimesOutInsteadOfHanging) {
   EXPECT_TRUE(AllRanksSucceeded(results));
 }
 
+// A synchronous SHARDED save of epoch 1 into `directory`, stamped as the
+// coordinator would.
+v1::CommandBatch SaveBatch(const std::string& directory, uint64_t seq) {
+  v1::CommandBatch batch;
+  v1::CheckpointBatch::SaveShard& save = *batch.mutable_checkpoint()->mutable_save_shard();
+  save.set_directory(directory);
+  save.mutable_settings()->set_state_dict_type(v1::SHARDED_STATE_DICT);
+  batch.set_job_epoch(1);
+  batch.set_seq(seq);
+  batch.set_digest(*BatchDigest(batch));
+  return batch;
+}
+
 // A save batch writes only into the directory the coordinator made when it
 // began the save. A rank that gets the batch after the coordinator abandoned
 // the save (another rank failed; the directory is gone) fails its write
@@ -229,15 +243,8 @@ TEST(BatchExecutorTest, ASaveIntoAnAbandonedDirectoryFailsAndLeavesNothing) {
         BatchExecutor executor(started->runtime.get(), 1);
         uint64_t seq = 0;
         auto save = [&](const std::string& directory) {
-          v1::CommandBatch batch;
-          batch.mutable_checkpoint()->mutable_save_shard()->set_directory(directory);
-          batch.mutable_checkpoint()->mutable_save_shard()->mutable_settings()->set_state_dict_type(
-              v1::SHARDED_STATE_DICT);
-          batch.set_job_epoch(1);
-          batch.set_seq(++seq);
-          batch.set_digest(*BatchDigest(batch));
           std::optional<ShardSnapshot> snapshot;
-          return executor.ExecuteCheckpoint(batch, root, &snapshot);
+          return executor.ExecuteCheckpoint(SaveBatch(directory, ++seq), root, &snapshot);
         };
         auto abandoned = save("job/gone.partial");
         CHILD_CHECK(abandoned.ok());  // the batch ran; its write failed
@@ -268,7 +275,7 @@ TEST(BatchExecutorTest, ASaveIntoAnAbandonedDirectoryFailsAndLeavesNothing) {
 
 // A synchronous save has no collective for an abort to fail, so it asks
 // the runtime between units: a save batch on an aborted runtime fails
-// ABORTED before its first unit and writes nothing, instead of writing the
+// ABORTED before its first unit and leaves no file, instead of writing the
 // whole shard first (the worker's abort watchdog counts on an aborted batch
 // letting go within one unit's I/O).
 TEST(BatchExecutorTest, ASaveOnAnAbortedRuntimeStopsBeforeItsFirstUnit) {
@@ -285,23 +292,21 @@ TEST(BatchExecutorTest, ASaveOnAnAbortedRuntimeStopsBeforeItsFirstUnit) {
         }
         BatchExecutor executor(started->runtime.get(), 1);
         started->runtime->Abort("the test aborts it");
-        v1::CommandBatch batch;
-        batch.mutable_checkpoint()->mutable_save_shard()->set_directory("job/aborted.partial");
-        batch.mutable_checkpoint()->mutable_save_shard()->mutable_settings()->set_state_dict_type(
-            v1::SHARDED_STATE_DICT);
-        batch.set_job_epoch(1);
-        batch.set_seq(1);
-        batch.set_digest(*BatchDigest(batch));
         std::optional<ShardSnapshot> snapshot;
-        auto saved = executor.ExecuteCheckpoint(batch, root, &snapshot);
+        auto saved =
+            executor.ExecuteCheckpoint(SaveBatch("job/aborted.partial", 1), root, &snapshot);
         CHILD_CHECK(!saved.ok());
         CHILD_CHECK(saved.status().code() == absl::StatusCode::kAborted);
         CHILD_CHECK(std::string(saved.status().message()).find("the save was aborted after 0 of") !=
                     std::string::npos);
-        for (const auto& entry :
-             std::filesystem::directory_iterator(root + "/job/aborted.partial")) {
-          std::cerr << "rank " << rank << " left " << entry.path() << "\n";
-          return 1;
+        // Its own files only: the other rank may be between making and
+        // removing its own.
+        for (const char* kind : {"model", "optim"}) {
+          const std::string mine = root + "/job/aborted.partial/" + RankFileName(kind, rank, 2);
+          if (std::filesystem::exists(mine)) {
+            std::cerr << "rank " << rank << " left " << mine << "\n";
+            return 1;
+          }
         }
         return 0;
       },

@@ -67,4 +67,31 @@ void AbortWatchdog::Watch() {
   }
 }
 
+void WatchedBatch::Begin(std::string what, uint64_t epoch) {
+  End();
+  what_ = std::move(what);
+  epoch_ = epoch;
+}
+
+void WatchedBatch::End() {
+  watchdog_->Disarm(token_);
+  what_.clear();
+  epoch_ = 0;
+  token_ = 0;
+  aborted_.reset();
+}
+
+void WatchedBatch::Aborted(const std::string& reason, uint64_t epoch) {
+  if (what_.empty() || aborted_.has_value() || (epoch != 0 && epoch_ > epoch)) return;
+  aborted_ = std::chrono::steady_clock::now();
+  token_ = watchdog_->Arm(absl::StrCat(what_, " (aborted: ", reason, ")"));
+}
+
+absl::Duration WatchedBatch::Draining() const {
+  if (!aborted_.has_value()) return absl::ZeroDuration();
+  // At least a millisecond: zero on the wire means nothing is draining.
+  return std::max(absl::FromChrono(std::chrono::steady_clock::now() - *aborted_),
+                  absl::Milliseconds(1));
+}
+
 }  // namespace flatshard

@@ -18,6 +18,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -61,6 +62,34 @@ class AbortWatchdog {
   uint64_t next_token_ = 1;
   bool stopping_ = false;
   std::thread thread_;  // last: started once the rest is built
+};
+
+// The batch a worker runs, as its watchdog sees it: an abort that reaches
+// it arms the watchdog once, its end disarms it, and in between it says how
+// long it has been draining (GetStatus reports that to a recovery's probe,
+// coordinator/drain_wait.h). Not thread-safe: the worker calls it under its
+// state lock.
+class WatchedBatch {
+ public:
+  explicit WatchedBatch(AbortWatchdog* watchdog) : watchdog_(watchdog) {}
+
+  // `what` names the batch in the watchdog's report; `epoch` is its job's.
+  void Begin(std::string what, uint64_t epoch);
+  void End();
+  // An abort of `epoch` or older (0: whatever runs) reached the worker. An
+  // abort of an older epoch than the batch's leaves it alone.
+  void Aborted(const std::string& reason, uint64_t epoch);
+  // How long the batch in flight has run since its abort; zero when none
+  // (or it was not aborted), at least a millisecond otherwise.
+  absl::Duration Draining() const;
+
+ private:
+  AbortWatchdog* watchdog_;
+  std::string what_;  // "" when no batch runs
+  uint64_t epoch_ = 0;
+  uint64_t token_ = 0;  // the watchdog's, once armed (0: not, or no watchdog)
+  // When an abort reached it: steady, as the watchdog counts the grace.
+  std::optional<std::chrono::steady_clock::time_point> aborted_;
 };
 
 }  // namespace flatshard

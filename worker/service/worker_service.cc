@@ -60,7 +60,9 @@ absl::Status CheckUnitsAgree(const std::vector<Unit>& mine,
 }  // namespace
 
 WorkerServiceImpl::WorkerServiceImpl(WorkerServiceOptions options)
-    : options_(std::move(options)), watchdog_(options_.abort_grace, options_.on_wedged) {
+    : options_(std::move(options)),
+      watchdog_(options_.abort_grace, options_.on_wedged),
+      batch_(&watchdog_) {
   status_.state = "idle";
 }
 
@@ -78,32 +80,17 @@ absl::Status WorkerServiceImpl::BeginBatch(const v1::CommandBatch& batch, uint64
                                            status_.abort_reason, "); re-form the job"));
   }
   status_.state = "running";
-  BeginWorkLocked(absl::StrCat("batch seq ", batch.seq(), " (", BatchKindName(batch.kind_case()),
-                               ") of epoch ", epoch, " on rank ", status_.rank),
-                  epoch);
+  batch_.Begin(absl::StrCat("batch seq ", batch.seq(), " (", BatchKindName(batch.kind_case()),
+                            ") of epoch ", epoch, " on rank ", status_.rank),
+               epoch);
   return absl::OkStatus();
-}
-
-void WorkerServiceImpl::BeginWorkLocked(std::string what, uint64_t epoch) {
-  in_flight_ = std::move(what);
-  in_flight_epoch_ = epoch;
-  in_flight_armed_ = 0;
-  in_flight_aborted_.reset();
-}
-
-void WorkerServiceImpl::EndWorkLocked() {
-  watchdog_.Disarm(in_flight_armed_);
-  in_flight_.clear();
-  in_flight_epoch_ = 0;
-  in_flight_armed_ = 0;
-  in_flight_aborted_.reset();
 }
 
 void WorkerServiceImpl::EndBatch(const absl::Status& status) {
   std::function<void()> observer;
   {
     std::lock_guard<std::mutex> lock(state_mu_);
-    EndWorkLocked();
+    batch_.End();
     observer = batch_end_observer_;
     if (job_ != nullptr) status_.last_completed_seq = job_->executor->last_completed_seq();
     if (status_.state != "aborted") {
@@ -125,12 +112,7 @@ void WorkerServiceImpl::set_batch_end_observer(std::function<void()> observer) {
 WorkerStatus WorkerServiceImpl::Status() const {
   std::lock_guard<std::mutex> lock(state_mu_);
   WorkerStatus status = status_;
-  if (in_flight_aborted_.has_value()) {
-    // At least a millisecond: zero on the wire means nothing is draining.
-    status.draining =
-        std::max(absl::FromChrono(std::chrono::steady_clock::now() - *in_flight_aborted_),
-                 absl::Milliseconds(1));
-  }
+  status.draining = batch_.Draining();
   return status;
 }
 
@@ -162,13 +144,9 @@ void WorkerServiceImpl::AbortJob(const std::string& reason, uint64_t epoch) {
   std::shared_ptr<ActiveJob> job;
   {
     std::lock_guard<std::mutex> lock(state_mu_);
-    // The work in flight must return now; if it does not (it is blocked
+    // The batch in flight must return now; if it does not (it is blocked
     // somewhere an abort cannot reach), the watchdog ends the worker.
-    if (!in_flight_.empty() && !in_flight_aborted_.has_value() &&
-        (epoch == 0 || in_flight_epoch_ <= epoch)) {
-      in_flight_aborted_ = std::chrono::steady_clock::now();
-      in_flight_armed_ = watchdog_.Arm(absl::StrCat(in_flight_, " (aborted: ", reason, ")"));
-    }
+    batch_.Aborted(reason, epoch);
     job = job_;
     if (job == nullptr || status_.state == "aborted") return;
     if (epoch != 0 && job->epoch > epoch) return;

@@ -10,12 +10,10 @@
 #define FLATSHARD_WORKER_SERVICE_WORKER_SERVICE_H_
 
 #include <array>
-#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <string>
 
 #include "absl/time/time.h"
@@ -133,34 +131,24 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
   // Back to ready (failed if the batch poisoned the executor), unless an
   // abort arrived meanwhile.
   void EndBatch(const absl::Status& status);
-  // The batch holding run_mu_, for an abort to watch; state_mu_ held. A
-  // configuration is not watched: its slow parts (reading the data set,
-  // waiting for the old epoch's background writes) cannot see an abort, so
-  // time since one says nothing; the configure timeout and the heartbeats
-  // bound it instead.
-  void BeginWorkLocked(std::string what, uint64_t epoch);
-  void EndWorkLocked();
 
   WorkerServiceOptions options_;
   AbortWatchdog watchdog_;
+  // The batch holding run_mu_ (under state_mu_). A configuration is not
+  // watched: its slow parts (reading the data set, waiting for the old
+  // epoch's background writes) cannot see an abort, so time since one says
+  // nothing; the configure timeout and the heartbeats bound it instead.
+  WatchedBatch batch_;
   // One batch (or configuration) at a time: a worker's runtime is single-use
   // per step, and ordering is the executor's job.
   std::mutex run_mu_;
-  mutable std::mutex state_mu_;  // guards job_, status_ and batch_end_observer_
+  mutable std::mutex state_mu_;  // guards job_, status_, batch_ and batch_end_observer_
   std::function<void()> batch_end_observer_;
   std::shared_ptr<ActiveJob> job_;
   // After job_: destroyed first, it waits for an exchange that still uses
   // the job's (by then aborted) snapshot communicator.
   PeerSnapshotStore peer_snapshots_;
   WorkerStatus status_;
-  // The batch holding run_mu_ ("" when none), its epoch, and its watchdog
-  // token once an abort armed it (0: not armed, or no watchdog).
-  std::string in_flight_;
-  uint64_t in_flight_epoch_ = 0;
-  uint64_t in_flight_armed_ = 0;
-  // When an abort reached it (steady: the coordinator compares it with the
-  // grace, which the watchdog counts on the same clock).
-  std::optional<std::chrono::steady_clock::time_point> in_flight_aborted_;
 };
 
 }  // namespace flatshard

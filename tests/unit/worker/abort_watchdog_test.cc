@@ -1,6 +1,7 @@
 // The worker's abort watchdog on its own: aborted work that does not return
 // within the grace is reported once, with what it was; work that returned is
-// not; a zero grace watches nothing.
+// not; a zero grace watches nothing. And WatchedBatch, which arms it for the
+// batch in flight when an abort of its epoch arrives.
 #include "worker/service/abort_watchdog.h"
 
 #include <future>
@@ -86,6 +87,42 @@ TEST(AbortWatchdogTest, AZeroGraceWatchesNothing) {
     watchdog.Disarm(0);
   }
   EXPECT_EQ(reports.count(), 0u);
+}
+
+TEST(WatchedBatchTest, AnAbortArmsTheBatchInFlightOnceAndItsEndDisarmsIt) {
+  Reports reports;
+  AbortWatchdog watchdog(absl::Milliseconds(100), reports.Sink());
+  WatchedBatch batch(&watchdog);
+  // No batch: an abort arms nothing and nothing drains.
+  batch.Aborted("idle", 0);
+  EXPECT_EQ(batch.Draining(), absl::ZeroDuration());
+
+  batch.Begin("batch seq 4 (step) of epoch 3", 3);
+  EXPECT_EQ(batch.Draining(), absl::ZeroDuration());  // running, not aborted
+  batch.Aborted("an abort of epoch 2 is stale", 2);   // an older epoch's: ignored
+  EXPECT_EQ(batch.Draining(), absl::ZeroDuration());
+  batch.Aborted("rank 0 failed", 3);
+  EXPECT_GE(batch.Draining(), absl::Milliseconds(1));
+  batch.Aborted("a second abort", 0);  // does not restart the clock
+  batch.End();                         // it let go in time
+  EXPECT_EQ(batch.Draining(), absl::ZeroDuration());
+
+  // The next batch does not let go: it alone is reported, naming the abort.
+  batch.Begin("batch seq 5 (checkpoint) of epoch 3", 3);
+  batch.Aborted("the coordinator went silent", 0);
+  const std::string first = reports.First();
+  EXPECT_THAT(first, HasSubstr("batch seq 5 (checkpoint) of epoch 3"));
+  EXPECT_THAT(first, HasSubstr("(aborted: the coordinator went silent)"));
+}
+
+TEST(WatchedBatchTest, WithoutAWatchdogItStillSaysHowLongItDrains) {
+  AbortWatchdog off(absl::ZeroDuration(), nullptr);
+  WatchedBatch batch(&off);
+  batch.Begin("batch seq 1 (step) of epoch 1", 1);
+  batch.Aborted("rank 1 failed", 1);
+  EXPECT_GE(batch.Draining(), absl::Milliseconds(1));
+  batch.End();
+  EXPECT_EQ(batch.Draining(), absl::ZeroDuration());
 }
 
 }  // namespace
