@@ -275,10 +275,11 @@ TEST(BatchExecutorTest, ASaveIntoAnAbandonedDirectoryFailsAndLeavesNothing) {
 
 // A synchronous save has no collective for an abort to fail, so it asks
 // the runtime between units: a save batch on an aborted runtime fails
-// ABORTED before its first unit and leaves no file, instead of writing the
+// ABORTED before its first unit and leaves no file (and a load's stage fails
+// ABORTED before it reads), instead of writing the
 // whole shard first (the worker's abort watchdog counts on an aborted batch
 // letting go within one unit's I/O).
-TEST(BatchExecutorTest, ASaveOnAnAbortedRuntimeStopsBeforeItsFirstUnit) {
+TEST(BatchExecutorTest, CheckpointBatchesOnAnAbortedRuntimeStopBeforeTheirFirstUnit) {
   const std::string dir = MakeTempDir("executor-abort");
   const std::string root = dir + "/checkpoints";
   std::filesystem::create_directories(root + "/job/aborted.partial");
@@ -298,6 +299,20 @@ TEST(BatchExecutorTest, ASaveOnAnAbortedRuntimeStopsBeforeItsFirstUnit) {
         CHILD_CHECK(!saved.ok());
         CHILD_CHECK(saved.status().code() == absl::StatusCode::kAborted);
         CHILD_CHECK(std::string(saved.status().message()).find("the save was aborted after 0 of") !=
+                    std::string::npos);
+        // A load's stage likewise, and as the batch's failure: as the
+        // checkpoint's status the coordinator would blame this rank for
+        // not reading the checkpoint.
+        v1::CommandBatch load;
+        load.mutable_checkpoint()->mutable_load_shard()->set_directory("job/aborted.partial");
+        load.set_job_epoch(1);
+        load.set_seq(1);
+        load.set_digest(*BatchDigest(load));
+        BatchExecutor fresh(started->runtime.get(), 1);  // the first is poisoned by the save
+        auto staged = fresh.ExecuteCheckpoint(load, root, &snapshot);
+        CHILD_CHECK(!staged.ok());
+        CHILD_CHECK(staged.status().code() == absl::StatusCode::kAborted);
+        CHILD_CHECK(std::string(staged.status().message()).find("the load was aborted") !=
                     std::string::npos);
         // Its own files only: the other rank may be between making and
         // removing its own.

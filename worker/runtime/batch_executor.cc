@@ -255,6 +255,10 @@ absl::StatusOr<v1::CommandResult> BatchExecutor::ExecuteCheckpoint(
     if (!command.load_shard().apply()) {
       staged_.reset();
       absl::StatusOr<StagedCheckpoint> staged = StageShardCheckpoint(*runtime_, path);
+      // An aborted stage is the batch's failure, not the checkpoint's: as a
+      // checkpoint status the coordinator would take it for this rank's
+      // failure to read the checkpoint and blame the rank.
+      if (staged.status().code() == absl::StatusCode::kAborted) return staged.status();
       if (staged.ok()) {
         staged_ = *std::move(staged);
       } else {

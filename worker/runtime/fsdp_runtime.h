@@ -125,9 +125,10 @@ class FsdpRuntime : public compute::ParamResolver, public compute::ModuleHooks {
   // communicators'), from any thread: a peer died or the coordinator failed
   // the step. The runtime is unusable afterwards; the job is re-formed.
   void Abort(const std::string& reason);
-  // Whether Abort was called: what has no collective to fail (a checkpoint's
-  // reads and writes) checks it between units, so an aborted batch lets go
-  // within one unit's I/O (worker/service/abort_watchdog.h counts on that).
+  // Whether Abort was called: what has no collective to fail (a sync save's
+  // writes, a load's reads) checks it between units, so an aborted save lets
+  // go within one unit's I/O (worker/service/abort_watchdog.h counts on
+  // that); a load's verification of its share does not check it yet.
   bool aborted() const { return aborted_.load(std::memory_order_relaxed); }
 
   // Every parameter's full fp32 value by FQN (tied aliases included), gathered

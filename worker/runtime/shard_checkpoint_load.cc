@@ -266,6 +266,7 @@ absl::Status StageTensors(FsdpRuntime& runtime, CheckpointReader& reader,
 
 absl::StatusOr<StagedCheckpoint> StageShardCheckpoint(FsdpRuntime& runtime,
                                                       const std::string& dir) {
+  RETURN_IF_ERROR(CheckNotAborted(runtime, 0));
   ASSIGN_OR_RETURN(std::unique_ptr<CheckpointReader> reader, CheckpointReader::Open(dir));
   const CheckpointManifest& m = reader->manifest();
   const std::string ours(OptimizerKindName(runtime.options().optimizer.kind));

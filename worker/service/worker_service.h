@@ -46,9 +46,9 @@ struct WorkerServiceOptions {
   std::function<RuntimeObserver*(const std::string& job, int rank)> observer_for_job;
   // Where checkpoint files are written (null: FileSystem::Default()).
   FileSystem* file_system = nullptr;
-  // A batch or configuration still running this long after an abort is
-  // wedged (worker/service/abort_watchdog.h): `on_wedged` is told what (the
-  // daemon exits). Zero: never.
+  // A batch still running this long after an abort is wedged
+  // (worker/service/abort_watchdog.h): `on_wedged` is told what (the daemon
+  // exits). Zero: never.
   absl::Duration abort_grace = absl::ZeroDuration();
   std::function<void(const std::string& what)> on_wedged;
 };

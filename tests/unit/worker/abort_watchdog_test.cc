@@ -60,7 +60,9 @@ TEST(AbortWatchdogTest, AbortedWorkThatDoesNotReturnIsReportedOnceNamingIt) {
 
 TEST(AbortWatchdogTest, WorkThatReturnedInTimeIsNotReported) {
   Reports reports;
-  AbortWatchdog watchdog(absl::Milliseconds(200), reports.Sink());
+  // Long enough that Arm and Disarm are never that far apart, even on a
+  // loaded machine.
+  AbortWatchdog watchdog(absl::Seconds(2), reports.Sink());
   // Disarmed, the first would be due before the second: the second being
   // the one reported shows the first was forgotten.
   const uint64_t returned = watchdog.Arm("returned");
@@ -91,7 +93,7 @@ TEST(AbortWatchdogTest, AZeroGraceWatchesNothing) {
 
 TEST(WatchedBatchTest, AnAbortArmsTheBatchInFlightOnceAndItsEndDisarmsIt) {
   Reports reports;
-  AbortWatchdog watchdog(absl::Milliseconds(100), reports.Sink());
+  AbortWatchdog watchdog(absl::Seconds(2), reports.Sink());  // see above
   WatchedBatch batch(&watchdog);
   // No batch: an abort arms nothing and nothing drains.
   batch.Aborted("idle", 0);
