@@ -251,13 +251,15 @@ absl::Status CheckpointReader::BeginShare(int index, int count) {
   return absl::OkStatus();
 }
 
-absl::Status CheckpointReader::FinishShare(bool deliver) {
+absl::Status CheckpointReader::FinishShare(bool deliver, const std::function<bool()>& stop) {
   absl::Status status;
   for (size_t u = 0; u < units_.size(); ++u) {  // whole files, then the shared ones in order
     if (!pending_.contains(u)) continue;
     // Every unit is hashed even after one failed: the error names the first.
-    absl::Status hashed = HashWhileReading(u, deliver && status.ok());
+    // Not after a stop: nobody wants the verdict any more.
+    absl::Status hashed = HashWhileReading(u, deliver && status.ok(), stop);
     if (status.ok()) status = hashed;
+    if (hashed.code() == absl::StatusCode::kAborted) break;
   }
   pending_.clear();
   sharing_ = false;
@@ -277,7 +279,8 @@ absl::Status CheckpointReader::FinishShare(bool deliver) {
   return absl::OkStatus();
 }
 
-absl::Status CheckpointReader::HashWhileReading(size_t index, bool deliver) {
+absl::Status CheckpointReader::HashWhileReading(size_t index, bool deliver,
+                                                const std::function<bool()>& stop) {
   std::vector<DeferredRead> reads = std::move(pending_.at(index));
   const HashUnit& unit = units_[index];
   const CheckpointFile& entry = manifest_.files[unit.entry];
@@ -306,6 +309,10 @@ absl::Status CheckpointReader::HashWhileReading(size_t index, bool deliver) {
   uint64_t at = 0, hashed = 0;
   auto read_into = [&](std::span<char> out) -> absl::Status {
     for (size_t k = 0; k < out.size(); k += kChunk) {
+      if (stop && stop()) {
+        return absl::AbortedError(absl::StrCat("reading ", file.path(), " was aborted after ",
+                                               hashed, " of ", unit.bytes, " bytes"));
+      }
       const std::span<char> chunk = out.subspan(k, std::min<size_t>(kChunk, out.size() - k));
       RETURN_IF_ERROR(file.ReadBytes(at, chunk));
       XXH3_64bits_update(state.get(), chunk.data(), chunk.size());

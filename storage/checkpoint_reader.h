@@ -10,6 +10,7 @@
 #ifndef FLATSHARD_STORAGE_CHECKPOINT_READER_H_
 #define FLATSHARD_STORAGE_CHECKPOINT_READER_H_
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <span>
@@ -81,7 +82,9 @@ class CheckpointReader {
   // (reading them at once cut across the verifiers' streams on the disk).
   // FinishShare(false) only verifies: after a staging that failed, whose
   // spans may be gone. Reads that are not deferred work as ever, before and
-  // after.
+  // after. `stop` (if set) is asked before each MiB FinishShare reads: once
+  // it answers true the share ends ABORTED, unverified and undelivered (a
+  // load whose job was aborted lets go instead of streaming on).
   // FAILED_PRECONDITION for a second share of the same reader.
   absl::Status BeginShare(int index, int count);
   absl::Status ReadRangeDeferred(absl::string_view kind, const std::string& name,
@@ -91,7 +94,7 @@ class CheckpointReader {
   // `file_name` (a LOCAL checkpoint's flat shards), deferred the same way.
   absl::Status ReadTensorDeferred(const std::string& file_name, absl::string_view tensor,
                                   uint64_t begin, std::span<float> out);
-  absl::Status FinishShare(bool deliver);
+  absl::Status FinishShare(bool deliver, const std::function<bool()>& stop = {});
 
   // What verifiers hash, one unit at a time: each file one rank wrote whole,
   // and each region of a file several ranks wrote (FULL, format version 3),
@@ -131,7 +134,7 @@ class CheckpointReader {
   // Reads hash unit `index` start to end, the deferred reads straight into
   // their spans and the rest through a buffer, hashing every byte once, and
   // checks the hash against the manifest.
-  absl::Status HashWhileReading(size_t index, bool deliver);
+  absl::Status HashWhileReading(size_t index, bool deliver, const std::function<bool()>& stop);
   // A version 2 SHARDED file's pieces: tensor name -> element offset (each a
   // 1-D tensor), parsed once per file.
   absl::StatusOr<const ElementOffsets*> PieceOffsets(const std::string& file_name);

@@ -294,7 +294,8 @@ absl::StatusOr<StagedCheckpoint> StageShardCheckpoint(FsdpRuntime& runtime,
                                 : StageTensors(runtime, *reader, staged);
   // Damage is reported before what staging made of it; a failed staging's
   // buffers are not written.
-  RETURN_IF_ERROR(reader->FinishShare(/*deliver=*/read.ok()));
+  RETURN_IF_ERROR(
+      reader->FinishShare(/*deliver=*/read.ok(), [&runtime] { return runtime.aborted(); }));
   RETURN_IF_ERROR(read);
   return staged;
 }

@@ -357,6 +357,40 @@ TEST(CheckpointReaderTest, FinishShareVerifiesWhetherOrNotItDelivers) {
   }
 }
 
+// A stop that answers true ends the share ABORTED at the next MiB it would
+// read: nothing more is read, verified or delivered. One that stays false
+// changes nothing.
+TEST(CheckpointReaderTest, FinishShareStopsWhenAskedTo) {
+  const std::string dir = WriteCheckpoint("stopped", 1);
+  for (const bool stopped : {false, true}) {
+    SCOPED_TRACE(stopped ? "stopped" : "not stopped");
+    absl::StatusOr<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::Open(dir);
+    ASSERT_TRUE(reader.ok()) << reader.status();
+    ASSERT_TRUE((*reader)->BeginShare(0, 1).ok());
+    std::vector<float> weight(8, -1.0f), exp_avg(8, -1.0f);
+    ASSERT_TRUE((*reader)->ReadRangeDeferred("model", "fc.weight", {4, 2}, 0, weight).ok());
+    ASSERT_TRUE(
+        (*reader)->ReadRangeDeferred("optim", "fc.weight.exp_avg", {4, 2}, 0, exp_avg).ok());
+    int asked = 0;
+    const absl::Status finished = (*reader)->FinishShare(/*deliver=*/true, [&] {
+      ++asked;
+      return stopped;
+    });
+    if (stopped) {
+      EXPECT_EQ(finished.code(), absl::StatusCode::kAborted) << finished;
+      EXPECT_THAT(std::string(finished.message()), HasSubstr("was aborted after 0 of"));
+      EXPECT_EQ(asked, 1) << "read on after the stop";
+      EXPECT_EQ(weight, std::vector<float>(8, -1.0f));
+      EXPECT_EQ(exp_avg, std::vector<float>(8, -1.0f));
+    } else {
+      EXPECT_TRUE(finished.ok()) << finished;
+      EXPECT_GE(asked, 2);  // once per file at least: the model's and the optimizer's
+      EXPECT_EQ(weight, (std::vector<float>{1, 2, 3, 4, 5, 6, 7, 8}));
+      EXPECT_NE(exp_avg, std::vector<float>(8, -1.0f));
+    }
+  }
+}
+
 // A share's file whose header is damaged is reported as damaged (its hash),
 // not as what its header says; the reader that does not hash it sees the
 // header's fault.
