@@ -329,7 +329,8 @@ absl::Status FlatshardClient::WatchEvents(
 
 absl::StatusOr<v1::JobState> FlatshardClient::WaitForState(const std::string& job,
                                                            const std::set<v1::JobState>& states,
-                                                           absl::Duration timeout) {
+                                                           absl::Duration timeout,
+                                                           const std::set<v1::JobState>& after) {
   grpc::ClientContext context;
   RETURN_IF_ERROR(Prepare(context));
   SetDeadline(context, timeout);
@@ -341,11 +342,16 @@ absl::StatusOr<v1::JobState> FlatshardClient::WaitForState(const std::string& jo
       absl::StrCat("job '", job, "' did not reach the state in ", absl::FormatDuration(timeout)));
   v1::JobState last = v1::JOB_STATE_UNSPECIFIED;
   std::string failure;
+  bool counting = after.empty();
   while (reader->Read(&event)) {
     last = event.state();
+    if (!counting) {
+      counting = after.contains(last);
+      continue;
+    }
     if (last == v1::FAILED) failure = event.message();
     // Events replay from the job's creation: this returns once the job has
-    // been in one of `states`, now or earlier.
+    // been in one of `states` (since `after`), now or earlier.
     if (states.contains(last)) {
       result = last;
       break;

@@ -76,9 +76,13 @@ class FlatshardClient {
                            const std::function<bool(const v1::JobEvent&)>& on_event);
   // Waits (on WatchEvents, not by polling) until the job is in one of
   // `states`; FAILED when not asked for is an error carrying the failure.
+  // Events replay from the job's creation, so a state it was in before
+  // counts; with `after`, only a state entered after the job was in one of
+  // `after` does (READY after RECOVERING: the end of a recovery).
   absl::StatusOr<v1::JobState> WaitForState(const std::string& job,
                                             const std::set<v1::JobState>& states,
-                                            absl::Duration timeout);
+                                            absl::Duration timeout,
+                                            const std::set<v1::JobState>& after = {});
 
  private:
   absl::Status Error(const grpc::Status& status) const;

@@ -413,8 +413,9 @@ int Main(int argc, char** argv) {
                  "Seconds a collective may wait for a peer before failing")
       ->capture_default_str();
   app.add_option("--abort-grace", f.abort_grace_s,
-                 "Seconds a batch may go on after it was aborted (a job "
-                 "failure, a re-formation) before the worker counts itself wedged (blocked "
+                 "Seconds a batch, or an async save's background write, may go on "
+                 "after it was aborted (a job failure, a re-formation) before the worker counts "
+                 "itself wedged (blocked "
                  "where an abort cannot reach: a hung mount, a kernel that never ends) and "
                  "exits with status 3, for its supervisor to restart it; longer than "
                  "--collective-timeout; 0: never")

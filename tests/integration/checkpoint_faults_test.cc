@@ -3,9 +3,12 @@
 // and the earlier ones verify; a full disk on one rank (through the injected
 // file system, sync and async, and once for real on a small tmpfs) fails the
 // save cleanly and the job trains and saves on; a write that hangs for good
-// ends its worker, and the job recovers onto a spare (docs/fault-tolerance.md).
+// (in a sync save's batch, or in an async save's background write that a
+// recovery aborts) ends its worker, and the job recovers onto a spare
+// (docs/fault-tolerance.md).
 #include <algorithm>
 #include <cerrno>
+#include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -192,7 +195,8 @@ TEST_P(HungWriteTest, TheWedgedWorkerEndsItselfAndTheJobRecoversOntoTheSpare) {
   ASSERT_TRUE(WIFEXITED(*exit)) << "wait status " << *exit;
   EXPECT_EQ(WEXITSTATUS(*exit), kWedgedExitCode);
 
-  absl::StatusOr<v1::JobState> ready = client.WaitForState(kJob, {v1::READY}, absl::Seconds(60));
+  absl::StatusOr<v1::JobState> ready =
+      client.WaitForState(kJob, {v1::READY}, absl::Seconds(60), {v1::RECOVERING});
   ASSERT_TRUE(ready.ok()) << ready.status();
   absl::StatusOr<v1::Job> job = client.GetJob(kJob);
   ASSERT_TRUE(job.ok()) << job.status();
@@ -220,6 +224,76 @@ INSTANTIATE_TEST_SUITE_P(ShardedAndFull, HungWriteTest,
                            return p.param.type == v1::FULL_STATE_DICT ? "FullWriterHangs"
                                                                       : "ShardedRankHangs";
                          });
+
+// An async save whose background write hangs on one rank (after 4 KiB of
+// its file, ignoring aborts), then a recovery for another reason: the other
+// rank's process is killed. The hung write is part of the job the recovery
+// aborts, so it is watched: the recovery's probe sees the survivor draining
+// and waits for its verdict, and its watchdog ends it after --abort-grace.
+// The job re-forms on the two spares with one restart. Before, the write
+// ignored the abort and nothing watched it: the probe kept the survivor
+// (its batches had all returned), and every recovery try's Configure of it
+// waited behind the write until --configure-timeout, one restart each.
+TEST(AsyncHungWriteTest, ARecoveryEndsTheWorkerWhoseBackgroundWriteIsStuck) {
+  const std::string root = testing::MakeTempDir("ckpt-async-hang") + "/checkpoints";
+  LocalClusterOptions options;
+  options.workers = 4;  // two ranks and two spares
+  options.bin_dir = checkpoint_testing::BinDir();
+  options.checkpoint_dir = root;
+  options.heartbeat_interval_s = 0.25;
+  options.heartbeat_timeout_s = 2.0;
+  options.collective_timeout_s = 5;
+  options.worker_flags = {{1, {"--inject-file-faults", "hang:stuck.partial/model-rank00001:4096"}}};
+  options.every_worker_flags = {"--abort-grace", "8"};
+  // The batch timeout is also how long the commit awaits the writes.
+  options.coordinator_flags = {"--batch-timeout", "10", "--configure-timeout", "30"};
+  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  FlatshardClient client((*cluster)->address());
+  testing::CreateAndWaitReady(client, Spec(2, true));
+  ASSERT_EQ(testing::WorkerIndexOfRank(**cluster, client, kJob, 0), 0);
+  ASSERT_EQ(testing::WorkerIndexOfRank(**cluster, client, kJob, 1), 1);
+  Train(client, 1);
+  ASSERT_TRUE(Save(client, "before", v1::SHARDED_STATE_DICT).ok());
+
+  // The commit gives up on rank 1's write; the job trains on meanwhile.
+  absl::StatusOr<v1::CheckpointProgress> stuck =
+      Save(client, "stuck", v1::SHARDED_STATE_DICT, /*async_save=*/true);
+  ASSERT_FALSE(stuck.ok());
+  EXPECT_THAT(std::string(stuck.status().message()), HasSubstr("rank 1"));
+  absl::StatusOr<v1::Job> job = client.GetJob(kJob);
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_TRUE(job->state() == v1::READY || job->state() == v1::IDLE)
+      << v1::JobState_Name(job->state());
+  ASSERT_EQ(job->restarts(), 0);
+
+  (*cluster)->worker(0).Signal(SIGKILL);
+  const std::optional<int> exit = (*cluster)->worker(1).Wait(absl::Seconds(60));
+  ASSERT_TRUE(exit.has_value()) << "the worker with the stuck write is still running";
+  ASSERT_TRUE(WIFEXITED(*exit)) << "wait status " << *exit;
+  EXPECT_EQ(WEXITSTATUS(*exit), kWedgedExitCode);
+
+  absl::StatusOr<v1::JobState> ready =
+      client.WaitForState(kJob, {v1::READY}, absl::Seconds(60), {v1::RECOVERING});
+  ASSERT_TRUE(ready.ok()) << ready.status();
+  job = client.GetJob(kJob);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->world_size(), 2);
+  EXPECT_EQ(job->restarts(), 1) << "a recovery try chose the worker with the stuck write";
+  for (int rank : {0, 1}) {
+    EXPECT_GE(testing::WorkerIndexOfRank(**cluster, client, kJob, rank), 2) << "rank " << rank;
+  }
+  EXPECT_FALSE(fs::exists(Dir(root, "stuck")));
+  EXPECT_EQ(*ReadFileToString(absl::StrCat(root, "/", kJob, "/latest")), "before\n");
+  // The job goes on: it trains, and an async save commits.
+  Train(client, 1);
+  ASSERT_TRUE(Save(client, "after", v1::SHARDED_STATE_DICT, /*async_save=*/true).ok());
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> after =
+      CheckpointReader::Open(Dir(root, "after"));
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_TRUE((*after)->VerifyAll().ok());
+  (*cluster)->Stop();  // two daemons are gone: no clean stop to assert
+}
 
 // The same with a real full disk: the checkpoint root is a small tmpfs the
 // test mounts, filled up after a first checkpoint so the next cannot fit.

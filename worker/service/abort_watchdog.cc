@@ -87,10 +87,11 @@ void WatchedBatch::Aborted(const std::string& reason, uint64_t epoch) {
   token_ = watchdog_->Arm(absl::StrCat(what_, " (aborted: ", reason, ")"));
 }
 
-absl::Duration WatchedBatch::Draining() const {
-  if (!aborted_.has_value()) return absl::ZeroDuration();
-  // At least a millisecond: zero on the wire means nothing is draining.
-  return std::max(absl::FromChrono(std::chrono::steady_clock::now() - *aborted_),
+absl::Duration WatchedBatch::Draining() const { return DrainingFor(aborted_); }
+
+absl::Duration DrainingFor(std::optional<std::chrono::steady_clock::time_point> since) {
+  if (!since.has_value()) return absl::ZeroDuration();
+  return std::max(absl::FromChrono(std::chrono::steady_clock::now() - *since),
                   absl::Milliseconds(1));
 }
 

@@ -64,6 +64,11 @@ class AbortWatchdog {
   std::thread thread_;  // last: started once the rest is built
 };
 
+// How long aborted work that started draining at `since` has drained: zero
+// for none, at least a millisecond otherwise (zero on the wire means nothing
+// drains).
+absl::Duration DrainingFor(std::optional<std::chrono::steady_clock::time_point> since);
+
 // The batch a worker runs, as its watchdog sees it: an abort that reaches
 // it arms the watchdog once, its end disarms it, and in between it says how
 // long it has been draining (GetStatus reports that to a recovery's probe,

@@ -1,6 +1,7 @@
 #include "worker/service/background_saves.h"
 
 #include <chrono>
+#include <functional>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -12,6 +13,7 @@
 namespace flatshard {
 
 BackgroundSaves::~BackgroundSaves() {
+  Abort("its job is gone");
   std::map<std::string, Entry> saves;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -33,18 +35,27 @@ void BackgroundSaves::Start(const std::string& key, ShardSnapshot snapshot, cons
     saves_.erase(key);
   }
   for (auto& save : running) save.wait();
+  uint64_t id = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    id = ++next_id_;
+    Running& write = running_[id];
+    write.what = absl::StrCat("async save of batch seq ", seq, " into '", key, "' on rank ", rank);
+    if (aborted_at_.has_value()) WatchLocked(write);
+  }
   // The snapshot is freed as soon as its files are written: the future's
   // shared state keeps the closure for as long as the entry is kept, and an
   // entry the coordinator stopped awaiting (a commit that gave up) stays
   // until the next save into the same directory.
   std::shared_future<v1::CommandResult> save =
-      std::async(std::launch::async, [snapshot = std::optional<ShardSnapshot>(std::move(snapshot)),
-                                      path, rank, seq]() mutable {
-        absl::StatusOr<ShardSaveResult> written = WriteShardSnapshot(*snapshot, path);
+      std::async(std::launch::async, [this, id, path, rank, seq,
+                                      snapshot = std::optional<ShardSnapshot>(
+                                          std::move(snapshot))]() mutable {
+        const std::function<bool()> aborted = [this] { return aborted_.load(); };
+        absl::StatusOr<ShardSaveResult> written = WriteShardSnapshot(*snapshot, path, aborted);
         snapshot.reset();
-        if (!written.ok()) {  // the snapshot could not be read: report it like a file error
-          written = ShardSaveResult{{}, written.status()};
-        }
+        // Not readable, or aborted: reported like a file error.
+        if (!written.ok()) written = ShardSaveResult{{}, written.status()};
         v1::CommandResult result;
         result.set_seq(seq);
         result.set_rank(rank);
@@ -54,10 +65,43 @@ void BackgroundSaves::Start(const std::string& key, ShardSnapshot snapshot, cons
         for (const CheckpointFile& f : written->files) {
           CheckpointFileToProto(f, result.add_files());
         }
+        Returned(id);  // before the future is ready: the destructor waits for that
         return result;
       }).share();
   std::lock_guard<std::mutex> lock(mu_);
-  saves_[key] = Entry{++next_id_, std::move(save)};
+  saves_[key] = Entry{id, std::move(save)};
+}
+
+void BackgroundSaves::Abort(const std::string& reason) {
+  aborted_.store(true);
+  std::lock_guard<std::mutex> lock(mu_);
+  if (aborted_at_.has_value()) return;
+  aborted_at_ = std::chrono::steady_clock::now();
+  abort_reason_ = reason;
+  for (auto& [id, write] : running_) WatchLocked(write);
+}
+
+std::optional<std::chrono::steady_clock::time_point> BackgroundSaves::DrainingSince() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (running_.empty()) return std::nullopt;
+  return aborted_at_;
+}
+
+void BackgroundSaves::WatchLocked(Running& write) {
+  if (watchdog_ == nullptr || write.token != 0) return;
+  write.token = watchdog_->Arm(absl::StrCat(write.what, " (aborted: ", abort_reason_, ")"));
+}
+
+void BackgroundSaves::Returned(uint64_t id) {
+  uint64_t token = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (auto it = running_.find(id); it != running_.end()) {
+      token = it->second.token;
+      running_.erase(it);
+    }
+  }
+  if (watchdog_ != nullptr) watchdog_->Disarm(token);
 }
 
 absl::StatusOr<v1::CommandResult> BackgroundSaves::Await(const std::string& key,

@@ -3,12 +3,26 @@
 // and the coordinator collects the outcome through WorkerService.AwaitSave
 // before it commits the checkpoint. Writers touch only their snapshot, never
 // the runtime, so they need no lock against training.
+//
+// The writes belong to one job epoch, and its abort reaches them: a
+// recovery drops every save of the epoch it replaces (the coordinator
+// abandons an async checkpoint once its job fails), so a write in flight
+// stops at its next unit instead of holding the snapshot's memory and the
+// next Configure (which waits for it) for as long as the write takes. A write
+// blocked where the abort cannot reach (a hung network mount) is watched as
+// an aborted batch is: the worker ends itself after the grace
+// (abort_watchdog.h), and until then GetStatus reports it draining, so a
+// recovery's probe waits for that verdict instead of choosing the worker.
 #ifndef FLATSHARD_WORKER_SERVICE_BACKGROUND_SAVES_H_
 #define FLATSHARD_WORKER_SERVICE_BACKGROUND_SAVES_H_
 
+#include <atomic>
+#include <chrono>
 #include <future>
 #include <map>
+#include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -16,35 +30,67 @@
 
 #include "flatshard/v1/worker.pb.h"
 #include "worker/runtime/shard_checkpoint.h"
+#include "worker/service/abort_watchdog.h"
 
 namespace flatshard {
 
 class BackgroundSaves {
  public:
-  BackgroundSaves() = default;
-  // Waits for the writes in flight: a snapshot is never dropped half-written.
+  // `watchdog` (null: none) watches the writes an abort reaches; it must
+  // outlive this.
+  explicit BackgroundSaves(AbortWatchdog* watchdog = nullptr) : watchdog_(watchdog) {}
+  // Aborts the writes in flight (their files are removed, not committed:
+  // nobody is left to collect them) and waits for them.
   ~BackgroundSaves();
   BackgroundSaves(const BackgroundSaves&) = delete;
   BackgroundSaves& operator=(const BackgroundSaves&) = delete;
 
   // Writes `snapshot` into `path` in the background; `key` names the save
   // for Await (the checkpoint directory as the coordinator sent it). Waits
-  // first for any save still running: they share one communicator.
+  // first for any save still running: they share one communicator. After
+  // Abort, the write stops before its first unit.
   void Start(const std::string& key, ShardSnapshot snapshot, const std::string& path, int rank,
              uint64_t seq);
 
   // The outcome of save `key` once written (then forgotten). NOT_FOUND for
-  // an unknown key, DEADLINE_EXCEEDED if still writing at `deadline`.
+  // an unknown key, DEADLINE_EXCEEDED if still writing at `deadline`. An
+  // aborted write's outcome carries an ABORTED checkpoint status.
   absl::StatusOr<v1::CommandResult> Await(const std::string& key, absl::Time deadline);
+
+  // The job these saves belong to was aborted (`reason`): every write, the
+  // running ones and any started later, stops at its next unit, and the
+  // watchdog watches each one still running. Later calls change nothing.
+  void Abort(const std::string& reason);
+
+  // When the abort reached a write that is still running; none when no
+  // aborted write runs.
+  std::optional<std::chrono::steady_clock::time_point> DrainingSince() const;
 
  private:
   struct Entry {
     uint64_t id = 0;
     std::shared_future<v1::CommandResult> done;
   };
-  std::mutex mu_;
-  std::map<std::string, Entry> saves_;
+  // A write that has not returned: what it is, for the watchdog's report,
+  // and the watchdog's token once an abort armed it.
+  struct Running {
+    std::string what;
+    uint64_t token = 0;
+  };
+
+  // Arms the watchdog for `write`, once. Needs mu_ and the abort.
+  void WatchLocked(Running& write);
+  // The writer's last act: `id` returned.
+  void Returned(uint64_t id);
+
+  AbortWatchdog* const watchdog_;
+  std::atomic<bool> aborted_{false};  // read by the writers between units
+  mutable std::mutex mu_;
+  std::map<std::string, Entry> saves_;   // by key, until awaited
+  std::map<uint64_t, Running> running_;  // by id
   uint64_t next_id_ = 0;
+  std::string abort_reason_;
+  std::optional<std::chrono::steady_clock::time_point> aborted_at_;
 };
 
 }  // namespace flatshard

@@ -21,6 +21,8 @@
 namespace flatshard {
 
 struct WorkerServiceImpl::ActiveJob {
+  explicit ActiveJob(AbortWatchdog* watchdog) : saves(watchdog) {}
+
   // Declared first: the runtime keeps references into the config's model.
   JobConfig config;
   int rank = 0;
@@ -28,8 +30,9 @@ struct WorkerServiceImpl::ActiveJob {
   std::unique_ptr<compute::DataSource> data;
   std::unique_ptr<FsdpRuntime> runtime;
   std::unique_ptr<BatchExecutor> executor;
-  // Last, so destroyed first: its destructor waits for writes in flight,
-  // whose snapshots hold pinned memory of the runtime's device.
+  // Last, so destroyed first: its destructor waits for the writes in flight
+  // (aborted with the job), whose snapshots hold pinned memory of the
+  // runtime's device.
   BackgroundSaves saves;
 };
 
@@ -112,7 +115,12 @@ void WorkerServiceImpl::set_batch_end_observer(std::function<void()> observer) {
 WorkerStatus WorkerServiceImpl::Status() const {
   std::lock_guard<std::mutex> lock(state_mu_);
   WorkerStatus status = status_;
-  status.draining = batch_.Draining();
+  // Whatever an abort reached and still runs: the batch, or the background
+  // writes of the job (or, while a Configure waits for them, of the job it
+  // replaced).
+  std::optional<std::chrono::steady_clock::time_point> writes = retired_draining_since_;
+  if (job_ != nullptr) writes = job_->saves.DrainingSince();
+  status.draining = std::max(batch_.Draining(), DrainingFor(writes));
   return status;
 }
 
@@ -154,6 +162,8 @@ void WorkerServiceImpl::AbortJob(const std::string& reason, uint64_t epoch) {
     status_.abort_reason = reason;
   }
   job->runtime->Abort(reason);
+  // The coordinator abandons the epoch's async checkpoints with it.
+  job->saves.Abort(reason);
 }
 
 grpc::Status WorkerServiceImpl::Configure(grpc::ServerContext* /*context*/,
@@ -172,7 +182,7 @@ grpc::Status WorkerServiceImpl::Configure(grpc::ServerContext* /*context*/,
     if (request->store_prefix().empty()) {
       return absl::InvalidArgumentError("configure: store_prefix must not be empty");
     }
-    auto job = std::make_shared<ActiveJob>();
+    auto job = std::make_shared<ActiveJob>(&watchdog_);
     ASSIGN_OR_RETURN(job->config, JobConfigFromProto(request->spec()));
     if (job->config.world_size != request->world_size()) {
       return absl::InvalidArgumentError(
@@ -197,11 +207,17 @@ grpc::Status WorkerServiceImpl::Configure(grpc::ServerContext* /*context*/,
       std::lock_guard<std::mutex> lock(state_mu_);
       old = std::move(job_);
       status_ = WorkerStatus{job->rank, job->epoch, 0, "configuring", "", absl::ZeroDuration()};
+      if (old != nullptr) retired_draining_since_ = old->saves.DrainingSince();
     }
     // Destroyed outside state_mu_: it waits for the old epoch's background
-    // writes and closes its Gloo pairs, and heartbeats (Status) must not wait
-    // on that, or a healthy survivor is declared dead while it re-forms.
+    // writes (aborted above, and watched) and closes its Gloo pairs, and
+    // heartbeats (Status) must not wait on that, or a healthy survivor is
+    // declared dead while it re-forms.
     old.reset();
+    {
+      std::lock_guard<std::mutex> lock(state_mu_);
+      retired_draining_since_.reset();
+    }
     absl::Status built = [&]() -> absl::Status {
       ASSIGN_OR_RETURN(compute::DataSourceOptions data_options,
                        DataOptionsFromJob(job->config, options_.data_dir));

@@ -10,10 +10,12 @@
 #define FLATSHARD_WORKER_SERVICE_WORKER_SERVICE_H_
 
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 
 #include "absl/time/time.h"
@@ -135,16 +137,22 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
   WorkerServiceOptions options_;
   AbortWatchdog watchdog_;
   // The batch holding run_mu_ (under state_mu_). A configuration is not
-  // watched: its slow parts (reading the data set, waiting for the old
-  // epoch's background writes) cannot see an abort, so time since one says
-  // nothing; the configure timeout and the heartbeats bound it instead.
+  // watched as a batch: reading the data set cannot see an abort, so time
+  // since one says nothing; the configure timeout and the heartbeats bound
+  // it instead. The old epoch's background writes it waits for are watched
+  // themselves, from the old epoch's abort (BackgroundSaves).
   WatchedBatch batch_;
   // One batch (or configuration) at a time: a worker's runtime is single-use
   // per step, and ordering is the executor's job.
   std::mutex run_mu_;
-  mutable std::mutex state_mu_;  // guards job_, status_, batch_ and batch_end_observer_
+  mutable std::mutex state_mu_;  // guards job_, status_, batch_, batch_end_observer_ and
+                                 // retired_draining_since_
   std::function<void()> batch_end_observer_;
   std::shared_ptr<ActiveJob> job_;
+  // While a Configure waits for the replaced job's aborted background
+  // writes (job_ is already gone): since when they drain, for GetStatus, so
+  // a recovery's probe meanwhile waits for the watchdog's verdict too.
+  std::optional<std::chrono::steady_clock::time_point> retired_draining_since_;
   // After job_: destroyed first, it waits for an exchange that still uses
   // the job's (by then aborted) snapshot communicator.
   PeerSnapshotStore peer_snapshots_;

@@ -1,0 +1,228 @@
+// The background writes of async saves and their job's abort, on a real
+// runtime (rank 0 of two) writing real files: a write that an abort reaches stops
+// at its next unit, reports ABORTED and leaves none of its files; a write
+// started after the abort writes nothing; a write blocked where the abort
+// cannot reach is reported draining and, after the grace, to the watchdog,
+// naming the save (the worker then ends itself, abort_watchdog.h). The
+// file system holds the model file's creation until the test lets it go, so
+// the abort lands while the write is known to be in flight, with no sleep.
+#include "worker/service/background_saves.h"
+
+#include <chrono>
+#include <filesystem>
+#include <functional>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
+#include "rpc/status_proto.h"
+
+#include "core/model_spec_yaml.h"
+#include "core/status_macros.h"
+#include "tests/integration/multiprocess.h"
+#include "worker/comm/file_store.h"
+#include "worker/device/device_factory.h"
+#include "worker/runtime/fsdp_runtime.h"
+#include "worker/runtime/shard_checkpoint.h"
+
+namespace flatshard {
+namespace {
+
+namespace fs = std::filesystem;
+using ::testing::HasSubstr;
+
+constexpr char kModel[] = R"(
+root:
+  type: Sequential
+  children:
+    - {name: inp, type: Linear, in_features: 6, out_features: 24}
+    - name: blocks
+      repeat: 2
+      template:
+        type: Residual
+        children: [{name: fc, type: Linear, in_features: 24, out_features: 24}, {name: act, type: GELU}]
+    - {name: out, type: Linear, in_features: 24, out_features: 3}
+)";
+
+// The real file system, except that creating the first file whose name
+// contains "model" waits until Release (and says it got there).
+class GatedFileSystem : public FileSystem {
+ public:
+  absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) override {
+    Gate(path);
+    return FileSystem::Default()->NewWritableFile(path);
+  }
+  absl::StatusOr<std::unique_ptr<WritableFile>> OpenSharedFile(const std::string& path,
+                                                               uint64_t size) override {
+    Gate(path);
+    return FileSystem::Default()->OpenSharedFile(path, size);
+  }
+  absl::Status RemoveFile(const std::string& path) override {
+    return FileSystem::Default()->RemoveFile(path);
+  }
+
+  // True once a write waits at the gate (within 30 s).
+  bool Entered() { return entered_.WaitForNotificationWithTimeout(absl::Seconds(30)); }
+  void Release() {
+    if (!released_.HasBeenNotified()) released_.Notify();
+  }
+
+ private:
+  void Gate(const std::string& path) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (gated_ || !absl::StrContains(fs::path(path).filename().string(), "model")) return;
+      gated_ = true;
+    }
+    entered_.Notify();
+    released_.WaitForNotification();
+  }
+
+  std::mutex mu_;
+  bool gated_ = false;
+  absl::Notification entered_, released_;
+};
+
+class BackgroundSavesTest : public ::testing::Test {
+ protected:
+  // Two ranks in this process (a SHARDED save needs a sharded job), each on
+  // its own CPU device; the saves write rank 0's shard.
+  void SetUp() override {
+    dir_ = testing::MakeTempDir("background-saves");
+    static const ModelSpec spec = *ParseModelSpec(kModel, "m.yaml");
+    auto store = FileStore::Open(dir_ + "/store");
+    ASSERT_TRUE(store.ok()) << store.status();
+    auto create = [&](int rank) -> absl::StatusOr<std::unique_ptr<FsdpRuntime>> {
+      DeviceOptions device;
+      device.kind = DeviceKind::kCpu;
+      ASSIGN_OR_RETURN(devices_[rank], CreateDevice(device));
+      RuntimeOptions options;
+      options.device = devices_[rank];
+      options.file_system = &files_;
+      options.optimizer.kind = OptimizerKind::kAdam;
+      return FsdpRuntime::Create(spec, *ParseWrapPolicy("module-type:Residual"), options, rank, 2,
+                                 *store);
+    };
+    // Both at once: each waits for the other in the rendezvous.
+    auto peer = std::async(std::launch::async, create, 1);
+    auto runtime = create(0);
+    auto peer_runtime = peer.get();
+    ASSERT_TRUE(runtime.ok()) << runtime.status();
+    ASSERT_TRUE(peer_runtime.ok()) << peer_runtime.status();
+    runtime_ = *std::move(runtime);
+    peer_ = *std::move(peer_runtime);
+  }
+
+  // A snapshot of the runtime's shards, to be written into `name`.
+  ShardSnapshot Snapshot() {
+    absl::StatusOr<ShardSnapshot> snapshot =
+        SnapshotShardCheckpoint(*runtime_, v1::SHARDED_STATE_DICT);
+    EXPECT_TRUE(snapshot.ok()) << snapshot.status();
+    return *std::move(snapshot);
+  }
+  std::string Dir(const std::string& name) {
+    std::string path = absl::StrCat(dir_, "/", name);
+    fs::create_directories(path);
+    return path;
+  }
+  static bool Empty(const std::string& path) { return fs::is_empty(path); }
+
+  std::string dir_;
+  GatedFileSystem files_;
+  std::shared_ptr<Device> devices_[2];
+  std::unique_ptr<FsdpRuntime> runtime_, peer_;
+};
+
+// Releases the gate when a test ends early, before the saves (which wait for
+// their writes) are destroyed: declared after them.
+struct ReleaseOnExit {
+  GatedFileSystem* files;
+  ~ReleaseOnExit() { files->Release(); }
+};
+
+// Collects the watchdog's report (there is at most one).
+struct Wedged {
+  std::promise<std::string> what;
+  std::function<void(const std::string&)> Sink() {
+    return [this](const std::string& w) { what.set_value(w); };
+  }
+};
+
+TEST_F(BackgroundSavesTest, AnAbortStopsTheWriteInFlightAndItLeavesNoFiles) {
+  AbortWatchdog watchdog(absl::Hours(1), nullptr);
+  BackgroundSaves saves(&watchdog);
+  ReleaseOnExit release{&files_};
+  const std::string dir = Dir("aborted");
+  saves.Start("aborted", Snapshot(), dir, 0, 7);
+  ASSERT_TRUE(files_.Entered());
+  EXPECT_FALSE(saves.DrainingSince().has_value()) << "draining before any abort";
+  saves.Abort("recovering from the loss of rank 1");
+  EXPECT_TRUE(saves.DrainingSince().has_value());
+  files_.Release();
+  absl::StatusOr<v1::CommandResult> result = saves.Await("aborted", absl::InfiniteFuture());
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->seq(), 7u);
+  const absl::Status written = StatusFromProto(result->checkpoint_status());
+  EXPECT_EQ(written.code(), absl::StatusCode::kAborted) << written;
+  EXPECT_THAT(std::string(written.message()), HasSubstr("the save was aborted after 0 of"));
+  EXPECT_EQ(result->files_size(), 0);
+  EXPECT_TRUE(Empty(dir)) << "the aborted write left files";
+  EXPECT_FALSE(saves.DrainingSince().has_value()) << "a write that returned still drains";
+}
+
+TEST_F(BackgroundSavesTest, AWriteStartedAfterTheAbortWritesNothing) {
+  files_.Release();  // nothing waits: the gate is open
+  BackgroundSaves saves;
+  saves.Abort("re-configured for epoch 3");
+  const std::string dir = Dir("late");
+  saves.Start("late", Snapshot(), dir, 0, 9);
+  absl::StatusOr<v1::CommandResult> result = saves.Await("late", absl::InfiniteFuture());
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(StatusFromProto(result->checkpoint_status()).code(), absl::StatusCode::kAborted);
+  EXPECT_TRUE(Empty(dir));
+}
+
+TEST_F(BackgroundSavesTest, WithoutAnAbortTheWriteCompletes) {
+  files_.Release();
+  BackgroundSaves saves;
+  const std::string dir = Dir("whole");
+  saves.Start("whole", Snapshot(), dir, 0, 4);
+  absl::StatusOr<v1::CommandResult> result = saves.Await("whole", absl::InfiniteFuture());
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_TRUE(StatusFromProto(result->checkpoint_status()).ok());
+  ASSERT_EQ(result->files_size(), 2);  // model and optimizer
+  for (const auto& f : result->files()) {
+    EXPECT_EQ(fs::file_size(absl::StrCat(dir, "/", f.name())), f.bytes());
+  }
+}
+
+TEST_F(BackgroundSavesTest, AWriteThatDoesNotLetGoIsReportedToTheWatchdog) {
+  Wedged wedged;
+  AbortWatchdog watchdog(absl::Milliseconds(50), wedged.Sink());
+  BackgroundSaves saves(&watchdog);
+  ReleaseOnExit release{&files_};
+  saves.Start("stuck", Snapshot(), Dir("stuck"), 0, 12);
+  ASSERT_TRUE(files_.Entered());
+  saves.Abort("the coordinator went silent");
+  std::future<std::string> report = wedged.what.get_future();
+  ASSERT_EQ(report.wait_for(std::chrono::seconds(30)), std::future_status::ready)
+      << "the watchdog was not told";
+  const std::string what = report.get();
+  EXPECT_THAT(what, HasSubstr("async save of batch seq 12 into 'stuck' on rank 0"));
+  EXPECT_THAT(what, HasSubstr("(aborted: the coordinator went silent)"));
+  EXPECT_TRUE(saves.DrainingSince().has_value());
+  files_.Release();  // the write returns, aborted
+  absl::StatusOr<v1::CommandResult> result = saves.Await("stuck", absl::InfiniteFuture());
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(StatusFromProto(result->checkpoint_status()).code(), absl::StatusCode::kAborted);
+}
+
+}  // namespace
+}  // namespace flatshard
