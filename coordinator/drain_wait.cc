@@ -24,10 +24,10 @@ absl::StatusOr<v1::GetStatusResponse> AwaitDrained(absl::StatusOr<v1::GetStatusR
   while (answer.ok() && answer->draining_ms() > 0) {
     if (stopping && stopping()) return answer;
     if (absl::Now() >= until) {
-      absl::Status wedged = absl::UnavailableError(
-          absl::StrCat(who, ": its aborted batch has not let go for ", answer->draining_ms(),
-                       " ms, past its abort grace of ", answer->abort_grace_ms(),
-                       " ms: it is wedged and not kept"));
+      absl::Status wedged = absl::UnavailableError(absl::StrCat(
+          who, ": its aborted work (a batch or an async save's write) has not let go for ",
+          answer->draining_ms(), " ms, past its abort grace of ", answer->abort_grace_ms(),
+          " ms: it is wedged and not kept"));
       spdlog::warn("{}", std::string(wedged.message()));
       return wedged;
     }

@@ -274,7 +274,21 @@ absl::Status CheckpointReader::FinishShare(bool deliver, const std::function<boo
     std::sort(reads.begin(), reads.end(),
               [](const DeferredRead& a, const DeferredRead& b) { return a.offset < b.offset; });
     const SafetensorsReader& file = *open_.at(file_name);
-    for (const DeferredRead& r : reads) RETURN_IF_ERROR(file.ReadBytes(r.offset, r.out));
+    for (const DeferredRead& r : reads) RETURN_IF_ERROR(ReadStoppable(file, r, stop));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckpointReader::ReadStoppable(const SafetensorsReader& file,
+                                             const DeferredRead& read,
+                                             const std::function<bool()>& stop) {
+  for (size_t k = 0; k < read.out.size(); k += kStopChunk) {
+    if (stop && stop()) {
+      return absl::AbortedError(
+          absl::StrCat("reading ", file.path(), " was aborted at byte ", read.offset + k));
+    }
+    RETURN_IF_ERROR(file.ReadBytes(
+        read.offset + k, read.out.subspan(k, std::min<size_t>(kStopChunk, read.out.size() - k))));
   }
   return absl::OkStatus();
 }
@@ -292,7 +306,7 @@ absl::Status CheckpointReader::HashWhileReading(size_t index, bool deliver,
       // Two reads of the same bytes (not what a stage asks): read them as
       // asked, and hash the file on its own.
       if (deliver) {
-        for (const DeferredRead& r : reads) RETURN_IF_ERROR(file.ReadBytes(r.offset, r.out));
+        for (const DeferredRead& r : reads) RETURN_IF_ERROR(ReadStoppable(file, r, stop));
       }
       reads.clear();
       break;
@@ -301,7 +315,7 @@ absl::Status CheckpointReader::HashWhileReading(size_t index, bool deliver,
   if (!deliver) reads.clear();
   // Chunks small enough that the bytes just read are still in the cache
   // when they are hashed.
-  constexpr uint64_t kChunk = uint64_t{1} << 20;
+  constexpr uint64_t kChunk = kStopChunk;
   std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> state(XXH3_createState(),
                                                                  &XXH3_freeState);
   XXH3_64bits_reset(state.get());

@@ -83,8 +83,9 @@ class CheckpointReader {
   // FinishShare(false) only verifies: after a staging that failed, whose
   // spans may be gone. Reads that are not deferred work as ever, before and
   // after. `stop` (if set) is asked before each MiB FinishShare reads: once
-  // it answers true the share ends ABORTED, unverified and undelivered (a
-  // load whose job was aborted lets go instead of streaming on).
+  // it answers true the share ends ABORTED, unverified, with the callers'
+  // spans partly written (a load whose job was aborted lets go instead of
+  // streaming on, and throws its staging away).
   // FAILED_PRECONDITION for a second share of the same reader.
   absl::Status BeginShare(int index, int count);
   absl::Status ReadRangeDeferred(absl::string_view kind, const std::string& name,
@@ -131,10 +132,19 @@ class CheckpointReader {
   // (as the file is hashed for the share's files, after them for the rest).
   absl::Status ReadPart(const std::string& file_name, absl::string_view name, uint64_t begin,
                         std::span<float> out, bool defer);
+  // A read waiting for FinishShare: file bytes [offset, offset + out.size()).
+  struct DeferredRead {
+    uint64_t offset = 0;
+    std::span<char> out;
+  };
   // Reads hash unit `index` start to end, the deferred reads straight into
   // their spans and the rest through a buffer, hashing every byte once, and
   // checks the hash against the manifest.
   absl::Status HashWhileReading(size_t index, bool deliver, const std::function<bool()>& stop);
+  // `read`, a MiB at a time, asking `stop` (if set) before each.
+  static absl::Status ReadStoppable(const SafetensorsReader& file, const DeferredRead& read,
+                                    const std::function<bool()>& stop);
+  static constexpr size_t kStopChunk = size_t{1} << 20;
   // A version 2 SHARDED file's pieces: tensor name -> element offset (each a
   // 1-D tensor), parsed once per file.
   absl::StatusOr<const ElementOffsets*> PieceOffsets(const std::string& file_name);
@@ -147,11 +157,6 @@ class CheckpointReader {
   CheckpointManifest manifest_;
   std::map<std::string, std::unique_ptr<SafetensorsReader>> open_;
   std::map<std::string, ElementOffsets> offsets_;
-  // A read waiting for FinishShare: file bytes [offset, offset + out.size()).
-  struct DeferredRead {
-    uint64_t offset = 0;
-    std::span<char> out;
-  };
   std::vector<HashUnit> units_;  // HashUnits(manifest_)
   // Each file's hash units (indices into units_), by offset: they tile it.
   std::map<std::string, std::vector<size_t>> file_units_;

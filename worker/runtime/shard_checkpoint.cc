@@ -281,17 +281,18 @@ absl::StatusOr<SavePlan> PlanSave(FsdpRuntime& runtime, v1::StateDictType type) 
 // same elements, at their places in the whole tensors of the shared files
 // (the pieces are whole tensors in file order, so each rank's writes go
 // forward through each file); rank 0 writes the 0-dim steps. No collective:
-// nothing moves between ranks, so `aborted` (if set) is asked between units.
+// nothing moves between ranks, so `aborted` (if set) is asked before each
+// piece (one tensor's part), and an aborted save lets go within one write.
 absl::Status StreamSave(SaveSource& source, const SavePlan& plan, TolerantWriter& model,
                         TolerantWriter& optim, const std::function<bool()>& aborted) {
   const bool full = plan.type == v1::FULL_STATE_DICT;
   for (size_t u = 0; u < plan.pieces.size(); ++u) {
-    if (aborted && aborted()) {
-      return absl::AbortedError(
-          absl::StrCat("the save was aborted after ", u, " of ", plan.pieces.size(), " units"));
-    }
     const float step = source.Step(u);
     for (const Piece& piece : plan.pieces[u]) {
+      if (aborted && aborted()) {
+        return absl::AbortedError(
+            absl::StrCat("the save was aborted after ", u, " of ", plan.pieces.size(), " units"));
+      }
       TolerantWriter& file = piece.optim ? optim : model;
       if (piece.source == Piece::Source::kStep) {
         if (!full || plan.rank == 0) {
@@ -344,6 +345,12 @@ ShardSaveResult FinishWriters(const std::vector<TolerantWriter*>& writers) {
 absl::StatusOr<ShardSaveResult> WriteFiles(SaveSource& source, const SavePlan& plan,
                                            const std::string& dir, FileSystem* fs,
                                            const std::function<bool()>& aborted) {
+  // Not one file for a save aborted before it began (a FULL file's header
+  // would stay behind: shared files are not removed by their writers).
+  if (aborted && aborted()) {
+    return absl::AbortedError(
+        absl::StrCat("the save was aborted after 0 of ", plan.pieces.size(), " units"));
+  }
   const bool shared = plan.type == v1::FULL_STATE_DICT;
   TolerantWriter model(absl::StrCat(dir, "/", plan.model.name), plan.model, shared, plan.rank, fs);
   TolerantWriter optim(absl::StrCat(dir, "/", plan.optim.name), plan.optim, shared, plan.rank, fs);

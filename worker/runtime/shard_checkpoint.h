@@ -81,8 +81,10 @@ struct ShardSnapshot {
 absl::StatusOr<ShardSnapshot> SnapshotShardCheckpoint(FsdpRuntime& runtime, v1::StateDictType type);
 // Writes a snapshot's files into the existing directory `dir`. File errors
 // are in write_status; an error status is one the save could not go on from
-// (a snapshot copy that failed). `aborted` (a synchronous save's runtime)
-// is asked between units: ABORTED once it says so.
+// (a snapshot copy that failed). `aborted` (the runtime's, or the
+// background saves') is asked before the files are created and before each
+// tensor's write: ABORTED once it says so, and this rank's files removed
+// (a shared FULL file goes with its abandoned directory).
 absl::StatusOr<ShardSaveResult> WriteShardSnapshot(const ShardSnapshot& snapshot,
                                                    const std::string& dir,
                                                    const std::function<bool()>& aborted = {});

@@ -6,6 +6,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "rpc/checkpoint_file_proto.h"
 #include "rpc/status_proto.h"
@@ -14,12 +15,16 @@ namespace flatshard {
 
 BackgroundSaves::~BackgroundSaves() {
   Abort("its job is gone");
-  std::map<std::string, Entry> saves;
+  Wait();
+}
+
+void BackgroundSaves::Wait() {
+  std::vector<std::shared_future<v1::CommandResult>> running;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    saves.swap(saves_);
+    for (auto& [key, entry] : saves_) running.push_back(entry.done);
   }
-  for (auto& [key, entry] : saves) entry.done.wait();
+  for (auto& save : running) save.wait();
 }
 
 void BackgroundSaves::Start(const std::string& key, ShardSnapshot snapshot, const std::string& path,
@@ -41,7 +46,7 @@ void BackgroundSaves::Start(const std::string& key, ShardSnapshot snapshot, cons
     id = ++next_id_;
     Running& write = running_[id];
     write.what = absl::StrCat("async save of batch seq ", seq, " into '", key, "' on rank ", rank);
-    if (aborted_at_.has_value()) WatchLocked(write);
+    if (abort_reason_.has_value()) WatchLocked(write);
   }
   // The snapshot is freed as soon as its files are written: the future's
   // shared state keeps the closure for as long as the entry is kept, and an
@@ -51,6 +56,8 @@ void BackgroundSaves::Start(const std::string& key, ShardSnapshot snapshot, cons
       std::async(std::launch::async, [this, id, path, rank, seq,
                                       snapshot = std::optional<ShardSnapshot>(
                                           std::move(snapshot))]() mutable {
+        // Whatever happens, the write is not left watched once it returned.
+        absl::Cleanup returned = [this, id] { Returned(id); };
         const std::function<bool()> aborted = [this] { return aborted_.load(); };
         absl::StatusOr<ShardSaveResult> written = WriteShardSnapshot(*snapshot, path, aborted);
         snapshot.reset();
@@ -65,7 +72,7 @@ void BackgroundSaves::Start(const std::string& key, ShardSnapshot snapshot, cons
         for (const CheckpointFile& f : written->files) {
           CheckpointFileToProto(f, result.add_files());
         }
-        Returned(id);  // before the future is ready: the destructor waits for that
+        std::move(returned).Invoke();  // before the future is ready, which the destructor waits for
         return result;
       }).share();
   std::lock_guard<std::mutex> lock(mu_);
@@ -75,21 +82,29 @@ void BackgroundSaves::Start(const std::string& key, ShardSnapshot snapshot, cons
 void BackgroundSaves::Abort(const std::string& reason) {
   aborted_.store(true);
   std::lock_guard<std::mutex> lock(mu_);
-  if (aborted_at_.has_value()) return;
-  aborted_at_ = std::chrono::steady_clock::now();
+  if (abort_reason_.has_value()) return;
   abort_reason_ = reason;
   for (auto& [id, write] : running_) WatchLocked(write);
 }
 
 std::optional<std::chrono::steady_clock::time_point> BackgroundSaves::DrainingSince() const {
   std::lock_guard<std::mutex> lock(mu_);
-  if (running_.empty()) return std::nullopt;
-  return aborted_at_;
+  std::optional<std::chrono::steady_clock::time_point> latest;
+  for (const auto& [id, write] : running_) {
+    if (write.watched_since.has_value() &&
+        (!latest.has_value() || *write.watched_since > *latest)) {
+      latest = write.watched_since;
+    }
+  }
+  return latest;
 }
 
 void BackgroundSaves::WatchLocked(Running& write) {
-  if (watchdog_ == nullptr || write.token != 0) return;
-  write.token = watchdog_->Arm(absl::StrCat(write.what, " (aborted: ", abort_reason_, ")"));
+  if (write.watched_since.has_value()) return;
+  write.watched_since = std::chrono::steady_clock::now();
+  if (watchdog_ != nullptr) {
+    write.token = watchdog_->Arm(absl::StrCat(write.what, " (aborted: ", *abort_reason_, ")"));
+  }
 }
 
 void BackgroundSaves::Returned(uint64_t id) {

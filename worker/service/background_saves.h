@@ -58,11 +58,15 @@ class BackgroundSaves {
   absl::StatusOr<v1::CommandResult> Await(const std::string& key, absl::Time deadline);
 
   // The job these saves belong to was aborted (`reason`): every write, the
-  // running ones and any started later, stops at its next unit, and the
-  // watchdog watches each one still running. Later calls change nothing.
+  // running ones and any started later, stops before its next tensor, and
+  // the watchdog watches each one still running. Later calls change nothing.
   void Abort(const std::string& reason);
 
-  // When the abort reached a write that is still running; none when no
+  // Waits for every write in flight.
+  void Wait();
+
+  // Since when the aborted write that is still running and was watched last
+  // has been watched (the one whose verdict comes last); none when no
   // aborted write runs.
   std::optional<std::chrono::steady_clock::time_point> DrainingSince() const;
 
@@ -72,13 +76,15 @@ class BackgroundSaves {
     std::shared_future<v1::CommandResult> done;
   };
   // A write that has not returned: what it is, for the watchdog's report,
-  // and the watchdog's token once an abort armed it.
+  // and since when it is watched (with the watchdog's token, if any) once an
+  // abort reached it.
   struct Running {
     std::string what;
+    std::optional<std::chrono::steady_clock::time_point> watched_since;
     uint64_t token = 0;
   };
 
-  // Arms the watchdog for `write`, once. Needs mu_ and the abort.
+  // Starts watching `write`, once. Needs mu_ and the abort.
   void WatchLocked(Running& write);
   // The writer's last act: `id` returned.
   void Returned(uint64_t id);
@@ -89,8 +95,7 @@ class BackgroundSaves {
   std::map<std::string, Entry> saves_;   // by key, until awaited
   std::map<uint64_t, Running> running_;  // by id
   uint64_t next_id_ = 0;
-  std::string abort_reason_;
-  std::optional<std::chrono::steady_clock::time_point> aborted_at_;
+  std::optional<std::string> abort_reason_;  // set once aborted
 };
 
 }  // namespace flatshard

@@ -118,9 +118,10 @@ WorkerStatus WorkerServiceImpl::Status() const {
   // Whatever an abort reached and still runs: the batch, or the background
   // writes of the job (or, while a Configure waits for them, of the job it
   // replaced).
-  std::optional<std::chrono::steady_clock::time_point> writes = retired_draining_since_;
-  if (job_ != nullptr) writes = job_->saves.DrainingSince();
-  status.draining = std::max(batch_.Draining(), DrainingFor(writes));
+  const ActiveJob* writing = retiring_ != nullptr ? retiring_.get() : job_.get();
+  status.draining =
+      std::max(batch_.Draining(),
+               DrainingFor(writing != nullptr ? writing->saves.DrainingSince() : std::nullopt));
   return status;
 }
 
@@ -148,7 +149,8 @@ WorkerSnapshot WorkerServiceImpl::Snapshot() const {
   return snapshot;
 }
 
-void WorkerServiceImpl::AbortJob(const std::string& reason, uint64_t epoch) {
+void WorkerServiceImpl::AbortJob(const std::string& reason, uint64_t epoch,
+                                 BackgroundWrites writes) {
   std::shared_ptr<ActiveJob> job;
   {
     std::lock_guard<std::mutex> lock(state_mu_);
@@ -162,8 +164,10 @@ void WorkerServiceImpl::AbortJob(const std::string& reason, uint64_t epoch) {
     status_.abort_reason = reason;
   }
   job->runtime->Abort(reason);
-  // The coordinator abandons the epoch's async checkpoints with it.
-  job->saves.Abort(reason);
+  // The coordinator abandons the epoch's async checkpoints with it. (On a
+  // shutdown the job's last owner stops the writes left, once nobody can
+  // collect them.)
+  if (writes == BackgroundWrites::kStop) job->saves.Abort(reason);
 }
 
 grpc::Status WorkerServiceImpl::Configure(grpc::ServerContext* /*context*/,
@@ -206,18 +210,24 @@ grpc::Status WorkerServiceImpl::Configure(grpc::ServerContext* /*context*/,
     {
       std::lock_guard<std::mutex> lock(state_mu_);
       old = std::move(job_);
+      retiring_ = old;
       status_ = WorkerStatus{job->rank, job->epoch, 0, "configuring", "", absl::ZeroDuration()};
-      if (old != nullptr) retired_draining_since_ = old->saves.DrainingSince();
     }
-    // Destroyed outside state_mu_: it waits for the old epoch's background
-    // writes (aborted above, and watched) and closes its Gloo pairs, and
-    // heartbeats (Status) must not wait on that, or a healthy survivor is
-    // declared dead while it re-forms.
-    old.reset();
+    // Outside state_mu_, for heartbeats (Status) must not wait on it, or a
+    // healthy survivor is declared dead while it re-forms: the old epoch's
+    // background writes end (aborted, and watched, even if an abort that
+    // raced this one has not reached them yet), then its runtime closes its
+    // Gloo pairs. Waited for here, not by whoever drops the job last (an
+    // AwaitSave may still hold it).
+    if (old != nullptr) {
+      old->saves.Abort(absl::StrCat("re-configured for epoch ", job->epoch));
+      old->saves.Wait();
+    }
     {
       std::lock_guard<std::mutex> lock(state_mu_);
-      retired_draining_since_.reset();
+      retiring_.reset();
     }
+    old.reset();
     absl::Status built = [&]() -> absl::Status {
       ASSIGN_OR_RETURN(compute::DataSourceOptions data_options,
                        DataOptionsFromJob(job->config, options_.data_dir));

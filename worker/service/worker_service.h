@@ -10,12 +10,10 @@
 #define FLATSHARD_WORKER_SERVICE_WORKER_SERVICE_H_
 
 #include <array>
-#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <string>
 
 #include "absl/time/time.h"
@@ -99,10 +97,17 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
   grpc::Status Abort(grpc::ServerContext* context, const v1::AbortRequest* request,
                      v1::AbortResponse* response) override;
 
-  // Fails the collectives of the current job, if any (idempotent). With
+  // What an abort does to the job's async saves' background writes: stop
+  // them (a job that failed has its checkpoints abandoned by the
+  // coordinator), or let them finish (the daemon shutting down: an AwaitSave
+  // in flight, which the server lets finish, may still commit the save).
+  enum class BackgroundWrites { kStop, kFinish };
+  // Fails the collectives of the current job, if any, and acts on its async
+  // saves' background writes (idempotent). With
   // `epoch` set, only a job of that epoch or older: an abort decided against
   // one epoch and carried out after a Configure leaves the newer one alone.
-  void AbortJob(const std::string& reason, uint64_t epoch = 0);
+  void AbortJob(const std::string& reason, uint64_t epoch = 0,
+                BackgroundWrites writes = BackgroundWrites::kStop);
   WorkerStatus Status() const;
   WorkerSnapshot Snapshot() const;
   // Called (outside the service's locks) after every batch ends: the
@@ -149,10 +154,10 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
                                  // retired_draining_since_
   std::function<void()> batch_end_observer_;
   std::shared_ptr<ActiveJob> job_;
-  // While a Configure waits for the replaced job's aborted background
-  // writes (job_ is already gone): since when they drain, for GetStatus, so
-  // a recovery's probe meanwhile waits for the watchdog's verdict too.
-  std::optional<std::chrono::steady_clock::time_point> retired_draining_since_;
+  // The job a Configure replaces, while it waits for the job's aborted
+  // background writes: GetStatus reports them draining, so a recovery's
+  // probe meanwhile waits for the watchdog's verdict too.
+  std::shared_ptr<ActiveJob> retiring_;
   // After job_: destroyed first, it waits for an exchange that still uses
   // the job's (by then aborted) snapshot communicator.
   PeerSnapshotStore peer_snapshots_;

@@ -6,6 +6,7 @@
 // that must tile them.
 #include "storage/checkpoint_reader.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -18,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 
 #include "core/sharded_tensor_pieces.h"
+#include "core/status_macros.h"
 #include "storage/durable_file.h"
 #include "storage/safetensors_file_writer.h"
 
@@ -389,6 +391,31 @@ TEST(CheckpointReaderTest, FinishShareStopsWhenAskedTo) {
       EXPECT_NE(exp_avg, std::vector<float>(8, -1.0f));
     }
   }
+}
+
+// The reads outside the share, done after it, ask too: a stop there (the
+// last ask, counted in a run that was not stopped) leaves them unread.
+TEST(CheckpointReaderTest, FinishShareStopsInTheReadsOutsideTheShare) {
+  const std::string dir = WriteCheckpoint("stopped-late", 2);
+  auto finish = [&](int stop_at, std::vector<float>& theirs, int& asked) {
+    absl::StatusOr<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::Open(dir);
+    EXPECT_TRUE(reader.ok()) << reader.status();
+    if (!reader.ok()) return reader.status();
+    RETURN_IF_ERROR((*reader)->BeginShare(0, 2));
+    RETURN_IF_ERROR((*reader)->ReadRangeDeferred("model", "fc.weight", {4, 2}, 4, theirs));
+    return (*reader)->FinishShare(/*deliver=*/true, [&] { return ++asked == stop_at; });
+  };
+  std::vector<float> theirs(4, -1.0f);
+  int asks = 0;
+  ASSERT_TRUE(finish(0, theirs, asks).ok());
+  ASSERT_EQ(theirs, (std::vector<float>{5, 6, 7, 8}));
+  ASSERT_GE(asks, 2);  // the share, then the read outside it
+  std::fill(theirs.begin(), theirs.end(), -1.0f);
+  int asked = 0;
+  const absl::Status stopped = finish(asks, theirs, asked);
+  EXPECT_EQ(stopped.code(), absl::StatusCode::kAborted) << stopped;
+  EXPECT_THAT(std::string(stopped.message()), HasSubstr("was aborted at byte"));
+  EXPECT_EQ(theirs, std::vector<float>(4, -1.0f));
 }
 
 // A share's file whose header is damaged is reported as damaged (its hash),
