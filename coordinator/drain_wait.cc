@@ -1,6 +1,7 @@
 #include "coordinator/drain_wait.h"
 
 #include <algorithm>
+#include <chrono>
 #include <string>
 #include <utility>
 
@@ -19,11 +20,13 @@ absl::StatusOr<v1::GetStatusResponse> AwaitDrained(absl::StatusOr<v1::GetStatusR
   const absl::Duration left =
       std::clamp(absl::Milliseconds(first->abort_grace_ms() - first->draining_ms()),
                  absl::ZeroDuration(), options.cap);
-  const absl::Time until = absl::Now() + left + options.margin;
+  // Steady: a wall-clock step must not cut the verdict's wait short.
+  const auto until = std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(left) +
+                     absl::ToChronoNanoseconds(options.margin);
   absl::StatusOr<v1::GetStatusResponse> answer = std::move(first);
   while (answer.ok() && answer->draining_ms() > 0) {
     if (stopping && stopping()) return answer;
-    if (absl::Now() >= until) {
+    if (std::chrono::steady_clock::now() >= until) {
       absl::Status wedged = absl::UnavailableError(absl::StrCat(
           who, ": its aborted work (a batch or an async save's write) has not let go for ",
           answer->draining_ms(), " ms, past its abort grace of ", answer->abort_grace_ms(),

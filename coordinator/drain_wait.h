@@ -1,10 +1,11 @@
-// What a recovery's probe does with a member whose aborted batch is still
-// running ("draining", GetStatusResponse.draining_ms). Such a member either
-// lets go within moments (it was only between two checks of the abort) or is
-// wedged, and then ends itself once its abort grace has passed
+// What a recovery's probe does with a member whose aborted work (its batch,
+// an async save's background write) is still running ("draining",
+// GetStatusResponse.draining_ms). Such a member either lets go within
+// moments (it was only between two checks of the abort) or is wedged, and
+// then ends itself once its abort grace has passed
 // (worker/service/abort_watchdog.h). Keeping it as a survivor at once would
 // seat it in the next epoch, whose Configure would wait behind its stuck
-// batch and fail when it exits, spending a restart. So the probe waits for
+// work and fail when it exits, spending a restart. So the probe waits for
 // the verdict, bounded by the grace the worker reported.
 #ifndef FLATSHARD_COORDINATOR_DRAIN_WAIT_H_
 #define FLATSHARD_COORDINATOR_DRAIN_WAIT_H_
@@ -31,7 +32,7 @@ struct DrainWaitOptions {
 using StatusProbe = std::function<absl::StatusOr<v1::GetStatusResponse>()>;
 
 // `first` (a member's probe answer) if nothing drains, or the worker reports
-// no grace (it never ends itself); else the answer once its batch has let go,
+// no grace (it never ends itself); else the answer once its work has let go,
 // or the failed probe of a worker that ended itself. UNAVAILABLE naming `who`
 // when it still drains past its grace plus the margin (wedged, yet alive).
 // `stopping` is asked at every poll: true returns the last answer as it is.
