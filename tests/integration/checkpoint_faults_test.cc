@@ -159,26 +159,36 @@ void PrintTo(const HungWrite& hang, std::ostream* os) {
   *os << v1::StateDictType_Name(hang.type) << " rank " << hang.rank << " " << hang.file;
 }
 
-class HungWriteTest : public ::testing::TestWithParam<HungWrite> {};
-
-TEST_P(HungWriteTest, TheWedgedWorkerEndsItselfAndTheJobRecoversOntoTheSpare) {
-  const HungWrite& hang = GetParam();
-  const std::string root = testing::MakeTempDir("ckpt-hang") + "/checkpoints";
+// A cluster of `workers` daemons checkpointing into `root` whose worker
+// `wedged` hangs for good (ignoring aborts) once 4 KiB of its file `file` of
+// checkpoint "stuck" are written: fast heartbeats, a 5 s collective timeout,
+// an 8 s abort grace, and `batch_timeout_s`.
+LocalClusterOptions HangCluster(const std::string& root, int workers, int wedged,
+                                const std::string& file, int batch_timeout_s) {
   LocalClusterOptions options;
-  options.workers = 3;  // two ranks and a spare
+  options.workers = workers;
   options.bin_dir = checkpoint_testing::BinDir();
   options.checkpoint_dir = root;
   options.heartbeat_interval_s = 0.25;
   options.heartbeat_timeout_s = 2.0;
   options.collective_timeout_s = 5;
-  // Worker i asks for rank i (checked below); every rank writes into the
-  // FULL file, so the hang goes to one worker only.
   options.worker_flags = {
-      {hang.rank,
-       {"--inject-file-faults", absl::StrCat("hang:stuck.partial/", hang.file, ":4096")}}};
+      {wedged, {"--inject-file-faults", absl::StrCat("hang:stuck.partial/", file, ":4096")}}};
   options.every_worker_flags = {"--abort-grace", "8"};
-  options.coordinator_flags = {"--batch-timeout", "20", "--configure-timeout", "30"};
-  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(options);
+  options.coordinator_flags = {"--batch-timeout", absl::StrCat(batch_timeout_s),
+                               "--configure-timeout", "30"};
+  return options;
+}
+
+class HungWriteTest : public ::testing::TestWithParam<HungWrite> {};
+
+TEST_P(HungWriteTest, TheWedgedWorkerEndsItselfAndTheJobRecoversOntoTheSpare) {
+  const HungWrite& hang = GetParam();
+  const std::string root = testing::MakeTempDir("ckpt-hang") + "/checkpoints";
+  // Two ranks and a spare. Worker i asks for rank i (checked below); every
+  // rank writes into the FULL file, so the hang goes to one worker only.
+  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster =
+      LocalCluster::Start(HangCluster(root, 3, hang.rank, hang.file, 20));
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   FlatshardClient client((*cluster)->address());
   testing::CreateAndWaitReady(client, Spec(2, true));
@@ -236,18 +246,10 @@ INSTANTIATE_TEST_SUITE_P(ShardedAndFull, HungWriteTest,
 // waited behind the write until --configure-timeout, one restart each.
 TEST(AsyncHungWriteTest, ARecoveryEndsTheWorkerWhoseBackgroundWriteIsStuck) {
   const std::string root = testing::MakeTempDir("ckpt-async-hang") + "/checkpoints";
-  LocalClusterOptions options;
-  options.workers = 4;  // two ranks and two spares
-  options.bin_dir = checkpoint_testing::BinDir();
-  options.checkpoint_dir = root;
-  options.heartbeat_interval_s = 0.25;
-  options.heartbeat_timeout_s = 2.0;
-  options.collective_timeout_s = 5;
-  options.worker_flags = {{1, {"--inject-file-faults", "hang:stuck.partial/model-rank00001:4096"}}};
-  options.every_worker_flags = {"--abort-grace", "8"};
-  // The batch timeout is also how long the commit awaits the writes.
-  options.coordinator_flags = {"--batch-timeout", "10", "--configure-timeout", "30"};
-  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(options);
+  // Two ranks and two spares; the batch timeout is also how long the commit
+  // awaits the writes.
+  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster =
+      LocalCluster::Start(HangCluster(root, 4, 1, "model-rank00001", 10));
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   FlatshardClient client((*cluster)->address());
   testing::CreateAndWaitReady(client, Spec(2, true));
