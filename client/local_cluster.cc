@@ -13,10 +13,12 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
 #include "rpc/secrets.h"
 
 #include "client/cluster_security.h"
 #include "core/status_macros.h"
+#include "core/worker_exit_codes.h"
 
 namespace flatshard {
 namespace {
@@ -200,6 +202,25 @@ absl::Status LocalCluster::RestartWorker(int i) {
   const std::string rest = line.substr(listening + strlen(kWorkerListening));
   worker_addresses_[w] = rest.substr(0, rest.find(','));
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<int>> LocalCluster::RestartWedgedWorkers() {
+  std::vector<int> wedged;
+  for (int i = 0; i < num_workers(); ++i) {
+    const std::optional<int> status = worker(i).Wait(absl::ZeroDuration());
+    if (status.has_value() && WIFEXITED(*status) && WEXITSTATUS(*status) == kWedgedExitCode) {
+      wedged.push_back(i);
+    }
+  }
+  if (wedged.empty()) return wedged;
+  // The exited daemon's registration holds its id until it has missed
+  // heartbeats for the coordinator's timeout, and the new one cannot prove
+  // it is the same daemon (it is given its id, not a state dir with the
+  // id's secret): refused before then. So wait that long first, as systemd's
+  // RestartSec does.
+  absl::SleepFor(absl::Seconds(options_.heartbeat_timeout_s + options_.heartbeat_interval_s));
+  for (int i : wedged) RETURN_IF_ERROR(RestartWorker(i));
+  return wedged;
 }
 
 bool LocalCluster::Stop() {

@@ -92,6 +92,13 @@ class LocalCluster {
   // Starts worker `i` again with the arguments it had (its id, so it keeps its
   // rank) after it died; returns once it has registered. It must have exited.
   absl::Status RestartWorker(int i);
+  // What a supervisor does for a worker that ended itself wedged (exit status
+  // kWedgedExitCode, core/worker_exit_codes.h): each such worker is started
+  // again, under its id; the indices restarted. A worker that exited any
+  // other way stays down (a kill -9 shows a recovery). Waits for nothing
+  // still running, but waits out the coordinator's heartbeat timeout before
+  // it restarts: until then the exited daemon's registration holds the id.
+  absl::StatusOr<std::vector<int>> RestartWedgedWorkers();
 
   // The directory holding this executable (for bin_dir).
   static std::string SelfDirectory();

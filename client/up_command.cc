@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 
@@ -12,6 +13,7 @@
 #include "client/cluster_security.h"
 #include "client/flatshard_client.h"
 #include "core/job_spec_yaml.h"
+#include "core/worker_exit_codes.h"
 #include "storage/spec_files.h"
 
 namespace flatshard {
@@ -98,6 +100,8 @@ int RunUpCommand(const UpCommandOptions& o, std::ostream& out, std::ostream& err
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
+  // A worker that exits: restarted if it ended itself wedged (below).
+  sigaddset(&signals, SIGCHLD);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   // Refuse bad Prometheus options before starting anything.
@@ -192,7 +196,20 @@ int RunUpCommand(const UpCommandOptions& o, std::ostream& out, std::ostream& err
       << "Ctrl-C stops the cluster." << std::endl;
 
   int signal = 0;
-  sigwait(&signals, &signal);
+  // As the daemons' supervisor: a worker that ended itself wedged holds
+  // nothing any more and is started again under its id (it grows its job
+  // back at a scheduled checkpoint); Ctrl-C or SIGTERM stops the cluster.
+  while (sigwait(&signals, &signal) == 0 && signal == SIGCHLD) {
+    absl::StatusOr<std::vector<int>> restarted = (*cluster)->RestartWedgedWorkers();
+    if (!restarted.ok()) {
+      err << "up: restarting a wedged worker: " << restarted.status().message() << std::endl;
+      continue;
+    }
+    for (int i : *restarted) {
+      out << "worker-" << i << " ended itself wedged (exit status " << kWedgedExitCode
+          << "); started it again" << std::endl;
+    }
+  }
   out << "\n" << strsignal(signal) << ": stopping the cluster..." << std::endl;
   bool clean = prometheus == nullptr || prometheus->Stop();
   clean &= (*cluster)->Stop();

@@ -33,6 +33,7 @@
 #include "client/flatshard_client.h"
 #include "client/local_cluster.h"
 #include "core/job_spec_yaml.h"
+#include "core/worker_exit_codes.h"
 #include "storage/checkpoint_convert.h"
 #include "storage/checkpoint_reader.h"
 #include "storage/durable_file.h"
@@ -40,7 +41,6 @@
 #include "tests/integration/checkpoint_harness.h"
 #include "tests/integration/multiprocess.h"
 #include "tests/integration/recovery_harness.h"
-#include "worker/service/abort_watchdog.h"
 
 namespace flatshard {
 namespace {
@@ -224,7 +224,18 @@ TEST_P(HungWriteTest, TheWedgedWorkerEndsItselfAndTheJobRecoversOntoTheSpare) {
       CheckpointReader::Open(Dir(root, "after"));
   ASSERT_TRUE(after.ok()) << after.status();
   EXPECT_TRUE((*after)->VerifyAll().ok());
-  (*cluster)->Stop();  // one daemon is gone: no clean stop to assert
+  // What `flatshard up` does as the daemons' supervisor: the wedged worker,
+  // and only it, is started again under its id and registers (a spare now).
+  absl::StatusOr<std::vector<int>> restarted = (*cluster)->RestartWedgedWorkers();
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  EXPECT_EQ(*restarted, std::vector<int>{wedged});
+  absl::StatusOr<std::vector<v1::WorkerInfo>> workers = client.ListWorkers();
+  ASSERT_TRUE(workers.ok()) << workers.status();
+  EXPECT_TRUE(std::any_of(workers->begin(), workers->end(), [&](const v1::WorkerInfo& w) {
+    return w.worker_id() == absl::StrCat("worker-", wedged) &&
+           w.address() == (*cluster)->worker_addresses()[static_cast<size_t>(wedged)];
+  })) << "the restarted worker is not registered at its new address";
+  EXPECT_TRUE((*cluster)->Stop()) << "a daemon did not stop cleanly";
 }
 
 INSTANTIATE_TEST_SUITE_P(ShardedAndFull, HungWriteTest,

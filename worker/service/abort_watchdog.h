@@ -24,10 +24,9 @@
 
 #include "absl/time/time.h"
 
-namespace flatshard {
+#include "core/worker_exit_codes.h"  // kWedgedExitCode, what the watchdog ends a worker with
 
-// The worker daemon's exit status when its watchdog ended it.
-inline constexpr int kWedgedExitCode = 3;
+namespace flatshard {
 
 class AbortWatchdog {
  public:
