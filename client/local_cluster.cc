@@ -125,19 +125,11 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
     cluster->workers_.push_back(std::move(worker));
     cluster->worker_args_.push_back(args);
   }
-  for (auto& worker : cluster->workers_) {
-    ASSIGN_OR_RETURN(std::string line, worker->ReadLine(options.start_timeout));
-    // "flatshard-worker ID rank R listening on ADDR[, metrics on ADDR]"
-    const std::vector<std::string> parts =
-        absl::StrSplit(line, absl::MaxSplits(absl::ByString(kWorkerMetrics), 1));
-    const size_t listening = parts[0].find(kWorkerListening);
-    if (listening == std::string::npos || (options.metrics && parts.size() != 2)) {
-      return absl::InternalError(
-          absl::StrCat(worker->name(), " said '", line, "' instead of its addresses"));
-    }
-    cluster->worker_addresses_.push_back(parts[0].substr(listening + strlen(kWorkerListening)));
-    if (options.metrics) cluster->worker_metrics_.push_back(parts[1]);
-    cluster->banners_.push_back(line);
+  cluster->worker_addresses_.resize(cluster->workers_.size());
+  if (options.metrics) cluster->worker_metrics_.resize(cluster->workers_.size());
+  cluster->banners_.resize(cluster->workers_.size());
+  for (size_t w = 0; w < cluster->workers_.size(); ++w) {
+    RETURN_IF_ERROR(cluster->ReadWorkerBanner(w));
   }
   return cluster;
 }
@@ -184,6 +176,23 @@ absl::Status LocalCluster::KillAndRestartCoordinator(const std::function<void()>
   return StartCoordinator(address_);
 }
 
+absl::Status LocalCluster::ReadWorkerBanner(size_t w) {
+  ChildProcess& worker = *workers_[w];
+  ASSIGN_OR_RETURN(std::string line, worker.ReadLine(options_.start_timeout));
+  // "flatshard-worker ID rank R listening on ADDR[, metrics on ADDR]"
+  const std::vector<std::string> parts =
+      absl::StrSplit(line, absl::MaxSplits(absl::ByString(kWorkerMetrics), 1));
+  const size_t listening = parts[0].find(kWorkerListening);
+  if (listening == std::string::npos || (options_.metrics && parts.size() != 2)) {
+    return absl::InternalError(
+        absl::StrCat(worker.name(), " said '", line, "' instead of its addresses"));
+  }
+  worker_addresses_[w] = parts[0].substr(listening + strlen(kWorkerListening));
+  if (options_.metrics) worker_metrics_[w] = parts[1];
+  banners_[w] = std::move(line);
+  return absl::OkStatus();
+}
+
 absl::Status LocalCluster::RestartWorker(int i) {
   const auto w = static_cast<size_t>(i);
   if (w >= workers_.size()) {
@@ -193,18 +202,12 @@ absl::Status LocalCluster::RestartWorker(int i) {
     return absl::FailedPreconditionError(absl::StrCat(workers_[w]->name(), " is still running"));
   }
   ASSIGN_OR_RETURN(workers_[w], ChildProcess::Spawn(worker_args_[w]));
-  ASSIGN_OR_RETURN(std::string line, workers_[w]->ReadLine(options_.start_timeout));
-  const size_t listening = line.find(kWorkerListening);
-  if (listening == std::string::npos) {
-    return absl::InternalError(
-        absl::StrCat(workers_[w]->name(), " said '", line, "' instead of its addresses"));
-  }
-  const std::string rest = line.substr(listening + strlen(kWorkerListening));
-  worker_addresses_[w] = rest.substr(0, rest.find(','));
-  return absl::OkStatus();
+  // Its addresses are new (port 0): its WorkerService, and its /metrics for
+  // Prometheus's targets.
+  return ReadWorkerBanner(w);
 }
 
-absl::StatusOr<std::vector<int>> LocalCluster::RestartWedgedWorkers() {
+std::vector<int> LocalCluster::WedgedWorkers() {
   std::vector<int> wedged;
   for (int i = 0; i < num_workers(); ++i) {
     const std::optional<int> status = worker(i).Wait(absl::ZeroDuration());
@@ -212,15 +215,37 @@ absl::StatusOr<std::vector<int>> LocalCluster::RestartWedgedWorkers() {
       wedged.push_back(i);
     }
   }
+  return wedged;
+}
+
+absl::StatusOr<std::vector<int>> LocalCluster::RestartWedgedWorkers(
+    const std::function<bool(absl::Duration)>& wait) {
+  std::vector<int> wedged = WedgedWorkers();
   if (wedged.empty()) return wedged;
   // The exited daemon's registration holds its id until it has missed
   // heartbeats for the coordinator's timeout, and the new one cannot prove
   // it is the same daemon (it is given its id, not a state dir with the
   // id's secret): refused before then. So wait that long first, as systemd's
   // RestartSec does.
-  absl::SleepFor(absl::Seconds(options_.heartbeat_timeout_s + options_.heartbeat_interval_s));
-  for (int i : wedged) RETURN_IF_ERROR(RestartWorker(i));
-  return wedged;
+  const absl::Duration release =
+      absl::Seconds(options_.heartbeat_timeout_s + options_.heartbeat_interval_s);
+  if (wait) {
+    if (!wait(release)) return absl::CancelledError("the restart was given up");
+  } else {
+    absl::SleepFor(release);
+  }
+  // Every one is tried; a worker whose restart fails stays down.
+  absl::Status failed;
+  std::vector<int> restarted;
+  for (int i : wedged) {
+    if (absl::Status s = RestartWorker(i); !s.ok()) {
+      if (failed.ok()) failed = s;
+      continue;
+    }
+    restarted.push_back(i);
+  }
+  if (!failed.ok()) return failed;
+  return restarted;
 }
 
 bool LocalCluster::Stop() {

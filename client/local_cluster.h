@@ -92,13 +92,18 @@ class LocalCluster {
   // Starts worker `i` again with the arguments it had (its id, so it keeps its
   // rank) after it died; returns once it has registered. It must have exited.
   absl::Status RestartWorker(int i);
-  // What a supervisor does for a worker that ended itself wedged (exit status
-  // kWedgedExitCode, core/worker_exit_codes.h): each such worker is started
-  // again, under its id; the indices restarted. A worker that exited any
-  // other way stays down (a kill -9 shows a recovery). Waits for nothing
-  // still running, but waits out the coordinator's heartbeat timeout before
-  // it restarts: until then the exited daemon's registration holds the id.
-  absl::StatusOr<std::vector<int>> RestartWedgedWorkers();
+  // The workers that ended themselves wedged (exit status kWedgedExitCode,
+  // core/worker_exit_codes.h) and were not started again; waits for none.
+  std::vector<int> WedgedWorkers();
+  // What a supervisor does for them: each is started again, under its id;
+  // the indices restarted. A worker that exited any other way stays down (a
+  // kill -9 shows a recovery). First it waits out the coordinator's
+  // heartbeat timeout, since until then the exited daemon's registration
+  // holds the id: through `wait(duration)` if set (false: give up, CANCELLED,
+  // nothing restarted), else by sleeping. Every wedged worker is tried; the
+  // first failure is returned, and its worker stays down.
+  absl::StatusOr<std::vector<int>> RestartWedgedWorkers(
+      const std::function<bool(absl::Duration)>& wait = {});
 
   // The directory holding this executable (for bin_dir).
   static std::string SelfDirectory();
@@ -106,6 +111,8 @@ class LocalCluster {
  private:
   LocalCluster() = default;
   absl::Status StartCoordinator(const std::string& listen);
+  // Reads worker `w`'s "listening on" line into its addresses and banner.
+  absl::Status ReadWorkerBanner(size_t w);
 
   LocalClusterOptions options_;
   std::string bin_;

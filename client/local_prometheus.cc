@@ -94,10 +94,17 @@ absl::Status WriteFile(const std::string& path, const std::string& text) {
   return absl::OkStatus();
 }
 
+// Whole or not at all (written aside, then renamed): Prometheus re-reads
+// the file whenever it changes, also while `up` rewrites it.
 absl::Status WriteTargets(const std::string& path, const std::vector<std::string>& targets) {
   nlohmann::json groups = nlohmann::json::array();
   groups.push_back({{"targets", targets}, {"labels", {{"cluster", "local"}}}});
-  return WriteFile(path, groups.dump(2) + "\n");
+  const std::string aside = path + ".tmp";
+  RETURN_IF_ERROR(WriteFile(aside, groups.dump(2) + "\n"));
+  std::error_code ec;
+  fs::rename(aside, path, ec);
+  if (ec) return absl::UnavailableError(absl::StrCat("cannot write ", path, ": ", ec.message()));
+  return absl::OkStatus();
 }
 
 // 200 from GET url.
@@ -179,7 +186,7 @@ absl::StatusOr<std::unique_ptr<LocalPrometheus>> LocalPrometheus::Start(
   if (ec) return absl::UnavailableError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
   RETURN_IF_ERROR(WriteFile(dir + "/prometheus.yml", config));
   RETURN_IF_ERROR(WriteTargets(dir + "/targets/coordinator.json", {coordinator}));
-  RETURN_IF_ERROR(WriteTargets(dir + "/targets/workers.json", workers));
+  RETURN_IF_ERROR(prometheus->SetWorkerTargets(workers));
 
   // A port picked here can be taken before Prometheus binds it: try again.
   const int attempts = port == 0 ? 3 : 1;
@@ -211,6 +218,10 @@ absl::StatusOr<std::unique_ptr<LocalPrometheus>> LocalPrometheus::Start(
     if (!exited.has_value()) break;
   }
   return last;
+}
+
+absl::Status LocalPrometheus::SetWorkerTargets(const std::vector<std::string>& workers) {
+  return WriteTargets(data_dir_ + "/targets/workers.json", workers);
 }
 
 bool LocalPrometheus::Stop() {

@@ -2,12 +2,14 @@
 
 #include <csignal>
 #include <cstring>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <optional>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 
 #include "client/cli_output.h"
 #include "client/cluster_security.h"
@@ -198,16 +200,46 @@ int RunUpCommand(const UpCommandOptions& o, std::ostream& out, std::ostream& err
   int signal = 0;
   // As the daemons' supervisor: a worker that ended itself wedged holds
   // nothing any more and is started again under its id (it grows its job
-  // back at a scheduled checkpoint); Ctrl-C or SIGTERM stops the cluster.
-  while (sigwait(&signals, &signal) == 0 && signal == SIGCHLD) {
-    absl::StatusOr<std::vector<int>> restarted = (*cluster)->RestartWedgedWorkers();
-    if (!restarted.ok()) {
-      err << "up: restarting a wedged worker: " << restarted.status().message() << std::endl;
-      continue;
+  // back at a scheduled checkpoint); a coordinator that exits ends the
+  // cluster; Ctrl-C or SIGTERM stops it, also during a restart's wait.
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  const auto wait_unless_stopped = [&](absl::Duration how_long) {
+    const timespec timeout = absl::ToTimespec(how_long);
+    const int got = sigtimedwait(&stop_signals, nullptr, &timeout);
+    if (got == SIGTERM || got == SIGINT) {
+      signal = got;
+      return false;
     }
-    for (int i : *restarted) {
+    return true;  // timed out (or interrupted by another signal): go on
+  };
+  while (sigwait(&signals, &signal) == 0 && signal == SIGCHLD) {
+    if (const std::optional<int> gone = (*cluster)->coordinator().Wait(absl::ZeroDuration())) {
+      err << "up: the coordinator exited (wait status " << *gone << "); stopping the cluster"
+          << std::endl;
+      break;
+    }
+    const std::vector<int> wedged = (*cluster)->WedgedWorkers();
+    if (wedged.empty()) continue;
+    absl::StatusOr<std::vector<int>> restarted =
+        (*cluster)->RestartWedgedWorkers(wait_unless_stopped);
+    if (restarted.status().code() == absl::StatusCode::kCancelled) break;  // a stop signal
+    if (!restarted.ok()) {
+      err << "up: restarting a wedged worker: " << restarted.status().message()
+          << " (it stays down)" << std::endl;
+    }
+    for (int i : wedged) {
+      if ((*cluster)->worker(i).Wait(absl::ZeroDuration()).has_value()) continue;  // not restarted
       out << "worker-" << i << " ended itself wedged (exit status " << kWedgedExitCode
           << "); started it again" << std::endl;
+    }
+    if (prometheus != nullptr) {
+      if (absl::Status targets = prometheus->SetWorkerTargets((*cluster)->worker_metrics());
+          !targets.ok()) {
+        err << "up --prometheus: " << targets.message() << std::endl;
+      }
     }
   }
   out << "\n" << strsignal(signal) << ": stopping the cluster..." << std::endl;

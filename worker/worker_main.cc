@@ -332,9 +332,7 @@ int Run(const Flags& f) {
   spdlog::info("flatshard-worker {}: {} received, shutting down", worker_id, strsignal(signal));
   heartbeat.Stop();
   service.set_batch_end_observer(nullptr);  // batches still ending must not reach it
-  // The batch in flight returns; async saves' writes may finish while the
-  // server lets the calls in flight (an AwaitSave) finish.
-  service.AbortJob("worker shutting down", 0, WorkerServiceImpl::BackgroundWrites::kFinish);
+  service.AbortJob("worker shutting down");
   metrics_server.reset();
   (*server)->Shutdown();
   return 0;

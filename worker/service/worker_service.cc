@@ -149,8 +149,7 @@ WorkerSnapshot WorkerServiceImpl::Snapshot() const {
   return snapshot;
 }
 
-void WorkerServiceImpl::AbortJob(const std::string& reason, uint64_t epoch,
-                                 BackgroundWrites writes) {
+void WorkerServiceImpl::AbortJob(const std::string& reason, uint64_t epoch) {
   std::shared_ptr<ActiveJob> job;
   {
     std::lock_guard<std::mutex> lock(state_mu_);
@@ -164,10 +163,7 @@ void WorkerServiceImpl::AbortJob(const std::string& reason, uint64_t epoch,
     status_.abort_reason = reason;
   }
   job->runtime->Abort(reason);
-  // The coordinator abandons the epoch's async checkpoints with it. (On a
-  // shutdown the job's last owner stops the writes left, once nobody can
-  // collect them.)
-  if (writes == BackgroundWrites::kStop) job->saves.Abort(reason);
+  job->saves.Abort(reason);
 }
 
 grpc::Status WorkerServiceImpl::Configure(grpc::ServerContext* /*context*/,
@@ -217,8 +213,9 @@ grpc::Status WorkerServiceImpl::Configure(grpc::ServerContext* /*context*/,
     // healthy survivor is declared dead while it re-forms: the old epoch's
     // background writes end (aborted, and watched, even if an abort that
     // raced this one has not reached them yet), then its runtime closes its
-    // Gloo pairs. Waited for here, not by whoever drops the job last (an
-    // AwaitSave may still hold it).
+    // Gloo pairs. The writes are waited for here, not by whoever drops the
+    // job last: an AwaitSave (or a metrics scrape) may still hold it for a
+    // moment, and then frees the old runtime on its own thread.
     if (old != nullptr) {
       old->saves.Abort(absl::StrCat("re-configured for epoch ", job->epoch));
       old->saves.Wait();

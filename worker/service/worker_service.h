@@ -97,17 +97,13 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
   grpc::Status Abort(grpc::ServerContext* context, const v1::AbortRequest* request,
                      v1::AbortResponse* response) override;
 
-  // What an abort does to the job's async saves' background writes: stop
-  // them (a job that failed has its checkpoints abandoned by the
-  // coordinator), or let them finish (the daemon shutting down: an AwaitSave
-  // in flight, which the server lets finish, may still commit the save).
-  enum class BackgroundWrites { kStop, kFinish };
-  // Fails the collectives of the current job, if any, and acts on its async
-  // saves' background writes (idempotent). With
+  // Fails the collectives of the current job, if any, and stops its async
+  // saves' background writes (idempotent; the coordinator abandons the
+  // checkpoints of a job that failed, and a daemon shutting down must not
+  // wait for a write that may never return). With
   // `epoch` set, only a job of that epoch or older: an abort decided against
   // one epoch and carried out after a Configure leaves the newer one alone.
-  void AbortJob(const std::string& reason, uint64_t epoch = 0,
-                BackgroundWrites writes = BackgroundWrites::kStop);
+  void AbortJob(const std::string& reason, uint64_t epoch = 0);
   WorkerStatus Status() const;
   WorkerSnapshot Snapshot() const;
   // Called (outside the service's locks) after every batch ends: the
@@ -150,8 +146,7 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
   // One batch (or configuration) at a time: a worker's runtime is single-use
   // per step, and ordering is the executor's job.
   std::mutex run_mu_;
-  mutable std::mutex state_mu_;  // guards job_, status_, batch_, batch_end_observer_ and
-                                 // retired_draining_since_
+  mutable std::mutex state_mu_;  // guards job_, retiring_, status_, batch_, batch_end_observer_
   std::function<void()> batch_end_observer_;
   std::shared_ptr<ActiveJob> job_;
   // The job a Configure replaces, while it waits for the job's aborted
