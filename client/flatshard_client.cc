@@ -364,8 +364,12 @@ absl::StatusOr<v1::JobState> FlatshardClient::WaitForState(const std::string& jo
   }
   context.TryCancel();
   grpc::Status status = reader->Finish();
+  // The coordinator may see the deadline first and end the stream CANCELLED.
+  const bool deadline_passed = status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
+                               (status.error_code() == grpc::StatusCode::CANCELLED &&
+                                absl::Now() >= absl::FromChrono(context.deadline()));
   if (!result.ok() && result.status().code() == absl::StatusCode::kDeadlineExceeded &&
-      status.error_code() != grpc::StatusCode::DEADLINE_EXCEEDED && !status.ok()) {
+      !deadline_passed && !status.ok()) {
     return Error(status);
   }
   return result;

@@ -79,31 +79,21 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
     compute_threads = ComputeThreadsPerWorker(std::thread::hardware_concurrency(), options.workers);
   }
   for (int i = 0; i < options.workers; ++i) {
-    std::vector<std::string> args = {bin + "/flatshard-worker",
-                                     "--coordinator",
-                                     cluster->address_,
-                                     "--worker-id",
-                                     absl::StrCat("worker-", i),
-                                     "--rank",
-                                     absl::StrCat(i),
-                                     "--data-dir",
-                                     options.data_dir,
-                                     "--checkpoint-dir",
-                                     options.worker_checkpoint_dirs.contains(i)
-                                         ? options.worker_checkpoint_dirs.at(i)
-                                         : options.checkpoint_dir,
-                                     "--collective-timeout",
-                                     Number(options.collective_timeout_s),
-                                     "--coordinator-timeout",
-                                     Number(options.coordinator_timeout_s),
-                                     "--metrics-listen",
-                                     metrics_listen,
-                                     "--device",
-                                     options.device,
-                                     "--comm",
-                                     options.comm,
-                                     "--command-token-file",
-                                     command_token_file};
+    std::vector<std::string> args = {
+        bin + "/flatshard-worker", "--coordinator", cluster->address_, "--worker-id",
+        absl::StrCat("worker-", i),
+        // The id's secret, kept beside the
+        // coordinator's state: a worker started
+        // again (a wedged one, or the next `up`
+        // on this state dir) proves it is the
+        // same one and is registered at once.
+        "--state-dir", cluster->state_dir_ + "/worker-seats", "--rank", absl::StrCat(i),
+        "--data-dir", options.data_dir, "--checkpoint-dir",
+        options.worker_checkpoint_dirs.contains(i) ? options.worker_checkpoint_dirs.at(i)
+                                                   : options.checkpoint_dir,
+        "--collective-timeout", Number(options.collective_timeout_s), "--coordinator-timeout",
+        Number(options.coordinator_timeout_s), "--metrics-listen", metrics_listen, "--device",
+        options.device, "--comm", options.comm, "--command-token-file", command_token_file};
     if (options.device == "cuda") {
       const int gpu =
           options.gpus.empty() ? i : options.gpus[static_cast<size_t>(i) % options.gpus.size()];
@@ -218,22 +208,10 @@ std::vector<int> LocalCluster::WedgedWorkers() {
   return wedged;
 }
 
-absl::StatusOr<std::vector<int>> LocalCluster::RestartWedgedWorkers(
-    const std::function<bool(absl::Duration)>& wait) {
+absl::StatusOr<std::vector<int>> LocalCluster::RestartWedgedWorkers() {
   std::vector<int> wedged = WedgedWorkers();
-  if (wedged.empty()) return wedged;
-  // The exited daemon's registration holds its id until it has missed
-  // heartbeats for the coordinator's timeout, and the new one cannot prove
-  // it is the same daemon (it is given its id, not a state dir with the
-  // id's secret): refused before then. So wait that long first, as systemd's
-  // RestartSec does.
-  const absl::Duration release =
-      absl::Seconds(options_.heartbeat_timeout_s + options_.heartbeat_interval_s);
-  if (wait) {
-    if (!wait(release)) return absl::CancelledError("the restart was given up");
-  } else {
-    absl::SleepFor(release);
-  }
+  // No wait first: each proves its id with the secret in its seat, so the
+  // coordinator hands it the registration the exited daemon still holds.
   // Every one is tried; a worker whose restart fails stays down.
   absl::Status failed;
   std::vector<int> restarted;
@@ -252,8 +230,11 @@ bool LocalCluster::Stop() {
   bool clean = true;
   // Workers first: the coordinator would otherwise see them miss heartbeats.
   for (auto& worker : workers_) worker->Signal(SIGTERM);
+  // One grace for them all: stopped or hung daemons cost 10 s, not 10 s each.
+  const absl::Time killed_after = absl::Now() + absl::Seconds(10);
   for (auto& worker : workers_) {
-    const int status = worker->Terminate(absl::Seconds(10));
+    const int status =
+        worker->Terminate(std::max(killed_after - absl::Now(), absl::ZeroDuration()));
     clean &= WIFEXITED(status) && WEXITSTATUS(status) == 0;
   }
   if (coordinator_ != nullptr) {

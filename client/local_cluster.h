@@ -28,8 +28,9 @@ struct LocalClusterOptions {
   double coordinator_timeout_s = 10.0;  // every worker's --coordinator-timeout
   std::string data_dir = ".";
   std::string checkpoint_dir = "checkpoints";
-  // The coordinator's --state-dir; empty: a fresh temporary directory,
-  // removed with the cluster (nothing carries over to the next cluster).
+  // The coordinator's --state-dir, and in its worker-seats/ the workers'
+  // (their ids' secrets); empty: a fresh temporary directory, removed with
+  // the cluster (nothing carries over to the next cluster).
   std::string state_dir;
   bool metrics = true;         // every daemon serves /metrics on a free loopback port
   std::string device = "cpu";  // every worker's --device: cpu, cuda or sim
@@ -97,13 +98,9 @@ class LocalCluster {
   std::vector<int> WedgedWorkers();
   // What a supervisor does for them: each is started again, under its id;
   // the indices restarted. A worker that exited any other way stays down (a
-  // kill -9 shows a recovery). First it waits out the coordinator's
-  // heartbeat timeout, since until then the exited daemon's registration
-  // holds the id: through `wait(duration)` if set (false: give up, CANCELLED,
-  // nothing restarted), else by sleeping. Every wedged worker is tried; the
-  // first failure is returned, and its worker stays down.
-  absl::StatusOr<std::vector<int>> RestartWedgedWorkers(
-      const std::function<bool(absl::Duration)>& wait = {});
+  // kill -9 shows a recovery). Every wedged worker is tried; the first
+  // failure is returned, and its worker stays down.
+  absl::StatusOr<std::vector<int>> RestartWedgedWorkers();
 
   // The directory holding this executable (for bin_dir).
   static std::string SelfDirectory();

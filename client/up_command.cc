@@ -96,6 +96,29 @@ CLI::App* AddUpCommand(CLI::App& app, UpCommandOptions& o) {
   return up;
 }
 
+namespace {
+
+// A stop signal (SIGINT, SIGTERM) that arrived while they are blocked; 0: none.
+int PendingStopSignal() {
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  const timespec now{};
+  const int got = sigtimedwait(&stop_signals, nullptr, &now);
+  return got > 0 ? got : 0;
+}
+
+int StopCluster(int signal, LocalPrometheus* prometheus, LocalCluster& cluster, std::ostream& out) {
+  out << "\n" << strsignal(signal) << ": stopping the cluster..." << std::endl;
+  bool clean = prometheus == nullptr || prometheus->Stop();
+  clean &= cluster.Stop();
+  out << (clean ? "stopped cleanly" : "stopped (some daemons had to be killed)") << std::endl;
+  return clean ? kExitOk : kExitFailed;
+}
+
+}  // namespace
+
 int RunUpCommand(const UpCommandOptions& o, std::ostream& out, std::ostream& err) {
   // Taken by sigwait below; children start with an empty mask.
   sigset_t signals;
@@ -111,6 +134,22 @@ int RunUpCommand(const UpCommandOptions& o, std::ostream& out, std::ostream& err
     if (absl::Status ok = LocalPrometheus::Check(o.prometheus_options); !ok.ok()) {
       return ReportError("up --prometheus", ok, err);
     }
+  }
+  // And a job the cluster cannot seat: it would wait for workers that never come.
+  std::optional<v1::JobSpec> spec;
+  if (!o.job_file.empty()) {
+    absl::StatusOr<v1::JobSpec> loaded = LoadJobSpecFile(o.job_file);
+    if (!loaded.ok()) return ReportError("up", loaded.status(), err);
+    if (loaded->world_size() > o.cluster.workers) {
+      return ReportError(
+          "up",
+          absl::InvalidArgumentError(absl::StrCat(
+              "--job ", o.job_file, ": world_size ", loaded->world_size(), " needs ",
+              loaded->world_size(), " workers and --workers is ", o.cluster.workers,
+              "; start with --workers ", loaded->world_size(), " or lower world_size")),
+          err);
+    }
+    spec = *std::move(loaded);
   }
   LocalClusterOptions cluster_options = o.cluster;
   if (cluster_options.state_dir.empty()) {
@@ -148,9 +187,8 @@ int RunUpCommand(const UpCommandOptions& o, std::ostream& out, std::ostream& err
   }
 
   std::string job_name;
-  if (!o.job_file.empty()) {
-    absl::StatusOr<v1::JobSpec> spec = LoadJobSpecFile(o.job_file);
-    if (!spec.ok()) return ReportError("up", spec.status(), err);
+  int signal = 0;
+  if (spec.has_value()) {
     FlatshardClient client(security ? security->AdminTarget((*cluster)->address())
                                     : CoordinatorTarget{(*cluster)->address(), {}, "", ""});
     absl::StatusOr<v1::Job> job = client.CreateJob(*spec);
@@ -158,16 +196,35 @@ int RunUpCommand(const UpCommandOptions& o, std::ostream& out, std::ostream& err
       // The state dir brought it back: continue it rather than refuse.
       job = client.GetJob(spec->name());
       if (job.ok()) {
-        out << "job '" << spec->name() << "' is in the state dir (step " << job->step()
-            << "): continuing it; delete it to start over\n";
+        out << "job '" << spec->name()
+            << "' is in the state dir: continuing it (delete it to start over)\n";
       }
     }
     if (!job.ok()) return ReportError("up", job.status(), err);
-    absl::StatusOr<v1::JobState> state =
-        client.WaitForState(spec->name(), {v1::READY}, absl::Seconds(120));
-    if (!state.ok()) return ReportError("up", state.status(), err);
+    // In slices, so that Ctrl-C (blocked for sigwait) is heard meanwhile.
+    const absl::Time give_up = absl::Now() + absl::Seconds(120);
+    absl::StatusOr<v1::JobState> state;
+    do {
+      state = client.WaitForState(spec->name(), {v1::READY}, absl::Seconds(1));
+      signal = PendingStopSignal();
+    } while (signal == 0 && state.status().code() == absl::StatusCode::kDeadlineExceeded &&
+             absl::Now() < give_up);
+    if (signal != 0) return StopCluster(signal, prometheus.get(), **cluster, out);
+    if (!state.ok()) {
+      return ReportError(
+          "up",
+          absl::Status(
+              state.status().code(),
+              absl::StrCat("job '", spec->name(), "' is not READY: ", state.status().message(),
+                           " (flatshard job status -j ", spec->name(), " says why)")),
+          err);
+    }
     job_name = spec->name();
-    out << "job '" << job_name << "' is READY (" << job->units_size() << " units)\n";
+    // The step now, not the state dir's: a continued job may have rolled
+    // back to its last checkpoint on the way to READY.
+    if (absl::StatusOr<v1::Job> ready = client.GetJob(job_name); ready.ok()) job = ready;
+    out << "job '" << job_name << "' is READY at step " << job->step() << " (" << job->units_size()
+        << " units)\n";
   }
   if (!o.address_file.empty()) {
     const std::string tmp = o.address_file + ".tmp";
@@ -197,24 +254,10 @@ int RunUpCommand(const UpCommandOptions& o, std::ostream& out, std::ostream& err
       << "  flatshard summon" << c << " -j " << job_name << " --out model.safetensors\n"
       << "Ctrl-C stops the cluster." << std::endl;
 
-  int signal = 0;
   // As the daemons' supervisor: a worker that ended itself wedged holds
   // nothing any more and is started again under its id (it grows its job
   // back at a scheduled checkpoint); a coordinator that exits ends the
-  // cluster; Ctrl-C or SIGTERM stops it, also during a restart's wait.
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGTERM);
-  sigaddset(&stop_signals, SIGINT);
-  const auto wait_unless_stopped = [&](absl::Duration how_long) {
-    const timespec timeout = absl::ToTimespec(how_long);
-    const int got = sigtimedwait(&stop_signals, nullptr, &timeout);
-    if (got == SIGTERM || got == SIGINT) {
-      signal = got;
-      return false;
-    }
-    return true;  // timed out (or interrupted by another signal): go on
-  };
+  // cluster; Ctrl-C or SIGTERM stops it.
   while (sigwait(&signals, &signal) == 0 && signal == SIGCHLD) {
     if (const std::optional<int> gone = (*cluster)->coordinator().Wait(absl::ZeroDuration())) {
       err << "up: the coordinator exited (wait status " << *gone << "); stopping the cluster"
@@ -223,9 +266,7 @@ int RunUpCommand(const UpCommandOptions& o, std::ostream& out, std::ostream& err
     }
     const std::vector<int> wedged = (*cluster)->WedgedWorkers();
     if (wedged.empty()) continue;
-    absl::StatusOr<std::vector<int>> restarted =
-        (*cluster)->RestartWedgedWorkers(wait_unless_stopped);
-    if (restarted.status().code() == absl::StatusCode::kCancelled) break;  // a stop signal
+    absl::StatusOr<std::vector<int>> restarted = (*cluster)->RestartWedgedWorkers();
     if (!restarted.ok()) {
       err << "up: restarting a wedged worker: " << restarted.status().message()
           << " (it stays down)" << std::endl;
@@ -242,11 +283,7 @@ int RunUpCommand(const UpCommandOptions& o, std::ostream& out, std::ostream& err
       }
     }
   }
-  out << "\n" << strsignal(signal) << ": stopping the cluster..." << std::endl;
-  bool clean = prometheus == nullptr || prometheus->Stop();
-  clean &= (*cluster)->Stop();
-  out << (clean ? "stopped cleanly" : "stopped (some daemons had to be killed)") << std::endl;
-  return clean ? kExitOk : kExitFailed;
+  return StopCluster(signal, prometheus.get(), **cluster, out);
 }
 
 }  // namespace flatshard

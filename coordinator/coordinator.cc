@@ -63,7 +63,9 @@ TrainingJobOptions Coordinator::JobOptions() {
     }
     return std::nullopt;
   };
-  job_options.mark_unreachable = [this](const std::string& id) { members_.MarkUnreachable(id); };
+  job_options.mark_unreachable = [this](const WorkerRecord& probed) {
+    members_.MarkUnreachable(probed.worker_id, probed.address);
+  };
   job_options.rendezvous = &store_;
   job_options.state = options_.state;
   return job_options;

@@ -161,10 +161,10 @@ std::vector<WorkerRecord> MembershipTable::List() const {
   return out;
 }
 
-void MembershipTable::MarkUnreachable(const std::string& worker_id) {
+void MembershipTable::MarkUnreachable(const std::string& worker_id, const std::string& address) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = by_id_.find(worker_id);
-  if (it == by_id_.end()) return;
+  if (it == by_id_.end() || it->second.address != address) return;
   it->second.last_heartbeat = absl::InfinitePast();
   it->second.state = "unreachable";
 }

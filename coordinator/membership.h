@@ -75,8 +75,10 @@ class MembershipTable {
   std::vector<WorkerRecord> List() const;  // by rank
   // A worker that did not answer a probe counts as stale at once, before its
   // heartbeats time out, so neither formation nor recovery picks it; its next
-  // heartbeat (a stopped process resumed) makes it live again.
-  void MarkUnreachable(const std::string& worker_id);
+  // heartbeat (a stopped process resumed) makes it live again. Only the
+  // registration at `address`, the one probed: a daemon restarted under the
+  // id at another address since (a supervisor's restart) stays live.
+  void MarkUnreachable(const std::string& worker_id, const std::string& address);
   // A restarted coordinator's registrations from its state store; each counts
   // as live only once it heartbeats again. Until then, for the liveness
   // window after `now`, a seat registered with an identity is kept for the

@@ -208,7 +208,7 @@ absl::Status TrainingJob::FormLocked(const std::vector<WorkerRecord>& members,
     const absl::StatusCode code = formed.failure.code();
     if (options_.mark_unreachable && formed.failed_rank >= 0 &&
         (code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kDeadlineExceeded)) {
-      options_.mark_unreachable(members[static_cast<size_t>(formed.failed_rank)].worker_id);
+      options_.mark_unreachable(members[static_cast<size_t>(formed.failed_rank)]);
     }
     if (failed_worker != nullptr && formed.failed_rank >= 0) {
       *failed_worker = members[static_cast<size_t>(formed.failed_rank)].worker_id;

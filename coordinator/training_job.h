@@ -50,7 +50,7 @@ struct TrainingJobOptions {
   // coordinator's membership), and how long a worker may take to answer the
   // liveness probe after a failure.
   std::function<std::vector<WorkerRecord>()> live_workers;
-  std::function<void(const std::string& worker_id)> mark_unreachable;
+  std::function<void(const WorkerRecord& probed)> mark_unreachable;
   // The rendezvous store the workers' Configure meets in: a formed epoch
   // deletes its predecessor's keys, a failed formation abandons its own so the
   // ranks still waiting there are released at once. Null: neither. Must

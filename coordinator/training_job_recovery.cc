@@ -149,7 +149,7 @@ std::vector<int> TrainingJob::ProbeMembers(
       }
     } else {
       failed.push_back(static_cast<int>(r));
-      if (options_.mark_unreachable) options_.mark_unreachable(members[r].worker_id);
+      if (options_.mark_unreachable) options_.mark_unreachable(members[r]);
     }
   }
   return failed;

@@ -72,7 +72,8 @@ struct Flags {
   double coordinator_timeout_s = 10;
   std::string inject_file_faults;  // tests only
   std::string state_dir = "./flatshard-worker-state";
-  std::string metrics_listen;  // default: --listen's host, any port
+  bool state_dir_given = false;  // with --worker-id, only a given one is used
+  std::string metrics_listen;    // default: --listen's host, any port
   TlsFiles tls;
   std::string join_token;
   std::string join_token_file;
@@ -183,9 +184,16 @@ int Run(const Flags& f) {
   // An id stable across restarts: the coordinator keeps a worker's rank by it.
   std::unique_ptr<WorkerIdentity> identity;
   std::string worker_id = f.worker_id;
-  if (worker_id.empty() && !f.state_dir.empty()) {
-    absl::StatusOr<std::unique_ptr<WorkerIdentity>> claimed = WorkerIdentity::Claim(
-        f.state_dir, f.advertise_host, *kind == DeviceKind::kCuda ? device_options.gpu : -1);
+  // With --worker-id the state dir keeps only the id's secret, and only one
+  // given explicitly: the default (under the working directory) may not be
+  // writable where ids come from the orchestrator (a read-only container).
+  const bool claim_seat = worker_id.empty() ? !f.state_dir.empty() : f.state_dir_given;
+  if (claim_seat && !f.state_dir.empty()) {
+    absl::StatusOr<std::unique_ptr<WorkerIdentity>> claimed =
+        worker_id.empty()
+            ? WorkerIdentity::Claim(f.state_dir, f.advertise_host,
+                                    *kind == DeviceKind::kCuda ? device_options.gpu : -1)
+            : WorkerIdentity::ClaimId(f.state_dir, worker_id);
     if (!claimed.ok()) {
       std::cerr << "flatshard-worker: " << claimed.status().message() << "\n";
       return 1;
@@ -194,7 +202,8 @@ int Run(const Flags& f) {
     worker_id = identity->id();
   }
   if (worker_id.empty()) worker_id = absl::StrCat(f.advertise_host, "-", getpid());
-  // Without a state dir the identity lives as long as the process.
+  // Without a seat the identity lives as long as the process: a restarted
+  // daemon is refused the id until the old registration has missed heartbeats.
   const std::string identity_secret = identity != nullptr ? identity->secret() : RandomSecret();
   grpc::ChannelArguments channel_args;
   ApplyClientKeepalive(channel_args);  // a StoreWait notices a coordinator that vanished
@@ -360,10 +369,12 @@ int Main(int argc, char** argv) {
   app.add_option("--worker-id", f.worker_id,
                  "Stable id; a restarted daemon with the same id keeps its rank (default: the id "
                  "of the seat it claims in --state-dir)");
-  app.add_option("--state-dir", f.state_dir,
-                 "Where worker ids are kept, one per seat (GPU N, or the lowest free CPU slot), "
-                 "so a restarted daemon comes back as itself. Empty: HOST-PID")
-      ->capture_default_str();
+  CLI::Option* state_dir = app.add_option(
+      "--state-dir", f.state_dir,
+      "Where worker ids and their identity secrets are kept, one per seat (GPU N, the lowest "
+      "free CPU slot, or the --worker-id given), so a restarted daemon comes back as itself "
+      "at once. Empty: HOST-PID. With --worker-id, used only when given");
+  state_dir->capture_default_str();
   app.add_option("--inject-file-faults", f.inject_file_faults,
                  "Fault-injection tests only: make checkpoint writes fail, e.g. "
                  "disk-full:NAME[:BYTES], sync-error:NAME, crash:NAME[:BYTES], hang:NAME[:BYTES] "
@@ -444,6 +455,7 @@ int Main(int argc, char** argv) {
   std::string log_level;
   flatshard::AddLogLevelFlag(app, log_level);
   CLI11_PARSE(app, argc, argv);
+  f.state_dir_given = state_dir->count() > 0;
   if (metrics_listen->count() == 0) {
     f.metrics_listen = flatshard::MetricsServer::DefaultAddress(f.listen);
   }

@@ -173,6 +173,9 @@ for variant, docs in rendered.items():
         assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
         assert flag_value(c, "--rank") == "$(POD_INDEX)"
         assert flag_value(c, "--worker-id") == "$(POD_NAME)"
+        # The id's secret survives a restart of the container (readOnlyRootFilesystem).
+        seats = mount_of(sts["spec"]["template"]["spec"], c, flag_value(c, "--state-dir"))
+        assert "emptyDir" in seats, seats
         host = flag_value(c, "--advertise-host")
         assert host == f"$(POD_NAME).{svc['metadata']['name']}.$(POD_NAMESPACE).svc", host
 

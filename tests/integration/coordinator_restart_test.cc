@@ -179,6 +179,42 @@ TEST(CoordinatorRestartTest, IdleJobIsReadoptedWithNoStepLost) {
   EXPECT_TRUE(cluster->Stop());
 }
 
+// The whole cluster stopped and started again on its state dir, as a second
+// `flatshard up` does: the new worker daemons prove their ids with the
+// secrets kept in the state dir's worker-seats/ (before, the coordinator
+// kept the restored seats for the old daemons and refused them, and the
+// cluster did not start). They hold no shards, so the job rolls back to its
+// last checkpoint (step 4) and trains on from there like the uninterrupted run.
+TEST(CoordinatorRestartTest, AClusterStartedAgainOnItsStateDirTakesItsJobBack) {
+  const std::string dir = testing::MakeTempDir("restart-cluster");
+  const v1::JobSpec spec = Job();
+  {
+    std::unique_ptr<LocalCluster> cluster = StartCluster(dir);
+    ASSERT_NE(cluster, nullptr);
+    FlatshardClient client(cluster->address());
+    CreateAndWaitReady(client, spec);
+    std::map<int64_t, double> before;
+    ASSERT_TRUE(TrainSteps(client, spec.name(), 6, &before).ok());
+    EXPECT_TRUE(cluster->Stop());
+  }
+  std::unique_ptr<LocalCluster> cluster = StartCluster(dir);
+  ASSERT_NE(cluster, nullptr);
+  FlatshardClient client(cluster->address());
+  auto ready = client.WaitForState(spec.name(), {v1::READY}, absl::Seconds(120));
+  ASSERT_TRUE(ready.ok()) << ready.status();
+  auto job = client.GetJob(spec.name());
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->step(), 4);
+  std::map<int64_t, double> losses;
+  ASSERT_TRUE(TrainSteps(client, spec.name(), 8, &losses).ok());
+  ASSERT_EQ(losses.size(), 8u);
+  const std::map<int64_t, double>& reference = Uninterrupted().losses;
+  for (const auto& [step, loss] : losses) {
+    EXPECT_EQ(loss, reference.at(step)) << "step " << step;  // bit for bit
+  }
+  EXPECT_TRUE(cluster->Stop());
+}
+
 TEST(CoordinatorRestartTest, KilledMidTrainingGoesOnFromWhereTheRanksAre) {
   const std::string dir = testing::MakeTempDir("restart-busy");
   std::unique_ptr<LocalCluster> cluster = StartCluster(dir);

@@ -1,7 +1,8 @@
 // A worker SIGKILLed in the middle of training (issue #4): the step fails
 // within the heartbeat timeout with a message naming the rank, the surviving
 // workers' collectives are aborted (they answer, idle, instead of hanging in
-// Gloo until its timeout), and the coordinator keeps serving.
+// Gloo until its timeout), and the coordinator keeps serving. And a killed
+// daemon started again at once, by its supervisor, takes its seat back.
 #include <csignal>
 #include <iostream>
 #include <memory>
@@ -11,10 +12,13 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 
+#include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 
+#include "client/child_process.h"
 #include "client/flatshard_client.h"
 #include "client/local_cluster.h"
 #include "coordinator/grpc_worker_client.h"
@@ -128,6 +132,72 @@ TEST(WorkerFailureTest, HungWorkerFailsTheStepAtTheHeartbeatTimeout) {
     EXPECT_EQ(status->state(), "aborted") << "rank " << rank;
   }
   cluster->worker(2).Signal(SIGCONT);
+}
+
+// What a supervisor (flatshard up, Slurm's loop, systemd) does after a crash:
+// start the daemon again at once, under its --worker-id. Its old
+// registration is still live (the heartbeat timeout here is a minute), and
+// the new daemon proves it is the same worker with the secret its seat in
+// --state-dir keeps, so it is registered at once, at its new address, with
+// its rank. Before, it was refused until the old registration had missed a
+// timeout's worth of heartbeats. Someone else who knows the id is still
+// refused, and a second daemon on the same seat never reaches the coordinator.
+TEST(WorkerFailureTest, ADaemonStartedAgainAtOnceProvesItIsTheSameWorker) {
+  const std::string dir = testing::MakeTempDir("worker-restart");
+  LocalClusterOptions options;
+  options.workers = 2;
+  options.bin_dir = FLATSHARD_BIN_DIR;
+  options.heartbeat_interval_s = 0.25;
+  options.heartbeat_timeout_s = 60;  // the killed daemon's registration stays live throughout
+  options.checkpoint_dir = dir + "/checkpoints";
+  options.state_dir = dir + "/state";
+  auto cluster = LocalCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  FlatshardClient client((*cluster)->address());
+  const std::string old_address = (*cluster)->worker_addresses()[1];
+  (*cluster)->worker(1).Signal(SIGKILL);
+  ASSERT_TRUE((*cluster)->worker(1).Wait(absl::Seconds(30)).has_value());
+
+  ASSERT_TRUE((*cluster)->RestartWorker(1).ok());
+  const std::string new_address = (*cluster)->worker_addresses()[1];
+  EXPECT_NE(new_address, old_address);
+  const auto registered_at = [&]() -> std::string {
+    auto workers = client.ListWorkers();
+    EXPECT_TRUE(workers.ok()) << workers.status();
+    for (const v1::WorkerInfo& w : workers.ok() ? *workers : std::vector<v1::WorkerInfo>{}) {
+      if (w.worker_id() == "worker-1") return w.address();
+    }
+    return "";
+  };
+  EXPECT_EQ(registered_at(), new_address);
+  EXPECT_THAT((*cluster)->worker_banners()[1], HasSubstr("worker-1 rank 1 "));
+
+  // A daemon's output, stderr included, and its exit status.
+  const auto run_worker = [&](const std::string& state_dir) {
+    auto daemon = ChildProcess::Spawn(
+        {"/bin/sh", "-c", "exec \"$0\" \"$@\" 2>&1",
+         std::string(FLATSHARD_BIN_DIR) + "/flatshard-worker", "--coordinator",
+         (*cluster)->address(), "--worker-id", "worker-1", "--state-dir", state_dir, "--listen",
+         "127.0.0.1:0", "--metrics-listen", "", "--command-token-file",
+         options.state_dir + "/command.token", "--connect-timeout", "10"});
+    EXPECT_TRUE(daemon.ok()) << daemon.status();
+    std::string said;
+    if (!daemon.ok()) return std::pair{said, -1};
+    absl::StatusOr<std::string> line;
+    while ((line = (*daemon)->ReadLine(absl::Seconds(30))).ok()) said += *line + "\n";
+    const std::optional<int> status = (*daemon)->Wait(absl::Seconds(30));
+    return std::pair{said, status.has_value() && WIFEXITED(*status) ? WEXITSTATUS(*status) : -1};
+  };
+  // The live daemon holds the seat: a second one on it stops before registering.
+  auto [twice, twice_status] = run_worker(options.state_dir + "/worker-seats");
+  EXPECT_EQ(twice_status, 1) << twice;
+  EXPECT_THAT(twice, HasSubstr("another flatshard-worker runs as worker id 'worker-1'"));
+  // Another state dir has another secret: the coordinator refuses it.
+  auto [foreign, foreign_status] = run_worker(dir + "/elsewhere");
+  EXPECT_EQ(foreign_status, 1) << foreign;
+  EXPECT_THAT(foreign, HasSubstr("belongs to a live worker at " + new_address));
+  EXPECT_EQ(registered_at(), new_address);
+  EXPECT_TRUE((*cluster)->Stop());
 }
 
 }  // namespace

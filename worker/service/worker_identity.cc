@@ -16,6 +16,8 @@
 #include "absl/strings/str_format.h"
 #include "rpc/secrets.h"
 
+#include "core/status_macros.h"
+
 namespace flatshard {
 namespace {
 
@@ -57,51 +59,105 @@ std::string FreshId(const std::string& host) {
   return absl::StrFormat("%s-%08x", host, random());
 }
 
-}  // namespace
-
-absl::StatusOr<std::unique_ptr<WorkerIdentity>> WorkerIdentity::Claim(const std::string& dir,
-                                                                      const std::string& host,
-                                                                      int gpu) {
+absl::Status CreateStateDir(const std::string& dir) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) {
     return absl::FailedPreconditionError(
         absl::StrCat("--state-dir ", dir, ": cannot create it: ", ec.message()));
   }
+  return absl::OkStatus();
+}
+
+// A given id's seat file: "id-" and the id, with every byte outside
+// [A-Za-z0-9._-] written as %XX so that any id makes one file name; an id
+// too long for a file name by its SHA-256 instead (the file holds the id,
+// which the claim checks).
+std::string IdSeatName(const std::string& id) {
+  std::string name = "id-";
+  for (const char c : id) {
+    if (absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-') {
+      name += c;
+    } else {
+      absl::StrAppendFormat(&name, "%%%02X", static_cast<unsigned char>(c));
+    }
+  }
+  constexpr size_t kMaxName = 200;  // NAME_MAX is 255 on Linux file systems
+  return name.size() <= kMaxName ? name : absl::StrCat("id-sha256-", Sha256Hex(id));
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<WorkerIdentity>> WorkerIdentity::Claim(const std::string& dir,
+                                                                      const std::string& host,
+                                                                      int gpu) {
+  RETURN_IF_ERROR(CreateStateDir(dir));
   // A GPU worker has one seat to try; a CPU worker the first free slot.
   const int seats = gpu >= 0 ? 1 : kMaxSlots;
   for (int k = 0; k < seats; ++k) {
     const std::string path =
         absl::StrCat(dir, "/", gpu >= 0 ? absl::StrCat("gpu-", gpu) : absl::StrCat("slot-", k));
-    const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-    if (fd < 0) {
+    ASSIGN_OR_RETURN(std::unique_ptr<WorkerIdentity> identity, TakeSeat(dir, path, host, ""));
+    if (identity != nullptr) return identity;
+    if (gpu >= 0) {
       return absl::FailedPreconditionError(
-          absl::StrCat("--state-dir ", dir, ": cannot open ", path, ": ", strerror(errno)));
+          absl::StrCat("another flatshard-worker drives GPU ", gpu, " (it holds ", path,
+                       "); give this one another --gpu or --state-dir"));
     }
-    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
-      ::close(fd);
-      if (gpu >= 0) {
-        return absl::FailedPreconditionError(
-            absl::StrCat("another flatshard-worker drives GPU ", gpu, " (it holds ", path,
-                         "); give this one another --gpu or --state-dir"));
-      }
-      continue;  // a live worker's seat
-    }
-    absl::StatusOr<Seat> seat = ReadSeat(fd, path);
-    if (seat.ok() && (seat->id.empty() || seat->secret.empty())) {
-      if (seat->id.empty()) seat->id = FreshId(host);
-      seat->secret = RandomSecret();
-      if (absl::Status written = WriteSeat(fd, path, *seat); !written.ok()) seat = written;
-    }
-    if (!seat.ok()) {
-      ::close(fd);
-      return seat.status();
-    }
-    return std::unique_ptr<WorkerIdentity>(
-        new WorkerIdentity(std::move(seat->id), std::move(seat->secret), path, fd));
   }
   return absl::ResourceExhaustedError(absl::StrCat("--state-dir ", dir, ": all ", kMaxSlots,
                                                    " worker slots are held by live workers"));
+}
+
+absl::StatusOr<std::unique_ptr<WorkerIdentity>> WorkerIdentity::ClaimId(const std::string& dir,
+                                                                        const std::string& id) {
+  if (id.empty()) return absl::InvalidArgumentError("--worker-id must not be empty");
+  RETURN_IF_ERROR(CreateStateDir(dir));
+  const std::string path = absl::StrCat(dir, "/", IdSeatName(id));
+  ASSIGN_OR_RETURN(std::unique_ptr<WorkerIdentity> identity, TakeSeat(dir, path, "", id));
+  if (identity == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("another flatshard-worker runs as worker id '", id, "' (it holds ", path,
+                     "); give this one another --worker-id or --state-dir"));
+  }
+  return identity;
+}
+
+absl::StatusOr<std::unique_ptr<WorkerIdentity>> WorkerIdentity::TakeSeat(const std::string& dir,
+                                                                         const std::string& path,
+                                                                         const std::string& host,
+                                                                         const std::string& id) {
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--state-dir ", dir, ": cannot open ", path, ": ", strerror(errno)));
+  }
+  if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    const int error = errno;
+    ::close(fd);
+    if (error == EWOULDBLOCK) return nullptr;  // a live worker's seat
+    // A file system without locks (Lustre without -o flock) cannot keep
+    // two daemons off one seat: refused rather than trusted.
+    return absl::FailedPreconditionError(
+        absl::StrCat("--state-dir ", dir, ": cannot lock ", path, ": ", strerror(error)));
+  }
+  absl::StatusOr<Seat> seat = ReadSeat(fd, path);
+  if (seat.ok() && !id.empty() && !seat->id.empty() && seat->id != id) {
+    // Only a hash collision of two long ids, or a hand-edited file.
+    seat = absl::FailedPreconditionError(absl::StrCat(
+        "--state-dir ", dir, ": ", path, " holds id '", seat->id, "', not '", id, "'"));
+  }
+  if (seat.ok() && (seat->id.empty() || seat->secret.empty())) {
+    if (seat->id.empty()) seat->id = id.empty() ? FreshId(host) : id;
+    seat->secret = RandomSecret();
+    if (absl::Status written = WriteSeat(fd, path, *seat); !written.ok()) seat = written;
+  }
+  if (!seat.ok()) {
+    ::close(fd);
+    return seat.status();
+  }
+  return std::unique_ptr<WorkerIdentity>(
+      new WorkerIdentity(std::move(seat->id), std::move(seat->secret), path, fd));
 }
 
 WorkerIdentity::~WorkerIdentity() { ::close(fd_); }

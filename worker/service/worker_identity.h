@@ -11,6 +11,12 @@
 // fresh id into it (HOST-xxxxxxxx, random), durably, with an identity secret
 // (file mode 0600) that proves to the coordinator that a re-registration
 // under the id comes from this seat's daemon, not from someone who read the id.
+//
+// A daemon given its id (--worker-id) claims that id's seat, "id-<id>": it
+// keeps only the secret, so the daemon restarted under the id proves it is
+// the same one and takes its registration back at once, rather than being
+// refused until the old one has missed heartbeats for the coordinator's
+// timeout (docs/fault-tolerance.md, "Stable worker ids").
 #ifndef FLATSHARD_WORKER_SERVICE_WORKER_IDENTITY_H_
 #define FLATSHARD_WORKER_SERVICE_WORKER_IDENTITY_H_
 
@@ -29,6 +35,10 @@ class WorkerIdentity {
   // the directory or the file and what is wrong with it.
   static absl::StatusOr<std::unique_ptr<WorkerIdentity>> Claim(const std::string& dir,
                                                                const std::string& host, int gpu);
+  // The seat of the given id; FAILED_PRECONDITION while another live daemon
+  // on this state dir holds it.
+  static absl::StatusOr<std::unique_ptr<WorkerIdentity>> ClaimId(const std::string& dir,
+                                                                 const std::string& id);
   ~WorkerIdentity();  // releases the seat
   WorkerIdentity(const WorkerIdentity&) = delete;
   WorkerIdentity& operator=(const WorkerIdentity&) = delete;
@@ -40,6 +50,12 @@ class WorkerIdentity {
  private:
   WorkerIdentity(std::string id, std::string secret, std::string path, int fd)
       : id_(std::move(id)), secret_(std::move(secret)), path_(std::move(path)), fd_(fd) {}
+  // Locks the seat file `path` and reads it (writing a fresh id, or `id`,
+  // and a secret into a new one); nullptr when a live daemon holds it.
+  static absl::StatusOr<std::unique_ptr<WorkerIdentity>> TakeSeat(const std::string& dir,
+                                                                  const std::string& path,
+                                                                  const std::string& host,
+                                                                  const std::string& id);
 
   std::string id_;
   std::string secret_;

@@ -107,8 +107,10 @@ TEST(MembershipTableTest, UnreachableIsStaleUntilTheNextHeartbeat) {
   const absl::Time t0 = absl::FromUnixSeconds(1000);
   auto a = table.Register(Reg("w-a", "h", "cpu", "h:1", -1, "", "cpu"), t0);
   ASSERT_TRUE(a.ok());
-  table.MarkUnreachable("w-a");
-  table.MarkUnreachable("w-unknown");  // ignored
+  table.MarkUnreachable("w-a", "h:9");  // another registration's address: ignored
+  EXPECT_TRUE(table.Stale(t0, absl::Seconds(5)).empty());
+  table.MarkUnreachable("w-a", "h:1");
+  table.MarkUnreachable("w-unknown", "h:1");  // ignored
   auto stale = table.Stale(t0, absl::Seconds(5));
   ASSERT_EQ(stale.size(), 1u);
   EXPECT_EQ(stale[0].state, "unreachable");

@@ -65,5 +65,55 @@ TEST(WorkerIdentityTest, AnUnusableDirectoryIsNamed) {
   EXPECT_THAT(claimed.status().message(), HasSubstr("--state-dir " + file + "/ids"));
 }
 
+TEST(WorkerIdentityTest, AGivenIdKeepsItsSecretAcrossRestartsAndOneDaemonHoldsIt) {
+  const std::string dir = FreshDir("given");
+  auto first = WorkerIdentity::ClaimId(dir, "rank-3");
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ((*first)->id(), "rank-3");
+  EXPECT_EQ((*first)->seat_file(), dir + "/id-rank-3");
+  EXPECT_FALSE((*first)->secret().empty());
+  EXPECT_EQ(fs::status((*first)->seat_file()).permissions() & fs::perms::all,
+            fs::perms::owner_read | fs::perms::owner_write);
+  auto twice = WorkerIdentity::ClaimId(dir, "rank-3");
+  ASSERT_FALSE(twice.ok());
+  EXPECT_EQ(twice.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(twice.status().message(),
+              HasSubstr("another flatshard-worker runs as worker id 'rank-3'"));
+  // Another id is another seat, with its own secret.
+  auto other = WorkerIdentity::ClaimId(dir, "rank-4");
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_NE((*other)->secret(), (*first)->secret());
+  const std::string secret = (*first)->secret();
+  first->reset();  // the daemon dies
+  auto restarted = WorkerIdentity::ClaimId(dir, "rank-3");
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  EXPECT_EQ((*restarted)->secret(), secret);
+}
+
+TEST(WorkerIdentityTest, AnyGivenIdMakesOneFileName) {
+  const std::string dir = FreshDir("names");
+  // Path separators, spaces and bytes outside ASCII are escaped.
+  auto odd = WorkerIdentity::ClaimId(dir, "../pod 7/\xc3\xa9");
+  ASSERT_TRUE(odd.ok()) << odd.status();
+  EXPECT_EQ((*odd)->seat_file(), dir + "/id-..%2Fpod%207%2F%C3%A9");
+  EXPECT_EQ((*odd)->id(), "../pod 7/\xc3\xa9");
+  // An id too long for a file name is kept under its hash.
+  const std::string long_id(250, 'x');
+  auto hashed = WorkerIdentity::ClaimId(dir, long_id);
+  ASSERT_TRUE(hashed.ok()) << hashed.status();
+  EXPECT_THAT((*hashed)->seat_file(), StartsWith(dir + "/id-sha256-"));
+  EXPECT_EQ((*hashed)->id(), long_id);
+  EXPECT_EQ(WorkerIdentity::ClaimId(dir, "").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(WorkerIdentityTest, ASeatHoldingAnotherIdIsRefused) {
+  const std::string dir = FreshDir("mismatch");
+  fs::create_directories(dir);
+  { std::ofstream(dir + "/id-a") << "b\nsecret\n"; }
+  auto claimed = WorkerIdentity::ClaimId(dir, "a");
+  ASSERT_FALSE(claimed.ok());
+  EXPECT_THAT(claimed.status().message(), HasSubstr("holds id 'b', not 'a'"));
+}
+
 }  // namespace
 }  // namespace flatshard
