@@ -8,6 +8,7 @@
 // the abort lands while the write is known to be in flight, with no sleep.
 #include "worker/service/background_saves.h"
 
+#include <atomic>
 #include <chrono>
 #include <filesystem>
 #include <functional>
@@ -231,6 +232,32 @@ TEST_F(BackgroundSavesTest, AWriteThatDoesNotLetGoIsReportedToTheWatchdog) {
   absl::StatusOr<v1::CommandResult> result = saves.Await("stuck", absl::InfiniteFuture());
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_EQ(StatusFromProto(result->checkpoint_status()).code(), absl::StatusCode::kAborted);
+}
+
+// A caller that gives up (the coordinator cancelled the AwaitSave call)
+// frees the waiting thread without waiting out its deadline, and the save's
+// outcome is still there for a later Await.
+TEST_F(BackgroundSavesTest, AnAwaitWhoseCallerGivesUpReturnsAndTheOutcomeStays) {
+  BackgroundSaves saves;
+  ReleaseOnExit release{&files_};
+  saves.Start("held", Snapshot(), Dir("held"), 0, 5);
+  ASSERT_TRUE(files_.Entered());
+  std::atomic<bool> gave_up{false};
+  std::future<absl::StatusOr<v1::CommandResult>> waiting = std::async(std::launch::async, [&] {
+    return saves.Await("held", absl::InfiniteFuture(), [&] { return gave_up.load(); });
+  });
+  gave_up.store(true);
+  ASSERT_EQ(waiting.wait_for(std::chrono::seconds(30)), std::future_status::ready)
+      << "the wait did not notice its caller gave up";
+  absl::StatusOr<v1::CommandResult> cancelled = waiting.get();
+  EXPECT_EQ(cancelled.status().code(), absl::StatusCode::kCancelled) << cancelled.status();
+  EXPECT_THAT(std::string(cancelled.status().message()), HasSubstr("'held'"));
+  files_.Release();
+  absl::StatusOr<v1::CommandResult> result =
+      saves.Await("held", absl::InfiniteFuture(), [] { return false; });
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->seq(), 5u);
+  EXPECT_TRUE(StatusFromProto(result->checkpoint_status()).ok());
 }
 
 }  // namespace

@@ -1,8 +1,10 @@
 #include "worker/service/background_saves.h"
 
+#include <algorithm>
 #include <chrono>
 #include <functional>
 #include <optional>
+#include <system_error>
 #include <utility>
 #include <vector>
 
@@ -33,13 +35,7 @@ void BackgroundSaves::Start(const std::string& key, ShardSnapshot snapshot, cons
   // checkpoint failed elsewhere) may still be running, and must not write
   // beside the next (a FULL save's files are opened by every rank, without
   // O_EXCL) or hold a second snapshot's memory.
-  std::vector<std::shared_future<v1::CommandResult>> running;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (auto& [name, entry] : saves_) running.push_back(entry.done);
-    saves_.erase(key);
-  }
-  for (auto& save : running) save.wait();
+  Wait();
   uint64_t id = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -52,29 +48,43 @@ void BackgroundSaves::Start(const std::string& key, ShardSnapshot snapshot, cons
   // shared state keeps the closure for as long as the entry is kept, and an
   // entry the coordinator stopped awaiting (a commit that gave up) stays
   // until the next save into the same directory.
-  std::shared_future<v1::CommandResult> save =
-      std::async(std::launch::async, [this, id, path, rank, seq,
-                                      snapshot = std::optional<ShardSnapshot>(
-                                          std::move(snapshot))]() mutable {
-        // Whatever happens, the write is not left watched once it returned.
-        absl::Cleanup returned = [this, id] { Returned(id); };
-        const std::function<bool()> aborted = [this] { return aborted_.load(); };
-        absl::StatusOr<ShardSaveResult> written = WriteShardSnapshot(*snapshot, path, aborted);
-        snapshot.reset();
-        // Not readable, or aborted: reported like a file error.
-        if (!written.ok()) written = ShardSaveResult{{}, written.status()};
-        v1::CommandResult result;
-        result.set_seq(seq);
-        result.set_rank(rank);
-        if (!written->write_status.ok()) {
-          *result.mutable_checkpoint_status() = StatusToProto(written->write_status);
-        }
-        for (const CheckpointFile& f : written->files) {
-          CheckpointFileToProto(f, result.add_files());
-        }
-        std::move(returned).Invoke();  // before the future is ready, which the destructor waits for
-        return result;
-      }).share();
+  auto write = [this, id, path, rank, seq,
+                snapshot = std::optional<ShardSnapshot>(std::move(snapshot))]() mutable {
+    // Whatever happens, the write is not left watched once it returned.
+    absl::Cleanup returned = [this, id] { Returned(id); };
+    const std::function<bool()> aborted = [this] { return aborted_.load(); };
+    absl::StatusOr<ShardSaveResult> written = WriteShardSnapshot(*snapshot, path, aborted);
+    snapshot.reset();
+    // Not readable, or aborted: reported like a file error.
+    if (!written.ok()) written = ShardSaveResult{{}, written.status()};
+    v1::CommandResult result;
+    result.set_seq(seq);
+    result.set_rank(rank);
+    if (!written->write_status.ok()) {
+      *result.mutable_checkpoint_status() = StatusToProto(written->write_status);
+    }
+    for (const CheckpointFile& f : written->files) {
+      CheckpointFileToProto(f, result.add_files());
+    }
+    std::move(returned).Invoke();  // before the future is ready, which the destructor waits for
+    return result;
+  };
+  std::shared_future<v1::CommandResult> save;
+  try {
+    save = std::async(std::launch::async, std::move(write)).share();
+  } catch (const std::system_error& e) {
+    // No thread for it (the process is out of them): the save fails here,
+    // as a file error would, rather than leaving its write watched forever.
+    Returned(id);
+    v1::CommandResult failed;
+    failed.set_seq(seq);
+    failed.set_rank(rank);
+    *failed.mutable_checkpoint_status() = StatusToProto(absl::ResourceExhaustedError(
+        absl::StrCat("cannot start the async save's writer thread: ", e.what())));
+    std::promise<v1::CommandResult> now;
+    now.set_value(std::move(failed));
+    save = now.get_future().share();
+  }
   std::lock_guard<std::mutex> lock(mu_);
   saves_[key] = Entry{id, std::move(save)};
 }
@@ -120,7 +130,8 @@ void BackgroundSaves::Returned(uint64_t id) {
 }
 
 absl::StatusOr<v1::CommandResult> BackgroundSaves::Await(const std::string& key,
-                                                         absl::Time deadline) {
+                                                         absl::Time deadline,
+                                                         const std::function<bool()>& cancelled) {
   Entry entry;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -130,13 +141,23 @@ absl::StatusOr<v1::CommandResult> BackgroundSaves::Await(const std::string& key,
     }
     entry = it->second;
   }
-  if (deadline == absl::InfiniteFuture()) {
-    entry.done.wait();
-  } else {
-    const auto wait = std::chrono::microseconds(
-        std::max<int64_t>(0, absl::ToInt64Microseconds(deadline - absl::Now())));
-    if (entry.done.wait_for(wait) != std::future_status::ready) {
+  // In slices when the caller can give up: nothing wakes a future's wait.
+  constexpr absl::Duration kCancelCheck = absl::Milliseconds(100);
+  while (true) {
+    const absl::Duration left = deadline - absl::Now();
+    const absl::Duration slice = cancelled ? std::min(left, kCancelCheck) : left;
+    if (slice == absl::InfiniteDuration()) {
+      entry.done.wait();
+      break;
+    }
+    const auto wait = absl::ToChronoMicroseconds(std::max(slice, absl::ZeroDuration()));
+    if (entry.done.wait_for(wait) == std::future_status::ready) break;
+    if (absl::Now() >= deadline) {
       return absl::DeadlineExceededError(absl::StrCat("async save into '", key, "' still writing"));
+    }
+    if (cancelled && cancelled()) {
+      return absl::CancelledError(
+          absl::StrCat("the wait for the async save into '", key, "' was cancelled"));
     }
   }
   v1::CommandResult result = entry.done.get();

@@ -18,6 +18,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <future>
 #include <map>
 #include <memory>
@@ -46,16 +47,19 @@ class BackgroundSaves {
   BackgroundSaves& operator=(const BackgroundSaves&) = delete;
 
   // Writes `snapshot` into `path` in the background; `key` names the save
-  // for Await (the checkpoint directory as the coordinator sent it). Waits
-  // first for any save still running: they share one communicator. After
-  // Abort, the write stops before its first unit.
+  // for Await (the checkpoint directory as the coordinator sent it; an
+  // earlier save's outcome under it is dropped). Waits first for any save
+  // still running: they share one communicator. After Abort, the write
+  // stops before its first unit.
   void Start(const std::string& key, ShardSnapshot snapshot, const std::string& path, int rank,
              uint64_t seq);
 
   // The outcome of save `key` once written (then forgotten). NOT_FOUND for
-  // an unknown key, DEADLINE_EXCEEDED if still writing at `deadline`. An
-  // aborted write's outcome carries an ABORTED checkpoint status.
-  absl::StatusOr<v1::CommandResult> Await(const std::string& key, absl::Time deadline);
+  // an unknown key, DEADLINE_EXCEEDED if still writing at `deadline`,
+  // CANCELLED once `cancelled` (asked every 100 ms; unset: never) says so.
+  // An aborted write's outcome carries an ABORTED checkpoint status.
+  absl::StatusOr<v1::CommandResult> Await(const std::string& key, absl::Time deadline,
+                                          const std::function<bool()>& cancelled = {});
 
   // The job these saves belong to was aborted (`reason`): every write, the
   // running ones and any started later, stops before its next tensor, and

@@ -428,7 +428,10 @@ grpc::Status WorkerServiceImpl::AwaitSave(grpc::ServerContext* context,
   const absl::Time deadline = context->deadline() == std::chrono::system_clock::time_point::max()
                                   ? absl::InfiniteFuture()
                                   : absl::FromChrono(context->deadline());
-  absl::StatusOr<v1::CommandResult> result = job->saves.Await(request->directory(), deadline);
+  // A caller that gives up (a commit abandoned with its job) frees this
+  // thread at once rather than at its deadline.
+  absl::StatusOr<v1::CommandResult> result = job->saves.Await(
+      request->directory(), deadline, [context] { return context->IsCancelled(); });
   if (!result.ok()) return ToGrpcStatus(result.status());
   *response = *std::move(result);
   return grpc::Status::OK;
