@@ -273,9 +273,27 @@ void Coordinator::Tick(absl::Time now) {
     std::lock_guard<std::mutex> lock(mu_);
     job = job_;
   }
+  const std::vector<MembershipTable::Replaced> replaced = members_.TakeReplaced();
   if (job == nullptr) return;
   MaybeForm(job, now);
+  FailReplacedMembers(job, replaced);
   CheckHeartbeats(job, now);
+}
+
+void Coordinator::FailReplacedMembers(const std::shared_ptr<TrainingJob>& job,
+                                      const std::vector<MembershipTable::Replaced>& replaced) {
+  const std::vector<std::string> ids = job->worker_ids();
+  for (const MembershipTable::Replaced& r : replaced) {
+    auto it = std::find(ids.begin(), ids.end(), r.worker_id);
+    if (it == ids.end()) continue;
+    const absl::Status reason = absl::UnavailableError(absl::StrCat(
+        "worker ", r.worker_id, " restarted: a new daemon registered at ", r.new_address,
+        " in place of the one at ", r.old_address, ", whose shards are gone"));
+    if (job->FailRank(static_cast<int>(it - ids.begin()), r.worker_id, reason)) {
+      spdlog::error("job '{}': {}", job->name(), std::string(reason.message()));
+      return;  // the recovery sees the others
+    }
+  }
 }
 
 void Coordinator::MaybeReadopt(const std::shared_ptr<TrainingJob>& job, absl::Time now) {

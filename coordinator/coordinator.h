@@ -91,6 +91,10 @@ class Coordinator {
   void MaybeForm(const std::shared_ptr<TrainingJob>& job, absl::Time now);
   void MaybeReadopt(const std::shared_ptr<TrainingJob>& job, absl::Time now);
   void CheckHeartbeats(const std::shared_ptr<TrainingJob>& job, absl::Time now);
+  // Members whose registration another daemon process took over: their
+  // shards are gone, though their heartbeats never stopped.
+  void FailReplacedMembers(const std::shared_ptr<TrainingJob>& job,
+                           const std::vector<MembershipTable::Replaced>& replaced);
 
   CoordinatorOptions options_;
   MembershipTable members_;

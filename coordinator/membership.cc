@@ -77,6 +77,13 @@ absl::StatusOr<MembershipTable::Registered> MembershipTable::Register(const Regi
     }
   }
   WorkerRecord& record = by_id_[r.worker_id];
+  // Another process than the registration's (restored ones have none):
+  // whatever that one held is gone.
+  if (!record.incarnation.empty() && !r.incarnation.empty() &&
+      record.incarnation != r.incarnation) {
+    if (replaced_.size() == kMaxReplaced) replaced_.erase(replaced_.begin());
+    replaced_.push_back(Replaced{r.worker_id, record.address, r.address});
+  }
   if (!record.session.empty()) session_digests_.erase(Sha256Hex(record.session));
   record = WorkerRecord{r.worker_id,
                         r.host,
@@ -90,7 +97,8 @@ absl::StatusOr<MembershipTable::Registered> MembershipTable::Register(const Regi
                         r.device_name.empty() ? device : r.device_name,
                         identity,
                         RandomSecret(),
-                        r.command_token};
+                        r.command_token,
+                        r.incarnation};
   id_by_rank_[rank] = r.worker_id;
   session_digests_.insert(Sha256Hex(record.session));
   if (on_register_) on_register_(record);
@@ -152,6 +160,11 @@ absl::Status MembershipTable::Heartbeat(const std::string& worker_id, const std:
   it->second.last_completed_seq = last_completed_seq;
   if (!state.empty()) it->second.state = state;
   return absl::OkStatus();
+}
+
+std::vector<MembershipTable::Replaced> MembershipTable::TakeReplaced() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return std::exchange(replaced_, {});
 }
 
 std::vector<WorkerRecord> MembershipTable::List() const {

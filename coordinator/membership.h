@@ -33,6 +33,7 @@ struct WorkerRecord {
   std::string identity_sha256;  // of the registration's identity secret (durable)
   std::string session;          // this registration's; memory only
   std::string command_token;    // sent with WorkerService calls; memory only
+  std::string incarnation;      // the registering daemon process's; memory only
 };
 
 struct Registration {
@@ -45,6 +46,7 @@ struct Registration {
   std::string device_name;
   std::string identity_secret;
   std::string command_token;
+  std::string incarnation;
 };
 
 class MembershipTable {
@@ -90,6 +92,18 @@ class MembershipTable {
   // Workers whose last heartbeat is older than `timeout`.
   std::vector<WorkerRecord> Stale(absl::Time now, absl::Duration timeout) const;
 
+  // A live registration taken over by another daemon process under the same
+  // id (a supervisor restarted it, proving the id's secret, before it missed
+  // heartbeats): its heartbeats never stop, so the monitor learns of it here.
+  struct Replaced {
+    std::string worker_id;
+    std::string old_address;
+    std::string new_address;
+  };
+  // The takeovers since the last call (at most kMaxReplaced, the latest).
+  std::vector<Replaced> TakeReplaced();
+  static constexpr size_t kMaxReplaced = 1024;
+
  private:
   mutable std::mutex mu_;
   int world_size_;
@@ -99,6 +113,7 @@ class MembershipTable {
   std::set<std::string> session_digests_;  // SHA-256 of every current session
   std::map<int, std::string> id_by_rank_;
   std::function<void(const WorkerRecord&)> on_register_;
+  std::vector<Replaced> replaced_;
 };
 
 }  // namespace flatshard

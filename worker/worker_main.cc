@@ -321,6 +321,7 @@ int Run(const Flags& f) {
   registration.set_metrics_address(metrics_address);
   registration.set_identity_secret(identity_secret);
   registration.set_command_token(*command_token);
+  registration.set_incarnation(RandomSecret());  // this process's, in every re-registration
   HeartbeatLoop heartbeat(channel, registration, &service, call_credentials,
                           absl::Seconds(f.coordinator_timeout_s));
   service.set_batch_end_observer([&heartbeat] { heartbeat.BatchEnded(); });

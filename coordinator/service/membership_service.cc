@@ -23,7 +23,8 @@ absl::Status CheckRegistrationSizes(const v1::RegisterRequest& r) {
         std::pair{"metrics_address", &r.metrics_address()},
         std::pair{"device_name", &r.device_name()},
         std::pair{"identity_secret", &r.identity_secret()},
-        std::pair{"command_token", &r.command_token()}}) {
+        std::pair{"command_token", &r.command_token()},
+        std::pair{"incarnation", &r.incarnation()}}) {
     if (value->size() > kMaxRegistrationField) {
       return absl::ResourceExhaustedError(absl::StrCat("register.", field, " is ", value->size(),
                                                        " bytes; the limit is ",
@@ -56,7 +57,7 @@ grpc::Status MembershipService::Register(grpc::ServerContext* context,
                  request->device(),         request->address(),
                  request->requested_rank(), request->metrics_address(),
                  request->device_name(),    request->identity_secret(),
-                 request->command_token()};
+                 request->command_token(),  request->incarnation()};
   absl::StatusOr<MembershipTable::Registered> registered = members_->Register(r, absl::Now());
   if (!registered.ok()) return ToGrpcStatus(registered.status());
   response->set_rank(registered->rank);

@@ -140,8 +140,11 @@ TEST(WorkerFailureTest, HungWorkerFailsTheStepAtTheHeartbeatTimeout) {
 // the new daemon proves it is the same worker with the secret its seat in
 // --state-dir keeps, so it is registered at once, at its new address, with
 // its rank. Before, it was refused until the old registration had missed a
-// timeout's worth of heartbeats. Someone else who knows the id is still
-// refused, and a second daemon on the same seat never reaches the coordinator.
+// timeout's worth of heartbeats. Its heartbeats never stop, so the job
+// learns of the restart from the takeover (another daemon process) and
+// recovers at once, not at the heartbeat timeout. Someone else who knows the
+// id is still refused, and a second daemon on the same seat never reaches
+// the coordinator.
 TEST(WorkerFailureTest, ADaemonStartedAgainAtOnceProvesItIsTheSameWorker) {
   const std::string dir = testing::MakeTempDir("worker-restart");
   LocalClusterOptions options;
@@ -154,13 +157,27 @@ TEST(WorkerFailureTest, ADaemonStartedAgainAtOnceProvesItIsTheSameWorker) {
   auto cluster = LocalCluster::Start(options);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   FlatshardClient client((*cluster)->address());
+  auto spec = LoadJobSpecFile(std::string(FLATSHARD_SOURCE_DIR) + "/examples/mlp-job.yaml");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  spec->set_world_size(2);
+  spec->mutable_recovery()->set_spare_wait_s(0.5);  // no spare: it shrinks
+  ASSERT_TRUE(client.CreateJob(*spec).ok());
+  ASSERT_TRUE(client.WaitForState(spec->name(), {v1::READY}, absl::Seconds(120)).ok());
   const std::string old_address = (*cluster)->worker_addresses()[1];
   (*cluster)->worker(1).Signal(SIGKILL);
   ASSERT_TRUE((*cluster)->worker(1).Wait(absl::Seconds(30)).has_value());
 
   ASSERT_TRUE((*cluster)->RestartWorker(1).ok());
   const std::string new_address = (*cluster)->worker_addresses()[1];
-  EXPECT_NE(new_address, old_address);
+  absl::StatusOr<v1::JobState> recovered =
+      client.WaitForState(spec->name(), {v1::READY}, absl::Seconds(30), {v1::RECOVERING});
+  ASSERT_TRUE(recovered.ok()) << recovered.status() << " (the restart went unnoticed)";
+  auto job = client.GetJob(spec->name());
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->restarts(), 1);
+  EXPECT_THAT(job->last_recovery().cause(),
+              HasSubstr("worker worker-1 restarted: a new daemon registered at " + new_address +
+                        " in place of the one at " + old_address));
   const auto registered_at = [&]() -> std::string {
     auto workers = client.ListWorkers();
     EXPECT_TRUE(workers.ok()) << workers.status();

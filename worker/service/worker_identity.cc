@@ -1,5 +1,6 @@
 #include "worker/service/worker_identity.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -12,6 +13,7 @@
 #include <unistd.h>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "rpc/secrets.h"
@@ -83,7 +85,8 @@ std::string IdSeatName(const std::string& id) {
     }
   }
   constexpr size_t kMaxName = 200;  // NAME_MAX is 255 on Linux file systems
-  return name.size() <= kMaxName ? name : absl::StrCat("id-sha256-", Sha256Hex(id));
+  // "idsha256-", not "id-...": no id's own name can be a hashed one.
+  return name.size() <= kMaxName ? name : absl::StrCat("idsha256-", Sha256Hex(id));
 }
 
 }  // namespace
@@ -112,6 +115,15 @@ absl::StatusOr<std::unique_ptr<WorkerIdentity>> WorkerIdentity::Claim(const std:
 absl::StatusOr<std::unique_ptr<WorkerIdentity>> WorkerIdentity::ClaimId(const std::string& dir,
                                                                         const std::string& id) {
   if (id.empty()) return absl::InvalidArgumentError("--worker-id must not be empty");
+  // The seat file keeps the id on a line of its own, read back trimmed.
+  if (absl::ascii_isspace(static_cast<unsigned char>(id.front())) ||
+      absl::ascii_isspace(static_cast<unsigned char>(id.back())) ||
+      std::any_of(id.begin(), id.end(),
+                  [](char c) { return absl::ascii_iscntrl(static_cast<unsigned char>(c)); })) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--worker-id '", absl::CHexEscape(id),
+                     "' must not begin or end with white space or hold control characters"));
+  }
   RETURN_IF_ERROR(CreateStateDir(dir));
   const std::string path = absl::StrCat(dir, "/", IdSeatName(id));
   ASSIGN_OR_RETURN(std::unique_ptr<WorkerIdentity> identity, TakeSeat(dir, path, "", id));
@@ -127,10 +139,26 @@ absl::StatusOr<std::unique_ptr<WorkerIdentity>> WorkerIdentity::TakeSeat(const s
                                                                          const std::string& path,
                                                                          const std::string& host,
                                                                          const std::string& id) {
-  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
+  // Not through a link, and not a file others can read or write: the
+  // secret in it is the worker's proof of identity.
+  const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
   if (fd < 0) {
     return absl::FailedPreconditionError(
         absl::StrCat("--state-dir ", dir, ": cannot open ", path, ": ", strerror(errno)));
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int error = errno;
+    ::close(fd);
+    return absl::FailedPreconditionError(
+        absl::StrCat("--state-dir ", dir, ": cannot stat ", path, ": ", strerror(error)));
+  }
+  if (!S_ISREG(st.st_mode) || (st.st_mode & 077) != 0) {
+    ::close(fd);
+    return absl::FailedPreconditionError(
+        absl::StrFormat("--state-dir %s: %s is not a regular file only its owner can use (mode "
+                        "%04o); it keeps an identity secret",
+                        dir, path, st.st_mode & 07777));
   }
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     const int error = errno;
@@ -143,7 +171,7 @@ absl::StatusOr<std::unique_ptr<WorkerIdentity>> WorkerIdentity::TakeSeat(const s
   }
   absl::StatusOr<Seat> seat = ReadSeat(fd, path);
   if (seat.ok() && !id.empty() && !seat->id.empty() && seat->id != id) {
-    // Only a hash collision of two long ids, or a hand-edited file.
+    // Only a hash collision of two long ids, or an edited file.
     seat = absl::FailedPreconditionError(absl::StrCat(
         "--state-dir ", dir, ": ", path, " holds id '", seat->id, "', not '", id, "'"));
   }

@@ -196,5 +196,30 @@ TEST(MembershipTableTest, ARestoredSeatIsKeptForItsOwnDaemonUntilTheWindowEnds) 
                   .ok());
 }
 
+TEST(MembershipTableTest, ATakeoverByAnotherDaemonProcessIsReportedOnce) {
+  MembershipTable table(0, /*live_for=*/absl::Seconds(5));
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  const auto as = [](Registration r, const char* incarnation) {
+    r.incarnation = incarnation;
+    return r;
+  };
+  ASSERT_TRUE(table.Register(as(Reg("w-a", "h", "cpu", "h:1", -1, "", "cpu", "s"), "p1"), t0).ok());
+  // The same process registering again (its session was lost) is no takeover.
+  ASSERT_TRUE(table.Register(as(Reg("w-a", "h", "cpu", "h:1", -1, "", "cpu", "s"), "p1"), t0).ok());
+  EXPECT_TRUE(table.TakeReplaced().empty());
+  // A restarted daemon with the id's secret, while the old one is live.
+  ASSERT_TRUE(table.Register(as(Reg("w-a", "h", "cpu", "h:2", -1, "", "cpu", "s"), "p2"), t0).ok());
+  const std::vector<MembershipTable::Replaced> replaced = table.TakeReplaced();
+  ASSERT_EQ(replaced.size(), 1u);
+  EXPECT_EQ(replaced[0].worker_id, "w-a");
+  EXPECT_EQ(replaced[0].old_address, "h:1");
+  EXPECT_EQ(replaced[0].new_address, "h:2");
+  EXPECT_TRUE(table.TakeReplaced().empty());
+  // A worker that sends no incarnation (an older daemon) is never reported.
+  ASSERT_TRUE(table.Register(Reg("w-a", "h", "cpu", "h:3", -1, "", "cpu", "s"), t0).ok());
+  ASSERT_TRUE(table.Register(as(Reg("w-a", "h", "cpu", "h:4", -1, "", "cpu", "s"), "p3"), t0).ok());
+  EXPECT_TRUE(table.TakeReplaced().empty());
+}
+
 }  // namespace
 }  // namespace flatshard

@@ -101,15 +101,31 @@ TEST(WorkerIdentityTest, AnyGivenIdMakesOneFileName) {
   const std::string long_id(250, 'x');
   auto hashed = WorkerIdentity::ClaimId(dir, long_id);
   ASSERT_TRUE(hashed.ok()) << hashed.status();
-  EXPECT_THAT((*hashed)->seat_file(), StartsWith(dir + "/id-sha256-"));
+  EXPECT_THAT((*hashed)->seat_file(), StartsWith(dir + "/idsha256-"));
   EXPECT_EQ((*hashed)->id(), long_id);
   EXPECT_EQ(WorkerIdentity::ClaimId(dir, "").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(WorkerIdentityTest, ASeatOthersCouldReadOrALinkIsRefused) {
+  const std::string dir = FreshDir("exposed");
+  fs::create_directories(dir);
+  { std::ofstream(dir + "/id-open") << "open\nsecret\n"; }
+  fs::permissions(dir + "/id-open", fs::perms::owner_read | fs::perms::owner_write |
+                                        fs::perms::group_read | fs::perms::others_read);
+  auto exposed = WorkerIdentity::ClaimId(dir, "open");
+  ASSERT_FALSE(exposed.ok());
+  EXPECT_THAT(exposed.status().message(), HasSubstr("(mode 0644)"));
+  fs::create_symlink(dir + "/id-open", dir + "/id-linked");
+  auto linked = WorkerIdentity::ClaimId(dir, "linked");
+  ASSERT_FALSE(linked.ok());
+  EXPECT_THAT(linked.status().message(), HasSubstr("cannot open " + dir + "/id-linked"));
 }
 
 TEST(WorkerIdentityTest, ASeatHoldingAnotherIdIsRefused) {
   const std::string dir = FreshDir("mismatch");
   fs::create_directories(dir);
   { std::ofstream(dir + "/id-a") << "b\nsecret\n"; }
+  fs::permissions(dir + "/id-a", fs::perms::owner_read | fs::perms::owner_write);
   auto claimed = WorkerIdentity::ClaimId(dir, "a");
   ASSERT_FALSE(claimed.ok());
   EXPECT_THAT(claimed.status().message(), HasSubstr("holds id 'b', not 'a'"));
