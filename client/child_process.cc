@@ -47,6 +47,10 @@ absl::StatusOr<std::unique_ptr<ChildProcess>> ChildProcess::Spawn(
     // Only async-signal-safe calls between fork and exec.
     prctl(PR_SET_PDEATHSIG, SIGTERM);
     if (getppid() != parent) _exit(127);
+    // A process group of its own: a terminal's Ctrl-C reaches the parent
+    // alone, which stops its children in order (`flatshard up` saves the
+    // job first) instead of every daemon stopping at once.
+    setpgid(0, 0);
     dup2(pipe_fds[1], STDOUT_FILENO);
     sigset_t none;
     sigemptyset(&none);

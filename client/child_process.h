@@ -19,8 +19,9 @@ namespace flatshard {
 
 class ChildProcess {
  public:
-  // Runs argv[0] (a path) with the rest as arguments; its stdout comes to us
-  // (ReadLine), its stderr is ours.
+  // Runs argv[0] (a path) with the rest as arguments, in a process group of
+  // its own (SIGTERM when we die); its stdout comes to us (ReadLine), its
+  // stderr is ours.
   static absl::StatusOr<std::unique_ptr<ChildProcess>> Spawn(const std::vector<std::string>& argv);
   ~ChildProcess();  // Terminate(10 s) if still running
 

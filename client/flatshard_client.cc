@@ -282,6 +282,16 @@ absl::StatusOr<v1::CheckpointProgress> FlatshardClient::LoadCheckpoint(const std
   return last;
 }
 
+absl::StatusOr<std::vector<v1::Job>> FlatshardClient::ListJobs() {
+  grpc::ClientContext context;
+  RETURN_IF_ERROR(Prepare(context));
+  SetDeadline(context, kUnaryTimeout);
+  v1::ListJobsResponse response;
+  grpc::Status status = stub_->ListJobs(&context, v1::ListJobsRequest{}, &response);
+  if (!status.ok()) return Error(status);
+  return std::vector<v1::Job>(response.jobs().begin(), response.jobs().end());
+}
+
 absl::StatusOr<std::vector<v1::CheckpointInfo>> FlatshardClient::ListCheckpoints(
     const std::string& job) {
   grpc::ClientContext context;

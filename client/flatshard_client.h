@@ -41,6 +41,7 @@ class FlatshardClient {
 
   absl::StatusOr<v1::Job> CreateJob(const v1::JobSpec& spec);
   absl::StatusOr<v1::Job> GetJob(const std::string& name);
+  absl::StatusOr<std::vector<v1::Job>> ListJobs();
   absl::Status DeleteJob(const std::string& name);
   absl::StatusOr<std::string> Plan(const v1::JobSpec& spec);
   absl::StatusOr<std::vector<v1::WorkerInfo>> ListWorkers(const std::string& job = "");

@@ -1,11 +1,18 @@
 #include "client/up_command.h"
 
+#include <algorithm>
+#include <atomic>
 #include <csignal>
 #include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <memory>
+#include <mutex>
 #include <optional>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -14,6 +21,7 @@
 #include "client/cli_output.h"
 #include "client/cluster_security.h"
 #include "client/flatshard_client.h"
+#include "client/save_before_stop.h"
 #include "core/job_spec_yaml.h"
 #include "core/worker_exit_codes.h"
 #include "storage/spec_files.h"
@@ -49,6 +57,12 @@ CLI::App* AddUpCommand(CLI::App& app, UpCommandOptions& o) {
       ->capture_default_str();
   up->add_option("--job,-f", o.job_file, "Create this job (a job file) once the workers are up")
       ->check(CLI::ExistingFile);
+  up->add_option("--stop-save-timeout", o.stop_save_timeout_s,
+                 "On Ctrl-C or SIGTERM, first save the job if it trained past its newest "
+                 "checkpoint (the next `up` on this state dir continues from it), waiting up to "
+                 "this many seconds; a second Ctrl-C stops at once. 0: stop without saving")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   up->add_option("--address-file", o.address_file,
                  "Write the coordinator's address here once the cluster is up");
   up->add_option("--heartbeat-interval", o.cluster.heartbeat_interval_s,
@@ -109,12 +123,55 @@ int PendingStopSignal() {
   return got > 0 ? got : 0;
 }
 
-int StopCluster(int signal, LocalPrometheus* prometheus, LocalCluster& cluster, std::ostream& out) {
-  out << "\n" << strsignal(signal) << ": stopping the cluster..." << std::endl;
+int StopCluster(LocalPrometheus* prometheus, LocalCluster& cluster,
+                const std::function<void(const std::string&)>& say) {
+  say("stopping the cluster...");
   bool clean = prometheus == nullptr || prometheus->Stop();
   clean &= cluster.Stop();
-  out << (clean ? "stopped cleanly" : "stopped (some daemons had to be killed)") << std::endl;
+  say(clean ? "stopped cleanly" : "stopped (some daemons had to be killed)");
   return clean ? kExitOk : kExitFailed;
+}
+
+// Saves what the workers alone hold (client/save_before_stop.h) on a thread
+// of its own, while this one listens for a second stop signal; returns when
+// the save is done, that signal came or `timeout` passed. The thread is
+// returned: a save given up on ends with the coordinator, so it is joined
+// after the cluster stops. `say` is called from both threads.
+std::thread SaveBeforeStop(const CoordinatorTarget& target, absl::Duration timeout,
+                           const std::function<void(const std::string&)>& say) {
+  auto done = std::make_shared<std::atomic<bool>>(false);
+  std::thread saver([target, say, done] {
+    FlatshardClient client(target);
+    absl::StatusOr<std::vector<UnsavedJob>> jobs = FindUnsavedJobs(client);
+    if (!jobs.ok()) {
+      say(absl::StrCat("not saving before stopping: ", jobs.status().message()));
+    } else if (!jobs->empty()) {
+      say("(Ctrl-C again to stop without saving)");
+      (void)SaveUnsavedJobs(client, *jobs, absl::Now(), say);
+    }
+    done->store(true);
+  });
+  sigset_t stop_signals;
+  sigemptyset(&stop_signals);
+  sigaddset(&stop_signals, SIGTERM);
+  sigaddset(&stop_signals, SIGINT);
+  const absl::Time give_up = absl::Now() + timeout;
+  while (!done->load()) {
+    if (absl::Now() >= give_up) {
+      say(absl::StrCat("the save did not finish in ", absl::FormatDuration(timeout),
+                       " (--stop-save-timeout); stopping without it"));
+      break;
+    }
+    // Polled: nothing wakes a sigtimedwait when the other thread finishes.
+    const timespec slice =
+        absl::ToTimespec(std::min(absl::Milliseconds(100), give_up - absl::Now()));
+    const int got = sigtimedwait(&stop_signals, nullptr, &slice);
+    if (got == SIGINT || got == SIGTERM) {
+      say(absl::StrCat(strsignal(got), " again: stopping without waiting for the save"));
+      break;
+    }
+  }
+  return saver;
 }
 
 }  // namespace
@@ -186,11 +243,18 @@ int RunUpCommand(const UpCommandOptions& o, std::ostream& out, std::ostream& err
         << "/targets, alerts: " << prometheus->url() << "/alerts)" << std::endl;
   }
 
+  // One line at a time, from this thread or the save's (SaveBeforeStop).
+  std::mutex say_mu;
+  const std::function<void(const std::string&)> say = [&out, &say_mu](const std::string& line) {
+    std::lock_guard<std::mutex> lock(say_mu);
+    out << line << std::endl;
+  };
+  const CoordinatorTarget target = security ? security->AdminTarget((*cluster)->address())
+                                            : CoordinatorTarget{(*cluster)->address(), {}, "", ""};
   std::string job_name;
   int signal = 0;
   if (spec.has_value()) {
-    FlatshardClient client(security ? security->AdminTarget((*cluster)->address())
-                                    : CoordinatorTarget{(*cluster)->address(), {}, "", ""});
+    FlatshardClient client(target);
     absl::StatusOr<v1::Job> job = client.CreateJob(*spec);
     if (job.status().code() == absl::StatusCode::kAlreadyExists) {
       // The state dir brought it back: continue it rather than refuse.
@@ -209,7 +273,10 @@ int RunUpCommand(const UpCommandOptions& o, std::ostream& out, std::ostream& err
       signal = PendingStopSignal();
     } while (signal == 0 && state.status().code() == absl::StatusCode::kDeadlineExceeded &&
              absl::Now() < give_up);
-    if (signal != 0) return StopCluster(signal, prometheus.get(), **cluster, out);
+    if (signal != 0) {
+      out << "\n" << strsignal(signal) << ": ";
+      return StopCluster(prometheus.get(), **cluster, say);
+    }
     if (!state.ok()) {
       return ReportError(
           "up",
@@ -283,7 +350,15 @@ int RunUpCommand(const UpCommandOptions& o, std::ostream& out, std::ostream& err
       }
     }
   }
-  return StopCluster(signal, prometheus.get(), **cluster, out);
+  out << "\n" << (signal == SIGCHLD ? "the coordinator is gone" : strsignal(signal)) << ": ";
+  std::thread saver;
+  if ((signal == SIGINT || signal == SIGTERM) && o.stop_save_timeout_s > 0) {
+    out << "saving before stopping, if the job trained past its newest checkpoint" << std::endl;
+    saver = SaveBeforeStop(target, absl::Seconds(o.stop_save_timeout_s), say);
+  }
+  const int code = StopCluster(prometheus.get(), **cluster, say);
+  if (saver.joinable()) saver.join();
+  return code;
 }
 
 }  // namespace flatshard

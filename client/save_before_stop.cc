@@ -1,0 +1,60 @@
+#include "client/save_before_stop.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace flatshard {
+
+absl::StatusOr<std::vector<UnsavedJob>> FindUnsavedJobs(FlatshardClient& client) {
+  absl::StatusOr<std::vector<v1::Job>> jobs = client.ListJobs();
+  if (!jobs.ok()) return jobs.status();
+  std::vector<UnsavedJob> unsaved;
+  for (const v1::Job& job : *jobs) {
+    const v1::JobState state = job.state();
+    if (state != v1::READY && state != v1::TRAINING && state != v1::IDLE) continue;
+    absl::StatusOr<std::vector<v1::CheckpointInfo>> checkpoints =
+        client.ListCheckpoints(job.spec().name());
+    if (!checkpoints.ok()) return checkpoints.status();
+    UnsavedJob candidate{job.spec().name(), job.step(), -1};
+    for (const v1::CheckpointInfo& c : *checkpoints) {
+      candidate.newest_checkpoint_step = std::max(candidate.newest_checkpoint_step, c.step());
+    }
+    // A job still at its initialization is made again from its spec.
+    if (job.step() > std::max<int64_t>(candidate.newest_checkpoint_step, 0)) {
+      unsaved.push_back(std::move(candidate));
+    }
+  }
+  return unsaved;
+}
+
+absl::Status SaveUnsavedJobs(FlatshardClient& client, const std::vector<UnsavedJob>& jobs,
+                             absl::Time now, const std::function<void(const std::string&)>& say) {
+  absl::Status first;
+  const std::string name =
+      absl::StrCat("stop-", absl::FormatTime("%Y%m%d-%H%M%S", now, absl::UTCTimeZone()));
+  for (const UnsavedJob& job : jobs) {
+    say(absl::StrCat("saving job '", job.name, "' (step ", job.step, "; ",
+                     job.newest_checkpoint_step < 0
+                         ? std::string("no checkpoint yet")
+                         : absl::StrCat("newest checkpoint at step ", job.newest_checkpoint_step),
+                     ") as '", name, "' before stopping..."));
+    v1::SaveCheckpointRequest request;
+    request.set_job(job.name);
+    request.set_name(name);
+    absl::StatusOr<v1::CheckpointProgress> saved = client.SaveCheckpoint(request);
+    if (!saved.ok()) {
+      say(absl::StrCat("  not saved: ", saved.status().message()));
+      if (first.ok()) first = saved.status();
+      continue;
+    }
+    say(absl::StrFormat(
+        "  saved '%s' at step %d (%.1f MB); the next `flatshard up` on this state dir continues "
+        "from it",
+        saved->name(), saved->step(), static_cast<double>(saved->bytes_written()) / 1e6));
+  }
+  return first;
+}
+
+}  // namespace flatshard

@@ -1,0 +1,40 @@
+// What `flatshard up` does with a stop signal before it stops the daemons:
+// the workers hold the only copy of every step trained since the newest
+// checkpoint, and the next `up` on the state dir continues the job from that
+// checkpoint (docs/control-plane.md). So each job that trained past its
+// newest checkpoint is saved first, as the Kubernetes workers' preStop hook
+// does (deploy/k8s/base/save-before-stop.sh).
+#ifndef FLATSHARD_CLIENT_SAVE_BEFORE_STOP_H_
+#define FLATSHARD_CLIENT_SAVE_BEFORE_STOP_H_
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+#include "client/flatshard_client.h"
+
+namespace flatshard {
+
+// The jobs with steps no checkpoint holds, in a state that can save (READY,
+// TRAINING, IDLE), and the step each is at.
+struct UnsavedJob {
+  std::string name;
+  int64_t step = 0;
+  int64_t newest_checkpoint_step = -1;  // -1: none
+};
+absl::StatusOr<std::vector<UnsavedJob>> FindUnsavedJobs(FlatshardClient& client);
+
+// Saves each of `jobs` as "stop-<UTC time of `now`>" with the job's own
+// state-dict settings, telling `say` (one line a call) what it does; the
+// first failure, after trying them all.
+absl::Status SaveUnsavedJobs(FlatshardClient& client, const std::vector<UnsavedJob>& jobs,
+                             absl::Time now, const std::function<void(const std::string&)>& say);
+
+}  // namespace flatshard
+
+#endif  // FLATSHARD_CLIENT_SAVE_BEFORE_STOP_H_
