@@ -17,14 +17,11 @@ absl::StatusOr<std::vector<UnsavedJob>> FindUnsavedJobs(FlatshardClient& client)
     absl::StatusOr<std::vector<v1::CheckpointInfo>> checkpoints =
         client.ListCheckpoints(job.spec().name());
     if (!checkpoints.ok()) return checkpoints.status();
-    UnsavedJob candidate{job.spec().name(), job.step(), -1};
-    for (const v1::CheckpointInfo& c : *checkpoints) {
-      candidate.newest_checkpoint_step = std::max(candidate.newest_checkpoint_step, c.step());
-    }
+    const bool held =
+        std::any_of(checkpoints->begin(), checkpoints->end(),
+                    [&](const v1::CheckpointInfo& c) { return c.step() == job.step(); });
     // A job still at its initialization is made again from its spec.
-    if (job.step() > std::max<int64_t>(candidate.newest_checkpoint_step, 0)) {
-      unsaved.push_back(std::move(candidate));
-    }
+    if (job.step() > 0 && !held) unsaved.push_back(UnsavedJob{job.spec().name(), job.step()});
   }
   return unsaved;
 }
@@ -35,11 +32,8 @@ absl::Status SaveUnsavedJobs(FlatshardClient& client, const std::vector<UnsavedJ
   const std::string name =
       absl::StrCat("stop-", absl::FormatTime("%Y%m%d-%H%M%S", now, absl::UTCTimeZone()));
   for (const UnsavedJob& job : jobs) {
-    say(absl::StrCat("saving job '", job.name, "' (step ", job.step, "; ",
-                     job.newest_checkpoint_step < 0
-                         ? std::string("no checkpoint yet")
-                         : absl::StrCat("newest checkpoint at step ", job.newest_checkpoint_step),
-                     ") as '", name, "' before stopping..."));
+    say(absl::StrCat("saving job '", job.name, "' (step ", job.step,
+                     ", which no checkpoint holds) as '", name, "' before stopping..."));
     v1::SaveCheckpointRequest request;
     request.set_job(job.name);
     request.set_name(name);

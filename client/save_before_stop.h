@@ -20,12 +20,12 @@
 
 namespace flatshard {
 
-// The jobs with steps no checkpoint holds, in a state that can save (READY,
-// TRAINING, IDLE), and the step each is at.
+// The jobs in a state that can save (READY, TRAINING, IDLE) at a step past
+// 0 that no checkpoint of theirs holds. By step, not against the newest
+// checkpoint: a job that loaded an older one and trained on is behind it.
 struct UnsavedJob {
   std::string name;
   int64_t step = 0;
-  int64_t newest_checkpoint_step = -1;  // -1: none
 };
 absl::StatusOr<std::vector<UnsavedJob>> FindUnsavedJobs(FlatshardClient& client);
 

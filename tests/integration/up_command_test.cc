@@ -1,5 +1,5 @@
 // `flatshard up` as a user runs it: the real binary, its daemons and its
-// output. A stop signal saves a job that trained past its newest checkpoint
+// output. A stop signal saves a job whose step no checkpoint holds
 // before the daemons stop (they hold the only copy of those steps), and the
 // next `up` on the same state dir continues from that save; a job the
 // cluster could not seat is refused before anything starts.
@@ -88,7 +88,8 @@ TEST(UpCommandTest, AStopSignalSavesTheJobAndTheNextUpContinuesFromIt) {
     ASSERT_TRUE(client.Train("mlp-demo", 3, 0, [](const v1::StepResult&) {}).ok());
     up->Signal(SIGINT);
     const std::string stopped = ReadUntil(*up, "stopped cleanly");
-    EXPECT_THAT(stopped, HasSubstr("saving job 'mlp-demo' (step 3; no checkpoint yet) as 'stop-"));
+    EXPECT_THAT(stopped,
+                HasSubstr("saving job 'mlp-demo' (step 3, which no checkpoint holds) as 'stop-"));
     EXPECT_THAT(stopped, HasSubstr("' at step 3 ("));
     EXPECT_THAT(stopped, HasSubstr("stopped cleanly")) << stopped;
     EXPECT_EQ(ExitStatus(*up), 0);
