@@ -228,17 +228,21 @@ absl::StatusOr<std::vector<int>> LocalCluster::RestartWedgedWorkers() {
 
 bool LocalCluster::Stop() {
   bool clean = true;
-  // Workers first: the coordinator would otherwise see them miss heartbeats.
+  // The coordinator first: it stops its job's operations without recording
+  // a failure, so its state dir keeps the job as it was. Workers stopped
+  // first would fail the batches in flight (a worker's SIGTERM aborts its
+  // job), and the coordinator, still running, would start a recovery and
+  // persist it: a restart spent, a shrunk or FAILED job for the next start.
+  if (coordinator_ != nullptr) {
+    const int status = coordinator_->Terminate(absl::Seconds(10));
+    clean &= WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  }
   for (auto& worker : workers_) worker->Signal(SIGTERM);
   // One grace for them all: stopped or hung daemons cost 10 s, not 10 s each.
   const absl::Time killed_after = absl::Now() + absl::Seconds(10);
   for (auto& worker : workers_) {
     const int status =
         worker->Terminate(std::max(killed_after - absl::Now(), absl::ZeroDuration()));
-    clean &= WIFEXITED(status) && WEXITSTATUS(status) == 0;
-  }
-  if (coordinator_ != nullptr) {
-    const int status = coordinator_->Terminate(absl::Seconds(10));
     clean &= WIFEXITED(status) && WEXITSTATUS(status) == 0;
   }
   return clean;

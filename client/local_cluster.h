@@ -83,7 +83,7 @@ class LocalCluster {
   const std::string& coordinator_metrics() const { return coordinator_metrics_; }
   const std::vector<std::string>& worker_metrics() const { return worker_metrics_; }
 
-  // Stops the workers, then the coordinator; true when all exited cleanly.
+  // Stops the coordinator, then the workers; true when all exited cleanly.
   bool Stop();
   // Kills the coordinator with SIGKILL (it gets no chance to clean up) and
   // starts it again on the same address and state dir; returns once it

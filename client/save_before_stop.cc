@@ -17,9 +17,14 @@ absl::StatusOr<std::vector<UnsavedJob>> FindUnsavedJobs(FlatshardClient& client)
     absl::StatusOr<std::vector<v1::CheckpointInfo>> checkpoints =
         client.ListCheckpoints(job.spec().name());
     if (!checkpoints.ok()) return checkpoints.status();
-    const bool held =
-        std::any_of(checkpoints->begin(), checkpoints->end(),
-                    [&](const v1::CheckpointInfo& c) { return c.step() == job.step(); });
+    // What the next start would restore: the newest checkpoint it can load
+    // (listed oldest first; a LOCAL one only at the world size it was saved
+    // at), as the coordinator's recovery picks it.
+    const auto restored =
+        std::find_if(checkpoints->rbegin(), checkpoints->rend(), [&](const v1::CheckpointInfo& c) {
+          return c.state_dict_type() != v1::LOCAL_STATE_DICT || c.world_size() == job.world_size();
+        });
+    const bool held = restored != checkpoints->rend() && restored->step() == job.step();
     // A job still at its initialization is made again from its spec.
     if (job.step() > 0 && !held) unsaved.push_back(UnsavedJob{job.spec().name(), job.step()});
   }
@@ -33,7 +38,8 @@ absl::Status SaveUnsavedJobs(FlatshardClient& client, const std::vector<UnsavedJ
       absl::StrCat("stop-", absl::FormatTime("%Y%m%d-%H%M%S", now, absl::UTCTimeZone()));
   for (const UnsavedJob& job : jobs) {
     say(absl::StrCat("saving job '", job.name, "' (step ", job.step,
-                     ", which no checkpoint holds) as '", name, "' before stopping..."));
+                     ", which its newest checkpoint does not hold) as '", name,
+                     "' before stopping..."));
     v1::SaveCheckpointRequest request;
     request.set_job(job.name);
     request.set_name(name);

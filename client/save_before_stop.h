@@ -21,8 +21,11 @@
 namespace flatshard {
 
 // The jobs in a state that can save (READY, TRAINING, IDLE) at a step past
-// 0 that no checkpoint of theirs holds. By step, not against the newest
-// checkpoint: a job that loaded an older one and trained on is behind it.
+// 0 that the checkpoint a restart would restore (the newest one loadable at
+// the job's world size) does not hold: by that step, not by the newest
+// step, since a job that loaded an older checkpoint and trained on is
+// behind the newest, and one that loaded it and did not is not where a
+// restart would put it.
 struct UnsavedJob {
   std::string name;
   int64_t step = 0;

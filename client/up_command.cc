@@ -58,8 +58,8 @@ CLI::App* AddUpCommand(CLI::App& app, UpCommandOptions& o) {
   up->add_option("--job,-f", o.job_file, "Create this job (a job file) once the workers are up")
       ->check(CLI::ExistingFile);
   up->add_option("--stop-save-timeout", o.stop_save_timeout_s,
-                 "On Ctrl-C or SIGTERM, first save the job if no checkpoint holds its step (the "
-                 "next `up` on this state dir continues from it), waiting up to "
+                 "On Ctrl-C or SIGTERM, first save the job if its newest checkpoint does not hold "
+                 "its step (the next `up` on this state dir continues from it), waiting up to "
                  "this many seconds; a second Ctrl-C stops at once. 0: stop without saving")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
@@ -319,7 +319,7 @@ int RunUpCommand(const UpCommandOptions& o, std::ostream& out, std::ostream& err
   out << "  flatshard train" << c << " -j " << job_name << " --steps 50\n"
       << "  flatshard workers" << c << "\n"
       << "  flatshard summon" << c << " -j " << job_name << " --out model.safetensors\n"
-      << "Ctrl-C stops the cluster (saving the job first if no checkpoint holds its step)."
+      << "Ctrl-C stops the cluster (saving the job first if its newest checkpoint is behind it)."
       << std::endl;
 
   // As the daemons' supervisor: a worker that ended itself wedged holds
@@ -354,7 +354,7 @@ int RunUpCommand(const UpCommandOptions& o, std::ostream& out, std::ostream& err
   out << "\n" << (signal == SIGCHLD ? "the coordinator is gone" : strsignal(signal)) << ": ";
   std::thread saver;
   if ((signal == SIGINT || signal == SIGTERM) && o.stop_save_timeout_s > 0) {
-    out << "saving before stopping, if no checkpoint holds the job's step" << std::endl;
+    out << "saving before stopping, if the job's newest checkpoint is behind it" << std::endl;
     saver = SaveBeforeStop(target, absl::Seconds(o.stop_save_timeout_s), say);
   }
   const int code = StopCluster(prometheus.get(), **cluster, say);

@@ -289,9 +289,8 @@ void Coordinator::FailReplacedMembers(const std::shared_ptr<TrainingJob>& job,
     const absl::Status reason = absl::UnavailableError(absl::StrCat(
         "worker ", r.worker_id, " restarted: a new daemon registered at ", r.new_address,
         " in place of the one at ", r.old_address, ", whose shards are gone"));
-    if (job->FailRank(static_cast<int>(it - ids.begin()), r.worker_id, reason)) {
+    if (job->FailRank(static_cast<int>(it - ids.begin()), r.worker_id, reason, r.old_incarnation)) {
       spdlog::error("job '{}': {}", job->name(), std::string(reason.message()));
-      return;  // the recovery sees the others
     }
   }
 }

@@ -82,7 +82,7 @@ absl::StatusOr<MembershipTable::Registered> MembershipTable::Register(const Regi
   if (!record.incarnation.empty() && !r.incarnation.empty() &&
       record.incarnation != r.incarnation) {
     if (replaced_.size() == kMaxReplaced) replaced_.erase(replaced_.begin());
-    replaced_.push_back(Replaced{r.worker_id, record.address, r.address});
+    replaced_.push_back(Replaced{r.worker_id, record.address, r.address, record.incarnation});
   }
   if (!record.session.empty()) session_digests_.erase(Sha256Hex(record.session));
   record = WorkerRecord{r.worker_id,

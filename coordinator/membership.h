@@ -92,13 +92,15 @@ class MembershipTable {
   // Workers whose last heartbeat is older than `timeout`.
   std::vector<WorkerRecord> Stale(absl::Time now, absl::Duration timeout) const;
 
-  // A live registration taken over by another daemon process under the same
-  // id (a supervisor restarted it, proving the id's secret, before it missed
-  // heartbeats): its heartbeats never stop, so the monitor learns of it here.
+  // A registration taken over by another daemon process under the same id
+  // (a supervisor restarted it, proving the id's secret, typically before
+  // it missed heartbeats, which then never stop): the monitor learns of it
+  // here, and fails only an epoch seated with the old process.
   struct Replaced {
     std::string worker_id;
     std::string old_address;
     std::string new_address;
+    std::string old_incarnation;
   };
   // The takeovers since the last call (at most kMaxReplaced, the latest).
   std::vector<Replaced> TakeReplaced();

@@ -145,8 +145,10 @@ class TrainingJob {
   // While RECOVERING or FORMING it fails only the batches of an epoch a
   // recovery formed (its restore), and the recovery tries again. False when
   // there was nothing to fail (`worker_id` no longer holds `rank`, or no
-  // live epoch).
-  bool FailRank(int rank, const std::string& worker_id, const absl::Status& reason);
+  // live epoch). With `incarnation`, only an epoch seated with that daemon
+  // process under the id (not one formed since with its successor).
+  bool FailRank(int rank, const std::string& worker_id, const absl::Status& reason,
+                const std::string& incarnation = "");
   // The heartbeat monitor's verdict while the job is FORMING or RECOVERING:
   // when `worker_id` is being configured, that formation fails now, naming it
   // (rather than at the configure timeout). True when it was.

@@ -23,7 +23,8 @@
 
 namespace flatshard {
 
-bool TrainingJob::FailRank(int rank, const std::string& worker_id, const absl::Status& reason) {
+bool TrainingJob::FailRank(int rank, const std::string& worker_id, const absl::Status& reason,
+                           const std::string& incarnation) {
   const v1::JobState state = states_.state();
   // A recovery's (or growth's) epoch stays FORMING until it has restored.
   const bool recovering = state == v1::RECOVERING || state == v1::FORMING;
@@ -38,6 +39,9 @@ bool TrainingJob::FailRank(int rank, const std::string& worker_id, const absl::S
     // have seated someone else there, whose epoch this must not fail.
     const auto r = static_cast<size_t>(rank);
     if (rank < 0 || r >= worker_ids_.size() || worker_ids_[r] != worker_id) return false;
+    if (!incarnation.empty() && (r >= members_.size() || members_[r].incarnation != incarnation)) {
+      return false;
+    }
     seq = sequencer_;
     recovery_runs = recovering_;
   }

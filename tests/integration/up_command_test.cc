@@ -1,9 +1,10 @@
 // `flatshard up` as a user runs it: the real binary, its daemons and its
-// output. A stop signal saves a job whose step no checkpoint holds
-// before the daemons stop (they hold the only copy of those steps), and the
+// output. A stop signal saves a job whose step its newest checkpoint does
+// not hold before the daemons stop (they hold the only copy of those steps), and the
 // next `up` on the same state dir continues from that save; a job the
 // cluster could not seat is refused before anything starts.
 #include <csignal>
+#include <cstdint>
 #include <fstream>
 #include <memory>
 #include <optional>
@@ -88,8 +89,10 @@ TEST(UpCommandTest, AStopSignalSavesTheJobAndTheNextUpContinuesFromIt) {
     ASSERT_TRUE(client.Train("mlp-demo", 3, 0, [](const v1::StepResult&) {}).ok());
     up->Signal(SIGINT);
     const std::string stopped = ReadUntil(*up, "stopped cleanly");
-    EXPECT_THAT(stopped,
-                HasSubstr("saving job 'mlp-demo' (step 3, which no checkpoint holds) as 'stop-"));
+    EXPECT_THAT(
+        stopped,
+        HasSubstr(
+            "saving job 'mlp-demo' (step 3, which its newest checkpoint does not hold) as 'stop-"));
     EXPECT_THAT(stopped, HasSubstr("' at step 3 ("));
     EXPECT_THAT(stopped, HasSubstr("stopped cleanly")) << stopped;
     EXPECT_EQ(ExitStatus(*up), 0);
@@ -112,6 +115,61 @@ TEST(UpCommandTest, AStopSignalSavesTheJobAndTheNextUpContinuesFromIt) {
   const std::string stopped = ReadUntil(*up, "stopped cleanly");
   EXPECT_THAT(stopped, Not(HasSubstr("saving job")));
   EXPECT_THAT(stopped, HasSubstr("stopped cleanly")) << stopped;
+  EXPECT_EQ(ExitStatus(*up), 0);
+}
+
+// Stopped while a training runs on the coordinator (detached): the save
+// goes in between two steps, and the coordinator stops before the workers,
+// so the job is kept as it was rather than failed by workers going away
+// under a batch (a recovery spent, a shrunk or FAILED job for the next start).
+TEST(UpCommandTest, StoppedWhileTrainingItSavesBetweenStepsAndKeepsTheJob) {
+  const std::string dir = testing::MakeTempDir("up-training");
+  const std::string address_file = dir + "/address";
+  const std::vector<std::string> flags = {
+      "--workers",          "2",          "--job", JobFile(dir),     "--checkpoint-dir",
+      dir + "/checkpoints", "--data-dir", dir,     "--address-file", address_file};
+  int64_t saved_step = -1;
+  {
+    std::unique_ptr<ChildProcess> up = StartUp(flags);
+    ASSERT_NE(up, nullptr);
+    ReadUntil(*up, "The cluster is up");
+    FlatshardClient client(std::string(absl::StripTrailingAsciiWhitespace(ReadAll(address_file))));
+    v1::TrainRequest train;
+    train.set_job("mlp-demo");
+    train.set_steps(1000000);
+    train.set_detach(true);
+    ASSERT_TRUE(client.Train(train, [](const v1::StepResult&) {}).ok());
+    // Bounded polls of a condition: the training is past step 5.
+    const absl::Time deadline = absl::Now() + absl::Seconds(60);
+    while (absl::Now() < deadline) {
+      auto job = client.GetJob("mlp-demo");
+      if (job.ok() && job->step() >= 5) break;
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    up->Signal(SIGINT);
+    const std::string stopped = ReadUntil(*up, "stopped cleanly");
+    const size_t at = stopped.find("' at step ");
+    ASSERT_NE(at, std::string::npos) << stopped;
+    saved_step = std::stoll(stopped.substr(at + std::string("' at step ").size()));
+    EXPECT_GE(saved_step, 5);
+    EXPECT_THAT(stopped, HasSubstr("stopped cleanly")) << stopped;
+    EXPECT_EQ(ExitStatus(*up), 0);
+  }
+  std::unique_ptr<ChildProcess> up = StartUp(flags);
+  ASSERT_NE(up, nullptr);
+  const std::string started = ReadUntil(*up, "The cluster is up");
+  EXPECT_THAT(started, HasSubstr(absl::StrCat("job 'mlp-demo' is READY at step ", saved_step)))
+      << started;
+  FlatshardClient client(std::string(absl::StripTrailingAsciiWhitespace(ReadAll(address_file))));
+  auto job = client.GetJob("mlp-demo");
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->world_size(), 2);
+  // The one recovery is this start's rollback to the save; a stop that
+  // failed a batch would have recorded its own first.
+  EXPECT_EQ(job->restarts(), 1) << job->last_recovery().cause();
+  EXPECT_THAT(job->last_recovery().cause(), ::testing::StartsWith("the coordinator restarted"));
+  up->Signal(SIGTERM);
+  ReadUntil(*up, "stopped cleanly");
   EXPECT_EQ(ExitStatus(*up), 0);
 }
 

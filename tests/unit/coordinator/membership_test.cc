@@ -214,6 +214,7 @@ TEST(MembershipTableTest, ATakeoverByAnotherDaemonProcessIsReportedOnce) {
   EXPECT_EQ(replaced[0].worker_id, "w-a");
   EXPECT_EQ(replaced[0].old_address, "h:1");
   EXPECT_EQ(replaced[0].new_address, "h:2");
+  EXPECT_EQ(replaced[0].old_incarnation, "p1");
   EXPECT_TRUE(table.TakeReplaced().empty());
   // A worker that sends no incarnation (an older daemon) is never reported.
   ASSERT_TRUE(table.Register(Reg("w-a", "h", "cpu", "h:3", -1, "", "cpu", "s"), t0).ok());
