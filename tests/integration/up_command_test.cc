@@ -69,6 +69,17 @@ std::string ReadUntil(ChildProcess& up, const std::string& text) {
   return said;
 }
 
+// Two workers and the job at world size 2, everything under `dir`.
+std::vector<std::string> UpFlags(const std::string& dir, const std::string& address_file) {
+  return {"--workers",          "2",          "--job", JobFile(dir),     "--checkpoint-dir",
+          dir + "/checkpoints", "--data-dir", dir,     "--address-file", address_file};
+}
+
+// A client of the coordinator `up` wrote into `address_file`.
+FlatshardClient ClientOf(const std::string& address_file) {
+  return FlatshardClient(std::string(absl::StripTrailingAsciiWhitespace(ReadAll(address_file))));
+}
+
 int ExitStatus(ChildProcess& process) {
   const std::optional<int> status = process.Wait(absl::Seconds(60));
   return status.has_value() && WIFEXITED(*status) ? WEXITSTATUS(*status) : -1;
@@ -77,15 +88,13 @@ int ExitStatus(ChildProcess& process) {
 TEST(UpCommandTest, AStopSignalSavesTheJobAndTheNextUpContinuesFromIt) {
   const std::string dir = testing::MakeTempDir("up-save");
   const std::string address_file = dir + "/address";
-  const std::vector<std::string> flags = {
-      "--workers",          "2",          "--job", JobFile(dir),     "--checkpoint-dir",
-      dir + "/checkpoints", "--data-dir", dir,     "--address-file", address_file};
+  const std::vector<std::string> flags = UpFlags(dir, address_file);
   {
     std::unique_ptr<ChildProcess> up = StartUp(flags);
     ASSERT_NE(up, nullptr);
     const std::string started = ReadUntil(*up, "The cluster is up");
     ASSERT_THAT(started, HasSubstr("job 'mlp-demo' is READY at step 0")) << started;
-    FlatshardClient client(std::string(absl::StripTrailingAsciiWhitespace(ReadAll(address_file))));
+    FlatshardClient client = ClientOf(address_file);
     ASSERT_TRUE(client.Train("mlp-demo", 3, 0, [](const v1::StepResult&) {}).ok());
     up->Signal(SIGINT);
     const std::string stopped = ReadUntil(*up, "stopped cleanly");
@@ -104,7 +113,7 @@ TEST(UpCommandTest, AStopSignalSavesTheJobAndTheNextUpContinuesFromIt) {
   const std::string started = ReadUntil(*up, "The cluster is up");
   EXPECT_THAT(started, HasSubstr("job 'mlp-demo' is in the state dir: continuing it"));
   EXPECT_THAT(started, HasSubstr("job 'mlp-demo' is READY at step 3")) << started;
-  FlatshardClient client(std::string(absl::StripTrailingAsciiWhitespace(ReadAll(address_file))));
+  FlatshardClient client = ClientOf(address_file);
   auto checkpoints = client.ListCheckpoints("mlp-demo");
   ASSERT_TRUE(checkpoints.ok()) << checkpoints.status();
   ASSERT_EQ(checkpoints->size(), 1u);
@@ -125,15 +134,13 @@ TEST(UpCommandTest, AStopSignalSavesTheJobAndTheNextUpContinuesFromIt) {
 TEST(UpCommandTest, StoppedWhileTrainingItSavesBetweenStepsAndKeepsTheJob) {
   const std::string dir = testing::MakeTempDir("up-training");
   const std::string address_file = dir + "/address";
-  const std::vector<std::string> flags = {
-      "--workers",          "2",          "--job", JobFile(dir),     "--checkpoint-dir",
-      dir + "/checkpoints", "--data-dir", dir,     "--address-file", address_file};
+  const std::vector<std::string> flags = UpFlags(dir, address_file);
   int64_t saved_step = -1;
   {
     std::unique_ptr<ChildProcess> up = StartUp(flags);
     ASSERT_NE(up, nullptr);
     ReadUntil(*up, "The cluster is up");
-    FlatshardClient client(std::string(absl::StripTrailingAsciiWhitespace(ReadAll(address_file))));
+    FlatshardClient client = ClientOf(address_file);
     v1::TrainRequest train;
     train.set_job("mlp-demo");
     train.set_steps(1000000);
@@ -160,7 +167,7 @@ TEST(UpCommandTest, StoppedWhileTrainingItSavesBetweenStepsAndKeepsTheJob) {
   const std::string started = ReadUntil(*up, "The cluster is up");
   EXPECT_THAT(started, HasSubstr(absl::StrCat("job 'mlp-demo' is READY at step ", saved_step)))
       << started;
-  FlatshardClient client(std::string(absl::StripTrailingAsciiWhitespace(ReadAll(address_file))));
+  FlatshardClient client = ClientOf(address_file);
   auto job = client.GetJob("mlp-demo");
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_EQ(job->world_size(), 2);
