@@ -60,7 +60,7 @@ CLI::App* AddUpCommand(CLI::App& app, UpCommandOptions& o) {
   up->add_option("--stop-save-timeout", o.stop_save_timeout_s,
                  "On Ctrl-C or SIGTERM, first save the job if its newest checkpoint does not hold "
                  "its step (the next `up` on this state dir continues from it), waiting up to "
-                 "this many seconds; a second Ctrl-C stops at once. 0: stop without saving")
+                 "this many seconds (a second Ctrl-C stops waiting). 0: stop without saving")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   up->add_option("--address-file", o.address_file,
