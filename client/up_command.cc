@@ -112,12 +112,18 @@ CLI::App* AddUpCommand(CLI::App& app, UpCommandOptions& o) {
 
 namespace {
 
-// A stop signal (SIGINT, SIGTERM) that arrived while they are blocked; 0: none.
-int PendingStopSignal() {
+// The signals that stop `up`: SIGINT (Ctrl-C) and SIGTERM.
+sigset_t StopSignals() {
   sigset_t stop_signals;
   sigemptyset(&stop_signals);
   sigaddset(&stop_signals, SIGTERM);
   sigaddset(&stop_signals, SIGINT);
+  return stop_signals;
+}
+
+// A stop signal that arrived while they are blocked; 0: none.
+int PendingStopSignal() {
+  const sigset_t stop_signals = StopSignals();
   const timespec now{};
   const int got = sigtimedwait(&stop_signals, nullptr, &now);
   return got > 0 ? got : 0;
@@ -151,10 +157,7 @@ std::thread SaveBeforeStop(const CoordinatorTarget& target, absl::Duration timeo
     }
     done->store(true);
   });
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGTERM);
-  sigaddset(&stop_signals, SIGINT);
+  const sigset_t stop_signals = StopSignals();
   const absl::Time give_up = absl::Now() + timeout;
   while (!done->load()) {
     if (absl::Now() >= give_up) {
@@ -178,10 +181,7 @@ std::thread SaveBeforeStop(const CoordinatorTarget& target, absl::Duration timeo
 
 int RunUpCommand(const UpCommandOptions& o, std::ostream& out, std::ostream& err) {
   // Taken by sigwait below; children start with an empty mask.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
+  sigset_t signals = StopSignals();
   // A worker that exits: restarted if it ended itself wedged (below).
   sigaddset(&signals, SIGCHLD);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
