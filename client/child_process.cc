@@ -121,8 +121,17 @@ void ChildProcess::Signal(int signal) {
   if (!status_.has_value()) kill(pid_, signal);
 }
 
+void ChildProcess::Kill() const {
+  if (pid_fd_ >= 0) {
+    (void)syscall(SYS_pidfd_send_signal, pid_fd_, SIGKILL, nullptr, 0);
+  } else {
+    kill(pid_, SIGKILL);  // no pidfd (a kernel before 5.3): the pid it had
+  }
+}
+
 int ChildProcess::Terminate(absl::Duration grace) {
   Signal(SIGTERM);
+  Signal(SIGCONT);
   if (std::optional<int> status = Wait(grace)) return *status;
   Signal(SIGKILL);
   return Wait(absl::InfiniteDuration()).value_or(-1);

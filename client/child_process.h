@@ -38,9 +38,14 @@ class ChildProcess {
 
   // Waits up to `timeout` for the child to exit; its wait status, or nullopt.
   std::optional<int> Wait(absl::Duration timeout);
-  // SIGTERM, then SIGKILL after `grace`; the wait status.
+  // SIGTERM (and SIGCONT, so that a stopped child acts on it, as systemd
+  // does), then SIGKILL after `grace`; the wait status.
   int Terminate(absl::Duration grace);
   void Signal(int signal);
+  // SIGKILL now. Unlike the rest, callable from another thread while one
+  // waits for the child: it goes through the pidfd, which names this child
+  // even after it was reaped and its pid given to another process.
+  void Kill() const;
 
  private:
   ChildProcess(pid_t pid, int stdout_fd, int pid_fd, std::string name)

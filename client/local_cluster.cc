@@ -237,7 +237,10 @@ bool LocalCluster::Stop() {
     const int status = coordinator_->Terminate(absl::Seconds(10));
     clean &= WIFEXITED(status) && WEXITSTATUS(status) == 0;
   }
-  for (auto& worker : workers_) worker->Signal(SIGTERM);
+  for (auto& worker : workers_) {
+    worker->Signal(SIGTERM);
+    worker->Signal(SIGCONT);  // a stopped daemon acts on it (ChildProcess::Terminate)
+  }
   // One grace for them all: stopped or hung daemons cost 10 s, not 10 s each.
   const absl::Time killed_after = absl::Now() + absl::Seconds(10);
   for (auto& worker : workers_) {
@@ -246,6 +249,11 @@ bool LocalCluster::Stop() {
     clean &= WIFEXITED(status) && WEXITSTATUS(status) == 0;
   }
   return clean;
+}
+
+void LocalCluster::KillAll() const {
+  if (coordinator_ != nullptr) coordinator_->Kill();
+  for (const auto& worker : workers_) worker->Kill();
 }
 
 LocalCluster::~LocalCluster() {

@@ -85,6 +85,9 @@ class LocalCluster {
 
   // Stops the coordinator, then the workers; true when all exited cleanly.
   bool Stop();
+  // SIGKILLs every daemon now; callable from another thread while Stop()
+  // waits for them (a user's Ctrl-C that will not wait for their grace).
+  void KillAll() const;
   // Kills the coordinator with SIGKILL (it gets no chance to clean up) and
   // starts it again on the same address and state dir; returns once it
   // listens. The workers are left running. `while_down` runs between the two

@@ -26,26 +26,38 @@ absl::StatusOr<std::vector<UnsavedJob>> FindUnsavedJobs(FlatshardClient& client)
         });
     const bool held = restored != checkpoints->rend() && restored->step() == job.step();
     // A job still at its initialization is made again from its spec.
-    if (job.step() > 0 && !held) unsaved.push_back(UnsavedJob{job.spec().name(), job.step()});
+    if (job.step() > 0 && !held) {
+      unsaved.push_back(UnsavedJob{job.spec().name(), job.step(),
+                                   restored != checkpoints->rend() ? restored->step() : 0});
+    }
   }
   return unsaved;
 }
 
 absl::Status SaveUnsavedJobs(FlatshardClient& client, const std::vector<UnsavedJob>& jobs,
                              absl::Time now, const std::function<void(const std::string&)>& say) {
+  // Bounds the names tried: a name is taken only by an earlier stop.
+  constexpr int kNamesTried = 10;
   absl::Status first;
-  const std::string name =
+  const std::string stem =
       absl::StrCat("stop-", absl::FormatTime("%Y%m%d-%H%M%S", now, absl::UTCTimeZone()));
   for (const UnsavedJob& job : jobs) {
     say(absl::StrCat("saving job '", job.name, "' (step ", job.step,
-                     ", which its newest checkpoint does not hold) as '", name,
+                     ", which its newest checkpoint does not hold) as '", stem,
                      "' before stopping..."));
     v1::SaveCheckpointRequest request;
     request.set_job(job.name);
-    request.set_name(name);
-    absl::StatusOr<v1::CheckpointProgress> saved = client.SaveCheckpoint(request);
+    absl::StatusOr<v1::CheckpointProgress> saved;
+    for (int n = 1; n <= kNamesTried; ++n) {
+      request.set_name(n == 1 ? stem : absl::StrCat(stem, "-", n));
+      saved = client.SaveCheckpoint(request);
+      if (saved.status().code() != absl::StatusCode::kAlreadyExists) break;
+    }
     if (!saved.ok()) {
-      say(absl::StrCat("  not saved: ", saved.status().message()));
+      say(absl::StrCat(
+          "  not saved: ", saved.status().message(),
+          "; the next `flatshard up` on this state dir continues it from step ", job.restored_step,
+          job.restored_step == 0 ? " (its initialization)" : " (its newest checkpoint)"));
       if (first.ok()) first = saved.status();
       continue;
     }

@@ -29,12 +29,17 @@ namespace flatshard {
 struct UnsavedJob {
   std::string name;
   int64_t step = 0;
+  // What a restart would restore: that checkpoint's step, or 0 (the job's
+  // initialization) when none.
+  int64_t restored_step = 0;
 };
 absl::StatusOr<std::vector<UnsavedJob>> FindUnsavedJobs(FlatshardClient& client);
 
-// Saves each of `jobs` as "stop-<UTC time of `now`>" with the job's own
-// state-dict settings, telling `say` (one line a call) what it does; the
-// first failure, after trying them all.
+// Saves each of `jobs` as "stop-<UTC time of `now`>" (with "-2", "-3", ...
+// after it while a job has a checkpoint of that name: two stops in one
+// second) with the job's own state-dict settings, telling `say` (one line a
+// call) what it does and, for a save that failed, where the next start
+// continues; the first failure, after trying them all.
 absl::Status SaveUnsavedJobs(FlatshardClient& client, const std::vector<UnsavedJob>& jobs,
                              absl::Time now, const std::function<void(const std::string&)>& say);
 

@@ -60,7 +60,8 @@ CLI::App* AddUpCommand(CLI::App& app, UpCommandOptions& o) {
   up->add_option("--stop-save-timeout", o.stop_save_timeout_s,
                  "On Ctrl-C or SIGTERM, first save the job if its newest checkpoint does not hold "
                  "its step (the next `up` on this state dir continues from it), waiting up to "
-                 "this many seconds (a second Ctrl-C stops waiting). 0: stop without saving")
+                 "this many seconds (a second Ctrl-C stops waiting). A save that fails, times out "
+                 "or is given up makes up exit 1. 0: stop without saving")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   up->add_option("--address-file", o.address_file,
@@ -129,11 +130,29 @@ int PendingStopSignal() {
   return got > 0 ? got : 0;
 }
 
+// Stops Prometheus and the cluster (the coordinator first); one more stop
+// signal meanwhile kills the daemons rather than wait out their grace.
 int StopCluster(LocalPrometheus* prometheus, LocalCluster& cluster,
                 const std::function<void(const std::string&)>& say) {
-  say("stopping the cluster...");
+  say("stopping the cluster... (Ctrl-C again to kill the daemons now)");
+  std::atomic<bool> stopped{false};
+  std::thread impatient([&] {
+    const sigset_t stop_signals = StopSignals();
+    while (!stopped.load()) {
+      // Polled: nothing wakes a sigtimedwait when Stop() returns.
+      const timespec slice = absl::ToTimespec(absl::Milliseconds(100));
+      const int got = sigtimedwait(&stop_signals, nullptr, &slice);
+      if (got == SIGINT || got == SIGTERM) {
+        say(absl::StrCat(strsignal(got), " again: killing the daemons"));
+        cluster.KillAll();
+        return;
+      }
+    }
+  });
   bool clean = prometheus == nullptr || prometheus->Stop();
   clean &= cluster.Stop();
+  stopped.store(true);
+  impatient.join();
   say(clean ? "stopped cleanly" : "stopped (some daemons had to be killed)");
   return clean ? kExitOk : kExitFailed;
 }
@@ -141,40 +160,52 @@ int StopCluster(LocalPrometheus* prometheus, LocalCluster& cluster,
 // Saves what the workers alone hold (client/save_before_stop.h) on a thread
 // of its own, while this one listens for a second stop signal; returns when
 // the save is done, that signal came or `timeout` passed. The thread is
-// returned: a save given up on ends with the coordinator, so it is joined
-// after the cluster stops. `say` is called from both threads.
-std::thread SaveBeforeStop(const CoordinatorTarget& target, absl::Duration timeout,
-                           const std::function<void(const std::string&)>& say) {
-  auto done = std::make_shared<std::atomic<bool>>(false);
-  std::thread saver([target, say, done] {
+// kept in `saver`: a save given up on ends with the coordinator, so it is
+// joined after the cluster stops. `say` is called from both threads. True
+// when every job is kept (saved, or nothing to save); false when a save
+// failed or was given up, and the steps since a job's checkpoint are lost.
+bool SaveBeforeStop(const CoordinatorTarget& target, absl::Duration timeout,
+                    const std::function<void(const std::string&)>& say, std::thread& saver) {
+  // Shared with the thread, which may outlive this call.
+  struct Outcome {
+    std::atomic<bool> done{false};
+    std::atomic<bool> kept{false};
+  };
+  auto outcome = std::make_shared<Outcome>();
+  saver = std::thread([target, say, outcome] {
     FlatshardClient client(target);
     absl::StatusOr<std::vector<UnsavedJob>> jobs = FindUnsavedJobs(client);
     if (!jobs.ok()) {
       say(absl::StrCat("not saving before stopping: ", jobs.status().message()));
-    } else if (!jobs->empty()) {
+    } else if (jobs->empty()) {
+      outcome->kept.store(true);
+    } else {
       say("(Ctrl-C again to stop without saving)");
-      (void)SaveUnsavedJobs(client, *jobs, absl::Now(), say);
+      outcome->kept.store(SaveUnsavedJobs(client, *jobs, absl::Now(), say).ok());
     }
-    done->store(true);
+    outcome->done.store(true);
   });
   const sigset_t stop_signals = StopSignals();
   const absl::Time give_up = absl::Now() + timeout;
-  while (!done->load()) {
+  while (!outcome->done.load()) {
     if (absl::Now() >= give_up) {
       say(absl::StrCat("the save did not finish in ", absl::FormatDuration(timeout),
-                       " (--stop-save-timeout); stopping without it"));
-      break;
+                       " (--stop-save-timeout); stopping without it: the steps since the "
+                       "job's newest checkpoint are lost"));
+      return false;
     }
     // Polled: nothing wakes a sigtimedwait when the other thread finishes.
     const timespec slice =
         absl::ToTimespec(std::min(absl::Milliseconds(100), give_up - absl::Now()));
     const int got = sigtimedwait(&stop_signals, nullptr, &slice);
     if (got == SIGINT || got == SIGTERM) {
-      say(absl::StrCat(strsignal(got), " again: stopping without waiting for the save"));
-      break;
+      say(absl::StrCat(strsignal(got),
+                       " again: stopping without waiting for the save (the steps since the "
+                       "job's newest checkpoint are lost)"));
+      return false;
     }
   }
-  return saver;
+  return outcome->kept.load();
 }
 
 }  // namespace
@@ -353,13 +384,15 @@ int RunUpCommand(const UpCommandOptions& o, std::ostream& out, std::ostream& err
   }
   out << "\n" << (signal == SIGCHLD ? "the coordinator is gone" : strsignal(signal)) << ": ";
   std::thread saver;
+  bool kept = true;
   if ((signal == SIGINT || signal == SIGTERM) && o.stop_save_timeout_s > 0) {
     out << "saving before stopping, if the job's newest checkpoint is behind it" << std::endl;
-    saver = SaveBeforeStop(target, absl::Seconds(o.stop_save_timeout_s), say);
+    kept = SaveBeforeStop(target, absl::Seconds(o.stop_save_timeout_s), say, saver);
   }
   const int code = StopCluster(prometheus.get(), **cluster, say);
   if (saver.joinable()) saver.join();
-  return code;
+  // A supervisor (or script) learns that trained steps were lost.
+  return kept ? code : kExitFailed;
 }
 
 }  // namespace flatshard

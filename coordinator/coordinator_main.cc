@@ -23,6 +23,7 @@
 #include "rpc/grpc_server.h"
 #include "rpc/listen_policy.h"
 #include "rpc/log_flags.h"
+#include "rpc/stop_signals.h"
 #include "rpc/tls_credentials.h"
 #include "rpc/tls_flags.h"
 #include "spdlog/spdlog.h"
@@ -132,11 +133,7 @@ int Run(const Flags& f) {
                  "--expensive-calls-per-minute must be at least 1\n";
     return 2;
   }
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  const sigset_t signals = BlockStopSignals();  // before any thread starts
 
   // Declared before what they observe, so they outlive it.
   auto registry = std::make_shared<prometheus::Registry>();

@@ -32,6 +32,7 @@
 #include "rpc/keepalive.h"
 #include "rpc/listen_policy.h"
 #include "rpc/log_flags.h"
+#include "rpc/stop_signals.h"
 #include "rpc/secrets.h"
 #include "rpc/tls_credentials.h"
 #include "rpc/tls_flags.h"
@@ -108,16 +109,11 @@ int DefaultGpu() {
 }
 
 int Run(const Flags& f) {
-  // Signals are taken by sigwait below, so every thread must block them, and
-  // threads inherit the mask of the thread that starts them: this comes
-  // before anything starts one (the host device's streams are threads). A
-  // thread started earlier took a second SIGTERM, sent while the worker was
-  // shutting down after the first, with the default action: killed.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  // Taken by sigwait below; before anything starts a thread (the host
+  // device's streams are threads). A thread started earlier took a second
+  // SIGTERM, sent while the worker was shutting down after the first, with
+  // the default action: killed.
+  const sigset_t signals = BlockStopSignals();
 
   // The device first: a worker that cannot compute must not register.
   absl::StatusOr<DeviceKind> kind = ParseDeviceKind(f.device);
