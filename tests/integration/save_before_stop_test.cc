@@ -23,7 +23,6 @@ namespace flatshard {
 namespace {
 
 using ::testing::ElementsAre;
-using ::testing::Field;
 using ::testing::IsEmpty;
 
 constexpr char kJob[] = "mlp-demo";
