@@ -1,11 +1,70 @@
 #include "metrics/metrics_server.h"
 
+#include <atomic>
 #include <exception>
+#include <thread>
 #include <vector>
 
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
 
 namespace flatshard {
+namespace {
+
+// Where a client reaches a server listening on `host`: a wildcard address
+// through loopback. Empty when it does not resolve.
+std::vector<char> ConnectAddress(absl::string_view host, int port, socklen_t& length) {
+  host = absl::StripSuffix(absl::StripPrefix(host, "["), "]");
+  std::string reach(host);
+  if (reach.empty() || reach == "0.0.0.0") reach = "127.0.0.1";
+  if (reach == "::") reach = "::1";
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(reach.c_str(), std::to_string(port).c_str(), &hints, &found) != 0) return {};
+  const auto* bytes = reinterpret_cast<const char*>(found->ai_addr);
+  std::vector<char> address(bytes, bytes + found->ai_addrlen);
+  length = found->ai_addrlen;
+  freeaddrinfo(found);
+  return address;
+}
+
+}  // namespace
+
+MetricsServer::~MetricsServer() {
+  // civetweb (1.15, Debian's) stops in mg_stop by setting a flag and waiting
+  // for its master thread to see it, which that thread does only when its
+  // poll of the listening socket returns: after a connection, or 2 s
+  // (SOCKET_TIMEOUT_QUANTUM). Every daemon's exit waited those 2 s. A
+  // connection closed at once wakes it; repeated until the stop is done,
+  // since one that comes before the flag is set only starts another poll.
+  socklen_t length = 0;
+  const std::vector<char> address =
+      ConnectAddress(address_.substr(0, address_.rfind(':')), port_, length);
+  std::atomic<bool> stopped{false};
+  std::thread waker;
+  if (!address.empty()) {
+    waker = std::thread([&] {
+      const auto* to = reinterpret_cast<const sockaddr*>(address.data());
+      while (!stopped.load()) {
+        const int fd = socket(to->sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        if (fd < 0) return;
+        (void)connect(fd, to, length);
+        close(fd);
+        absl::SleepFor(absl::Milliseconds(10));  // bounded: until the stop returns
+      }
+    });
+  }
+  exposer_.reset();
+  stopped.store(true);
+  if (waker.joinable()) waker.join();
+}
 
 absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(const std::string& address) {
   const size_t colon = address.rfind(':');

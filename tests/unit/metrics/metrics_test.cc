@@ -10,6 +10,8 @@
 
 #include <curl/curl.h>
 
+#include "absl/strings/str_replace.h"
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "metrics/build_info.h"
@@ -337,6 +339,23 @@ TEST(MetricsServerTest, ServesRegistryAndScrapeGaugesOnAPickedPort) {
   EXPECT_EQ(taken.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(taken.status().message(), HasSubstr((*server)->address()));
   EXPECT_EQ(MetricsServer::Start("no-port").status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Every daemon's exit stops its metrics server: civetweb alone waits up to
+// 2 s for its master thread's poll to return (metrics_server.cc), which
+// made each daemon's stop, and a local cluster's, seconds long.
+TEST(MetricsServerTest, StopsWithoutWaitingOutCivetwebsPoll) {
+  for (const std::string address : {"127.0.0.1:0", "0.0.0.0:0"}) {
+    absl::StatusOr<std::unique_ptr<MetricsServer>> server = MetricsServer::Start(address);
+    ASSERT_TRUE(server.ok()) << server.status();
+    (*server)->Serve(std::make_shared<prometheus::Registry>());
+    const std::string reach =
+        absl::StrReplaceAll((*server)->address(), {{"0.0.0.0:", "127.0.0.1:"}});
+    Scrape(reach);  // it serves (Scrape checks the request succeeded)
+    const absl::Time start = absl::Now();
+    server->reset();
+    EXPECT_LT(absl::Now() - start, absl::Seconds(1)) << address;
+  }
 }
 
 }  // namespace
