@@ -122,11 +122,10 @@ void ChildProcess::Signal(int signal) {
 }
 
 void ChildProcess::Kill() const {
-  if (pid_fd_ >= 0) {
-    (void)syscall(SYS_pidfd_send_signal, pid_fd_, SIGKILL, nullptr, 0);
-  } else {
-    kill(pid_, SIGKILL);  // no pidfd (a kernel before 5.3): the pid it had
-  }
+  // Best effort, as a Ctrl-C that will not wait is: the child may be gone.
+  // Without a pidfd (a kernel before 5.3) nothing: kill() of the pid could
+  // reach another process once the waiting thread has reaped this one.
+  if (pid_fd_ >= 0) (void)syscall(SYS_pidfd_send_signal, pid_fd_, SIGKILL, nullptr, 0);
 }
 
 int ChildProcess::Terminate(absl::Duration grace) {

@@ -44,7 +44,8 @@ class ChildProcess {
   void Signal(int signal);
   // SIGKILL now. Unlike the rest, callable from another thread while one
   // waits for the child: it goes through the pidfd, which names this child
-  // even after it was reaped and its pid given to another process.
+  // even after it was reaped and its pid given to another process (without
+  // a pidfd, a kernel before 5.3, it does nothing).
   void Kill() const;
 
  private:

@@ -86,7 +86,8 @@ class LocalCluster {
   // Stops the coordinator, then the workers; true when all exited cleanly.
   bool Stop();
   // SIGKILLs every daemon now; callable from another thread while Stop()
-  // waits for them (a user's Ctrl-C that will not wait for their grace).
+  // waits for them (a user's Ctrl-C that will not wait for their grace), not
+  // while one restarts a daemon (which replaces it).
   void KillAll() const;
   // Kills the coordinator with SIGKILL (it gets no chance to clean up) and
   // starts it again on the same address and state dir; returns once it

@@ -226,9 +226,13 @@ absl::Status LocalPrometheus::SetWorkerTargets(const std::vector<std::string>& w
 
 bool LocalPrometheus::Stop() {
   if (process_ == nullptr) return true;
+  // Kept (a second Stop() returns the same status): Kill() may read it meanwhile.
   const int status = process_->Terminate(absl::Seconds(10));
-  process_.reset();
   return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
+void LocalPrometheus::Kill() const {
+  if (process_ != nullptr) process_->Kill();
 }
 
 LocalPrometheus::~LocalPrometheus() {

@@ -47,6 +47,8 @@ class LocalPrometheus {
   const std::string& data_dir() const { return data_dir_; }
   // SIGTERM, then SIGKILL; true when it exited cleanly.
   bool Stop();
+  // SIGKILLs it now; callable while another thread is in Stop().
+  void Kill() const;
   // Scrapes `workers` from now on (a restarted worker's /metrics has a new
   // port); Prometheus re-reads the targets file by itself.
   absl::Status SetWorkerTargets(const std::vector<std::string>& workers);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
@@ -36,23 +37,25 @@ absl::StatusOr<std::vector<UnsavedJob>> FindUnsavedJobs(FlatshardClient& client)
 
 absl::Status SaveUnsavedJobs(FlatshardClient& client, const std::vector<UnsavedJob>& jobs,
                              absl::Time now, const std::function<void(const std::string&)>& say) {
-  // Bounds the names tried: a name is taken only by an earlier stop.
-  constexpr int kNamesTried = 10;
   absl::Status first;
   const std::string stem =
       absl::StrCat("stop-", absl::FormatTime("%Y%m%d-%H%M%S", now, absl::UTCTimeZone()));
   for (const UnsavedJob& job : jobs) {
+    // A name an earlier stop in the same second took gets the next suffix.
+    absl::StatusOr<std::vector<v1::CheckpointInfo>> listed = client.ListCheckpoints(job.name);
+    absl::flat_hash_set<std::string> taken;
+    if (listed.ok()) {
+      for (const v1::CheckpointInfo& c : *listed) taken.insert(c.name());
+    }
+    std::string name = stem;
+    for (int n = 2; taken.contains(name); ++n) name = absl::StrCat(stem, "-", n);
     say(absl::StrCat("saving job '", job.name, "' (step ", job.step,
-                     ", which its newest checkpoint does not hold) as '", stem,
+                     ", which its newest checkpoint does not hold) as '", name,
                      "' before stopping..."));
     v1::SaveCheckpointRequest request;
     request.set_job(job.name);
-    absl::StatusOr<v1::CheckpointProgress> saved;
-    for (int n = 1; n <= kNamesTried; ++n) {
-      request.set_name(n == 1 ? stem : absl::StrCat(stem, "-", n));
-      saved = client.SaveCheckpoint(request);
-      if (saved.status().code() != absl::StatusCode::kAlreadyExists) break;
-    }
+    request.set_name(name);
+    absl::StatusOr<v1::CheckpointProgress> saved = client.SaveCheckpoint(request);
     if (!saved.ok()) {
       say(absl::StrCat(
           "  not saved: ", saved.status().message(),

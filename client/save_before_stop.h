@@ -36,7 +36,7 @@ struct UnsavedJob {
 absl::StatusOr<std::vector<UnsavedJob>> FindUnsavedJobs(FlatshardClient& client);
 
 // Saves each of `jobs` as "stop-<UTC time of `now`>" (with "-2", "-3", ...
-// after it while a job has a checkpoint of that name: two stops in one
+// after it where the job has a checkpoint of that name: two stops in one
 // second) with the job's own state-dict settings, telling `say` (one line a
 // call) what it does and, for a save that failed, where the next start
 // continues; the first failure, after trying them all.

@@ -131,7 +131,7 @@ int PendingStopSignal() {
 }
 
 // Stops Prometheus and the cluster (the coordinator first); one more stop
-// signal meanwhile kills the daemons rather than wait out their grace.
+// signal meanwhile kills them all rather than wait out their grace.
 int StopCluster(LocalPrometheus* prometheus, LocalCluster& cluster,
                 const std::function<void(const std::string&)>& say) {
   say("stopping the cluster... (Ctrl-C again to kill the daemons now)");
@@ -144,6 +144,7 @@ int StopCluster(LocalPrometheus* prometheus, LocalCluster& cluster,
       const int got = sigtimedwait(&stop_signals, nullptr, &slice);
       if (got == SIGINT || got == SIGTERM) {
         say(absl::StrCat(strsignal(got), " again: killing the daemons"));
+        if (prometheus != nullptr) prometheus->Kill();
         cluster.KillAll();
         return;
       }
@@ -157,55 +158,68 @@ int StopCluster(LocalPrometheus* prometheus, LocalCluster& cluster,
   return clean ? kExitOk : kExitFailed;
 }
 
+// The save before stopping, shared between its thread and the one waiting
+// for it (which may stop waiting first).
+struct StopSave {
+  enum Phase { kListing, kSaving, kDone };
+  std::atomic<int> phase{kListing};
+  std::atomic<bool> kept{false};  // at kDone: every job saved, or none needed it
+  std::thread thread;             // joined after the cluster stops
+  // Whether the job's state is kept: a save given up on may still have
+  // finished before the coordinator stopped.
+  bool Kept() const { return phase.load() == kDone && kept.load(); }
+};
+
 // Saves what the workers alone hold (client/save_before_stop.h) on a thread
 // of its own, while this one listens for a second stop signal; returns when
-// the save is done, that signal came or `timeout` passed. The thread is
-// kept in `saver`: a save given up on ends with the coordinator, so it is
-// joined after the cluster stops. `say` is called from both threads. True
-// when every job is kept (saved, or nothing to save); false when a save
-// failed or was given up, and the steps since a job's checkpoint are lost.
-bool SaveBeforeStop(const CoordinatorTarget& target, absl::Duration timeout,
-                    const std::function<void(const std::string&)>& say, std::thread& saver) {
-  // Shared with the thread, which may outlive this call.
-  struct Outcome {
-    std::atomic<bool> done{false};
-    std::atomic<bool> kept{false};
-  };
-  auto outcome = std::make_shared<Outcome>();
-  saver = std::thread([target, say, outcome] {
+// the save is done, that signal came or `timeout` passed. A save given up on
+// ends with the coordinator, so its thread is joined after the cluster
+// stops. `say` is called from both threads.
+std::unique_ptr<StopSave> SaveBeforeStop(const CoordinatorTarget& target, absl::Duration timeout,
+                                         const std::function<void(const std::string&)>& say) {
+  auto save = std::make_unique<StopSave>();
+  StopSave* s = save.get();  // outlives the thread: joined before it is destroyed
+  save->thread = std::thread([target, say, s] {
     FlatshardClient client(target);
     absl::StatusOr<std::vector<UnsavedJob>> jobs = FindUnsavedJobs(client);
     if (!jobs.ok()) {
       say(absl::StrCat("not saving before stopping: ", jobs.status().message()));
     } else if (jobs->empty()) {
-      outcome->kept.store(true);
+      s->kept.store(true);
     } else {
+      s->phase.store(StopSave::kSaving);
       say("(Ctrl-C again to stop without saving)");
-      outcome->kept.store(SaveUnsavedJobs(client, *jobs, absl::Now(), say).ok());
+      s->kept.store(SaveUnsavedJobs(client, *jobs, absl::Now(), say).ok());
     }
-    outcome->done.store(true);
+    s->phase.store(StopSave::kDone);
   });
+  // What giving up costs, by how far the save got.
+  const auto lost = [s] {
+    return s->phase.load() == StopSave::kListing
+               ? std::string("whether a job's newest checkpoint holds its step is not known")
+               : std::string("what it had not saved is lost");
+  };
   const sigset_t stop_signals = StopSignals();
   const absl::Time give_up = absl::Now() + timeout;
-  while (!outcome->done.load()) {
+  while (s->phase.load() != StopSave::kDone) {
     if (absl::Now() >= give_up) {
       say(absl::StrCat("the save did not finish in ", absl::FormatDuration(timeout),
-                       " (--stop-save-timeout); stopping without it: the steps since the "
-                       "job's newest checkpoint are lost"));
-      return false;
+                       " (--stop-save-timeout); stopping without it: ", lost()));
+      return save;
     }
     // Polled: nothing wakes a sigtimedwait when the other thread finishes.
     const timespec slice =
         absl::ToTimespec(std::min(absl::Milliseconds(100), give_up - absl::Now()));
     const int got = sigtimedwait(&stop_signals, nullptr, &slice);
     if (got == SIGINT || got == SIGTERM) {
-      say(absl::StrCat(strsignal(got),
-                       " again: stopping without waiting for the save (the steps since the "
-                       "job's newest checkpoint are lost)"));
-      return false;
+      say(absl::StrCat(strsignal(got), " again: stopping without waiting for the save: ", lost()));
+      return save;
     }
   }
-  return outcome->kept.load();
+  // A Ctrl-C pressed as the save finished meant "stop waiting": not "kill
+  // the daemons", which StopCluster would take it for.
+  (void)PendingStopSignal();
+  return save;
 }
 
 }  // namespace
@@ -383,16 +397,18 @@ int RunUpCommand(const UpCommandOptions& o, std::ostream& out, std::ostream& err
     }
   }
   out << "\n" << (signal == SIGCHLD ? "the coordinator is gone" : strsignal(signal)) << ": ";
-  std::thread saver;
-  bool kept = true;
+  std::unique_ptr<StopSave> save;
   if ((signal == SIGINT || signal == SIGTERM) && o.stop_save_timeout_s > 0) {
     out << "saving before stopping, if the job's newest checkpoint is behind it" << std::endl;
-    kept = SaveBeforeStop(target, absl::Seconds(o.stop_save_timeout_s), say, saver);
+    save = SaveBeforeStop(target, absl::Seconds(o.stop_save_timeout_s), say);
   }
+  const bool waited = save == nullptr || save->phase.load() == StopSave::kDone;
   const int code = StopCluster(prometheus.get(), **cluster, say);
-  if (saver.joinable()) saver.join();
+  if (save == nullptr) return code;
+  save->thread.join();
+  if (!waited && save->Kept()) say("(the save finished as the cluster stopped: nothing is lost)");
   // A supervisor (or script) learns that trained steps were lost.
-  return kept ? code : kExitFailed;
+  return save->Kept() ? code : kExitFailed;
 }
 
 }  // namespace flatshard

@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <exception>
+#include <system_error>
 #include <thread>
 #include <vector>
 
@@ -18,14 +19,16 @@ namespace flatshard {
 namespace {
 
 // Where a client reaches a server listening on `host`: a wildcard address
-// through loopback. Empty when it does not resolve.
+// and "localhost" through loopback. Empty for a host name, which would
+// need a resolver, slow or down at a daemon's exit.
 std::vector<char> ConnectAddress(absl::string_view host, int port, socklen_t& length) {
   host = absl::StripSuffix(absl::StripPrefix(host, "["), "]");
   std::string reach(host);
-  if (reach.empty() || reach == "0.0.0.0") reach = "127.0.0.1";
+  if (reach.empty() || reach == "0.0.0.0" || reach == "localhost") reach = "127.0.0.1";
   if (reach == "::") reach = "::1";
   addrinfo hints{};
   hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_NUMERICHOST | AI_NUMERICSERV;
   addrinfo* found = nullptr;
   if (getaddrinfo(reach.c_str(), std::to_string(port).c_str(), &hints, &found) != 0) return {};
   const auto* bytes = reinterpret_cast<const char*>(found->ai_addr);
@@ -50,16 +53,20 @@ MetricsServer::~MetricsServer() {
   std::atomic<bool> stopped{false};
   std::thread waker;
   if (!address.empty()) {
-    waker = std::thread([&] {
-      const auto* to = reinterpret_cast<const sockaddr*>(address.data());
-      while (!stopped.load()) {
-        const int fd = socket(to->sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
-        if (fd < 0) return;
-        (void)connect(fd, to, length);
-        close(fd);
-        absl::SleepFor(absl::Milliseconds(10));  // bounded: until the stop returns
-      }
-    });
+    try {
+      waker = std::thread([&] {
+        const auto* to = reinterpret_cast<const sockaddr*>(address.data());
+        while (!stopped.load()) {
+          const int fd = socket(to->sa_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+          if (fd < 0) return;
+          (void)connect(fd, to, length);
+          close(fd);
+          absl::SleepFor(absl::Milliseconds(10));  // bounded: until the stop returns
+        }
+      });
+    } catch (const std::system_error&) {
+      // No thread to spare: the stop takes civetweb's 2 s.
+    }
   }
   exposer_.reset();
   stopped.store(true);

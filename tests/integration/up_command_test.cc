@@ -19,7 +19,9 @@
 #include <gtest/gtest.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -101,11 +103,17 @@ pid_t WorkerPid(const ChildProcess& up, const std::string& id) {
 
 // A worker daemon SIGSTOPped (every command to it waits), continued when
 // the test ends however it ends: stopped, it would not act on the SIGTERM
-// its parent's death sends it.
+// its parent's death sends it. Signalled through a pidfd, so that a pid
+// reaped and reused meanwhile is not.
 struct FrozenWorker {
-  pid_t pid;
-  explicit FrozenWorker(pid_t p) : pid(p) { kill(pid, SIGSTOP); }
-  ~FrozenWorker() { kill(pid, SIGCONT); }
+  int pid_fd;
+  explicit FrozenWorker(pid_t pid) : pid_fd(static_cast<int>(syscall(SYS_pidfd_open, pid, 0))) {
+    syscall(SYS_pidfd_send_signal, pid_fd, SIGSTOP, nullptr, 0);
+  }
+  ~FrozenWorker() {
+    syscall(SYS_pidfd_send_signal, pid_fd, SIGCONT, nullptr, 0);
+    close(pid_fd);
+  }
   FrozenWorker(const FrozenWorker&) = delete;
   FrozenWorker& operator=(const FrozenWorker&) = delete;
 };
@@ -248,7 +256,7 @@ TEST(UpCommandTest, AStopSaveThatOutlastsItsTimeoutIsGivenUpAndTheExitSaysSo) {
     EXPECT_THAT(stopped, HasSubstr("saving job 'mlp-demo' (step 3"));
     EXPECT_THAT(stopped,
                 HasSubstr("the save did not finish in 1s (--stop-save-timeout); stopping without "
-                          "it: the steps since the job's newest checkpoint are lost"));
+                          "it: what it had not saved is lost"));
     EXPECT_THAT(stopped, Not(HasSubstr("' at step 3 (")));
     // The frozen worker was continued with its SIGTERM and stopped by itself.
     EXPECT_THAT(stopped, HasSubstr("stopped cleanly")) << stopped;
@@ -277,8 +285,8 @@ TEST(UpCommandTest, ASecondCtrlCStopsWithoutWaitingForTheSave) {
   ASSERT_THAT(saving, HasSubstr("(Ctrl-C again to stop without saving)"));
   t.up->Signal(SIGINT);
   const std::string stopped = ReadUntil(*t.up, "stopped");
-  EXPECT_THAT(stopped, HasSubstr("Interrupt again: stopping without waiting for the save (the "
-                                 "steps since the job's newest checkpoint are lost)"));
+  EXPECT_THAT(stopped, HasSubstr("Interrupt again: stopping without waiting for the save: what "
+                                 "it had not saved is lost"));
   EXPECT_THAT(stopped, Not(HasSubstr("' at step 3 (")));
   EXPECT_THAT(stopped, HasSubstr("stopped cleanly")) << stopped;
   EXPECT_EQ(ExitStatus(*t.up), 1);
@@ -356,8 +364,12 @@ TEST(UpCommandTest, DaemonsStartedWithStopSignalsIgnoredStillStop) {
 // (--pdeathsig), so nothing is left behind.
 TEST(UpCommandTest, ACtrlCWhileStoppingKillsDaemonsThatWillNotStop) {
   const std::string dir = testing::MakeTempDir("up-will-not-stop");
+  // The shell dies with `up` however `up` ends (its own death signal, KILL,
+  // in place of the SIGTERM it ignores), and the daemon with the shell.
   const std::string bin = WrappedDaemons(
-      dir, "trap '' TERM", "setpriv --pdeathsig KILL -- \"$DAEMON\" \"$@\" &\nwait $!");
+      dir, "",
+      "exec setpriv --pdeathsig KILL -- /bin/sh -c "
+      "'trap \"\" TERM; setpriv --pdeathsig KILL -- \"$0\" \"$@\" & wait $!' \"$DAEMON\" \"$@\"");
   std::unique_ptr<ChildProcess> up =
       StartUp({"--workers", "2", "--checkpoint-dir", dir + "/checkpoints", "--bin-dir", bin,
                "--stop-save-timeout", "0"});
