@@ -29,7 +29,7 @@
 #include "flatshard/v1/job.grpc.pb.h"
 #include "flatshard/v1/membership.grpc.pb.h"
 #include "flatshard/v1/worker.grpc.pb.h"
-#include "storage/spec_files.h"
+#include "tests/integration/mlp_cluster.h"
 #include "tests/integration/multiprocess.h"
 
 namespace flatshard {
@@ -57,22 +57,12 @@ constexpr char kIn[] = "job: 'mlp-demo' ";
 class BadRequestTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    const std::string dir = testing::MakeTempDir("bad-request");
-    LocalClusterOptions options;
-    options.workers = 2;
-    options.bin_dir = FLATSHARD_BIN_DIR;
-    options.checkpoint_dir = dir + "/checkpoints";
-    auto cluster = LocalCluster::Start(options);
-    ASSERT_TRUE(cluster.ok()) << cluster.status();
-    cluster_ = *std::move(cluster);
-    client_ = std::make_unique<FlatshardClient>(cluster_->address());
-    auto spec = LoadJobSpecFile(std::string(FLATSHARD_SOURCE_DIR) + "/examples/mlp-job.yaml");
-    ASSERT_TRUE(spec.ok()) << spec.status();
-    spec->set_world_size(2);
-    ASSERT_EQ(spec->name(), kJob);
-    spec_ = *spec;
-    ASSERT_TRUE(client_->CreateJob(spec_).ok());
-    ASSERT_TRUE(client_->WaitForState(kJob, {v1::READY}, absl::Seconds(120)).ok());
+    absl::StatusOr<testing::MlpCluster> started = testing::StartMlpCluster("bad-request", 2);
+    ASSERT_TRUE(started.ok()) << started.status();
+    ASSERT_EQ(started->spec.name(), kJob);
+    cluster_ = std::move(started->cluster);
+    client_ = std::move(started->client);
+    spec_ = started->spec;
 
     auto channel = grpc::CreateChannel(cluster_->address(), grpc::InsecureChannelCredentials());
     jobs_ = v1::JobService::NewStub(channel);

@@ -16,8 +16,7 @@
 
 #include "client/flatshard_client.h"
 #include "client/local_cluster.h"
-#include "storage/spec_files.h"
-#include "tests/integration/multiprocess.h"
+#include "tests/integration/mlp_cluster.h"
 
 namespace flatshard {
 namespace {
@@ -30,22 +29,11 @@ constexpr char kJob[] = "mlp-demo";
 class SaveBeforeStopTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    const std::string dir = testing::MakeTempDir("save-before-stop");
-    LocalClusterOptions options;
-    options.workers = 2;
-    options.bin_dir = FLATSHARD_BIN_DIR;
-    options.checkpoint_dir = dir + "/checkpoints";
-    options.state_dir = dir + "/state";
-    auto cluster = LocalCluster::Start(options);
-    ASSERT_TRUE(cluster.ok()) << cluster.status();
-    cluster_ = *std::move(cluster);
-    client_ = std::make_unique<FlatshardClient>(cluster_->address());
-    auto spec = LoadJobSpecFile(std::string(FLATSHARD_SOURCE_DIR) + "/examples/mlp-job.yaml");
-    ASSERT_TRUE(spec.ok()) << spec.status();
-    spec->set_world_size(2);
-    ASSERT_TRUE(client_->CreateJob(*spec).ok());
-    auto ready = client_->WaitForState(kJob, {v1::READY}, absl::Seconds(120));
-    ASSERT_TRUE(ready.ok()) << ready.status();
+    absl::StatusOr<testing::MlpCluster> started = testing::StartMlpCluster("save-before-stop", 2);
+    ASSERT_TRUE(started.ok()) << started.status();
+    ASSERT_EQ(started->spec.name(), kJob);
+    cluster_ = std::move(started->cluster);
+    client_ = std::move(started->client);
   }
 
   void Train(int64_t steps) {

@@ -27,7 +27,7 @@
 #include "core/model_spec_proto.h"
 #include "core/model_spec_yaml.h"
 #include "flatshard/v1/job.grpc.pb.h"
-#include "storage/spec_files.h"
+#include "tests/integration/mlp_cluster.h"
 #include "tests/integration/multiprocess.h"
 
 namespace flatshard {
@@ -60,26 +60,18 @@ class StalledClientTest : public ::testing::Test {
   }
 
   void StartCluster(std::vector<std::string> coordinator_flags) {
-    const std::string dir = testing::MakeTempDir("stalled-client");
-    LocalClusterOptions options;
-    options.workers = 2;
-    options.bin_dir = FLATSHARD_BIN_DIR;
-    options.checkpoint_dir = dir + "/checkpoints";
-    options.coordinator_flags = std::move(coordinator_flags);
-    auto cluster = LocalCluster::Start(options);
-    ASSERT_TRUE(cluster.ok()) << cluster.status();
-    cluster_ = *std::move(cluster);
-    client_ = std::make_unique<FlatshardClient>(cluster_->address());
-    auto spec = LoadJobSpecFile(std::string(FLATSHARD_SOURCE_DIR) + "/examples/mlp-job.yaml");
-    ASSERT_TRUE(spec.ok()) << spec.status();
     auto model = ParseModelSpec(kModel, "stalled.yaml");
     ASSERT_TRUE(model.ok()) << model.status();
-    *spec->mutable_model() = ModelSpecToProto(*model);
-    spec->clear_wrap_policy();
-    spec->set_world_size(2);
-    job_ = spec->name();
-    ASSERT_TRUE(client_->CreateJob(*spec).ok());
-    ASSERT_TRUE(client_->WaitForState(job_, {v1::READY}, absl::Seconds(120)).ok());
+    absl::StatusOr<testing::MlpCluster> started = testing::StartMlpCluster(
+        "stalled-client", 2, [&](LocalClusterOptions& options, v1::JobSpec& spec) {
+          options.coordinator_flags = std::move(coordinator_flags);
+          *spec.mutable_model() = ModelSpecToProto(*model);
+          spec.clear_wrap_policy();
+        });
+    ASSERT_TRUE(started.ok()) << started.status();
+    cluster_ = std::move(started->cluster);
+    client_ = std::move(started->client);
+    job_ = started->spec.name();
   }
   void TearDown() override {
     if (cluster_ != nullptr) {

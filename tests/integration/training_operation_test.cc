@@ -18,6 +18,7 @@
 #include "client/local_cluster.h"
 #include "core/job_spec_yaml.h"
 #include "storage/spec_files.h"
+#include "tests/integration/mlp_cluster.h"
 #include "tests/integration/multiprocess.h"
 
 namespace flatshard {
@@ -28,21 +29,11 @@ using ::testing::HasSubstr;
 class TrainingOperationTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    const std::string dir = testing::MakeTempDir("training-op");
-    LocalClusterOptions options;
-    options.workers = 2;
-    options.bin_dir = FLATSHARD_BIN_DIR;
-    options.checkpoint_dir = dir + "/checkpoints";
-    auto cluster = LocalCluster::Start(options);
-    ASSERT_TRUE(cluster.ok()) << cluster.status();
-    cluster_ = *std::move(cluster);
-    client_ = std::make_unique<FlatshardClient>(cluster_->address());
-    auto spec = LoadJobSpecFile(std::string(FLATSHARD_SOURCE_DIR) + "/examples/mlp-job.yaml");
-    ASSERT_TRUE(spec.ok()) << spec.status();
-    spec->set_world_size(2);
-    job_ = spec->name();
-    ASSERT_TRUE(client_->CreateJob(*spec).ok());
-    ASSERT_TRUE(client_->WaitForState(job_, {v1::READY}, absl::Seconds(120)).ok());
+    absl::StatusOr<testing::MlpCluster> started = testing::StartMlpCluster("training-op", 2);
+    ASSERT_TRUE(started.ok()) << started.status();
+    cluster_ = std::move(started->cluster);
+    client_ = std::move(started->client);
+    job_ = started->spec.name();
   }
   void TearDown() override {
     if (cluster_ != nullptr) {

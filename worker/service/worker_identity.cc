@@ -160,6 +160,14 @@ absl::StatusOr<std::unique_ptr<WorkerIdentity>> WorkerIdentity::TakeSeat(const s
                         "%04o); it keeps an identity secret",
                         dir, path, st.st_mode & 07777));
   }
+  // Another user's file: whoever owns it can read the secret, and could
+  // have planted a secret of their choosing.
+  if (st.st_uid != ::geteuid()) {
+    ::close(fd);
+    return absl::FailedPreconditionError(
+        absl::StrCat("--state-dir ", dir, ": ", path, " belongs to uid ", st.st_uid,
+                     ", not to this worker's uid ", ::geteuid(), "; it keeps an identity secret"));
+  }
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     const int error = errno;
     ::close(fd);

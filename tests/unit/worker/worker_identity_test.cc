@@ -3,12 +3,15 @@
 // a GPU's seat is that GPU's alone.
 #include "worker/service/worker_identity.h"
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <string>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 namespace flatshard {
 namespace {
@@ -129,6 +132,26 @@ TEST(WorkerIdentityTest, ASeatHoldingAnotherIdIsRefused) {
   auto claimed = WorkerIdentity::ClaimId(dir, "a");
   ASSERT_FALSE(claimed.ok());
   EXPECT_THAT(claimed.status().message(), HasSubstr("holds id 'b', not 'a'"));
+}
+
+// Another user's seat: they could read the secret, or have chosen it.
+// Needs root to give the file away (CI runs as root); skipped elsewhere.
+TEST(WorkerIdentityTest, ASeatOwnedByAnotherUserIsRefused) {
+  if (::geteuid() != 0) GTEST_SKIP() << "giving a file to another uid needs root";
+  const std::string dir = FreshDir("other-owner");
+  fs::create_directories(dir);
+  { std::ofstream(dir + "/id-theirs") << "theirs\nsecret\n"; }
+  fs::permissions(dir + "/id-theirs", fs::perms::owner_read | fs::perms::owner_write);
+  ASSERT_EQ(::chown((dir + "/id-theirs").c_str(), 12345, 12345), 0) << std::strerror(errno);
+  auto claimed = WorkerIdentity::ClaimId(dir, "theirs");
+  ASSERT_FALSE(claimed.ok());
+  EXPECT_THAT(claimed.status().message(),
+              HasSubstr("belongs to uid 12345, not to this worker's uid 0"));
+  // Given back, it is the same worker's seat again.
+  ASSERT_EQ(::chown((dir + "/id-theirs").c_str(), 0, 0), 0) << std::strerror(errno);
+  auto mine = WorkerIdentity::ClaimId(dir, "theirs");
+  ASSERT_TRUE(mine.ok()) << mine.status();
+  EXPECT_EQ((*mine)->id(), "theirs");
 }
 
 }  // namespace
