@@ -372,7 +372,11 @@ absl::StatusOr<v1::JobState> FlatshardClient::WaitForState(const std::string& jo
       break;
     }
   }
-  context.TryCancel();
+  // Ended here, not by the stream: the coordinator would go on sending.
+  // (Cancelling a stream that ended by itself would hide why it ended.)
+  if (result.ok() || result.status().code() != absl::StatusCode::kDeadlineExceeded) {
+    context.TryCancel();
+  }
   grpc::Status status = reader->Finish();
   // The coordinator may see the deadline first and end the stream CANCELLED.
   const bool deadline_passed = status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||

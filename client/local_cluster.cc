@@ -166,6 +166,13 @@ absl::Status LocalCluster::KillAndRestartCoordinator(const std::function<void()>
   return StartCoordinator(address_);
 }
 
+absl::Status LocalCluster::RestartCoordinator() {
+  if (!coordinator_->Wait(absl::ZeroDuration()).has_value()) {
+    return absl::FailedPreconditionError("flatshard-coordinator is still running");
+  }
+  return StartCoordinator(address_);
+}
+
 absl::Status LocalCluster::ReadWorkerBanner(size_t w) {
   ChildProcess& worker = *workers_[w];
   ASSIGN_OR_RETURN(std::string line, worker.ReadLine(options_.start_timeout));

@@ -94,6 +94,9 @@ class LocalCluster {
   // listens. The workers are left running. `while_down` runs between the two
   // (tests: what a crash at some moment would have left in the state dir).
   absl::Status KillAndRestartCoordinator(const std::function<void()>& while_down = {});
+  // Starts the coordinator again, on the same address and state dir, after
+  // it exited (FAILED_PRECONDITION while it runs); returns once it listens.
+  absl::Status RestartCoordinator();
   // Starts worker `i` again with the arguments it had (its id, so it keeps its
   // rank) after it died; returns once it has registered. It must have exited.
   absl::Status RestartWorker(int i);

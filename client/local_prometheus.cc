@@ -220,6 +220,10 @@ absl::StatusOr<std::unique_ptr<LocalPrometheus>> LocalPrometheus::Start(
   return last;
 }
 
+absl::Status LocalPrometheus::SetCoordinatorTarget(const std::string& coordinator) {
+  return WriteTargets(data_dir_ + "/targets/coordinator.json", {coordinator});
+}
+
 absl::Status LocalPrometheus::SetWorkerTargets(const std::vector<std::string>& workers) {
   return WriteTargets(data_dir_ + "/targets/workers.json", workers);
 }

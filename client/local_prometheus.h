@@ -49,6 +49,9 @@ class LocalPrometheus {
   bool Stop();
   // SIGKILLs it now; callable while another thread is in Stop().
   void Kill() const;
+  // Scrapes the coordinator at `coordinator` from now on (a restarted one's
+  // /metrics has a new port).
+  absl::Status SetCoordinatorTarget(const std::string& coordinator);
   // Scrapes `workers` from now on (a restarted worker's /metrics has a new
   // port); Prometheus re-reads the targets file by itself.
   absl::Status SetWorkerTargets(const std::vector<std::string>& workers);

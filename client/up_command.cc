@@ -22,8 +22,8 @@
 #include "client/cluster_security.h"
 #include "client/flatshard_client.h"
 #include "client/save_before_stop.h"
+#include "client/up_supervisor.h"
 #include "core/job_spec_yaml.h"
-#include "core/worker_exit_codes.h"
 #include "storage/spec_files.h"
 
 namespace flatshard {
@@ -367,34 +367,11 @@ int RunUpCommand(const UpCommandOptions& o, std::ostream& out, std::ostream& err
       << "Ctrl-C stops the cluster (saving the job first if its newest checkpoint is behind it)."
       << std::endl;
 
-  // As the daemons' supervisor: a worker that ended itself wedged holds
-  // nothing any more and is started again under its id (it grows its job
-  // back at a scheduled checkpoint); a coordinator that exits ends the
-  // cluster; Ctrl-C or SIGTERM stops it.
+  // As the daemons' supervisor (client/up_supervisor.h) until Ctrl-C or
+  // SIGTERM, or until the coordinator is gone for good.
+  UpSupervisor supervisor(**cluster, prometheus.get(), out, err);
   while (sigwait(&signals, &signal) == 0 && signal == SIGCHLD) {
-    if (const std::optional<int> gone = (*cluster)->coordinator().Wait(absl::ZeroDuration())) {
-      err << "up: the coordinator exited (wait status " << *gone << "); stopping the cluster"
-          << std::endl;
-      break;
-    }
-    const std::vector<int> wedged = (*cluster)->WedgedWorkers();
-    if (wedged.empty()) continue;
-    absl::StatusOr<std::vector<int>> restarted = (*cluster)->RestartWedgedWorkers();
-    if (!restarted.ok()) {
-      err << "up: restarting a wedged worker: " << restarted.status().message()
-          << " (it stays down)" << std::endl;
-    }
-    for (int i : wedged) {
-      if ((*cluster)->worker(i).Wait(absl::ZeroDuration()).has_value()) continue;  // not restarted
-      out << "worker-" << i << " ended itself wedged (exit status " << kWedgedExitCode
-          << "); started it again" << std::endl;
-    }
-    if (prometheus != nullptr) {
-      if (absl::Status targets = prometheus->SetWorkerTargets((*cluster)->worker_metrics());
-          !targets.ok()) {
-        err << "up --prometheus: " << targets.message() << std::endl;
-      }
-    }
+    if (!supervisor.OnChildExit()) break;
   }
   out << "\n" << (signal == SIGCHLD ? "the coordinator is gone" : strsignal(signal)) << ": ";
   std::unique_ptr<StopSave> save;
@@ -403,7 +380,8 @@ int RunUpCommand(const UpCommandOptions& o, std::ostream& out, std::ostream& err
     save = SaveBeforeStop(target, absl::Seconds(o.stop_save_timeout_s), say);
   }
   const bool waited = save == nullptr || save->phase.load() == StopSave::kDone;
-  const int code = StopCluster(prometheus.get(), **cluster, say);
+  int code = StopCluster(prometheus.get(), **cluster, say);
+  if (signal == SIGCHLD) code = kExitFailed;  // the cluster ended on a failure
   if (save == nullptr) return code;
   save->thread.join();
   if (!waited && save->Kept()) say("(the save finished as the cluster stopped: nothing is lost)");

@@ -11,7 +11,8 @@ const char kReadRetryServiceConfig[] = R"json({
       {"service": "flatshard.v1.JobService", "method": "ListJobs"},
       {"service": "flatshard.v1.JobService", "method": "ListWorkers"},
       {"service": "flatshard.v1.JobService", "method": "ListCheckpoints"},
-      {"service": "flatshard.v1.JobService", "method": "Plan"}
+      {"service": "flatshard.v1.JobService", "method": "Plan"},
+      {"service": "flatshard.v1.JobService", "method": "WatchEvents"}
     ],
     "retryPolicy": {
       "maxAttempts": 4,

@@ -1,6 +1,7 @@
 // The read-only JobService calls (GetJob, ListJobs, ListWorkers,
-// ListCheckpoints, Plan) are retried by the client's channel when they fail
-// UNAVAILABLE: a client that outlived a coordinator restart otherwise fails
+// ListCheckpoints, Plan, and the WatchEvents stream, which gRPC retries only
+// before its first event arrives) are retried by the client's channel when
+// they fail UNAVAILABLE: a client that outlived a coordinator restart otherwise fails
 // its first call on the dead connection ("Socket closed"), and a coordinator
 // restarting under a dashboard or a notebook is what these calls meet most.
 // Calls that change anything are never retried here: whether they ran is for

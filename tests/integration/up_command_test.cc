@@ -87,18 +87,25 @@ FlatshardClient ClientOf(const std::string& address_file) {
   return FlatshardClient(std::string(absl::StripTrailingAsciiWhitespace(ReadAll(address_file))));
 }
 
-// The pid of `up`'s worker daemon `id` (its child run with --worker-id
-// `id`), or -1.
-pid_t WorkerPid(const ChildProcess& up, const std::string& id) {
+// The pid of `up`'s child daemon whose command line (arguments joined by
+// NULs) holds `needle`, or -1.
+pid_t DaemonPid(const ChildProcess& up, const std::string& needle) {
   std::istringstream children(
       ReadAll(absl::StrCat("/proc/", up.pid(), "/task/", up.pid(), "/children")));
-  const std::string flag = std::string("\0--worker-id\0", 13) + id + std::string("\0", 1);
   for (pid_t child = 0; children >> child;) {
-    if (ReadAll(absl::StrCat("/proc/", child, "/cmdline")).find(flag) != std::string::npos) {
+    if (ReadAll(absl::StrCat("/proc/", child, "/cmdline")).find(needle) != std::string::npos) {
       return child;
     }
   }
   return -1;
+}
+
+pid_t WorkerPid(const ChildProcess& up, const std::string& id) {
+  return DaemonPid(up, std::string("\0--worker-id\0", 13) + id + std::string("\0", 1));
+}
+
+pid_t CoordinatorPid(const ChildProcess& up) {
+  return DaemonPid(up, std::string("/flatshard-coordinator\0", 23));
 }
 
 // A worker daemon SIGSTOPped (every command to it waits), continued when
@@ -386,6 +393,50 @@ TEST(UpCommandTest, ACtrlCWhileStoppingKillsDaemonsThatWillNotStop) {
   EXPECT_EQ(ExitStatus(*up), 1);
   // Not the 10 s grace each stop would otherwise have waited out.
   EXPECT_LT(absl::Now() - second, absl::Seconds(8));
+}
+
+// `up` as the coordinator's supervisor: one that fails (kill -9) is started
+// again on the same address and takes its job back where it was, and
+// training goes on; past the restart limit the cluster stops, exiting 1.
+TEST(UpCommandTest, AFailedCoordinatorIsStartedAgainAndTakesItsJobBack) {
+  const std::string dir = testing::MakeTempDir("up-coordinator-fails");
+  const std::string address_file = dir + "/address";
+  std::vector<std::string> argv = {"/bin/sh", "-c", "exec \"$0\" \"$@\" 2>&1",
+                                   std::string(FLATSHARD_BIN_DIR) + "/flatshard", "up"};
+  const std::vector<std::string> flags = UpFlags(dir, address_file);
+  argv.insert(argv.end(), flags.begin(), flags.end());
+  auto spawned = ChildProcess::Spawn(argv);  // its stderr too, through the shell
+  ASSERT_TRUE(spawned.ok()) << spawned.status();
+  ChildProcess& up = **spawned;
+  ASSERT_THAT(ReadUntil(up, "The cluster is up"), HasSubstr("The cluster is up"));
+  FlatshardClient client = ClientOf(address_file);
+  const std::string address(absl::StripTrailingAsciiWhitespace(ReadAll(address_file)));
+  ASSERT_TRUE(client.Train("mlp-demo", 3, 0, [](const v1::StepResult&) {}).ok());
+
+  for (int restart = 1; restart <= 3; ++restart) {
+    const pid_t coordinator = CoordinatorPid(up);
+    ASSERT_GT(coordinator, 0);
+    kill(coordinator, SIGKILL);
+    const std::string said = ReadUntil(up, "coordinator: back on");
+    EXPECT_THAT(
+        said, HasSubstr(absl::StrCat("the coordinator failed (killed by signal 9, Killed); "
+                                     "starting it again on ",
+                                     address, " (restart ", restart, " of at most 3 within 10m)")));
+    ASSERT_THAT(said, HasSubstr("coordinator: back on")) << said;
+    // The job where it was, and training goes on (through the same address).
+    auto ready = client.WaitForState("mlp-demo", {v1::READY}, absl::Seconds(120));
+    ASSERT_TRUE(ready.ok()) << ready.status();
+    auto job = client.GetJob("mlp-demo");
+    ASSERT_TRUE(job.ok()) << job.status();
+    EXPECT_EQ(job->step(), restart + 2);
+    ASSERT_TRUE(client.Train("mlp-demo", 1, 0, [](const v1::StepResult&) {}).ok());
+  }
+  kill(CoordinatorPid(up), SIGKILL);
+  const std::string stopped = ReadUntil(up, "stopped");
+  EXPECT_THAT(stopped, HasSubstr("the coordinator failed (killed by signal 9, Killed) after 3 "
+                                 "restarts within 10m; stopping the cluster"));
+  EXPECT_THAT(stopped, HasSubstr("the coordinator is gone"));
+  EXPECT_EQ(ExitStatus(up), 1);
 }
 
 TEST(UpCommandTest, AJobLargerThanTheClusterIsRefusedBeforeAnythingStarts) {

@@ -41,7 +41,8 @@ _WIRE_DTYPES = {
 _READ_RETRY_SERVICE_CONFIG = json.dumps({
     "methodConfig": [{
         "name": [{"service": "flatshard.v1.JobService", "method": m}
-                 for m in ("GetJob", "ListJobs", "ListWorkers", "ListCheckpoints", "Plan")],
+                 for m in ("GetJob", "ListJobs", "ListWorkers", "ListCheckpoints", "Plan",
+                           "WatchEvents")],
         "retryPolicy": {"maxAttempts": 4, "initialBackoff": "0.1s", "maxBackoff": "1s",
                         "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]},
     }]})
