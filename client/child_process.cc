@@ -125,7 +125,9 @@ void ChildProcess::Kill() const {
   // Best effort, as a Ctrl-C that will not wait is: the child may be gone.
   // Without a pidfd (a kernel before 5.3) nothing: kill() of the pid could
   // reach another process once the waiting thread has reaped this one.
-  if (pid_fd_ >= 0) (void)syscall(SYS_pidfd_send_signal, pid_fd_, SIGKILL, nullptr, 0);
+  if (pid_fd_ >= 0 && syscall(SYS_pidfd_send_signal, pid_fd_, SIGKILL, nullptr, 0) == 0) {
+    killed_.store(true);
+  }
 }
 
 int ChildProcess::Terminate(absl::Duration grace) {
@@ -133,6 +135,7 @@ int ChildProcess::Terminate(absl::Duration grace) {
   Signal(SIGCONT);
   if (std::optional<int> status = Wait(grace)) return *status;
   Signal(SIGKILL);
+  killed_.store(true);
   return Wait(absl::InfiniteDuration()).value_or(-1);
 }
 

@@ -5,6 +5,7 @@
 #ifndef FLATSHARD_CLIENT_CHILD_PROCESS_H_
 #define FLATSHARD_CLIENT_CHILD_PROCESS_H_
 
+#include <atomic>
 #include <memory>
 #include <optional>
 #include <string>
@@ -47,6 +48,8 @@ class ChildProcess {
   // even after it was reaped and its pid given to another process (without
   // a pidfd, a kernel before 5.3, it does nothing).
   void Kill() const;
+  // Whether Terminate() or Kill() had to SIGKILL it.
+  bool killed() const { return killed_.load(); }
 
  private:
   ChildProcess(pid_t pid, int stdout_fd, int pid_fd, std::string name)
@@ -58,6 +61,7 @@ class ChildProcess {
   std::string name_;
   std::string buffered_;
   std::optional<int> status_;
+  mutable std::atomic<bool> killed_{false};
 };
 
 }  // namespace flatshard

@@ -383,8 +383,11 @@ absl::StatusOr<v1::JobState> FlatshardClient::WaitForState(const std::string& jo
                                (status.error_code() == grpc::StatusCode::CANCELLED &&
                                 absl::Now() >= absl::FromChrono(context.deadline()));
   if (!result.ok() && result.status().code() == absl::StatusCode::kDeadlineExceeded &&
-      !deadline_passed && !status.ok()) {
-    return Error(status);
+      !deadline_passed) {
+    if (!status.ok()) return Error(status);
+    // Ended by the coordinator before the deadline: not a timeout.
+    return absl::UnavailableError(absl::StrCat("the coordinator ended the watch of job '", job,
+                                               "' (it is stopping, or the job was deleted)"));
   }
   return result;
 }

@@ -263,6 +263,14 @@ void LocalCluster::KillAll() const {
   for (const auto& worker : workers_) worker->Kill();
 }
 
+bool LocalCluster::KilledAny() const {
+  if (coordinator_ != nullptr && coordinator_->killed()) return true;
+  for (const auto& worker : workers_) {
+    if (worker->killed()) return true;
+  }
+  return false;
+}
+
 LocalCluster::~LocalCluster() {
   Stop();
   if (own_state_dir_) {

@@ -89,6 +89,9 @@ class LocalCluster {
   // waits for them (a user's Ctrl-C that will not wait for their grace), not
   // while one restarts a daemon (which replaces it).
   void KillAll() const;
+  // Whether stopping the cluster had to SIGKILL a daemon (past its grace, or
+  // KillAll()); a daemon that had already exited is not counted.
+  bool KilledAny() const;
   // Kills the coordinator with SIGKILL (it gets no chance to clean up) and
   // starts it again on the same address and state dir; returns once it
   // listens. The workers are left running. `while_down` runs between the two

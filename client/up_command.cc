@@ -154,7 +154,9 @@ int StopCluster(LocalPrometheus* prometheus, LocalCluster& cluster,
   clean &= cluster.Stop();
   stopped.store(true);
   impatient.join();
-  say(clean ? "stopped cleanly" : "stopped (some daemons had to be killed)");
+  say(clean                 ? "stopped cleanly"
+      : cluster.KilledAny() ? "stopped (some daemons had to be killed)"
+                            : "stopped (not every daemon exited cleanly: its log above says why)");
   return clean ? kExitOk : kExitFailed;
 }
 

@@ -3,12 +3,10 @@
 #include <cstring>
 #include <optional>
 #include <string>
-#include <vector>
 
 #include <sys/wait.h>
 
 #include "absl/status/status.h"
-#include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 
@@ -26,13 +24,36 @@ std::string DescribeExit(int wait_status) {
   return absl::StrCat("wait status ", wait_status);
 }
 
+// "3 restarts within 10m"
+std::string Limit(const RestartLimit& limit) {
+  return absl::StrCat(limit.burst(), " restarts within ", absl::FormatDuration(limit.window()));
+}
+
+// "restart 1 of the 3 allowed within 10m"
+std::string Counted(const RestartLimit& limit) {
+  return absl::StrCat("restart ", limit.count(), " of the ", limit.burst(), " allowed within ",
+                      absl::FormatDuration(limit.window()));
+}
+
 }  // namespace
 
+UpSupervisor::UpSupervisor(LocalCluster& cluster, LocalPrometheus* prometheus, std::ostream& out,
+                           std::ostream& err)
+    : cluster_(cluster),
+      prometheus_(prometheus),
+      out_(out),
+      err_(err),
+      coordinator_limit_(kRestartBurst, kRestartWindow),
+      worker_limits_(static_cast<size_t>(cluster.num_workers()),
+                     RestartLimit(kRestartBurst, kRestartWindow)),
+      left_down_(static_cast<size_t>(cluster.num_workers()), false) {}
+
 bool UpSupervisor::OnChildExit() {
+  // The coordinator first: a restarted worker registers with it.
   if (const std::optional<int> gone = cluster_.coordinator().Wait(absl::ZeroDuration())) {
     if (!OnCoordinatorExit(*gone)) return false;
   }
-  RestartWedgedWorkers();
+  for (int i : cluster_.WedgedWorkers()) OnWedgedWorker(i);
   return true;
 }
 
@@ -42,29 +63,22 @@ bool UpSupervisor::OnCoordinatorExit(int wait_status) {
          << std::endl;
     return false;
   }
-  const absl::Time now = absl::Now();
-  while (!coordinator_restarts_.empty() &&
-         now - coordinator_restarts_.front() > kCoordinatorRestartWindow) {
-    coordinator_restarts_.pop_front();
-  }
-  if (static_cast<int>(coordinator_restarts_.size()) >= kMaxCoordinatorRestarts) {
+  if (!coordinator_limit_.Allow(absl::Now())) {
     err_ << "up: the coordinator failed (" << DescribeExit(wait_status) << ") after "
-         << kMaxCoordinatorRestarts << " restarts within "
-         << absl::FormatDuration(kCoordinatorRestartWindow) << "; stopping the cluster"
-         << std::endl;
+         << Limit(coordinator_limit_) << "; stopping the cluster" << std::endl;
     return false;
   }
-  coordinator_restarts_.push_back(now);
   out_ << "the coordinator failed (" << DescribeExit(wait_status) << "); starting it again on "
-       << cluster_.address() << " (restart " << coordinator_restarts_.size() << " of at most "
-       << kMaxCoordinatorRestarts << " within " << absl::FormatDuration(kCoordinatorRestartWindow)
-       << ")" << std::endl;
+       << cluster_.address() << " (" << Counted(coordinator_limit_) << ")" << std::endl;
   if (absl::Status restarted = cluster_.RestartCoordinator(); !restarted.ok()) {
     err_ << "up: starting the coordinator again: " << restarted.message()
          << "; stopping the cluster" << std::endl;
     return false;
   }
   out_ << "coordinator: back on " << cluster_.address()
+       << (cluster_.coordinator_metrics().empty()
+               ? std::string()
+               : absl::StrCat(", metrics on ", cluster_.coordinator_metrics()))
        << "; it takes its job back from the state dir (flatshard job status says how)" << std::endl;
   if (prometheus_ != nullptr) {
     if (absl::Status target = prometheus_->SetCoordinatorTarget(cluster_.coordinator_metrics());
@@ -75,19 +89,23 @@ bool UpSupervisor::OnCoordinatorExit(int wait_status) {
   return true;
 }
 
-void UpSupervisor::RestartWedgedWorkers() {
-  const std::vector<int> wedged = cluster_.WedgedWorkers();
-  if (wedged.empty()) return;
-  absl::StatusOr<std::vector<int>> restarted = cluster_.RestartWedgedWorkers();
-  if (!restarted.ok()) {
-    err_ << "up: restarting a wedged worker: " << restarted.status().message() << " (it stays down)"
-         << std::endl;
+void UpSupervisor::OnWedgedWorker(int i) {
+  const auto w = static_cast<size_t>(i);
+  if (left_down_[w]) return;
+  if (!worker_limits_[w].Allow(absl::Now())) {
+    err_ << "up: worker-" << i << " ended itself wedged again, after " << Limit(worker_limits_[w])
+         << "; it stays down" << std::endl;
+    left_down_[w] = true;
+    return;
   }
-  for (int i : wedged) {
-    if (cluster_.worker(i).Wait(absl::ZeroDuration()).has_value()) continue;  // not restarted
-    out_ << "worker-" << i << " ended itself wedged (exit status " << kWedgedExitCode
-         << "); started it again" << std::endl;
+  if (absl::Status restarted = cluster_.RestartWorker(i); !restarted.ok()) {
+    err_ << "up: restarting worker-" << i << ", which ended itself wedged: " << restarted.message()
+         << " (it stays down)" << std::endl;
+    left_down_[w] = true;
+    return;
   }
+  out_ << "worker-" << i << " ended itself wedged (exit status " << kWedgedExitCode
+       << "); started it again (" << Counted(worker_limits_[w]) << ")" << std::endl;
   if (prometheus_ != nullptr) {
     if (absl::Status targets = prometheus_->SetWorkerTargets(cluster_.worker_metrics());
         !targets.ok()) {

@@ -8,31 +8,33 @@
 //   watch a recovery), as does one whose restart failed.
 // - A coordinator that failed (killed, or a non-zero exit) is started again
 //   on the same address and state dir, where the workers find it, and takes
-//   its job back (docs/fault-tolerance.md); at most kMaxCoordinatorRestarts
-//   times within kCoordinatorRestartWindow, as systemd's StartLimitBurst.
-//   One that exited 0 was stopped on purpose: the cluster ends.
+//   its job back (docs/fault-tolerance.md). One that exited 0 was stopped on
+//   purpose: the cluster ends.
+// Each daemon is restarted at most kRestartBurst times within
+// kRestartWindow (client/restart_limit.h); past that a worker stays down
+// and a coordinator ends the cluster.
 #ifndef FLATSHARD_CLIENT_UP_SUPERVISOR_H_
 #define FLATSHARD_CLIENT_UP_SUPERVISOR_H_
 
-#include <deque>
 #include <ostream>
+#include <vector>
 
 #include "absl/time/time.h"
 
 #include "client/local_cluster.h"
 #include "client/local_prometheus.h"
+#include "client/restart_limit.h"
 
 namespace flatshard {
 
 class UpSupervisor {
  public:
-  static constexpr int kMaxCoordinatorRestarts = 3;
-  static constexpr absl::Duration kCoordinatorRestartWindow = absl::Minutes(10);
+  static constexpr int kRestartBurst = 3;
+  static constexpr absl::Duration kRestartWindow = absl::Minutes(10);
 
   // `prometheus` may be null; it is told the restarted daemons' /metrics.
   UpSupervisor(LocalCluster& cluster, LocalPrometheus* prometheus, std::ostream& out,
-               std::ostream& err)
-      : cluster_(cluster), prometheus_(prometheus), out_(out), err_(err) {}
+               std::ostream& err);
 
   // After a SIGCHLD: starts again what is due, saying so on `out` (and what
   // failed on `err`). False when the cluster must end: its coordinator is
@@ -41,13 +43,15 @@ class UpSupervisor {
 
  private:
   bool OnCoordinatorExit(int wait_status);
-  void RestartWedgedWorkers();
+  void OnWedgedWorker(int i);
 
   LocalCluster& cluster_;
   LocalPrometheus* prometheus_;
   std::ostream& out_;
   std::ostream& err_;
-  std::deque<absl::Time> coordinator_restarts_;  // within the window
+  RestartLimit coordinator_limit_;
+  std::vector<RestartLimit> worker_limits_;  // by worker index
+  std::vector<bool> left_down_;              // said so once
 };
 
 }  // namespace flatshard

@@ -418,10 +418,10 @@ TEST(UpCommandTest, AFailedCoordinatorIsStartedAgainAndTakesItsJobBack) {
     ASSERT_GT(coordinator, 0);
     kill(coordinator, SIGKILL);
     const std::string said = ReadUntil(up, "coordinator: back on");
-    EXPECT_THAT(
-        said, HasSubstr(absl::StrCat("the coordinator failed (killed by signal 9, Killed); "
-                                     "starting it again on ",
-                                     address, " (restart ", restart, " of at most 3 within 10m)")));
+    EXPECT_THAT(said, HasSubstr(absl::StrCat("the coordinator failed (killed by signal 9, Killed); "
+                                             "starting it again on ",
+                                             address, " (restart ", restart,
+                                             " of the 3 allowed within 10m)")));
     ASSERT_THAT(said, HasSubstr("coordinator: back on")) << said;
     // The job where it was, and training goes on (through the same address).
     auto ready = client.WaitForState("mlp-demo", {v1::READY}, absl::Seconds(120));
@@ -431,12 +431,36 @@ TEST(UpCommandTest, AFailedCoordinatorIsStartedAgainAndTakesItsJobBack) {
     EXPECT_EQ(job->step(), restart + 2);
     ASSERT_TRUE(client.Train("mlp-demo", 1, 0, [](const v1::StepResult&) {}).ok());
   }
-  kill(CoordinatorPid(up), SIGKILL);
+  const pid_t coordinator = CoordinatorPid(up);
+  ASSERT_GT(coordinator, 0);  // kill(-1) would reach every process
+  kill(coordinator, SIGKILL);
   const std::string stopped = ReadUntil(up, "stopped");
   EXPECT_THAT(stopped, HasSubstr("the coordinator failed (killed by signal 9, Killed) after 3 "
                                  "restarts within 10m; stopping the cluster"));
   EXPECT_THAT(stopped, HasSubstr("the coordinator is gone"));
+  // It killed nothing: the coordinator had exited, the workers stop cleanly.
+  EXPECT_THAT(stopped, HasSubstr("stopped (not every daemon exited cleanly"));
   EXPECT_EQ(ExitStatus(up), 1);
+}
+
+// A coordinator stopped on purpose (exit 0, here its SIGTERM) is not
+// started again: the cluster stops, and `up` exits 1.
+TEST(UpCommandTest, ACoordinatorStoppedOnPurposeEndsTheCluster) {
+  const std::string dir = testing::MakeTempDir("up-coordinator-stopped");
+  auto up = ChildProcess::Spawn({"/bin/sh", "-c", "exec \"$0\" \"$@\" 2>&1",
+                                 std::string(FLATSHARD_BIN_DIR) + "/flatshard", "up", "--workers",
+                                 "1", "--checkpoint-dir", dir + "/checkpoints"});
+  ASSERT_TRUE(up.ok()) << up.status();
+  ASSERT_THAT(ReadUntil(**up, "The cluster is up"), HasSubstr("The cluster is up"));
+  const pid_t coordinator = CoordinatorPid(**up);
+  ASSERT_GT(coordinator, 0);
+  kill(coordinator, SIGTERM);
+  const std::string stopped = ReadUntil(**up, "stopped cleanly");
+  EXPECT_THAT(stopped, HasSubstr("the coordinator exited (exit status 0: stopped on purpose); "
+                                 "stopping the cluster"));
+  EXPECT_THAT(stopped, Not(HasSubstr("starting it again")));
+  EXPECT_THAT(stopped, HasSubstr("stopped cleanly")) << stopped;
+  EXPECT_EQ(ExitStatus(**up), 1);
 }
 
 TEST(UpCommandTest, AJobLargerThanTheClusterIsRefusedBeforeAnythingStarts) {

@@ -353,6 +353,13 @@ class ReadRetryTest(unittest.TestCase):
         def DeleteJob(self, request, context):  # noqa: N802
             return self._answer("DeleteJob", context, job_pb2.DeleteJobResponse())
 
+        def WatchEvents(self, request, context):  # noqa: N802
+            self.calls["WatchEvents"] = self.calls.get("WatchEvents", 0) + 1
+            if self.failures_left > 0:
+                self.failures_left -= 1
+                context.abort(grpc.StatusCode.UNAVAILABLE, "Socket closed")
+            yield from self.events
+
     @classmethod
     def setUpClass(cls) -> None:
         cls.servicer = cls._Server()
@@ -366,6 +373,7 @@ class ReadRetryTest(unittest.TestCase):
     def setUp(self) -> None:
         self.servicer.calls.clear()
         self.servicer.failures_left = 0
+        self.servicer.events = []
 
     def test_a_read_is_retried_past_unavailable(self) -> None:
         self.servicer.failures_left = 2
@@ -378,6 +386,19 @@ class ReadRetryTest(unittest.TestCase):
             self.cluster.job("j")
         self.assertEqual(caught.exception.code, grpc.StatusCode.UNAVAILABLE)
         self.assertEqual(self.servicer.calls["GetJob"], 4)
+
+    def test_a_watch_is_retried_before_its_first_event(self) -> None:
+        self.servicer.failures_left = 2
+        self.servicer.events = [job_pb2.JobEvent(job="j", state=job_pb2.READY)]
+        self.assertEqual(flatshard.Job(self.cluster, "j").wait_until({"READY"}, timeout=30),
+                         "READY")
+        self.assertEqual(self.servicer.calls["WatchEvents"], 3)
+
+    def test_a_watch_the_server_ends_is_unavailable_not_a_timeout(self) -> None:
+        with self.assertRaises(flatshard.FlatshardError) as caught:
+            flatshard.Job(self.cluster, "j").wait_until({"READY"}, timeout=30)
+        self.assertEqual(caught.exception.code, grpc.StatusCode.UNAVAILABLE)
+        self.assertIn("the coordinator ended the watch of job 'j'", caught.exception.message)
 
     def test_a_write_is_not_retried(self) -> None:
         self.servicer.failures_left = 1

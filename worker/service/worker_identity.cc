@@ -166,7 +166,10 @@ absl::StatusOr<std::unique_ptr<WorkerIdentity>> WorkerIdentity::TakeSeat(const s
     ::close(fd);
     return absl::FailedPreconditionError(
         absl::StrCat("--state-dir ", dir, ": ", path, " belongs to uid ", st.st_uid,
-                     ", not to this worker's uid ", ::geteuid(), "; it keeps an identity secret"));
+                     ", not to this worker's uid ", ::geteuid(),
+                     "; it keeps an identity secret (run the worker as that user, or keep "
+                     "--state-dir on a local disk: an NFS export that squashes root gives "
+                     "root's files to nobody)"));
   }
   if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
     const int error = errno;

@@ -217,6 +217,11 @@ class Job:
         except FlatshardError as error:
             if error.code != grpc.StatusCode.DEADLINE_EXCEEDED:
                 raise
+        else:
+            # The coordinator ended the stream before the deadline: not a timeout.
+            raise FlatshardError(grpc.StatusCode.UNAVAILABLE,
+                                 f"the coordinator ended the watch of job '{self.name}' (it is "
+                                 "stopping, or the job was deleted)", "WatchEvents")
         raise FlatshardError(grpc.StatusCode.DEADLINE_EXCEEDED,
                              f"job '{self.name}' did not reach {sorted(states)} in {timeout} s",
                              "WatchEvents")

@@ -142,7 +142,10 @@ TEST(WorkerIdentityTest, ASeatOwnedByAnotherUserIsRefused) {
   fs::create_directories(dir);
   { std::ofstream(dir + "/id-theirs") << "theirs\nsecret\n"; }
   fs::permissions(dir + "/id-theirs", fs::perms::owner_read | fs::perms::owner_write);
-  ASSERT_EQ(::chown((dir + "/id-theirs").c_str(), 12345, 12345), 0) << std::strerror(errno);
+  if (::chown((dir + "/id-theirs").c_str(), 12345, 12345) != 0) {
+    // Root in a user namespace without that uid mapped.
+    GTEST_SKIP() << "cannot give a file to uid 12345: " << std::strerror(errno);
+  }
   auto claimed = WorkerIdentity::ClaimId(dir, "theirs");
   ASSERT_FALSE(claimed.ok());
   EXPECT_THAT(claimed.status().message(),

@@ -1,0 +1,38 @@
+// How often a supervisor starts a failed daemon again: at most `burst`
+// times within `window`, as systemd's StartLimitBurst/StartLimitIntervalSec.
+// A daemon that fails at once every time (a bad flag, a disk that is gone)
+// is then left down and said so, rather than restarted in a tight loop.
+#ifndef FLATSHARD_CLIENT_RESTART_LIMIT_H_
+#define FLATSHARD_CLIENT_RESTART_LIMIT_H_
+
+#include <deque>
+
+#include "absl/time/time.h"
+
+namespace flatshard {
+
+class RestartLimit {
+ public:
+  RestartLimit(int burst, absl::Duration window) : burst_(burst), window_(window) {}
+
+  // Whether a restart at `now` is allowed; one that is counts from then on.
+  bool Allow(absl::Time now) {
+    while (!restarts_.empty() && now - restarts_.front() > window_) restarts_.pop_front();
+    if (static_cast<int>(restarts_.size()) >= burst_) return false;
+    restarts_.push_back(now);
+    return true;
+  }
+  // The restarts counted now (the one just allowed included).
+  int count() const { return static_cast<int>(restarts_.size()); }
+  int burst() const { return burst_; }
+  absl::Duration window() const { return window_; }
+
+ private:
+  int burst_;
+  absl::Duration window_;
+  std::deque<absl::Time> restarts_;  // within the window, oldest first
+};
+
+}  // namespace flatshard
+
+#endif  // FLATSHARD_CLIENT_RESTART_LIMIT_H_
