@@ -130,6 +130,11 @@ void ChildProcess::Kill() const {
   }
 }
 
+bool ChildProcess::killed() const {
+  return killed_.load() && status_.has_value() && WIFSIGNALED(*status_) &&
+         WTERMSIG(*status_) == SIGKILL;
+}
+
 int ChildProcess::Terminate(absl::Duration grace) {
   Signal(SIGTERM);
   Signal(SIGCONT);

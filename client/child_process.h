@@ -48,8 +48,9 @@ class ChildProcess {
   // even after it was reaped and its pid given to another process (without
   // a pidfd, a kernel before 5.3, it does nothing).
   void Kill() const;
-  // Whether Terminate() or Kill() had to SIGKILL it.
-  bool killed() const { return killed_.load(); }
+  // Whether a SIGKILL from Terminate() or Kill() is what ended it (not a
+  // child that had exited already); on the thread that waits for it.
+  bool killed() const;
 
  private:
   ChildProcess(pid_t pid, int stdout_fd, int pid_fd, std::string name)

@@ -387,7 +387,7 @@ absl::StatusOr<v1::JobState> FlatshardClient::WaitForState(const std::string& jo
     if (!status.ok()) return Error(status);
     // Ended by the coordinator before the deadline: not a timeout.
     return absl::UnavailableError(absl::StrCat("the coordinator ended the watch of job '", job,
-                                               "' (it is stopping, or the job was deleted)"));
+                                               "' before it reached the state"));
   }
   return result;
 }

@@ -201,7 +201,11 @@ absl::Status LocalCluster::RestartWorker(int i) {
   ASSIGN_OR_RETURN(workers_[w], ChildProcess::Spawn(worker_args_[w]));
   // Its addresses are new (port 0): its WorkerService, and its /metrics for
   // Prometheus's targets.
-  return ReadWorkerBanner(w);
+  absl::Status banner = ReadWorkerBanner(w);
+  // One that did not say where it listens is not left running unknown: a
+  // worker whose restart failed is down.
+  if (!banner.ok()) (void)workers_[w]->Terminate(absl::Seconds(10));
+  return banner;
 }
 
 std::vector<int> LocalCluster::WedgedWorkers() {

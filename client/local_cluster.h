@@ -102,7 +102,7 @@ class LocalCluster {
   absl::Status RestartCoordinator();
   // Starts worker `i` again with the arguments it had (its id, so it keeps its
   // rank) after it died; returns once it has registered. It must have exited.
-  absl::Status RestartWorker(int i);
+  absl::Status RestartWorker(int i);  // one whose start fails is stopped again
   // The workers that ended themselves wedged (exit status kWedgedExitCode,
   // core/worker_exit_codes.h) and were not started again; waits for none.
   std::vector<int> WedgedWorkers();

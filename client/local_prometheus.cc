@@ -235,6 +235,8 @@ bool LocalPrometheus::Stop() {
   return WIFEXITED(status) && WEXITSTATUS(status) == 0;
 }
 
+bool LocalPrometheus::killed() const { return process_ != nullptr && process_->killed(); }
+
 void LocalPrometheus::Kill() const {
   if (process_ != nullptr) process_->Kill();
 }

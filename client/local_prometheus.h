@@ -49,6 +49,8 @@ class LocalPrometheus {
   bool Stop();
   // SIGKILLs it now; callable while another thread is in Stop().
   void Kill() const;
+  // Whether stopping it had to SIGKILL it (ChildProcess::killed).
+  bool killed() const;
   // Scrapes the coordinator at `coordinator` from now on (a restarted one's
   // /metrics has a new port).
   absl::Status SetCoordinatorTarget(const std::string& coordinator);

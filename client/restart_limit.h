@@ -1,7 +1,9 @@
 // How often a supervisor starts a failed daemon again: at most `burst`
 // times within `window`, as systemd's StartLimitBurst/StartLimitIntervalSec.
-// A daemon that fails at once every time (a bad flag, a disk that is gone)
-// is then left down and said so, rather than restarted in a tight loop.
+// A daemon that starts but fails again and again (a worker that wedges on
+// every collective, a coordinator that crashes on what its state dir
+// holds) is then left down and said so, rather than restarted for ever.
+// (One that cannot start at all fails its restart, which ends it already.)
 #ifndef FLATSHARD_CLIENT_RESTART_LIMIT_H_
 #define FLATSHARD_CLIENT_RESTART_LIMIT_H_
 

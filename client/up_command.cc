@@ -154,9 +154,10 @@ int StopCluster(LocalPrometheus* prometheus, LocalCluster& cluster,
   clean &= cluster.Stop();
   stopped.store(true);
   impatient.join();
-  say(clean                 ? "stopped cleanly"
-      : cluster.KilledAny() ? "stopped (some daemons had to be killed)"
-                            : "stopped (not every daemon exited cleanly: its log above says why)");
+  const bool killed = cluster.KilledAny() || (prometheus != nullptr && prometheus->killed());
+  say(clean    ? "stopped cleanly"
+      : killed ? "stopped (some daemons had to be killed)"
+               : "stopped (not every daemon exited cleanly; the logs above say why)");
   return clean ? kExitOk : kExitFailed;
 }
 

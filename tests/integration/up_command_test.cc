@@ -332,18 +332,19 @@ TEST(UpCommandTest, AStopSaveThatFailsSaysWhereTheNextUpContinues) {
   EXPECT_EQ(ExitStatus(*up), 1);
 }
 
-// A directory of daemons for `up --bin-dir`: each runs the real one through
-// a shell script that starts with `preamble`.
-std::string WrappedDaemons(const std::string& dir, const std::string& preamble,
-                           const std::string& run) {
+// A directory of daemons for `up --bin-dir`: each a shell script whose
+// body is `worker` (for flatshard-worker) or `coordinator`, with $DAEMON
+// standing for the real one.
+std::string WrappedDaemons(const std::string& dir, const std::string& worker,
+                           const std::string& coordinator) {
   std::string bin = dir + "/wrapped-bin";
   std::filesystem::create_directories(bin);
   for (const std::string daemon : {"flatshard-coordinator", "flatshard-worker"}) {
     const std::string path = absl::StrCat(bin, "/", daemon);
     std::ofstream(path) << "#!/bin/sh\n"
-                        << preamble << "\n"
                         << absl::StrReplaceAll(
-                               run, {{"$DAEMON", absl::StrCat(FLATSHARD_BIN_DIR, "/", daemon)}})
+                               daemon == "flatshard-worker" ? worker : coordinator,
+                               {{"$DAEMON", absl::StrCat(FLATSHARD_BIN_DIR, "/", daemon)}})
                         << "\n";
     chmod(path.c_str(), 0755);
   }
@@ -355,7 +356,8 @@ std::string WrappedDaemons(const std::string& dir, const std::string& preamble,
 // for sigwait and Linux queues a blocked signal whatever its action.
 TEST(UpCommandTest, DaemonsStartedWithStopSignalsIgnoredStillStop) {
   const std::string dir = testing::MakeTempDir("up-ignored");
-  const std::string bin = WrappedDaemons(dir, "trap '' INT TERM", "exec \"$DAEMON\" \"$@\"");
+  const std::string ignoring = "trap '' INT TERM\nexec \"$DAEMON\" \"$@\"";
+  const std::string bin = WrappedDaemons(dir, ignoring, ignoring);
   std::unique_ptr<ChildProcess> up =
       StartUp({"--workers", "2", "--checkpoint-dir", dir + "/checkpoints", "--bin-dir", bin});
   ASSERT_NE(up, nullptr);
@@ -373,10 +375,10 @@ TEST(UpCommandTest, ACtrlCWhileStoppingKillsDaemonsThatWillNotStop) {
   const std::string dir = testing::MakeTempDir("up-will-not-stop");
   // The shell dies with `up` however `up` ends (its own death signal, KILL,
   // in place of the SIGTERM it ignores), and the daemon with the shell.
-  const std::string bin = WrappedDaemons(
-      dir, "",
+  const std::string will_not_stop =
       "exec setpriv --pdeathsig KILL -- /bin/sh -c "
-      "'trap \"\" TERM; setpriv --pdeathsig KILL -- \"$0\" \"$@\" & wait $!' \"$DAEMON\" \"$@\"");
+      "'trap \"\" TERM; setpriv --pdeathsig KILL -- \"$0\" \"$@\" & wait $!' \"$DAEMON\" \"$@\"";
+  const std::string bin = WrappedDaemons(dir, will_not_stop, will_not_stop);
   std::unique_ptr<ChildProcess> up =
       StartUp({"--workers", "2", "--checkpoint-dir", dir + "/checkpoints", "--bin-dir", bin,
                "--stop-save-timeout", "0"});
@@ -461,6 +463,50 @@ TEST(UpCommandTest, ACoordinatorStoppedOnPurposeEndsTheCluster) {
   EXPECT_THAT(stopped, Not(HasSubstr("starting it again")));
   EXPECT_THAT(stopped, HasSubstr("stopped cleanly")) << stopped;
   EXPECT_EQ(ExitStatus(**up), 1);
+}
+
+// `up` as the workers' supervisor: a worker that ends itself wedged (exit
+// status 3; here a shell around the real daemon exits 3 once the daemon is
+// killed) is started again, 3 times within 10 minutes; the fourth time it
+// stays down, and `up` says so.
+TEST(UpCommandTest, AWedgedWorkerIsRestartedUpToItsLimitThenStaysDown) {
+  const std::string dir = testing::MakeTempDir("up-wedged");
+  const std::string bin =
+      WrappedDaemons(dir,
+                     "exec setpriv --pdeathsig KILL -- /bin/sh -c "
+                     "'setpriv --pdeathsig KILL -- \"$0\" \"$@\"; exit 3' \"$DAEMON\" \"$@\"",
+                     "exec \"$DAEMON\" \"$@\"");
+  auto spawned = ChildProcess::Spawn(
+      {"/bin/sh", "-c", "exec \"$0\" \"$@\" 2>&1", std::string(FLATSHARD_BIN_DIR) + "/flatshard",
+       "up", "--workers", "1", "--checkpoint-dir", dir + "/checkpoints", "--bin-dir", bin});
+  ASSERT_TRUE(spawned.ok()) << spawned.status();
+  ChildProcess& up = **spawned;
+  ASSERT_THAT(ReadUntil(up, "The cluster is up"), HasSubstr("The cluster is up"));
+  // The real daemon: the child of worker-0's shell.
+  const auto kill_the_worker = [&up] {
+    const pid_t shell = WorkerPid(up, "worker-0");
+    ASSERT_GT(shell, 0);
+    pid_t worker = -1;
+    std::istringstream(ReadAll(absl::StrCat("/proc/", shell, "/task/", shell, "/children"))) >>
+        worker;
+    ASSERT_GT(worker, 0);  // kill(-1) would reach every process
+    kill(worker, SIGKILL);
+  };
+  for (int restart = 1; restart <= 3; ++restart) {
+    kill_the_worker();
+    EXPECT_THAT(ReadUntil(up, "ended itself wedged"),
+                HasSubstr(absl::StrCat("worker-0 ended itself wedged (exit status 3); started it "
+                                       "again (restart ",
+                                       restart, " of the 3 allowed within 10m)")));
+  }
+  kill_the_worker();
+  EXPECT_THAT(ReadUntil(up, "stays down"),
+              HasSubstr("up: worker-0 ended itself wedged again, after 3 restarts within 10m; it "
+                        "stays down"));
+  EXPECT_EQ(WorkerPid(up, "worker-0"), -1) << "not started again";
+  up.Signal(SIGINT);
+  EXPECT_THAT(ReadUntil(up, "stopped"), HasSubstr("stopped ("));
+  ExitStatus(up);
 }
 
 TEST(UpCommandTest, AJobLargerThanTheClusterIsRefusedBeforeAnythingStarts) {

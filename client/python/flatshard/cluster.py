@@ -9,6 +9,7 @@ import getpass
 import json
 import os
 import socket
+import time
 from typing import Any, Dict, Iterator, List, Optional, Union
 
 import grpc
@@ -204,6 +205,7 @@ class Job:
     def wait_until(self, states: set, timeout: float = 300.0) -> str:
         """Blocks on WatchEvents until the job has been in one of ``states``."""
         last_failure = ""
+        give_up = time.monotonic() + timeout
         try:
             for event in self.watch(timeout=timeout):
                 if event.state in states:
@@ -215,13 +217,17 @@ class Job:
                                     f"job '{self.name}' is {event.state}"
                                     + (f": {last_failure}" if last_failure else ""), "WatchEvents")
         except FlatshardError as error:
-            if error.code != grpc.StatusCode.DEADLINE_EXCEEDED:
+            # The coordinator may see the deadline first and end the stream
+            # CANCELLED (as the C++ client's WaitForState reads it too).
+            at_deadline = (error.code == grpc.StatusCode.CANCELLED
+                           and time.monotonic() >= give_up)
+            if error.code != grpc.StatusCode.DEADLINE_EXCEEDED and not at_deadline:
                 raise
         else:
             # The coordinator ended the stream before the deadline: not a timeout.
             raise FlatshardError(grpc.StatusCode.UNAVAILABLE,
-                                 f"the coordinator ended the watch of job '{self.name}' (it is "
-                                 "stopping, or the job was deleted)", "WatchEvents")
+                                 f"the coordinator ended the watch of job '{self.name}' before "
+                                 "it reached the state", "WatchEvents")
         raise FlatshardError(grpc.StatusCode.DEADLINE_EXCEEDED,
                              f"job '{self.name}' did not reach {sorted(states)} in {timeout} s",
                              "WatchEvents")
