@@ -70,7 +70,7 @@ ChildProcess::~ChildProcess() {
   if (pid_fd_ >= 0) close(pid_fd_);
 }
 
-absl::StatusOr<std::string> ChildProcess::ReadLine(absl::Duration timeout) {
+absl::StatusOr<std::string> ChildProcess::ReadLine(absl::Duration timeout, int interrupt_fd) {
   const absl::Time deadline = absl::Now() + timeout;
   for (;;) {
     const size_t newline = buffered_.find('\n');
@@ -79,12 +79,18 @@ absl::StatusOr<std::string> ChildProcess::ReadLine(absl::Duration timeout) {
       buffered_.erase(0, newline + 1);
       return line;
     }
-    pollfd p{stdout_fd_, POLLIN, 0};
-    const int ready = poll(&p, 1, PollMillis(deadline));
+    // A line already written wins over an interrupt that came with it.
+    pollfd p[2] = {{stdout_fd_, POLLIN, 0}, {interrupt_fd, POLLIN, 0}};
+    const int ready = poll(p, interrupt_fd >= 0 ? 2 : 1, PollMillis(deadline));
     if (ready < 0 && errno == EINTR) continue;
+    if (ready < 0) return absl::InternalError(absl::StrCat("poll: ", strerror(errno)));
     if (ready == 0) {
       return absl::DeadlineExceededError(absl::StrCat(name_, " (pid ", pid_, ") wrote no line in ",
                                                       absl::FormatDuration(timeout)));
+    }
+    if (p[0].revents == 0) {
+      return absl::CancelledError(
+          absl::StrCat("interrupted while waiting for ", name_, " (pid ", pid_, ") to start"));
     }
     char chunk[4096];
     const ssize_t n = read(stdout_fd_, chunk, sizeof(chunk));

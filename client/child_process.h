@@ -34,8 +34,10 @@ class ChildProcess {
 
   // The next line the child writes to stdout, without the newline.
   // DEADLINE_EXCEEDED after `timeout`; UNAVAILABLE when the child closed
-  // stdout (it exited) first.
-  absl::StatusOr<std::string> ReadLine(absl::Duration timeout);
+  // stdout (it exited) first; CANCELLED once `interrupt_fd` (when not -1)
+  // is readable: `flatshard up`'s signalfd while a Ctrl-C is pending, so
+  // that a user need not wait out a daemon's start.
+  absl::StatusOr<std::string> ReadLine(absl::Duration timeout, int interrupt_fd = -1);
 
   // Waits up to `timeout` for the child to exit; its wait status, or nullopt.
   std::optional<int> Wait(absl::Duration timeout);

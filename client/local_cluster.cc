@@ -142,14 +142,16 @@ absl::Status LocalCluster::StartCoordinator(const std::string& listen) {
                                    options.metrics ? "127.0.0.1:0" : ""};
   args.insert(args.end(), options.coordinator_flags.begin(), options.coordinator_flags.end());
   ASSIGN_OR_RETURN(coordinator_, ChildProcess::Spawn(args));
-  ASSIGN_OR_RETURN(std::string banner, coordinator_->ReadLine(options.start_timeout));
+  ASSIGN_OR_RETURN(std::string banner,
+                   coordinator_->ReadLine(options.start_timeout, options.interrupt_fd));
   if (!absl::StartsWith(banner, kCoordinatorBanner)) {
     return absl::InternalError(
         absl::StrCat("flatshard-coordinator said '", banner, "' instead of its address"));
   }
   address_ = banner.substr(kCoordinatorBanner.size());
   if (options.metrics) {
-    ASSIGN_OR_RETURN(std::string line, coordinator_->ReadLine(options.start_timeout));
+    ASSIGN_OR_RETURN(std::string line,
+                     coordinator_->ReadLine(options.start_timeout, options.interrupt_fd));
     if (!absl::StartsWith(line, kCoordinatorMetrics)) {
       return absl::InternalError(
           absl::StrCat("flatshard-coordinator said '", line, "' instead of its metrics address"));
@@ -170,12 +172,16 @@ absl::Status LocalCluster::RestartCoordinator() {
   if (!coordinator_->Wait(absl::ZeroDuration()).has_value()) {
     return absl::FailedPreconditionError("flatshard-coordinator is still running");
   }
-  return StartCoordinator(address_);
+  absl::Status started = StartCoordinator(address_);
+  // As a worker's (RestartWorker): not left running unknown.
+  if (!started.ok()) (void)coordinator_->Terminate(absl::Seconds(10));
+  return started;
 }
 
 absl::Status LocalCluster::ReadWorkerBanner(size_t w) {
   ChildProcess& worker = *workers_[w];
-  ASSIGN_OR_RETURN(std::string line, worker.ReadLine(options_.start_timeout));
+  ASSIGN_OR_RETURN(std::string line,
+                   worker.ReadLine(options_.start_timeout, options_.interrupt_fd));
   // "flatshard-worker ID rank R listening on ADDR[, metrics on ADDR]"
   const std::vector<std::string> parts =
       absl::StrSplit(line, absl::MaxSplits(absl::ByString(kWorkerMetrics), 1));

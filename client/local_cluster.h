@@ -43,6 +43,10 @@ struct LocalClusterOptions {
   // processes on a node.
   int compute_threads = 0;
   absl::Duration start_timeout = absl::Seconds(60);
+  // Readable when nobody should wait for a daemon's start any more (`up`'s
+  // signalfd while a Ctrl-C is pending): starts and restarts then end with
+  // CANCELLED, the half-started daemon stopped. -1: none.
+  int interrupt_fd = -1;
   // Worker i's --checkpoint-dir, where its node mounts the shared checkpoint
   // storage (default: checkpoint_dir, the coordinator's --checkpoint-root).
   std::map<int, std::string> worker_checkpoint_dirs;
@@ -99,6 +103,7 @@ class LocalCluster {
   absl::Status KillAndRestartCoordinator(const std::function<void()>& while_down = {});
   // Starts the coordinator again, on the same address and state dir, after
   // it exited (FAILED_PRECONDITION while it runs); returns once it listens.
+  // One whose start fails is stopped again.
   absl::Status RestartCoordinator();
   // Starts worker `i` again with the arguments it had (its id, so it keeps its
   // rank) after it died; returns once it has registered. It must have exited.

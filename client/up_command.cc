@@ -1,10 +1,7 @@
 #include "client/up_command.h"
 
-#include <algorithm>
-#include <atomic>
 #include <csignal>
 #include <cstring>
-#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -12,16 +9,20 @@
 #include <mutex>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
+#include <unistd.h>
+
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 
 #include "client/cli_output.h"
 #include "client/cluster_security.h"
 #include "client/flatshard_client.h"
-#include "client/save_before_stop.h"
+#include "client/up_signals.h"
+#include "client/up_stop.h"
 #include "client/up_supervisor.h"
 #include "core/job_spec_yaml.h"
 #include "storage/spec_files.h"
@@ -113,126 +114,86 @@ CLI::App* AddUpCommand(CLI::App& app, UpCommandOptions& o) {
 
 namespace {
 
-// The signals that stop `up`: SIGINT (Ctrl-C) and SIGTERM.
-sigset_t StopSignals() {
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGTERM);
-  sigaddset(&stop_signals, SIGINT);
-  return stop_signals;
-}
-
-// A stop signal that arrived while they are blocked; 0: none.
-int PendingStopSignal() {
-  const sigset_t stop_signals = StopSignals();
-  const timespec now{};
-  const int got = sigtimedwait(&stop_signals, nullptr, &now);
-  return got > 0 ? got : 0;
-}
-
-// Stops Prometheus and the cluster (the coordinator first); one more stop
-// signal meanwhile kills them all rather than wait out their grace.
-int StopCluster(LocalPrometheus* prometheus, LocalCluster& cluster,
-                const std::function<void(const std::string&)>& say) {
-  say("stopping the cluster... (Ctrl-C again to kill the daemons now)");
-  std::atomic<bool> stopped{false};
-  std::thread impatient([&] {
-    const sigset_t stop_signals = StopSignals();
-    while (!stopped.load()) {
-      // Polled: nothing wakes a sigtimedwait when Stop() returns.
-      const timespec slice = absl::ToTimespec(absl::Milliseconds(100));
-      const int got = sigtimedwait(&stop_signals, nullptr, &slice);
-      if (got == SIGINT || got == SIGTERM) {
-        say(absl::StrCat(strsignal(got), " again: killing the daemons"));
-        if (prometheus != nullptr) prometheus->Kill();
-        cluster.KillAll();
-        return;
-      }
-    }
-  });
-  bool clean = prometheus == nullptr || prometheus->Stop();
-  clean &= cluster.Stop();
-  stopped.store(true);
-  impatient.join();
-  const bool killed = cluster.KilledAny() || (prometheus != nullptr && prometheus->killed());
-  say(clean    ? "stopped cleanly"
-      : killed ? "stopped (some daemons had to be killed)"
-               : "stopped (not every daemon exited cleanly; the logs above say why)");
-  return clean ? kExitOk : kExitFailed;
-}
-
-// The save before stopping, shared between its thread and the one waiting
-// for it (which may stop waiting first).
-struct StopSave {
-  enum Phase { kListing, kSaving, kDone };
-  std::atomic<int> phase{kListing};
-  std::atomic<bool> kept{false};  // at kDone: every job saved, or none needed it
-  std::thread thread;             // joined after the cluster stops
-  // Whether the job's state is kept: a save given up on may still have
-  // finished before the coordinator stopped.
-  bool Kept() const { return phase.load() == kDone && kept.load(); }
+// What ended `up --job`'s wait for its job.
+struct JobStart {
+  int signal = 0;  // a stop signal, or SIGCHLD: the coordinator is gone for good
+  absl::StatusOr<v1::Job> job = absl::UnknownError("");  // READY (signal 0)
 };
 
-// Saves what the workers alone hold (client/save_before_stop.h) on a thread
-// of its own, while this one listens for a second stop signal; returns when
-// the save is done, that signal came or `timeout` passed. A save given up on
-// ends with the coordinator, so its thread is joined after the cluster
-// stops. `say` is called from both threads.
-std::unique_ptr<StopSave> SaveBeforeStop(const CoordinatorTarget& target, absl::Duration timeout,
-                                         const std::function<void(const std::string&)>& say) {
-  auto save = std::make_unique<StopSave>();
-  StopSave* s = save.get();  // outlives the thread: joined before it is destroyed
-  save->thread = std::thread([target, say, s] {
-    FlatshardClient client(target);
-    absl::StatusOr<std::vector<UnsavedJob>> jobs = FindUnsavedJobs(client);
-    if (!jobs.ok()) {
-      say(absl::StrCat("not saving before stopping: ", jobs.status().message()));
-    } else if (jobs->empty()) {
-      s->kept.store(true);
-    } else {
-      s->phase.store(StopSave::kSaving);
-      say("(Ctrl-C again to stop without saving)");
-      s->kept.store(SaveUnsavedJobs(client, *jobs, absl::Now(), say).ok());
+// Creates the job (or continues the one the state dir brought back) and
+// waits up to 2 minutes for it to be READY, as the daemons' supervisor
+// meanwhile: a coordinator that fails is started again and the creation or
+// the wait goes on against it; a stop signal ends the wait.
+JobStart StartJob(FlatshardClient& client, const v1::JobSpec& spec, UpSupervisor& supervisor,
+                  std::ostream& out) {
+  const absl::Time give_up = absl::Now() + absl::Seconds(120);
+  bool sent = false;  // a creation was sent: ALREADY_EXISTS may then be its own
+  bool created = false;
+  absl::Status last;
+  for (;;) {
+    if (!created) {
+      absl::StatusOr<v1::Job> job = client.CreateJob(spec);
+      bool continued = false;
+      if (job.status().code() == absl::StatusCode::kAlreadyExists) {
+        // The state dir brought it back: continue it rather than refuse.
+        job = client.GetJob(spec.name());
+        continued = !sent;
+      }
+      sent = true;
+      created = job.ok();
+      last = job.status();
+      if (created) {
+        out << "job '" << spec.name()
+            << (continued ? "' is in the state dir: continuing it (delete it to start over)"
+                          : "' created")
+            << "; waiting for it to be READY" << std::endl;
+      }
     }
-    s->phase.store(StopSave::kDone);
-  });
-  // What giving up costs, by how far the save got.
-  const auto lost = [s] {
-    return s->phase.load() == StopSave::kListing
-               ? std::string("whether a job's newest checkpoint holds its step is not known")
-               : std::string("what it had not saved is lost");
-  };
-  const sigset_t stop_signals = StopSignals();
-  const absl::Time give_up = absl::Now() + timeout;
-  while (s->phase.load() != StopSave::kDone) {
+    if (created) {
+      // In slices, so that signals are heard meanwhile.
+      absl::StatusOr<v1::JobState> state =
+          client.WaitForState(spec.name(), {v1::READY}, absl::Seconds(1));
+      last = state.status();
+      if (state.ok()) {
+        // The step now, not the state dir's: a continued job may have
+        // rolled back to its last checkpoint on the way to READY.
+        absl::StatusOr<v1::Job> ready = client.GetJob(spec.name());
+        if (ready.ok()) return {0, ready};
+        last = ready.status();
+      } else if (last.code() != absl::StatusCode::kDeadlineExceeded) {
+        last = absl::Status(last.code(),
+                            absl::StrCat("job '", spec.name(), "' is not READY: ", last.message(),
+                                         " (flatshard job status -j ", spec.name(), " says why)"));
+      }
+    }
+    // UNAVAILABLE: the coordinator is down (its SIGCHLD restarts it), or
+    // it ended the watch; either way not at once again.
+    const bool unavailable = last.code() == absl::StatusCode::kUnavailable;
+    if (!last.ok() && !unavailable && last.code() != absl::StatusCode::kDeadlineExceeded) {
+      return {0, last};
+    }
+    const int signal = TakeUpSignal(unavailable ? absl::Seconds(1) : absl::ZeroDuration());
+    if (signal == SIGCHLD) {
+      if (!supervisor.OnChildExit()) return {SIGCHLD, last};
+      continue;
+    }
+    if (signal != 0) return {signal, last};
     if (absl::Now() >= give_up) {
-      say(absl::StrCat("the save did not finish in ", absl::FormatDuration(timeout),
-                       " (--stop-save-timeout); stopping without it: ", lost()));
-      return save;
-    }
-    // Polled: nothing wakes a sigtimedwait when the other thread finishes.
-    const timespec slice =
-        absl::ToTimespec(std::min(absl::Milliseconds(100), give_up - absl::Now()));
-    const int got = sigtimedwait(&stop_signals, nullptr, &slice);
-    if (got == SIGINT || got == SIGTERM) {
-      say(absl::StrCat(strsignal(got), " again: stopping without waiting for the save: ", lost()));
-      return save;
+      return {0,
+              last.code() == absl::StatusCode::kDeadlineExceeded
+                  ? absl::DeadlineExceededError(absl::StrCat(
+                        "job '", spec.name(), "' is not READY after 2m (flatshard job status -j ",
+                        spec.name(), " says why)"))
+                  : last};
     }
   }
-  // A Ctrl-C pressed as the save finished meant "stop waiting": not "kill
-  // the daemons", which StopCluster would take it for.
-  (void)PendingStopSignal();
-  return save;
 }
 
 }  // namespace
 
 int RunUpCommand(const UpCommandOptions& o, std::ostream& out, std::ostream& err) {
-  // Taken by sigwait below; children start with an empty mask.
-  sigset_t signals = StopSignals();
-  // A worker that exits: restarted if it ended itself wedged (below).
-  sigaddset(&signals, SIGCHLD);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  // Taken where `up` is ready for them (client/up_signals.h).
+  BlockUpSignals();
 
   // Refuse bad Prometheus options before starting anything.
   if (o.prometheus) {
@@ -274,6 +235,11 @@ int RunUpCommand(const UpCommandOptions& o, std::ostream& out, std::ostream& err
     cluster_options.every_worker_flags.insert(cluster_options.every_worker_flags.end(), w.begin(),
                                               w.end());
   }
+  // A Ctrl-C ends the wait for a daemon's start or restart.
+  absl::StatusOr<int> interrupt_fd = StopSignalFd();
+  if (!interrupt_fd.ok()) return ReportError("up", interrupt_fd.status(), err);
+  const absl::Cleanup close_interrupt_fd = [fd = *interrupt_fd] { close(fd); };
+  cluster_options.interrupt_fd = *interrupt_fd;
   out << "starting a coordinator and " << o.cluster.workers << " workers"
       << (security ? " (mutual TLS, tokens)" : "") << "..." << std::endl;
   absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(cluster_options);
@@ -281,6 +247,7 @@ int RunUpCommand(const UpCommandOptions& o, std::ostream& out, std::ostream& err
   out << "coordinator: " << (*cluster)->address() << "\n";
   out << "coordinator metrics: " << (*cluster)->coordinator_metrics() << "\n";
   for (const std::string& banner : (*cluster)->worker_banners()) out << "  " << banner << "\n";
+  out << std::flush;  // seen now through a pipe (`up | tee`), not at READY
   std::unique_ptr<LocalPrometheus> prometheus;
   if (o.prometheus) {
     absl::StatusOr<std::unique_ptr<LocalPrometheus>> started = LocalPrometheus::Start(
@@ -293,53 +260,30 @@ int RunUpCommand(const UpCommandOptions& o, std::ostream& out, std::ostream& err
 
   // One line at a time, from this thread or the save's (SaveBeforeStop).
   std::mutex say_mu;
-  const std::function<void(const std::string&)> say = [&out, &say_mu](const std::string& line) {
+  const SayLine say = [&out, &say_mu](const std::string& line) {
     std::lock_guard<std::mutex> lock(say_mu);
     out << line << std::endl;
   };
   const CoordinatorTarget target = security ? security->AdminTarget((*cluster)->address())
                                             : CoordinatorTarget{(*cluster)->address(), {}, "", ""};
+  // The daemons' supervisor (client/up_supervisor.h) from here on, until a
+  // stop signal or the coordinator is gone for good.
+  UpSupervisor supervisor(**cluster, prometheus.get(), out, err);
   std::string job_name;
-  int signal = 0;
   if (spec.has_value()) {
     FlatshardClient client(target);
-    absl::StatusOr<v1::Job> job = client.CreateJob(*spec);
-    if (job.status().code() == absl::StatusCode::kAlreadyExists) {
-      // The state dir brought it back: continue it rather than refuse.
-      job = client.GetJob(spec->name());
-      if (job.ok()) {
-        out << "job '" << spec->name()
-            << "' is in the state dir: continuing it (delete it to start over)\n";
-      }
+    JobStart start = StartJob(client, *spec, supervisor, out);
+    if (start.signal != 0) {
+      out << "\n"
+          << (start.signal == SIGCHLD ? "the coordinator is gone" : strsignal(start.signal))
+          << ": ";
+      const int code = StopCluster(prometheus.get(), **cluster, say);
+      return start.signal == SIGCHLD ? kExitFailed : code;
     }
-    if (!job.ok()) return ReportError("up", job.status(), err);
-    // In slices, so that Ctrl-C (blocked for sigwait) is heard meanwhile.
-    const absl::Time give_up = absl::Now() + absl::Seconds(120);
-    absl::StatusOr<v1::JobState> state;
-    do {
-      state = client.WaitForState(spec->name(), {v1::READY}, absl::Seconds(1));
-      signal = PendingStopSignal();
-    } while (signal == 0 && state.status().code() == absl::StatusCode::kDeadlineExceeded &&
-             absl::Now() < give_up);
-    if (signal != 0) {
-      out << "\n" << strsignal(signal) << ": ";
-      return StopCluster(prometheus.get(), **cluster, say);
-    }
-    if (!state.ok()) {
-      return ReportError(
-          "up",
-          absl::Status(
-              state.status().code(),
-              absl::StrCat("job '", spec->name(), "' is not READY: ", state.status().message(),
-                           " (flatshard job status -j ", spec->name(), " says why)")),
-          err);
-    }
+    if (!start.job.ok()) return ReportError("up", start.job.status(), err);
     job_name = spec->name();
-    // The step now, not the state dir's: a continued job may have rolled
-    // back to its last checkpoint on the way to READY.
-    if (absl::StatusOr<v1::Job> ready = client.GetJob(job_name); ready.ok()) job = ready;
-    out << "job '" << job_name << "' is READY at step " << job->step() << " (" << job->units_size()
-        << " units)\n";
+    out << "job '" << job_name << "' is READY at step " << start.job->step() << " ("
+        << start.job->units_size() << " units)\n";
   }
   if (!o.address_file.empty()) {
     const std::string tmp = o.address_file + ".tmp";
@@ -370,21 +314,26 @@ int RunUpCommand(const UpCommandOptions& o, std::ostream& out, std::ostream& err
       << "Ctrl-C stops the cluster (saving the job first if its newest checkpoint is behind it)."
       << std::endl;
 
-  // As the daemons' supervisor (client/up_supervisor.h) until Ctrl-C or
-  // SIGTERM, or until the coordinator is gone for good.
-  UpSupervisor supervisor(**cluster, prometheus.get(), out, err);
-  while (sigwait(&signals, &signal) == 0 && signal == SIGCHLD) {
+  int signal = 0;
+  while ((signal = TakeUpSignal(absl::InfiniteDuration())) == SIGCHLD) {
     if (!supervisor.OnChildExit()) break;
   }
   out << "\n" << (signal == SIGCHLD ? "the coordinator is gone" : strsignal(signal)) << ": ";
   std::unique_ptr<StopSave> save;
+  bool unsaved = false;  // what the workers alone hold may be lost
   if ((signal == SIGINT || signal == SIGTERM) && o.stop_save_timeout_s > 0) {
-    out << "saving before stopping, if the job's newest checkpoint is behind it" << std::endl;
-    save = SaveBeforeStop(target, absl::Seconds(o.stop_save_timeout_s), say);
+    if ((*cluster)->coordinator().Wait(absl::ZeroDuration()).has_value()) {
+      // Its restart was interrupted by this signal (UpSupervisor).
+      out << "not saving before stopping: the coordinator is down" << std::endl;
+      unsaved = true;
+    } else {
+      out << "saving before stopping, if the job's newest checkpoint is behind it" << std::endl;
+      save = SaveBeforeStop(target, absl::Seconds(o.stop_save_timeout_s), say);
+    }
   }
   const bool waited = save == nullptr || save->phase.load() == StopSave::kDone;
   int code = StopCluster(prometheus.get(), **cluster, say);
-  if (signal == SIGCHLD) code = kExitFailed;  // the cluster ended on a failure
+  if (signal == SIGCHLD || unsaved) code = kExitFailed;  // the cluster ended on a failure
   if (save == nullptr) return code;
   save->thread.join();
   if (!waited && save->Kept()) say("(the save finished as the cluster stopped: nothing is lost)");

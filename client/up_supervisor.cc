@@ -71,6 +71,11 @@ bool UpSupervisor::OnCoordinatorExit(int wait_status) {
   out_ << "the coordinator failed (" << DescribeExit(wait_status) << "); starting it again on "
        << cluster_.address() << " (" << Counted(coordinator_limit_) << ")" << std::endl;
   if (absl::Status restarted = cluster_.RestartCoordinator(); !restarted.ok()) {
+    if (absl::IsCancelled(restarted)) {
+      // A stop signal: `up` takes it next and stops (without a save).
+      err_ << "up: starting the coordinator again: " << restarted.message() << std::endl;
+      return true;
+    }
     err_ << "up: starting the coordinator again: " << restarted.message()
          << "; stopping the cluster" << std::endl;
     return false;

@@ -38,7 +38,9 @@ class UpSupervisor {
 
   // After a SIGCHLD: starts again what is due, saying so on `out` (and what
   // failed on `err`). False when the cluster must end: its coordinator is
-  // gone for good.
+  // gone for good. A restart a stop signal interrupted
+  // (LocalClusterOptions::interrupt_fd) leaves its daemon down and returns
+  // true: the caller takes that signal next and stops.
   bool OnChildExit();
 
  private:

@@ -30,105 +30,22 @@
 #include "client/child_process.h"
 #include "client/flatshard_client.h"
 #include "tests/integration/multiprocess.h"
+#include "tests/integration/up_process.h"
 
 namespace flatshard {
 namespace {
 
+using testing::ClientOf;
+using testing::ExitStatus;
+using testing::FrozenWorker;
 using ::testing::HasSubstr;
+using testing::JobFile;
 using ::testing::Not;
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
-// The example MLP job at world size 2 (beside the model file it names).
-std::string JobFile(const std::string& dir) {
-  std::ofstream(dir + "/mlp.yaml")
-      << ReadAll(std::string(FLATSHARD_SOURCE_DIR) + "/examples/mlp.yaml");
-  const std::string example = ReadAll(std::string(FLATSHARD_SOURCE_DIR) + "/examples/mlp-job.yaml");
-  EXPECT_THAT(example, HasSubstr("world_size: 4\n"));
-  std::string path = dir + "/job.yaml";
-  std::ofstream(path) << absl::StrReplaceAll(example, {{"world_size: 4\n", "world_size: 2\n"}});
-  return path;
-}
-
-// One `flatshard up` with `flags`; its stdout is read line by line.
-std::unique_ptr<ChildProcess> StartUp(const std::vector<std::string>& flags) {
-  std::vector<std::string> argv = {std::string(FLATSHARD_BIN_DIR) + "/flatshard", "up"};
-  argv.insert(argv.end(), flags.begin(), flags.end());
-  auto up = ChildProcess::Spawn(argv);
-  EXPECT_TRUE(up.ok()) << up.status();
-  return up.ok() ? *std::move(up) : nullptr;
-}
-
-// Its output up to and including the first line holding `text` (all of it
-// if it exits or 120 s pass first).
-std::string ReadUntil(ChildProcess& up, const std::string& text) {
-  std::string said;
-  absl::StatusOr<std::string> line;
-  while ((line = up.ReadLine(absl::Seconds(120))).ok()) {
-    said += *line + "\n";
-    if (line->find(text) != std::string::npos) break;
-  }
-  return said;
-}
-
-// Two workers and the job at world size 2, everything under `dir`.
-std::vector<std::string> UpFlags(const std::string& dir, const std::string& address_file) {
-  return {"--workers",          "2",          "--job", JobFile(dir),     "--checkpoint-dir",
-          dir + "/checkpoints", "--data-dir", dir,     "--address-file", address_file};
-}
-
-// A client of the coordinator `up` wrote into `address_file`.
-FlatshardClient ClientOf(const std::string& address_file) {
-  return FlatshardClient(std::string(absl::StripTrailingAsciiWhitespace(ReadAll(address_file))));
-}
-
-// The pid of `up`'s child daemon whose command line (arguments joined by
-// NULs) holds `needle`, or -1.
-pid_t DaemonPid(const ChildProcess& up, const std::string& needle) {
-  std::istringstream children(
-      ReadAll(absl::StrCat("/proc/", up.pid(), "/task/", up.pid(), "/children")));
-  for (pid_t child = 0; children >> child;) {
-    if (ReadAll(absl::StrCat("/proc/", child, "/cmdline")).find(needle) != std::string::npos) {
-      return child;
-    }
-  }
-  return -1;
-}
-
-pid_t WorkerPid(const ChildProcess& up, const std::string& id) {
-  return DaemonPid(up, std::string("\0--worker-id\0", 13) + id + std::string("\0", 1));
-}
-
-pid_t CoordinatorPid(const ChildProcess& up) {
-  return DaemonPid(up, std::string("/flatshard-coordinator\0", 23));
-}
-
-// A worker daemon SIGSTOPped (every command to it waits), continued when
-// the test ends however it ends: stopped, it would not act on the SIGTERM
-// its parent's death sends it. Signalled through a pidfd, so that a pid
-// reaped and reused meanwhile is not.
-struct FrozenWorker {
-  int pid_fd;
-  explicit FrozenWorker(pid_t pid) : pid_fd(static_cast<int>(syscall(SYS_pidfd_open, pid, 0))) {
-    syscall(SYS_pidfd_send_signal, pid_fd, SIGSTOP, nullptr, 0);
-  }
-  ~FrozenWorker() {
-    syscall(SYS_pidfd_send_signal, pid_fd, SIGCONT, nullptr, 0);
-    close(pid_fd);
-  }
-  FrozenWorker(const FrozenWorker&) = delete;
-  FrozenWorker& operator=(const FrozenWorker&) = delete;
-};
-
-int ExitStatus(ChildProcess& process) {
-  const std::optional<int> status = process.Wait(absl::Seconds(60));
-  return status.has_value() && WIFEXITED(*status) ? WEXITSTATUS(*status) : -1;
-}
+using testing::ReadUntil;
+using testing::StartUp;
+using testing::UpFlags;
+using testing::WorkerPid;
+using testing::WrappedDaemons;
 
 TEST(UpCommandTest, AStopSignalSavesTheJobAndTheNextUpContinuesFromIt) {
   const std::string dir = testing::MakeTempDir("up-save");
@@ -332,25 +249,6 @@ TEST(UpCommandTest, AStopSaveThatFailsSaysWhereTheNextUpContinues) {
   EXPECT_EQ(ExitStatus(*up), 1);
 }
 
-// A directory of daemons for `up --bin-dir`: each a shell script whose
-// body is `worker` (for flatshard-worker) or `coordinator`, with $DAEMON
-// standing for the real one.
-std::string WrappedDaemons(const std::string& dir, const std::string& worker,
-                           const std::string& coordinator) {
-  std::string bin = dir + "/wrapped-bin";
-  std::filesystem::create_directories(bin);
-  for (const std::string daemon : {"flatshard-coordinator", "flatshard-worker"}) {
-    const std::string path = absl::StrCat(bin, "/", daemon);
-    std::ofstream(path) << "#!/bin/sh\n"
-                        << absl::StrReplaceAll(
-                               daemon == "flatshard-worker" ? worker : coordinator,
-                               {{"$DAEMON", absl::StrCat(FLATSHARD_BIN_DIR, "/", daemon)}})
-                        << "\n";
-    chmod(path.c_str(), 0755);
-  }
-  return bin;
-}
-
 // A shell runs a background command with SIGINT ignored, and a launcher may
 // pass SIGTERM on ignored: the daemons still stop, since they block both
 // for sigwait and Linux queues a blocked signal whatever its action.
@@ -397,129 +295,16 @@ TEST(UpCommandTest, ACtrlCWhileStoppingKillsDaemonsThatWillNotStop) {
   EXPECT_LT(absl::Now() - second, absl::Seconds(8));
 }
 
-// `up` as the coordinator's supervisor: one that fails (kill -9) is started
-// again on the same address and takes its job back where it was, and
-// training goes on; past the restart limit the cluster stops, exiting 1.
-TEST(UpCommandTest, AFailedCoordinatorIsStartedAgainAndTakesItsJobBack) {
-  const std::string dir = testing::MakeTempDir("up-coordinator-fails");
-  const std::string address_file = dir + "/address";
-  std::vector<std::string> argv = {"/bin/sh", "-c", "exec \"$0\" \"$@\" 2>&1",
-                                   std::string(FLATSHARD_BIN_DIR) + "/flatshard", "up"};
-  const std::vector<std::string> flags = UpFlags(dir, address_file);
-  argv.insert(argv.end(), flags.begin(), flags.end());
-  auto spawned = ChildProcess::Spawn(argv);  // its stderr too, through the shell
-  ASSERT_TRUE(spawned.ok()) << spawned.status();
-  ChildProcess& up = **spawned;
-  ASSERT_THAT(ReadUntil(up, "The cluster is up"), HasSubstr("The cluster is up"));
-  FlatshardClient client = ClientOf(address_file);
-  const std::string address(absl::StripTrailingAsciiWhitespace(ReadAll(address_file)));
-  ASSERT_TRUE(client.Train("mlp-demo", 3, 0, [](const v1::StepResult&) {}).ok());
-
-  for (int restart = 1; restart <= 3; ++restart) {
-    const pid_t coordinator = CoordinatorPid(up);
-    ASSERT_GT(coordinator, 0);
-    kill(coordinator, SIGKILL);
-    const std::string said = ReadUntil(up, "coordinator: back on");
-    EXPECT_THAT(said, HasSubstr(absl::StrCat("the coordinator failed (killed by signal 9, Killed); "
-                                             "starting it again on ",
-                                             address, " (restart ", restart,
-                                             " of the 3 allowed within 10m)")));
-    ASSERT_THAT(said, HasSubstr("coordinator: back on")) << said;
-    // The job where it was, and training goes on (through the same address).
-    auto ready = client.WaitForState("mlp-demo", {v1::READY}, absl::Seconds(120));
-    ASSERT_TRUE(ready.ok()) << ready.status();
-    auto job = client.GetJob("mlp-demo");
-    ASSERT_TRUE(job.ok()) << job.status();
-    EXPECT_EQ(job->step(), restart + 2);
-    ASSERT_TRUE(client.Train("mlp-demo", 1, 0, [](const v1::StepResult&) {}).ok());
-  }
-  const pid_t coordinator = CoordinatorPid(up);
-  ASSERT_GT(coordinator, 0);  // kill(-1) would reach every process
-  kill(coordinator, SIGKILL);
-  const std::string stopped = ReadUntil(up, "stopped");
-  EXPECT_THAT(stopped, HasSubstr("the coordinator failed (killed by signal 9, Killed) after 3 "
-                                 "restarts within 10m; stopping the cluster"));
-  EXPECT_THAT(stopped, HasSubstr("the coordinator is gone"));
-  // It killed nothing: the coordinator had exited, the workers stop cleanly.
-  EXPECT_THAT(stopped, HasSubstr("stopped (not every daemon exited cleanly"));
-  EXPECT_EQ(ExitStatus(up), 1);
-}
-
-// A coordinator stopped on purpose (exit 0, here its SIGTERM) is not
-// started again: the cluster stops, and `up` exits 1.
-TEST(UpCommandTest, ACoordinatorStoppedOnPurposeEndsTheCluster) {
-  const std::string dir = testing::MakeTempDir("up-coordinator-stopped");
-  auto up = ChildProcess::Spawn({"/bin/sh", "-c", "exec \"$0\" \"$@\" 2>&1",
-                                 std::string(FLATSHARD_BIN_DIR) + "/flatshard", "up", "--workers",
-                                 "1", "--checkpoint-dir", dir + "/checkpoints"});
-  ASSERT_TRUE(up.ok()) << up.status();
-  ASSERT_THAT(ReadUntil(**up, "The cluster is up"), HasSubstr("The cluster is up"));
-  const pid_t coordinator = CoordinatorPid(**up);
-  ASSERT_GT(coordinator, 0);
-  kill(coordinator, SIGTERM);
-  const std::string stopped = ReadUntil(**up, "stopped cleanly");
-  EXPECT_THAT(stopped, HasSubstr("the coordinator exited (exit status 0: stopped on purpose); "
-                                 "stopping the cluster"));
-  EXPECT_THAT(stopped, Not(HasSubstr("starting it again")));
-  EXPECT_THAT(stopped, HasSubstr("stopped cleanly")) << stopped;
-  EXPECT_EQ(ExitStatus(**up), 1);
-}
-
-// `up` as the workers' supervisor: a worker that ends itself wedged (exit
-// status 3; here a shell around the real daemon exits 3 once the daemon is
-// killed) is started again, 3 times within 10 minutes; the fourth time it
-// stays down, and `up` says so.
-TEST(UpCommandTest, AWedgedWorkerIsRestartedUpToItsLimitThenStaysDown) {
-  const std::string dir = testing::MakeTempDir("up-wedged");
-  const std::string bin =
-      WrappedDaemons(dir,
-                     "exec setpriv --pdeathsig KILL -- /bin/sh -c "
-                     "'setpriv --pdeathsig KILL -- \"$0\" \"$@\"; exit 3' \"$DAEMON\" \"$@\"",
-                     "exec \"$DAEMON\" \"$@\"");
-  auto spawned = ChildProcess::Spawn(
-      {"/bin/sh", "-c", "exec \"$0\" \"$@\" 2>&1", std::string(FLATSHARD_BIN_DIR) + "/flatshard",
-       "up", "--workers", "1", "--checkpoint-dir", dir + "/checkpoints", "--bin-dir", bin});
-  ASSERT_TRUE(spawned.ok()) << spawned.status();
-  ChildProcess& up = **spawned;
-  ASSERT_THAT(ReadUntil(up, "The cluster is up"), HasSubstr("The cluster is up"));
-  // The real daemon: the child of worker-0's shell.
-  const auto kill_the_worker = [&up] {
-    const pid_t shell = WorkerPid(up, "worker-0");
-    ASSERT_GT(shell, 0);
-    pid_t worker = -1;
-    std::istringstream(ReadAll(absl::StrCat("/proc/", shell, "/task/", shell, "/children"))) >>
-        worker;
-    ASSERT_GT(worker, 0);  // kill(-1) would reach every process
-    kill(worker, SIGKILL);
-  };
-  for (int restart = 1; restart <= 3; ++restart) {
-    kill_the_worker();
-    EXPECT_THAT(ReadUntil(up, "ended itself wedged"),
-                HasSubstr(absl::StrCat("worker-0 ended itself wedged (exit status 3); started it "
-                                       "again (restart ",
-                                       restart, " of the 3 allowed within 10m)")));
-  }
-  kill_the_worker();
-  EXPECT_THAT(ReadUntil(up, "stays down"),
-              HasSubstr("up: worker-0 ended itself wedged again, after 3 restarts within 10m; it "
-                        "stays down"));
-  EXPECT_EQ(WorkerPid(up, "worker-0"), -1) << "not started again";
-  up.Signal(SIGINT);
-  EXPECT_THAT(ReadUntil(up, "stopped"), HasSubstr("stopped ("));
-  ExitStatus(up);
-}
-
 TEST(UpCommandTest, AJobLargerThanTheClusterIsRefusedBeforeAnythingStarts) {
   const std::string dir = testing::MakeTempDir("up-refused");
   // Its words are on stderr: through a shell that sends them to stdout.
-  auto up = ChildProcess::Spawn(
-      {"/bin/sh", "-c", "exec \"$0\" \"$@\" 2>&1", std::string(FLATSHARD_BIN_DIR) + "/flatshard",
-       "up", "--workers", "1", "--job", JobFile(dir), "--checkpoint-dir", dir + "/checkpoints"});
-  ASSERT_TRUE(up.ok()) << up.status();
-  const std::string said = ReadUntil(**up, "world_size");
+  std::unique_ptr<ChildProcess> up = StartUp(
+      {"--workers", "1", "--job", JobFile(dir), "--checkpoint-dir", dir + "/checkpoints"}, true);
+  ASSERT_NE(up, nullptr);
+  const std::string said = ReadUntil(*up, "world_size");
   EXPECT_THAT(said, HasSubstr("world_size 2 needs 2 workers and --workers is 1")) << said;
   EXPECT_THAT(said, Not(HasSubstr("starting a coordinator")));
-  EXPECT_EQ(ExitStatus(**up), 2);
+  EXPECT_EQ(ExitStatus(*up), 2);
 }
 
 }  // namespace

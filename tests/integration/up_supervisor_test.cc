@@ -1,0 +1,246 @@
+// `flatshard up` as its daemons' supervisor (client/up_supervisor.h), the
+// real binary and its real daemons: a coordinator that fails is started
+// again, whether the job is READY yet or not, and takes its job back; a
+// worker that ended itself wedged is started again; each up to its restart
+// limit; a Ctrl-C is heard while a daemon restarts.
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <fcntl.h>
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+#include "client/child_process.h"
+#include "client/flatshard_client.h"
+#include "tests/integration/multiprocess.h"
+#include "tests/integration/up_process.h"
+
+namespace flatshard {
+namespace {
+
+using testing::ClientOf;
+using testing::CoordinatorPid;
+using testing::ExitStatus;
+using ::testing::HasSubstr;
+using ::testing::Not;
+using testing::ReadAll;
+using testing::ReadUntil;
+using testing::StartUp;
+using testing::UpFlags;
+using testing::WorkerPid;
+using testing::WrappedDaemons;
+
+// Wrapped daemons' bodies (WrappedDaemons): the real one, and a worker
+// whose shell exits 3 (ended itself wedged) once the real daemon is killed.
+// Each shell dies with its parent (--pdeathsig), so nothing outlives a
+// failing test.
+constexpr char kRealDaemon[] = "exec \"$DAEMON\" \"$@\"";
+constexpr char kWedgesOnceKilled[] =
+    "exec setpriv --pdeathsig KILL -- /bin/sh -c "
+    "'setpriv --pdeathsig KILL -- \"$0\" \"$@\"; exit 3' \"$DAEMON\" \"$@\"";
+
+// SIGKILLs worker-0's real daemon: the child of its shell (kWedgesOnceKilled).
+void KillTheWrappedWorker(const ChildProcess& up) {
+  const pid_t shell = WorkerPid(up, "worker-0");
+  ASSERT_GT(shell, 0);
+  pid_t worker = -1;
+  std::istringstream(ReadAll(absl::StrCat("/proc/", shell, "/task/", shell, "/children"))) >>
+      worker;
+  ASSERT_GT(worker, 0);  // kill(-1) would reach every process
+  kill(worker, SIGKILL);
+}
+
+// Lets a wrapper waiting on the FIFO `gate` (`read go < gate`) go on.
+void OpenTheGate(const std::string& gate) {
+  // Blocks until the wrapper opens it to read, which it does after saying
+  // it listens (the line `up` waited for).
+  const int fd = open(gate.c_str(), O_WRONLY | O_CLOEXEC);
+  ASSERT_GE(fd, 0) << strerror(errno);
+  EXPECT_EQ(write(fd, "go\n", 3), 3);
+  close(fd);
+}
+
+// `up` as the coordinator's supervisor: one that fails (kill -9) is started
+// again on the same address and takes its job back where it was, and
+// training goes on; past the restart limit the cluster stops, exiting 1.
+TEST(UpSupervisorTest, AFailedCoordinatorIsStartedAgainAndTakesItsJobBack) {
+  const std::string dir = testing::MakeTempDir("up-coordinator-fails");
+  const std::string address_file = dir + "/address";
+  std::unique_ptr<ChildProcess> spawned = StartUp(UpFlags(dir, address_file), true);
+  ASSERT_NE(spawned, nullptr);
+  ChildProcess& up = *spawned;
+  ASSERT_THAT(ReadUntil(up, "The cluster is up"), HasSubstr("The cluster is up"));
+  FlatshardClient client = ClientOf(address_file);
+  const std::string address(absl::StripTrailingAsciiWhitespace(ReadAll(address_file)));
+  ASSERT_TRUE(client.Train("mlp-demo", 3, 0, [](const v1::StepResult&) {}).ok());
+
+  for (int restart = 1; restart <= 3; ++restart) {
+    const pid_t coordinator = CoordinatorPid(up);
+    ASSERT_GT(coordinator, 0);
+    kill(coordinator, SIGKILL);
+    const std::string said = ReadUntil(up, "coordinator: back on");
+    EXPECT_THAT(said, HasSubstr(absl::StrCat("the coordinator failed (killed by signal 9, Killed); "
+                                             "starting it again on ",
+                                             address, " (restart ", restart,
+                                             " of the 3 allowed within 10m)")));
+    ASSERT_THAT(said, HasSubstr("coordinator: back on")) << said;
+    // The job where it was, and training goes on (through the same address).
+    auto ready = client.WaitForState("mlp-demo", {v1::READY}, absl::Seconds(120));
+    ASSERT_TRUE(ready.ok()) << ready.status();
+    auto job = client.GetJob("mlp-demo");
+    ASSERT_TRUE(job.ok()) << job.status();
+    EXPECT_EQ(job->step(), restart + 2);
+    ASSERT_TRUE(client.Train("mlp-demo", 1, 0, [](const v1::StepResult&) {}).ok());
+  }
+  const pid_t coordinator = CoordinatorPid(up);
+  ASSERT_GT(coordinator, 0);  // kill(-1) would reach every process
+  kill(coordinator, SIGKILL);
+  const std::string stopped = ReadUntil(up, "stopped");
+  EXPECT_THAT(stopped, HasSubstr("the coordinator failed (killed by signal 9, Killed) after 3 "
+                                 "restarts within 10m; stopping the cluster"));
+  EXPECT_THAT(stopped, HasSubstr("the coordinator is gone"));
+  // It killed nothing: the coordinator had exited, the workers stop cleanly.
+  EXPECT_THAT(stopped, HasSubstr("stopped (not every daemon exited cleanly"));
+  EXPECT_EQ(ExitStatus(up), 1);
+}
+
+// A coordinator stopped on purpose (exit 0, here its SIGTERM) is not
+// started again: the cluster stops, and `up` exits 1.
+TEST(UpSupervisorTest, ACoordinatorStoppedOnPurposeEndsTheCluster) {
+  const std::string dir = testing::MakeTempDir("up-coordinator-stopped");
+  std::unique_ptr<ChildProcess> up =
+      StartUp({"--workers", "1", "--checkpoint-dir", dir + "/checkpoints"}, true);
+  ASSERT_NE(up, nullptr);
+  ASSERT_THAT(ReadUntil(*up, "The cluster is up"), HasSubstr("The cluster is up"));
+  const pid_t coordinator = CoordinatorPid(*up);
+  ASSERT_GT(coordinator, 0);
+  kill(coordinator, SIGTERM);
+  const std::string stopped = ReadUntil(*up, "stopped cleanly");
+  EXPECT_THAT(stopped, HasSubstr("the coordinator exited (exit status 0: stopped on purpose); "
+                                 "stopping the cluster"));
+  EXPECT_THAT(stopped, Not(HasSubstr("starting it again")));
+  EXPECT_THAT(stopped, HasSubstr("stopped cleanly")) << stopped;
+  EXPECT_EQ(ExitStatus(*up), 1);
+}
+
+// `up` as the workers' supervisor: a worker that ends itself wedged (exit
+// status 3; here a shell around the real daemon exits 3 once the daemon is
+// killed) is started again, 3 times within 10 minutes; the fourth time it
+// stays down, and `up` says so.
+TEST(UpSupervisorTest, AWedgedWorkerIsRestartedUpToItsLimitThenStaysDown) {
+  const std::string dir = testing::MakeTempDir("up-wedged");
+  const std::string bin = WrappedDaemons(dir, kWedgesOnceKilled, kRealDaemon);
+  std::unique_ptr<ChildProcess> spawned =
+      StartUp({"--workers", "1", "--checkpoint-dir", dir + "/checkpoints", "--bin-dir", bin}, true);
+  ASSERT_NE(spawned, nullptr);
+  ChildProcess& up = *spawned;
+  ASSERT_THAT(ReadUntil(up, "The cluster is up"), HasSubstr("The cluster is up"));
+  const auto kill_the_worker = [&up] { KillTheWrappedWorker(up); };
+  for (int restart = 1; restart <= 3; ++restart) {
+    kill_the_worker();
+    EXPECT_THAT(ReadUntil(up, "ended itself wedged"),
+                HasSubstr(absl::StrCat("worker-0 ended itself wedged (exit status 3); started it "
+                                       "again (restart ",
+                                       restart, " of the 3 allowed within 10m)")));
+  }
+  kill_the_worker();
+  EXPECT_THAT(ReadUntil(up, "stays down"),
+              HasSubstr("up: worker-0 ended itself wedged again, after 3 restarts within 10m; it "
+                        "stays down"));
+  EXPECT_EQ(WorkerPid(up, "worker-0"), -1) << "not started again";
+  up.Signal(SIGINT);
+  EXPECT_THAT(ReadUntil(up, "stopped"), HasSubstr("stopped ("));
+  ExitStatus(up);
+}
+
+// A coordinator that fails before `up --job`'s job is READY is started
+// again too, and the job created before is taken back. Here worker-1's
+// wrapper says it listens, then waits on a FIFO before it starts the real
+// daemon, so the job waits for it (PENDING) until the test opens the gate.
+// (Before, `up` gave up: "job 'mlp-demo' is not READY: ... UNAVAILABLE".)
+TEST(UpSupervisorTest, ACoordinatorThatFailsBeforeTheJobIsReadyIsStartedAgain) {
+  const std::string dir = testing::MakeTempDir("up-coordinator-fails-early");
+  const std::string gate = dir + "/gate";
+  ASSERT_EQ(mkfifo(gate.c_str(), 0600), 0) << strerror(errno);
+  const std::string bin = WrappedDaemons(
+      dir,
+      absl::StrCat("case \" $* \" in *\" worker-1 \"*)\n"
+                   "  echo 'flatshard-worker worker-1 rank 1 listening on 127.0.0.1:1, metrics on "
+                   "127.0.0.1:1'\n"
+                   "  read go < ",
+                   gate, " ;;\nesac\n", kRealDaemon),
+      kRealDaemon);
+  const std::string address_file = dir + "/address";
+  std::vector<std::string> flags = UpFlags(dir, address_file);
+  flags.insert(flags.end(), {"--bin-dir", bin});
+  std::unique_ptr<ChildProcess> up = StartUp(flags, true);
+  ASSERT_NE(up, nullptr);
+  ASSERT_THAT(ReadUntil(*up, "waiting for it to be READY"),
+              HasSubstr("job 'mlp-demo' created; waiting for it to be READY"));
+  const pid_t coordinator = CoordinatorPid(*up);
+  ASSERT_GT(coordinator, 0);  // kill(-1) would reach every process
+  kill(coordinator, SIGKILL);
+  const std::string restarted = ReadUntil(*up, "coordinator: back on");
+  EXPECT_THAT(restarted, HasSubstr("the coordinator failed (killed by signal 9, Killed); starting "
+                                   "it again on "));
+  ASSERT_THAT(restarted, HasSubstr("coordinator: back on")) << restarted;
+  OpenTheGate(gate);  // worker-1 starts, and registers with the new coordinator
+  const std::string ready = ReadUntil(*up, "The cluster is up");
+  EXPECT_THAT(ready, HasSubstr("job 'mlp-demo' is READY at step 0"));
+  ASSERT_THAT(ready, HasSubstr("The cluster is up")) << ready;
+  ASSERT_TRUE(ClientOf(address_file).Train("mlp-demo", 1, 0, [](const v1::StepResult&) {}).ok());
+  up->Signal(SIGINT);
+  const std::string stopped = ReadUntil(*up, "stopped");
+  EXPECT_THAT(stopped, HasSubstr("saving job 'mlp-demo' (step 1"));
+  EXPECT_THAT(stopped, HasSubstr("stopped cleanly")) << stopped;
+  EXPECT_EQ(ExitStatus(*up), 0);
+}
+
+// A Ctrl-C while `up` waits for a restarted daemon to start ends that wait
+// (before, it waited out the 60 s start timeout): here worker-0 ends itself
+// wedged, and its second start holds on a FIFO nobody opens. The
+// half-started worker is stopped, and the cluster stops as on any Ctrl-C.
+TEST(UpSupervisorTest, ACtrlCWhileAWorkerRestartsEndsTheWait) {
+  const std::string dir = testing::MakeTempDir("up-restart-interrupted");
+  const std::string gate = dir + "/gate";
+  ASSERT_EQ(mkfifo(gate.c_str(), 0600), 0) << strerror(errno);
+  const std::string once = dir + "/started-once";
+  const std::string bin =
+      WrappedDaemons(dir,
+                     absl::StrCat("if [ -e ", once,
+                                  " ]; then\n"
+                                  "  echo 'worker-0 started again: holding its start' >&2\n"
+                                  "  read go < ",
+                                  gate, "\n  exit 1\nfi\ntouch ", once, "\n", kWedgesOnceKilled),
+                     kRealDaemon);
+  std::unique_ptr<ChildProcess> up =
+      StartUp({"--workers", "1", "--checkpoint-dir", dir + "/checkpoints", "--bin-dir", bin}, true);
+  ASSERT_NE(up, nullptr);
+  ASSERT_THAT(ReadUntil(*up, "The cluster is up"), HasSubstr("The cluster is up"));
+  KillTheWrappedWorker(*up);
+  ASSERT_THAT(ReadUntil(*up, "holding its start"), HasSubstr("holding its start"));
+  const absl::Time interrupted = absl::Now();
+  up->Signal(SIGINT);
+  const std::string stopped = ReadUntil(*up, "stopped");
+  EXPECT_THAT(stopped, HasSubstr("up: restarting worker-0, which ended itself wedged: interrupted "
+                                 "while waiting for flatshard-worker (pid "));
+  EXPECT_THAT(stopped, HasSubstr("Interrupt: saving before stopping"));
+  // The one Ctrl-C, not taken for a second one.
+  EXPECT_THAT(stopped, Not(HasSubstr("Interrupt again")));
+  EXPECT_THAT(stopped, HasSubstr("stopped (")) << stopped;
+  EXPECT_LT(absl::Now() - interrupted, absl::Seconds(30));
+  ExitStatus(*up);
+}
+}  // namespace
+}  // namespace flatshard
