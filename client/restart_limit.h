@@ -2,8 +2,8 @@
 // times within `window`, as systemd's StartLimitBurst/StartLimitIntervalSec.
 // A daemon that starts but fails again and again (a worker that wedges on
 // every collective, a coordinator that crashes on what its state dir
-// holds) is then left down and said so, rather than restarted for ever.
-// (One that cannot start at all fails its restart, which ends it already.)
+// holds), or one that cannot start at all, is then left down and said so,
+// rather than restarted for ever.
 #ifndef FLATSHARD_CLIENT_RESTART_LIMIT_H_
 #define FLATSHARD_CLIENT_RESTART_LIMIT_H_
 
@@ -23,6 +23,12 @@ class RestartLimit {
     if (static_cast<int>(restarts_.size()) >= burst_) return false;
     restarts_.push_back(now);
     return true;
+  }
+  // Whether a restart at `at` (now or later) would be allowed; counts none.
+  bool WouldAllow(absl::Time at) const {
+    int counted = 0;
+    for (absl::Time restart : restarts_) counted += at - restart <= window_ ? 1 : 0;
+    return counted < burst_;
   }
   // The restarts counted now (the one just allowed included).
   int count() const { return static_cast<int>(restarts_.size()); }

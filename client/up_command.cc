@@ -178,6 +178,7 @@ JobStart StartJob(FlatshardClient& client, const v1::JobSpec& spec, UpSupervisor
       continue;
     }
     if (signal != 0) return {signal, last};
+    supervisor.RetryDue(absl::Now());
     if (absl::Now() >= give_up) {
       return {0,
               last.code() == absl::StatusCode::kDeadlineExceeded
@@ -315,8 +316,13 @@ int RunUpCommand(const UpCommandOptions& o, std::ostream& out, std::ostream& err
       << std::endl;
 
   int signal = 0;
-  while ((signal = TakeUpSignal(absl::InfiniteDuration())) == SIGCHLD) {
-    if (!supervisor.OnChildExit()) break;
+  for (;;) {
+    signal = TakeUpSignal(supervisor.NextRetry() - absl::Now());
+    if (signal == 0) {
+      supervisor.RetryDue(absl::Now());
+    } else if (signal != SIGCHLD || !supervisor.OnChildExit()) {
+      break;
+    }
   }
   out << "\n" << (signal == SIGCHLD ? "the coordinator is gone" : strsignal(signal)) << ": ";
   std::unique_ptr<StopSave> save;

@@ -1,5 +1,7 @@
 #include "client/up_supervisor.h"
 
+#include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <optional>
 #include <string>
@@ -46,7 +48,9 @@ UpSupervisor::UpSupervisor(LocalCluster& cluster, LocalPrometheus* prometheus, s
       coordinator_limit_(kRestartBurst, kRestartWindow),
       worker_limits_(static_cast<size_t>(cluster.num_workers()),
                      RestartLimit(kRestartBurst, kRestartWindow)),
-      left_down_(static_cast<size_t>(cluster.num_workers()), false) {}
+      left_down_(static_cast<size_t>(cluster.num_workers()), false),
+      retry_at_(static_cast<size_t>(cluster.num_workers()), absl::InfiniteFuture()),
+      failed_tries_(static_cast<size_t>(cluster.num_workers()), 0) {}
 
 bool UpSupervisor::OnChildExit() {
   // The coordinator first: a restarted worker registers with it.
@@ -96,21 +100,65 @@ bool UpSupervisor::OnCoordinatorExit(int wait_status) {
 
 void UpSupervisor::OnWedgedWorker(int i) {
   const auto w = static_cast<size_t>(i);
-  if (left_down_[w]) return;
+  // A worker whose restart is to be tried again is handled then.
+  if (left_down_[w] || retry_at_[w] != absl::InfiniteFuture()) return;
   if (!worker_limits_[w].Allow(absl::Now())) {
     err_ << "up: worker-" << i << " ended itself wedged again, after " << Limit(worker_limits_[w])
          << "; it stays down" << std::endl;
     left_down_[w] = true;
     return;
   }
+  StartWorkerAgain(
+      i, absl::StrCat("worker-", i, " ended itself wedged (exit status ", kWedgedExitCode, ")"));
+}
+
+absl::Time UpSupervisor::NextRetry() const {
+  if (retry_at_.empty()) return absl::InfiniteFuture();
+  return *std::min_element(retry_at_.begin(), retry_at_.end());
+}
+
+void UpSupervisor::RetryDue(absl::Time now) {
+  for (int i = 0; i < cluster_.num_workers(); ++i) {
+    const auto w = static_cast<size_t>(i);
+    if (retry_at_[w] > now) continue;
+    retry_at_[w] = absl::InfiniteFuture();
+    if (!worker_limits_[w].Allow(now)) {
+      err_ << "up: worker-" << i << " could not be started again, after "
+           << Limit(worker_limits_[w]) << "; it stays down" << std::endl;
+      left_down_[w] = true;
+      continue;
+    }
+    StartWorkerAgain(i, absl::StrCat("worker-", i, " (another try)"));
+  }
+}
+
+void UpSupervisor::StartWorkerAgain(int i, const std::string& why) {
+  const auto w = static_cast<size_t>(i);
   if (absl::Status restarted = cluster_.RestartWorker(i); !restarted.ok()) {
-    err_ << "up: restarting worker-" << i << ", which ended itself wedged: " << restarted.message()
-         << " (it stays down)" << std::endl;
-    left_down_[w] = true;
+    if (absl::IsCancelled(restarted)) {
+      // A stop signal: `up` takes it next and stops.
+      err_ << "up: " << why << "; starting it again: " << restarted.message() << " (it stays down)"
+           << std::endl;
+      left_down_[w] = true;
+      return;
+    }
+    // Another try, later: what failed may pass (a port, a file, memory).
+    const absl::Duration delay =
+        std::min(kFirstRetryDelay * (int64_t{1} << std::min(failed_tries_[w], 5)), kMaxRetryDelay);
+    ++failed_tries_[w];
+    err_ << "up: " << why << "; starting it again failed (" << Counted(worker_limits_[w])
+         << "): " << restarted.message();
+    if (!worker_limits_[w].WouldAllow(absl::Now() + delay)) {
+      err_ << "; it stays down" << std::endl;
+      left_down_[w] = true;
+      return;
+    }
+    retry_at_[w] = absl::Now() + delay;
+    err_ << "; trying again in " << absl::FormatDuration(delay) << std::endl;
     return;
   }
-  out_ << "worker-" << i << " ended itself wedged (exit status " << kWedgedExitCode
-       << "); started it again (" << Counted(worker_limits_[w]) << ")" << std::endl;
+  failed_tries_[w] = 0;
+  out_ << why << "; started it again (" << Counted(worker_limits_[w]) << ")" << std::endl;
   if (prometheus_ != nullptr) {
     if (absl::Status targets = prometheus_->SetWorkerTargets(cluster_.worker_metrics());
         !targets.ok()) {

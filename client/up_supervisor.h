@@ -5,18 +5,21 @@
 //   holds nothing any more: it is started again under its id, which it
 //   proves with its seat's secret, and grows its job back at a scheduled
 //   checkpoint. A worker that exited any other way stays down (a kill -9 to
-//   watch a recovery), as does one whose restart failed.
+//   watch a recovery). A restart that fails (the worker exits or says
+//   nothing before its start timeout) is tried again after 1 s, then 2 s,
+//   4 s ... (at most 30 s), as systemd's RestartSec and RestartSteps do.
 // - A coordinator that failed (killed, or a non-zero exit) is started again
 //   on the same address and state dir, where the workers find it, and takes
 //   its job back (docs/fault-tolerance.md). One that exited 0 was stopped on
 //   purpose: the cluster ends.
 // Each daemon is restarted at most kRestartBurst times within
-// kRestartWindow (client/restart_limit.h); past that a worker stays down
-// and a coordinator ends the cluster.
+// kRestartWindow (client/restart_limit.h), tries that failed included; past
+// that a worker stays down and a coordinator ends the cluster.
 #ifndef FLATSHARD_CLIENT_UP_SUPERVISOR_H_
 #define FLATSHARD_CLIENT_UP_SUPERVISOR_H_
 
 #include <ostream>
+#include <string>
 #include <vector>
 
 #include "absl/time/time.h"
@@ -43,9 +46,21 @@ class UpSupervisor {
   // true: the caller takes that signal next and stops.
   bool OnChildExit();
 
+  // When a failed worker restart is next tried again; InfiniteFuture()
+  // when none is due.
+  absl::Time NextRetry() const;
+  // Tries again the worker restarts due at `now` (or before).
+  void RetryDue(absl::Time now);
+
  private:
+  static constexpr absl::Duration kFirstRetryDelay = absl::Seconds(1);
+  static constexpr absl::Duration kMaxRetryDelay = absl::Seconds(30);
+
   bool OnCoordinatorExit(int wait_status);
   void OnWedgedWorker(int i);
+  // Starts worker `i` again (its restart is counted); `why` begins what is
+  // said about it.
+  void StartWorkerAgain(int i, const std::string& why);
 
   LocalCluster& cluster_;
   LocalPrometheus* prometheus_;
@@ -54,6 +69,8 @@ class UpSupervisor {
   RestartLimit coordinator_limit_;
   std::vector<RestartLimit> worker_limits_;  // by worker index
   std::vector<bool> left_down_;              // said so once
+  std::vector<absl::Time> retry_at_;         // InfiniteFuture(): no retry due
+  std::vector<int> failed_tries_;            // in a row, for the next delay
 };
 
 }  // namespace flatshard

@@ -233,8 +233,8 @@ TEST(UpSupervisorTest, ACtrlCWhileAWorkerRestartsEndsTheWait) {
   const absl::Time interrupted = absl::Now();
   up->Signal(SIGINT);
   const std::string stopped = ReadUntil(*up, "stopped");
-  EXPECT_THAT(stopped, HasSubstr("up: restarting worker-0, which ended itself wedged: interrupted "
-                                 "while waiting for flatshard-worker (pid "));
+  EXPECT_THAT(stopped, HasSubstr("up: worker-0 ended itself wedged (exit status 3); starting it "
+                                 "again: interrupted while waiting for flatshard-worker (pid "));
   EXPECT_THAT(stopped, HasSubstr("Interrupt: saving before stopping"));
   // The one Ctrl-C, not taken for a second one.
   EXPECT_THAT(stopped, Not(HasSubstr("Interrupt again")));
@@ -242,5 +242,80 @@ TEST(UpSupervisorTest, ACtrlCWhileAWorkerRestartsEndsTheWait) {
   EXPECT_LT(absl::Now() - interrupted, absl::Seconds(30));
   ExitStatus(*up);
 }
+// A worker restart that fails (here worker-0's second start exits before it
+// says it listens) is tried again after 1 s, and the next try brings it
+// back: counted, registered, and the cluster runs on. (Before, the worker
+// stayed down for good.)
+TEST(UpSupervisorTest, AFailedWorkerRestartIsTriedAgain) {
+  const std::string dir = testing::MakeTempDir("up-restart-retried");
+  const std::string once = dir + "/started-once";
+  const std::string twice = dir + "/started-twice";
+  const std::string bin =
+      WrappedDaemons(dir,
+                     absl::StrCat("if [ -e ", twice, " ]; then\n  ", kRealDaemon, "\nfi\nif [ -e ",
+                                  once, " ]; then\n  touch ", twice, "\n  exit 1\nfi\ntouch ", once,
+                                  "\n", kWedgesOnceKilled),
+                     kRealDaemon);
+  const std::string address_file = dir + "/address";
+  std::unique_ptr<ChildProcess> up =
+      StartUp({"--workers", "1", "--checkpoint-dir", dir + "/checkpoints", "--bin-dir", bin,
+               "--address-file", address_file},
+              true);
+  ASSERT_NE(up, nullptr);
+  ASSERT_THAT(ReadUntil(*up, "The cluster is up"), HasSubstr("The cluster is up"));
+  KillTheWrappedWorker(*up);
+  const std::string said = ReadUntil(*up, "started it again");
+  EXPECT_THAT(said, HasSubstr("up: worker-0 ended itself wedged (exit status 3); starting it again "
+                              "failed (restart 1 of the 3 allowed within 10m): flatshard-worker "
+                              "(pid "));
+  EXPECT_THAT(said, HasSubstr(") exited before it was ready; trying again in 1s"));
+  ASSERT_THAT(said, HasSubstr("worker-0 (another try); started it again (restart 2 of the 3 "
+                              "allowed within 10m)"))
+      << said;
+  // Back, under its id: the coordinator lists it.
+  auto workers = ClientOf(address_file).ListWorkers();
+  ASSERT_TRUE(workers.ok()) << workers.status();
+  ASSERT_EQ(workers->size(), 1u);
+  EXPECT_EQ((*workers)[0].worker_id(), "worker-0");
+  EXPECT_GT(WorkerPid(*up, "worker-0"), 0);
+  up->Signal(SIGINT);
+  EXPECT_THAT(ReadUntil(*up, "stopped"), HasSubstr("stopped cleanly"));
+  EXPECT_EQ(ExitStatus(*up), 0);
+}
+
+// A worker that cannot start again at all is tried again after 1 s, then
+// 2 s, and left down when its third try (its restart limit) fails, said
+// once.
+TEST(UpSupervisorTest, AWorkerThatCannotStartAgainStaysDownPastItsLimit) {
+  const std::string dir = testing::MakeTempDir("up-restart-fails");
+  const std::string once = dir + "/started-once";
+  const std::string bin = WrappedDaemons(
+      dir,
+      absl::StrCat("if [ -e ", once, " ]; then exit 1; fi\ntouch ", once, "\n", kWedgesOnceKilled),
+      kRealDaemon);
+  std::unique_ptr<ChildProcess> up =
+      StartUp({"--workers", "1", "--checkpoint-dir", dir + "/checkpoints", "--bin-dir", bin}, true);
+  ASSERT_NE(up, nullptr);
+  ASSERT_THAT(ReadUntil(*up, "The cluster is up"), HasSubstr("The cluster is up"));
+  KillTheWrappedWorker(*up);
+  const std::string said = ReadUntil(*up, "stays down");
+  EXPECT_THAT(said, HasSubstr("starting it again failed (restart 1 of the 3 allowed within 10m)"));
+  EXPECT_THAT(said, HasSubstr("trying again in 1s"));
+  EXPECT_THAT(said, HasSubstr("up: worker-0 (another try); starting it again failed (restart 2 of "
+                              "the 3 allowed within 10m)"));
+  EXPECT_THAT(said, HasSubstr("trying again in 2s"));
+  EXPECT_THAT(said, HasSubstr("up: worker-0 (another try); starting it again failed (restart 3 of "
+                              "the 3 allowed within 10m)"));
+  EXPECT_THAT(said, HasSubstr(") exited before it was ready; it stays down"));
+  EXPECT_THAT(said, Not(HasSubstr("trying again in 4s")));
+  EXPECT_THAT(said, Not(HasSubstr("started it again (")));
+  EXPECT_EQ(WorkerPid(*up, "worker-0"), -1) << "not started again";
+  up->Signal(SIGINT);
+  const std::string stopped = ReadUntil(*up, "stopped");
+  EXPECT_THAT(stopped, Not(HasSubstr("another try")));
+  EXPECT_THAT(stopped, HasSubstr("stopped ("));
+  ExitStatus(*up);
+}
+
 }  // namespace
 }  // namespace flatshard

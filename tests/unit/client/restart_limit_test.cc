@@ -26,8 +26,24 @@ TEST(RestartLimitTest, AllowsABurstWithinTheWindowThenRefusesUntilTheOldestAgesO
   EXPECT_EQ(limit.count(), 1);
 }
 
+TEST(RestartLimitTest, WouldAllowSaysWhatAllowWouldWithoutCounting) {
+  RestartLimit limit(2, absl::Minutes(10));
+  const absl::Time t0 = absl::UnixEpoch() + absl::Hours(1);
+  EXPECT_TRUE(limit.WouldAllow(t0));
+  EXPECT_TRUE(limit.Allow(t0));
+  EXPECT_TRUE(limit.WouldAllow(t0 + absl::Seconds(1)));
+  EXPECT_EQ(limit.count(), 1);
+  EXPECT_TRUE(limit.Allow(t0 + absl::Minutes(1)));
+  EXPECT_FALSE(limit.WouldAllow(t0 + absl::Minutes(2)));
+  // Later, once the first has aged out, it would again; as Allow then does.
+  EXPECT_TRUE(limit.WouldAllow(t0 + absl::Minutes(10) + absl::Seconds(1)));
+  EXPECT_EQ(limit.count(), 2);
+  EXPECT_TRUE(limit.Allow(t0 + absl::Minutes(10) + absl::Seconds(1)));
+}
+
 TEST(RestartLimitTest, ABurstOfZeroNeverRestarts) {
   RestartLimit limit(0, absl::Minutes(10));
+  EXPECT_FALSE(limit.WouldAllow(absl::UnixEpoch()));
   EXPECT_FALSE(limit.Allow(absl::UnixEpoch()));
   EXPECT_EQ(limit.count(), 0);
 }
