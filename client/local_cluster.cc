@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -29,6 +30,13 @@ constexpr char kWorkerListening[] = " listening on ";
 constexpr char kWorkerMetrics[] = ", metrics on ";
 
 std::string Number(double v) { return absl::StrCat(v); }
+
+// How long a daemon whose (re)start failed gets to exit on SIGTERM: none
+// when a Ctrl-C ended the wait (the user will not wait more; a daemon
+// survives a kill -9 by design), else the usual grace.
+absl::Duration GraceAfterFailedStart(const absl::Status& failure) {
+  return absl::IsCancelled(failure) ? absl::ZeroDuration() : absl::Seconds(10);
+}
 
 }  // namespace
 
@@ -174,7 +182,7 @@ absl::Status LocalCluster::RestartCoordinator() {
   }
   absl::Status started = StartCoordinator(address_);
   // As a worker's (RestartWorker): not left running unknown.
-  if (!started.ok()) (void)coordinator_->Terminate(absl::Seconds(10));
+  if (!started.ok()) (void)coordinator_->Terminate(GraceAfterFailedStart(started));
   return started;
 }
 
@@ -210,7 +218,7 @@ absl::Status LocalCluster::RestartWorker(int i) {
   absl::Status banner = ReadWorkerBanner(w);
   // One that did not say where it listens is not left running unknown: a
   // worker whose restart failed is down.
-  if (!banner.ok()) (void)workers_[w]->Terminate(absl::Seconds(10));
+  if (!banner.ok()) (void)workers_[w]->Terminate(GraceAfterFailedStart(banner));
   return banner;
 }
 

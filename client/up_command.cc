@@ -21,6 +21,7 @@
 #include "client/cli_output.h"
 #include "client/cluster_security.h"
 #include "client/flatshard_client.h"
+#include "client/up_job_start.h"
 #include "client/up_signals.h"
 #include "client/up_stop.h"
 #include "client/up_supervisor.h"
@@ -112,86 +113,6 @@ CLI::App* AddUpCommand(CLI::App& app, UpCommandOptions& o) {
   return up;
 }
 
-namespace {
-
-// What ended `up --job`'s wait for its job.
-struct JobStart {
-  int signal = 0;  // a stop signal, or SIGCHLD: the coordinator is gone for good
-  absl::StatusOr<v1::Job> job = absl::UnknownError("");  // READY (signal 0)
-};
-
-// Creates the job (or continues the one the state dir brought back) and
-// waits up to 2 minutes for it to be READY, as the daemons' supervisor
-// meanwhile: a coordinator that fails is started again and the creation or
-// the wait goes on against it; a stop signal ends the wait.
-JobStart StartJob(FlatshardClient& client, const v1::JobSpec& spec, UpSupervisor& supervisor,
-                  std::ostream& out) {
-  const absl::Time give_up = absl::Now() + absl::Seconds(120);
-  bool sent = false;  // a creation was sent: ALREADY_EXISTS may then be its own
-  bool created = false;
-  absl::Status last;
-  for (;;) {
-    if (!created) {
-      absl::StatusOr<v1::Job> job = client.CreateJob(spec);
-      bool continued = false;
-      if (job.status().code() == absl::StatusCode::kAlreadyExists) {
-        // The state dir brought it back: continue it rather than refuse.
-        job = client.GetJob(spec.name());
-        continued = !sent;
-      }
-      sent = true;
-      created = job.ok();
-      last = job.status();
-      if (created) {
-        out << "job '" << spec.name()
-            << (continued ? "' is in the state dir: continuing it (delete it to start over)"
-                          : "' created")
-            << "; waiting for it to be READY" << std::endl;
-      }
-    }
-    if (created) {
-      // In slices, so that signals are heard meanwhile.
-      absl::StatusOr<v1::JobState> state =
-          client.WaitForState(spec.name(), {v1::READY}, absl::Seconds(1));
-      last = state.status();
-      if (state.ok()) {
-        // The step now, not the state dir's: a continued job may have
-        // rolled back to its last checkpoint on the way to READY.
-        absl::StatusOr<v1::Job> ready = client.GetJob(spec.name());
-        if (ready.ok()) return {0, ready};
-        last = ready.status();
-      } else if (last.code() != absl::StatusCode::kDeadlineExceeded) {
-        last = absl::Status(last.code(),
-                            absl::StrCat("job '", spec.name(), "' is not READY: ", last.message(),
-                                         " (flatshard job status -j ", spec.name(), " says why)"));
-      }
-    }
-    // UNAVAILABLE: the coordinator is down (its SIGCHLD restarts it), or
-    // it ended the watch; either way not at once again.
-    const bool unavailable = last.code() == absl::StatusCode::kUnavailable;
-    if (!last.ok() && !unavailable && last.code() != absl::StatusCode::kDeadlineExceeded) {
-      return {0, last};
-    }
-    const int signal = TakeUpSignal(unavailable ? absl::Seconds(1) : absl::ZeroDuration());
-    if (signal == SIGCHLD) {
-      if (!supervisor.OnChildExit()) return {SIGCHLD, last};
-      continue;
-    }
-    if (signal != 0) return {signal, last};
-    supervisor.RetryDue(absl::Now());
-    if (absl::Now() >= give_up) {
-      return {0,
-              last.code() == absl::StatusCode::kDeadlineExceeded
-                  ? absl::DeadlineExceededError(absl::StrCat(
-                        "job '", spec.name(), "' is not READY after 2m (flatshard job status -j ",
-                        spec.name(), " says why)"))
-                  : last};
-    }
-  }
-}
-
-}  // namespace
-
 int RunUpCommand(const UpCommandOptions& o, std::ostream& out, std::ostream& err) {
   // Taken where `up` is ready for them (client/up_signals.h).
   BlockUpSignals();
@@ -244,6 +165,14 @@ int RunUpCommand(const UpCommandOptions& o, std::ostream& out, std::ostream& err
   out << "starting a coordinator and " << o.cluster.workers << " workers"
       << (security ? " (mutual TLS, tokens)" : "") << "..." << std::endl;
   absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(cluster_options);
+  if (absl::IsCancelled(cluster.status())) {
+    // The daemons started so far were stopped (LocalCluster's destructor).
+    const int signal = TakeStopSignal(absl::ZeroDuration());
+    out << "\n"
+        << strsignal(signal != 0 ? signal : SIGINT) << " while the cluster started ("
+        << cluster.status().message() << "): stopped" << std::endl;
+    return kExitFailed;
+  }
   if (!cluster.ok()) return ReportError("up", cluster.status(), err);
   out << "coordinator: " << (*cluster)->address() << "\n";
   out << "coordinator metrics: " << (*cluster)->coordinator_metrics() << "\n";
@@ -271,67 +200,74 @@ int RunUpCommand(const UpCommandOptions& o, std::ostream& out, std::ostream& err
   // stop signal or the coordinator is gone for good.
   UpSupervisor supervisor(**cluster, prometheus.get(), out, err);
   std::string job_name;
+  int signal = 0;  // what ends the cluster: a stop signal, or SIGCHLD (the coordinator is gone)
   if (spec.has_value()) {
     FlatshardClient client(target);
-    JobStart start = StartJob(client, *spec, supervisor, out);
-    if (start.signal != 0) {
-      out << "\n"
-          << (start.signal == SIGCHLD ? "the coordinator is gone" : strsignal(start.signal))
-          << ": ";
-      const int code = StopCluster(prometheus.get(), **cluster, say);
-      return start.signal == SIGCHLD ? kExitFailed : code;
-    }
-    if (!start.job.ok()) return ReportError("up", start.job.status(), err);
-    job_name = spec->name();
-    out << "job '" << job_name << "' is READY at step " << start.job->step() << " ("
-        << start.job->units_size() << " units)\n";
-  }
-  if (!o.address_file.empty()) {
-    const std::string tmp = o.address_file + ".tmp";
-    std::ofstream(tmp) << (*cluster)->address() << "\n";
-    std::error_code ec;
-    std::filesystem::rename(tmp, o.address_file, ec);
-    if (ec) {
-      return ReportError(
-          "up", absl::UnavailableError(absl::StrCat("--address-file: ", ec.message())), err);
-    }
-  }
-  const std::string c = absl::StrCat(" -c ", (*cluster)->address());
-  out << "\nThe cluster is up. From another terminal:\n";
-  if (security) {
-    out << "  export FLATSHARD_TLS_CERT=" << security->admin.cert
-        << " FLATSHARD_TLS_KEY=" << security->admin.key
-        << " FLATSHARD_TLS_CA=" << security->admin.ca
-        << "\n  export FLATSHARD_TOKEN_FILE=" << security->admin_token_file
-        << "   # the admin token of this cluster (audit log: " << security->dir << "/audit.log)\n";
-  }
-  if (job_name.empty()) {
-    out << "  flatshard job create" << c << " -f examples/mlp-job.yaml\n";
-    job_name = "mlp-demo";
-  }
-  out << "  flatshard train" << c << " -j " << job_name << " --steps 50\n"
-      << "  flatshard workers" << c << "\n"
-      << "  flatshard summon" << c << " -j " << job_name << " --out model.safetensors\n"
-      << "Ctrl-C stops the cluster (saving the job first if its newest checkpoint is behind it)."
-      << std::endl;
-
-  int signal = 0;
-  for (;;) {
-    signal = TakeUpSignal(supervisor.NextRetry() - absl::Now());
+    UpJobStart start = StartUpJob(client, *spec, **cluster, supervisor, absl::Seconds(120), out);
+    signal = start.signal;
+    if (signal == 0 && !start.job.ok()) return ReportError("up", start.job.status(), err);
     if (signal == 0) {
-      supervisor.RetryDue(absl::Now());
-    } else if (signal != SIGCHLD || !supervisor.OnChildExit()) {
-      break;
+      job_name = spec->name();
+      out << "job '" << job_name << "' is READY at step " << start.job->step() << " ("
+          << start.job->units_size() << " units)\n";
     }
   }
+  // The cluster (and its job) came up: there may be steps to save at the stop.
+  const bool came_up = signal == 0;
+  if (came_up) {
+    if (!o.address_file.empty()) {
+      const std::string tmp = o.address_file + ".tmp";
+      std::ofstream(tmp) << (*cluster)->address() << "\n";
+      std::error_code ec;
+      std::filesystem::rename(tmp, o.address_file, ec);
+      if (ec) {
+        return ReportError(
+            "up", absl::UnavailableError(absl::StrCat("--address-file: ", ec.message())), err);
+      }
+    }
+    const std::string c = absl::StrCat(" -c ", (*cluster)->address());
+    out << "\nThe cluster is up. From another terminal:\n";
+    if (security) {
+      out << "  export FLATSHARD_TLS_CERT=" << security->admin.cert
+          << " FLATSHARD_TLS_KEY=" << security->admin.key
+          << " FLATSHARD_TLS_CA=" << security->admin.ca
+          << "\n  export FLATSHARD_TOKEN_FILE=" << security->admin_token_file
+          << "   # the admin token of this cluster (audit log: " << security->dir
+          << "/audit.log)\n";
+    }
+    if (job_name.empty()) {
+      out << "  flatshard job create" << c << " -f examples/mlp-job.yaml\n";
+      job_name = "mlp-demo";
+    }
+    out << "  flatshard train" << c << " -j " << job_name << " --steps 50\n"
+        << "  flatshard workers" << c << "\n"
+        << "  flatshard summon" << c << " -j " << job_name << " --out model.safetensors\n"
+        << "Ctrl-C stops the cluster (saving the job first if its newest checkpoint is behind it)."
+        << std::endl;
+
+    for (;;) {
+      signal = TakeUpSignal(supervisor.NextRetry() - absl::Now());
+      if (signal == 0) {
+        supervisor.RetryDue(absl::Now());
+      } else if (signal != SIGCHLD || !supervisor.OnChildExit()) {
+        break;
+      }
+      if (supervisor.interrupted()) {
+        signal = TakeStopSignal(absl::InfiniteDuration());  // pending: it interrupted
+        break;
+      }
+    }
+  }
+  // A Ctrl-C pressed as the coordinator failed is not a second one, which
+  // StopCluster would take for "kill the daemons now".
+  if (signal == SIGCHLD) (void)TakeStopSignal(absl::ZeroDuration());
+  // Down for good, or its restart interrupted: the cluster ended on a failure.
+  const bool coordinator_down = (*cluster)->coordinator().Wait(absl::ZeroDuration()).has_value();
   out << "\n" << (signal == SIGCHLD ? "the coordinator is gone" : strsignal(signal)) << ": ";
   std::unique_ptr<StopSave> save;
-  bool unsaved = false;  // what the workers alone hold may be lost
-  if ((signal == SIGINT || signal == SIGTERM) && o.stop_save_timeout_s > 0) {
-    if ((*cluster)->coordinator().Wait(absl::ZeroDuration()).has_value()) {
-      // Its restart was interrupted by this signal (UpSupervisor).
+  if (signal != SIGCHLD && came_up && o.stop_save_timeout_s > 0) {
+    if (coordinator_down) {
       out << "not saving before stopping: the coordinator is down" << std::endl;
-      unsaved = true;
     } else {
       out << "saving before stopping, if the job's newest checkpoint is behind it" << std::endl;
       save = SaveBeforeStop(target, absl::Seconds(o.stop_save_timeout_s), say);
@@ -339,7 +275,7 @@ int RunUpCommand(const UpCommandOptions& o, std::ostream& out, std::ostream& err
   }
   const bool waited = save == nullptr || save->phase.load() == StopSave::kDone;
   int code = StopCluster(prometheus.get(), **cluster, say);
-  if (signal == SIGCHLD || unsaved) code = kExitFailed;  // the cluster ended on a failure
+  if (coordinator_down) code = kExitFailed;
   if (save == nullptr) return code;
   save->thread.join();
   if (!waited && save->Kept()) say("(the save finished as the cluster stopped: nothing is lost)");

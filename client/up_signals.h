@@ -2,7 +2,8 @@
 // (Ctrl-C) and SIGTERM stop the cluster, SIGCHLD says a daemon exited. They
 // are blocked in every thread (BlockUpSignals runs before any other thread
 // starts, which inherit the mask; children start with an empty one) and
-// taken with sigtimedwait, so each is handled where `up` is ready for it.
+// taken with sigtimedwait (sigwaitinfo), so each is handled where `up` is
+// ready for it.
 #ifndef FLATSHARD_CLIENT_UP_SIGNALS_H_
 #define FLATSHARD_CLIENT_UP_SIGNALS_H_
 

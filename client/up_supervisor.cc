@@ -53,11 +53,15 @@ UpSupervisor::UpSupervisor(LocalCluster& cluster, LocalPrometheus* prometheus, s
       failed_tries_(static_cast<size_t>(cluster.num_workers()), 0) {}
 
 bool UpSupervisor::OnChildExit() {
+  if (interrupted_) return true;
   // The coordinator first: a restarted worker registers with it.
   if (const std::optional<int> gone = cluster_.coordinator().Wait(absl::ZeroDuration())) {
     if (!OnCoordinatorExit(*gone)) return false;
   }
-  for (int i : cluster_.WedgedWorkers()) OnWedgedWorker(i);
+  for (int i : cluster_.WedgedWorkers()) {
+    if (interrupted_) break;  // each more would start only to be stopped
+    OnWedgedWorker(i);
+  }
   return true;
 }
 
@@ -76,14 +80,15 @@ bool UpSupervisor::OnCoordinatorExit(int wait_status) {
        << cluster_.address() << " (" << Counted(coordinator_limit_) << ")" << std::endl;
   if (absl::Status restarted = cluster_.RestartCoordinator(); !restarted.ok()) {
     if (absl::IsCancelled(restarted)) {
-      // A stop signal: `up` takes it next and stops (without a save).
       err_ << "up: starting the coordinator again: " << restarted.message() << std::endl;
+      interrupted_ = true;
       return true;
     }
     err_ << "up: starting the coordinator again: " << restarted.message()
          << "; stopping the cluster" << std::endl;
     return false;
   }
+  ++coordinator_restarts_;
   out_ << "coordinator: back on " << cluster_.address()
        << (cluster_.coordinator_metrics().empty()
                ? std::string()
@@ -118,7 +123,7 @@ absl::Time UpSupervisor::NextRetry() const {
 }
 
 void UpSupervisor::RetryDue(absl::Time now) {
-  for (int i = 0; i < cluster_.num_workers(); ++i) {
+  for (int i = 0; i < cluster_.num_workers() && !interrupted_; ++i) {
     const auto w = static_cast<size_t>(i);
     if (retry_at_[w] > now) continue;
     retry_at_[w] = absl::InfiniteFuture();
@@ -136,10 +141,10 @@ void UpSupervisor::StartWorkerAgain(int i, const std::string& why) {
   const auto w = static_cast<size_t>(i);
   if (absl::Status restarted = cluster_.RestartWorker(i); !restarted.ok()) {
     if (absl::IsCancelled(restarted)) {
-      // A stop signal: `up` takes it next and stops.
       err_ << "up: " << why << "; starting it again: " << restarted.message() << " (it stays down)"
            << std::endl;
       left_down_[w] = true;
+      interrupted_ = true;
       return;
     }
     // Another try, later: what failed may pass (a port, a file, memory).

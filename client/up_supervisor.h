@@ -41,9 +41,7 @@ class UpSupervisor {
 
   // After a SIGCHLD: starts again what is due, saying so on `out` (and what
   // failed on `err`). False when the cluster must end: its coordinator is
-  // gone for good. A restart a stop signal interrupted
-  // (LocalClusterOptions::interrupt_fd) leaves its daemon down and returns
-  // true: the caller takes that signal next and stops.
+  // gone for good.
   bool OnChildExit();
 
   // When a failed worker restart is next tried again; InfiniteFuture()
@@ -51,6 +49,14 @@ class UpSupervisor {
   absl::Time NextRetry() const;
   // Tries again the worker restarts due at `now` (or before).
   void RetryDue(absl::Time now);
+
+  // Whether a stop signal interrupted a restart (LocalClusterOptions::
+  // interrupt_fd): its daemon is left down, nothing more is restarted, and
+  // the caller takes that signal (pending still) and stops.
+  bool interrupted() const { return interrupted_; }
+  // The coordinator's restarts that succeeded: a caller whose calls failed
+  // while it was down tries them again against the new one.
+  int coordinator_restarts() const { return coordinator_restarts_; }
 
  private:
   static constexpr absl::Duration kFirstRetryDelay = absl::Seconds(1);
@@ -71,6 +77,8 @@ class UpSupervisor {
   std::vector<bool> left_down_;              // said so once
   std::vector<absl::Time> retry_at_;         // InfiniteFuture(): no retry due
   std::vector<int> failed_tries_;            // in a row, for the next delay
+  bool interrupted_ = false;
+  int coordinator_restarts_ = 0;
 };
 
 }  // namespace flatshard

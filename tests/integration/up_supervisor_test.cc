@@ -61,15 +61,28 @@ void KillTheWrappedWorker(const ChildProcess& up) {
   kill(worker, SIGKILL);
 }
 
-// Lets a wrapper waiting on the FIFO `gate` (`read go < gate`) go on.
-void OpenTheGate(const std::string& gate) {
-  // Blocks until the wrapper opens it to read, which it does after saying
-  // it listens (the line `up` waited for).
-  const int fd = open(gate.c_str(), O_WRONLY | O_CLOEXEC);
-  ASSERT_GE(fd, 0) << strerror(errno);
-  EXPECT_EQ(write(fd, "go\n", 3), 3);
-  close(fd);
-}
+// A FIFO a wrapped daemon waits on (`read go < PATH`) until Open(). This
+// end is held open for reading and writing from the start, so neither the
+// wrapper's open nor Open() blocks: a wrapper that died (a failing `up`)
+// leaves the test failing, not hanging.
+class Gate {
+ public:
+  explicit Gate(const std::string& dir) : path_(dir + "/gate") {
+    EXPECT_EQ(mkfifo(path_.c_str(), 0600), 0) << strerror(errno);
+    fd_ = open(path_.c_str(), O_RDWR | O_CLOEXEC);  // Linux: never blocks on a FIFO
+    EXPECT_GE(fd_, 0) << strerror(errno);
+  }
+  ~Gate() { close(fd_); }
+  Gate(const Gate&) = delete;
+  Gate& operator=(const Gate&) = delete;
+
+  const std::string& path() const { return path_; }
+  void Open() const { EXPECT_EQ(write(fd_, "go\n", 3), 3) << strerror(errno); }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
 
 // `up` as the coordinator's supervisor: one that fails (kill -9) is started
 // again on the same address and takes its job back where it was, and
@@ -106,7 +119,7 @@ TEST(UpSupervisorTest, AFailedCoordinatorIsStartedAgainAndTakesItsJobBack) {
   const pid_t coordinator = CoordinatorPid(up);
   ASSERT_GT(coordinator, 0);  // kill(-1) would reach every process
   kill(coordinator, SIGKILL);
-  const std::string stopped = ReadUntil(up, "stopped");
+  const std::string stopped = ReadUntil(up, "stopped (");
   EXPECT_THAT(stopped, HasSubstr("the coordinator failed (killed by signal 9, Killed) after 3 "
                                  "restarts within 10m; stopping the cluster"));
   EXPECT_THAT(stopped, HasSubstr("the coordinator is gone"));
@@ -148,19 +161,19 @@ TEST(UpSupervisorTest, AWedgedWorkerIsRestartedUpToItsLimitThenStaysDown) {
   ASSERT_THAT(ReadUntil(up, "The cluster is up"), HasSubstr("The cluster is up"));
   const auto kill_the_worker = [&up] { KillTheWrappedWorker(up); };
   for (int restart = 1; restart <= 3; ++restart) {
-    kill_the_worker();
+    ASSERT_NO_FATAL_FAILURE(kill_the_worker());
     EXPECT_THAT(ReadUntil(up, "ended itself wedged"),
                 HasSubstr(absl::StrCat("worker-0 ended itself wedged (exit status 3); started it "
                                        "again (restart ",
                                        restart, " of the 3 allowed within 10m)")));
   }
-  kill_the_worker();
+  ASSERT_NO_FATAL_FAILURE(kill_the_worker());
   EXPECT_THAT(ReadUntil(up, "stays down"),
               HasSubstr("up: worker-0 ended itself wedged again, after 3 restarts within 10m; it "
                         "stays down"));
   EXPECT_EQ(WorkerPid(up, "worker-0"), -1) << "not started again";
   up.Signal(SIGINT);
-  EXPECT_THAT(ReadUntil(up, "stopped"), HasSubstr("stopped ("));
+  EXPECT_THAT(ReadUntil(up, "stopped ("), HasSubstr("stopped ("));
   ExitStatus(up);
 }
 
@@ -171,15 +184,14 @@ TEST(UpSupervisorTest, AWedgedWorkerIsRestartedUpToItsLimitThenStaysDown) {
 // (Before, `up` gave up: "job 'mlp-demo' is not READY: ... UNAVAILABLE".)
 TEST(UpSupervisorTest, ACoordinatorThatFailsBeforeTheJobIsReadyIsStartedAgain) {
   const std::string dir = testing::MakeTempDir("up-coordinator-fails-early");
-  const std::string gate = dir + "/gate";
-  ASSERT_EQ(mkfifo(gate.c_str(), 0600), 0) << strerror(errno);
+  const Gate gate(dir);
   const std::string bin = WrappedDaemons(
       dir,
       absl::StrCat("case \" $* \" in *\" worker-1 \"*)\n"
                    "  echo 'flatshard-worker worker-1 rank 1 listening on 127.0.0.1:1, metrics on "
                    "127.0.0.1:1'\n"
                    "  read go < ",
-                   gate, " ;;\nesac\n", kRealDaemon),
+                   gate.path(), " ;;\nesac\n", kRealDaemon),
       kRealDaemon);
   const std::string address_file = dir + "/address";
   std::vector<std::string> flags = UpFlags(dir, address_file);
@@ -195,13 +207,13 @@ TEST(UpSupervisorTest, ACoordinatorThatFailsBeforeTheJobIsReadyIsStartedAgain) {
   EXPECT_THAT(restarted, HasSubstr("the coordinator failed (killed by signal 9, Killed); starting "
                                    "it again on "));
   ASSERT_THAT(restarted, HasSubstr("coordinator: back on")) << restarted;
-  OpenTheGate(gate);  // worker-1 starts, and registers with the new coordinator
+  gate.Open();  // worker-1 starts, and registers with the new coordinator
   const std::string ready = ReadUntil(*up, "The cluster is up");
   EXPECT_THAT(ready, HasSubstr("job 'mlp-demo' is READY at step 0"));
   ASSERT_THAT(ready, HasSubstr("The cluster is up")) << ready;
   ASSERT_TRUE(ClientOf(address_file).Train("mlp-demo", 1, 0, [](const v1::StepResult&) {}).ok());
   up->Signal(SIGINT);
-  const std::string stopped = ReadUntil(*up, "stopped");
+  const std::string stopped = ReadUntil(*up, "stopped cleanly");
   EXPECT_THAT(stopped, HasSubstr("saving job 'mlp-demo' (step 1"));
   EXPECT_THAT(stopped, HasSubstr("stopped cleanly")) << stopped;
   EXPECT_EQ(ExitStatus(*up), 0);
@@ -213,34 +225,59 @@ TEST(UpSupervisorTest, ACoordinatorThatFailsBeforeTheJobIsReadyIsStartedAgain) {
 // half-started worker is stopped, and the cluster stops as on any Ctrl-C.
 TEST(UpSupervisorTest, ACtrlCWhileAWorkerRestartsEndsTheWait) {
   const std::string dir = testing::MakeTempDir("up-restart-interrupted");
-  const std::string gate = dir + "/gate";
-  ASSERT_EQ(mkfifo(gate.c_str(), 0600), 0) << strerror(errno);
+  const Gate gate(dir);  // never opened
   const std::string once = dir + "/started-once";
-  const std::string bin =
-      WrappedDaemons(dir,
-                     absl::StrCat("if [ -e ", once,
-                                  " ]; then\n"
-                                  "  echo 'worker-0 started again: holding its start' >&2\n"
-                                  "  read go < ",
-                                  gate, "\n  exit 1\nfi\ntouch ", once, "\n", kWedgesOnceKilled),
-                     kRealDaemon);
+  const std::string bin = WrappedDaemons(
+      dir,
+      absl::StrCat("if [ -e ", once,
+                   " ]; then\n"
+                   "  echo 'worker-0 started again: holding its start' >&2\n"
+                   "  read go < ",
+                   gate.path(), "\n  exit 1\nfi\ntouch ", once, "\n", kWedgesOnceKilled),
+      kRealDaemon);
   std::unique_ptr<ChildProcess> up =
       StartUp({"--workers", "1", "--checkpoint-dir", dir + "/checkpoints", "--bin-dir", bin}, true);
   ASSERT_NE(up, nullptr);
   ASSERT_THAT(ReadUntil(*up, "The cluster is up"), HasSubstr("The cluster is up"));
-  KillTheWrappedWorker(*up);
+  ASSERT_NO_FATAL_FAILURE(KillTheWrappedWorker(*up));
   ASSERT_THAT(ReadUntil(*up, "holding its start"), HasSubstr("holding its start"));
   const absl::Time interrupted = absl::Now();
   up->Signal(SIGINT);
-  const std::string stopped = ReadUntil(*up, "stopped");
+  const std::string stopped = ReadUntil(*up, "stopped (");
   EXPECT_THAT(stopped, HasSubstr("up: worker-0 ended itself wedged (exit status 3); starting it "
                                  "again: interrupted while waiting for flatshard-worker (pid "));
+  EXPECT_THAT(stopped, HasSubstr(") to start (it stays down)"));
   EXPECT_THAT(stopped, HasSubstr("Interrupt: saving before stopping"));
   // The one Ctrl-C, not taken for a second one.
   EXPECT_THAT(stopped, Not(HasSubstr("Interrupt again")));
   EXPECT_THAT(stopped, HasSubstr("stopped (")) << stopped;
   EXPECT_LT(absl::Now() - interrupted, absl::Seconds(30));
-  ExitStatus(*up);
+  // The half-started worker was killed: not every daemon exited cleanly.
+  EXPECT_EQ(ExitStatus(*up), 1);
+}
+
+// A Ctrl-C while the cluster first starts (here its worker never says it
+// listens) stops what started, at once rather than after the 60 s start
+// timeout, and says so.
+TEST(UpSupervisorTest, ACtrlCWhileTheClusterStartsStopsIt) {
+  const std::string dir = testing::MakeTempDir("up-start-interrupted");
+  const Gate gate(dir);  // never opened
+  const std::string bin = WrappedDaemons(
+      dir,
+      absl::StrCat("echo 'worker-0: holding its start' >&2\nread go < ", gate.path(), "\nexit 1"),
+      kRealDaemon);
+  std::unique_ptr<ChildProcess> up =
+      StartUp({"--workers", "1", "--checkpoint-dir", dir + "/checkpoints", "--bin-dir", bin}, true);
+  ASSERT_NE(up, nullptr);
+  ASSERT_THAT(ReadUntil(*up, "holding its start"), HasSubstr("holding its start"));
+  const absl::Time interrupted = absl::Now();
+  up->Signal(SIGINT);
+  const std::string stopped = ReadUntil(*up, "while the cluster started");
+  EXPECT_THAT(stopped, HasSubstr("Interrupt while the cluster started (interrupted while waiting "
+                                 "for flatshard-worker (pid "));
+  EXPECT_THAT(stopped, HasSubstr(") to start): stopped"));
+  EXPECT_EQ(ExitStatus(*up), 1);
+  EXPECT_LT(absl::Now() - interrupted, absl::Seconds(30));
 }
 // A worker restart that fails (here worker-0's second start exits before it
 // says it listens) is tried again after 1 s, and the next try brings it
@@ -263,7 +300,7 @@ TEST(UpSupervisorTest, AFailedWorkerRestartIsTriedAgain) {
               true);
   ASSERT_NE(up, nullptr);
   ASSERT_THAT(ReadUntil(*up, "The cluster is up"), HasSubstr("The cluster is up"));
-  KillTheWrappedWorker(*up);
+  ASSERT_NO_FATAL_FAILURE(KillTheWrappedWorker(*up));
   const std::string said = ReadUntil(*up, "started it again");
   EXPECT_THAT(said, HasSubstr("up: worker-0 ended itself wedged (exit status 3); starting it again "
                               "failed (restart 1 of the 3 allowed within 10m): flatshard-worker "
@@ -279,7 +316,7 @@ TEST(UpSupervisorTest, AFailedWorkerRestartIsTriedAgain) {
   EXPECT_EQ((*workers)[0].worker_id(), "worker-0");
   EXPECT_GT(WorkerPid(*up, "worker-0"), 0);
   up->Signal(SIGINT);
-  EXPECT_THAT(ReadUntil(*up, "stopped"), HasSubstr("stopped cleanly"));
+  EXPECT_THAT(ReadUntil(*up, "stopped cleanly"), HasSubstr("stopped cleanly"));
   EXPECT_EQ(ExitStatus(*up), 0);
 }
 
@@ -297,7 +334,7 @@ TEST(UpSupervisorTest, AWorkerThatCannotStartAgainStaysDownPastItsLimit) {
       StartUp({"--workers", "1", "--checkpoint-dir", dir + "/checkpoints", "--bin-dir", bin}, true);
   ASSERT_NE(up, nullptr);
   ASSERT_THAT(ReadUntil(*up, "The cluster is up"), HasSubstr("The cluster is up"));
-  KillTheWrappedWorker(*up);
+  ASSERT_NO_FATAL_FAILURE(KillTheWrappedWorker(*up));
   const std::string said = ReadUntil(*up, "stays down");
   EXPECT_THAT(said, HasSubstr("starting it again failed (restart 1 of the 3 allowed within 10m)"));
   EXPECT_THAT(said, HasSubstr("trying again in 1s"));
@@ -311,7 +348,7 @@ TEST(UpSupervisorTest, AWorkerThatCannotStartAgainStaysDownPastItsLimit) {
   EXPECT_THAT(said, Not(HasSubstr("started it again (")));
   EXPECT_EQ(WorkerPid(*up, "worker-0"), -1) << "not started again";
   up->Signal(SIGINT);
-  const std::string stopped = ReadUntil(*up, "stopped");
+  const std::string stopped = ReadUntil(*up, "stopped (");
   EXPECT_THAT(stopped, Not(HasSubstr("another try")));
   EXPECT_THAT(stopped, HasSubstr("stopped ("));
   ExitStatus(*up);
