@@ -1,6 +1,8 @@
 #include "client/child_process.h"
 
+#include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <csignal>
 #include <cstring>
 #include <filesystem>
@@ -21,6 +23,7 @@ namespace {
 int PollMillis(absl::Time deadline) {
   const absl::Duration left = deadline - absl::Now();
   if (left <= absl::ZeroDuration()) return 0;
+  if (left >= absl::Milliseconds(INT_MAX - 1)) return -1;  // no deadline (or none in 24 days)
   return static_cast<int>(absl::ToInt64Milliseconds(left)) + 1;
 }
 
@@ -117,9 +120,11 @@ std::optional<int> ChildProcess::Wait(absl::Duration timeout) {
       return status_;
     }
     if (absl::Now() >= deadline) return std::nullopt;
-    // The pidfd becomes readable when the child exits.
+    // The pidfd becomes readable when the child exits. Without one (a
+    // kernel before 5.3) nothing does: look again every 100 ms.
     pollfd p{pid_fd_, POLLIN, 0};
-    poll(&p, 1, PollMillis(deadline));
+    const int millis = PollMillis(deadline);
+    poll(&p, 1, pid_fd_ >= 0 ? millis : (millis < 0 ? 100 : std::min(millis, 100)));
   }
 }
 

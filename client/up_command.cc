@@ -248,7 +248,7 @@ int RunUpCommand(const UpCommandOptions& o, std::ostream& out, std::ostream& err
     for (;;) {
       signal = TakeUpSignal(supervisor.NextRetry() - absl::Now());
       if (signal == 0) {
-        supervisor.RetryDue(absl::Now());
+        supervisor.RetryDue();
       } else if (signal != SIGCHLD || !supervisor.OnChildExit()) {
         break;
       }

@@ -12,6 +12,23 @@
 namespace flatshard {
 namespace {
 
+constexpr absl::Duration kDyingGrace = absl::Seconds(10);
+
+// What a coordinator that is stopping or dying may answer.
+bool MayBeADyingCoordinators(absl::StatusCode code) {
+  switch (code) {
+    case absl::StatusCode::kUnavailable:
+    case absl::StatusCode::kCancelled:
+    case absl::StatusCode::kFailedPrecondition:  // "job is STOPPED": it is stopping
+    case absl::StatusCode::kAborted:
+    case absl::StatusCode::kInternal:
+    case absl::StatusCode::kUnknown:
+      return true;
+    default:
+      return false;
+  }
+}
+
 absl::Status Prefixed(const absl::Status& status, const std::string& what) {
   return absl::Status(status.code(), absl::StrCat(what, status.message()));
 }
@@ -48,7 +65,7 @@ UpJobStart StartUpJob(FlatshardClient& client, const v1::JobSpec& spec, LocalClu
                     : "' created")
             << "; waiting for it to be READY" << std::endl;
       } else {
-        last = Prefixed(job.status(), absl::StrCat("creating job '", name, "': "));
+        last = job.status();  // as it is: "no coordinator at ..." sets the exit code
         maybe_created |= !existed && (absl::IsUnavailable(job.status()) ||
                                       absl::IsDeadlineExceeded(job.status()));
       }
@@ -73,24 +90,37 @@ UpJobStart StartUpJob(FlatshardClient& client, const v1::JobSpec& spec, LocalClu
     }
     // Worth another try: a slice that ran out; anything while the
     // coordinator is down (its SIGCHLD decides); after it was started
-    // again, what a dying or a new coordinator answers.
-    const bool down = cluster.coordinator().Wait(absl::ZeroDuration()).has_value();
-    const bool restarted = supervisor.coordinator_restarts() != restarts_before;
+    // again, what a dying or a new coordinator answers. Anything else is
+    // an answer, once the coordinator has not exited within kDyingGrace.
     const absl::StatusCode code = last.code();
+    const bool restarted = supervisor.coordinator_restarts() != restarts_before;
+    const bool down = cluster.coordinator().Wait(absl::ZeroDuration()).has_value();
     if (restarted && !ready && code == absl::StatusCode::kNotFound) created = false;
     const bool again = code == absl::StatusCode::kDeadlineExceeded || down ||
                        (restarted && (code == absl::StatusCode::kUnavailable ||
                                       code == absl::StatusCode::kNotFound ||
                                       code == absl::StatusCode::kCancelled));
-    if (!again) return {0, last};
-    // Not at once again, unless a slice's wait was the wait.
-    int signal = TakeUpSignal(code == absl::StatusCode::kDeadlineExceeded && created && !ready
-                                  ? absl::ZeroDuration()
-                                  : absl::Seconds(1));
+    int signal = 0;
+    if (again) {
+      // Not at once again, unless a slice's wait was the wait.
+      signal = TakeUpSignal(code == absl::StatusCode::kDeadlineExceeded && created && !ready
+                                ? absl::ZeroDuration()
+                                : absl::Seconds(1));
+    } else if (MayBeADyingCoordinators(code)) {
+      // A coordinator that is stopping or dying answers (ends the watch:
+      // "job is STOPPED"; refuses) before it exits, which may take a while
+      // (its server's shutdown grace): its exit within the grace `up` gives
+      // a daemon tells that from an answer. Ctrl-C is heard meanwhile.
+      signal = TakeUpSignal(kDyingGrace);
+      if (signal == 0) return {0, last};
+    } else {
+      return {0, last};  // about the job or the request: an answer
+    }
     if (signal == SIGCHLD && !supervisor.OnChildExit()) return {SIGCHLD, last};
     if (supervisor.interrupted()) signal = TakeStopSignal(absl::InfiniteDuration());
     if (signal != 0 && signal != SIGCHLD) return {signal, last};
-    supervisor.RetryDue(absl::Now());
+    supervisor.RetryDue();
+    if (supervisor.interrupted()) return {TakeStopSignal(absl::InfiniteDuration()), last};
     if (absl::Now() >= give_up) return {0, last};
   }
 }

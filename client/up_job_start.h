@@ -27,7 +27,9 @@ struct UpJobStart {
 // heard: a daemon's exit goes to `supervisor`, and a coordinator it starts
 // again gets the creation or the wait again (a new coordinator that had not
 // kept the job gets it created again); a stop signal ends the wait. Other
-// failures end it at once, as a coordinator that answers refuses.
+// failures end it: at once when they are about the job or the request, else
+// once the coordinator has not exited within 10 s (a coordinator that is
+// stopping answers "job is STOPPED" before it exits).
 UpJobStart StartUpJob(FlatshardClient& client, const v1::JobSpec& spec, LocalCluster& cluster,
                       UpSupervisor& supervisor, absl::Duration timeout, std::ostream& out);
 

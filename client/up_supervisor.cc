@@ -37,6 +37,10 @@ std::string Counted(const RestartLimit& limit) {
                       absl::FormatDuration(limit.window()));
 }
 
+// One line in one piece: stderr is unbuffered, and the daemons' own log
+// lines, on the same terminal, would otherwise land inside it.
+void Say(std::ostream& to, const std::string& line) { to << (line + "\n") << std::flush; }
+
 }  // namespace
 
 UpSupervisor::UpSupervisor(LocalCluster& cluster, LocalPrometheus* prometheus, std::ostream& out,
@@ -67,37 +71,39 @@ bool UpSupervisor::OnChildExit() {
 
 bool UpSupervisor::OnCoordinatorExit(int wait_status) {
   if (WIFEXITED(wait_status) && WEXITSTATUS(wait_status) == 0) {
-    err_ << "up: the coordinator exited (exit status 0: stopped on purpose); stopping the cluster"
-         << std::endl;
+    Say(err_,
+        "up: the coordinator exited (exit status 0: stopped on purpose); stopping the cluster");
     return false;
   }
   if (!coordinator_limit_.Allow(absl::Now())) {
-    err_ << "up: the coordinator failed (" << DescribeExit(wait_status) << ") after "
-         << Limit(coordinator_limit_) << "; stopping the cluster" << std::endl;
+    Say(err_, absl::StrCat("up: the coordinator failed (", DescribeExit(wait_status), ") after ",
+                           Limit(coordinator_limit_), "; stopping the cluster"));
     return false;
   }
-  out_ << "the coordinator failed (" << DescribeExit(wait_status) << "); starting it again on "
-       << cluster_.address() << " (" << Counted(coordinator_limit_) << ")" << std::endl;
+  Say(out_, absl::StrCat("the coordinator failed (", DescribeExit(wait_status),
+                         "); starting it again on ", cluster_.address(), " (",
+                         Counted(coordinator_limit_), ")"));
   if (absl::Status restarted = cluster_.RestartCoordinator(); !restarted.ok()) {
     if (absl::IsCancelled(restarted)) {
-      err_ << "up: starting the coordinator again: " << restarted.message() << std::endl;
+      Say(err_, absl::StrCat("up: starting the coordinator again: ", restarted.message()));
       interrupted_ = true;
       return true;
     }
-    err_ << "up: starting the coordinator again: " << restarted.message()
-         << "; stopping the cluster" << std::endl;
+    Say(err_, absl::StrCat("up: starting the coordinator again: ", restarted.message(),
+                           "; stopping the cluster"));
     return false;
   }
   ++coordinator_restarts_;
-  out_ << "coordinator: back on " << cluster_.address()
-       << (cluster_.coordinator_metrics().empty()
-               ? std::string()
-               : absl::StrCat(", metrics on ", cluster_.coordinator_metrics()))
-       << "; it takes its job back from the state dir (flatshard job status says how)" << std::endl;
+  Say(out_, absl::StrCat("coordinator: back on ", cluster_.address(),
+                         cluster_.coordinator_metrics().empty()
+                             ? std::string()
+                             : absl::StrCat(", metrics on ", cluster_.coordinator_metrics()),
+                         "; it takes its job back from the state dir (flatshard job status says "
+                         "how)"));
   if (prometheus_ != nullptr) {
     if (absl::Status target = prometheus_->SetCoordinatorTarget(cluster_.coordinator_metrics());
         !target.ok()) {
-      err_ << "up --prometheus: " << target.message() << std::endl;
+      Say(err_, absl::StrCat("up --prometheus: ", target.message()));
     }
   }
   return true;
@@ -108,8 +114,8 @@ void UpSupervisor::OnWedgedWorker(int i) {
   // A worker whose restart is to be tried again is handled then.
   if (left_down_[w] || retry_at_[w] != absl::InfiniteFuture()) return;
   if (!worker_limits_[w].Allow(absl::Now())) {
-    err_ << "up: worker-" << i << " ended itself wedged again, after " << Limit(worker_limits_[w])
-         << "; it stays down" << std::endl;
+    Say(err_, absl::StrCat("up: worker-", i, " ended itself wedged again, after ",
+                           Limit(worker_limits_[w]), "; it stays down"));
     left_down_[w] = true;
     return;
   }
@@ -122,14 +128,16 @@ absl::Time UpSupervisor::NextRetry() const {
   return *std::min_element(retry_at_.begin(), retry_at_.end());
 }
 
-void UpSupervisor::RetryDue(absl::Time now) {
+void UpSupervisor::RetryDue() {
   for (int i = 0; i < cluster_.num_workers() && !interrupted_; ++i) {
     const auto w = static_cast<size_t>(i);
+    // Now, for each: a restart before may have taken a while.
+    const absl::Time now = absl::Now();
     if (retry_at_[w] > now) continue;
     retry_at_[w] = absl::InfiniteFuture();
     if (!worker_limits_[w].Allow(now)) {
-      err_ << "up: worker-" << i << " could not be started again, after "
-           << Limit(worker_limits_[w]) << "; it stays down" << std::endl;
+      Say(err_, absl::StrCat("up: worker-", i, " could not be started again, after ",
+                             Limit(worker_limits_[w]), "; it stays down"));
       left_down_[w] = true;
       continue;
     }
@@ -141,8 +149,8 @@ void UpSupervisor::StartWorkerAgain(int i, const std::string& why) {
   const auto w = static_cast<size_t>(i);
   if (absl::Status restarted = cluster_.RestartWorker(i); !restarted.ok()) {
     if (absl::IsCancelled(restarted)) {
-      err_ << "up: " << why << "; starting it again: " << restarted.message() << " (it stays down)"
-           << std::endl;
+      Say(err_, absl::StrCat("up: ", why, "; starting it again: ", restarted.message(),
+                             " (it stays down)"));
       left_down_[w] = true;
       interrupted_ = true;
       return;
@@ -151,23 +159,23 @@ void UpSupervisor::StartWorkerAgain(int i, const std::string& why) {
     const absl::Duration delay =
         std::min(kFirstRetryDelay * (int64_t{1} << std::min(failed_tries_[w], 5)), kMaxRetryDelay);
     ++failed_tries_[w];
-    err_ << "up: " << why << "; starting it again failed (" << Counted(worker_limits_[w])
-         << "): " << restarted.message();
+    const std::string failed = absl::StrCat("up: ", why, "; starting it again failed (",
+                                            Counted(worker_limits_[w]), "): ", restarted.message());
     if (!worker_limits_[w].WouldAllow(absl::Now() + delay)) {
-      err_ << "; it stays down" << std::endl;
+      Say(err_, absl::StrCat(failed, "; it stays down"));
       left_down_[w] = true;
       return;
     }
     retry_at_[w] = absl::Now() + delay;
-    err_ << "; trying again in " << absl::FormatDuration(delay) << std::endl;
+    Say(err_, absl::StrCat(failed, "; trying again in ", absl::FormatDuration(delay)));
     return;
   }
   failed_tries_[w] = 0;
-  out_ << why << "; started it again (" << Counted(worker_limits_[w]) << ")" << std::endl;
+  Say(out_, absl::StrCat(why, "; started it again (", Counted(worker_limits_[w]), ")"));
   if (prometheus_ != nullptr) {
     if (absl::Status targets = prometheus_->SetWorkerTargets(cluster_.worker_metrics());
         !targets.ok()) {
-      err_ << "up --prometheus: " << targets.message() << std::endl;
+      Say(err_, absl::StrCat("up --prometheus: ", targets.message()));
     }
   }
 }

@@ -47,8 +47,8 @@ class UpSupervisor {
   // When a failed worker restart is next tried again; InfiniteFuture()
   // when none is due.
   absl::Time NextRetry() const;
-  // Tries again the worker restarts due at `now` (or before).
-  void RetryDue(absl::Time now);
+  // Tries again the worker restarts that are due.
+  void RetryDue();
 
   // Whether a stop signal interrupted a restart (LocalClusterOptions::
   // interrupt_fd): its daemon is left down, nothing more is restarted, and

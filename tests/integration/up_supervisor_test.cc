@@ -84,6 +84,23 @@ class Gate {
   int fd_ = -1;
 };
 
+// `up --job` (the job at world size 2) whose worker-1 says it listens, then
+// waits on `gate` before it starts the real daemon: the job waits for it.
+std::unique_ptr<ChildProcess> StartUpWithWorker1Held(const std::string& dir, const Gate& gate,
+                                                     const std::string& address_file) {
+  const std::string bin = WrappedDaemons(
+      dir,
+      absl::StrCat("case \" $* \" in *\" worker-1 \"*)\n"
+                   "  echo 'flatshard-worker worker-1 rank 1 listening on 127.0.0.1:1, metrics on "
+                   "127.0.0.1:1'\n"
+                   "  read go < ",
+                   gate.path(), " ;;\nesac\n", kRealDaemon),
+      kRealDaemon);
+  std::vector<std::string> flags = UpFlags(dir, address_file);
+  flags.insert(flags.end(), {"--bin-dir", bin});
+  return StartUp(flags, true);
+}
+
 // `up` as the coordinator's supervisor: one that fails (kill -9) is started
 // again on the same address and takes its job back where it was, and
 // training goes on; past the restart limit the cluster stops, exiting 1.
@@ -185,18 +202,8 @@ TEST(UpSupervisorTest, AWedgedWorkerIsRestartedUpToItsLimitThenStaysDown) {
 TEST(UpSupervisorTest, ACoordinatorThatFailsBeforeTheJobIsReadyIsStartedAgain) {
   const std::string dir = testing::MakeTempDir("up-coordinator-fails-early");
   const Gate gate(dir);
-  const std::string bin = WrappedDaemons(
-      dir,
-      absl::StrCat("case \" $* \" in *\" worker-1 \"*)\n"
-                   "  echo 'flatshard-worker worker-1 rank 1 listening on 127.0.0.1:1, metrics on "
-                   "127.0.0.1:1'\n"
-                   "  read go < ",
-                   gate.path(), " ;;\nesac\n", kRealDaemon),
-      kRealDaemon);
   const std::string address_file = dir + "/address";
-  std::vector<std::string> flags = UpFlags(dir, address_file);
-  flags.insert(flags.end(), {"--bin-dir", bin});
-  std::unique_ptr<ChildProcess> up = StartUp(flags, true);
+  std::unique_ptr<ChildProcess> up = StartUpWithWorker1Held(dir, gate, address_file);
   ASSERT_NE(up, nullptr);
   ASSERT_THAT(ReadUntil(*up, "waiting for it to be READY"),
               HasSubstr("job 'mlp-demo' created; waiting for it to be READY"));
@@ -217,6 +224,27 @@ TEST(UpSupervisorTest, ACoordinatorThatFailsBeforeTheJobIsReadyIsStartedAgain) {
   EXPECT_THAT(stopped, HasSubstr("saving job 'mlp-demo' (step 1"));
   EXPECT_THAT(stopped, HasSubstr("stopped cleanly")) << stopped;
   EXPECT_EQ(ExitStatus(*up), 0);
+}
+
+// One stopped on purpose then (SIGTERM: exit 0) ends the cluster, said as
+// such, rather than reading as the job's failure ("job is STOPPED"), which
+// its watch tells before the coordinator has exited.
+TEST(UpSupervisorTest, ACoordinatorStoppedBeforeTheJobIsReadyEndsTheCluster) {
+  const std::string dir = testing::MakeTempDir("up-coordinator-stopped-early");
+  const Gate gate(dir);  // never opened
+  std::unique_ptr<ChildProcess> up = StartUpWithWorker1Held(dir, gate, dir + "/address");
+  ASSERT_NE(up, nullptr);
+  ASSERT_THAT(ReadUntil(*up, "waiting for it to be READY"),
+              HasSubstr("job 'mlp-demo' created; waiting for it to be READY"));
+  const pid_t coordinator = CoordinatorPid(*up);
+  ASSERT_GT(coordinator, 0);  // kill(-1) would reach every process
+  kill(coordinator, SIGTERM);
+  const std::string stopped = ReadUntil(*up, "stopped (");
+  EXPECT_THAT(stopped, HasSubstr("up: the coordinator exited (exit status 0: stopped on purpose); "
+                                 "stopping the cluster"));
+  EXPECT_THAT(stopped, HasSubstr("the coordinator is gone: stopping the cluster"));
+  EXPECT_THAT(stopped, Not(HasSubstr("is not READY")));
+  EXPECT_EQ(ExitStatus(*up), 1);
 }
 
 // A Ctrl-C while `up` waits for a restarted daemon to start ends that wait
