@@ -21,7 +21,6 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <sys/mount.h>
 #include <sys/statvfs.h>
 #include <sys/wait.h>
 
@@ -41,6 +40,7 @@
 #include "tests/integration/checkpoint_harness.h"
 #include "tests/integration/multiprocess.h"
 #include "tests/integration/recovery_harness.h"
+#include "tests/integration/scratch_tmpfs.h"
 
 namespace flatshard {
 namespace {
@@ -313,15 +313,8 @@ TEST(AsyncHungWriteTest, ARecoveryEndsTheWorkerWhoseBackgroundWriteIsStuck) {
 // Needs CAP_SYS_ADMIN (root in CI); skipped with the reason elsewhere.
 TEST(RealDiskFullTest, ASaveOnAFullTmpfsFailsCleanlyAndTheJobGoesOn) {
   const std::string root = testing::MakeTempDir("ckpt-tmpfs") + "/checkpoints";
-  fs::create_directories(root);
-  if (::mount("flatshard-test", root.c_str(), "tmpfs", 0, "size=64m") != 0) {
-    GTEST_SKIP() << "cannot mount a tmpfs at " << root << ": " << std::strerror(errno)
-                 << " (needs CAP_SYS_ADMIN)";
-  }
-  struct Unmount {
-    std::string path;
-    ~Unmount() { ::umount2(path.c_str(), MNT_DETACH); }
-  } unmount{root};
+  auto full_disk = testing::ScratchTmpfs::Mount(root, "64m");
+  if (!full_disk.ok()) GTEST_SKIP() << full_disk.status().message();
   auto cluster = Start(Spec(2, true), root, "cpu");
   ASSERT_NE(cluster, nullptr);
   FlatshardClient& client = *cluster->client;

@@ -3,10 +3,8 @@
 // not hold before the daemons stop (they hold the only copy of those steps), and the
 // next `up` on the same state dir continues from that save; a job the
 // cluster could not seat is refused before anything starts.
-#include <cerrno>
 #include <csignal>
 #include <cstdint>
-#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -17,7 +15,6 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
@@ -30,6 +27,7 @@
 #include "client/child_process.h"
 #include "client/flatshard_client.h"
 #include "tests/integration/multiprocess.h"
+#include "tests/integration/scratch_tmpfs.h"
 #include "tests/integration/up_process.h"
 
 namespace flatshard {
@@ -222,15 +220,8 @@ TEST(UpCommandTest, ASecondCtrlCStopsWithoutWaitingForTheSave) {
 TEST(UpCommandTest, AStopSaveThatFailsSaysWhereTheNextUpContinues) {
   const std::string dir = testing::MakeTempDir("up-save-fails");
   const std::string checkpoints = dir + "/checkpoints";
-  std::filesystem::create_directories(checkpoints);
-  if (::mount("flatshard-test", checkpoints.c_str(), "tmpfs", 0, "size=64k") != 0) {
-    GTEST_SKIP() << "cannot mount a tmpfs at " << checkpoints << ": " << std::strerror(errno)
-                 << " (needs CAP_SYS_ADMIN)";
-  }
-  struct Unmount {
-    std::string path;
-    ~Unmount() { ::umount2(path.c_str(), MNT_DETACH); }
-  } unmount{checkpoints};
+  auto full_disk = testing::ScratchTmpfs::Mount(checkpoints, "64k");
+  if (!full_disk.ok()) GTEST_SKIP() << full_disk.status().message();
   const std::string address_file = dir + "/address";
   std::vector<std::string> flags = UpFlags(dir, address_file);
   flags.insert(flags.end(), {"--state-dir", dir + "/state"});  // off the full disk
