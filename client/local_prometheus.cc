@@ -6,6 +6,7 @@
 
 #include <curl/curl.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -22,6 +23,13 @@
 
 namespace flatshard {
 namespace {
+
+// Whether `fd` (when not -1) is readable now.
+bool Readable(int fd) {
+  if (fd < 0) return false;
+  pollfd p{fd, POLLIN, 0};
+  return poll(&p, 1, 0) > 0;
+}
 
 namespace fs = std::filesystem;
 
@@ -205,6 +213,11 @@ absl::StatusOr<std::unique_ptr<LocalPrometheus>> LocalPrometheus::Start(
     const absl::Time deadline = absl::Now() + options.start_timeout;
     while (absl::Now() < deadline) {
       if (Answers(prometheus->url_ + "/-/ready")) return prometheus;
+      if (Readable(options.interrupt_fd)) {
+        prometheus->process_->Kill();  // it holds nothing yet
+        return absl::CancelledError(
+            absl::StrCat("interrupted while waiting for prometheus to be ready on ", listen));
+      }
       if (prometheus->process_->Wait(absl::Milliseconds(100)).has_value()) break;
     }
     const std::optional<int> exited = prometheus->process_->Wait(absl::ZeroDuration());

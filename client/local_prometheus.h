@@ -28,6 +28,10 @@ struct LocalPrometheusOptions {
   double scrape_interval_s = 5;
   std::string binary = "prometheus";  // looked up in PATH unless it has a '/'
   absl::Duration start_timeout = absl::Seconds(60);
+  // Readable when nobody should wait for it any more (as
+  // LocalClusterOptions::interrupt_fd): Start then ends CANCELLED, the
+  // half-started Prometheus killed. -1: none.
+  int interrupt_fd = -1;
 };
 
 class LocalPrometheus {

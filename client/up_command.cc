@@ -178,22 +178,29 @@ int RunUpCommand(const UpCommandOptions& o, std::ostream& out, std::ostream& err
   out << "coordinator metrics: " << (*cluster)->coordinator_metrics() << "\n";
   for (const std::string& banner : (*cluster)->worker_banners()) out << "  " << banner << "\n";
   out << std::flush;  // seen now through a pipe (`up | tee`), not at READY
-  std::unique_ptr<LocalPrometheus> prometheus;
-  if (o.prometheus) {
-    absl::StatusOr<std::unique_ptr<LocalPrometheus>> started = LocalPrometheus::Start(
-        o.prometheus_options, (*cluster)->coordinator_metrics(), (*cluster)->worker_metrics());
-    if (!started.ok()) return ReportError("up --prometheus", started.status(), err);
-    prometheus = *std::move(started);
-    out << "prometheus: " << prometheus->url() << " (targets: " << prometheus->url()
-        << "/targets, alerts: " << prometheus->url() << "/alerts)" << std::endl;
-  }
-
   // One line at a time, from this thread or the save's (SaveBeforeStop).
   std::mutex say_mu;
   const SayLine say = [&out, &say_mu](const std::string& line) {
     std::lock_guard<std::mutex> lock(say_mu);
     out << line << std::endl;
   };
+  std::unique_ptr<LocalPrometheus> prometheus;
+  if (o.prometheus) {
+    LocalPrometheusOptions prometheus_options = o.prometheus_options;
+    prometheus_options.interrupt_fd = *interrupt_fd;
+    absl::StatusOr<std::unique_ptr<LocalPrometheus>> started = LocalPrometheus::Start(
+        prometheus_options, (*cluster)->coordinator_metrics(), (*cluster)->worker_metrics());
+    if (absl::IsCancelled(started.status())) {
+      const int signal = TakeStopSignal(absl::ZeroDuration());
+      out << "\n" << strsignal(signal != 0 ? signal : SIGINT) << " while Prometheus started: ";
+      return StopCluster(nullptr, **cluster, say);
+    }
+    if (!started.ok()) return ReportError("up --prometheus", started.status(), err);
+    prometheus = *std::move(started);
+    out << "prometheus: " << prometheus->url() << " (targets: " << prometheus->url()
+        << "/targets, alerts: " << prometheus->url() << "/alerts)" << std::endl;
+  }
+
   const CoordinatorTarget target = security ? security->AdminTarget((*cluster)->address())
                                             : CoordinatorTarget{(*cluster)->address(), {}, "", ""};
   // The daemons' supervisor (client/up_supervisor.h) from here on, until a

@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <csignal>
 #include <cstring>
+#include <fstream>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -305,6 +306,31 @@ TEST(UpSupervisorTest, ACtrlCWhileTheClusterStartsStopsIt) {
                                  "for flatshard-worker (pid "));
   EXPECT_THAT(stopped, HasSubstr(") to start): stopped"));
   EXPECT_EQ(ExitStatus(*up), 1);
+  EXPECT_LT(absl::Now() - interrupted, absl::Seconds(30));
+}
+
+// And while Prometheus (`--prometheus`) starts: here a stand-in that never
+// answers /-/ready. It is killed, and the cluster stops as on any Ctrl-C.
+TEST(UpSupervisorTest, ACtrlCWhilePrometheusStartsStopsTheCluster) {
+  const std::string dir = testing::MakeTempDir("up-prometheus-interrupted");
+  const Gate gate(dir);  // never opened
+  const std::string prometheus = dir + "/prometheus";
+  std::ofstream(prometheus) << "#!/bin/sh\necho 'prometheus: holding its start' >&2\nread go < "
+                            << gate.path() << "\n";
+  ASSERT_EQ(chmod(prometheus.c_str(), 0755), 0) << strerror(errno);
+  std::unique_ptr<ChildProcess> up =
+      StartUp({"--workers", "1", "--checkpoint-dir", dir + "/checkpoints", "--prometheus",
+               "--prometheus-listen", "127.0.0.1:0", "--prometheus-binary", prometheus,
+               "--prometheus-config-dir", std::string(FLATSHARD_SOURCE_DIR) + "/deploy/prometheus"},
+              true);
+  ASSERT_NE(up, nullptr);
+  ASSERT_THAT(ReadUntil(*up, "holding its start"), HasSubstr("holding its start"));
+  const absl::Time interrupted = absl::Now();
+  up->Signal(SIGINT);
+  const std::string stopped = ReadUntil(*up, "stopped cleanly");
+  EXPECT_THAT(stopped, HasSubstr("Interrupt while Prometheus started: stopping the cluster"));
+  EXPECT_THAT(stopped, HasSubstr("stopped cleanly")) << stopped;
+  EXPECT_EQ(ExitStatus(*up), 0);
   EXPECT_LT(absl::Now() - interrupted, absl::Seconds(30));
 }
 // A worker restart that fails (here worker-0's second start exits before it
