@@ -76,7 +76,14 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
     cluster->state_dir_ = pattern;
     cluster->own_state_dir_ = true;
   }
-  RETURN_IF_ERROR(cluster->StartCoordinator(options.listen));
+  // A start a Ctrl-C ended kills what started (it holds nothing yet, and
+  // the daemons survive a kill -9 by design) rather than give each its
+  // grace while the user waits, with signals blocked.
+  const auto killed_if_cancelled = [&cluster](absl::Status status) {
+    if (absl::IsCancelled(status)) cluster->KillAll();
+    return status;
+  };
+  RETURN_IF_ERROR(killed_if_cancelled(cluster->StartCoordinator(options.listen)));
   cluster->command_token_ = RandomSecret();
   const std::string command_token_file = cluster->state_dir_ + "/command.token";
   RETURN_IF_ERROR(WritePrivateFile(command_token_file, cluster->command_token_ + "\n"));
@@ -127,7 +134,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
   if (options.metrics) cluster->worker_metrics_.resize(cluster->workers_.size());
   cluster->banners_.resize(cluster->workers_.size());
   for (size_t w = 0; w < cluster->workers_.size(); ++w) {
-    RETURN_IF_ERROR(cluster->ReadWorkerBanner(w));
+    RETURN_IF_ERROR(killed_if_cancelled(cluster->ReadWorkerBanner(w)));
   }
   return cluster;
 }
