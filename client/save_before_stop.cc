@@ -25,10 +25,13 @@ absl::StatusOr<std::vector<UnsavedJob>> FindUnsavedJobs(FlatshardClient& client)
         std::find_if(checkpoints->rbegin(), checkpoints->rend(), [&](const v1::CheckpointInfo& c) {
           return c.state_dict_type() != v1::LOCAL_STATE_DICT || c.world_size() == job.world_size();
         });
-    const bool held = restored != checkpoints->rend() && restored->step() == job.step();
+    // Exactly: the coordinator knows which checkpoint the ranks' state is
+    // (none once it trained, or when it does not know).
+    const bool held = restored != checkpoints->rend() && restored->name() == job.state_checkpoint();
     // A job still at its initialization is made again from its spec.
     if (job.step() > 0 && !held) {
       unsaved.push_back(UnsavedJob{job.spec().name(), job.step(),
+                                   restored != checkpoints->rend() ? restored->name() : "",
                                    restored != checkpoints->rend() ? restored->step() : 0});
     }
   }
@@ -49,9 +52,11 @@ absl::Status SaveUnsavedJobs(FlatshardClient& client, const std::vector<UnsavedJ
     }
     std::string name = stem;
     for (int n = 2; taken.contains(name); ++n) name = absl::StrCat(stem, "-", n);
-    say(absl::StrCat("saving job '", job.name, "' (step ", job.step,
-                     ", which its newest checkpoint does not hold) as '", name,
-                     "' before stopping..."));
+    say(absl::StrCat("saving job '", job.name, "' (step ", job.step, "; a restart would restore ",
+                     job.restored_name.empty() ? std::string("its initialization")
+                                               : absl::StrCat("checkpoint '", job.restored_name,
+                                                              "' at step ", job.restored_step),
+                     ", not this state) as '", name, "' before stopping..."));
     v1::SaveCheckpointRequest request;
     request.set_job(job.name);
     request.set_name(name);

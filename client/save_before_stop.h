@@ -21,16 +21,18 @@
 namespace flatshard {
 
 // The jobs in a state that can save (READY, TRAINING, IDLE) at a step past
-// 0 that the checkpoint a restart would restore (the newest one loadable at
-// the job's world size) does not hold: by that step, not by the newest
-// step, since a job that loaded an older checkpoint and trained on is
-// behind the newest, and one that loaded it and did not is not where a
-// restart would put it.
+// 0 whose state is not the checkpoint a restart would restore (the newest
+// one loadable at the job's world size), as the coordinator knows it
+// (v1::Job::state_checkpoint): not by the step, since a job that loaded an
+// older checkpoint and trained back to the newest one's step holds another
+// state at that step. A coordinator that does not know (it restarted since)
+// has the job saved: one more save, nothing lost.
 struct UnsavedJob {
   std::string name;
   int64_t step = 0;
-  // What a restart would restore: that checkpoint's step, or 0 (the job's
-  // initialization) when none.
+  // What a restart would restore: that checkpoint's name and step, or ""
+  // and 0 (the job's initialization) when none.
+  std::string restored_name;
   int64_t restored_step = 0;
 };
 absl::StatusOr<std::vector<UnsavedJob>> FindUnsavedJobs(FlatshardClient& client);

@@ -60,8 +60,9 @@ CLI::App* AddUpCommand(CLI::App& app, UpCommandOptions& o) {
   up->add_option("--job,-f", o.job_file, "Create this job (a job file) once the workers are up")
       ->check(CLI::ExistingFile);
   up->add_option("--stop-save-timeout", o.stop_save_timeout_s,
-                 "On Ctrl-C or SIGTERM, first save the job if its newest checkpoint does not hold "
-                 "its step (the next `up` on this state dir continues from it), waiting up to "
+                 "On Ctrl-C or SIGTERM, first save the job unless its state is the checkpoint a "
+                 "restart would restore (the next `up` on this state dir continues from the "
+                 "save), waiting up to "
                  "this many seconds (a second Ctrl-C stops waiting). A save that fails, times out "
                  "or is given up makes up exit 1. 0: stop without saving")
       ->check(CLI::NonNegativeNumber)
@@ -249,7 +250,8 @@ int RunUpCommand(const UpCommandOptions& o, std::ostream& out, std::ostream& err
     out << "  flatshard train" << c << " -j " << job_name << " --steps 50\n"
         << "  flatshard workers" << c << "\n"
         << "  flatshard summon" << c << " -j " << job_name << " --out model.safetensors\n"
-        << "Ctrl-C stops the cluster (saving the job first if its newest checkpoint is behind it)."
+        << "Ctrl-C stops the cluster (saving the job first unless a restart would restore its "
+           "state)."
         << std::endl;
 
     for (;;) {
@@ -276,7 +278,7 @@ int RunUpCommand(const UpCommandOptions& o, std::ostream& out, std::ostream& err
     if (coordinator_down) {
       out << "not saving before stopping: the coordinator is down" << std::endl;
     } else {
-      out << "saving before stopping, if the job's newest checkpoint is behind it" << std::endl;
+      out << "saving before stopping, unless a restart would restore the job's state" << std::endl;
       save = SaveBeforeStop(target, absl::Seconds(o.stop_save_timeout_s), say);
     }
   }

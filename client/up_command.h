@@ -21,7 +21,8 @@ struct UpCommandOptions {
   bool prometheus = false;   // also run a Prometheus scraping the cluster
   bool tls = false;          // mutual TLS and tokens (client/cluster_security.h)
   std::string security_dir;  // default: <checkpoint-dir>/.security
-  // On a stop signal, save each job its newest checkpoint is behind first, waiting up to this long
+  // On a stop signal, first save each job whose state a restart would not restore, waiting up to
+  // this long
   // (0: never save; client/save_before_stop.h).
   double stop_save_timeout_s = 300;
   LocalPrometheusOptions prometheus_options;

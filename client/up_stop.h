@@ -1,6 +1,6 @@
-// How `flatshard up` stops: first, on a stop signal, a save of each job its
-// newest checkpoint is behind (the workers hold the only copy of those
-// steps; client/save_before_stop.h), on a thread of its own so that a second
+// How `flatshard up` stops: first, on a stop signal, a save of each job whose
+// state a restart would not restore (the workers hold the only copy of it;
+// client/save_before_stop.h), on a thread of its own so that a second
 // Ctrl-C is heard; then its daemons, the coordinator first, killed at once
 // on one more Ctrl-C rather than after their grace.
 #ifndef FLATSHARD_CLIENT_UP_STOP_H_

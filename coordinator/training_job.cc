@@ -72,6 +72,7 @@ v1::Job TrainingJob::ToProto() const {
   *job.mutable_spec() = spec_;
   job.set_state(states_.state());
   job.set_step(step_);
+  job.set_state_checkpoint(state_checkpoint_);
   job.set_epoch(epoch_);
   if (sequencer_ != nullptr) job.set_last_seq(sequencer_->last_seq());
   job.set_failure(states_.failure());
@@ -138,6 +139,12 @@ absl::Status TrainingJob::FormLocked(const std::vector<WorkerRecord>& members,
   }
   RETURN_IF_ERROR(
       states_.Transition(v1::FORMING, absl::StrCat("configuring ", members.size(), " workers")));
+  {
+    // Configure initializes the ranks' parameters from the seed.
+    std::lock_guard<std::mutex> lock(mu_);
+    ++state_generation_;
+    state_checkpoint_.clear();
+  }
   // One job, one kind of device: the ranks' collectives, kernels and
   // checkpoints assume the same memory and arithmetic everywhere.
   if (absl::Status kinds = CheckOneDeviceKind(members); !kinds.ok()) {

@@ -321,6 +321,13 @@ class TrainingJob {
   uint64_t oldest_rendezvous_epoch_ = 1;  // the oldest epoch whose store keys may remain
   int64_t step_ = 0;                      // optimizer steps completed
   int64_t data_position_ = 0;             // global batches consumed (micro-steps included)
+  // v1::Job::state_checkpoint. Not persisted: a restarted coordinator says
+  // "" (not known), which costs `up` one more save at its stop, not a step.
+  std::string state_checkpoint_;
+  // Bumped by everything that may change the ranks' state (a formation, a
+  // batch that steps, loads or restores): a save whose snapshot was taken
+  // at another generation is not the state now.
+  uint64_t state_generation_ = 0;
   std::vector<std::string> worker_ids_;
   // Shared: an async save's committer keeps the clients of its epoch alive
   // while a recovery replaces them.

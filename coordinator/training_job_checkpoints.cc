@@ -236,6 +236,11 @@ TrainingJob::SaveFuture TrainingJob::StartSave(const std::string& name, v1::Stat
   command.mutable_save_shard()->set_async_save(async_save);
   // The manifest describes the state at this point, whenever it is written.
   CheckpointManifest manifest = BuildManifest(name, type, scheduled);
+  uint64_t generation = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    generation = state_generation_;
+  }
   absl::StatusOr<std::vector<v1::CommandResult>> results = RunCheckpointBatch(command);
   // An async save that a rank refused is still running on the other ranks
   // (they all joined the snapshot): the committer must collect them anyway.
@@ -249,7 +254,7 @@ TrainingJob::SaveFuture TrainingJob::StartSave(const std::string& name, v1::Stat
   const absl::Status refused = results.status();
   const int keep_last = spec_.checkpoints().keep_last();
   auto commit =
-      [this, name, type, start, keep_last, report](
+      [this, name, type, start, keep_last, report, generation](
           CheckpointManifest m,
           const std::vector<v1::CommandResult>& written) -> absl::StatusOr<v1::CheckpointInfo> {
     for (const v1::CommandResult& r : written) {
@@ -261,6 +266,12 @@ TrainingJob::SaveFuture TrainingJob::StartSave(const std::string& name, v1::Stat
     if (!info.ok()) {
       catalog_.AbandonSave(name);
       return report(info.status());
+    }
+    {
+      // Still the state it holds, unless something changed it since the
+      // snapshot (an async save's training went on, a load, a recovery).
+      std::lock_guard<std::mutex> lock(mu_);
+      if (state_generation_ == generation) state_checkpoint_ = name;
     }
     spdlog::info("job {}: saved checkpoint {} ({}, step {}, {} bytes) in {}", config_.name, name,
                  std::string(StateDictTypeName(type)), info->step(), info->bytes(),
@@ -366,6 +377,7 @@ absl::StatusOr<v1::CheckpointInfo> TrainingJob::LoadLocked(const std::string& na
   {
     std::lock_guard<std::mutex> lock(mu_);
     step_ = manifest.step;
+    state_checkpoint_ = manifest.name;  // its apply batch bumped the generation
     data_position_ = manifest.data_position;
     unsharded_.clear();
     peer_marks_.clear();  // they describe a history this load left

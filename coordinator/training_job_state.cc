@@ -101,6 +101,17 @@ void TrainingJob::PersistProgress() {
 }
 
 void TrainingJob::JournalBatch(const v1::CommandBatch& batch) {
+  // Before the batch is sent, journal or not: from here the ranks' state
+  // may be no checkpoint's.
+  const bool changes_state =
+      batch.has_step() ||
+      (batch.has_checkpoint() &&
+       (batch.checkpoint().load_shard().apply() || batch.checkpoint().has_restore_peer_snapshot()));
+  if (changes_state) {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++state_generation_;
+    state_checkpoint_.clear();
+  }
   std::lock_guard<std::mutex> persist(persist_mu_);
   if (state_store_ == nullptr) return;
   BatchRecord record;

@@ -46,6 +46,10 @@ class SaveBeforeStopTest : public ::testing::Test {
     auto saved = client_->SaveCheckpoint(request);
     ASSERT_TRUE(saved.ok()) << saved.status();
   }
+  void Load(const std::string& name) {
+    auto loaded = client_->LoadCheckpoint(kJob, name);
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+  }
   std::vector<UnsavedJob> Unsaved() {
     auto unsaved = FindUnsavedJobs(*client_);
     EXPECT_TRUE(unsaved.ok()) << unsaved.status();
@@ -69,6 +73,36 @@ TEST_F(SaveBeforeStopTest, AJobIsUnsavedWhileItsNewestCheckpointIsBehindItsStep)
   EXPECT_THAT(Unsaved(), IsEmpty());
   Train(1);
   EXPECT_THAT(Unsaved(), ElementsAre(IsUnsaved(kJob, 3, 2)));
+}
+
+// By the state, not the step: a job that loaded an older checkpoint and
+// trained back to the newest one's step holds another state at that step
+// (a restart would restore the newest's), and one that loaded the newest is
+// what a restart would restore. (By step, the first read as saved.)
+TEST_F(SaveBeforeStopTest, AJobRetrainedToTheNewestCheckpointsStepIsUnsaved) {
+  Train(1);
+  Save("a");
+  Train(1);
+  Save("b");
+  EXPECT_THAT(Unsaved(), IsEmpty());
+  Load("a");
+  EXPECT_THAT(Unsaved(), ElementsAre(IsUnsaved(kJob, 1, 2)));
+  Train(1);
+  EXPECT_THAT(Unsaved(), ElementsAre(IsUnsaved(kJob, 2, 2)));
+  Load("b");
+  EXPECT_THAT(Unsaved(), IsEmpty());
+}
+
+// A restarted coordinator does not know which checkpoint the re-adopted
+// ranks' state is: the job is saved once more rather than taken as saved.
+TEST_F(SaveBeforeStopTest, AfterACoordinatorRestartTheStateIsNotKnownSoItIsSaved) {
+  Train(1);
+  Save("a");
+  EXPECT_THAT(Unsaved(), IsEmpty());
+  ASSERT_TRUE(cluster_->KillAndRestartCoordinator().ok());
+  auto ready = client_->WaitForState(kJob, {v1::READY}, absl::Seconds(120), {v1::RECOVERING});
+  ASSERT_TRUE(ready.ok()) << ready.status();
+  EXPECT_THAT(Unsaved(), ElementsAre(IsUnsaved(kJob, 1, 1)));
 }
 
 TEST_F(SaveBeforeStopTest, ASecondStopInTheSameSecondTakesTheNextName) {

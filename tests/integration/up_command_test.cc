@@ -61,7 +61,8 @@ TEST(UpCommandTest, AStopSignalSavesTheJobAndTheNextUpContinuesFromIt) {
     EXPECT_THAT(
         stopped,
         HasSubstr(
-            "saving job 'mlp-demo' (step 3, which its newest checkpoint does not hold) as 'stop-"));
+            "saving job 'mlp-demo' (step 3; a restart would restore its initialization, not this "
+            "state) as 'stop-"));
     EXPECT_THAT(stopped, HasSubstr("' at step 3 ("));
     EXPECT_THAT(stopped, HasSubstr("stopped cleanly")) << stopped;
     EXPECT_EQ(ExitStatus(*up), 0);
