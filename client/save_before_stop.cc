@@ -27,9 +27,12 @@ absl::StatusOr<std::vector<UnsavedJob>> FindUnsavedJobs(FlatshardClient& client)
         });
     // Exactly: the coordinator knows which checkpoint the ranks' state is
     // (none once it trained, or when it does not know).
-    const bool held = restored != checkpoints->rend() && restored->name() == job.state_checkpoint();
+    // (And at its step: a checkpoint rewritten under the same name since,
+    // by `ckpt consolidate --out`, say, is not taken for it.)
+    const bool held = restored != checkpoints->rend() &&
+                      restored->name() == job.state_checkpoint() && restored->step() == job.step();
     // A job still at its initialization is made again from its spec.
-    if (job.step() > 0 && !held) {
+    if ((job.step() > 0 || !job.state_checkpoint().empty()) && !held) {
       unsaved.push_back(UnsavedJob{job.spec().name(), job.step(),
                                    restored != checkpoints->rend() ? restored->name() : "",
                                    restored != checkpoints->rend() ? restored->step() : 0});
@@ -62,10 +65,12 @@ absl::Status SaveUnsavedJobs(FlatshardClient& client, const std::vector<UnsavedJ
     request.set_name(name);
     absl::StatusOr<v1::CheckpointProgress> saved = client.SaveCheckpoint(request);
     if (!saved.ok()) {
-      say(absl::StrCat(
-          "  not saved: ", saved.status().message(),
-          "; the next `flatshard up` on this state dir continues it from step ", job.restored_step,
-          job.restored_step == 0 ? " (its initialization)" : " (its newest checkpoint)"));
+      say(absl::StrCat("  not saved: ", saved.status().message(),
+                       "; the next `flatshard up` on this state dir continues it from ",
+                       job.restored_name.empty()
+                           ? std::string("step 0 (its initialization)")
+                           : absl::StrCat("checkpoint '", job.restored_name, "' (step ",
+                                          job.restored_step, ")")));
       if (first.ok()) first = saved.status();
       continue;
     }

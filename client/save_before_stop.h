@@ -1,9 +1,9 @@
 // What `flatshard up` does with a stop signal before it stops the daemons:
-// the workers hold the only copy of every step trained since the newest
-// checkpoint, and the next `up` on the state dir continues the job from that
-// checkpoint (docs/control-plane.md). So each job that trained past its
-// newest checkpoint is saved first, as the Kubernetes workers' preStop hook
-// does (deploy/k8s/base/save-before-stop.sh).
+// the workers hold the only copy of the job's state, and the next `up` on
+// the state dir continues the job from the checkpoint a restart restores
+// (docs/control-plane.md). So each job whose state is not that checkpoint
+// is saved first, as the Kubernetes workers' preStop hook does
+// (deploy/k8s/base/save-before-stop.sh).
 #ifndef FLATSHARD_CLIENT_SAVE_BEFORE_STOP_H_
 #define FLATSHARD_CLIENT_SAVE_BEFORE_STOP_H_
 
@@ -20,8 +20,9 @@
 
 namespace flatshard {
 
-// The jobs in a state that can save (READY, TRAINING, IDLE) at a step past
-// 0 whose state is not the checkpoint a restart would restore (the newest
+// The jobs in a state that can save (READY, TRAINING, IDLE), past their
+// initialization (a step past 0, or a checkpoint loaded), whose state is
+// not the checkpoint a restart would restore (the newest
 // one loadable at the job's world size), as the coordinator knows it
 // (v1::Job::state_checkpoint): not by the step, since a job that loaded an
 // older checkpoint and trained back to the newest one's step holds another

@@ -62,7 +62,7 @@ std::unique_ptr<StopSave> SaveBeforeStop(const CoordinatorTarget& target, absl::
   // What giving up costs, by how far the save got.
   const auto lost = [s] {
     return s->phase.load() == StopSave::kListing
-               ? std::string("whether a job's newest checkpoint holds its step is not known")
+               ? std::string("whether a restart would restore a job's state is not known")
                : std::string("what it had not saved is lost");
   };
   const absl::Time give_up = absl::Now() + timeout;

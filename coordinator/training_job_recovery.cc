@@ -438,7 +438,9 @@ absl::Status TrainingJob::MaybeGrow() {
     step = step_;
     members = members_;
   }
-  // Only at a scheduled checkpoint of this very step: growing loses no step.
+  // Only at a scheduled checkpoint that is the ranks' state: growing loses
+  // no step. (A checkpoint of this step number is not enough: a job that
+  // loaded an older one and trained back to this step holds another state.)
   int64_t every = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -449,6 +451,10 @@ absl::Status TrainingJob::MaybeGrow() {
   const std::optional<v1::CheckpointInfo> newest = RecoveryCheckpoint(config_.world_size);
   if (!newest.has_value()) return absl::OkStatus();
   const std::string* checkpoint = &newest->name();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (state_checkpoint_ != *checkpoint) return absl::OkStatus();
+  }
   absl::StatusOr<CheckpointManifest> manifest = catalog_.Read(*checkpoint);
   if (!manifest.ok() || manifest->step != step) return absl::OkStatus();
   // Workers outside the epoch, heartbeating, on the same kind of device.

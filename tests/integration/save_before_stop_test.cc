@@ -1,6 +1,6 @@
 // What `flatshard up` saves before it stops (client/save_before_stop.h),
-// against a real coordinator and workers: which jobs the checkpoint a
-// restart would restore is behind, and the names their saves take.
+// against a real coordinator and workers: which jobs' state is not the
+// checkpoint a restart would restore, and the names their saves take.
 #include "client/save_before_stop.h"
 
 #include <memory>
@@ -50,6 +50,11 @@ class SaveBeforeStopTest : public ::testing::Test {
     auto loaded = client_->LoadCheckpoint(kJob, name);
     ASSERT_TRUE(loaded.ok()) << loaded.status();
   }
+  std::string StateCheckpoint() {
+    auto job = client_->GetJob(kJob);
+    EXPECT_TRUE(job.ok()) << job.status();
+    return job.ok() ? job->state_checkpoint() : "(unknown)";
+  }
   std::vector<UnsavedJob> Unsaved() {
     auto unsaved = FindUnsavedJobs(*client_);
     EXPECT_TRUE(unsaved.ok()) << unsaved.status();
@@ -60,19 +65,22 @@ class SaveBeforeStopTest : public ::testing::Test {
   std::unique_ptr<FlatshardClient> client_;
 };
 
-MATCHER_P3(IsUnsaved, name, step, restored_step, "") {
-  return arg.name == name && arg.step == step && arg.restored_step == restored_step;
+// Unsaved at `step`; a restart would restore `restored` ("": the job's
+// initialization) at `restored_step`.
+MATCHER_P4(IsUnsaved, name, step, restored, restored_step, "") {
+  return arg.name == name && arg.step == step && arg.restored_name == restored &&
+         arg.restored_step == restored_step;
 }
 
-TEST_F(SaveBeforeStopTest, AJobIsUnsavedWhileItsNewestCheckpointIsBehindItsStep) {
+TEST_F(SaveBeforeStopTest, AJobIsUnsavedOnceItTrainsPastItsCheckpoint) {
   // At its initialization: a restart makes it again from its spec.
   EXPECT_THAT(Unsaved(), IsEmpty());
   Train(2);
-  EXPECT_THAT(Unsaved(), ElementsAre(IsUnsaved(kJob, 2, 0)));
+  EXPECT_THAT(Unsaved(), ElementsAre(IsUnsaved(kJob, 2, "", 0)));
   Save("by-hand");
   EXPECT_THAT(Unsaved(), IsEmpty());
   Train(1);
-  EXPECT_THAT(Unsaved(), ElementsAre(IsUnsaved(kJob, 3, 2)));
+  EXPECT_THAT(Unsaved(), ElementsAre(IsUnsaved(kJob, 3, "by-hand", 2)));
 }
 
 // By the state, not the step: a job that loaded an older checkpoint and
@@ -84,11 +92,14 @@ TEST_F(SaveBeforeStopTest, AJobRetrainedToTheNewestCheckpointsStepIsUnsaved) {
   Save("a");
   Train(1);
   Save("b");
+  EXPECT_EQ(StateCheckpoint(), "b");
   EXPECT_THAT(Unsaved(), IsEmpty());
   Load("a");
-  EXPECT_THAT(Unsaved(), ElementsAre(IsUnsaved(kJob, 1, 2)));
+  EXPECT_EQ(StateCheckpoint(), "a");
+  EXPECT_THAT(Unsaved(), ElementsAre(IsUnsaved(kJob, 1, "b", 2)));
   Train(1);
-  EXPECT_THAT(Unsaved(), ElementsAre(IsUnsaved(kJob, 2, 2)));
+  EXPECT_EQ(StateCheckpoint(), "");
+  EXPECT_THAT(Unsaved(), ElementsAre(IsUnsaved(kJob, 2, "b", 2)));
   Load("b");
   EXPECT_THAT(Unsaved(), IsEmpty());
 }
@@ -99,10 +110,18 @@ TEST_F(SaveBeforeStopTest, AfterACoordinatorRestartTheStateIsNotKnownSoItIsSaved
   Train(1);
   Save("a");
   EXPECT_THAT(Unsaved(), IsEmpty());
+  const auto before = client_->GetJob(kJob);
+  ASSERT_TRUE(before.ok()) << before.status();
   ASSERT_TRUE(cluster_->KillAndRestartCoordinator().ok());
   auto ready = client_->WaitForState(kJob, {v1::READY}, absl::Seconds(120), {v1::RECOVERING});
   ASSERT_TRUE(ready.ok()) << ready.status();
-  EXPECT_THAT(Unsaved(), ElementsAre(IsUnsaved(kJob, 1, 1)));
+  const auto after = client_->GetJob(kJob);
+  ASSERT_TRUE(after.ok()) << after.status();
+  // Re-adopted where they were (a roll back would have loaded "a", which
+  // the coordinator would know).
+  ASSERT_EQ(after->epoch(), before->epoch()) << "rolled back instead of re-adopted";
+  EXPECT_EQ(after->state_checkpoint(), "");
+  EXPECT_THAT(Unsaved(), ElementsAre(IsUnsaved(kJob, 1, "a", 1)));
 }
 
 TEST_F(SaveBeforeStopTest, ASecondStopInTheSameSecondTakesTheNextName) {
