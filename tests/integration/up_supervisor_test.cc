@@ -62,6 +62,13 @@ void KillTheWrappedWorker(const ChildProcess& up) {
   kill(worker, SIGKILL);
 }
 
+// Sends `signal` to `up`'s coordinator daemon.
+void SignalTheCoordinator(const ChildProcess& up, int signal) {
+  const pid_t coordinator = CoordinatorPid(up);
+  ASSERT_GT(coordinator, 0);  // kill(-1) would reach every process
+  kill(coordinator, signal);
+}
+
 // A FIFO a wrapped daemon waits on (`read go < PATH`) until Open(). This
 // end is held open for reading and writing from the start, so neither the
 // wrapper's open nor Open() blocks: a wrapper that died (a failing `up`)
@@ -87,6 +94,7 @@ class Gate {
 
 // `up --job` (the job at world size 2) whose worker-1 says it listens, then
 // waits on `gate` before it starts the real daemon: the job waits for it.
+// Returned once `up` has created the job and waits for it to be READY.
 std::unique_ptr<ChildProcess> StartUpWithWorker1Held(const std::string& dir, const Gate& gate,
                                                      const std::string& address_file) {
   const std::string bin = WrappedDaemons(
@@ -99,7 +107,14 @@ std::unique_ptr<ChildProcess> StartUpWithWorker1Held(const std::string& dir, con
       kRealDaemon);
   std::vector<std::string> flags = UpFlags(dir, address_file);
   flags.insert(flags.end(), {"--bin-dir", bin});
-  return StartUp(flags, true);
+  std::unique_ptr<ChildProcess> up = StartUp(flags, true);
+  if (up == nullptr) return nullptr;
+  const std::string said = ReadUntil(*up, "waiting for it to be READY");
+  if (said.find("job 'mlp-demo' created; waiting for it to be READY") == std::string::npos) {
+    ADD_FAILURE() << "the job was not created, or is READY without worker-1: " << said;
+    return nullptr;
+  }
+  return up;
 }
 
 // `up` as the coordinator's supervisor: one that fails (kill -9) is started
@@ -117,9 +132,7 @@ TEST(UpSupervisorTest, AFailedCoordinatorIsStartedAgainAndTakesItsJobBack) {
   ASSERT_TRUE(client.Train("mlp-demo", 3, 0, [](const v1::StepResult&) {}).ok());
 
   for (int restart = 1; restart <= 3; ++restart) {
-    const pid_t coordinator = CoordinatorPid(up);
-    ASSERT_GT(coordinator, 0);
-    kill(coordinator, SIGKILL);
+    ASSERT_NO_FATAL_FAILURE(SignalTheCoordinator(up, SIGKILL));
     const std::string said = ReadUntil(up, "coordinator: back on");
     EXPECT_THAT(said, HasSubstr(absl::StrCat("the coordinator failed (killed by signal 9, Killed); "
                                              "starting it again on ",
@@ -134,9 +147,7 @@ TEST(UpSupervisorTest, AFailedCoordinatorIsStartedAgainAndTakesItsJobBack) {
     EXPECT_EQ(job->step(), restart + 2);
     ASSERT_TRUE(client.Train("mlp-demo", 1, 0, [](const v1::StepResult&) {}).ok());
   }
-  const pid_t coordinator = CoordinatorPid(up);
-  ASSERT_GT(coordinator, 0);  // kill(-1) would reach every process
-  kill(coordinator, SIGKILL);
+  ASSERT_NO_FATAL_FAILURE(SignalTheCoordinator(up, SIGKILL));
   const std::string stopped = ReadUntil(up, "stopped (");
   EXPECT_THAT(stopped, HasSubstr("the coordinator failed (killed by signal 9, Killed) after 3 "
                                  "restarts within 10m; stopping the cluster"));
@@ -154,9 +165,7 @@ TEST(UpSupervisorTest, ACoordinatorStoppedOnPurposeEndsTheCluster) {
       StartUp({"--workers", "1", "--checkpoint-dir", dir + "/checkpoints"}, true);
   ASSERT_NE(up, nullptr);
   ASSERT_THAT(ReadUntil(*up, "The cluster is up"), HasSubstr("The cluster is up"));
-  const pid_t coordinator = CoordinatorPid(*up);
-  ASSERT_GT(coordinator, 0);
-  kill(coordinator, SIGTERM);
+  ASSERT_NO_FATAL_FAILURE(SignalTheCoordinator(*up, SIGTERM));
   const std::string stopped = ReadUntil(*up, "stopped cleanly");
   EXPECT_THAT(stopped, HasSubstr("the coordinator exited (exit status 0: stopped on purpose); "
                                  "stopping the cluster"));
@@ -206,11 +215,7 @@ TEST(UpSupervisorTest, ACoordinatorThatFailsBeforeTheJobIsReadyIsStartedAgain) {
   const std::string address_file = dir + "/address";
   std::unique_ptr<ChildProcess> up = StartUpWithWorker1Held(dir, gate, address_file);
   ASSERT_NE(up, nullptr);
-  ASSERT_THAT(ReadUntil(*up, "waiting for it to be READY"),
-              HasSubstr("job 'mlp-demo' created; waiting for it to be READY"));
-  const pid_t coordinator = CoordinatorPid(*up);
-  ASSERT_GT(coordinator, 0);  // kill(-1) would reach every process
-  kill(coordinator, SIGKILL);
+  ASSERT_NO_FATAL_FAILURE(SignalTheCoordinator(*up, SIGKILL));
   const std::string restarted = ReadUntil(*up, "coordinator: back on");
   EXPECT_THAT(restarted, HasSubstr("the coordinator failed (killed by signal 9, Killed); starting "
                                    "it again on "));
@@ -235,11 +240,7 @@ TEST(UpSupervisorTest, ACoordinatorStoppedBeforeTheJobIsReadyEndsTheCluster) {
   const Gate gate(dir);  // never opened
   std::unique_ptr<ChildProcess> up = StartUpWithWorker1Held(dir, gate, dir + "/address");
   ASSERT_NE(up, nullptr);
-  ASSERT_THAT(ReadUntil(*up, "waiting for it to be READY"),
-              HasSubstr("job 'mlp-demo' created; waiting for it to be READY"));
-  const pid_t coordinator = CoordinatorPid(*up);
-  ASSERT_GT(coordinator, 0);  // kill(-1) would reach every process
-  kill(coordinator, SIGTERM);
+  ASSERT_NO_FATAL_FAILURE(SignalTheCoordinator(*up, SIGTERM));
   const std::string stopped = ReadUntil(*up, "stopped (");
   EXPECT_THAT(stopped, HasSubstr("up: the coordinator exited (exit status 0: stopped on purpose); "
                                  "stopping the cluster"));
