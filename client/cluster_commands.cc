@@ -175,6 +175,11 @@ int ClusterCommands::JobStatus(std::ostream& out, std::ostream& err) {
       << "\n"
       << "strategy:   " << v1::ShardingStrategy_Name(job->spec().sharding().strategy()) << "\n"
       << "step:       " << job->step() << "\n"
+      << "saved as:   "
+      << (job->state_checkpoint().empty()
+              ? std::string("(no checkpoint holds this state, or it is not known)")
+              : absl::StrCat("checkpoint '", job->state_checkpoint(), "'"))
+      << "\n"
       << "epoch/seq:  " << job->epoch() << "/" << job->last_seq() << "\n";
   if (!job->failure().empty()) out << "failure:    " << job->failure() << "\n";
   out << "restarts:   " << job->restarts() << " of " << MaxRestarts(job->spec()) << "\n";

@@ -234,6 +234,8 @@ TEST_P(ControlPlaneTest, TrainingThroughTheCoordinatorEqualsTheDataPlaneHarness)
   CliRun status = RunCli({"job", "status", "-c", address, "-j", spec->name()});
   EXPECT_EQ(status.exit_code, 0);
   EXPECT_THAT(Joined(status), HasSubstr("IDLE"));
+  // Trained since its initialization, never saved.
+  EXPECT_THAT(Joined(status), HasSubstr("saved as:   (no checkpoint holds this state"));
   CliRun missing = RunCli({"job", "status", "-c", address, "-j", "nope"});
   EXPECT_EQ(missing.exit_code, 2);
 
