@@ -138,8 +138,17 @@ absl::Status TrainingJob::MaybeScheduledSave() {
     step = step_;
   }
   if (schedule.every_steps() <= 0 || step % schedule.every_steps() != 0) return absl::OkStatus();
-  const std::string name = absl::StrFormat("step-%08d", step);
-  if (catalog_.Read(name).ok()) return absl::OkStatus();  // already taken on demand
+  std::string name = absl::StrFormat("step-%08d", step);
+  {
+    // Taken already by a save of this very state (an unnamed one on demand).
+    std::lock_guard<std::mutex> lock(mu_);
+    if (state_checkpoint_ == name) return absl::OkStatus();
+  }
+  // Taken by another history at this step number (the job loaded an older
+  // checkpoint and trained back past it): that is not this state, which is
+  // saved under the next free suffix; skipping it would leave nothing to
+  // grow back or recover at but the other history.
+  for (int n = 2; catalog_.Read(name).ok(); ++n) name = absl::StrFormat("step-%08d-%d", step, n);
   std::optional<v1::StateDictSettings> settings;
   if (schedule.has_settings()) settings = schedule.settings();
   if (!schedule.async_save()) {

@@ -390,6 +390,32 @@ TEST_P(CheckpointTest, DamagedCheckpointsAreRefusedNamingTheFileAndChangeNothing
   EXPECT_THAT(output, HasSubstr("ok    model-rank00000-of-00002.safetensors"));
 }
 
+// A scheduled save at a step whose name another history took (the job
+// loaded an older checkpoint and trained back to that step) saves this
+// state under the next suffix rather than skip it; one that is this state
+// already is not saved again.
+TEST_P(CheckpointTest, AScheduledSaveAtAStepAnotherHistoryTookSavesUnderANewName) {
+  const std::string root = testing::MakeTempDir("ckpt-history") + "/checkpoints";
+  v1::JobSpec spec = Spec(2, true);
+  spec.mutable_checkpoints()->set_every_steps(2);
+  auto cluster = Start(spec, root, GetParam());
+  ASSERT_NE(cluster, nullptr);
+  FlatshardClient& client = *cluster->client;
+  Train(client, 4);  // scheduled: step-00000002, step-00000004
+  ASSERT_TRUE(client.LoadCheckpoint(kJob, "step-00000002").ok());
+  Train(client, 2);  // step 4 again, another state
+  absl::StatusOr<v1::Job> job = client.GetJob(kJob);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->step(), 4);
+  EXPECT_EQ(job->state_checkpoint(), "step-00000004-2");
+  absl::StatusOr<std::vector<v1::CheckpointInfo>> all = client.ListCheckpoints(kJob);
+  ASSERT_TRUE(all.ok()) << all.status();
+  std::vector<std::string> names;
+  for (const auto& info : *all) names.push_back(info.name());
+  EXPECT_EQ(names, (std::vector<std::string>{"step-00000002", "step-00000004", "step-00000004-2"}))
+      << absl::StrJoin(names, ",");
+}
+
 // A second client checkpoints while the first streams Train; scheduled
 // checkpoints and retention come from the job spec.
 TEST_P(CheckpointTest, CheckpointsDuringTrainingOnDemandAndOnSchedule) {
