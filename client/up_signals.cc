@@ -40,14 +40,6 @@ sigset_t UpSignals() {
 
 }  // namespace
 
-sigset_t StopSignals() {
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGTERM);
-  sigaddset(&stop_signals, SIGINT);
-  return stop_signals;
-}
-
 void BlockUpSignals() {
   const sigset_t signals = UpSignals();
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);

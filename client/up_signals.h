@@ -11,11 +11,9 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "rpc/stop_signals.h"  // StopSignals()
 
 namespace flatshard {
-
-// SIGINT and SIGTERM.
-sigset_t StopSignals();
 
 // Blocks the stop signals and SIGCHLD in the calling thread.
 void BlockUpSignals();

@@ -4,11 +4,16 @@
 
 namespace flatshard {
 
-sigset_t BlockStopSignals() {
+sigset_t StopSignals() {
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGTERM);
   sigaddset(&signals, SIGINT);
+  return signals;
+}
+
+sigset_t BlockStopSignals() {
+  const sigset_t signals = StopSignals();
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   return signals;
 }

@@ -7,6 +7,9 @@
 
 namespace flatshard {
 
+// SIGTERM and SIGINT.
+sigset_t StopSignals();
+
 // Blocks SIGTERM and SIGINT in the calling thread and returns that set, for
 // sigwait. Call it before any thread starts: threads inherit the mask of
 // the thread that starts them, and one that did not block them would take a
