@@ -82,6 +82,12 @@ ALTER TABLE workers ADD COLUMN identity_sha256 TEXT NOT NULL DEFAULT '';
     R"sql(
 ALTER TABLE last_batches ADD COLUMN mid_step_before INTEGER NOT NULL DEFAULT 0;
 )sql",
+    // 4: the checkpoint the ranks' state is (v1::Job::state_checkpoint), so
+    // that a restarted coordinator still knows the state is saved. '' (not
+    // known) for rows written before: a restart then saves once more.
+    R"sql(
+ALTER TABLE jobs ADD COLUMN state_checkpoint TEXT NOT NULL DEFAULT '';
+)sql",
 };
 constexpr int kNumMigrations = static_cast<int>(std::size(kMigrations));
 static_assert(kNumMigrations == StateStore::kSchemaVersion);
@@ -189,10 +195,11 @@ absl::Status StateStore::PutJob(const JobRecord& job) {
     SqliteStatement put(
         db_,
         "INSERT INTO jobs(name, spec, state, failure, epoch, step, data_position, "
-        "last_seq, restarts, world_size, last_recovery, updated_at) VALUES "
-        "(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12) ON CONFLICT(name) DO UPDATE SET "
+        "last_seq, restarts, world_size, last_recovery, updated_at, state_checkpoint) VALUES "
+        "(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13) ON CONFLICT(name) DO UPDATE SET "
         "spec=?2, state=?3, failure=?4, epoch=?5, step=?6, data_position=?7, "
-        "last_seq=?8, restarts=?9, world_size=?10, last_recovery=?11, updated_at=?12");
+        "last_seq=?8, restarts=?9, world_size=?10, last_recovery=?11, updated_at=?12, "
+        "state_checkpoint=?13");
     put.Text(1, name)
         .Blob(2, job.spec.SerializeAsString())
         .Text(3, v1::JobState_Name(job.state))
@@ -203,7 +210,8 @@ absl::Status StateStore::PutJob(const JobRecord& job) {
         .Int(8, static_cast<int64_t>(job.last_seq))
         .Int(9, job.restarts)
         .Int(10, job.world_size)
-        .Real(12, Seconds(absl::Now()));
+        .Real(12, Seconds(absl::Now()))
+        .Text(13, job.state_checkpoint);
     if (job.last_recovery.has_value()) {
       put.Blob(11, job.last_recovery->SerializeAsString());
     } else {
@@ -253,9 +261,10 @@ absl::Status StateStore::DeleteJob(const std::string& job) {
 absl::StatusOr<std::vector<JobRecord>> StateStore::LoadJobs() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<JobRecord> jobs;
-  SqliteStatement s(db_,
-                    "SELECT name, spec, state, failure, epoch, step, data_position, last_seq, "
-                    "restarts, world_size, last_recovery FROM jobs ORDER BY name");
+  SqliteStatement s(
+      db_,
+      "SELECT name, spec, state, failure, epoch, step, data_position, last_seq, "
+      "restarts, world_size, last_recovery, state_checkpoint FROM jobs ORDER BY name");
   while (s.Next()) {
     JobRecord job;
     const std::string name = s.ColumnString(0);
@@ -277,6 +286,7 @@ absl::StatusOr<std::vector<JobRecord>> StateStore::LoadJobs() const {
           ParseProto(s.ColumnString(10), &recovery, absl::StrCat("job ", name, " last recovery")));
       job.last_recovery = recovery;
     }
+    job.state_checkpoint = s.ColumnString(11);
     jobs.push_back(std::move(job));
   }
   RETURN_IF_ERROR(s.status());
@@ -289,21 +299,45 @@ absl::StatusOr<std::vector<JobRecord>> StateStore::LoadJobs() const {
   return jobs;
 }
 
-absl::Status StateStore::PutLastBatch(const std::string& job, const BatchRecord& batch) {
+absl::Status StateStore::PutLastBatch(const std::string& job, const BatchRecord& batch,
+                                      bool clears_state_checkpoint) {
   std::lock_guard<std::mutex> lock(mu_);
+  RETURN_IF_ERROR(ExecLocked("PRAGMA synchronous=NORMAL; BEGIN IMMEDIATE"));
+  absl::Status status = [&]() -> absl::Status {
+    RETURN_IF_ERROR(
+        SqliteStatement(db_,
+                        "INSERT OR REPLACE INTO last_batches(job, epoch, seq, batch, step_after, "
+                        "data_position_after, mid_step_before) VALUES (?1,?2,?3,?4,?5,?6,?7)")
+            .Text(1, job)
+            .Int(2, static_cast<int64_t>(batch.batch.job_epoch()))
+            .Int(3, static_cast<int64_t>(batch.batch.seq()))
+            .Blob(4, batch.batch.SerializeAsString())
+            .Int(5, batch.step_after)
+            .Int(6, batch.data_position_after)
+            .Int(7, batch.mid_step_before ? 1 : 0)
+            .Run());
+    if (!clears_state_checkpoint) return absl::OkStatus();
+    // In the batch's transaction: no restart finds the batch journaled (and
+    // so perhaps run) with the state still named as a checkpoint.
+    return SqliteStatement(db_, "UPDATE jobs SET state_checkpoint='' WHERE name=?1")
+        .Text(1, job)
+        .Run();
+  }();
+  const absl::Status ended = ExecLocked(status.ok() ? "COMMIT" : "ROLLBACK");
+  const absl::Status full = ExecLocked("PRAGMA synchronous=FULL");
+  if (!status.ok()) return status;
+  return ended.ok() ? full : ended;
+}
+
+absl::Status StateStore::PutStateCheckpoint(const std::string& job, const std::string& checkpoint) {
+  std::lock_guard<std::mutex> lock(mu_);
+  // Not fsynced: lost on power loss, a restart does not know the state and
+  // saves once more (never the other way: a clear is in its batch's commit).
   RETURN_IF_ERROR(ExecLocked("PRAGMA synchronous=NORMAL"));
-  absl::Status status =
-      SqliteStatement(db_,
-                      "INSERT OR REPLACE INTO last_batches(job, epoch, seq, batch, step_after, "
-                      "data_position_after, mid_step_before) VALUES (?1,?2,?3,?4,?5,?6,?7)")
-          .Text(1, job)
-          .Int(2, static_cast<int64_t>(batch.batch.job_epoch()))
-          .Int(3, static_cast<int64_t>(batch.batch.seq()))
-          .Blob(4, batch.batch.SerializeAsString())
-          .Int(5, batch.step_after)
-          .Int(6, batch.data_position_after)
-          .Int(7, batch.mid_step_before ? 1 : 0)
-          .Run();
+  absl::Status status = SqliteStatement(db_, "UPDATE jobs SET state_checkpoint=?2 WHERE name=?1")
+                            .Text(1, job)
+                            .Text(2, checkpoint)
+                            .Run();
   RETURN_IF_ERROR(ExecLocked("PRAGMA synchronous=FULL"));
   return status;
 }

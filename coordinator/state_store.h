@@ -1,11 +1,11 @@
 // The coordinator's durable state (docs/fault-tolerance.md §"Coordinator
 // restart"): one SQLite database in WAL mode under --state-dir. It holds what
 // a restarted coordinator needs to find its job again: the job (spec, state,
-// epoch, step, data position, restarts, members by rank), the registered
-// workers, the committed checkpoints (the manifests on disk stay the source of
-// truth for their contents), the last command batch sent to each job's ranks
-// (written before it is sent, so a restart can tell whether it ran), and the
-// training operation in progress.
+// epoch, step, data position, restarts, members by rank, the checkpoint its
+// ranks' state is), the registered workers, the committed checkpoints (the
+// manifests on disk stay the source of truth for their contents), the last
+// command batch sent to each job's ranks (written before it is sent, so a
+// restart can tell whether it ran), and the training operation in progress.
 //
 // State transitions are committed with synchronous=FULL (fsynced before the
 // call returns); each batch's journal entry (with the step and data position
@@ -52,6 +52,9 @@ struct JobRecord {
   int world_size = 0;                   // of `epoch`
   std::vector<std::string> worker_ids;  // of `epoch`, by rank
   std::optional<v1::Recovery> last_recovery;
+  // v1::Job::state_checkpoint: the checkpoint the ranks' state is ("" when
+  // not known).
+  std::string state_checkpoint;
 };
 
 // The last batch the sequencer sent, with what the job's progress is once it
@@ -67,7 +70,7 @@ struct BatchRecord {
 
 class StateStore {
  public:
-  static constexpr int kSchemaVersion = 3;
+  static constexpr int kSchemaVersion = 4;
 
   // Creates `dir` if needed and opens (or creates) its database.
   // FAILED_PRECONDITION when another process holds the directory, or when its
@@ -82,14 +85,19 @@ class StateStore {
 
   // Jobs. PutJob replaces the row (durably: a state transition).
   absl::Status PutJob(const JobRecord& job);
+  // The checkpoint the ranks' state is, once a save committed (not fsynced).
+  absl::Status PutStateCheckpoint(const std::string& job, const std::string& checkpoint);
   // Progress only (step, data position, last seq): not fsynced.
   absl::Status PutProgress(const std::string& job, int64_t step, int64_t data_position,
                            uint64_t last_seq);
   absl::Status DeleteJob(const std::string& job);  // and everything it owns
   absl::StatusOr<std::vector<JobRecord>> LoadJobs() const;
 
-  // The last batch sent to the job's ranks.
-  absl::Status PutLastBatch(const std::string& job, const BatchRecord& batch);
+  // The last batch sent to the job's ranks, written before it is sent; with
+  // `clears_state_checkpoint` (a batch that changes the ranks' state) the
+  // job's state checkpoint is cleared in the same transaction.
+  absl::Status PutLastBatch(const std::string& job, const BatchRecord& batch,
+                            bool clears_state_checkpoint = false);
   absl::StatusOr<std::optional<BatchRecord>> LoadLastBatch(const std::string& job) const;
 
   // The training operation in progress (none after it ended).

@@ -137,14 +137,15 @@ absl::Status TrainingJob::FormLocked(const std::vector<WorkerRecord>& members,
     return absl::InternalError(
         absl::StrCat("forming with ", members.size(), " workers, need ", config->world_size));
   }
-  RETURN_IF_ERROR(
-      states_.Transition(v1::FORMING, absl::StrCat("configuring ", members.size(), " workers")));
   {
-    // Configure initializes the ranks' parameters from the seed.
+    // Configure initializes the ranks' parameters from the seed. Before the
+    // transition, whose record is written with it.
     std::lock_guard<std::mutex> lock(mu_);
     ++state_generation_;
     state_checkpoint_.clear();
   }
+  RETURN_IF_ERROR(
+      states_.Transition(v1::FORMING, absl::StrCat("configuring ", members.size(), " workers")));
   // One job, one kind of device: the ranks' collectives, kernels and
   // checkpoints assume the same memory and arithmetic everywhere.
   if (absl::Status kinds = CheckOneDeviceKind(members); !kinds.ok()) {

@@ -254,6 +254,9 @@ class TrainingJob {
   void Persist();
   void PersistProgress();
   void JournalBatch(const v1::CommandBatch& batch);
+  // A save committed as `checkpoint` from a snapshot taken at `generation`:
+  // it is the state, and is stored as it, unless the state changed since.
+  void NameTheState(const std::string& checkpoint, uint64_t generation);
   void WatchState();  // installs the hooks above
   // Readopt's first half: every rank's report agrees with the state store.
   // The progress the ranks are at; an error saying why not.
@@ -321,8 +324,8 @@ class TrainingJob {
   uint64_t oldest_rendezvous_epoch_ = 1;  // the oldest epoch whose store keys may remain
   int64_t step_ = 0;                      // optimizer steps completed
   int64_t data_position_ = 0;             // global batches consumed (micro-steps included)
-  // v1::Job::state_checkpoint. Not persisted: a restarted coordinator says
-  // "" (not known), which costs `up` one more save at its stop, not a step.
+  // v1::Job::state_checkpoint, persisted (jobs.state_checkpoint): cleared
+  // in the store with the batch that changes the state, before it is sent.
   std::string state_checkpoint_;
   // Bumped by everything that may change the ranks' state (a formation, a
   // batch that steps, loads or restores): a save whose snapshot was taken
@@ -377,6 +380,9 @@ class TrainingJob {
   std::mutex persist_mu_;  // one writer at a time, so the last write is the newest state
   StateStore* state_store_ = nullptr;  // guarded by persist_mu_; null once detached
   absl::Time last_progress_persisted_ = absl::InfinitePast();  // guarded by persist_mu_
+  // The store may name a state checkpoint (a write of one was tried and no
+  // clear has committed since); guarded by persist_mu_.
+  bool stored_state_checkpoint_ = false;
   // The epoch whose last journaled batch was a no_sync micro-batch (0: none);
   // guarded by mu_ (JournalBatch).
   uint64_t journaled_micro_epoch_ = 0;

@@ -276,12 +276,7 @@ TrainingJob::SaveFuture TrainingJob::StartSave(const std::string& name, v1::Stat
       catalog_.AbandonSave(name);
       return report(info.status());
     }
-    {
-      // Still the state it holds, unless something changed it since the
-      // snapshot (an async save's training went on, a load, a recovery).
-      std::lock_guard<std::mutex> lock(mu_);
-      if (state_generation_ == generation) state_checkpoint_ = name;
-    }
+    NameTheState(name, generation);
     spdlog::info("job {}: saved checkpoint {} ({}, step {}, {} bytes) in {}", config_.name, name,
                  std::string(StateDictTypeName(type)), info->step(), info->bytes(),
                  absl::FormatDuration(absl::Now() - start));

@@ -67,11 +67,16 @@ void TrainingJob::Persist() {
     record.world_size = epoch_config_->world_size;
     record.worker_ids = worker_ids_;
     record.last_recovery = last_recovery_;
+    record.state_checkpoint = state_checkpoint_;
   }
   if (absl::Status s = state_store_->PutJob(record); !s.ok()) {
     // Training goes on without durability; a restart then rolls back.
     spdlog::error("job {}: {}", config_.name, std::string(s.message()));
+  } else {
+    stored_state_checkpoint_ = !record.state_checkpoint.empty();
+    return;
   }
+  stored_state_checkpoint_ |= !record.state_checkpoint.empty();  // it may have landed
 }
 
 void TrainingJob::PersistProgress() {
@@ -107,17 +112,18 @@ void TrainingJob::JournalBatch(const v1::CommandBatch& batch) {
       batch.has_step() ||
       (batch.has_checkpoint() &&
        (batch.checkpoint().load_shard().apply() || batch.checkpoint().has_restore_peer_snapshot()));
-  if (changes_state) {
-    std::lock_guard<std::mutex> lock(mu_);
-    ++state_generation_;
-    state_checkpoint_.clear();
-  }
+  // persist_mu_ first, as a save's commit takes it: a commit that names the
+  // state cannot write its name after this batch cleared it.
   std::lock_guard<std::mutex> persist(persist_mu_);
-  if (state_store_ == nullptr) return;
   BatchRecord record;
   record.batch = batch;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    if (changes_state) {
+      ++state_generation_;
+      state_checkpoint_.clear();
+    }
+    if (state_store_ == nullptr) return;
     const bool step = batch.has_step();
     record.step_after = step_ + (step && batch.step().sync_gradients() ? 1 : 0);
     record.data_position_after = data_position_ + (step ? 1 : 0);
@@ -127,7 +133,29 @@ void TrainingJob::JournalBatch(const v1::CommandBatch& batch) {
     record.mid_step_before = journaled_micro_epoch_ == batch.job_epoch();
     journaled_micro_epoch_ = step && !batch.step().sync_gradients() ? batch.job_epoch() : 0;
   }
-  if (absl::Status s = state_store_->PutLastBatch(config_.name, record); !s.ok()) {
+  // Only while the store may name a checkpoint: a step's commit stays one
+  // row's write.
+  const bool clears = changes_state && stored_state_checkpoint_;
+  if (absl::Status s = state_store_->PutLastBatch(config_.name, record, clears); !s.ok()) {
+    spdlog::error("job {}: {}", config_.name, std::string(s.message()));
+  } else if (clears) {
+    stored_state_checkpoint_ = false;
+  }
+}
+
+void TrainingJob::NameTheState(const std::string& checkpoint, uint64_t generation) {
+  // persist_mu_ first, as JournalBatch takes it: see there.
+  std::lock_guard<std::mutex> persist(persist_mu_);
+  {
+    // Still the state it holds, unless something changed it since the
+    // snapshot (an async save's training went on, a load, a recovery).
+    std::lock_guard<std::mutex> lock(mu_);
+    if (state_generation_ != generation) return;
+    state_checkpoint_ = checkpoint;
+  }
+  if (state_store_ == nullptr) return;
+  stored_state_checkpoint_ = true;  // a failed write may still have landed
+  if (absl::Status s = state_store_->PutStateCheckpoint(config_.name, checkpoint); !s.ok()) {
     spdlog::error("job {}: {}", config_.name, std::string(s.message()));
   }
 }
@@ -172,6 +200,10 @@ absl::StatusOr<std::unique_ptr<TrainingJob>> TrainingJob::Restore(
     job->last_recovery_ = record.last_recovery;
     job->worker_ids_ = record.worker_ids;
     job->epoch_config_ = std::move(epoch_config);
+    // Whatever the re-adoption finds: a batch that changed the state since
+    // cleared it in the store before it was sent, and a roll back loads (or
+    // forms) again.
+    job->state_checkpoint_ = record.state_checkpoint;
     if (record.state != v1::FAILED) job->resume_ = training;
   }
   const std::string where = absl::StrCat("step ", step, ", epoch ", record.epoch, ", ",
@@ -208,6 +240,7 @@ absl::StatusOr<std::unique_ptr<TrainingJob>> TrainingJob::Restore(
   }
   std::lock_guard<std::mutex> lock(job->persist_mu_);
   job->state_store_ = store;
+  job->stored_state_checkpoint_ = !record.state_checkpoint.empty();
   return job;
 }
 

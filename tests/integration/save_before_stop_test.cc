@@ -3,6 +3,7 @@
 // checkpoint a restart would restore, and the names their saves take.
 #include "client/save_before_stop.h"
 
+#include <csignal>
 #include <memory>
 #include <string>
 #include <vector>
@@ -16,6 +17,7 @@
 
 #include "client/flatshard_client.h"
 #include "client/local_cluster.h"
+#include "coordinator/state_store.h"
 #include "tests/integration/mlp_cluster.h"
 
 namespace flatshard {
@@ -29,7 +31,10 @@ constexpr char kJob[] = "mlp-demo";
 class SaveBeforeStopTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    absl::StatusOr<testing::MlpCluster> started = testing::StartMlpCluster("save-before-stop", 2);
+    state_dir_ = testing::MakeTempDir("save-before-stop-state");
+    absl::StatusOr<testing::MlpCluster> started = testing::StartMlpCluster(
+        "save-before-stop", 2,
+        [&](LocalClusterOptions& options, v1::JobSpec&) { options.state_dir = state_dir_; });
     ASSERT_TRUE(started.ok()) << started.status();
     ASSERT_EQ(started->spec.name(), kJob);
     cluster_ = std::move(started->cluster);
@@ -61,6 +66,18 @@ class SaveBeforeStopTest : public ::testing::Test {
     return unsaved.ok() ? *unsaved : std::vector<UnsavedJob>{};
   }
 
+  // The job's state checkpoint as the coordinator's state store holds it
+  // (the coordinator must be down: the store is locked while it runs).
+  std::string StoredStateCheckpoint() {
+    auto store = StateStore::Open(state_dir_);
+    EXPECT_TRUE(store.ok()) << store.status();
+    if (!store.ok()) return "(no store)";
+    auto jobs = (*store)->LoadJobs();
+    EXPECT_TRUE(jobs.ok() && jobs->size() == 1) << jobs.status();
+    return jobs.ok() && jobs->size() == 1 ? (*jobs)[0].state_checkpoint : "(no job)";
+  }
+
+  std::string state_dir_;
   std::unique_ptr<LocalCluster> cluster_;
   std::unique_ptr<FlatshardClient> client_;
 };
@@ -104,24 +121,51 @@ TEST_F(SaveBeforeStopTest, AJobRetrainedToTheNewestCheckpointsStepIsUnsaved) {
   EXPECT_THAT(Unsaved(), IsEmpty());
 }
 
-// A restarted coordinator does not know which checkpoint the re-adopted
-// ranks' state is: the job is saved once more rather than taken as saved.
-TEST_F(SaveBeforeStopTest, AfterACoordinatorRestartTheStateIsNotKnownSoItIsSaved) {
+// A restarted coordinator still knows which checkpoint the re-adopted ranks'
+// state is (the state store keeps it): the job is not saved again.
+TEST_F(SaveBeforeStopTest, AfterACoordinatorRestartTheSavedStateIsStillKnown) {
   Train(1);
   Save("a");
   EXPECT_THAT(Unsaved(), IsEmpty());
   const auto before = client_->GetJob(kJob);
   ASSERT_TRUE(before.ok()) << before.status();
-  ASSERT_TRUE(cluster_->KillAndRestartCoordinator().ok());
+  std::string stored;
+  ASSERT_TRUE(cluster_->KillAndRestartCoordinator([&] { stored = StoredStateCheckpoint(); }).ok());
+  EXPECT_EQ(stored, "a");
   auto ready = client_->WaitForState(kJob, {v1::READY}, absl::Seconds(120), {v1::RECOVERING});
   ASSERT_TRUE(ready.ok()) << ready.status();
   const auto after = client_->GetJob(kJob);
   ASSERT_TRUE(after.ok()) << after.status();
-  // Re-adopted where they were (a roll back would have loaded "a", which
-  // the coordinator would know).
+  // Re-adopted where they were (a roll back would have loaded "a" again,
+  // and known it that way).
   ASSERT_EQ(after->epoch(), before->epoch()) << "rolled back instead of re-adopted";
-  EXPECT_EQ(after->state_checkpoint(), "");
-  EXPECT_THAT(Unsaved(), ElementsAre(IsUnsaved(kJob, 1, "a", 1)));
+  EXPECT_EQ(after->state_checkpoint(), "a");
+  EXPECT_THAT(Unsaved(), IsEmpty());
+  // And the re-adopted job's next step clears it, as before the restart.
+  Train(1);
+  EXPECT_EQ(StateCheckpoint(), "");
+  EXPECT_THAT(Unsaved(), ElementsAre(IsUnsaved(kJob, 2, "a", 1)));
+}
+
+// The coordinator dies while it trains past its saved state: the store
+// already said "not known" when the first step's batch was sent (the clear
+// is in the batch's journal entry), so the restart does not take the
+// trained state for the checkpoint.
+TEST_F(SaveBeforeStopTest, AStepSentBeforeACoordinatorCrashIsNotTakenForTheSavedState) {
+  Train(1);
+  Save("a");
+  const absl::Status cut = client_->Train(kJob, 10, 0, [&](const v1::StepResult& r) {
+    if (r.step() == 2) cluster_->coordinator().Signal(SIGKILL);
+  });
+  EXPECT_EQ(cut.code(), absl::StatusCode::kUnavailable) << cut;
+  std::string stored;
+  ASSERT_TRUE(cluster_->KillAndRestartCoordinator([&] { stored = StoredStateCheckpoint(); }).ok());
+  EXPECT_EQ(stored, "");
+  // The training operation goes on by itself to step 11.
+  auto idle = client_->WaitForState(kJob, {v1::IDLE}, absl::Seconds(120));
+  ASSERT_TRUE(idle.ok()) << idle.status();
+  EXPECT_EQ(StateCheckpoint(), "");
+  EXPECT_THAT(Unsaved(), ElementsAre(IsUnsaved(kJob, 11, "a", 1)));
 }
 
 TEST_F(SaveBeforeStopTest, ASecondStopInTheSameSecondTakesTheNextName) {

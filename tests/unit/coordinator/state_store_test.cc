@@ -40,6 +40,7 @@ JobRecord SomeJob() {
   recovery.set_cause("rank 1 died");
   recovery.set_steps_lost(5);
   job.last_recovery = recovery;
+  job.state_checkpoint = "step-00000040";
   return job;
 }
 
@@ -98,6 +99,7 @@ TEST(StateStoreTest, WhatIsPutSurvivesReopening) {
   EXPECT_THAT(job.worker_ids, ElementsAre("w-b", "w-a", "w-c"));
   ASSERT_TRUE(job.last_recovery.has_value());
   EXPECT_EQ(job.last_recovery->steps_lost(), 5);
+  EXPECT_EQ(job.state_checkpoint, "step-00000040");
   auto batch = (*store)->LoadLastBatch("gpt");
   ASSERT_TRUE(batch.ok() && batch->has_value());
   EXPECT_EQ((*batch)->batch.seq(), 100u);
@@ -156,8 +158,41 @@ TEST(StateStoreTest, ANewerSchemaIsRefused) {
   EXPECT_THAT(store.status().message(), HasSubstr(dir));
 }
 
-// A state dir an earlier flatshard wrote (schema 2: no mid_step_before) is
-// migrated in place; its journaled batch reads as sent at a step boundary.
+// The state checkpoint is named by a save's commit and cleared by the batch
+// that changes the state, in that batch's transaction; a batch that does not
+// change it leaves it.
+TEST(StateStoreTest, TheStateCheckpointIsNamedAndClearedWithItsBatch) {
+  const std::string dir = FreshDir("state-checkpoint");
+  auto store = StateStore::Open(dir);
+  ASSERT_TRUE(store.ok()) << store.status();
+  JobRecord job = SomeJob();
+  job.state_checkpoint.clear();
+  ASSERT_TRUE((*store)->PutJob(job).ok());
+  const auto stored = [&]() -> std::string {
+    auto jobs = (*store)->LoadJobs();
+    return jobs.ok() && jobs->size() == 1 ? (*jobs)[0].state_checkpoint : "(unreadable)";
+  };
+  EXPECT_EQ(stored(), "");
+  ASSERT_TRUE((*store)->PutStateCheckpoint("gpt", "stop-1").ok());
+  EXPECT_EQ(stored(), "stop-1");
+  BatchRecord batch;
+  batch.batch.set_job_epoch(3);
+  batch.batch.set_seq(7);
+  ASSERT_TRUE((*store)->PutLastBatch("gpt", batch, /*clears_state_checkpoint=*/false).ok());
+  EXPECT_EQ(stored(), "stop-1");
+  batch.batch.set_seq(8);
+  ASSERT_TRUE((*store)->PutLastBatch("gpt", batch, /*clears_state_checkpoint=*/true).ok());
+  EXPECT_EQ(stored(), "");
+  EXPECT_EQ((*(*store)->LoadLastBatch("gpt"))->batch.seq(), 8u);
+  // The whole record's write carries it too.
+  job.state_checkpoint = "step-00000050";
+  ASSERT_TRUE((*store)->PutJob(job).ok());
+  EXPECT_EQ(stored(), "step-00000050");
+}
+
+// A state dir an earlier flatshard wrote (schema 2: no mid_step_before, no
+// state_checkpoint) is migrated in place; its journaled batch reads as sent
+// at a step boundary, its state as no known checkpoint.
 TEST(StateStoreTest, AnOlderSchemaIsMigrated) {
   const std::string dir = FreshDir("older");
   {
@@ -174,6 +209,7 @@ TEST(StateStoreTest, AnOlderSchemaIsMigrated) {
   ASSERT_EQ(sqlite3_open((dir + "/coordinator.db").c_str(), &db), SQLITE_OK);
   ASSERT_EQ(sqlite3_exec(db,
                          "ALTER TABLE last_batches DROP COLUMN mid_step_before; "
+                         "ALTER TABLE jobs DROP COLUMN state_checkpoint; "
                          "PRAGMA user_version = 2",
                          nullptr, nullptr, nullptr),
             SQLITE_OK);
@@ -185,6 +221,9 @@ TEST(StateStoreTest, AnOlderSchemaIsMigrated) {
   ASSERT_TRUE(batch.ok() && batch->has_value());
   EXPECT_EQ((*batch)->batch.seq(), 5u);
   EXPECT_FALSE((*batch)->mid_step_before);
+  auto jobs = (*store)->LoadJobs();
+  ASSERT_TRUE(jobs.ok() && jobs->size() == 1) << jobs.status();
+  EXPECT_EQ((*jobs)[0].state_checkpoint, "");
 }
 
 TEST(StateStoreTest, AnUnusableDirectoryIsNamed) {
