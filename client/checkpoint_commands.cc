@@ -150,6 +150,13 @@ int CheckpointCommands::List(std::ostream& out, std::ostream& err) {
   }
   PrintTable({"NAME", "STEP", "TYPE", "WORLD", "SIZE"}, rows, out);
   if (all->empty()) out << "(no checkpoints yet: flatshard ckpt save -j " << job_ << ")\n";
+  for (const v1::CheckpointInfo& info : *all) {
+    // Not always the latest: a job that loaded an older checkpoint left the
+    // newer ones' history.
+    if (info.recovery_target()) {
+      out << "a recovery (or the job's next start) restores '" << info.name() << "'\n";
+    }
+  }
   return kExitOk;
 }
 

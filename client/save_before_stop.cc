@@ -18,24 +18,22 @@ absl::StatusOr<std::vector<UnsavedJob>> FindUnsavedJobs(FlatshardClient& client)
     absl::StatusOr<std::vector<v1::CheckpointInfo>> checkpoints =
         client.ListCheckpoints(job.spec().name());
     if (!checkpoints.ok()) return checkpoints.status();
-    // What the next start would restore: the newest checkpoint it can load
-    // (listed oldest first; a LOCAL one only at the world size it was saved
-    // at), as the coordinator's recovery picks it.
+    // What the next start would restore, as the coordinator's recovery
+    // picks it (the newest of the job's history its world can load).
     const auto restored =
-        std::find_if(checkpoints->rbegin(), checkpoints->rend(), [&](const v1::CheckpointInfo& c) {
-          return c.state_dict_type() != v1::LOCAL_STATE_DICT || c.world_size() == job.world_size();
-        });
+        std::find_if(checkpoints->begin(), checkpoints->end(),
+                     [](const v1::CheckpointInfo& c) { return c.recovery_target(); });
     // Exactly: the coordinator knows which checkpoint the ranks' state is
     // (none once it trained, or when it does not know).
     // (And at its step: a checkpoint rewritten under the same name since,
     // by `ckpt consolidate --out`, say, is not taken for it.)
-    const bool held = restored != checkpoints->rend() &&
+    const bool held = restored != checkpoints->end() &&
                       restored->name() == job.state_checkpoint() && restored->step() == job.step();
     // A job still at its initialization is made again from its spec.
     if ((job.step() > 0 || !job.state_checkpoint().empty()) && !held) {
       unsaved.push_back(UnsavedJob{job.spec().name(), job.step(),
-                                   restored != checkpoints->rend() ? restored->name() : "",
-                                   restored != checkpoints->rend() ? restored->step() : 0});
+                                   restored != checkpoints->end() ? restored->name() : "",
+                                   restored != checkpoints->end() ? restored->step() : 0});
     }
   }
   return unsaved;

@@ -22,12 +22,13 @@ namespace flatshard {
 
 // The jobs in a state that can save (READY, TRAINING, IDLE), past their
 // initialization (a step past 0, or a checkpoint loaded), whose state is
-// not the checkpoint a restart would restore (the newest
-// one loadable at the job's world size), as the coordinator knows it
-// (v1::Job::state_checkpoint): not by the step, since a job that loaded an
-// older checkpoint and trained back to the newest one's step holds another
-// state at that step. A coordinator that does not know (it restarted since)
-// has the job saved: one more save, nothing lost.
+// not the checkpoint a restart would restore (v1::CheckpointInfo's
+// recovery_target: the newest of the job's history loadable at its world
+// size), as the coordinator knows it (v1::Job::state_checkpoint): not by the
+// step, since a job that loaded an older checkpoint and trained back to the
+// newest one's step holds another state at that step. A coordinator that
+// does not know (a state dir from before it kept it) has the job saved: one
+// more save, nothing lost.
 struct UnsavedJob {
   std::string name;
   int64_t step = 0;

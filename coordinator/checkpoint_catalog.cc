@@ -161,6 +161,7 @@ absl::StatusOr<v1::CheckpointInfo> CheckpointCatalog::Commit(const CheckpointMan
   info.set_world_size(manifest.world_size);
   info.set_bytes(static_cast<int64_t>(bytes));
   info.set_latest(latest);
+  info.set_created_unix_micros(manifest.created_unix_micros);
   return info;
 }
 
@@ -265,6 +266,7 @@ absl::StatusOr<std::vector<v1::CheckpointInfo>> CheckpointCatalog::List() const 
     info.set_world_size(m->world_size);
     info.set_bytes(static_cast<int64_t>(CheckpointBytes(*m)));
     info.set_latest(name == latest);
+    info.set_created_unix_micros(m->created_unix_micros);
     found.emplace_back(m->created_unix_micros, name, std::move(info));
   }
   if (ec) return absl::UnavailableError(absl::StrCat("cannot list ", job_dir_, ": ", ec.message()));

@@ -83,10 +83,14 @@ ALTER TABLE workers ADD COLUMN identity_sha256 TEXT NOT NULL DEFAULT '';
 ALTER TABLE last_batches ADD COLUMN mid_step_before INTEGER NOT NULL DEFAULT 0;
 )sql",
     // 4: the checkpoint the ranks' state is (v1::Job::state_checkpoint), so
-    // that a restarted coordinator still knows the state is saved. '' (not
-    // known) for rows written before: a restart then saves once more.
+    // that a restarted coordinator still knows the state is saved ('' for
+    // rows written before: not known, a restart then saves once more); and
+    // the ranks' checkpoint history (CheckpointHistory: none before, every
+    // checkpoint is of it, as recoveries chose before).
     R"sql(
 ALTER TABLE jobs ADD COLUMN state_checkpoint TEXT NOT NULL DEFAULT '';
+ALTER TABLE jobs ADD COLUMN history_loaded TEXT NOT NULL DEFAULT '';
+ALTER TABLE jobs ADD COLUMN history_since_micros INTEGER NOT NULL DEFAULT 0;
 )sql",
 };
 constexpr int kNumMigrations = static_cast<int>(std::size(kMigrations));
@@ -164,6 +168,19 @@ absl::Status StateStore::ExecLocked(const std::string& sql) {
   return absl::OkStatus();
 }
 
+absl::Status StateStore::EndTransactionLocked(const absl::Status& body) {
+  if (body.ok()) {
+    absl::Status committed = ExecLocked("COMMIT");
+    if (committed.ok()) return committed;
+    // A COMMIT that failed (SQLITE_BUSY, a full disk) may leave the
+    // transaction open, and every later BEGIN would fail with it.
+    if (sqlite3_get_autocommit(db_) == 0) (void)ExecLocked("ROLLBACK");
+    return committed;
+  }
+  (void)ExecLocked("ROLLBACK");
+  return body;
+}
+
 int StateStore::schema_version() const {
   std::lock_guard<std::mutex> lock(mu_);
   SqliteStatement s(db_, "PRAGMA user_version");
@@ -195,11 +212,12 @@ absl::Status StateStore::PutJob(const JobRecord& job) {
     SqliteStatement put(
         db_,
         "INSERT INTO jobs(name, spec, state, failure, epoch, step, data_position, "
-        "last_seq, restarts, world_size, last_recovery, updated_at, state_checkpoint) VALUES "
-        "(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13) ON CONFLICT(name) DO UPDATE SET "
+        "last_seq, restarts, world_size, last_recovery, updated_at, state_checkpoint, "
+        "history_loaded, history_since_micros) VALUES "
+        "(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15) ON CONFLICT(name) DO UPDATE SET "
         "spec=?2, state=?3, failure=?4, epoch=?5, step=?6, data_position=?7, "
         "last_seq=?8, restarts=?9, world_size=?10, last_recovery=?11, updated_at=?12, "
-        "state_checkpoint=?13");
+        "state_checkpoint=?13, history_loaded=?14, history_since_micros=?15");
     put.Text(1, name)
         .Blob(2, job.spec.SerializeAsString())
         .Text(3, v1::JobState_Name(job.state))
@@ -211,7 +229,9 @@ absl::Status StateStore::PutJob(const JobRecord& job) {
         .Int(9, job.restarts)
         .Int(10, job.world_size)
         .Real(12, Seconds(absl::Now()))
-        .Text(13, job.state_checkpoint);
+        .Text(13, job.state_checkpoint)
+        .Text(14, job.history.loaded)
+        .Int(15, job.history.since_unix_micros);
     if (job.last_recovery.has_value()) {
       put.Blob(11, job.last_recovery->SerializeAsString());
     } else {
@@ -230,8 +250,7 @@ absl::Status StateStore::PutJob(const JobRecord& job) {
     }
     return absl::OkStatus();
   }();
-  RETURN_IF_ERROR(ExecLocked(status.ok() ? "COMMIT" : "ROLLBACK"));
-  return status;
+  return EndTransactionLocked(status);
 }
 
 absl::Status StateStore::PutProgress(const std::string& job, int64_t step, int64_t data_position,
@@ -261,10 +280,10 @@ absl::Status StateStore::DeleteJob(const std::string& job) {
 absl::StatusOr<std::vector<JobRecord>> StateStore::LoadJobs() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<JobRecord> jobs;
-  SqliteStatement s(
-      db_,
-      "SELECT name, spec, state, failure, epoch, step, data_position, last_seq, "
-      "restarts, world_size, last_recovery, state_checkpoint FROM jobs ORDER BY name");
+  SqliteStatement s(db_,
+                    "SELECT name, spec, state, failure, epoch, step, data_position, last_seq, "
+                    "restarts, world_size, last_recovery, state_checkpoint, history_loaded, "
+                    "history_since_micros FROM jobs ORDER BY name");
   while (s.Next()) {
     JobRecord job;
     const std::string name = s.ColumnString(0);
@@ -287,6 +306,8 @@ absl::StatusOr<std::vector<JobRecord>> StateStore::LoadJobs() const {
       job.last_recovery = recovery;
     }
     job.state_checkpoint = s.ColumnString(11);
+    job.history.loaded = s.ColumnString(12);
+    job.history.since_unix_micros = s.ColumnInt(13);
     jobs.push_back(std::move(job));
   }
   RETURN_IF_ERROR(s.status());
@@ -302,31 +323,32 @@ absl::StatusOr<std::vector<JobRecord>> StateStore::LoadJobs() const {
 absl::Status StateStore::PutLastBatch(const std::string& job, const BatchRecord& batch,
                                       bool clears_state_checkpoint) {
   std::lock_guard<std::mutex> lock(mu_);
-  RETURN_IF_ERROR(ExecLocked("PRAGMA synchronous=NORMAL; BEGIN IMMEDIATE"));
-  absl::Status status = [&]() -> absl::Status {
-    RETURN_IF_ERROR(
-        SqliteStatement(db_,
-                        "INSERT OR REPLACE INTO last_batches(job, epoch, seq, batch, step_after, "
-                        "data_position_after, mid_step_before) VALUES (?1,?2,?3,?4,?5,?6,?7)")
-            .Text(1, job)
-            .Int(2, static_cast<int64_t>(batch.batch.job_epoch()))
-            .Int(3, static_cast<int64_t>(batch.batch.seq()))
-            .Blob(4, batch.batch.SerializeAsString())
-            .Int(5, batch.step_after)
-            .Int(6, batch.data_position_after)
-            .Int(7, batch.mid_step_before ? 1 : 0)
-            .Run());
-    if (!clears_state_checkpoint) return absl::OkStatus();
+  RETURN_IF_ERROR(ExecLocked(clears_state_checkpoint ? "PRAGMA synchronous=NORMAL; BEGIN IMMEDIATE"
+                                                     : "PRAGMA synchronous=NORMAL"));
+  absl::Status status =
+      SqliteStatement(db_,
+                      "INSERT OR REPLACE INTO last_batches(job, epoch, seq, batch, step_after, "
+                      "data_position_after, mid_step_before) VALUES (?1,?2,?3,?4,?5,?6,?7)")
+          .Text(1, job)
+          .Int(2, static_cast<int64_t>(batch.batch.job_epoch()))
+          .Int(3, static_cast<int64_t>(batch.batch.seq()))
+          .Blob(4, batch.batch.SerializeAsString())
+          .Int(5, batch.step_after)
+          .Int(6, batch.data_position_after)
+          .Int(7, batch.mid_step_before ? 1 : 0)
+          .Run();
+  if (clears_state_checkpoint) {
     // In the batch's transaction: no restart finds the batch journaled (and
     // so perhaps run) with the state still named as a checkpoint.
-    return SqliteStatement(db_, "UPDATE jobs SET state_checkpoint='' WHERE name=?1")
-        .Text(1, job)
-        .Run();
-  }();
-  const absl::Status ended = ExecLocked(status.ok() ? "COMMIT" : "ROLLBACK");
+    if (status.ok()) {
+      status = SqliteStatement(db_, "UPDATE jobs SET state_checkpoint='' WHERE name=?1")
+                   .Text(1, job)
+                   .Run();
+    }
+    status = EndTransactionLocked(status);
+  }
   const absl::Status full = ExecLocked("PRAGMA synchronous=FULL");
-  if (!status.ok()) return status;
-  return ended.ok() ? full : ended;
+  return status.ok() ? full : status;
 }
 
 absl::Status StateStore::PutStateCheckpoint(const std::string& job, const std::string& checkpoint) {
@@ -462,8 +484,7 @@ absl::Status StateStore::PutCheckpoints(const std::string& job,
     }
     return absl::OkStatus();
   }();
-  RETURN_IF_ERROR(ExecLocked(status.ok() ? "COMMIT" : "ROLLBACK"));
-  return status;
+  return EndTransactionLocked(status);
 }
 
 absl::StatusOr<std::vector<v1::CheckpointInfo>> StateStore::LoadCheckpoints(

@@ -2,10 +2,11 @@
 // restart"): one SQLite database in WAL mode under --state-dir. It holds what
 // a restarted coordinator needs to find its job again: the job (spec, state,
 // epoch, step, data position, restarts, members by rank, the checkpoint its
-// ranks' state is), the registered workers, the committed checkpoints (the
-// manifests on disk stay the source of truth for their contents), the last
-// command batch sent to each job's ranks (written before it is sent, so a
-// restart can tell whether it ran), and the training operation in progress.
+// ranks' state is and their checkpoint history), the registered workers, the
+// committed checkpoints (the manifests on disk stay the source of truth for
+// their contents), the last command batch sent to each job's ranks (written
+// before it is sent, so a restart can tell whether it ran), and the training
+// operation in progress.
 //
 // State transitions are committed with synchronous=FULL (fsynced before the
 // call returns); each batch's journal entry (with the step and data position
@@ -31,6 +32,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 
+#include "coordinator/checkpoint_history.h"
 #include "coordinator/membership.h"
 #include "flatshard/v1/job.pb.h"
 #include "flatshard/v1/worker.pb.h"
@@ -55,6 +57,7 @@ struct JobRecord {
   // v1::Job::state_checkpoint: the checkpoint the ranks' state is ("" when
   // not known).
   std::string state_checkpoint;
+  CheckpointHistory history;  // the ranks' (what a recovery restores from)
 };
 
 // The last batch the sequencer sent, with what the job's progress is once it
@@ -119,6 +122,9 @@ class StateStore {
   absl::Status Migrate();
   // Runs `sql` (no results) on the connection; the caller holds mu_.
   absl::Status ExecLocked(const std::string& sql);
+  // Commits the open transaction when `body` (its statements) succeeded,
+  // rolls it back otherwise; the first failure. The caller holds mu_.
+  absl::Status EndTransactionLocked(const absl::Status& body);
 
   const std::string dir_;
   mutable std::mutex mu_;

@@ -22,6 +22,7 @@
 #include "absl/time/time.h"
 
 #include "coordinator/checkpoint_catalog.h"
+#include "coordinator/checkpoint_history.h"
 #include "coordinator/command_sequencer.h"
 #include "coordinator/job_observer.h"
 #include "coordinator/job_state_machine.h"
@@ -135,6 +136,9 @@ class TrainingJob {
   // is it applied; training then resumes at its step and data position.
   absl::StatusOr<v1::CheckpointInfo> LoadCheckpoint(const std::string& name);
   CheckpointCatalog& checkpoints() { return catalog_; }
+  // The committed checkpoints, oldest first, the one a recovery at the
+  // current world size would restore marked (recovery_target).
+  absl::StatusOr<std::vector<v1::CheckpointInfo>> ListCheckpoints() const;
   // Automatic recoveries so far, and the last one (unset before the first).
   int restarts() const;
   std::optional<v1::Recovery> last_recovery() const;
@@ -234,7 +238,8 @@ class TrainingJob {
   std::vector<int> ProbeMembers(
       std::vector<WorkerRecord>* alive,
       std::map<std::string, std::vector<v1::PeerSnapshotHeld>>* held = nullptr);
-  // The newest committed checkpoint a world of `world_size` can load.
+  // The checkpoint a recovery at `world_size` restores: the newest of the
+  // ranks' history that world can load (ChooseRecoveryCheckpoint).
   std::optional<v1::CheckpointInfo> RecoveryCheckpoint(int world_size) const;
   // Between steps of Train, after a scheduled checkpoint: a job a recovery
   // shrank grows back to its spec's world size when enough workers are live
@@ -327,6 +332,8 @@ class TrainingJob {
   // v1::Job::state_checkpoint, persisted (jobs.state_checkpoint): cleared
   // in the store with the batch that changes the state, before it is sent.
   std::string state_checkpoint_;
+  // Where a recovery restores from (RecoveryCheckpoint); set by every load.
+  CheckpointHistory history_;
   // Bumped by everything that may change the ranks' state (a formation, a
   // batch that steps, loads or restores): a save whose snapshot was taken
   // at another generation is not the state now.

@@ -382,6 +382,8 @@ absl::StatusOr<v1::CheckpointInfo> TrainingJob::LoadLocked(const std::string& na
     std::lock_guard<std::mutex> lock(mu_);
     step_ = manifest.step;
     state_checkpoint_ = manifest.name;  // its apply batch bumped the generation
+    // A new history: the newer checkpoints of the one it left are not its.
+    history_ = CheckpointHistory{manifest.name, absl::ToUnixMicros(absl::Now())};
     data_position_ = manifest.data_position;
     unsharded_.clear();
     peer_marks_.clear();  // they describe a history this load left

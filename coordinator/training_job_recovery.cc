@@ -15,6 +15,7 @@
 #include "absl/time/clock.h"
 #include "spdlog/spdlog.h"
 
+#include "coordinator/checkpoint_history.h"
 #include "coordinator/drain_wait.h"
 #include "coordinator/failed_rank.h"
 #include "coordinator/recovery_plan.h"
@@ -162,13 +163,27 @@ std::vector<int> TrainingJob::ProbeMembers(
 std::optional<v1::CheckpointInfo> TrainingJob::RecoveryCheckpoint(int world_size) const {
   absl::StatusOr<std::vector<v1::CheckpointInfo>> committed = catalog_.List();
   if (!committed.ok()) return std::nullopt;
-  // Newest first; a LOCAL state dict only loads at the world size it was saved at.
-  for (auto it = committed->rbegin(); it != committed->rend(); ++it) {
-    if (it->state_dict_type() != v1::LOCAL_STATE_DICT || it->world_size() == world_size) {
-      return *it;
-    }
+  CheckpointHistory history;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    history = history_;
   }
-  return std::nullopt;
+  return ChooseRecoveryCheckpoint(*committed, world_size, history);
+}
+
+absl::StatusOr<std::vector<v1::CheckpointInfo>> TrainingJob::ListCheckpoints() const {
+  ASSIGN_OR_RETURN(std::vector<v1::CheckpointInfo> committed, catalog_.List());
+  CheckpointHistory history;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    history = history_;
+  }
+  const std::optional<v1::CheckpointInfo> target =
+      ChooseRecoveryCheckpoint(committed, world_size(), history);
+  for (v1::CheckpointInfo& c : committed) {
+    c.set_recovery_target(target.has_value() && c.name() == target->name());
+  }
+  return committed;
 }
 
 absl::Status TrainingJob::RecoverLocked(const absl::Status& cause, std::vector<int> failed_ranks) {

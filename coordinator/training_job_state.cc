@@ -68,6 +68,7 @@ void TrainingJob::Persist() {
     record.worker_ids = worker_ids_;
     record.last_recovery = last_recovery_;
     record.state_checkpoint = state_checkpoint_;
+    record.history = history_;
   }
   if (absl::Status s = state_store_->PutJob(record); !s.ok()) {
     // Training goes on without durability; a restart then rolls back.
@@ -201,9 +202,10 @@ absl::StatusOr<std::unique_ptr<TrainingJob>> TrainingJob::Restore(
     job->worker_ids_ = record.worker_ids;
     job->epoch_config_ = std::move(epoch_config);
     // Whatever the re-adoption finds: a batch that changed the state since
-    // cleared it in the store before it was sent, and a roll back loads (or
-    // forms) again.
+    // cleared it in the store before it was sent, and a failed re-adoption
+    // clears it (ReadoptLocked).
     job->state_checkpoint_ = record.state_checkpoint;
+    job->history_ = record.history;
     if (record.state != v1::FAILED) job->resume_ = training;
   }
   const std::string where = absl::StrCat("step ", step, ", epoch ", record.epoch, ", ",
@@ -378,6 +380,13 @@ absl::Status TrainingJob::ReadoptLocked() {
                      progress->step, " (no step lost or repeated)");
     spdlog::info("job {}: {}", config_.name, summary);
     return states_.Transition(v1::READY, summary);
+  }
+  {
+    // The ranks are in no known state, whether the roll back below loads
+    // (which names it again) or ends the job FAILED.
+    std::lock_guard<std::mutex> lock(mu_);
+    ++state_generation_;
+    state_checkpoint_.clear();
   }
   const absl::Status cause = absl::UnavailableError(
       absl::StrCat("the coordinator restarted and cannot re-adopt epoch ", record.epoch, ": ",

@@ -308,7 +308,7 @@ grpc::Status JobServiceImpl::ListCheckpoints(grpc::ServerContext*,
                                              v1::ListCheckpointsResponse* response) {
   absl::StatusOr<std::shared_ptr<TrainingJob>> job = coordinator_->FindJob(request->job());
   if (!job.ok()) return ToGrpcStatus(job.status());
-  absl::StatusOr<std::vector<v1::CheckpointInfo>> all = (*job)->checkpoints().List();
+  absl::StatusOr<std::vector<v1::CheckpointInfo>> all = (*job)->ListCheckpoints();
   if (!all.ok()) return ToGrpcStatus(all.status());
   for (v1::CheckpointInfo& info : *all) *response->add_checkpoints() = std::move(info);
   return grpc::Status::OK;

@@ -238,6 +238,21 @@ TEST_P(ControlPlaneTest, TrainingThroughTheCoordinatorEqualsTheDataPlaneHarness)
   EXPECT_THAT(Joined(status), HasSubstr("saved as:   (no checkpoint holds this state"));
   CliRun missing = RunCli({"job", "status", "-c", address, "-j", "nope"});
   EXPECT_EQ(missing.exit_code, 2);
+  // `ckpt ls` names what a recovery restores: after a load of the older of
+  // two checkpoints, that one, not the latest.
+  for (const char* name : {"first", "second"}) {
+    CliRun saved = RunCli({"ckpt", "save", "-c", address, "-j", spec->name(), "-n", name});
+    ASSERT_EQ(saved.exit_code, 0) << Joined(saved);
+    CliRun stepped = RunCli({"train", "-c", address, "-j", spec->name(), "--steps", "1"});
+    ASSERT_EQ(stepped.exit_code, 0) << Joined(stepped);
+  }
+  CliRun listed = RunCli({"ckpt", "ls", "-c", address, "-j", spec->name()});
+  EXPECT_THAT(Joined(listed), HasSubstr("second (latest)"));
+  EXPECT_THAT(Joined(listed), HasSubstr("a recovery (or the job's next start) restores 'second'"));
+  CliRun loaded = RunCli({"ckpt", "load", "-c", address, "-j", spec->name(), "first"});
+  ASSERT_EQ(loaded.exit_code, 0) << Joined(loaded);
+  listed = RunCli({"ckpt", "ls", "-c", address, "-j", spec->name()});
+  EXPECT_THAT(Joined(listed), HasSubstr("a recovery (or the job's next start) restores 'first'"));
 
   EXPECT_TRUE((*cluster)->Stop()) << "every daemon exits 0 on SIGTERM";
   CliRun unreachable = RunCli({"workers", "-c", address});

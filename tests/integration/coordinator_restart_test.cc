@@ -19,6 +19,7 @@
 #include "client/flatshard_client.h"
 #include "client/local_cluster.h"
 #include "coordinator/grpc_worker_client.h"
+#include "coordinator/state_store.h"
 #include "core/job_spec_yaml.h"
 #include "storage/spec_files.h"
 #include "tests/integration/multiprocess.h"
@@ -176,6 +177,48 @@ TEST(CoordinatorRestartTest, IdleJobIsReadoptedWithNoStepLost) {
   auto checkpoints = client.ListCheckpoints(spec.name());
   ASSERT_TRUE(checkpoints.ok());
   EXPECT_EQ(checkpoints->size(), 3u);  // steps 4, 8, 12
+  EXPECT_TRUE(cluster->Stop());
+}
+
+// A scheduled save inside a training operation names the ranks' state in the
+// store (no state transition writes it there), and the next step's batch
+// clears it before it is sent: a coordinator killed after that step does
+// not come back taking the trained state for the checkpoint.
+TEST(CoordinatorRestartTest, AScheduledSaveNamesTheStateOnlyUntilTheNextStep) {
+  const std::string dir = testing::MakeTempDir("restart-named");
+  std::unique_ptr<LocalCluster> cluster = StartCluster(dir);
+  ASSERT_NE(cluster, nullptr);
+  const v1::JobSpec spec = Job();  // a checkpoint every 4 steps
+  std::map<int64_t, double> losses;
+  {
+    FlatshardClient client(cluster->address());
+    CreateAndWaitReady(client, spec);
+    // Far from its end at the kill: the operation is still running, and
+    // goes on after the restart (to 6 it could end before the kill lands,
+    // and the job would come back READY, never IDLE).
+    const absl::Status cut = TrainSteps(client, spec.name(), 10, &losses, [&](int64_t step) {
+      if (step == 5) cluster->coordinator().Signal(SIGKILL);
+    });
+    EXPECT_EQ(cut.code(), absl::StatusCode::kUnavailable) << cut;
+  }
+  std::string stored = "(not read)";
+  ASSERT_TRUE(cluster
+                  ->KillAndRestartCoordinator([&] {
+                    auto store = StateStore::Open(dir + "/state");
+                    ASSERT_TRUE(store.ok()) << store.status();
+                    auto jobs = (*store)->LoadJobs();
+                    ASSERT_TRUE(jobs.ok() && jobs->size() == 1u) << jobs.status();
+                    stored = (*jobs)[0].state_checkpoint;
+                  })
+                  .ok());
+  EXPECT_EQ(stored, "");
+  FlatshardClient client(cluster->address());
+  auto idle = client.WaitForState(spec.name(), {v1::IDLE}, absl::Seconds(120));
+  ASSERT_TRUE(idle.ok()) << idle.status();
+  auto job = client.GetJob(spec.name());
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->step(), 10);
+  EXPECT_EQ(job->state_checkpoint(), "");  // step 8 saved, 9 and 10 trained
   EXPECT_TRUE(cluster->Stop());
 }
 

@@ -165,6 +165,39 @@ TEST(RecoveryTest, AShrunkJobGrowsBackAtTheNextCheckpoint) {
                               "step-00000012"));
 }
 
+// A job that loaded an older checkpoint left the history of the newer ones:
+// a recovery restores the loaded one (or a save since), not the newest
+// checkpoint of the abandoned history, which would jump the job forward to
+// steps it never trained on this history.
+TEST(RecoveryTest, AfterALoadARecoveryRestoresTheLoadedHistoryNotANewerOne) {
+  const std::string dir = testing::MakeTempDir("recovery-after-load");
+  std::unique_ptr<LocalCluster> cluster = StartCluster(5, dir);  // 4 ranks + 1 spare
+  ASSERT_NE(cluster, nullptr);
+  FlatshardClient client(cluster->address());
+  const v1::JobSpec spec = RecoveringJob(/*max_restarts=*/3, /*spare_wait_s=*/30);
+  CreateAndWaitReady(client, spec);
+  ASSERT_TRUE(client.Train(spec.name(), 6, 0, [](const v1::StepResult&) {}).ok());
+  auto loaded = client.LoadCheckpoint(spec.name(), "step-00000003");
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+
+  TrainRun run = TrainAndKill(*cluster, client, spec.name(), 4, /*kill_after=*/1, {2});
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  EXPECT_EQ(run.recoveries_reported, 1);
+  auto job = client.GetJob(spec.name());
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->step(), 7);
+  const v1::Recovery& r = job->last_recovery();
+  EXPECT_EQ(r.checkpoint(), "step-00000003") << r.ShortDebugString();
+  EXPECT_EQ(r.resumed_step(), 3);
+  EXPECT_GE(r.steps_lost(), 0);
+  // Step 6 of this history is saved beside the other history's.
+  auto checkpoints = client.ListCheckpoints(spec.name());
+  ASSERT_TRUE(checkpoints.ok()) << checkpoints.status();
+  std::vector<std::string> names;
+  for (const v1::CheckpointInfo& c : *checkpoints) names.push_back(c.name());
+  EXPECT_THAT(names, ::testing::Contains("step-00000006-2"));
+}
+
 TEST(RecoveryTest, NoRestartsLeftFailsTheJobSayingSo) {
   const std::string dir = testing::MakeTempDir("recovery-none");
   std::unique_ptr<LocalCluster> cluster = StartCluster(4, dir);

@@ -100,10 +100,11 @@ TEST_F(SaveBeforeStopTest, AJobIsUnsavedOnceItTrainsPastItsCheckpoint) {
   EXPECT_THAT(Unsaved(), ElementsAre(IsUnsaved(kJob, 3, "by-hand", 2)));
 }
 
-// By the state, not the step: a job that loaded an older checkpoint and
-// trained back to the newest one's step holds another state at that step
-// (a restart would restore the newest's), and one that loaded the newest is
-// what a restart would restore. (By step, the first read as saved.)
+// By the state, not the step, and against what a restart would restore: a
+// job that loaded an older checkpoint left the newer one's history, so a
+// restart restores the loaded one (not the newest), and the job retrained
+// to the newest one's step is unsaved. (By step against the newest, the
+// loaded state read as unsaved and the retrained one as saved.)
 TEST_F(SaveBeforeStopTest, AJobRetrainedToTheNewestCheckpointsStepIsUnsaved) {
   Train(1);
   Save("a");
@@ -113,10 +114,10 @@ TEST_F(SaveBeforeStopTest, AJobRetrainedToTheNewestCheckpointsStepIsUnsaved) {
   EXPECT_THAT(Unsaved(), IsEmpty());
   Load("a");
   EXPECT_EQ(StateCheckpoint(), "a");
-  EXPECT_THAT(Unsaved(), ElementsAre(IsUnsaved(kJob, 1, "b", 2)));
+  EXPECT_THAT(Unsaved(), IsEmpty());
   Train(1);
   EXPECT_EQ(StateCheckpoint(), "");
-  EXPECT_THAT(Unsaved(), ElementsAre(IsUnsaved(kJob, 2, "b", 2)));
+  EXPECT_THAT(Unsaved(), ElementsAre(IsUnsaved(kJob, 2, "a", 1)));
   Load("b");
   EXPECT_THAT(Unsaved(), IsEmpty());
 }
@@ -145,6 +146,27 @@ TEST_F(SaveBeforeStopTest, AfterACoordinatorRestartTheSavedStateIsStillKnown) {
   Train(1);
   EXPECT_EQ(StateCheckpoint(), "");
   EXPECT_THAT(Unsaved(), ElementsAre(IsUnsaved(kJob, 2, "a", 1)));
+}
+
+// The history a load started is kept across a restart too: a job that loaded
+// the older of two checkpoints and whose coordinator restarted (it rolls
+// back, since its last batch loaded) restores that one, not the newer one of
+// the history it left, and is saved as what a restart restores.
+TEST_F(SaveBeforeStopTest, AfterACoordinatorRestartTheLoadedHistoryIsStillKnown) {
+  Train(1);
+  Save("a");
+  Train(1);
+  Save("b");
+  Load("a");
+  ASSERT_TRUE(cluster_->KillAndRestartCoordinator().ok());
+  auto ready = client_->WaitForState(kJob, {v1::READY}, absl::Seconds(120), {v1::RECOVERING});
+  ASSERT_TRUE(ready.ok()) << ready.status();
+  const auto after = client_->GetJob(kJob);
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->step(), 1);
+  EXPECT_EQ(after->last_recovery().checkpoint(), "a");
+  EXPECT_EQ(after->state_checkpoint(), "a");
+  EXPECT_THAT(Unsaved(), IsEmpty());
 }
 
 // The coordinator dies while it trains past its saved state: the store

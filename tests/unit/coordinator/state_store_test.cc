@@ -41,6 +41,7 @@ JobRecord SomeJob() {
   recovery.set_steps_lost(5);
   job.last_recovery = recovery;
   job.state_checkpoint = "step-00000040";
+  job.history = CheckpointHistory{"step-00000030", 1700000000123456};
   return job;
 }
 
@@ -100,6 +101,8 @@ TEST(StateStoreTest, WhatIsPutSurvivesReopening) {
   ASSERT_TRUE(job.last_recovery.has_value());
   EXPECT_EQ(job.last_recovery->steps_lost(), 5);
   EXPECT_EQ(job.state_checkpoint, "step-00000040");
+  EXPECT_EQ(job.history.loaded, "step-00000030");
+  EXPECT_EQ(job.history.since_unix_micros, 1700000000123456);
   auto batch = (*store)->LoadLastBatch("gpt");
   ASSERT_TRUE(batch.ok() && batch->has_value());
   EXPECT_EQ((*batch)->batch.seq(), 100u);
@@ -210,6 +213,8 @@ TEST(StateStoreTest, AnOlderSchemaIsMigrated) {
   ASSERT_EQ(sqlite3_exec(db,
                          "ALTER TABLE last_batches DROP COLUMN mid_step_before; "
                          "ALTER TABLE jobs DROP COLUMN state_checkpoint; "
+                         "ALTER TABLE jobs DROP COLUMN history_loaded; "
+                         "ALTER TABLE jobs DROP COLUMN history_since_micros; "
                          "PRAGMA user_version = 2",
                          nullptr, nullptr, nullptr),
             SQLITE_OK);
@@ -224,6 +229,8 @@ TEST(StateStoreTest, AnOlderSchemaIsMigrated) {
   auto jobs = (*store)->LoadJobs();
   ASSERT_TRUE(jobs.ok() && jobs->size() == 1) << jobs.status();
   EXPECT_EQ((*jobs)[0].state_checkpoint, "");
+  EXPECT_EQ((*jobs)[0].history.loaded, "");  // every checkpoint is of its history
+  EXPECT_EQ((*jobs)[0].history.since_unix_micros, 0);
 }
 
 TEST(StateStoreTest, AnUnusableDirectoryIsNamed) {

@@ -1,0 +1,65 @@
+// ChooseRecoveryCheckpoint: the newest checkpoint of the ranks' history that
+// the world can load, not the newest of all.
+#include "coordinator/checkpoint_history.h"
+
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+namespace flatshard {
+namespace {
+
+v1::CheckpointInfo Checkpoint(const std::string& name, int64_t created,
+                              v1::StateDictType type = v1::SHARDED_STATE_DICT, int world = 4) {
+  v1::CheckpointInfo c;
+  c.set_name(name);
+  c.set_created_unix_micros(created);
+  c.set_state_dict_type(type);
+  c.set_world_size(world);
+  return c;
+}
+
+std::string Chosen(const std::vector<v1::CheckpointInfo>& committed, int world,
+                   const CheckpointHistory& history) {
+  const auto chosen = ChooseRecoveryCheckpoint(committed, world, history);
+  return chosen.has_value() ? chosen->name() : "(none)";
+}
+
+// Oldest first, as the catalog lists them.
+const std::vector<v1::CheckpointInfo> kSaved = {Checkpoint("step-3", 30), Checkpoint("step-6", 60),
+                                                Checkpoint("step-9", 90)};
+
+TEST(CheckpointHistoryTest, BeforeAnyLoadTheNewestLoadableOne) {
+  EXPECT_EQ(Chosen(kSaved, 4, {}), "step-9");
+  EXPECT_EQ(Chosen({}, 4, {}), "(none)");
+  std::vector<v1::CheckpointInfo> local = kSaved;
+  local.push_back(Checkpoint("local-10", 100, v1::LOCAL_STATE_DICT, 4));
+  EXPECT_EQ(Chosen(local, 4, {}), "local-10");
+  EXPECT_EQ(Chosen(local, 2, {}), "step-9");  // LOCAL only at its world size
+}
+
+TEST(CheckpointHistoryTest, AfterALoadTheLoadedOneNotTheNewerOnesOfTheHistoryItLeft) {
+  const CheckpointHistory loaded_3{"step-3", 95};
+  EXPECT_EQ(Chosen(kSaved, 4, loaded_3), "step-3");
+  // Saves begun since the load are of its history, the newest first.
+  std::vector<v1::CheckpointInfo> since = kSaved;
+  since.push_back(Checkpoint("step-6-2", 120));
+  EXPECT_EQ(Chosen(since, 4, loaded_3), "step-6-2");
+  since.push_back(Checkpoint("local-7", 130, v1::LOCAL_STATE_DICT, 4));
+  EXPECT_EQ(Chosen(since, 2, loaded_3), "step-6-2");
+  EXPECT_EQ(Chosen(since, 4, loaded_3), "local-7");
+}
+
+TEST(CheckpointHistoryTest, AHistoryWithNothingLeftFallsBackToTheNewestOfAll) {
+  // The loaded checkpoint was deleted, nothing saved since.
+  const CheckpointHistory gone{"step-1", 95};
+  EXPECT_EQ(Chosen(kSaved, 4, gone), "step-9");
+  // Or it is a LOCAL one this world cannot load.
+  std::vector<v1::CheckpointInfo> local = kSaved;
+  local.push_back(Checkpoint("local-4", 40, v1::LOCAL_STATE_DICT, 4));
+  EXPECT_EQ(Chosen(local, 2, {"local-4", 95}), "step-9");
+}
+
+}  // namespace
+}  // namespace flatshard
