@@ -11,13 +11,18 @@ std::optional<v1::CheckpointInfo> ChooseRecoveryCheckpoint(
   const auto of_history = [&history](const v1::CheckpointInfo& c) {
     return c.name() == history.loaded || c.created_unix_micros() >= history.since_unix_micros;
   };
+  std::optional<v1::CheckpointInfo> newest_of_its_past;
   std::optional<v1::CheckpointInfo> newest_of_all;
   for (auto it = committed.rbegin(); it != committed.rend(); ++it) {
     if (!loadable(*it)) continue;
     if (of_history(*it)) return *it;
+    if (!newest_of_its_past.has_value() &&
+        it->created_unix_micros() <= history.loaded_created_unix_micros) {
+      newest_of_its_past = *it;
+    }
     if (!newest_of_all.has_value()) newest_of_all = *it;
   }
-  return newest_of_all;
+  return newest_of_its_past.has_value() ? newest_of_its_past : newest_of_all;
 }
 
 }  // namespace flatshard

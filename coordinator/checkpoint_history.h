@@ -4,9 +4,10 @@
 // Not simply the newest: a job that loaded an older checkpoint left the
 // history the newer ones belong to, and restoring one of those would jump
 // the job forward to steps it never trained on its own history (and undo the
-// load its user asked for). The ranks' history is the checkpoint it was last
-// loaded from and every checkpoint whose save began after that load; before
-// any load, every checkpoint.
+// load its user asked for). The ranks' history is the checkpoint a client
+// last loaded and every checkpoint whose save began after that load; before
+// any load, every checkpoint. (A recovery's or a grow-back's load stays on
+// the history: it starts none.)
 #ifndef FLATSHARD_COORDINATOR_CHECKPOINT_HISTORY_H_
 #define FLATSHARD_COORDINATOR_CHECKPOINT_HISTORY_H_
 
@@ -20,15 +21,18 @@
 namespace flatshard {
 
 struct CheckpointHistory {
-  std::string loaded;             // the checkpoint last loaded ("" none)
-  int64_t since_unix_micros = 0;  // when: saves begun from then on are of it
+  std::string loaded;                      // the checkpoint last loaded ("" none)
+  int64_t loaded_created_unix_micros = 0;  // when its save began
+  int64_t since_unix_micros = 0;           // when: saves begun from then on are of it
 };
 
 // The newest checkpoint of `history` in `committed` (oldest first, as the
 // catalog lists them) that a world of `world_size` ranks can load (a LOCAL
 // state dict only at the world size it was saved at). When `history` has
-// none (the loaded one was deleted, nothing saved since), the newest of
-// all: an older state of some history rather than the initialization.
+// none (the loaded one was deleted, or is a LOCAL one of another world size,
+// and nothing was saved since), the newest one begun before the loaded one
+// (its past, not the future it left); with none of those either, the newest
+// of all, rather than the initialization.
 std::optional<v1::CheckpointInfo> ChooseRecoveryCheckpoint(
     const std::vector<v1::CheckpointInfo>& committed, int world_size,
     const CheckpointHistory& history);

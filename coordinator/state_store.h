@@ -73,7 +73,7 @@ struct BatchRecord {
 
 class StateStore {
  public:
-  static constexpr int kSchemaVersion = 4;
+  static constexpr int kSchemaVersion = 5;
 
   // Creates `dir` if needed and opens (or creates) its database.
   // FAILED_PRECONDITION when another process holds the directory, or when its

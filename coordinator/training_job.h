@@ -303,7 +303,14 @@ class TrainingJob {
   // themselves.
   void RunPendingSaves(const absl::Status& refuse, bool last);
   absl::Status MaybeScheduledSave();
-  absl::StatusOr<v1::CheckpointInfo> LoadLocked(const std::string& name);
+  // The name of an unnamed save at `step`: step-N, or where another history
+  // took it, step-N-2, -3, ...; the one of them this very state was saved
+  // as (a save refused as taken, a scheduled one skipped).
+  std::string StepCheckpointName(int64_t step) const;
+  int64_t StepNow() const;  // step_, under mu_
+  // A client's load starts a new history (CheckpointHistory); a recovery's
+  // or grow-back's stays on the one it restores from.
+  absl::StatusOr<v1::CheckpointInfo> LoadLocked(const std::string& name, bool starts_history);
   // Everything but the files, as the job stands now.
   CheckpointManifest BuildManifest(const std::string& name, v1::StateDictType type,
                                    bool scheduled) const;

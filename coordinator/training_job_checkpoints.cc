@@ -1,5 +1,6 @@
 // TrainingJob's checkpoint operations (docs/architecture.md §6): the coordinator's half
 // of the two-phase commit, checkpoints requested during Train, and loading.
+#include <algorithm>
 #include <chrono>
 #include <future>
 #include <utility>
@@ -67,11 +68,7 @@ absl::StatusOr<v1::CheckpointInfo> TrainingJob::SaveCheckpoint(
   SaveFuture done;
   absl::StatusOr<OperationLock> op = BeginOperation("save a checkpoint");
   if (op.ok()) {
-    std::string name = requested;
-    if (name.empty()) {
-      std::lock_guard<std::mutex> lock(mu_);
-      name = absl::StrFormat("step-%08d", step_);
-    }
+    const std::string name = requested.empty() ? StepCheckpointName(StepNow()) : requested;
     done = StartSave(name, type, /*scheduled=*/false, async_save);
     op->unlock();  // an async save's writing and commit need no operation slot
   } else {
@@ -117,8 +114,8 @@ void TrainingJob::RunPendingSaves(const absl::Status& refuse, bool last) {
       }
       next = pending_saves_.front();
       pending_saves_.erase(pending_saves_.begin());
-      if (next->name.empty()) next->name = absl::StrFormat("step-%08d", step_);
     }
+    if (next->name.empty()) next->name = StepCheckpointName(StepNow());
     if (!refuse.ok()) {
       next->started.set_value(Ready(refuse));
       continue;
@@ -126,6 +123,29 @@ void TrainingJob::RunPendingSaves(const absl::Status& refuse, bool last) {
     next->started.set_value(
         StartSave(next->name, next->type, /*scheduled=*/false, next->async_save));
   }
+}
+
+int64_t TrainingJob::StepNow() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return step_;
+}
+
+std::string TrainingJob::StepCheckpointName(int64_t step) const {
+  std::string state;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    state = state_checkpoint_;
+  }
+  // Taken by another history at this step number (the job loaded an older
+  // checkpoint and trained back past it): that is not this state, which is
+  // saved under the next free suffix. Refusing it (or skipping a scheduled
+  // save) would leave nothing to grow back or recover at but the other
+  // history. A name this very state was saved as ends the search.
+  std::string name = absl::StrFormat("step-%08d", step);
+  for (int n = 2; name != state && catalog_.Read(name).ok(); ++n) {
+    name = absl::StrFormat("step-%08d-%d", step, n);
+  }
+  return name;
 }
 
 absl::Status TrainingJob::MaybeScheduledSave() {
@@ -138,17 +158,12 @@ absl::Status TrainingJob::MaybeScheduledSave() {
     step = step_;
   }
   if (schedule.every_steps() <= 0 || step % schedule.every_steps() != 0) return absl::OkStatus();
-  std::string name = absl::StrFormat("step-%08d", step);
+  const std::string name = StepCheckpointName(step);
   {
     // Taken already by a save of this very state (an unnamed one on demand).
     std::lock_guard<std::mutex> lock(mu_);
     if (state_checkpoint_ == name) return absl::OkStatus();
   }
-  // Taken by another history at this step number (the job loaded an older
-  // checkpoint and trained back past it): that is not this state, which is
-  // saved under the next free suffix; skipping it would leave nothing to
-  // grow back or recover at but the other history.
-  for (int n = 2; catalog_.Read(name).ok(); ++n) name = absl::StrFormat("step-%08d-%d", step, n);
   std::optional<v1::StateDictSettings> settings;
   if (schedule.has_settings()) settings = schedule.settings();
   if (!schedule.async_save()) {
@@ -220,7 +235,12 @@ CheckpointManifest TrainingJob::BuildManifest(const std::string& name, v1::State
   m.data_seed = config_.data.seed;
   m.global_batch_size = config_.data.global_batch_size;
   m.init_seed = config_.seed;
-  m.created_unix_micros = absl::ToUnixMicros(absl::Now());
+  {
+    // Never before the history's start: a clock that stepped back since the
+    // load would leave this save out of the history it belongs to.
+    std::lock_guard<std::mutex> lock(mu_);
+    m.created_unix_micros = std::max(absl::ToUnixMicros(absl::Now()), history_.since_unix_micros);
+  }
   m.scheduled = scheduled;
   return m;
 }
@@ -349,10 +369,14 @@ TrainingJob::SaveFuture TrainingJob::StartSave(const std::string& name, v1::Stat
 
 absl::StatusOr<v1::CheckpointInfo> TrainingJob::LoadCheckpoint(const std::string& name) {
   ASSIGN_OR_RETURN(OperationLock op, BeginOperation("load a checkpoint"));
-  return LoadLocked(name);
+  // An async save still committing is of the history this load leaves: it
+  // commits (and retires, keep_last) before the load, not after it.
+  if (committer_.joinable()) committer_.join();
+  return LoadLocked(name, /*starts_history=*/true);
 }
 
-absl::StatusOr<v1::CheckpointInfo> TrainingJob::LoadLocked(const std::string& name) {
+absl::StatusOr<v1::CheckpointInfo> TrainingJob::LoadLocked(const std::string& name,
+                                                           bool starts_history) {
   ASSIGN_OR_RETURN(CheckpointManifest manifest, catalog_.Read(name));
   // An async save's commit may retire old checkpoints meanwhile: not this one.
   const CheckpointCatalog::Pin pin(&catalog_, manifest.name);
@@ -364,6 +388,15 @@ absl::StatusOr<v1::CheckpointInfo> TrainingJob::LoadLocked(const std::string& na
     return PrefixStatus(
         absl::StrCat("checkpoint '", manifest.name, "' was not loaded (the job is unchanged): "),
         staged.status());
+  }
+  // After every save begun so far, whatever the clock did: the history it
+  // starts holds none of them but the loaded one (BuildManifest stamps the
+  // saves after it no earlier than this).
+  int64_t since = absl::ToUnixMicros(absl::Now());
+  if (starts_history) {
+    if (absl::StatusOr<std::vector<v1::CheckpointInfo>> all = catalog_.List(); all.ok()) {
+      for (const v1::CheckpointInfo& c : *all) since = std::max(since, c.created_unix_micros() + 1);
+    }
   }
   command.mutable_load_shard()->set_apply(true);
   absl::StatusOr<std::vector<v1::CommandResult>> applied = RunCheckpointBatch(command);
@@ -383,7 +416,9 @@ absl::StatusOr<v1::CheckpointInfo> TrainingJob::LoadLocked(const std::string& na
     step_ = manifest.step;
     state_checkpoint_ = manifest.name;  // its apply batch bumped the generation
     // A new history: the newer checkpoints of the one it left are not its.
-    history_ = CheckpointHistory{manifest.name, absl::ToUnixMicros(absl::Now())};
+    if (starts_history) {
+      history_ = CheckpointHistory{manifest.name, manifest.created_unix_micros, since};
+    }
     data_position_ = manifest.data_position;
     unsharded_.clear();
     peer_marks_.clear();  // they describe a history this load left

@@ -372,7 +372,7 @@ absl::Status TrainingJob::RecoverOnce(const absl::Status& cause, std::vector<int
     // Restored: nothing to load.
   } else if (newest.has_value()) {
     checkpoint = newest->name();
-    absl::StatusOr<v1::CheckpointInfo> loaded = LoadLocked(*checkpoint);
+    absl::StatusOr<v1::CheckpointInfo> loaded = LoadLocked(*checkpoint, /*starts_history=*/false);
     if (!loaded.ok()) return fail_batch(loaded.status());
   } else {
     // No checkpoint: the new epoch starts from the seed's initialization.
@@ -516,7 +516,7 @@ absl::Status TrainingJob::MaybeGrow() {
     }
     grown = FormLocked(members, spec, std::make_shared<const JobConfig>(config_), &failed_worker);
     if (grown.ok()) {
-      grown = LoadLocked(*checkpoint).status();
+      grown = LoadLocked(*checkpoint, /*starts_history=*/false).status();
       if (!grown.ok()) failed_worker = BlamedMember(grown);
     }
     std::lock_guard<std::mutex> lock(mu_);

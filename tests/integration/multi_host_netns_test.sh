@@ -305,7 +305,7 @@ for i in 0 1 2; do
   traffic_report+=("w$((i + 1)) rx $((rx / 1024)) KiB tx $((tx / 1024)) KiB lo $((lo_bytes / 1024)) KiB")
 done
 
-# --- Checkpoint on the shared volume, verify, train on, load back ------------
+# --- Checkpoint on the shared volume, verify, train on, load back, FULL ------
 cli ckpt save -j "$job" -t sharded -n "$ckpt" >"$logs/ckpt-save.log" 2>&1 \
   || { log_files+=("$logs/ckpt-save.log"); fail "ckpt save"; }
 ckpt_dir=$shared/$job/$ckpt
@@ -316,16 +316,6 @@ for r in 0 1 2; do
 done
 "$bin/flatshard" ckpt verify "$ckpt_dir" >"$logs/ckpt-verify.log" 2>&1 \
   || { log_files+=("$logs/ckpt-verify.log"); fail "ckpt verify $ckpt_dir"; }
-# A FULL checkpoint: each host's worker writes its part of the same two files
-# on the shared volume, and each part verifies.
-full_ckpt=mh-full-5
-cli ckpt save -j "$job" -t full -n "$full_ckpt" >"$logs/ckpt-save-full.log" 2>&1 \
-  || { log_files+=("$logs/ckpt-save-full.log"); fail "ckpt save -t full"; }
-"$bin/flatshard" ckpt verify "$shared/$job/$full_ckpt" >"$logs/ckpt-verify-full.log" 2>&1 \
-  || { log_files+=("$logs/ckpt-verify-full.log"); fail "ckpt verify $full_ckpt"; }
-grep -q "model.safetensors .*from 3 writers" "$logs/ckpt-verify-full.log" \
-  || fail "not every host wrote the FULL model file: $(cat "$logs/ckpt-verify-full.log")"
-
 cli train -j "$job" --steps 2 >"$logs/train-2.log" 2>&1 \
   || { log_files+=("$logs/train-2.log"); fail "train 2 more steps"; }
 step=$(cli job status -j "$job" --json | json 'int(d.get("step", 0))')
@@ -335,6 +325,17 @@ cli ckpt load -j "$job" "$ckpt" >"$logs/ckpt-load.log" 2>&1 \
 status=$(cli job status -j "$job" --json)
 step=$(echo "$status" | json 'int(d.get("step", 0))')
 ((step == train_steps)) || fail "after loading $ckpt the job is at step $step, want $train_steps"
+
+# A FULL checkpoint: each host's worker writes its part of the same two files
+# on the shared volume, and each part verifies. Saved after the load, it is
+# of the job's history, and its newest: what the recovery below restores.
+full_ckpt=mh-full-5
+cli ckpt save -j "$job" -t full -n "$full_ckpt" >"$logs/ckpt-save-full.log" 2>&1 \
+  || { log_files+=("$logs/ckpt-save-full.log"); fail "ckpt save -t full"; }
+"$bin/flatshard" ckpt verify "$shared/$job/$full_ckpt" >"$logs/ckpt-verify-full.log" 2>&1 \
+  || { log_files+=("$logs/ckpt-verify-full.log"); fail "ckpt verify $full_ckpt"; }
+grep -q "model.safetensors .*from 3 writers" "$logs/ckpt-verify-full.log" \
+  || fail "not every host wrote the FULL model file: $(cat "$logs/ckpt-verify-full.log")"
 
 summon_file=$work/model.safetensors
 cli summon -j "$job" -o "$summon_file" >"$logs/summon.log" 2>&1 \
@@ -393,8 +394,8 @@ check 'int(d["restarts"])' 1 "restarts"
 check 'd["world_size"]' 2 "the world size"
 check 'd["last_recovery"]["failed_ranks"]' "[$victim_rank]" "the failed ranks"
 check 'int(d["last_recovery"]["resumed_step"])' "$train_steps" "the resumed step"
-# The newest checkpoint: the FULL one the three hosts wrote together, loaded
-# at world size 2.
+# The newest checkpoint of the job's history: the FULL one the three hosts
+# wrote together, loaded at world size 2.
 check 'd["last_recovery"]["checkpoint"]' "$full_ckpt" "the checkpoint restored"
 cli job status -j "$job" | grep -q "recovered:" || fail "job status does not show the recovery"
 

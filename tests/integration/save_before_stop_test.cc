@@ -190,6 +190,40 @@ TEST_F(SaveBeforeStopTest, AStepSentBeforeACoordinatorCrashIsNotTakenForTheSaved
   EXPECT_THAT(Unsaved(), ElementsAre(IsUnsaved(kJob, 11, "a", 1)));
 }
 
+// An unnamed save takes step-N; at a step whose step-N another history took
+// (the job loaded an older checkpoint and trained back), the next free
+// suffix (it was refused as taken); of this very state, it is refused.
+TEST_F(SaveBeforeStopTest, AnUnnamedSaveAtAStepAnotherHistoryTookTakesTheNextSuffix) {
+  const auto save_unnamed = [&]() -> absl::StatusOr<std::string> {
+    v1::SaveCheckpointRequest request;
+    request.set_job(kJob);
+    auto saved = client_->SaveCheckpoint(request);
+    if (!saved.ok()) return saved.status();
+    return saved->name();
+  };
+  Train(1);
+  EXPECT_EQ(save_unnamed().value_or("(failed)"), "step-00000001");
+  Train(1);
+  EXPECT_EQ(save_unnamed().value_or("(failed)"), "step-00000002");
+  Load("step-00000001");
+  Train(1);
+  const absl::StatusOr<std::string> retrained = save_unnamed();
+  ASSERT_TRUE(retrained.ok()) << retrained.status();
+  EXPECT_EQ(*retrained, "step-00000002-2");
+  EXPECT_EQ(StateCheckpoint(), "step-00000002-2");
+  const absl::StatusOr<std::string> again = save_unnamed();
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kAlreadyExists) << again.status();
+  // What a restart restores is this history's, not the other step 2.
+  auto listed = client_->ListCheckpoints(kJob);
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  std::string target;
+  for (const v1::CheckpointInfo& c : *listed) {
+    if (c.recovery_target()) target = c.name();
+  }
+  EXPECT_EQ(target, "step-00000002-2");
+  EXPECT_THAT(Unsaved(), IsEmpty());
+}
+
 TEST_F(SaveBeforeStopTest, ASecondStopInTheSameSecondTakesTheNextName) {
   const absl::Time now =
       absl::FromCivil(absl::CivilSecond(2026, 11, 29, 6, 0, 0), absl::UTCTimeZone());

@@ -83,6 +83,9 @@ class PlaintextClusterTest(ClusterTestCase):
         self.assertEqual(names["py-full"].state_dict_type, "FULL_STATE_DICT")
         self.assertEqual(names["py-sharded"].state_dict_type, "SHARDED_STATE_DICT")
         self.assertTrue(names["py-sharded"].latest)
+        self.assertTrue(names["py-sharded"].recovery_target)
+        self.assertFalse(names["py-full"].recovery_target)
+        self.assertLess(names["py-full"].created_unix_micros, names["py-sharded"].created_unix_micros)
 
         weights = job.summon()
         self.assertIn("blocks.0.fc1.weight", weights)

@@ -343,7 +343,12 @@ class Job:
         return self._checkpoint_stream("SaveCheckpoint", request)
 
     def load_checkpoint(self, name: str = "latest") -> CheckpointResult:
-        """Loads a committed checkpoint; training resumes after its step."""
+        """Loads a committed checkpoint; training resumes after its step.
+
+        "latest" is the newest committed checkpoint, which after an earlier
+        load of an older one may be of the history that load left; the one a
+        recovery would restore is the checkpoint whose recovery_target is set
+        in checkpoints()."""
         return self._checkpoint_stream("LoadCheckpoint",
                                        job_pb2.LoadCheckpointRequest(job=self.name, name=name))
 

@@ -80,7 +80,11 @@ class CheckpointInfo:
     state_dict_type: str
     world_size: int
     bytes: int
-    latest: bool
+    latest: bool  # the newest committed (what "latest" names)
+    created_unix_micros: int  # when its save began
+    # The one a recovery (or the job's next start) would restore now: the
+    # newest of the job's history, which after a load need not be the latest.
+    recovery_target: bool
 
 
 @dataclass(frozen=True)

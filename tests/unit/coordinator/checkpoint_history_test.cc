@@ -40,7 +40,7 @@ TEST(CheckpointHistoryTest, BeforeAnyLoadTheNewestLoadableOne) {
 }
 
 TEST(CheckpointHistoryTest, AfterALoadTheLoadedOneNotTheNewerOnesOfTheHistoryItLeft) {
-  const CheckpointHistory loaded_3{"step-3", 95};
+  const CheckpointHistory loaded_3{"step-3", 30, 95};
   EXPECT_EQ(Chosen(kSaved, 4, loaded_3), "step-3");
   // Saves begun since the load are of its history, the newest first.
   std::vector<v1::CheckpointInfo> since = kSaved;
@@ -51,14 +51,21 @@ TEST(CheckpointHistoryTest, AfterALoadTheLoadedOneNotTheNewerOnesOfTheHistoryItL
   EXPECT_EQ(Chosen(since, 4, loaded_3), "local-7");
 }
 
-TEST(CheckpointHistoryTest, AHistoryWithNothingLeftFallsBackToTheNewestOfAll) {
-  // The loaded checkpoint was deleted, nothing saved since.
-  const CheckpointHistory gone{"step-1", 95};
-  EXPECT_EQ(Chosen(kSaved, 4, gone), "step-9");
+// When nothing of the history is left, its past (begun before the loaded
+// checkpoint), not the future it left; the newest of all only when it has
+// no past either.
+TEST(CheckpointHistoryTest, AHistoryWithNothingLeftFallsBackToItsPast) {
+  // The loaded checkpoint (step-6, begun at 60) was deleted, nothing saved
+  // since the load at 95.
+  const std::vector<v1::CheckpointInfo> left = {Checkpoint("step-3", 30), Checkpoint("step-9", 90)};
+  EXPECT_EQ(Chosen(left, 4, {"step-6", 60, 95}), "step-3");
   // Or it is a LOCAL one this world cannot load.
   std::vector<v1::CheckpointInfo> local = kSaved;
   local.push_back(Checkpoint("local-4", 40, v1::LOCAL_STATE_DICT, 4));
-  EXPECT_EQ(Chosen(local, 2, {"local-4", 95}), "step-9");
+  EXPECT_EQ(Chosen(local, 2, {"local-4", 40, 95}), "step-3");
+  EXPECT_EQ(Chosen(local, 4, {"local-4", 40, 95}), "local-4");
+  // No past either: the newest of all rather than the initialization.
+  EXPECT_EQ(Chosen(left, 4, {"step-1", 10, 95}), "step-9");
 }
 
 }  // namespace

@@ -41,7 +41,7 @@ JobRecord SomeJob() {
   recovery.set_steps_lost(5);
   job.last_recovery = recovery;
   job.state_checkpoint = "step-00000040";
-  job.history = CheckpointHistory{"step-00000030", 1700000000123456};
+  job.history = CheckpointHistory{"step-00000030", 1700000000000001, 1700000000123456};
   return job;
 }
 
@@ -102,6 +102,7 @@ TEST(StateStoreTest, WhatIsPutSurvivesReopening) {
   EXPECT_EQ(job.last_recovery->steps_lost(), 5);
   EXPECT_EQ(job.state_checkpoint, "step-00000040");
   EXPECT_EQ(job.history.loaded, "step-00000030");
+  EXPECT_EQ(job.history.loaded_created_unix_micros, 1700000000000001);
   EXPECT_EQ(job.history.since_unix_micros, 1700000000123456);
   auto batch = (*store)->LoadLastBatch("gpt");
   ASSERT_TRUE(batch.ok() && batch->has_value());
@@ -214,6 +215,7 @@ TEST(StateStoreTest, AnOlderSchemaIsMigrated) {
                          "ALTER TABLE last_batches DROP COLUMN mid_step_before; "
                          "ALTER TABLE jobs DROP COLUMN state_checkpoint; "
                          "ALTER TABLE jobs DROP COLUMN history_loaded; "
+                         "ALTER TABLE jobs DROP COLUMN history_loaded_created_micros; "
                          "ALTER TABLE jobs DROP COLUMN history_since_micros; "
                          "PRAGMA user_version = 2",
                          nullptr, nullptr, nullptr),
@@ -230,6 +232,35 @@ TEST(StateStoreTest, AnOlderSchemaIsMigrated) {
   ASSERT_TRUE(jobs.ok() && jobs->size() == 1) << jobs.status();
   EXPECT_EQ((*jobs)[0].state_checkpoint, "");
   EXPECT_EQ((*jobs)[0].history.loaded, "");  // every checkpoint is of its history
+  EXPECT_EQ((*jobs)[0].history.since_unix_micros, 0);
+}
+
+// Schema 4 (the state checkpoint, no history) is migrated too: the job keeps
+// its state checkpoint, and has no history yet.
+TEST(StateStoreTest, ASchema4DirKeepsItsStateCheckpoint) {
+  const std::string dir = FreshDir("schema-4");
+  {
+    auto store = StateStore::Open(dir);
+    ASSERT_TRUE(store.ok()) << store.status();
+    ASSERT_TRUE((*store)->PutJob(SomeJob()).ok());
+  }
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open((dir + "/coordinator.db").c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db,
+                         "ALTER TABLE jobs DROP COLUMN history_loaded; "
+                         "ALTER TABLE jobs DROP COLUMN history_loaded_created_micros; "
+                         "ALTER TABLE jobs DROP COLUMN history_since_micros; "
+                         "PRAGMA user_version = 4",
+                         nullptr, nullptr, nullptr),
+            SQLITE_OK);
+  sqlite3_close(db);
+  auto store = StateStore::Open(dir);
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_EQ((*store)->schema_version(), StateStore::kSchemaVersion);
+  auto jobs = (*store)->LoadJobs();
+  ASSERT_TRUE(jobs.ok() && jobs->size() == 1) << jobs.status();
+  EXPECT_EQ((*jobs)[0].state_checkpoint, "step-00000040");
+  EXPECT_EQ((*jobs)[0].history.loaded, "");
   EXPECT_EQ((*jobs)[0].history.since_unix_micros, 0);
 }
 
