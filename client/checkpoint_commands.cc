@@ -38,7 +38,9 @@ void CheckpointCommands::Add(CLI::App& app) {
 
   save_ = ckpt->add_subcommand(
       "save", "Save a checkpoint now (between two steps if another client is training)");
-  save_->add_option("--name,-n", name_, "Checkpoint name (default: step-<step>)");
+  save_->add_option("--name,-n", name_,
+                    "Checkpoint name (default: step-<step>, or step-<step>-2, -3, ... where a "
+                    "history the job left by a load took that name)");
   save_->add_flag("--async", async_,
                   "Snapshot to host memory and let training go on while the files are "
                   "written (returns when committed)");

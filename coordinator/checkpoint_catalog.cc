@@ -244,6 +244,11 @@ absl::StatusOr<CheckpointManifest> CheckpointCatalog::Read(const std::string& na
   return manifest;
 }
 
+bool CheckpointCatalog::Exists(const std::string& name) const {
+  std::error_code ec;
+  return fs::exists(Path(name), ec);
+}
+
 absl::StatusOr<std::vector<v1::CheckpointInfo>> CheckpointCatalog::List() const {
   std::lock_guard<std::recursive_mutex> lock(mu_);
   std::vector<std::tuple<int64_t, std::string, v1::CheckpointInfo>> found;

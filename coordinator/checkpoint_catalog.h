@@ -48,6 +48,9 @@ class CheckpointCatalog {
   // A committed checkpoint's manifest; "latest" resolves the pointer.
   // NOT_FOUND naming what exists when there is no such checkpoint.
   absl::StatusOr<CheckpointManifest> Read(const std::string& name) const;
+  // Whether a committed checkpoint directory has this name (readable or not:
+  // a save of it would be refused).
+  bool Exists(const std::string& name) const;
   // Committed checkpoints, oldest first (by creation time, then name).
   absl::StatusOr<std::vector<v1::CheckpointInfo>> List() const;
   absl::Status Delete(const std::string& name);

@@ -17,7 +17,8 @@ std::optional<v1::CheckpointInfo> ChooseRecoveryCheckpoint(
     if (!loadable(*it)) continue;
     if (of_history(*it)) return *it;
     if (!newest_of_its_past.has_value() &&
-        it->created_unix_micros() <= history.loaded_created_unix_micros) {
+        it->created_unix_micros() <= history.loaded_created_unix_micros &&
+        it->step() <= history.loaded_step) {
       newest_of_its_past = *it;
     }
     if (!newest_of_all.has_value()) newest_of_all = *it;

@@ -22,6 +22,7 @@ namespace flatshard {
 
 struct CheckpointHistory {
   std::string loaded;                      // the checkpoint last loaded ("" none)
+  int64_t loaded_step = 0;                 // its step
   int64_t loaded_created_unix_micros = 0;  // when its save began
   int64_t since_unix_micros = 0;           // when: saves begun from then on are of it
 };
@@ -30,9 +31,11 @@ struct CheckpointHistory {
 // catalog lists them) that a world of `world_size` ranks can load (a LOCAL
 // state dict only at the world size it was saved at). When `history` has
 // none (the loaded one was deleted, or is a LOCAL one of another world size,
-// and nothing was saved since), the newest one begun before the loaded one
-// (its past, not the future it left); with none of those either, the newest
-// of all, rather than the initialization.
+// and nothing was saved since), the newest one of its past: begun before
+// the loaded one, at no later step (a checkpoint begun before it at a later
+// step is the future of an earlier history that a load left, not its past).
+// With none of those either, the newest of all, rather than the
+// initialization.
 std::optional<v1::CheckpointInfo> ChooseRecoveryCheckpoint(
     const std::vector<v1::CheckpointInfo>& committed, int world_size,
     const CheckpointHistory& history);

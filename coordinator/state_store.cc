@@ -92,6 +92,7 @@ ALTER TABLE jobs ADD COLUMN state_checkpoint TEXT NOT NULL DEFAULT '';
     // written before: every checkpoint is of it, as recoveries chose before).
     R"sql(
 ALTER TABLE jobs ADD COLUMN history_loaded TEXT NOT NULL DEFAULT '';
+ALTER TABLE jobs ADD COLUMN history_loaded_step INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE jobs ADD COLUMN history_loaded_created_micros INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE jobs ADD COLUMN history_since_micros INTEGER NOT NULL DEFAULT 0;
 )sql",
@@ -216,12 +217,13 @@ absl::Status StateStore::PutJob(const JobRecord& job) {
         db_,
         "INSERT INTO jobs(name, spec, state, failure, epoch, step, data_position, "
         "last_seq, restarts, world_size, last_recovery, updated_at, state_checkpoint, "
-        "history_loaded, history_loaded_created_micros, history_since_micros) VALUES "
-        "(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16) ON CONFLICT(name) DO UPDATE SET "
-        "spec=?2, state=?3, failure=?4, epoch=?5, step=?6, data_position=?7, "
+        "history_loaded, history_loaded_created_micros, history_since_micros, "
+        "history_loaded_step) VALUES "
+        "(?1,?2,?3,?4,?5,?6,?7,?8,?9,?10,?11,?12,?13,?14,?15,?16,?17) ON CONFLICT(name) DO "
+        "UPDATE SET spec=?2, state=?3, failure=?4, epoch=?5, step=?6, data_position=?7, "
         "last_seq=?8, restarts=?9, world_size=?10, last_recovery=?11, updated_at=?12, "
         "state_checkpoint=?13, history_loaded=?14, history_loaded_created_micros=?15, "
-        "history_since_micros=?16");
+        "history_since_micros=?16, history_loaded_step=?17");
     put.Text(1, name)
         .Blob(2, job.spec.SerializeAsString())
         .Text(3, v1::JobState_Name(job.state))
@@ -236,7 +238,8 @@ absl::Status StateStore::PutJob(const JobRecord& job) {
         .Text(13, job.state_checkpoint)
         .Text(14, job.history.loaded)
         .Int(15, job.history.loaded_created_unix_micros)
-        .Int(16, job.history.since_unix_micros);
+        .Int(16, job.history.since_unix_micros)
+        .Int(17, job.history.loaded_step);
     if (job.last_recovery.has_value()) {
       put.Blob(11, job.last_recovery->SerializeAsString());
     } else {
@@ -285,10 +288,12 @@ absl::Status StateStore::DeleteJob(const std::string& job) {
 absl::StatusOr<std::vector<JobRecord>> StateStore::LoadJobs() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<JobRecord> jobs;
-  SqliteStatement s(db_,
-                    "SELECT name, spec, state, failure, epoch, step, data_position, last_seq, "
-                    "restarts, world_size, last_recovery, state_checkpoint, history_loaded, "
-                    "history_loaded_created_micros, history_since_micros FROM jobs ORDER BY name");
+  SqliteStatement s(
+      db_,
+      "SELECT name, spec, state, failure, epoch, step, data_position, last_seq, "
+      "restarts, world_size, last_recovery, state_checkpoint, history_loaded, "
+      "history_loaded_created_micros, history_since_micros, history_loaded_step FROM jobs "
+      "ORDER BY name");
   while (s.Next()) {
     JobRecord job;
     const std::string name = s.ColumnString(0);
@@ -314,6 +319,7 @@ absl::StatusOr<std::vector<JobRecord>> StateStore::LoadJobs() const {
     job.history.loaded = s.ColumnString(12);
     job.history.loaded_created_unix_micros = s.ColumnInt(13);
     job.history.since_unix_micros = s.ColumnInt(14);
+    job.history.loaded_step = s.ColumnInt(15);
     jobs.push_back(std::move(job));
   }
   RETURN_IF_ERROR(s.status());

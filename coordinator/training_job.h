@@ -223,7 +223,7 @@ class TrainingJob {
 
   // Recovery (training_job_recovery.cc), with the operation slot held: after
   // `cause` failed a batch, re-forms (spares, else a smaller world) and
-  // restores the newest checkpoint the new world can load. OK when the job is
+  // restores the checkpoint RecoveryCheckpoint chooses. OK when the job is
   // READY again; otherwise the job is FAILED and the status says why.
   absl::Status RecoverLocked(const absl::Status& cause, std::vector<int> failed_ranks);
   // One try of it; `*retryable` says whether a failure of the try may be
@@ -339,8 +339,10 @@ class TrainingJob {
   // v1::Job::state_checkpoint, persisted (jobs.state_checkpoint): cleared
   // in the store with the batch that changes the state, before it is sent.
   std::string state_checkpoint_;
-  // Where a recovery restores from (RecoveryCheckpoint); set by every load.
+  // Where a recovery restores from (RecoveryCheckpoint); set by a client's load.
   CheckpointHistory history_;
+  // Of the last manifest built (BuildManifest, const: it only orders them).
+  mutable int64_t last_created_unix_micros_ = 0;
   // Bumped by everything that may change the ranks' state (a formation, a
   // batch that steps, loads or restores): a save whose snapshot was taken
   // at another generation is not the state now.

@@ -68,6 +68,8 @@ absl::StatusOr<v1::CheckpointInfo> TrainingJob::SaveCheckpoint(
   SaveFuture done;
   absl::StatusOr<OperationLock> op = BeginOperation("save a checkpoint");
   if (op.ok()) {
+    // Named once an async save before it has committed: its name is taken then.
+    if (requested.empty() && committer_.joinable()) committer_.join();
     const std::string name = requested.empty() ? StepCheckpointName(StepNow()) : requested;
     done = StartSave(name, type, /*scheduled=*/false, async_save);
     op->unlock();  // an async save's writing and commit need no operation slot
@@ -115,10 +117,14 @@ void TrainingJob::RunPendingSaves(const absl::Status& refuse, bool last) {
       next = pending_saves_.front();
       pending_saves_.erase(pending_saves_.begin());
     }
-    if (next->name.empty()) next->name = StepCheckpointName(StepNow());
     if (!refuse.ok()) {
       next->started.set_value(Ready(refuse));
       continue;
+    }
+    if (next->name.empty()) {
+      // Named once the async save before it has committed: its name is taken then.
+      if (committer_.joinable()) committer_.join();
+      next->name = StepCheckpointName(StepNow());
     }
     next->started.set_value(
         StartSave(next->name, next->type, /*scheduled=*/false, next->async_save));
@@ -142,7 +148,7 @@ std::string TrainingJob::StepCheckpointName(int64_t step) const {
   // save) would leave nothing to grow back or recover at but the other
   // history. A name this very state was saved as ends the search.
   std::string name = absl::StrFormat("step-%08d", step);
-  for (int n = 2; name != state && catalog_.Read(name).ok(); ++n) {
+  for (int n = 2; name != state && catalog_.Exists(name); ++n) {
     name = absl::StrFormat("step-%08d-%d", step, n);
   }
   return name;
@@ -236,10 +242,14 @@ CheckpointManifest TrainingJob::BuildManifest(const std::string& name, v1::State
   m.global_batch_size = config_.data.global_batch_size;
   m.init_seed = config_.seed;
   {
-    // Never before the history's start: a clock that stepped back since the
-    // load would leave this save out of the history it belongs to.
+    // Never before the history's start (a clock that stepped back since the
+    // load would leave this save out of the history it belongs to), and
+    // after every save before it: the catalog orders by it, and a clock held
+    // at the start would tie them.
     std::lock_guard<std::mutex> lock(mu_);
-    m.created_unix_micros = std::max(absl::ToUnixMicros(absl::Now()), history_.since_unix_micros);
+    m.created_unix_micros = std::max({absl::ToUnixMicros(absl::Now()), history_.since_unix_micros,
+                                      last_created_unix_micros_ + 1});
+    last_created_unix_micros_ = m.created_unix_micros;
   }
   m.scheduled = scheduled;
   return m;
@@ -369,6 +379,7 @@ TrainingJob::SaveFuture TrainingJob::StartSave(const std::string& name, v1::Stat
 
 absl::StatusOr<v1::CheckpointInfo> TrainingJob::LoadCheckpoint(const std::string& name) {
   ASSIGN_OR_RETURN(OperationLock op, BeginOperation("load a checkpoint"));
+  RETURN_IF_ERROR(catalog_.Read(name).status());  // a wrong name waits for nothing
   // An async save still committing is of the history this load leaves: it
   // commits (and retires, keep_last) before the load, not after it.
   if (committer_.joinable()) committer_.join();
@@ -394,9 +405,13 @@ absl::StatusOr<v1::CheckpointInfo> TrainingJob::LoadLocked(const std::string& na
   // saves after it no earlier than this).
   int64_t since = absl::ToUnixMicros(absl::Now());
   if (starts_history) {
-    if (absl::StatusOr<std::vector<v1::CheckpointInfo>> all = catalog_.List(); all.ok()) {
-      for (const v1::CheckpointInfo& c : *all) since = std::max(since, c.created_unix_micros() + 1);
+    absl::StatusOr<std::vector<v1::CheckpointInfo>> all = catalog_.List();
+    if (!all.ok()) {
+      return PrefixStatus(
+          absl::StrCat("checkpoint '", manifest.name, "' was not loaded (the job is unchanged): "),
+          all.status());
     }
+    for (const v1::CheckpointInfo& c : *all) since = std::max(since, c.created_unix_micros() + 1);
   }
   command.mutable_load_shard()->set_apply(true);
   absl::StatusOr<std::vector<v1::CommandResult>> applied = RunCheckpointBatch(command);
@@ -417,7 +432,8 @@ absl::StatusOr<v1::CheckpointInfo> TrainingJob::LoadLocked(const std::string& na
     state_checkpoint_ = manifest.name;  // its apply batch bumped the generation
     // A new history: the newer checkpoints of the one it left are not its.
     if (starts_history) {
-      history_ = CheckpointHistory{manifest.name, manifest.created_unix_micros, since};
+      history_ =
+          CheckpointHistory{manifest.name, manifest.step, manifest.created_unix_micros, since};
     }
     data_position_ = manifest.data_position;
     unsharded_.clear();

@@ -1,9 +1,9 @@
 // TrainingJob's automatic recovery from a failed rank (docs/fault-tolerance.md):
 // the failed epoch is cancelled everywhere, the members that still answer are
 // kept, spares fill the failed seats (or the job shrinks, within its recovery
-// policy), a new epoch is configured, and the newest checkpoint the new world
-// can load is restored. Everything here runs with the operation slot held, so
-// no client operation sees a half-recovered job.
+// policy), a new epoch is configured, and the newest checkpoint of the job's
+// history the new world can load is restored (checkpoint_history.h). Everything here runs with the
+// operation slot held, so no client operation sees a half-recovered job.
 #include <algorithm>
 #include <map>
 #include <set>
@@ -349,7 +349,7 @@ absl::Status TrainingJob::RecoverOnce(const absl::Status& cause, std::vector<int
   std::optional<std::string> checkpoint;
   const std::optional<v1::CheckpointInfo> newest = RecoveryCheckpoint(world);
   // The survivors' in-memory peer snapshots, when they hold a newer step than
-  // the newest checkpoint; the checkpoint otherwise, or when they fail.
+  // that checkpoint; the checkpoint otherwise, or when they fail.
   bool from_memory = false;
   std::optional<PeerSnapshotChoice> snapshot;
   {

@@ -361,7 +361,8 @@ seconds() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", b - a }'; }
 # docs/fault-tolerance.md: its heartbeats stop, the coordinator probes the
 # epoch's members, finds no spare within spare_wait_s and shrinks to the largest
 # world size the spec accepts (2: it divides the global batch of 24), restoring
-# the newest committed checkpoint (ours, step 5). State READY, restarts 1.
+# the newest checkpoint of the job's history (the FULL one saved after the
+# load, step 5). State READY, restarts 1.
 victim=2  # w3
 victim_id=mh-w$((victim + 1))
 victim_rank=$(cli workers -j "$job" --json \

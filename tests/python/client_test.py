@@ -86,6 +86,12 @@ class PlaintextClusterTest(ClusterTestCase):
         self.assertTrue(names["py-sharded"].recovery_target)
         self.assertFalse(names["py-full"].recovery_target)
         self.assertLess(names["py-full"].created_unix_micros, names["py-sharded"].created_unix_micros)
+        # After a load of the older one, a recovery restores it, not the latest.
+        job.load_checkpoint("py-full")
+        names = {c.name: c for c in job.checkpoints()}
+        self.assertTrue(names["py-full"].recovery_target)
+        self.assertTrue(names["py-sharded"].latest)
+        self.assertFalse(names["py-sharded"].recovery_target)
 
         weights = job.summon()
         self.assertIn("blocks.0.fc1.weight", weights)

@@ -81,10 +81,11 @@ class CheckpointInfo:
     world_size: int
     bytes: int
     latest: bool  # the newest committed (what "latest" names)
-    created_unix_micros: int  # when its save began
+    created_unix_micros: int = 0  # when its save began (the catalog's order)
     # The one a recovery (or the job's next start) would restore now: the
-    # newest of the job's history, which after a load need not be the latest.
-    recovery_target: bool
+    # newest of the job's history (after a load, the loaded one or a save
+    # since), which need not be the latest.
+    recovery_target: bool = False
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,7 @@ JobRecord SomeJob() {
   recovery.set_steps_lost(5);
   job.last_recovery = recovery;
   job.state_checkpoint = "step-00000040";
-  job.history = CheckpointHistory{"step-00000030", 1700000000000001, 1700000000123456};
+  job.history = CheckpointHistory{"step-00000030", 30, 1700000000000001, 1700000000123456};
   return job;
 }
 
@@ -102,6 +102,7 @@ TEST(StateStoreTest, WhatIsPutSurvivesReopening) {
   EXPECT_EQ(job.last_recovery->steps_lost(), 5);
   EXPECT_EQ(job.state_checkpoint, "step-00000040");
   EXPECT_EQ(job.history.loaded, "step-00000030");
+  EXPECT_EQ(job.history.loaded_step, 30);
   EXPECT_EQ(job.history.loaded_created_unix_micros, 1700000000000001);
   EXPECT_EQ(job.history.since_unix_micros, 1700000000123456);
   auto batch = (*store)->LoadLastBatch("gpt");
@@ -215,6 +216,7 @@ TEST(StateStoreTest, AnOlderSchemaIsMigrated) {
                          "ALTER TABLE last_batches DROP COLUMN mid_step_before; "
                          "ALTER TABLE jobs DROP COLUMN state_checkpoint; "
                          "ALTER TABLE jobs DROP COLUMN history_loaded; "
+                         "ALTER TABLE jobs DROP COLUMN history_loaded_step; "
                          "ALTER TABLE jobs DROP COLUMN history_loaded_created_micros; "
                          "ALTER TABLE jobs DROP COLUMN history_since_micros; "
                          "PRAGMA user_version = 2",
@@ -248,6 +250,7 @@ TEST(StateStoreTest, ASchema4DirKeepsItsStateCheckpoint) {
   ASSERT_EQ(sqlite3_open((dir + "/coordinator.db").c_str(), &db), SQLITE_OK);
   ASSERT_EQ(sqlite3_exec(db,
                          "ALTER TABLE jobs DROP COLUMN history_loaded; "
+                         "ALTER TABLE jobs DROP COLUMN history_loaded_step; "
                          "ALTER TABLE jobs DROP COLUMN history_loaded_created_micros; "
                          "ALTER TABLE jobs DROP COLUMN history_since_micros; "
                          "PRAGMA user_version = 4",
@@ -261,6 +264,8 @@ TEST(StateStoreTest, ASchema4DirKeepsItsStateCheckpoint) {
   ASSERT_TRUE(jobs.ok() && jobs->size() == 1) << jobs.status();
   EXPECT_EQ((*jobs)[0].state_checkpoint, "step-00000040");
   EXPECT_EQ((*jobs)[0].history.loaded, "");
+  EXPECT_EQ((*jobs)[0].history.loaded_step, 0);
+  EXPECT_EQ((*jobs)[0].history.loaded_created_unix_micros, 0);
   EXPECT_EQ((*jobs)[0].history.since_unix_micros, 0);
 }
 
