@@ -74,6 +74,18 @@ absl::Status TrainSteps(FlatshardClient& client, const std::string& job, int64_t
   });
 }
 
+// Creates the job and trains `steps`, SIGKILLing the coordinator once step
+// 5's result is in; the stream is cut.
+void CreateAndKillTheCoordinatorAtStep5(LocalCluster& cluster, const v1::JobSpec& spec,
+                                        int64_t steps, std::map<int64_t, double>* losses) {
+  FlatshardClient client(cluster.address());
+  CreateAndWaitReady(client, spec);
+  const absl::Status cut = TrainSteps(client, spec.name(), steps, losses, [&](int64_t step) {
+    if (step == 5) cluster.coordinator().Signal(SIGKILL);
+  });
+  EXPECT_EQ(cut.code(), absl::StatusCode::kUnavailable) << cut;
+}
+
 std::string Events(FlatshardClient& client, const std::string& job) {
   std::string all;
   (void)client.WatchEvents(job, [&](const v1::JobEvent& e) {
@@ -190,17 +202,10 @@ TEST(CoordinatorRestartTest, AScheduledSaveNamesTheStateOnlyUntilTheNextStep) {
   ASSERT_NE(cluster, nullptr);
   const v1::JobSpec spec = Job();  // a checkpoint every 4 steps
   std::map<int64_t, double> losses;
-  {
-    FlatshardClient client(cluster->address());
-    CreateAndWaitReady(client, spec);
-    // Far from its end at the kill: the operation is still running, and
-    // goes on after the restart (to 6 it could end before the kill lands,
-    // and the job would come back READY, never IDLE).
-    const absl::Status cut = TrainSteps(client, spec.name(), 10, &losses, [&](int64_t step) {
-      if (step == 5) cluster->coordinator().Signal(SIGKILL);
-    });
-    EXPECT_EQ(cut.code(), absl::StatusCode::kUnavailable) << cut;
-  }
+  // Far from its end at the kill: the operation is still running, and goes
+  // on after the restart (to 6 it could end before the kill lands, and the
+  // job would come back READY, never IDLE).
+  ASSERT_NO_FATAL_FAILURE(CreateAndKillTheCoordinatorAtStep5(*cluster, spec, 10, &losses));
   std::string stored = "(not read)";
   ASSERT_TRUE(cluster
                   ->KillAndRestartCoordinator([&] {
@@ -264,15 +269,8 @@ TEST(CoordinatorRestartTest, KilledMidTrainingGoesOnFromWhereTheRanksAre) {
   ASSERT_NE(cluster, nullptr);
   const v1::JobSpec spec = Job();
   std::map<int64_t, double> losses;
-  {
-    FlatshardClient client(cluster->address());
-    CreateAndWaitReady(client, spec);
-    // Killed while the stream runs: the next step's batch may be anywhere.
-    const absl::Status cut = TrainSteps(client, spec.name(), 12, &losses, [&](int64_t step) {
-      if (step == 5) cluster->coordinator().Signal(SIGKILL);
-    });
-    EXPECT_EQ(cut.code(), absl::StatusCode::kUnavailable) << cut;
-  }
+  // Killed while the stream runs: the next step's batch may be anywhere.
+  ASSERT_NO_FATAL_FAILURE(CreateAndKillTheCoordinatorAtStep5(*cluster, spec, 12, &losses));
   ASSERT_TRUE(cluster->KillAndRestartCoordinator().ok());
   FlatshardClient client(cluster->address());
   const std::string events = Events(client, spec.name());

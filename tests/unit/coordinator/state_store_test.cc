@@ -45,6 +45,23 @@ JobRecord SomeJob() {
   return job;
 }
 
+// Takes the state dir's database back to an earlier schema, as an earlier
+// flatshard left it: `sql` drops what came after, then the version is set.
+void RewindSchema(const std::string& dir, const std::string& sql, int version) {
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open((dir + "/coordinator.db").c_str(), &db), SQLITE_OK);
+  const std::string all = sql + " PRAGMA user_version = " + std::to_string(version);
+  EXPECT_EQ(sqlite3_exec(db, all.c_str(), nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3_close(db);
+}
+
+// Migration 5's columns.
+constexpr char kDropHistory[] =
+    "ALTER TABLE jobs DROP COLUMN history_loaded; "
+    "ALTER TABLE jobs DROP COLUMN history_loaded_step; "
+    "ALTER TABLE jobs DROP COLUMN history_loaded_created_micros; "
+    "ALTER TABLE jobs DROP COLUMN history_since_micros;";
+
 TEST(StateStoreTest, WhatIsPutSurvivesReopening) {
   const std::string dir = FreshDir("reopen");
   {
@@ -152,10 +169,7 @@ TEST(StateStoreTest, ASecondCoordinatorIsKeptOff) {
 TEST(StateStoreTest, ANewerSchemaIsRefused) {
   const std::string dir = FreshDir("newer");
   ASSERT_TRUE(StateStore::Open(dir).ok());
-  sqlite3* db = nullptr;
-  ASSERT_EQ(sqlite3_open((dir + "/coordinator.db").c_str(), &db), SQLITE_OK);
-  ASSERT_EQ(sqlite3_exec(db, "PRAGMA user_version = 99", nullptr, nullptr, nullptr), SQLITE_OK);
-  sqlite3_close(db);
+  ASSERT_NO_FATAL_FAILURE(RewindSchema(dir, "", 99));  // "rewound" forward
   auto store = StateStore::Open(dir);
   ASSERT_FALSE(store.ok());
   EXPECT_EQ(store.status().code(), absl::StatusCode::kFailedPrecondition);
@@ -210,19 +224,12 @@ TEST(StateStoreTest, AnOlderSchemaIsMigrated) {
     batch.mid_step_before = true;
     ASSERT_TRUE((*store)->PutLastBatch("gpt", batch).ok());
   }
-  sqlite3* db = nullptr;
-  ASSERT_EQ(sqlite3_open((dir + "/coordinator.db").c_str(), &db), SQLITE_OK);
-  ASSERT_EQ(sqlite3_exec(db,
-                         "ALTER TABLE last_batches DROP COLUMN mid_step_before; "
-                         "ALTER TABLE jobs DROP COLUMN state_checkpoint; "
-                         "ALTER TABLE jobs DROP COLUMN history_loaded; "
-                         "ALTER TABLE jobs DROP COLUMN history_loaded_step; "
-                         "ALTER TABLE jobs DROP COLUMN history_loaded_created_micros; "
-                         "ALTER TABLE jobs DROP COLUMN history_since_micros; "
-                         "PRAGMA user_version = 2",
-                         nullptr, nullptr, nullptr),
-            SQLITE_OK);
-  sqlite3_close(db);
+  ASSERT_NO_FATAL_FAILURE(RewindSchema(dir,
+                                       std::string("ALTER TABLE last_batches DROP COLUMN "
+                                                   "mid_step_before; ALTER TABLE jobs DROP COLUMN "
+                                                   "state_checkpoint; ") +
+                                           kDropHistory,
+                                       2));
   auto store = StateStore::Open(dir);
   ASSERT_TRUE(store.ok()) << store.status();
   EXPECT_EQ((*store)->schema_version(), StateStore::kSchemaVersion);
@@ -246,17 +253,7 @@ TEST(StateStoreTest, ASchema4DirKeepsItsStateCheckpoint) {
     ASSERT_TRUE(store.ok()) << store.status();
     ASSERT_TRUE((*store)->PutJob(SomeJob()).ok());
   }
-  sqlite3* db = nullptr;
-  ASSERT_EQ(sqlite3_open((dir + "/coordinator.db").c_str(), &db), SQLITE_OK);
-  ASSERT_EQ(sqlite3_exec(db,
-                         "ALTER TABLE jobs DROP COLUMN history_loaded; "
-                         "ALTER TABLE jobs DROP COLUMN history_loaded_step; "
-                         "ALTER TABLE jobs DROP COLUMN history_loaded_created_micros; "
-                         "ALTER TABLE jobs DROP COLUMN history_since_micros; "
-                         "PRAGMA user_version = 4",
-                         nullptr, nullptr, nullptr),
-            SQLITE_OK);
-  sqlite3_close(db);
+  ASSERT_NO_FATAL_FAILURE(RewindSchema(dir, kDropHistory, 4));
   auto store = StateStore::Open(dir);
   ASSERT_TRUE(store.ok()) << store.status();
   EXPECT_EQ((*store)->schema_version(), StateStore::kSchemaVersion);
