@@ -241,6 +241,9 @@ class TrainingJob {
   // The checkpoint a recovery at `world_size` restores: the newest of the
   // ranks' history that world can load (ChooseRecoveryCheckpoint).
   std::optional<v1::CheckpointInfo> RecoveryCheckpoint(int world_size) const;
+  // The same among `committed` (the catalog's list, oldest first).
+  std::optional<v1::CheckpointInfo> RecoveryCheckpointOf(
+      const std::vector<v1::CheckpointInfo>& committed, int world_size) const;
   // Between steps of Train, after a scheduled checkpoint: a job a recovery
   // shrank grows back to its spec's world size when enough workers are live
   // again (a new epoch, the checkpoint of this step loaded, nothing lost).

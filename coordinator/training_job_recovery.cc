@@ -2,8 +2,9 @@
 // the failed epoch is cancelled everywhere, the members that still answer are
 // kept, spares fill the failed seats (or the job shrinks, within its recovery
 // policy), a new epoch is configured, and the newest checkpoint of the job's
-// history the new world can load is restored (checkpoint_history.h). Everything here runs with the
-// operation slot held, so no client operation sees a half-recovered job.
+// history the new world can load is restored (checkpoint_history.h).
+// Everything here runs with the operation slot held, so no client operation
+// sees a half-recovered job.
 #include <algorithm>
 #include <map>
 #include <set>
@@ -163,23 +164,22 @@ std::vector<int> TrainingJob::ProbeMembers(
 std::optional<v1::CheckpointInfo> TrainingJob::RecoveryCheckpoint(int world_size) const {
   absl::StatusOr<std::vector<v1::CheckpointInfo>> committed = catalog_.List();
   if (!committed.ok()) return std::nullopt;
+  return RecoveryCheckpointOf(*committed, world_size);
+}
+
+std::optional<v1::CheckpointInfo> TrainingJob::RecoveryCheckpointOf(
+    const std::vector<v1::CheckpointInfo>& committed, int world_size) const {
   CheckpointHistory history;
   {
     std::lock_guard<std::mutex> lock(mu_);
     history = history_;
   }
-  return ChooseRecoveryCheckpoint(*committed, world_size, history);
+  return ChooseRecoveryCheckpoint(committed, world_size, history);
 }
 
 absl::StatusOr<std::vector<v1::CheckpointInfo>> TrainingJob::ListCheckpoints() const {
   ASSIGN_OR_RETURN(std::vector<v1::CheckpointInfo> committed, catalog_.List());
-  CheckpointHistory history;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    history = history_;
-  }
-  const std::optional<v1::CheckpointInfo> target =
-      ChooseRecoveryCheckpoint(committed, world_size(), history);
+  const std::optional<v1::CheckpointInfo> target = RecoveryCheckpointOf(committed, world_size());
   for (v1::CheckpointInfo& c : committed) {
     c.set_recovery_target(target.has_value() && c.name() == target->name());
   }

@@ -70,14 +70,15 @@ void TrainingJob::Persist() {
     record.state_checkpoint = state_checkpoint_;
     record.history = history_;
   }
-  if (absl::Status s = state_store_->PutJob(record); !s.ok()) {
+  const absl::Status put = state_store_->PutJob(record);
+  if (!put.ok()) {
     // Training goes on without durability; a restart then rolls back.
-    spdlog::error("job {}: {}", config_.name, std::string(s.message()));
-  } else {
-    stored_state_checkpoint_ = !record.state_checkpoint.empty();
-    return;
+    spdlog::error("job {}: {}", config_.name, std::string(put.message()));
   }
-  stored_state_checkpoint_ |= !record.state_checkpoint.empty();  // it may have landed
+  // Only a write that succeeded says the store holds no name: a failed one
+  // may still have landed.
+  stored_state_checkpoint_ =
+      !record.state_checkpoint.empty() || (!put.ok() && stored_state_checkpoint_);
 }
 
 void TrainingJob::PersistProgress() {
