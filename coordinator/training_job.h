@@ -64,6 +64,9 @@ struct TrainingJobOptions {
   // Where the job keeps its state across coordinator restarts; null: memory
   // only. Must outlive the job.
   StateStore* state = nullptr;
+  // The wall clock that stamps saves (created_unix_micros) and starts a
+  // loaded history; null: absl::Now. Only tests set it, to step it back.
+  std::function<absl::Time()> checkpoint_clock;
 };
 
 // FAILED_PRECONDITION naming the workers by device kind when `members` mix kinds.
@@ -314,6 +317,7 @@ class TrainingJob {
   // A client's load starts a new history (CheckpointHistory); a recovery's
   // or grow-back's stays on the one it restores from.
   absl::StatusOr<v1::CheckpointInfo> LoadLocked(const std::string& name, bool starts_history);
+  absl::Time CheckpointClock() const;  // options_.checkpoint_clock, else absl::Now
   // Everything but the files, as the job stands now.
   CheckpointManifest BuildManifest(const std::string& name, v1::StateDictType type,
                                    bool scheduled) const;

@@ -216,6 +216,10 @@ absl::StatusOr<std::vector<v1::CommandResult>> TrainingJob::RunCheckpointBatch(
              : failure;
 }
 
+absl::Time TrainingJob::CheckpointClock() const {
+  return options_.checkpoint_clock ? options_.checkpoint_clock() : absl::Now();
+}
+
 CheckpointManifest TrainingJob::BuildManifest(const std::string& name, v1::StateDictType type,
                                               bool scheduled) const {
   CheckpointManifest m;
@@ -247,8 +251,8 @@ CheckpointManifest TrainingJob::BuildManifest(const std::string& name, v1::State
     // after every save before it: the catalog orders by it, and a clock held
     // at the start would tie them.
     std::lock_guard<std::mutex> lock(mu_);
-    m.created_unix_micros = std::max({absl::ToUnixMicros(absl::Now()), history_.since_unix_micros,
-                                      last_created_unix_micros_ + 1});
+    m.created_unix_micros = std::max({absl::ToUnixMicros(CheckpointClock()),
+                                      history_.since_unix_micros, last_created_unix_micros_ + 1});
     last_created_unix_micros_ = m.created_unix_micros;
   }
   m.scheduled = scheduled;
@@ -403,7 +407,7 @@ absl::StatusOr<v1::CheckpointInfo> TrainingJob::LoadLocked(const std::string& na
   // After every save begun so far, whatever the clock did: the history it
   // starts holds none of them but the loaded one (BuildManifest stamps the
   // saves after it no earlier than this).
-  int64_t since = absl::ToUnixMicros(absl::Now());
+  int64_t since = absl::ToUnixMicros(CheckpointClock());
   if (starts_history) {
     absl::StatusOr<std::vector<v1::CheckpointInfo>> all = catalog_.List();
     if (!all.ok()) {

@@ -1,0 +1,190 @@
+// The clock guards of a job's checkpoint history (coordinator/checkpoint_history.h):
+// a coordinator in this process, whose checkpoint clock the test steps, and
+// two real worker daemons writing real checkpoints. A wall clock that steps
+// back or stands still must neither drop a save from the history it belongs
+// to nor let a save of the history a load left into the new one. The
+// checkpoint a recovery would restore (CheckpointInfo.recovery_target) shows
+// which history the coordinator holds.
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "rpc/grpc_server.h"
+
+#include "client/child_process.h"
+#include "client/flatshard_client.h"
+#include "coordinator/coordinator.h"
+#include "coordinator/grpc_worker_client.h"
+#include "coordinator/service/job_service.h"
+#include "coordinator/service/membership_service.h"
+#include "storage/spec_files.h"
+#include "tests/integration/multiprocess.h"
+
+namespace flatshard {
+namespace {
+
+constexpr int kWorkers = 2;
+
+// absl::Now, moved by an offset, or held at one time.
+class SteppedClock {
+ public:
+  absl::Time Now() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return held_.value_or(absl::Now() + offset_);
+  }
+  void Step(absl::Duration by) {
+    std::lock_guard<std::mutex> lock(mu_);
+    offset_ += by;
+  }
+  void Hold(absl::Time at) {
+    std::lock_guard<std::mutex> lock(mu_);
+    held_ = at;
+  }
+
+ private:
+  mutable std::mutex mu_;
+  absl::Duration offset_;
+  std::optional<absl::Time> held_;
+};
+
+class CheckpointClockTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const std::string dir = testing::MakeTempDir("checkpoint-clock");
+    const std::string checkpoints = dir + "/checkpoints";
+    CoordinatorOptions options;
+    options.job.checkpoint_root = checkpoints;
+    options.job.connect = [](const WorkerRecord& w) -> std::unique_ptr<WorkerClient> {
+      return std::make_unique<GrpcWorkerClient>(w.address, nullptr, w.command_token);
+    };
+    options.job.checkpoint_clock = [this] { return clock_.Now(); };
+    coordinator_ = std::make_unique<Coordinator>(options);
+    ASSERT_TRUE(coordinator_->RestoreState().ok());
+    membership_ = std::make_unique<MembershipService>(&coordinator_->members(),
+                                                      &coordinator_->store(), absl::Seconds(1));
+    jobs_ = std::make_unique<JobServiceImpl>(coordinator_.get());
+    auto server = GrpcServer::Start("127.0.0.1:0", {membership_.get(), jobs_.get()});
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = *std::move(server);
+    coordinator_->Start();
+    for (int i = 0; i < kWorkers; ++i) {
+      auto worker =
+          ChildProcess::Spawn({std::string(FLATSHARD_BIN_DIR) + "/flatshard-worker",
+                               "--coordinator", server_->address(), "--rank", absl::StrCat(i),
+                               "--state-dir", absl::StrCat(dir, "/worker-", i), "--checkpoint-dir",
+                               checkpoints, "--metrics-listen", "", "--compute-threads", "1"});
+      ASSERT_TRUE(worker.ok()) << worker.status();
+      // Its banner: registered and serving.
+      auto banner = (*worker)->ReadLine(absl::Seconds(60));
+      ASSERT_TRUE(banner.ok()) << banner.status();
+      workers_.push_back(*std::move(worker));
+    }
+    client_ = std::make_unique<FlatshardClient>(server_->address());
+    auto spec = LoadJobSpecFile(std::string(FLATSHARD_SOURCE_DIR) + "/examples/mlp-job.yaml");
+    ASSERT_TRUE(spec.ok()) << spec.status();
+    spec->set_world_size(kWorkers);
+    spec->mutable_checkpoints()->set_keep_last(0);  // every save stays listed
+    job_ = spec->name();
+    ASSERT_TRUE(client_->CreateJob(*spec).ok());
+    auto ready = client_->WaitForState(job_, {v1::READY}, absl::Seconds(120));
+    ASSERT_TRUE(ready.ok()) << ready.status();
+  }
+
+  void TearDown() override {
+    // The job's end first: the workers' calls into it return.
+    if (coordinator_ != nullptr) coordinator_->Shutdown("the test ended");
+    server_.reset();
+    coordinator_.reset();
+    workers_.clear();  // each is terminated (SIGTERM) and waited for
+  }
+
+  void TrainAndSave(const std::string& name) {
+    ASSERT_TRUE(client_->Train(job_, 1, 0, [](const v1::StepResult&) {}).ok());
+    v1::SaveCheckpointRequest request;
+    request.set_job(job_);
+    request.set_name(name);
+    auto saved = client_->SaveCheckpoint(request);
+    ASSERT_TRUE(saved.ok()) << saved.status();
+  }
+  void Load(const std::string& name) {
+    auto loaded = client_->LoadCheckpoint(job_, name);
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+  }
+  // What a recovery would restore now.
+  std::string RecoveryTarget() {
+    auto listed = client_->ListCheckpoints(job_);
+    EXPECT_TRUE(listed.ok()) << listed.status();
+    std::string target;
+    if (!listed.ok()) return target;
+    for (const v1::CheckpointInfo& c : *listed) {
+      if (c.recovery_target()) target = c.name();
+    }
+    return target;
+  }
+  int64_t CreatedMicros(const std::string& name) {
+    auto listed = client_->ListCheckpoints(job_);
+    EXPECT_TRUE(listed.ok()) << listed.status();
+    if (!listed.ok()) return -1;
+    for (const v1::CheckpointInfo& c : *listed) {
+      if (c.name() == name) return c.created_unix_micros();
+    }
+    ADD_FAILURE() << "no checkpoint '" << name << "' listed";
+    return -1;
+  }
+
+  SteppedClock clock_;
+  std::unique_ptr<Coordinator> coordinator_;
+  std::unique_ptr<MembershipService> membership_;
+  std::unique_ptr<JobServiceImpl> jobs_;
+  std::unique_ptr<GrpcServer> server_;
+  std::vector<std::unique_ptr<ChildProcess>> workers_;
+  std::unique_ptr<FlatshardClient> client_;
+  std::string job_;
+};
+
+// A load when the clock has stepped back behind the newer save: that save
+// is of the history the load left, not of the one it starts.
+TEST_F(CheckpointClockTest, ALoadAfterTheClockSteppedBackStartsItsHistoryAfterEverySave) {
+  TrainAndSave("a");
+  TrainAndSave("b");
+  clock_.Step(-absl::Hours(1));
+  Load("a");
+  EXPECT_EQ(RecoveryTarget(), "a");
+  // And a save now, the clock still behind, is of the new history.
+  TrainAndSave("c");
+  EXPECT_EQ(RecoveryTarget(), "c");
+  EXPECT_GT(CreatedMicros("c"), CreatedMicros("b"));
+}
+
+// A save when the clock has stepped back behind the load that started its
+// history: it is still stamped inside that history.
+TEST_F(CheckpointClockTest, ASaveAfterTheClockSteppedBackStaysInItsHistory) {
+  TrainAndSave("a");
+  TrainAndSave("b");
+  clock_.Step(absl::Hours(1));
+  Load("a");
+  clock_.Step(-absl::Hours(1));
+  TrainAndSave("c");
+  EXPECT_EQ(RecoveryTarget(), "c");
+}
+
+// Saves while the clock stands still are ordered as they were taken (the
+// catalog orders by creation time, then by name): "y" after "z" is the
+// newer, whatever the names say.
+TEST_F(CheckpointClockTest, SavesWhileTheClockStandsStillAreOrderedAsTaken) {
+  clock_.Hold(absl::Now() + absl::Hours(1));
+  TrainAndSave("z");
+  TrainAndSave("y");
+  EXPECT_EQ(RecoveryTarget(), "y");
+  EXPECT_EQ(CreatedMicros("y"), CreatedMicros("z") + 1);
+}
+
+}  // namespace
+}  // namespace flatshard
