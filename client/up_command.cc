@@ -15,7 +15,6 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
 #include "absl/time/time.h"
 
 #include "client/cli_output.h"
@@ -255,7 +254,7 @@ int RunUpCommand(const UpCommandOptions& o, std::ostream& out, std::ostream& err
         << std::endl;
 
     for (;;) {
-      signal = TakeUpSignal(supervisor.NextRetry() - absl::Now());
+      signal = TakeUpSignal(supervisor.UntilNextRetry());
       if (signal == 0) {
         supervisor.RetryDue();
       } else if (signal != SIGCHLD || !supervisor.OnChildExit()) {

@@ -1,6 +1,7 @@
 #include "client/up_supervisor.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <optional>
@@ -10,7 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
+#include "absl/time/time.h"
 
 #include "core/worker_exit_codes.h"
 
@@ -75,7 +76,7 @@ bool UpSupervisor::OnCoordinatorExit(int wait_status) {
         "up: the coordinator exited (exit status 0: stopped on purpose); stopping the cluster");
     return false;
   }
-  if (!coordinator_limit_.Allow(absl::Now())) {
+  if (!coordinator_limit_.Allow(Now())) {
     Say(err_, absl::StrCat("up: the coordinator failed (", DescribeExit(wait_status), ") after ",
                            Limit(coordinator_limit_), "; stopping the cluster"));
     return false;
@@ -113,7 +114,7 @@ void UpSupervisor::OnWedgedWorker(int i) {
   const auto w = static_cast<size_t>(i);
   // A worker whose restart is to be tried again is handled then.
   if (left_down_[w] || retry_at_[w] != absl::InfiniteFuture()) return;
-  if (!worker_limits_[w].Allow(absl::Now())) {
+  if (!worker_limits_[w].Allow(Now())) {
     Say(err_, absl::StrCat("up: worker-", i, " ended itself wedged again, after ",
                            Limit(worker_limits_[w]), "; it stays down"));
     left_down_[w] = true;
@@ -123,16 +124,21 @@ void UpSupervisor::OnWedgedWorker(int i) {
       i, absl::StrCat("worker-", i, " ended itself wedged (exit status ", kWedgedExitCode, ")"));
 }
 
-absl::Time UpSupervisor::NextRetry() const {
-  if (retry_at_.empty()) return absl::InfiniteFuture();
-  return *std::min_element(retry_at_.begin(), retry_at_.end());
+absl::Time UpSupervisor::Now() {
+  return absl::UnixEpoch() + absl::FromChrono(std::chrono::steady_clock::now().time_since_epoch());
+}
+
+absl::Duration UpSupervisor::UntilNextRetry() const {
+  if (retry_at_.empty()) return absl::InfiniteDuration();
+  // InfiniteFuture() - Now() is InfiniteDuration().
+  return *std::min_element(retry_at_.begin(), retry_at_.end()) - Now();
 }
 
 void UpSupervisor::RetryDue() {
   for (int i = 0; i < cluster_.num_workers() && !interrupted_; ++i) {
     const auto w = static_cast<size_t>(i);
     // Now, for each: a restart before may have taken a while.
-    const absl::Time now = absl::Now();
+    const absl::Time now = Now();
     if (retry_at_[w] > now) continue;
     retry_at_[w] = absl::InfiniteFuture();
     if (!worker_limits_[w].Allow(now)) {
@@ -161,12 +167,12 @@ void UpSupervisor::StartWorkerAgain(int i, const std::string& why) {
     ++failed_tries_[w];
     const std::string failed = absl::StrCat("up: ", why, "; starting it again failed (",
                                             Counted(worker_limits_[w]), "): ", restarted.message());
-    if (!worker_limits_[w].WouldAllow(absl::Now() + delay)) {
+    if (!worker_limits_[w].WouldAllow(Now() + delay)) {
       Say(err_, absl::StrCat(failed, "; it stays down"));
       left_down_[w] = true;
       return;
     }
-    retry_at_[w] = absl::Now() + delay;
+    retry_at_[w] = Now() + delay;
     Say(err_, absl::StrCat(failed, "; trying again in ", absl::FormatDuration(delay)));
     return;
   }

@@ -44,9 +44,9 @@ class UpSupervisor {
   // gone for good.
   bool OnChildExit();
 
-  // When a failed worker restart is next tried again; InfiniteFuture()
-  // when none is due.
-  absl::Time NextRetry() const;
+  // How long until a failed worker restart is next tried again;
+  // InfiniteDuration() when none is due.
+  absl::Duration UntilNextRetry() const;
   // Tries again the worker restarts that are due.
   void RetryDue();
 
@@ -62,6 +62,11 @@ class UpSupervisor {
   static constexpr absl::Duration kFirstRetryDelay = absl::Seconds(1);
   static constexpr absl::Duration kMaxRetryDelay = absl::Seconds(30);
 
+  // The supervisor's timers (retries, restart windows) run on the
+  // monotonic clock: a wall clock stepped back would hold a retry, or
+  // stepped forward end a restart window, by as much.
+  static absl::Time Now();
+
   bool OnCoordinatorExit(int wait_status);
   void OnWedgedWorker(int i);
   // Starts worker `i` again (its restart is counted); `why` begins what is
@@ -75,7 +80,7 @@ class UpSupervisor {
   RestartLimit coordinator_limit_;
   std::vector<RestartLimit> worker_limits_;  // by worker index
   std::vector<bool> left_down_;              // said so once
-  std::vector<absl::Time> retry_at_;         // InfiniteFuture(): no retry due
+  std::vector<absl::Time> retry_at_;         // on Now(); InfiniteFuture(): none due
   std::vector<int> failed_tries_;            // in a row, for the next delay
   bool interrupted_ = false;
   int coordinator_restarts_ = 0;
