@@ -9,7 +9,6 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/time/clock.h"
 
 #include "core/flat_param_layout.h"
 #include "core/job_config.h"
@@ -155,7 +154,13 @@ absl::StatusOr<CheckpointManifest> WriteConverted(TensorSource& source, const st
   m.format_version = kCheckpointFormatVersion;
   m.state_dict_type = type;
   m.world_size = world_size;
-  m.created_unix_micros = absl::ToUnixMicros(absl::Now());
+  // created_unix_micros stays the source's: a copy holds the state saved
+  // then, and a job whose directory it is written into places it in its
+  // history by that time (coordinator/checkpoint_history.h). Stamped now,
+  // a copy of a checkpoint of the history a load left would be taken for a
+  // save of the new one, and a recovery would restore it.
+  // Not scheduled: the user's copy, which keep_last never retires.
+  m.scheduled = false;
   m.files.clear();
   std::vector<Entry> entries;
   for (const auto& [fqn, info] : m.params) entries.push_back({"model", fqn, fqn, info.shape});

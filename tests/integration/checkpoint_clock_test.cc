@@ -24,6 +24,7 @@
 #include "coordinator/grpc_worker_client.h"
 #include "coordinator/service/job_service.h"
 #include "coordinator/service/membership_service.h"
+#include "storage/checkpoint_convert.h"
 #include "storage/spec_files.h"
 #include "tests/integration/multiprocess.h"
 
@@ -58,7 +59,8 @@ class CheckpointClockTest : public ::testing::Test {
  protected:
   void SetUp() override {
     const std::string dir = testing::MakeTempDir("checkpoint-clock");
-    const std::string checkpoints = dir + "/checkpoints";
+    checkpoints_ = dir + "/checkpoints";
+    const std::string& checkpoints = checkpoints_;
     CoordinatorOptions options;
     options.job.checkpoint_root = checkpoints;
     options.job.connect = [](const WorkerRecord& w) -> std::unique_ptr<WorkerClient> {
@@ -140,6 +142,7 @@ class CheckpointClockTest : public ::testing::Test {
   }
 
   SteppedClock clock_;
+  std::string checkpoints_;  // the workers' --checkpoint-dir, the coordinator's root
   std::unique_ptr<Coordinator> coordinator_;
   std::unique_ptr<MembershipService> membership_;
   std::unique_ptr<JobServiceImpl> jobs_;
@@ -184,6 +187,22 @@ TEST_F(CheckpointClockTest, SavesWhileTheClockStandsStillAreOrderedAsTaken) {
   TrainAndSave("y");
   EXPECT_EQ(RecoveryTarget(), "y");
   EXPECT_EQ(CreatedMicros("y"), CreatedMicros("z") + 1);
+}
+
+// A checkpoint converted into the job's directory holds its source's state,
+// saved when the source was: a copy of a checkpoint of the history a load
+// left is not a save of the new history, however recently it was written.
+TEST_F(CheckpointClockTest, ACopyConvertedIntoTheJobsDirectoryIsOfItsSourcesHistory) {
+  TrainAndSave("a");
+  TrainAndSave("b");
+  Load("a");
+  const std::string job_dir = checkpoints_ + "/" + job_;
+  absl::StatusOr<CheckpointManifest> copy =
+      ReshardCheckpoint(job_dir + "/b", job_dir + "/b-resharded", 1);
+  ASSERT_TRUE(copy.ok()) << copy.status();
+  EXPECT_FALSE(copy->scheduled);
+  EXPECT_EQ(CreatedMicros("b-resharded"), CreatedMicros("b"));
+  EXPECT_EQ(RecoveryTarget(), "a");
 }
 
 }  // namespace
