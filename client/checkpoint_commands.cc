@@ -152,12 +152,20 @@ int CheckpointCommands::List(std::ostream& out, std::ostream& err) {
   }
   PrintTable({"NAME", "STEP", "TYPE", "WORLD", "SIZE"}, rows, out);
   if (all->empty()) out << "(no checkpoints yet: flatshard ckpt save -j " << job_ << ")\n";
+  bool targeted = false;
   for (const v1::CheckpointInfo& info : *all) {
     // Not always the latest: a job that loaded an older checkpoint left the
     // newer ones' history.
     if (info.recovery_target()) {
       out << "a recovery (or the job's next start) restores '" << info.name() << "'\n";
+      targeted = true;
     }
+  }
+  if (!all->empty() && !targeted) {
+    // An earlier job's of this name, say: not this job's history.
+    out << "none of these is of this job's history: a recovery (or the job's next start) begins "
+           "again at its initialization (flatshard ckpt load -j "
+        << job_ << " NAME takes one)\n";
   }
   return kExitOk;
 }

@@ -16,6 +16,9 @@ std::optional<v1::CheckpointInfo> ChooseRecoveryCheckpoint(
   for (auto it = committed.rbegin(); it != committed.rend(); ++it) {
     if (!loadable(*it)) continue;
     if (of_history(*it)) return *it;
+    // A job that never loaded one has no past before its own saves: the
+    // checkpoints before them are an earlier job's, whose state it never had.
+    if (history.loaded.empty()) continue;
     if (!newest_of_its_past.has_value() &&
         it->created_unix_micros() <= history.loaded_created_unix_micros &&
         it->step() <= history.loaded_step) {

@@ -6,8 +6,9 @@
 // the job forward to steps it never trained on its own history (and undo the
 // load its user asked for). The ranks' history is the checkpoint a client
 // last loaded and every checkpoint whose save began after that load; before
-// any load, every checkpoint. (A recovery's or a grow-back's load stays on
-// the history: it starts none.)
+// any load, every checkpoint saved since the job's creation (an earlier job
+// of its name may have left others in its directory). (A recovery's or a
+// grow-back's load stays on the history: it starts none.)
 #ifndef FLATSHARD_COORDINATOR_CHECKPOINT_HISTORY_H_
 #define FLATSHARD_COORDINATOR_CHECKPOINT_HISTORY_H_
 
@@ -24,7 +25,9 @@ struct CheckpointHistory {
   std::string loaded;                      // the checkpoint last loaded ("" none)
   int64_t loaded_step = 0;                 // its step
   int64_t loaded_created_unix_micros = 0;  // when its save began
-  int64_t since_unix_micros = 0;           // when: saves begun from then on are of it
+  // When it began (the load, or the job's creation): saves begun from then
+  // on are of it. 0 (a job an earlier version created): every checkpoint is.
+  int64_t since_unix_micros = 0;
 };
 
 // The newest checkpoint of `history` in `committed` (oldest first, as the
@@ -35,7 +38,8 @@ struct CheckpointHistory {
 // the loaded one, at no later step (a checkpoint begun before it at a later
 // step is the future of an earlier history that a load left, not its past).
 // With none of those either, the newest of all, rather than the
-// initialization.
+// initialization. A history that loaded none has no past: with none of its
+// own saves loadable, nullopt (the job's initialization).
 std::optional<v1::CheckpointInfo> ChooseRecoveryCheckpoint(
     const std::vector<v1::CheckpointInfo>& committed, int world_size,
     const CheckpointHistory& history);

@@ -37,6 +37,11 @@ TrainingJob::TrainingJob(const v1::JobSpec& spec, JobConfig config, ModelIndex i
       state_store_(options_.state),
       catalog_(options_.checkpoint_root, config_.name) {
   if (options_.observer != nullptr) options_.observer->OnJobCreated(config_.name);
+  // A new job's history begins now: checkpoints an earlier job of its name
+  // left in its directory are not its own until it loads one (a restored
+  // job takes its history back from its record). Unlisted, the history
+  // starts now, after whatever a clock that stepped back leaves before it.
+  history_.since_unix_micros = HistoryStart().value_or(absl::ToUnixMicros(CheckpointClock()));
   WatchState();
   Persist();  // a new job (a restored one attaches the store afterwards)
 }

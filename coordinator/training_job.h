@@ -318,6 +318,8 @@ class TrainingJob {
   // or grow-back's stays on the one it restores from.
   absl::StatusOr<v1::CheckpointInfo> LoadLocked(const std::string& name, bool starts_history);
   absl::Time CheckpointClock() const;  // options_.checkpoint_clock, else absl::Now
+  // When a history that starts now begins (CheckpointHistory::since_unix_micros).
+  absl::StatusOr<int64_t> HistoryStart() const;
   // Everything but the files, as the job stands now.
   CheckpointManifest BuildManifest(const std::string& name, v1::StateDictType type,
                                    bool scheduled) const;

@@ -220,6 +220,16 @@ absl::Time TrainingJob::CheckpointClock() const {
   return options_.checkpoint_clock ? options_.checkpoint_clock() : absl::Now();
 }
 
+absl::StatusOr<int64_t> TrainingJob::HistoryStart() const {
+  // After every save begun so far, whatever the clock did: the history it
+  // starts holds none of them (BuildManifest stamps the saves after it no
+  // earlier than this).
+  int64_t since = absl::ToUnixMicros(CheckpointClock());
+  ASSIGN_OR_RETURN(std::vector<v1::CheckpointInfo> all, catalog_.List());
+  for (const v1::CheckpointInfo& c : all) since = std::max(since, c.created_unix_micros() + 1);
+  return since;
+}
+
 CheckpointManifest TrainingJob::BuildManifest(const std::string& name, v1::StateDictType type,
                                               bool scheduled) const {
   CheckpointManifest m;
@@ -404,18 +414,15 @@ absl::StatusOr<v1::CheckpointInfo> TrainingJob::LoadLocked(const std::string& na
         absl::StrCat("checkpoint '", manifest.name, "' was not loaded (the job is unchanged): "),
         staged.status());
   }
-  // After every save begun so far, whatever the clock did: the history it
-  // starts holds none of them but the loaded one (BuildManifest stamps the
-  // saves after it no earlier than this).
-  int64_t since = absl::ToUnixMicros(CheckpointClock());
+  int64_t since = 0;
   if (starts_history) {
-    absl::StatusOr<std::vector<v1::CheckpointInfo>> all = catalog_.List();
-    if (!all.ok()) {
+    absl::StatusOr<int64_t> start = HistoryStart();
+    if (!start.ok()) {
       return PrefixStatus(
           absl::StrCat("checkpoint '", manifest.name, "' was not loaded (the job is unchanged): "),
-          all.status());
+          start.status());
     }
-    for (const v1::CheckpointInfo& c : *all) since = std::max(since, c.created_unix_micros() + 1);
+    since = *start;
   }
   command.mutable_load_shard()->set_apply(true);
   absl::StatusOr<std::vector<v1::CommandResult>> applied = RunCheckpointBatch(command);

@@ -46,11 +46,11 @@ GrpcServer::~GrpcServer() { Shutdown(); }
 
 void GrpcServer::Shutdown() {
   if (server_ == nullptr) return;
-  // A graceful shutdown sends every connection a GOAWAY and waits for the
-  // peers to close them, not only for the calls to end. A peer that cannot
-  // answer (a stopped or hung process, an unreachable host) holds the wait
-  // to this deadline even with no call open; the deadline then cancels
-  // what is left and closes its connection. This is where a daemon's stop
+  // A graceful shutdown sends every connection a GOAWAY and waits for its
+  // peer's part of that exchange, not only for the calls to end. A peer
+  // that cannot answer (a stopped or hung process, an unreachable host)
+  // holds the wait to this deadline even with no call open; the deadline
+  // then cancels what is left and closes its connection. This is where a daemon's stop
   // takes 2 s when one of its peers is frozen (a worker under SIGSTOP
   // keeps its heartbeat channel to the coordinator open).
   server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));

@@ -20,6 +20,7 @@
 
 #include "client/child_process.h"
 #include "client/flatshard_client.h"
+#include "coordinator/checkpoint_catalog.h"
 #include "coordinator/coordinator.h"
 #include "coordinator/grpc_worker_client.h"
 #include "coordinator/service/job_service.h"
@@ -93,10 +94,20 @@ class CheckpointClockTest : public ::testing::Test {
     ASSERT_TRUE(spec.ok()) << spec.status();
     spec->set_world_size(kWorkers);
     spec->mutable_checkpoints()->set_keep_last(0);  // every save stays listed
-    job_ = spec->name();
-    ASSERT_TRUE(client_->CreateJob(*spec).ok());
+    spec_ = *spec;
+    job_ = spec_.name();
+    CreateJob(spec_);
+  }
+
+  void CreateJob(const v1::JobSpec& spec) {
+    ASSERT_TRUE(client_->CreateJob(spec).ok());
     auto ready = client_->WaitForState(job_, {v1::READY}, absl::Seconds(120));
     ASSERT_TRUE(ready.ok()) << ready.status();
+  }
+  // Deleted, then created again (its checkpoints stay).
+  void RecreateJob(const v1::JobSpec& spec) {
+    ASSERT_TRUE(client_->DeleteJob(job_).ok());
+    CreateJob(spec);
   }
 
   void TearDown() override {
@@ -107,8 +118,11 @@ class CheckpointClockTest : public ::testing::Test {
     workers_.clear();  // each is terminated (SIGTERM) and waited for
   }
 
+  void Train(int64_t steps) {
+    ASSERT_TRUE(client_->Train(job_, steps, 0, [](const v1::StepResult&) {}).ok());
+  }
   void TrainAndSave(const std::string& name) {
-    ASSERT_TRUE(client_->Train(job_, 1, 0, [](const v1::StepResult&) {}).ok());
+    Train(1);
     v1::SaveCheckpointRequest request;
     request.set_job(job_);
     request.set_name(name);
@@ -149,6 +163,7 @@ class CheckpointClockTest : public ::testing::Test {
   std::unique_ptr<GrpcServer> server_;
   std::vector<std::unique_ptr<ChildProcess>> workers_;
   std::unique_ptr<FlatshardClient> client_;
+  v1::JobSpec spec_;
   std::string job_;
 };
 
@@ -189,20 +204,41 @@ TEST_F(CheckpointClockTest, SavesWhileTheClockStandsStillAreOrderedAsTaken) {
   EXPECT_EQ(CreatedMicros("y"), CreatedMicros("z") + 1);
 }
 
+// A job deleted and created again over its old checkpoints: they are the
+// earlier job's, not its history, until it loads one; a recovery before its
+// own first save begins again at the initialization.
+TEST_F(CheckpointClockTest, AJobCreatedAgainHasOnlyItsOwnSavesAsItsHistory) {
+  TrainAndSave("a");
+  RecreateJob(spec_);
+  EXPECT_EQ(RecoveryTarget(), "");
+  TrainAndSave("b");
+  EXPECT_EQ(RecoveryTarget(), "b");
+  // A load makes one of the earlier job's its history.
+  Load("a");
+  EXPECT_EQ(RecoveryTarget(), "a");
+}
+
 // A checkpoint converted into the job's directory holds its source's state,
 // saved when the source was: a copy of a checkpoint of the history a load
 // left is not a save of the new history, however recently it was written.
+// And it is the user's: not scheduled, whatever its source was.
 TEST_F(CheckpointClockTest, ACopyConvertedIntoTheJobsDirectoryIsOfItsSourcesHistory) {
-  TrainAndSave("a");
-  TrainAndSave("b");
-  Load("a");
+  v1::JobSpec every_step = spec_;
+  every_step.mutable_checkpoints()->set_every_steps(1);
+  RecreateJob(every_step);
+  Train(2);
+  Load("step-00000001");
   const std::string job_dir = checkpoints_ + "/" + job_;
+  absl::StatusOr<CheckpointManifest> source =
+      CheckpointCatalog(checkpoints_, job_).Read("step-00000002");
+  ASSERT_TRUE(source.ok()) << source.status();
+  ASSERT_TRUE(source->scheduled);
   absl::StatusOr<CheckpointManifest> copy =
-      ReshardCheckpoint(job_dir + "/b", job_dir + "/b-resharded", 1);
+      ReshardCheckpoint(job_dir + "/step-00000002", job_dir + "/resharded-2", 1);
   ASSERT_TRUE(copy.ok()) << copy.status();
   EXPECT_FALSE(copy->scheduled);
-  EXPECT_EQ(CreatedMicros("b-resharded"), CreatedMicros("b"));
-  EXPECT_EQ(RecoveryTarget(), "a");
+  EXPECT_EQ(CreatedMicros("resharded-2"), CreatedMicros("step-00000002"));
+  EXPECT_EQ(RecoveryTarget(), "step-00000001");
 }
 
 }  // namespace

@@ -36,6 +36,7 @@ namespace flatshard {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 constexpr int kWorld = 4;
 constexpr int kSteps = 30;
@@ -253,6 +254,16 @@ TEST_P(ControlPlaneTest, TrainingThroughTheCoordinatorEqualsTheDataPlaneHarness)
   ASSERT_EQ(loaded.exit_code, 0) << Joined(loaded);
   listed = RunCli({"ckpt", "ls", "-c", address, "-j", spec->name()});
   EXPECT_THAT(Joined(listed), HasSubstr("a recovery (or the job's next start) restores 'first'"));
+  // Deleted and created again: the checkpoints in its directory are the
+  // earlier job's, listed, but not its history until it loads one.
+  CliRun deleted = RunCli({"job", "delete", "-c", address, "-j", spec->name()});
+  ASSERT_EQ(deleted.exit_code, 0) << Joined(deleted);
+  CliRun recreated = RunCli({"job", "create", "-c", address, "-f", kJobFile});
+  ASSERT_EQ(recreated.exit_code, 0) << Joined(recreated);
+  listed = RunCli({"ckpt", "ls", "-c", address, "-j", spec->name()});
+  EXPECT_THAT(Joined(listed), HasSubstr("second"));
+  EXPECT_THAT(Joined(listed), HasSubstr("none of these is of this job's history"));
+  EXPECT_THAT(Joined(listed), Not(HasSubstr("restores '")));
 
   EXPECT_TRUE((*cluster)->Stop()) << "every daemon exits 0 on SIGTERM";
   CliRun unreachable = RunCli({"workers", "-c", address});

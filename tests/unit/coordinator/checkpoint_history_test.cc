@@ -40,6 +40,20 @@ TEST(CheckpointHistoryTest, BeforeAnyLoadTheNewestLoadableOne) {
   EXPECT_EQ(Chosen(local, 2, {}), "step-9");  // LOCAL only at its world size
 }
 
+// A job created over an earlier job's checkpoints (its history began at its
+// creation, 95): only its own saves are its history, and before any, its
+// initialization (nullopt), not the earlier job's newest.
+TEST(CheckpointHistoryTest, ANewJobsHistoryIsItsOwnSavesNotAnEarlierJobs) {
+  const CheckpointHistory created_at_95{"", 0, 0, 95};
+  EXPECT_EQ(Chosen(kSaved, 4, created_at_95), "(none)");
+  std::vector<v1::CheckpointInfo> saved = kSaved;
+  saved.push_back(Checkpoint("step-2", 2, 100));
+  EXPECT_EQ(Chosen(saved, 4, created_at_95), "step-2");
+  // Its own LOCAL one at another world size: nothing else of its to fall back to.
+  saved.back().set_state_dict_type(v1::LOCAL_STATE_DICT);
+  EXPECT_EQ(Chosen(saved, 2, created_at_95), "(none)");
+}
+
 TEST(CheckpointHistoryTest, AfterALoadTheLoadedOneNotTheNewerOnesOfTheHistoryItLeft) {
   const CheckpointHistory loaded_3{"step-3", 3, 30, 95};
   EXPECT_EQ(Chosen(kSaved, 4, loaded_3), "step-3");
