@@ -162,9 +162,10 @@ int CheckpointCommands::List(std::ostream& out, std::ostream& err) {
     }
   }
   if (!all->empty() && !targeted) {
-    // An earlier job's of this name, say: not this job's history.
-    out << "none of these is of this job's history: a recovery (or the job's next start) begins "
-           "again at its initialization (flatshard ckpt load -j "
+    // An earlier job's of this name, say, or LOCAL ones at another world size.
+    out << "none of these is one a recovery would restore now (of this job's history, loadable "
+           "at its world size): a recovery (or the job's next start) begins again at its "
+           "initialization (flatshard ckpt load -j "
         << job_ << " NAME takes one)\n";
   }
   return kExitOk;

@@ -9,6 +9,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "rpc/command_batch.h"
+#include "spdlog/spdlog.h"
 
 #include "core/sharding.h"
 #include "core/status_macros.h"
@@ -41,7 +42,12 @@ TrainingJob::TrainingJob(const v1::JobSpec& spec, JobConfig config, ModelIndex i
   // left in its directory are not its own until it loads one (a restored
   // job takes its history back from its record). Unlisted, the history
   // starts now, after whatever a clock that stepped back leaves before it.
-  history_.since_unix_micros = HistoryStart().value_or(absl::ToUnixMicros(CheckpointClock()));
+  absl::StatusOr<int64_t> start = HistoryStart();
+  if (!start.ok()) {
+    spdlog::warn("job '{}': its checkpoint history starts now, after no listed save: {}",
+                 config_.name, std::string(start.status().message()));
+  }
+  history_.since_unix_micros = start.value_or(absl::ToUnixMicros(CheckpointClock()));
   WatchState();
   Persist();  // a new job (a restored one attaches the store afterwards)
 }

@@ -275,6 +275,14 @@ absl::StatusOr<CheckpointManifest> ParseManifest(absl::string_view text, absl::s
   if (!json.contains("rng")) return fields.Missing("rng");
   FS_FIELD(Fields(json["rng"], absl::StrCat(what, " rng")), "init_seed", m.init_seed);
   FS_FIELD(fields, "created_unix_micros", m.created_unix_micros);
+  // A job's histories are ordered by it, and the saves after it stamped
+  // later: a time past year 9999 (or before 1970) is no writer's.
+  constexpr int64_t kYear10000UnixMicros = 253402300800LL * 1000000;
+  if (m.created_unix_micros < 0 || m.created_unix_micros >= kYear10000UnixMicros) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": created_unix_micros ",
+                                                   m.created_unix_micros,
+                                                   " is not a time from 1970 to year 9999"));
+  }
   if (json.contains("scheduled")) FS_FIELD(fields, "scheduled", m.scheduled);
   if (!json.contains("files") || !json["files"].is_array()) return fields.Missing("files");
   for (const Json& value : json["files"]) {

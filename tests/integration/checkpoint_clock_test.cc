@@ -209,6 +209,8 @@ TEST_F(CheckpointClockTest, SavesWhileTheClockStandsStillAreOrderedAsTaken) {
 // own first save begins again at the initialization.
 TEST_F(CheckpointClockTest, AJobCreatedAgainHasOnlyItsOwnSavesAsItsHistory) {
   TrainAndSave("a");
+  // Behind "a": the history begins after every listed save, not at the clock.
+  clock_.Step(-absl::Hours(1));
   RecreateJob(spec_);
   EXPECT_EQ(RecoveryTarget(), "");
   TrainAndSave("b");

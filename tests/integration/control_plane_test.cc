@@ -262,7 +262,7 @@ TEST_P(ControlPlaneTest, TrainingThroughTheCoordinatorEqualsTheDataPlaneHarness)
   ASSERT_EQ(recreated.exit_code, 0) << Joined(recreated);
   listed = RunCli({"ckpt", "ls", "-c", address, "-j", spec->name()});
   EXPECT_THAT(Joined(listed), HasSubstr("second"));
-  EXPECT_THAT(Joined(listed), HasSubstr("none of these is of this job's history"));
+  EXPECT_THAT(Joined(listed), HasSubstr("none of these is one a recovery would restore now"));
   EXPECT_THAT(Joined(listed), Not(HasSubstr("restores '")));
 
   EXPECT_TRUE((*cluster)->Stop()) << "every daemon exits 0 on SIGTERM";

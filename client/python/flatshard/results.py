@@ -83,8 +83,10 @@ class CheckpointInfo:
     latest: bool  # the newest committed (what "latest" names)
     created_unix_micros: int = 0  # when its save began (the catalog's order)
     # The one a recovery (or the job's next start) would restore now: the
-    # newest of the job's history (after a load, the loaded one or a save
-    # since), which need not be the latest.
+    # newest of the job's history (its own saves; after a load, the loaded
+    # one or a save since), which need not be the latest. None marked: a
+    # recovery begins again at the job's initialization (say, the listed
+    # ones are an earlier job's of this name).
     recovery_target: bool = False
 
 

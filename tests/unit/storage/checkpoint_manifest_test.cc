@@ -126,6 +126,11 @@ TEST(CheckpointManifestTest, RefusesMalformedManifestsNamingTheField) {
               HasSubstr("missing field 'step'"));
   EXPECT_THAT(std::string(with([](auto& j) { j["step"] = "ten"; }).message()),
               HasSubstr("'step' has the wrong type"));
+  // A job orders its histories by it and stamps later saves after it.
+  EXPECT_THAT(std::string(with([](auto& j) { j["created_unix_micros"] = INT64_MAX; }).message()),
+              HasSubstr("created_unix_micros 9223372036854775807 is not a time"));
+  EXPECT_THAT(std::string(with([](auto& j) { j["created_unix_micros"] = -1; }).message()),
+              HasSubstr("created_unix_micros -1 is not a time"));
   EXPECT_THAT(std::string(with([](auto& j) { j["format_version"] = 99; }).message()),
               HasSubstr("format_version 99"));
   EXPECT_THAT(std::string(with([](auto& j) { j["state_dict_type"] = "HALF"; }).message()),
