@@ -16,17 +16,13 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "rpc/grpc_server.h"
 
 #include "client/child_process.h"
 #include "client/flatshard_client.h"
 #include "coordinator/checkpoint_catalog.h"
-#include "coordinator/coordinator.h"
-#include "coordinator/grpc_worker_client.h"
-#include "coordinator/service/job_service.h"
-#include "coordinator/service/membership_service.h"
 #include "storage/checkpoint_convert.h"
 #include "storage/spec_files.h"
+#include "tests/integration/in_process_coordinator.h"
 #include "tests/integration/multiprocess.h"
 
 namespace flatshard {
@@ -64,23 +60,14 @@ class CheckpointClockTest : public ::testing::Test {
     const std::string& checkpoints = checkpoints_;
     CoordinatorOptions options;
     options.job.checkpoint_root = checkpoints;
-    options.job.connect = [](const WorkerRecord& w) -> std::unique_ptr<WorkerClient> {
-      return std::make_unique<GrpcWorkerClient>(w.address, nullptr, w.command_token);
-    };
     options.job.checkpoint_clock = [this] { return clock_.Now(); };
-    coordinator_ = std::make_unique<Coordinator>(options);
-    ASSERT_TRUE(coordinator_->RestoreState().ok());
-    membership_ = std::make_unique<MembershipService>(&coordinator_->members(),
-                                                      &coordinator_->store(), absl::Seconds(1));
-    jobs_ = std::make_unique<JobServiceImpl>(coordinator_.get());
-    auto server = GrpcServer::Start("127.0.0.1:0", {membership_.get(), jobs_.get()});
-    ASSERT_TRUE(server.ok()) << server.status();
-    server_ = *std::move(server);
-    coordinator_->Start();
+    auto coordinator = testing::InProcessCoordinator::Start(options);
+    ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+    coordinator_ = *std::move(coordinator);
     for (int i = 0; i < kWorkers; ++i) {
       auto worker =
           ChildProcess::Spawn({std::string(FLATSHARD_BIN_DIR) + "/flatshard-worker",
-                               "--coordinator", server_->address(), "--rank", absl::StrCat(i),
+                               "--coordinator", coordinator_->address(), "--rank", absl::StrCat(i),
                                "--state-dir", absl::StrCat(dir, "/worker-", i), "--checkpoint-dir",
                                checkpoints, "--metrics-listen", "", "--compute-threads", "1"});
       ASSERT_TRUE(worker.ok()) << worker.status();
@@ -89,7 +76,7 @@ class CheckpointClockTest : public ::testing::Test {
       ASSERT_TRUE(banner.ok()) << banner.status();
       workers_.push_back(*std::move(worker));
     }
-    client_ = std::make_unique<FlatshardClient>(server_->address());
+    client_ = std::make_unique<FlatshardClient>(coordinator_->address());
     auto spec = LoadJobSpecFile(std::string(FLATSHARD_SOURCE_DIR) + "/examples/mlp-job.yaml");
     ASSERT_TRUE(spec.ok()) << spec.status();
     spec->set_world_size(kWorkers);
@@ -111,11 +98,8 @@ class CheckpointClockTest : public ::testing::Test {
   }
 
   void TearDown() override {
-    // The job's end first: the workers' calls into it return.
-    if (coordinator_ != nullptr) coordinator_->Shutdown("the test ended");
-    server_.reset();
-    coordinator_.reset();
-    workers_.clear();  // each is terminated (SIGTERM) and waited for
+    coordinator_.reset();  // the job's end first: the workers' calls into it return
+    workers_.clear();      // each is terminated (SIGTERM) and waited for
   }
 
   void Train(int64_t steps) {
@@ -157,10 +141,7 @@ class CheckpointClockTest : public ::testing::Test {
 
   SteppedClock clock_;
   std::string checkpoints_;  // the workers' --checkpoint-dir, the coordinator's root
-  std::unique_ptr<Coordinator> coordinator_;
-  std::unique_ptr<MembershipService> membership_;
-  std::unique_ptr<JobServiceImpl> jobs_;
-  std::unique_ptr<GrpcServer> server_;
+  std::unique_ptr<testing::InProcessCoordinator> coordinator_;
   std::vector<std::unique_ptr<ChildProcess>> workers_;
   std::unique_ptr<FlatshardClient> client_;
   v1::JobSpec spec_;

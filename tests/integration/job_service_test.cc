@@ -12,16 +12,13 @@
 #include <grpcpp/security/credentials.h>
 #include <gtest/gtest.h>
 
-#include "rpc/grpc_server.h"
-
 #include "client/flatshard_client.h"
 #include "coordinator/coordinator.h"
-#include "coordinator/grpc_worker_client.h"
-#include "coordinator/service/membership_service.h"
 #include "core/job_spec_yaml.h"
 #include "flatshard/v1/membership.grpc.pb.h"
 #include "proto/grpc_status.h"
 #include "storage/spec_files.h"
+#include "tests/integration/in_process_coordinator.h"
 
 namespace flatshard {
 namespace {
@@ -31,20 +28,12 @@ using ::testing::HasSubstr;
 class JobServiceTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    CoordinatorOptions options;
-    options.job.connect = [](const WorkerRecord& w) -> std::unique_ptr<WorkerClient> {
-      return std::make_unique<GrpcWorkerClient>(w.address);
-    };
-    coordinator_ = std::make_unique<Coordinator>(options);
-    membership_ = std::make_unique<MembershipService>(&coordinator_->members(),
-                                                      &coordinator_->store(), absl::Seconds(1));
-    jobs_ = std::make_unique<JobServiceImpl>(coordinator_.get());
-    auto server = GrpcServer::Start("127.0.0.1:0", {membership_.get(), jobs_.get()});
-    ASSERT_TRUE(server.ok()) << server.status();
-    server_ = *std::move(server);
-    client_ = std::make_unique<FlatshardClient>(server_->address());
+    auto coordinator = testing::InProcessCoordinator::Start(CoordinatorOptions{});
+    ASSERT_TRUE(coordinator.ok()) << coordinator.status();
+    coordinator_ = *std::move(coordinator);
+    client_ = std::make_unique<FlatshardClient>(coordinator_->address());
     membership_stub_ = v1::Membership::NewStub(
-        grpc::CreateChannel(server_->address(), grpc::InsecureChannelCredentials()));
+        grpc::CreateChannel(coordinator_->address(), grpc::InsecureChannelCredentials()));
     auto spec = LoadJobSpecFile(std::string(FLATSHARD_SOURCE_DIR) + "/examples/mlp-job.yaml");
     ASSERT_TRUE(spec.ok()) << spec.status();
     spec_ = *spec;
@@ -65,10 +54,7 @@ class JobServiceTest : public ::testing::Test {
     return FromGrpcStatus(membership_stub_->Register(&context, request, &response));
   }
 
-  std::unique_ptr<Coordinator> coordinator_;
-  std::unique_ptr<MembershipService> membership_;
-  std::unique_ptr<JobServiceImpl> jobs_;
-  std::unique_ptr<GrpcServer> server_;
+  std::unique_ptr<testing::InProcessCoordinator> coordinator_;
   std::unique_ptr<FlatshardClient> client_;
   std::unique_ptr<v1::Membership::Stub> membership_stub_;
   v1::JobSpec spec_;
@@ -224,7 +210,7 @@ TEST_F(JobServiceTest, OnceTheCoordinatorShutsDownNoJobIsCreatedOrDeleted) {
   // The shutdown stops the job in memory only (its record stays for the next
   // start): a create must not take the stopped job for a deleted one and
   // replace it, nor a delete remove the record the next start needs.
-  coordinator_->Shutdown("SIGTERM");
+  coordinator_->coordinator().Shutdown("SIGTERM");
   v1::JobSpec other = spec_;
   other.set_name("other");
   ExpectRefused(Create(other), absl::StatusCode::kUnavailable, "shutting down");
