@@ -221,6 +221,7 @@ int RunUpCommand(const UpCommandOptions& o, std::ostream& out, std::ostream& err
   }
   // The cluster (and its job) came up: there may be steps to save at the stop.
   const bool came_up = signal == 0;
+  bool workers_gone = false;  // every worker exited, none to be started again
   if (came_up) {
     if (!o.address_file.empty()) {
       const std::string tmp = o.address_file + ".tmp";
@@ -264,6 +265,10 @@ int RunUpCommand(const UpCommandOptions& o, std::ostream& out, std::ostream& err
         signal = TakeStopSignal(absl::InfiniteDuration());  // pending: it interrupted
         break;
       }
+      if (supervisor.EveryWorkerGone()) {
+        workers_gone = true;
+        break;
+      }
     }
   }
   // A Ctrl-C pressed as the coordinator failed is not a second one, which
@@ -271,6 +276,15 @@ int RunUpCommand(const UpCommandOptions& o, std::ostream& out, std::ostream& err
   if (signal == SIGCHLD) (void)TakeStopSignal(absl::ZeroDuration());
   // Down for good, or its restart interrupted: the cluster ended on a failure.
   const bool coordinator_down = (*cluster)->coordinator().Wait(absl::ZeroDuration()).has_value();
+  if (workers_gone) {
+    // The coordinator keeps the job in its state dir: the next `up` on it
+    // continues from the job's history (docs/fault-tolerance.md).
+    out << "\nevery worker has exited and none is to be started again (the job stays in the "
+           "state dir: the next `up` on it continues the job)"
+        << std::endl;
+    (void)StopCluster(prometheus.get(), **cluster, say);
+    return kExitFailed;
+  }
   out << "\n" << (signal == SIGCHLD ? "the coordinator is gone" : strsignal(signal)) << ": ";
   std::unique_ptr<StopSave> save;
   if (signal != SIGCHLD && came_up && o.stop_save_timeout_s > 0) {

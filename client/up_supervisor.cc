@@ -110,6 +110,14 @@ bool UpSupervisor::OnCoordinatorExit(int wait_status) {
   return true;
 }
 
+bool UpSupervisor::EveryWorkerGone() {
+  for (int i = 0; i < cluster_.num_workers(); ++i) {
+    if (retry_at_[static_cast<size_t>(i)] != absl::InfiniteFuture()) return false;
+    if (!cluster_.worker(i).Wait(absl::ZeroDuration()).has_value()) return false;
+  }
+  return cluster_.num_workers() > 0;
+}
+
 void UpSupervisor::OnWedgedWorker(int i) {
   const auto w = static_cast<size_t>(i);
   // A worker whose restart is to be tried again is handled then.

@@ -50,6 +50,11 @@ class UpSupervisor {
   // Tries again the worker restarts that are due.
   void RetryDue();
 
+  // Whether every worker has exited and none is to be started again (each
+  // ended for good, or its restarts ran out): the cluster can do nothing
+  // more, and a supervisor of `up` learns so from its exit.
+  bool EveryWorkerGone();
+
   // Whether a stop signal interrupted a restart (LocalClusterOptions::
   // interrupt_fd): its daemon is left down, nothing more is restarted, and
   // the caller takes that signal (pending still) and stops.
