@@ -33,7 +33,8 @@ CLI::App* AddUpCommand(CLI::App& app, UpCommandOptions& o) {
   CLI::App* up = app.add_subcommand(
       "up",
       "Start a local cluster (a coordinator and N workers) and keep it running until "
-      "Ctrl-C; then drive it from another terminal");
+      "Ctrl-C (or until its coordinator, or every worker, is gone for good); then drive it from "
+      "another terminal");
   up->add_option("--workers,-w", o.cluster.workers, "Number of worker daemons")
       ->capture_default_str();
   up->add_option("--device", o.cluster.device,
@@ -271,18 +272,20 @@ int RunUpCommand(const UpCommandOptions& o, std::ostream& out, std::ostream& err
       }
     }
   }
-  // A Ctrl-C pressed as the coordinator failed is not a second one, which
-  // StopCluster would take for "kill the daemons now".
-  if (signal == SIGCHLD) (void)TakeStopSignal(absl::ZeroDuration());
+  // A Ctrl-C pressed as the coordinator failed, or as the last worker went,
+  // is not a second one, which StopCluster would take for "kill the daemons
+  // now".
+  if (signal == SIGCHLD || workers_gone) (void)TakeStopSignal(absl::ZeroDuration());
   // Down for good, or its restart interrupted: the cluster ended on a failure.
   const bool coordinator_down = (*cluster)->coordinator().Wait(absl::ZeroDuration()).has_value();
   if (workers_gone) {
-    // The coordinator keeps the job in its state dir: the next `up` on it
-    // continues from the job's history (docs/fault-tolerance.md).
-    out << "\nevery worker has exited and none is to be started again (the job stays in the "
-           "state dir: the next `up` on it continues the job)"
-        << std::endl;
+    // No worker to save from; the coordinator keeps its job in the state
+    // dir, and the next `up` on it rolls back to the job's history's newest
+    // checkpoint (docs/fault-tolerance.md).
+    out << "\nevery worker has exited and none is to be started again: ";
     (void)StopCluster(prometheus.get(), **cluster, say);
+    say("not saved (no worker left): the next `up` on this state dir goes on from the job's last "
+        "checkpoint");
     return kExitFailed;
   }
   out << "\n" << (signal == SIGCHLD ? "the coordinator is gone" : strsignal(signal)) << ": ";

@@ -112,8 +112,13 @@ bool UpSupervisor::OnCoordinatorExit(int wait_status) {
 
 bool UpSupervisor::EveryWorkerGone() {
   for (int i = 0; i < cluster_.num_workers(); ++i) {
-    if (retry_at_[static_cast<size_t>(i)] != absl::InfiniteFuture()) return false;
-    if (!cluster_.worker(i).Wait(absl::ZeroDuration()).has_value()) return false;
+    const auto w = static_cast<size_t>(i);
+    if (left_down_[w]) continue;
+    if (retry_at_[w] != absl::InfiniteFuture()) return false;
+    const std::optional<int> status = cluster_.worker(i).Wait(absl::ZeroDuration());
+    if (!status.has_value()) return false;
+    // Wedged since OnChildExit looked: its SIGCHLD, pending, restarts it.
+    if (WIFEXITED(*status) && WEXITSTATUS(*status) == kWedgedExitCode) return false;
   }
   return cluster_.num_workers() > 0;
 }

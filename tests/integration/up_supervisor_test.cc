@@ -199,9 +199,10 @@ TEST(UpSupervisorTest, AWedgedWorkerIsRestartedUpToItsLimitThenStaysDown) {
               HasSubstr("up: worker-0 ended itself wedged again, after 3 restarts within 10m; it "
                         "stays down"));
   EXPECT_EQ(WorkerPid(up, "worker-0"), -1) << "not started again";
-  up.Signal(SIGINT);
-  EXPECT_THAT(ReadUntil(up, "stopped ("), HasSubstr("stopped ("));
-  ExitStatus(up);
+  // Its only worker down for good: up stops, failed, by itself.
+  EXPECT_THAT(ReadUntil(up, "not saved"),
+              HasSubstr("every worker has exited and none is to be started again: stopping"));
+  EXPECT_EQ(ExitStatus(up), 1);
 }
 
 // A coordinator that fails before `up --job`'s job is READY is started
@@ -405,8 +406,9 @@ TEST(UpSupervisorTest, AWorkerThatCannotStartAgainStaysDownPastItsLimit) {
   EXPECT_EQ(WorkerPid(*up, "worker-0"), -1) << "not started again";
   // Its only worker down for good: the cluster can do nothing more, and up
   // stops, failed, by itself.
-  const std::string stopped = ReadUntil(*up, "stopped");
-  EXPECT_THAT(stopped, HasSubstr("every worker has exited and none is to be started again"));
+  const std::string stopped = ReadUntil(*up, "not saved");
+  EXPECT_THAT(stopped, HasSubstr("every worker has exited and none is to be started again: "
+                                 "stopping the cluster"));
   EXPECT_THAT(stopped, Not(HasSubstr("another try")));
   EXPECT_EQ(ExitStatus(*up), 1);
 }
