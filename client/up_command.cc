@@ -209,20 +209,23 @@ int RunUpCommand(const UpCommandOptions& o, std::ostream& out, std::ostream& err
   UpSupervisor supervisor(**cluster, prometheus.get(), out, err);
   std::string job_name;
   int signal = 0;  // what ends the cluster: a stop signal, or SIGCHLD (the coordinator is gone)
+  bool workers_gone = false;  // every worker exited, none to be started again
   if (spec.has_value()) {
     FlatshardClient client(target);
     UpJobStart start = StartUpJob(client, *spec, **cluster, supervisor, absl::Seconds(120), out);
     signal = start.signal;
-    if (signal == 0 && !start.job.ok()) return ReportError("up", start.job.status(), err);
-    if (signal == 0) {
+    workers_gone = start.workers_gone;
+    if (signal == 0 && !workers_gone && !start.job.ok()) {
+      return ReportError("up", start.job.status(), err);
+    }
+    if (signal == 0 && !workers_gone) {
       job_name = spec->name();
       out << "job '" << job_name << "' is READY at step " << start.job->step() << " ("
           << start.job->units_size() << " units)\n";
     }
   }
   // The cluster (and its job) came up: there may be steps to save at the stop.
-  const bool came_up = signal == 0;
-  bool workers_gone = false;  // every worker exited, none to be started again
+  const bool came_up = signal == 0 && !workers_gone;
   if (came_up) {
     if (!o.address_file.empty()) {
       const std::string tmp = o.address_file + ".tmp";

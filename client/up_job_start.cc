@@ -121,6 +121,8 @@ UpJobStart StartUpJob(FlatshardClient& client, const v1::JobSpec& spec, LocalClu
     if (signal != 0 && signal != SIGCHLD) return {signal, last};
     supervisor.RetryDue();
     if (supervisor.interrupted()) return {TakeStopSignal(absl::InfiniteDuration()), last};
+    // No worker left to seat: waiting out the timeout would change nothing.
+    if (supervisor.EveryWorkerGone()) return {0, last, /*workers_gone=*/true};
     if (absl::Now() >= give_up) return {0, last};
   }
 }

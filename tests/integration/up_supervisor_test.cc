@@ -233,6 +233,36 @@ TEST(UpSupervisorTest, ACoordinatorThatFailsBeforeTheJobIsReadyIsStartedAgain) {
   EXPECT_EQ(ExitStatus(*up), 0);
 }
 
+// Every worker gone for good while `up --job` waits for the job to be
+// READY: it never will be, and `up` stops at once, failed, rather than at
+// its 120 s wait. Here worker-1's wrapper says it listens and exits (a
+// worker that ended for good), and the test kills worker-0.
+TEST(UpSupervisorTest, EveryWorkerGoneBeforeTheJobIsReadyStopsTheCluster) {
+  const std::string dir = testing::MakeTempDir("up-workers-gone-early");
+  const std::string bin = WrappedDaemons(
+      dir,
+      absl::StrCat("case \" $* \" in *\" worker-1 \"*)\n"
+                   "  echo 'flatshard-worker worker-1 rank 1 listening on 127.0.0.1:1, metrics on "
+                   "127.0.0.1:1'\n"
+                   "  exit 1 ;;\nesac\n",
+                   kRealDaemon),
+      kRealDaemon);
+  std::vector<std::string> flags = UpFlags(dir, dir + "/address");
+  flags.insert(flags.end(), {"--bin-dir", bin});
+  std::unique_ptr<ChildProcess> up = StartUp(flags, true);
+  ASSERT_NE(up, nullptr);
+  ASSERT_THAT(ReadUntil(*up, "waiting for it to be READY"),
+              HasSubstr("job 'mlp-demo' created; waiting for it to be READY"));
+  const pid_t worker0 = WorkerPid(*up, "worker-0");
+  ASSERT_GT(worker0, 0);
+  ASSERT_EQ(kill(worker0, SIGKILL), 0);
+  const std::string stopped = ReadUntil(*up, "not saved");
+  EXPECT_THAT(stopped, HasSubstr("every worker has exited and none is to be started again: "
+                                 "stopping the cluster"));
+  EXPECT_THAT(stopped, Not(HasSubstr("is not READY")));
+  EXPECT_EQ(ExitStatus(*up), 1);
+}
+
 // One stopped on purpose then (SIGTERM: exit 0) ends the cluster, said as
 // such, rather than reading as the job's failure ("job is STOPPED"), which
 // its watch tells before the coordinator has exited.
