@@ -19,7 +19,8 @@ namespace flatshard {
 // What ended the wait.
 struct UpJobStart {
   int signal = 0;  // a stop signal, or SIGCHLD: the coordinator is gone for good
-  absl::StatusOr<v1::Job> job = absl::UnknownError("");  // READY (when signal is 0)
+  // READY (when signal is 0 and not workers_gone).
+  absl::StatusOr<v1::Job> job = absl::UnknownError("");
   // Every worker exited and none is to be started again: it never will be.
   bool workers_gone = false;
 };
@@ -29,10 +30,11 @@ struct UpJobStart {
 // heard: a daemon's exit goes to `supervisor`, and a coordinator it starts
 // again gets the creation or the wait again (a new coordinator that had not
 // kept the job gets it created again); a stop signal ends the wait. Other
-// failures end it: at once when they are about the job or the request, or
-// every worker is gone for good (UpSupervisor::EveryWorkerGone), else
+// failures end it: at once when they are about the job or the request, else
 // once the coordinator has not exited within 10 s (a coordinator that is
 // stopping answers "job is STOPPED" before it exits).
+// Every worker gone for good (UpSupervisor::EveryWorkerGone) ends it too:
+// no READY can come.
 UpJobStart StartUpJob(FlatshardClient& client, const v1::JobSpec& spec, LocalCluster& cluster,
                       UpSupervisor& supervisor, absl::Duration timeout, std::ostream& out);
 
