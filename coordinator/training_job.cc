@@ -20,6 +20,24 @@ namespace flatshard {
 absl::StatusOr<std::unique_ptr<TrainingJob>> TrainingJob::Create(const v1::JobSpec& spec,
                                                                  JobConfig config,
                                                                  TrainingJobOptions options) {
+  ASSIGN_OR_RETURN(std::unique_ptr<TrainingJob> job,
+                   Build(spec, std::move(config), std::move(options)));
+  // A new job's history begins now: checkpoints an earlier job of its name
+  // left in its directory are not its own until it loads one. (A restored
+  // job takes its history back from its record instead.)
+  absl::StatusOr<int64_t> start = job->HistoryStart();
+  if (!start.ok()) {
+    spdlog::warn("job '{}': its checkpoint history starts at the clock, after no listed save: {}",
+                 job->config_.name, std::string(start.status().message()));
+  }
+  job->history_.since_unix_micros = start.value_or(absl::ToUnixMicros(job->CheckpointClock()));
+  job->Persist();
+  return job;
+}
+
+absl::StatusOr<std::unique_ptr<TrainingJob>> TrainingJob::Build(const v1::JobSpec& spec,
+                                                                JobConfig config,
+                                                                TrainingJobOptions options) {
   ASSIGN_OR_RETURN(ModelIndex index, IndexModel(config.model));
   ASSIGN_OR_RETURN(std::vector<Unit> units, ComputeUnits(index, config.wrap_policy));
   return std::unique_ptr<TrainingJob>(new TrainingJob(spec, std::move(config), std::move(index),
@@ -38,18 +56,7 @@ TrainingJob::TrainingJob(const v1::JobSpec& spec, JobConfig config, ModelIndex i
       state_store_(options_.state),
       catalog_(options_.checkpoint_root, config_.name) {
   if (options_.observer != nullptr) options_.observer->OnJobCreated(config_.name);
-  // A new job's history begins now: checkpoints an earlier job of its name
-  // left in its directory are not its own until it loads one (a restored
-  // job takes its history back from its record). Unlisted, the history
-  // starts now, after whatever a clock that stepped back leaves before it.
-  absl::StatusOr<int64_t> start = HistoryStart();
-  if (!start.ok()) {
-    spdlog::warn("job '{}': its checkpoint history starts now, after no listed save: {}",
-                 config_.name, std::string(start.status().message()));
-  }
-  history_.since_unix_micros = start.value_or(absl::ToUnixMicros(CheckpointClock()));
   WatchState();
-  Persist();  // a new job (a restored one attaches the store afterwards)
 }
 
 TrainingJob::~TrainingJob() {

@@ -189,6 +189,11 @@ class TrainingJob {
  private:
   TrainingJob(const v1::JobSpec& spec, JobConfig config, ModelIndex index, std::vector<Unit> units,
               TrainingJobOptions options);
+  // The job, laid out, with no history and nothing persisted: Create starts
+  // both for a new job, Restore takes them from the record.
+  static absl::StatusOr<std::unique_ptr<TrainingJob>> Build(const v1::JobSpec& spec,
+                                                            JobConfig config,
+                                                            TrainingJobOptions options);
 
   // Takes the operation slot, or explains why not (state, busy).
   // A job READY or IDLE whose slot is held is usually finishing something

@@ -171,7 +171,7 @@ absl::StatusOr<std::unique_ptr<TrainingJob>> TrainingJob::Restore(
   StateStore* store = options.state;
   options.state = nullptr;
   ASSIGN_OR_RETURN(std::unique_ptr<TrainingJob> job,
-                   Create(record.spec, std::move(config), std::move(options)));
+                   Build(record.spec, std::move(config), std::move(options)));
   const int world = record.world_size > 0 ? record.world_size : job->config_.world_size;
   std::shared_ptr<const JobConfig> epoch_config;
   if (world == job->config_.world_size) {
