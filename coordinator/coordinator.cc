@@ -22,9 +22,11 @@ Coordinator::~Coordinator() { Shutdown("the coordinator is shutting down"); }
 void Coordinator::Shutdown(const std::string& reason) {
   {
     // From here on the job is stopped in memory only: no create or delete
-    // may take that for a deletion.
-    std::lock_guard<std::mutex> lock(mu_);
+    // may take that for a deletion. A create under way is let finish, so
+    // that the job it makes is the one stopped below.
+    std::unique_lock<std::mutex> lock(mu_);
     shutting_down_ = true;
+    created_cv_.wait(lock, [this] { return creating_.empty(); });
   }
   {
     std::lock_guard<std::mutex> lock(monitor_mu_);
@@ -127,42 +129,57 @@ absl::Status Coordinator::RestoreState() {
 
 absl::StatusOr<v1::Job> Coordinator::CreateJob(const v1::JobSpec& spec) {
   ASSIGN_OR_RETURN(JobConfig config, JobConfigFromProto(spec));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    RETURN_IF_ERROR(RefuseWhileBusyLocked());
+    if (job_ != nullptr && job_->name() == undeleted_) {
+      // A deletion whose record stayed: that record goes first (under mu_, so
+      // no delete or create comes between), or a restarted coordinator would
+      // bring the old job back instead of this one.
+      if (absl::Status s = ForgetJobRecord(undeleted_); !s.ok()) {
+        return PrefixStatus(absl::StrCat("job '", config.name, "' was not created: job '",
+                                         undeleted_, "' was deleted but kept its record: "),
+                            s);
+      }
+      undeleted_.clear();
+    }
+    if (job_ != nullptr && job_->states().state() != v1::STOPPED) {
+      if (job_->name() == config.name) {
+        return absl::AlreadyExistsError(absl::StrCat("job '", config.name, "' already exists (",
+                                                     v1::JobState_Name(job_->states().state()),
+                                                     "); delete it first or pick another name"));
+      }
+      return absl::FailedPreconditionError(
+          absl::StrCat("this coordinator runs one job at a time and job '", job_->name(),
+                       "' exists; delete it first (flatshard job delete ", job_->name(), ")"));
+    }
+    // Rendezvous keys an earlier job of this name left would hand its peers'
+    // dead addresses to the new epoch 1.
+    store_.DeletePrefix(absl::StrCat("job/", config.name));
+    creating_ = config.name;
+  }
+  // Building the job lists its checkpoint directory (where its history
+  // starts), writes its record and clears the partial saves it finds: as
+  // long as the disk takes, so outside mu_, which every heartbeat and every
+  // job call takes. creating_ keeps every other create and delete out.
+  const std::string name = config.name;
+  absl::StatusOr<std::unique_ptr<TrainingJob>> job =
+      TrainingJob::Create(spec, std::move(config), JobOptions());
+  if (job.ok()) {
+    for (const std::string& partial : (*job)->checkpoints().RemoveStalePartials()) {
+      spdlog::warn(
+          "job '{}': removed {}.partial, a checkpoint save that never committed or a retired one "
+          "not yet removed",
+          name, partial);
+    }
+  }
+  std::shared_ptr<TrainingJob> replaced;  // the STOPPED one before: let go after mu_
   std::lock_guard<std::mutex> lock(mu_);
-  RETURN_IF_ERROR(RefuseWhileDeletingLocked());
-  if (job_ != nullptr && job_->name() == undeleted_) {
-    // A deletion whose record stayed: that record goes first (under mu_, so
-    // no delete or create comes between), or a restarted coordinator would
-    // bring the old job back instead of this one.
-    if (absl::Status s = ForgetJobRecord(undeleted_); !s.ok()) {
-      return PrefixStatus(absl::StrCat("job '", config.name, "' was not created: job '", undeleted_,
-                                       "' was deleted but kept its record: "),
-                          s);
-    }
-    undeleted_.clear();
-  }
-  if (job_ != nullptr && job_->states().state() != v1::STOPPED) {
-    if (job_->name() == config.name) {
-      return absl::AlreadyExistsError(absl::StrCat("job '", config.name, "' already exists (",
-                                                   v1::JobState_Name(job_->states().state()),
-                                                   "); delete it first or pick another name"));
-    }
-    return absl::FailedPreconditionError(
-        absl::StrCat("this coordinator runs one job at a time and job '", job_->name(),
-                     "' exists; delete it first (flatshard job delete ", job_->name(), ")"));
-  }
-  // Rendezvous keys an earlier job of this name left would hand its peers'
-  // dead addresses to the new epoch 1.
-  store_.DeletePrefix(absl::StrCat("job/", config.name));
-  ASSIGN_OR_RETURN(std::unique_ptr<TrainingJob> job,
-                   TrainingJob::Create(spec, std::move(config), JobOptions()));
-  job_ = std::move(job);
-  for (const std::string& partial : job_->checkpoints().RemoveStalePartials()) {
-    spdlog::warn(
-        "job '{}': removed {}.partial, a checkpoint save that never committed or a retired one not "
-        "yet removed",
-        job_->name(), partial);
-  }
-  spdlog::info("job '{}' created: world size {}, {} units", job_->name(), job_->config().world_size,
+  creating_.clear();
+  created_cv_.notify_all();
+  if (!job.ok()) return job.status();
+  replaced = std::exchange(job_, *std::move(job));
+  spdlog::info("job '{}' created: world size {}, {} units", name, job_->config().world_size,
                job_->ToProto().units_size());
   monitor_cv_.notify_all();
   return job_->ToProto();
@@ -192,7 +209,7 @@ absl::Status Coordinator::DeleteJob(const std::string& name) {
   ASSIGN_OR_RETURN(std::shared_ptr<TrainingJob> job, FindJob(name));
   {
     std::lock_guard<std::mutex> lock(mu_);
-    RETURN_IF_ERROR(RefuseWhileDeletingLocked());
+    RETURN_IF_ERROR(RefuseWhileBusyLocked());
     deleting_ = name;
   }
   // STOPPED is persisted (when the store takes it): a crash between this and
@@ -217,11 +234,15 @@ absl::Status Coordinator::DeleteJob(const std::string& name) {
   return absl::OkStatus();
 }
 
-absl::Status Coordinator::RefuseWhileDeletingLocked() const {
+absl::Status Coordinator::RefuseWhileBusyLocked() const {
   if (shutting_down_) return absl::UnavailableError("the coordinator is shutting down");
   if (!deleting_.empty()) {
     return absl::UnavailableError(
         absl::StrCat("job '", deleting_, "' is being deleted; try again once it is"));
+  }
+  if (!creating_.empty()) {
+    return absl::UnavailableError(
+        absl::StrCat("job '", creating_, "' is being created; try again once it is"));
   }
   return absl::OkStatus();
 }

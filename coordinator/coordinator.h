@@ -60,7 +60,7 @@ class Coordinator {
 
   // INVALID_ARGUMENT naming the field for a bad spec; ALREADY_EXISTS when a job
   // of that name exists; FAILED_PRECONDITION when another job is running;
-  // UNAVAILABLE while a deletion runs or the coordinator shuts down.
+  // UNAVAILABLE while another create, a deletion or the shutdown runs.
   absl::StatusOr<v1::Job> CreateJob(const v1::JobSpec& spec);
   // NOT_FOUND naming the job (and the one that exists, if any).
   absl::StatusOr<std::shared_ptr<TrainingJob>> FindJob(const std::string& name) const;
@@ -86,8 +86,8 @@ class Coordinator {
   TrainingJobOptions JobOptions();
   // Removes the record of the deleted job `name` from the state store.
   absl::Status ForgetJobRecord(const std::string& name);
-  // UNAVAILABLE while a deletion or the shutdown runs; mu_ held.
-  absl::Status RefuseWhileDeletingLocked() const;
+  // UNAVAILABLE while a creation, a deletion or the shutdown runs; mu_ held.
+  absl::Status RefuseWhileBusyLocked() const;
   void MaybeForm(const std::shared_ptr<TrainingJob>& job, absl::Time now);
   void MaybeReadopt(const std::shared_ptr<TrainingJob>& job, absl::Time now);
   void CheckHeartbeats(const std::shared_ptr<TrainingJob>& job, absl::Time now);
@@ -109,6 +109,10 @@ class Coordinator {
   // whose record it could not remove: the next create removes that first.
   std::string deleting_;
   std::string undeleted_;
+  // The job CreateJob is building (outside mu_); created_cv_ tells Shutdown
+  // when that is over.
+  std::string creating_;
+  std::condition_variable created_cv_;
   bool shutting_down_ = false;  // Shutdown began: the job is stopped in memory only
 
   std::mutex monitor_mu_;
