@@ -4,7 +4,10 @@
 // back or stands still must neither drop a save from the history it belongs
 // to nor let a save of the history a load left into the new one. The
 // checkpoint a recovery would restore (CheckpointInfo.recovery_target) shows
-// which history the coordinator holds.
+// which history the coordinator holds. A gate in the way of async saves'
+// commits (the coordinator's clients to the workers wrap it) holds one
+// while a load comes.
+#include <future>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -13,6 +16,8 @@
 
 #include <gtest/gtest.h>
 
+#include "absl/cleanup/cleanup.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -20,8 +25,10 @@
 #include "client/child_process.h"
 #include "client/flatshard_client.h"
 #include "coordinator/checkpoint_catalog.h"
+#include "coordinator/grpc_worker_client.h"
 #include "storage/checkpoint_convert.h"
 #include "storage/spec_files.h"
+#include "tests/integration/gate.h"
 #include "tests/integration/in_process_coordinator.h"
 #include "tests/integration/multiprocess.h"
 
@@ -52,6 +59,42 @@ class SteppedClock {
   std::optional<absl::Time> held_;
 };
 
+// A worker's client whose waits for async saves (the coordinator's commit
+// of one) pass a gate first.
+class GatedSaveClient final : public WorkerClient {
+ public:
+  GatedSaveClient(std::unique_ptr<WorkerClient> base, testing::Gate* gate)
+      : base_(std::move(base)), gate_(gate) {}
+
+  void Execute(const v1::CommandBatch* batch, absl::Time deadline, ExecuteDone done) override {
+    base_->Execute(batch, deadline, std::move(done));
+  }
+  void CancelAll() override { base_->CancelAll(); }
+  absl::Status Configure(const v1::ConfigureRequest& request, absl::Time deadline) override {
+    return base_->Configure(request, deadline);
+  }
+  absl::Status Abort(uint64_t epoch, const std::string& reason, absl::Time deadline) override {
+    return base_->Abort(epoch, reason, deadline);
+  }
+  absl::StatusOr<v1::GetStatusResponse> GetStatus(absl::Time deadline) override {
+    return base_->GetStatus(deadline);
+  }
+  absl::Status Summon(const v1::CommandBatch& batch, absl::Time deadline,
+                      const ChunkSink& sink) override {
+    return base_->Summon(batch, deadline, sink);
+  }
+  absl::StatusOr<v1::CommandResult> AwaitSave(const std::string& directory,
+                                              absl::Time deadline) override {
+    gate_->Pass();
+    return base_->AwaitSave(directory, deadline);
+  }
+  std::string address() const override { return base_->address(); }
+
+ private:
+  std::unique_ptr<WorkerClient> base_;
+  testing::Gate* gate_;
+};
+
 class CheckpointClockTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -61,6 +104,10 @@ class CheckpointClockTest : public ::testing::Test {
     CoordinatorOptions options;
     options.job.checkpoint_root = checkpoints;
     options.job.checkpoint_clock = [this] { return clock_.Now(); };
+    options.job.connect = [this](const WorkerRecord& w) -> std::unique_ptr<WorkerClient> {
+      return std::make_unique<GatedSaveClient>(
+          std::make_unique<GrpcWorkerClient>(w.address, nullptr, w.command_token), &commit_gate_);
+    };
     auto coordinator = testing::InProcessCoordinator::Start(options);
     ASSERT_TRUE(coordinator.ok()) << coordinator.status();
     coordinator_ = *std::move(coordinator);
@@ -140,7 +187,8 @@ class CheckpointClockTest : public ::testing::Test {
   }
 
   SteppedClock clock_;
-  std::string checkpoints_;  // the workers' --checkpoint-dir, the coordinator's root
+  testing::Gate commit_gate_;  // in the way of async saves' commits
+  std::string checkpoints_;    // the workers' --checkpoint-dir, the coordinator's root
   std::unique_ptr<testing::InProcessCoordinator> coordinator_;
   std::vector<std::unique_ptr<ChildProcess>> workers_;
   std::unique_ptr<FlatshardClient> client_;
@@ -183,6 +231,47 @@ TEST_F(CheckpointClockTest, SavesWhileTheClockStandsStillAreOrderedAsTaken) {
   TrainAndSave("y");
   EXPECT_EQ(RecoveryTarget(), "y");
   EXPECT_EQ(CreatedMicros("y"), CreatedMicros("z") + 1);
+}
+
+// A load while an async save is still being written: that save is of the
+// history the load leaves, so its commit comes first and the load's history
+// starts after it, even with the clock standing still (the save's stamp then
+// one past the loaded checkpoint's, where the history would otherwise start).
+TEST_F(CheckpointClockTest, ALoadWaitsForTheAsyncSaveBeforeIt) {
+  clock_.Hold(absl::Now() + absl::Hours(1));
+  TrainAndSave("a");
+  Train(1);
+  commit_gate_.Arm();
+  v1::SaveCheckpointRequest request;
+  request.set_job(job_);
+  request.set_name("b");
+  request.set_async_save(true);
+  auto saved = std::async(std::launch::async,
+                          [this, request] { return client_->SaveCheckpoint(request).status(); });
+  auto loaded = std::async(std::launch::async, [this] {
+    // Once "b" is snapshotted and its commit waits on the gate.
+    if (!commit_gate_.WaitEntered(std::chrono::seconds(120))) {
+      return absl::DeadlineExceededError("the async save's commit never began");
+    }
+    return client_->LoadCheckpoint(job_, "a").status();
+  });
+  absl::Cleanup let_go = [this] { commit_gate_.Release(); };
+  // The load holds the job's operation slot while the commit waits: another
+  // operation (a summon, harmless if it comes first) is refused as busy with
+  // it. A load that did not wait would be over, and the summon would run.
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  absl::Status probe;
+  do {
+    probe = client_->SummonFullParams(job_, false, 1 << 20,
+                                      [](const v1::TensorChunk&) { return absl::OkStatus(); });
+  } while (!absl::StrContains(probe.message(), "load a checkpoint") && absl::Now() < deadline);
+  EXPECT_EQ(probe.code(), absl::StatusCode::kFailedPrecondition) << probe;
+  EXPECT_TRUE(absl::StrContains(probe.message(), "load a checkpoint")) << probe;
+  commit_gate_.Release();
+  ASSERT_TRUE(saved.get().ok());
+  ASSERT_TRUE(loaded.get().ok());
+  EXPECT_EQ(CreatedMicros("b"), CreatedMicros("a") + 1);
+  EXPECT_EQ(RecoveryTarget(), "a");
 }
 
 // A job deleted and created again over its old checkpoints: they are the

@@ -4,10 +4,8 @@
 // takes. The test holds a creation inside that listing, with the job's
 // checkpoint clock (asked for first there), and calls into the coordinator
 // meanwhile: a real coordinator over a real checkpoint directory.
-#include <condition_variable>
 #include <future>
 #include <memory>
-#include <mutex>
 #include <string>
 
 #include <gmock/gmock.h>
@@ -21,6 +19,7 @@
 
 #include "coordinator/coordinator.h"
 #include "storage/spec_files.h"
+#include "tests/integration/gate.h"
 #include "tests/integration/multiprocess.h"
 
 namespace flatshard {
@@ -30,50 +29,15 @@ using ::testing::HasSubstr;
 
 constexpr auto kPatience = std::chrono::seconds(60);
 
-// A clock that, once armed, holds its next caller until released.
-class GateClock {
- public:
-  absl::Time Now() {
-    std::unique_lock<std::mutex> lock(mu_);
-    if (armed_) {
-      armed_ = false;
-      entered_ = true;
-      cv_.notify_all();
-      cv_.wait(lock, [this] { return released_; });
-    }
-    return absl::Now();
-  }
-  void Arm() {
-    std::lock_guard<std::mutex> lock(mu_);
-    armed_ = true;
-    entered_ = false;
-    released_ = false;
-  }
-  // True once a caller is held.
-  bool WaitEntered() {
-    std::unique_lock<std::mutex> lock(mu_);
-    return cv_.wait_for(lock, kPatience, [this] { return entered_; });
-  }
-  void Release() {
-    std::lock_guard<std::mutex> lock(mu_);
-    released_ = true;
-    cv_.notify_all();
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool armed_ = false;
-  bool entered_ = false;
-  bool released_ = false;
-};
-
 class JobCreationTest : public ::testing::Test {
  protected:
   void SetUp() override {
     CoordinatorOptions options;
     options.job.checkpoint_root = testing::MakeTempDir("job-creation") + "/checkpoints";
-    options.job.checkpoint_clock = [this] { return clock_.Now(); };
+    options.job.checkpoint_clock = [this] {
+      clock_.Pass();
+      return absl::Now();
+    };
     coordinator_ = std::make_unique<Coordinator>(options);
   }
   static v1::JobSpec Spec(const std::string& name) {
@@ -90,7 +54,7 @@ class JobCreationTest : public ::testing::Test {
     clock_.Arm();
     auto created = std::async(std::launch::async,
                               [this, spec = Spec(name)] { return coordinator_->CreateJob(spec); });
-    EXPECT_TRUE(clock_.WaitEntered()) << "the creation never asked the checkpoint clock";
+    EXPECT_TRUE(clock_.WaitEntered(kPatience)) << "the creation never asked the checkpoint clock";
     return created;
   }
   // `call` on another thread; false when it does not return while the
@@ -103,7 +67,7 @@ class JobCreationTest : public ::testing::Test {
     return false;
   }
 
-  GateClock clock_;
+  testing::Gate clock_;  // in the checkpoint clock's way
   std::unique_ptr<Coordinator> coordinator_;
 };
 
