@@ -2,7 +2,11 @@
 // real binary and its real daemons: a coordinator that fails is started
 // again, whether the job is READY yet or not, and takes its job back; a
 // worker that ended itself wedged is started again; each up to its restart
-// limit; a Ctrl-C is heard while a daemon restarts.
+// limit; a Ctrl-C is heard while a daemon restarts. (One test drives the
+// supervisor itself over a cluster of real daemons, to order what `up`'s
+// signal loop cannot be made to order.)
+#include "client/up_supervisor.h"
+
 #include <cerrno>
 #include <csignal>
 #include <cstring>
@@ -24,6 +28,7 @@
 
 #include "client/child_process.h"
 #include "client/flatshard_client.h"
+#include "client/local_cluster.h"
 #include "tests/integration/multiprocess.h"
 #include "tests/integration/up_process.h"
 
@@ -203,6 +208,40 @@ TEST(UpSupervisorTest, AWedgedWorkerIsRestartedUpToItsLimitThenStaysDown) {
   EXPECT_THAT(ReadUntil(up, "not saved"),
               HasSubstr("every worker has exited and none is to be started again: stopping"));
   EXPECT_EQ(ExitStatus(up), 1);
+}
+
+// A worker that ended itself wedged after the supervisor last looked (its
+// SIGCHLD still pending, as when it exits between `up`'s OnChildExit and
+// its EveryWorkerGone) is not gone for good: the SIGCHLD restarts it.
+// The supervisor over a LocalCluster in this process, of real daemons.
+TEST(UpSupervisorTest, AWorkerWedgedSinceTheLastLookIsNotGoneForGood) {
+  const std::string dir = testing::MakeTempDir("up-wedged-unseen");
+  LocalClusterOptions options;
+  options.workers = 1;
+  options.bin_dir = WrappedDaemons(dir, kWedgesOnceKilled, kRealDaemon);
+  options.checkpoint_dir = dir + "/checkpoints";
+  options.metrics = false;
+  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  std::ostringstream out;
+  std::ostringstream err;
+  UpSupervisor supervisor(**cluster, nullptr, out, err);
+  ChildProcess& shell = (*cluster)->worker(0);
+  pid_t worker = -1;
+  std::istringstream(
+      ReadAll(absl::StrCat("/proc/", shell.pid(), "/task/", shell.pid(), "/children"))) >>
+      worker;
+  ASSERT_GT(worker, 0);  // kill(-1) would reach every process
+  ASSERT_EQ(kill(worker, SIGKILL), 0);
+  const std::optional<int> wedged = shell.Wait(absl::Seconds(60));
+  ASSERT_TRUE(wedged.has_value());
+  ASSERT_TRUE(WIFEXITED(*wedged) && WEXITSTATUS(*wedged) == 3) << *wedged;
+  EXPECT_FALSE(supervisor.EveryWorkerGone());
+  EXPECT_TRUE(supervisor.OnChildExit());
+  EXPECT_THAT(out.str(),
+              HasSubstr("worker-0 ended itself wedged (exit status 3); started it again"))
+      << err.str();
+  EXPECT_FALSE(supervisor.EveryWorkerGone());
 }
 
 // A coordinator that fails before `up --job`'s job is READY is started
