@@ -4,6 +4,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "spdlog/spdlog.h"
@@ -158,6 +159,13 @@ absl::StatusOr<v1::Job> Coordinator::CreateJob(const v1::JobSpec& spec) {
     store_.DeletePrefix(absl::StrCat("job/", config.name));
     creating_ = config.name;
   }
+  // The reservation ends on every way out, or every later create and
+  // delete would be refused, and a shutdown wait, for good.
+  absl::Cleanup reserved = [this] {
+    std::lock_guard<std::mutex> lock(mu_);
+    creating_.clear();
+    created_cv_.notify_all();
+  };
   // Building the job lists its checkpoint directory (where its history
   // starts), writes its record and clears the partial saves it finds: as
   // long as the disk takes, so outside mu_, which every heartbeat and every
@@ -165,19 +173,17 @@ absl::StatusOr<v1::Job> Coordinator::CreateJob(const v1::JobSpec& spec) {
   const std::string name = config.name;
   absl::StatusOr<std::unique_ptr<TrainingJob>> job =
       TrainingJob::Create(spec, std::move(config), JobOptions());
-  if (job.ok()) {
-    for (const std::string& partial : (*job)->checkpoints().RemoveStalePartials()) {
-      spdlog::warn(
-          "job '{}': removed {}.partial, a checkpoint save that never committed or a retired one "
-          "not yet removed",
-          name, partial);
-    }
+  if (!job.ok()) return job.status();
+  for (const std::string& partial : (*job)->checkpoints().RemoveStalePartials()) {
+    spdlog::warn(
+        "job '{}': removed {}.partial, a checkpoint save that never committed or a retired one "
+        "not yet removed",
+        name, partial);
   }
   std::shared_ptr<TrainingJob> replaced;  // the STOPPED one before: let go after mu_
   std::lock_guard<std::mutex> lock(mu_);
-  creating_.clear();
-  created_cv_.notify_all();
-  if (!job.ok()) return job.status();
+  // In place before the reservation ends (the cleanup, after this lock): a
+  // shutdown waiting for the creation finds this job to stop.
   replaced = std::exchange(job_, *std::move(job));
   spdlog::info("job '{}' created: world size {}, {} units", name, job_->config().world_size,
                job_->ToProto().units_size());
@@ -192,6 +198,11 @@ std::shared_ptr<TrainingJob> Coordinator::current_job() const {
 
 absl::StatusOr<std::shared_ptr<TrainingJob>> Coordinator::FindJob(const std::string& name) const {
   std::lock_guard<std::mutex> lock(mu_);
+  return FindJobLocked(name);
+}
+
+absl::StatusOr<std::shared_ptr<TrainingJob>> Coordinator::FindJobLocked(
+    const std::string& name) const {
   if (name.empty()) {
     return absl::InvalidArgumentError("job: the job name must not be empty");
   }
@@ -206,9 +217,12 @@ absl::StatusOr<std::shared_ptr<TrainingJob>> Coordinator::FindJob(const std::str
 }
 
 absl::Status Coordinator::DeleteJob(const std::string& name) {
-  ASSIGN_OR_RETURN(std::shared_ptr<TrainingJob> job, FindJob(name));
+  std::shared_ptr<TrainingJob> job;
   {
+    // Found and reserved in one hold of mu_: a job created again under this
+    // name in between would otherwise lose its record to this deletion.
     std::lock_guard<std::mutex> lock(mu_);
+    ASSIGN_OR_RETURN(job, FindJobLocked(name));
     RETURN_IF_ERROR(RefuseWhileBusyLocked());
     deleting_ = name;
   }

@@ -45,8 +45,10 @@ class Coordinator {
 
   // Stops the monitor and the job (cancelling a formation in progress and
   // aborting the workers' collectives), so that the operations the services
-  // run return promptly. The state stays readable until destruction, which
-  // must come after the gRPC server stopped. Idempotent.
+  // run return promptly. A CreateJob under way is waited for first (its
+  // directory listing and record, as long as the disk takes), and its job
+  // stopped too. The state stays readable until destruction, which must
+  // come after the gRPC server stopped. Idempotent.
   void Shutdown(const std::string& reason);
 
   MembershipTable& members() { return members_; }
@@ -88,6 +90,8 @@ class Coordinator {
   absl::Status ForgetJobRecord(const std::string& name);
   // UNAVAILABLE while a creation, a deletion or the shutdown runs; mu_ held.
   absl::Status RefuseWhileBusyLocked() const;
+  // FindJob with mu_ held.
+  absl::StatusOr<std::shared_ptr<TrainingJob>> FindJobLocked(const std::string& name) const;
   void MaybeForm(const std::shared_ptr<TrainingJob>& job, absl::Time now);
   void MaybeReadopt(const std::shared_ptr<TrainingJob>& job, absl::Time now);
   void CheckHeartbeats(const std::shared_ptr<TrainingJob>& job, absl::Time now);

@@ -270,6 +270,7 @@ TEST_F(CheckpointClockTest, ALoadWaitsForTheAsyncSaveBeforeIt) {
   commit_gate_.Release();
   ASSERT_TRUE(saved.get().ok());
   ASSERT_TRUE(loaded.get().ok());
+  // (Stamped when snapshotted, whenever it commits: the clock held still.)
   EXPECT_EQ(CreatedMicros("b"), CreatedMicros("a") + 1);
   EXPECT_EQ(RecoveryTarget(), "a");
 }

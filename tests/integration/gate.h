@@ -1,6 +1,8 @@
 // A gate a test puts in a call's way: once armed, every caller waits in
 // Pass() until the test releases it. The test learns that a caller arrived
-// (WaitEntered), does what must happen meanwhile, then lets it go.
+// (WaitEntered), does what must happen meanwhile, then lets it go. Nothing
+// else lets a caller go (no cancellation reaches it): a test releases the
+// gate on every way out, before anything waits for the held call.
 #ifndef FLATSHARD_TESTS_INTEGRATION_GATE_H_
 #define FLATSHARD_TESTS_INTEGRATION_GATE_H_
 
