@@ -1,0 +1,218 @@
+// TrainingJob's formation (docs/architecture.md): an epoch of its members,
+// each one configured with the job, its rank and the epoch's rendezvous, and
+// the sequencer the epoch's batches go through. A worker that stops
+// heartbeating while the job forms fails the formation at once rather than
+// at its Configure deadline.
+#include <algorithm>
+#include <map>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+
+#include "coordinator/training_job.h"
+#include "core/status_macros.h"
+
+namespace flatshard {
+
+absl::Status CheckOneDeviceKind(const std::vector<WorkerRecord>& members) {
+  std::map<std::string, std::vector<std::string>> by_kind;
+  for (const WorkerRecord& m : members) by_kind[m.device].push_back(m.worker_id);
+  if (by_kind.size() <= 1) return absl::OkStatus();
+  std::vector<std::string> parts;
+  parts.reserve(by_kind.size());
+  for (const auto& [kind, ids] : by_kind) {
+    parts.push_back(absl::StrCat(kind, ": ", absl::StrJoin(ids, ", ")));
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat("the job's workers mix device kinds (", absl::StrJoin(parts, "; "),
+                   "); a job runs on one kind of device: stop the others or start workers with "
+                   "the same --device"));
+}
+
+absl::Status TrainingJob::Form(const std::vector<WorkerRecord>& members) {
+  OperationLock op(op_mu_);
+  v1::JobSpec spec;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    NoteOperationLocked("form the job");
+    spec = spec_;
+  }
+  if (absl::Status formed = FormLocked(members, spec, std::make_shared<const JobConfig>(config_));
+      !formed.ok()) {
+    if (formed.code() != absl::StatusCode::kCancelled) FailWith(formed);
+    return formed;
+  }
+  // The slot is free before anyone can see READY: a client that waited for
+  // READY and sends its first operation at once must not find the job busy.
+  op.unlock();
+  return states_.Transition(v1::READY, absl::StrCat("epoch ", ToProto().epoch(), ": ",
+                                                    members.size(), " workers configured"));
+}
+
+absl::Status TrainingJob::FormLocked(const std::vector<WorkerRecord>& members,
+                                     const v1::JobSpec& spec,
+                                     std::shared_ptr<const JobConfig> config,
+                                     std::string* failed_worker) {
+  if (static_cast<int>(members.size()) != config->world_size) {
+    return absl::InternalError(
+        absl::StrCat("forming with ", members.size(), " workers, need ", config->world_size));
+  }
+  {
+    // Configure initializes the ranks' parameters from the seed. Before the
+    // transition, whose record is written with it.
+    std::lock_guard<std::mutex> lock(mu_);
+    ++state_generation_;
+    state_checkpoint_.clear();
+  }
+  RETURN_IF_ERROR(
+      states_.Transition(v1::FORMING, absl::StrCat("configuring ", members.size(), " workers")));
+  // One job, one kind of device: the ranks' collectives, kernels and
+  // checkpoints assume the same memory and arithmetic everywhere.
+  if (absl::Status kinds = CheckOneDeviceKind(members); !kinds.ok()) {
+    (void)states_.Transition(v1::FAILED, std::string(kinds.message()));
+    return kinds;
+  }
+  std::vector<std::shared_ptr<WorkerClient>> clients;
+  std::vector<std::string> ids;
+  for (const WorkerRecord& member : members) {
+    clients.push_back(options_.connect(member));
+    ids.push_back(member.worker_id);
+  }
+  uint64_t epoch = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    epoch = ++epoch_;
+  }
+  v1::ConfigureRequest request;
+  request.set_job(config_.name);
+  request.set_job_epoch(epoch);
+  request.set_world_size(config->world_size);
+  *request.mutable_spec() = spec;
+  for (const Unit& unit : units_) *request.add_units() = UnitToProto(unit);
+  const std::string prefix = absl::StrCat("job/", config_.name, "/epoch/", epoch);
+  request.set_store_prefix(prefix + "/");
+  // Configure is a collective (the ranks rendezvous), so all in parallel.
+  {
+    // Stop (SIGTERM, delete) and the heartbeat monitor cancel these calls
+    // rather than wait for the configure timeout.
+    std::lock_guard<std::mutex> lock(mu_);
+    if (stopping_) return absl::CancelledError("the job was stopped before it was formed");
+    forming_ = Formation{prefix, ids, {}, absl::Now(), absl::OkStatus(), -1};
+    for (auto& client : clients) forming_.clients.push_back(client.get());
+  }
+  std::vector<std::thread> threads;
+  threads.reserve(members.size());
+  const absl::Time deadline = absl::Now() + options_.configure_timeout;
+  for (size_t r = 0; r < members.size(); ++r) {
+    threads.emplace_back([&, r] {
+      v1::ConfigureRequest mine = request;
+      mine.set_rank(static_cast<int>(r));
+      const absl::Status status = clients[r]->Configure(mine, deadline);
+      if (status.ok()) return;
+      // The others would wait for this rank until their rendezvous timeout.
+      // A call cancelled by Stop or by another rank's failure comes after
+      // that cause and is ignored; one cancelled first was cancelled by the
+      // worker (its server shutting down), which is this rank's failure.
+      const absl::StatusCode code = status.code() == absl::StatusCode::kCancelled
+                                        ? absl::StatusCode::kUnavailable
+                                        : status.code();
+      std::lock_guard<std::mutex> lock(mu_);
+      AbandonFormationLocked(
+          static_cast<int>(r),
+          absl::Status(code, absl::StrCat("rank ", r, " (worker ", members[r].worker_id, " at ",
+                                          members[r].address,
+                                          ") could not be configured: ", status.message())));
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  Formation formed;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    formed = std::exchange(forming_, Formation{});
+    if (stopping_) return absl::CancelledError("the job was stopped while it was being formed");
+  }
+  if (!formed.failure.ok()) {
+    // Not a candidate for the next try (a recovery retries; Form fails the job).
+    const absl::StatusCode code = formed.failure.code();
+    if (options_.mark_unreachable && formed.failed_rank >= 0 &&
+        (code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kDeadlineExceeded)) {
+      options_.mark_unreachable(members[static_cast<size_t>(formed.failed_rank)]);
+    }
+    if (failed_worker != nullptr && formed.failed_rank >= 0) {
+      *failed_worker = members[static_cast<size_t>(formed.failed_rank)].worker_id;
+    }
+    return formed.failure;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    // The old sequencer goes before the old clients it points at.
+    std::vector<std::shared_ptr<WorkerClient>> old_clients =
+        std::exchange(clients_, std::move(clients));
+    sequencer_ = MakeSequencerLocked(epoch);
+    worker_ids_ = std::move(ids);
+    members_ = members;
+    epoch_config_ = std::move(config);
+    unsharded_.clear();
+  }
+  // Every rank is past the new epoch's rendezvous; the keys of the epochs
+  // before it (the last formed one, and any whose formation failed) are garbage.
+  uint64_t oldest = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    oldest = std::exchange(oldest_rendezvous_epoch_, epoch);
+  }
+  if (options_.rendezvous != nullptr) {
+    for (uint64_t e = oldest; e < epoch; ++e) {
+      options_.rendezvous->DeletePrefix(absl::StrCat("job/", config_.name, "/epoch/", e));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void TrainingJob::AbandonFormationLocked(int rank, const absl::Status& why) {
+  if (forming_.prefix.empty() || !forming_.failure.ok()) return;  // the first cause stands
+  forming_.failure = why;
+  forming_.failed_rank = rank;
+  for (WorkerClient* client : forming_.clients) client->CancelAll();
+  if (options_.rendezvous != nullptr) {
+    options_.rendezvous->Abandon(forming_.prefix, std::string(why.message()));
+  }
+}
+
+bool TrainingJob::FailFormingWorker(const std::string& worker_id, absl::Time silent_since,
+                                    absl::Duration timeout, absl::Time now,
+                                    const absl::Status& reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto it = std::find(forming_.ids.begin(), forming_.ids.end(), worker_id);
+  if (it == forming_.ids.end() || !forming_.failure.ok()) return false;
+  // Silent for a whole timeout within this formation: a worker marked
+  // unreachable by the try before (it counts as stale until it heartbeats
+  // again) that answered the probe and was seated again is given its chance.
+  if (now - std::max(silent_since, forming_.started) <= timeout) return false;
+  const int rank = static_cast<int>(it - forming_.ids.begin());
+  AbandonFormationLocked(
+      rank,
+      absl::Status(reason.code(), absl::StrCat("rank ", rank, " (worker ", worker_id,
+                                               ") could not be configured: ", reason.message())));
+  return true;
+}
+
+std::unique_ptr<CommandSequencer> TrainingJob::MakeSequencerLocked(uint64_t epoch) {
+  CommandSequencer::BatchObserver on_batch;
+  if (JobObserver* observer = options_.observer; observer != nullptr) {
+    on_batch = [observer, job = config_.name](const v1::CommandBatch& batch,
+                                              absl::Duration round_trip) {
+      observer->OnBatch(job, batch, round_trip);
+    };
+  }
+  auto sequencer = std::make_unique<CommandSequencer>(clients_, epoch, options_.batch_timeout,
+                                                      std::move(on_batch));
+  // The state store's write-ahead record of every batch (training_job_state.cc).
+  sequencer->set_journal([this](const v1::CommandBatch& batch) { JournalBatch(batch); });
+  return sequencer;
+}
+
+}  // namespace flatshard
