@@ -191,8 +191,12 @@ int CheckpointCommands::Inspect(std::ostream& out, std::ostream& err) {
   const auto bytes = static_cast<int64_t>(CheckpointBytes(m));
   std::set<std::string> names;
   for (const CheckpointFile& f : m.files) names.insert(f.name);
-  out << "checkpoint " << m.name << " of job " << m.job << "\n"
-      << "  step " << m.step << ", data position " << m.data_position << "\n"
+  out << "checkpoint " << m.name << " of job " << m.job << "\n";
+  if (!m.converted_from.empty()) {
+    out << "  a copy of checkpoint " << m.converted_from
+        << " (its state and its time; ckpt consolidate or reshard wrote it)\n";
+  }
+  out << "  step " << m.step << ", data position " << m.data_position << "\n"
       << "  " << StateDictTypeName(m.state_dict_type) << " saved at world size " << m.world_size
       << " (" << m.strategy << ")\n"
       << "  optimizer " << m.optimizer

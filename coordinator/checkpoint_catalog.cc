@@ -251,7 +251,13 @@ bool CheckpointCatalog::Exists(const std::string& name) const {
 
 absl::StatusOr<std::vector<v1::CheckpointInfo>> CheckpointCatalog::List() const {
   std::lock_guard<std::recursive_mutex> lock(mu_);
-  std::vector<std::tuple<int64_t, std::string, v1::CheckpointInfo>> found;
+  struct Listed {
+    int64_t created_unix_micros;
+    bool saved;  // not a copy (CheckpointManifest::converted_from)
+    std::string name;
+    v1::CheckpointInfo info;
+  };
+  std::vector<Listed> found;
   std::error_code ec;
   if (!fs::exists(job_dir_, ec)) return std::vector<v1::CheckpointInfo>{};
   const std::string latest = LatestName();
@@ -272,15 +278,18 @@ absl::StatusOr<std::vector<v1::CheckpointInfo>> CheckpointCatalog::List() const 
     info.set_bytes(static_cast<int64_t>(CheckpointBytes(*m)));
     info.set_latest(name == latest);
     info.set_created_unix_micros(m->created_unix_micros);
-    found.emplace_back(m->created_unix_micros, name, std::move(info));
+    found.push_back({m->created_unix_micros, m->converted_from.empty(), name, std::move(info)});
   }
   if (ec) return absl::UnavailableError(absl::StrCat("cannot list ", job_dir_, ": ", ec.message()));
-  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) {
-    return std::tie(std::get<0>(a), std::get<1>(a)) < std::tie(std::get<0>(b), std::get<1>(b));
+  // By time; of equal times, copies first (a copy has its source's time),
+  // so that the newest is never a copy of it; then by name.
+  std::sort(found.begin(), found.end(), [](const Listed& a, const Listed& b) {
+    return std::tie(a.created_unix_micros, a.saved, a.name) <
+           std::tie(b.created_unix_micros, b.saved, b.name);
   });
   std::vector<v1::CheckpointInfo> out;
   out.reserve(found.size());
-  for (auto& [time, name, info] : found) out.push_back(std::move(info));
+  for (Listed& c : found) out.push_back(std::move(c.info));
   return out;
 }
 

@@ -51,7 +51,9 @@ class CheckpointCatalog {
   // Whether a committed checkpoint directory has this name (readable or not:
   // a save of it would be refused).
   bool Exists(const std::string& name) const;
-  // Committed checkpoints, oldest first (by creation time, then name).
+  // Committed checkpoints, oldest first: by creation time; of equal times,
+  // converted copies before the rest (a copy has its source's time); then by
+  // name.
   absl::StatusOr<std::vector<v1::CheckpointInfo>> List() const;
   absl::Status Delete(const std::string& name);
   // Keeps retention off checkpoint `name` while it lives (a load reads it).

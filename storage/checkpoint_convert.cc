@@ -161,6 +161,8 @@ absl::StatusOr<CheckpointManifest> WriteConverted(TensorSource& source, const st
   // save of the new one, and a recovery would restore it.
   // Not scheduled: the user's copy, which keep_last never retires.
   m.scheduled = false;
+  // Listed before its source, whose time it has (the catalog's order).
+  m.converted_from = source.manifest().name;
   m.files.clear();
   std::vector<Entry> entries;
   for (const auto& [fqn, info] : m.params) entries.push_back({"model", fqn, fqn, info.shape});

@@ -193,6 +193,7 @@ std::string ManifestToJson(const CheckpointManifest& m) {
   json["rng"] = {{"init_seed", m.init_seed}};
   json["created_unix_micros"] = m.created_unix_micros;
   json["scheduled"] = m.scheduled;
+  if (!m.converted_from.empty()) json["converted_from"] = m.converted_from;
   Json files = Json::array();
   for (const CheckpointFile& f : m.files) {
     Json file = {{"name", f.name}, {"rank", f.rank}, {"bytes", f.bytes}};
@@ -284,6 +285,7 @@ absl::StatusOr<CheckpointManifest> ParseManifest(absl::string_view text, absl::s
                                                    " is not a time from 1970 to year 9999"));
   }
   if (json.contains("scheduled")) FS_FIELD(fields, "scheduled", m.scheduled);
+  if (json.contains("converted_from")) FS_FIELD(fields, "converted_from", m.converted_from);
   if (!json.contains("files") || !json["files"].is_array()) return fields.Missing("files");
   for (const Json& value : json["files"]) {
     const Fields file(value, absl::StrCat(what, " files[]"));

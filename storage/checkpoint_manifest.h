@@ -85,6 +85,12 @@ struct CheckpointManifest {
   // Taken by the job's schedule (every_steps). Retention (keep_last) retires
   // only these: a checkpoint a user asked for is never deleted behind their back.
   bool scheduled = false;
+  // The checkpoint this one is a copy of (`flatshard ckpt consolidate` or
+  // `reshard`: the source's name); empty for a save. A copy holds its
+  // source's state and keeps its time, and the catalog lists it before a
+  // checkpoint of the same time that is not one: the source stays the
+  // newest, the one a recovery restores and the job's state is named by.
+  std::string converted_from;
   std::vector<CheckpointFile> files;
 };
 

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "absl/cleanup/cleanup.h"
@@ -310,8 +311,35 @@ TEST_F(CheckpointClockTest, ACopyConvertedIntoTheJobsDirectoryIsOfItsSourcesHist
       ReshardCheckpoint(job_dir + "/step-00000002", job_dir + "/resharded-2", 1);
   ASSERT_TRUE(copy.ok()) << copy.status();
   EXPECT_FALSE(copy->scheduled);
+  EXPECT_EQ(copy->converted_from, "step-00000002");
   EXPECT_EQ(CreatedMicros("resharded-2"), CreatedMicros("step-00000002"));
   EXPECT_EQ(RecoveryTarget(), "step-00000001");
+}
+
+// A copy of the checkpoint a recovery would restore, whose name sorts after
+// it: the same state at the same time, and the source stays the target (the
+// checkpoint the ranks' state is named by, which a stop need not save again).
+TEST_F(CheckpointClockTest, ACopyOfTheRecoveryTargetDoesNotTakeItsPlace) {
+  TrainAndSave("a");
+  const std::string job_dir = checkpoints_ + "/" + job_;
+  absl::StatusOr<CheckpointManifest> copy =
+      ConsolidateCheckpoint(job_dir + "/a", job_dir + "/z-full");
+  ASSERT_TRUE(copy.ok()) << copy.status();
+  EXPECT_EQ(CreatedMicros("z-full"), CreatedMicros("a"));
+  EXPECT_EQ(RecoveryTarget(), "a");
+  auto job = client_->GetJob(job_);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->state_checkpoint(), "a");
+  // And `flatshard ckpt inspect` says what it is.
+  auto inspect = ChildProcess::Spawn(
+      {std::string(FLATSHARD_BIN_DIR) + "/flatshard", "ckpt", "inspect", job_dir + "/z-full"});
+  ASSERT_TRUE(inspect.ok()) << inspect.status();
+  std::string said;
+  for (auto line = (*inspect)->ReadLine(absl::Seconds(60)); line.ok();
+       line = (*inspect)->ReadLine(absl::Seconds(60))) {
+    said += *line + "\n";
+  }
+  EXPECT_THAT(said, ::testing::HasSubstr("a copy of checkpoint a (its state and its time"));
 }
 
 }  // namespace

@@ -83,6 +83,30 @@ TEST(CheckpointCatalogTest, RetentionSparesACheckpointBeingLoaded) {
   EXPECT_EQ(latest->name, "step-00000003");
 }
 
+// A converted copy has its source's time: of equal times, copies are listed
+// first, so that the newest is the source whatever the names, and the
+// checkpoint a recovery restores (the newest it can load) is not the copy.
+TEST(CheckpointCatalogTest, CopiesAreListedBeforeTheirSource) {
+  const fs::path root = fs::path(::testing::TempDir()) / "catalog-copies";
+  fs::remove_all(root);
+  CheckpointCatalog catalog(root.string(), "j");
+  auto commit = [&](const std::string& name, int64_t time, const std::string& source) {
+    ASSERT_TRUE(catalog.BeginSave(name).ok());
+    CheckpointManifest m;
+    m.name = name;
+    m.job = "j";
+    m.world_size = 1;
+    m.created_unix_micros = time;
+    m.converted_from = source;
+    ASSERT_TRUE(catalog.Commit(m, 0).ok());
+  };
+  commit("m-save", 5, "");
+  commit("z-copy", 5, "m-save");
+  commit("a-copy", 5, "m-save");
+  commit("earlier", 4, "");
+  EXPECT_THAT(Names(catalog), ::testing::ElementsAre("earlier", "a-copy", "z-copy", "m-save"));
+}
+
 // Commit vouches only for files that are there at the size their writer
 // reported, with a header that fits: a missing, truncated or headerless file
 // is DATA_LOSS naming it, as are parts of a file several ranks wrote that do

@@ -55,6 +55,22 @@ TEST(CheckpointManifestTest, RoundTrips) {
   EXPECT_EQ(back->files.at(0).xxh3, "00112233aabbccdd");
   EXPECT_EQ(back->job_spec.world_size(), 4);
   EXPECT_EQ(JobSpecDigest(back->job_spec), m.job_spec_digest);
+  EXPECT_EQ(back->converted_from, "");
+}
+
+// A converted copy names its source; a save's manifest has no such field
+// (what versions before it wrote, and still read).
+TEST(CheckpointManifestTest, ACopyNamesItsSource) {
+  CheckpointManifest m = Sample();
+  EXPECT_FALSE(nlohmann::json::parse(ManifestToJson(m)).contains("converted_from"));
+  m.converted_from = "step-00000009";
+  absl::StatusOr<CheckpointManifest> back = ParseManifest(ManifestToJson(m), "manifest.json");
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->converted_from, "step-00000009");
+  nlohmann::json json = nlohmann::json::parse(ManifestToJson(m));
+  json["converted_from"] = 9;
+  EXPECT_THAT(std::string(ParseManifest(json.dump(), "m.json").status().message()),
+              HasSubstr("'converted_from' has the wrong type"));
 }
 
 // A FULL file every rank wrote part of: each entry lists its regions, each
