@@ -5,7 +5,6 @@
 // let go of an abort; worker/service/abort_watchdog.h).
 #include <csignal>
 #include <cstdlib>
-#include <fstream>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -17,7 +16,6 @@
 #include <unistd.h>
 
 #include "CLI/CLI.hpp"
-#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -35,7 +33,6 @@
 #include "rpc/secrets.h"
 #include "rpc/stop_signals.h"
 #include "rpc/tls_credentials.h"
-#include "rpc/tls_flags.h"
 #include "spdlog/spdlog.h"
 
 #include "storage/fault_injecting_file_system.h"
@@ -48,56 +45,10 @@
 #include "worker/service/worker_identity.h"
 #include "worker/service/worker_metrics.h"
 #include "worker/service/worker_service.h"
+#include "worker/worker_flags.h"
 
 namespace flatshard {
 namespace {
-
-struct Flags {
-  std::string coordinator;
-  std::string listen = "127.0.0.1:0";
-  std::string advertise_host = "127.0.0.1";
-  std::string worker_id;
-  std::string device = "cpu";
-  int gpu = -1;  // -1: $LOCAL_RANK, else 0
-  std::string comm = "auto";
-  uint64_t sim_seed = 1;
-  int sim_max_delay_us = 50;
-  int compute_threads = 0;  // 0: OpenBLAS's own choice
-  int rank = -1;
-  std::string data_dir = ".";
-  std::string checkpoint_dir = "./checkpoints";
-  double connect_timeout_s = 30;
-  double collective_timeout_s = 60;
-  double abort_grace_s = 120;
-  bool same_host_copies = true;
-  double coordinator_timeout_s = 10;
-  std::string inject_file_faults;  // tests only
-  std::string state_dir = "./flatshard-worker-state";
-  bool state_dir_given = false;  // with --worker-id, only a given one is used
-  std::string metrics_listen;    // default: --listen's host, any port
-  TlsFiles tls;
-  std::string join_token;
-  std::string join_token_file;
-  std::string command_token_file;
-  bool insecure = false;
-};
-
-// The first line of `path`, which `flag` names.
-absl::StatusOr<std::string> FirstLine(const char* flag, const std::string& path) {
-  std::ifstream in(path);
-  std::string line;
-  if (!in || !std::getline(in, line) || absl::StripAsciiWhitespace(line).empty()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(flag, " '", path, "' cannot be read or its first line is empty"));
-  }
-  return std::string(absl::StripAsciiWhitespace(line));
-}
-
-// The join token from --join-token, else the first line of --join-token-file.
-absl::StatusOr<std::string> JoinToken(const Flags& f) {
-  if (!f.join_token.empty() || f.join_token_file.empty()) return f.join_token;
-  return FirstLine("--join-token-file", f.join_token_file);
-}
 
 // The GPU a worker drives by default: its local rank on the node, as launchers
 // (torchrun, Slurm's srun, `flatshard up`) set LOCAL_RANK; else the first.
@@ -108,7 +59,7 @@ int DefaultGpu() {
   return 0;
 }
 
-int Run(const Flags& f) {
+int Run(const WorkerFlags& f) {
   // Taken by sigwait below; before anything starts a thread (the host
   // device's streams are threads). A thread started earlier took a second
   // SIGTERM, sent while the worker was shutting down after the first, with
@@ -350,112 +301,15 @@ int Run(const Flags& f) {
 namespace {
 
 int Main(int argc, char** argv) {
-  flatshard::Flags f;
+  flatshard::WorkerFlags f;
   CLI::App app{
       "flatshard-worker: a worker daemon (one per device). It registers with the coordinator, "
       "serves WorkerService and runs the FSDP data plane the coordinator configures."};
-  app.add_option("--coordinator,-c", f.coordinator,
-                 "Coordinator address host:port (env FLATSHARD_COORDINATOR)")
-      ->envname("FLATSHARD_COORDINATOR")
-      ->required();
-  app.add_option("--listen", f.listen, "Address WorkerService listens on (port 0: any free one)")
-      ->capture_default_str();
-  app.add_option("--advertise-host", f.advertise_host,
-                 "Host the coordinator and peers reach this worker at (also Gloo's)")
-      ->capture_default_str();
-  app.add_option("--worker-id", f.worker_id,
-                 "Stable id; a restarted daemon with the same id keeps its rank (default: the id "
-                 "of the seat it claims in --state-dir)");
-  CLI::Option* state_dir = app.add_option(
-      "--state-dir", f.state_dir,
-      "Where worker ids and their identity secrets are kept, one per seat (GPU N, the lowest "
-      "free CPU slot, or the --worker-id given), so a restarted daemon comes back as itself "
-      "at once. Empty: HOST-PID. With --worker-id, used only when given");
-  state_dir->capture_default_str();
-  app.add_option("--inject-file-faults", f.inject_file_faults,
-                 "Fault-injection tests only: make checkpoint writes fail, e.g. "
-                 "disk-full:NAME[:BYTES], sync-error:NAME, crash:NAME[:BYTES], hang:NAME[:BYTES] "
-                 "for files whose path contains NAME (comma-separated)");
-  app.add_option("--coordinator-timeout", f.coordinator_timeout_s,
-                 "Seconds without an answer from the coordinator after which a batch in flight "
-                 "is aborted (a restarted coordinator then rolls back instead of waiting)")
-      ->capture_default_str();
-  app.add_option("--device", f.device,
-                 "Device to compute on: cpu, cuda (a GPU, NCCL collectives) or sim (the strict "
-                 "simulated GPU the tests use)")
-      ->capture_default_str();
-  app.add_option("--gpu", f.gpu,
-                 "With --device cuda: the GPU index among the visible ones (respects "
-                 "CUDA_VISIBLE_DEVICES; default: $LOCAL_RANK, else 0)")
-      ->check(CLI::Range(0, 4095));
-  app.add_option("--compute-threads", f.compute_threads,
-                 "Threads for the CPU device's GEMMs (OpenBLAS). 0: OPENBLAS_NUM_THREADS, else one "
-                 "per core; with several CPU workers on a host give each its share of the cores "
-                 "(`flatshard up` does)")
-      ->check(CLI::Range(0, 4096))
-      ->capture_default_str();
-  app.add_option("--comm", f.comm,
-                 "Collectives for device memory: auto (nccl on cuda, gloo otherwise), gloo "
-                 "(on cuda: staged through pinned host memory; several ranks may share a GPU) or "
-                 "nccl")
-      ->capture_default_str();
-  app.add_option("--sim-seed", f.sim_seed, "With --device sim: seed of the random delays")
-      ->capture_default_str();
-  app.add_option("--sim-max-delay-us", f.sim_max_delay_us,
-                 "With --device sim: each operation waits up to this many microseconds first")
-      ->capture_default_str();
-  app.add_option("--rank", f.rank, "Rank to ask for (-1: the coordinator assigns one)")
-      ->capture_default_str();
-  app.add_option("--data-dir", f.data_dir, "Root of FILE data sets")->capture_default_str();
-  app.add_option("--checkpoint-dir", f.checkpoint_dir, "Root of this worker's checkpoint files")
-      ->capture_default_str();
-  CLI::Option* metrics_listen =
-      app.add_option("--metrics-listen", f.metrics_listen,
-                     "Address of the Prometheus /metrics endpoint (default: the --listen host, any "
-                     "free port; printed "
-                     "at start and registered with the coordinator; empty: no metrics)");
-  app.add_option("--connect-timeout", f.connect_timeout_s,
-                 "Seconds to wait for the coordinator at start")
-      ->capture_default_str();
-  app.add_option("--collective-timeout", f.collective_timeout_s,
-                 "Seconds a collective may wait for a peer before failing")
-      ->capture_default_str();
-  app.add_option("--abort-grace", f.abort_grace_s,
-                 "Seconds a batch, or an async save's background write, may go on "
-                 "after it was aborted (a job failure, a re-formation) before the worker counts "
-                 "itself wedged (blocked "
-                 "where an abort cannot reach: a hung mount, a kernel that never ends) and "
-                 "exits with status 3, for its supervisor to restart it; longer than "
-                 "--collective-timeout; 0: never")
-      ->capture_default_str()
-      ->check(CLI::Range(0.0, 86400.0));
-  app.add_flag("--same-host-copies,!--no-same-host-copies", f.same_host_copies,
-               "CPU workers of one host read each other's collective buffers directly "
-               "(process_vm_readv) instead of over loopback TCP; used only when every worker of "
-               "the job can and none turned it off (same host and PID namespace, ptrace "
-               "allowed; never with --device cuda), logged either way")
-      ->capture_default_str();
-  flatshard::AddTlsFlags(app, f.tls, "the coordinator");
-  app.add_option("--join-token", f.join_token,
-                 "Token with role worker from the coordinator's --tokens-file, proof that this "
-                 "worker may join (env FLATSHARD_JOIN_TOKEN; not needed with a worker "
-                 "certificate under mutual TLS)")
-      ->envname("FLATSHARD_JOIN_TOKEN");
-  app.add_option("--join-token-file", f.join_token_file,
-                 "File whose first line is the join token (keeps it out of `ps`)");
-  app.add_option("--command-token-file", f.command_token_file,
-                 "File whose first line is the command token WorkerService calls must carry "
-                 "(default: a fresh random one, sent only to the coordinator)");
-  app.add_flag("--insecure", f.insecure,
-               "Serve WorkerService without TLS on an address other hosts can reach (a "
-               "trusted private network only; warns at every start)");
+  flatshard::AddWorkerFlags(app, f);
   std::string log_level;
   flatshard::AddLogLevelFlag(app, log_level);
   CLI11_PARSE(app, argc, argv);
-  f.state_dir_given = state_dir->count() > 0;
-  if (metrics_listen->count() == 0) {
-    f.metrics_listen = flatshard::MetricsServer::DefaultAddress(f.listen);
-  }
+  flatshard::FinishWorkerFlags(app, f);
   flatshard::InstallStderrLogger(log_level);
   return flatshard::Run(f);
 }
