@@ -146,9 +146,12 @@ int CheckpointCommands::List(std::ostream& out, std::ostream& err) {
   }
   std::vector<std::vector<std::string>> rows;
   for (const v1::CheckpointInfo& info : *all) {
-    rows.push_back({info.name() + (info.latest() ? " (latest)" : ""), absl::StrCat(info.step()),
-                    ShortType(info.state_dict_type()), absl::StrCat(info.world_size()),
-                    Megabytes(info.bytes())});
+    rows.push_back({absl::StrCat(info.name(), info.latest() ? " (latest)" : "",
+                                 info.converted_from().empty()
+                                     ? ""
+                                     : absl::StrCat(" (a copy of ", info.converted_from(), ")")),
+                    absl::StrCat(info.step()), ShortType(info.state_dict_type()),
+                    absl::StrCat(info.world_size()), Megabytes(info.bytes())});
   }
   PrintTable({"NAME", "STEP", "TYPE", "WORLD", "SIZE"}, rows, out);
   if (all->empty()) out << "(no checkpoints yet: flatshard ckpt save -j " << job_ << ")\n";

@@ -278,6 +278,7 @@ absl::StatusOr<std::vector<v1::CheckpointInfo>> CheckpointCatalog::List() const 
     info.set_bytes(static_cast<int64_t>(CheckpointBytes(*m)));
     info.set_latest(name == latest);
     info.set_created_unix_micros(m->created_unix_micros);
+    info.set_converted_from(m->converted_from);
     found.push_back({m->created_unix_micros, m->converted_from.empty(), name, std::move(info)});
   }
   if (ec) return absl::UnavailableError(absl::StrCat("cannot list ", job_dir_, ": ", ec.message()));

@@ -2,7 +2,8 @@
 // shrank it (docs/fault-tolerance.md): at a scheduled checkpoint that is the
 // ranks' state, heartbeating workers outside the epoch join, a new epoch is
 // formed, and that checkpoint is loaded into the grown world, so no step is
-// lost. A worker that fails to join is passed over until it registers again.
+// lost. A worker that fails to join is passed over until it registers again
+// (RefuseJoiner, here; a recovery's spares are passed over the same way).
 // Runs with the operation slot held, as a recovery does.
 #include <set>
 #include <string>

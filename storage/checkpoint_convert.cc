@@ -32,12 +32,20 @@ class TensorSource {
   static absl::StatusOr<std::unique_ptr<TensorSource>> Open(const std::string& dir) {
     auto source = std::unique_ptr<TensorSource>(new TensorSource());
     ASSIGN_OR_RETURN(source->reader_, CheckpointReader::Open(dir));
+    // Its directory's name, which it is listed and loaded by (the manifest
+    // keeps the name it was saved under, and the directory may be renamed).
+    std::error_code error;
+    fs::path path = fs::absolute(dir, error).lexically_normal();
+    if (!path.has_filename()) path = path.parent_path();  // "step-30/"
+    if (!error) source->name_ = path.filename().string();
+    if (source->name_.empty()) source->name_ = source->manifest().name;  // "/"
     RETURN_IF_ERROR(source->reader_->VerifyAll());
     if (source->local()) RETURN_IF_ERROR(source->PlanLocal());
     return source;
   }
 
   const CheckpointManifest& manifest() const { return reader_->manifest(); }
+  const std::string& name() const { return name_; }
   bool local() const { return manifest().state_dict_type == v1::LOCAL_STATE_DICT; }
 
   bool Has(absl::string_view kind, const std::string& name) {
@@ -132,6 +140,7 @@ class TensorSource {
   }
 
   std::unique_ptr<CheckpointReader> reader_;
+  std::string name_;
   std::optional<Plan> plan_;
   std::map<std::string, std::pair<int, int>> where_;  // fqn -> (unit, param)
   std::string cached_key_;
@@ -162,7 +171,7 @@ absl::StatusOr<CheckpointManifest> WriteConverted(TensorSource& source, const st
   // Not scheduled: the user's copy, which keep_last never retires.
   m.scheduled = false;
   // Listed before its source, whose time it has (the catalog's order).
-  m.converted_from = source.manifest().name;
+  m.converted_from = source.name();
   m.files.clear();
   std::vector<Entry> entries;
   for (const auto& [fqn, info] : m.params) entries.push_back({"model", fqn, fqn, info.shape});

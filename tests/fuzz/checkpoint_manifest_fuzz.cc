@@ -99,8 +99,12 @@ std::vector<Seed> GeneratedSeeds(const std::vector<Seed>& /*corpus*/) {
   CheckpointManifest minimal;  // no tensors, no files, an empty job spec
   minimal.name = "empty";
   minimal.world_size = 1;
+  CheckpointManifest copy = SampleManifest(v1::FULL_STATE_DICT);  // ckpt consolidate's
+  copy.name = "full-copy";
+  copy.converted_from = "full";
   return {{"full.json", ManifestToJson(SampleManifest(v1::FULL_STATE_DICT))},
           {"sharded.json", ManifestToJson(SampleManifest(v1::SHARDED_STATE_DICT))},
+          {"copy.json", ManifestToJson(copy)},
           {"minimal.json", ManifestToJson(minimal)}};
 }
 

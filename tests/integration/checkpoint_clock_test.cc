@@ -7,6 +7,7 @@
 // which history the coordinator holds. A gate in the way of async saves'
 // commits (the coordinator's clients to the workers wrap it) holds one
 // while a load comes.
+#include <filesystem>
 #include <future>
 #include <memory>
 #include <mutex>
@@ -164,6 +165,19 @@ class CheckpointClockTest : public ::testing::Test {
   void Load(const std::string& name) {
     auto loaded = client_->LoadCheckpoint(job_, name);
     ASSERT_TRUE(loaded.ok()) << loaded.status();
+  }
+  // What `flatshard ARGS...` prints on stdout.
+  static std::string Cli(std::vector<std::string> args) {
+    args.insert(args.begin(), std::string(FLATSHARD_BIN_DIR) + "/flatshard");
+    auto cli = ChildProcess::Spawn(args);
+    EXPECT_TRUE(cli.ok()) << cli.status();
+    std::string said;
+    if (!cli.ok()) return said;
+    for (auto line = (*cli)->ReadLine(absl::Seconds(60)); line.ok();
+         line = (*cli)->ReadLine(absl::Seconds(60))) {
+      said += *line + "\n";
+    }
+    return said;
   }
   // What a recovery would restore now.
   std::string RecoveryTarget() {
@@ -323,23 +337,34 @@ TEST_F(CheckpointClockTest, ACopyOfTheRecoveryTargetDoesNotTakeItsPlace) {
   TrainAndSave("a");
   const std::string job_dir = checkpoints_ + "/" + job_;
   absl::StatusOr<CheckpointManifest> copy =
-      ConsolidateCheckpoint(job_dir + "/a", job_dir + "/z-full");
+      ConsolidateCheckpoint(job_dir + "/a/", job_dir + "/z-full");
   ASSERT_TRUE(copy.ok()) << copy.status();
+  EXPECT_EQ(copy->converted_from, "a");
   EXPECT_EQ(CreatedMicros("z-full"), CreatedMicros("a"));
   EXPECT_EQ(RecoveryTarget(), "a");
   auto job = client_->GetJob(job_);
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_EQ(job->state_checkpoint(), "a");
-  // And `flatshard ckpt inspect` says what it is.
-  auto inspect = ChildProcess::Spawn(
-      {std::string(FLATSHARD_BIN_DIR) + "/flatshard", "ckpt", "inspect", job_dir + "/z-full"});
-  ASSERT_TRUE(inspect.ok()) << inspect.status();
-  std::string said;
-  for (auto line = (*inspect)->ReadLine(absl::Seconds(60)); line.ok();
-       line = (*inspect)->ReadLine(absl::Seconds(60))) {
-    said += *line + "\n";
+  // The listing, `flatshard ckpt ls` and `ckpt inspect` say what it is.
+  auto listed = client_->ListCheckpoints(job_);
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  for (const v1::CheckpointInfo& c : *listed) {
+    EXPECT_EQ(c.converted_from(), c.name() == "z-full" ? "a" : "") << c.name();
   }
-  EXPECT_THAT(said, ::testing::HasSubstr("a copy of checkpoint a (its state and its time"));
+  EXPECT_THAT(Cli({"ckpt", "ls", "-c", coordinator_->address(), "-j", job_}),
+              ::testing::HasSubstr("z-full (a copy of a)"));
+  EXPECT_THAT(Cli({"ckpt", "inspect", job_dir + "/z-full"}),
+              ::testing::HasSubstr("a copy of checkpoint a (its state and its time"));
+  // A copy names its source by the directory it was read from, the name it
+  // is listed and loaded by, not the one its manifest was saved under.
+  const std::string elsewhere = checkpoints_ + "/elsewhere";
+  std::filesystem::create_directories(elsewhere);
+  std::filesystem::copy(job_dir + "/a", elsewhere + "/best",
+                        std::filesystem::copy_options::recursive);
+  absl::StatusOr<CheckpointManifest> renamed =
+      ReshardCheckpoint(elsewhere + "/best", elsewhere + "/best-w1", 1);
+  ASSERT_TRUE(renamed.ok()) << renamed.status();
+  EXPECT_EQ(renamed->converted_from, "best");
 }
 
 }  // namespace

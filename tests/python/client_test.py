@@ -14,6 +14,7 @@ import math
 import os
 import shutil
 import struct
+import subprocess
 import sys
 import unittest
 from concurrent import futures
@@ -86,6 +87,19 @@ class PlaintextClusterTest(ClusterTestCase):
         self.assertTrue(names["py-sharded"].recovery_target)
         self.assertFalse(names["py-full"].recovery_target)
         self.assertLess(names["py-full"].created_unix_micros, names["py-sharded"].created_unix_micros)
+        self.assertEqual(names["py-full"].converted_from, "")
+        # A copy `flatshard ckpt consolidate` writes into the job's directory
+        # names its source, and has its time.
+        ckpt_root = os.path.join(self.local.checkpoint_dir, "mlp-demo")
+        subprocess.run([os.path.join(BIN, "flatshard"), "ckpt", "consolidate",
+                        os.path.join(ckpt_root, "py-sharded"), "-o",
+                        os.path.join(ckpt_root, "py-sharded-full")],
+                       check=True, capture_output=True, timeout=120)
+        names = {c.name: c for c in job.checkpoints()}
+        self.assertEqual(names["py-sharded-full"].converted_from, "py-sharded")
+        self.assertEqual(names["py-sharded-full"].created_unix_micros,
+                         names["py-sharded"].created_unix_micros)
+        self.assertTrue(names["py-sharded"].recovery_target)
         # After a load of the older one, a recovery restores it, not the latest.
         job.load_checkpoint("py-full")
         names = {c.name: c for c in job.checkpoints()}

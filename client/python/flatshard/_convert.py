@@ -54,7 +54,8 @@ def checkpoint_info(c: job_pb2.CheckpointInfo) -> results.CheckpointInfo:
     return results.CheckpointInfo(
         name=c.name, step=c.step, state_dict_type=common_pb2.StateDictType.Name(c.state_dict_type),
         world_size=c.world_size, bytes=c.bytes, latest=c.latest,
-        created_unix_micros=c.created_unix_micros, recovery_target=c.recovery_target)
+        created_unix_micros=c.created_unix_micros, recovery_target=c.recovery_target,
+        converted_from=c.converted_from)
 
 
 def job_event(e: job_pb2.JobEvent) -> results.JobEvent:

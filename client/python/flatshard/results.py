@@ -88,6 +88,9 @@ class CheckpointInfo:
     # recovery begins again at the job's initialization (say, the listed
     # ones are an earlier job's of this name).
     recovery_target: bool = False
+    # A copy `flatshard ckpt consolidate` or `reshard` wrote: the checkpoint
+    # it was converted from ("" for a save).
+    converted_from: str = ""
 
 
 @dataclass(frozen=True)

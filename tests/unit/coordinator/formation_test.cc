@@ -1,4 +1,4 @@
-// Tests TrainingJob's formation logic (coordinator/training_job.cc) with
+// Tests TrainingJob's formation logic (coordinator/training_job_formation.cc) with
 // in-process workers whose Configure blocks until cancelled: which failure
 // ends a formation, when the heartbeat monitor may end it, and that the
 // epoch's rendezvous is abandoned. The behaviour with real processes is
