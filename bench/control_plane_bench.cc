@@ -37,6 +37,7 @@
 #include "rpc/grpc_server.h"
 
 #include "bench/bench_flags.h"
+#include "coordinator/forwarding_worker_client.h"
 #include "coordinator/grpc_worker_client.h"
 #include "coordinator/state_store.h"
 #include "coordinator/training_job.h"
@@ -109,34 +110,16 @@ class SimulatedWorker final : public WorkerClient {
 // The real client, keeping a copy of the first step batch it sent (once: a
 // copy per step would be the bench's cost, not the coordinator's): the bare
 // fan-out sends what the coordinator does.
-class CapturingClient final : public WorkerClient {
+class CapturingClient final : public ForwardingWorkerClient {
  public:
   CapturingClient(std::unique_ptr<WorkerClient> inner, v1::CommandBatch* last)
-      : inner_(std::move(inner)), last_(last) {}
+      : ForwardingWorkerClient(std::move(inner)), last_(last) {}
   void Execute(const v1::CommandBatch* batch, absl::Time deadline, ExecuteDone done) override {
     if (last_ != nullptr && !last_->has_step() && batch->has_step()) *last_ = *batch;
-    inner_->Execute(batch, deadline, std::move(done));
+    ForwardingWorkerClient::Execute(batch, deadline, std::move(done));
   }
-  void CancelAll() override { inner_->CancelAll(); }
-  absl::Status Configure(const v1::ConfigureRequest& r, absl::Time d) override {
-    return inner_->Configure(r, d);
-  }
-  absl::Status Abort(uint64_t e, const std::string& why, absl::Time d) override {
-    return inner_->Abort(e, why, d);
-  }
-  absl::StatusOr<v1::GetStatusResponse> GetStatus(absl::Time d) override {
-    return inner_->GetStatus(d);
-  }
-  absl::StatusOr<v1::CommandResult> AwaitSave(const std::string& dir, absl::Time d) override {
-    return inner_->AwaitSave(dir, d);
-  }
-  absl::Status Summon(const v1::CommandBatch& b, absl::Time d, const ChunkSink& sink) override {
-    return inner_->Summon(b, d, sink);
-  }
-  std::string address() const override { return inner_->address(); }
 
  private:
-  std::unique_ptr<WorkerClient> inner_;
   v1::CommandBatch* last_;
 };
 

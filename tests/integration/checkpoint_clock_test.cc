@@ -27,6 +27,7 @@
 #include "client/child_process.h"
 #include "client/flatshard_client.h"
 #include "coordinator/checkpoint_catalog.h"
+#include "coordinator/forwarding_worker_client.h"
 #include "coordinator/grpc_worker_client.h"
 #include "storage/checkpoint_convert.h"
 #include "storage/spec_files.h"
@@ -63,37 +64,17 @@ class SteppedClock {
 
 // A worker's client whose waits for async saves (the coordinator's commit
 // of one) pass a gate first.
-class GatedSaveClient final : public WorkerClient {
+class GatedSaveClient final : public ForwardingWorkerClient {
  public:
-  GatedSaveClient(std::unique_ptr<WorkerClient> base, testing::Gate* gate)
-      : base_(std::move(base)), gate_(gate) {}
-
-  void Execute(const v1::CommandBatch* batch, absl::Time deadline, ExecuteDone done) override {
-    base_->Execute(batch, deadline, std::move(done));
-  }
-  void CancelAll() override { base_->CancelAll(); }
-  absl::Status Configure(const v1::ConfigureRequest& request, absl::Time deadline) override {
-    return base_->Configure(request, deadline);
-  }
-  absl::Status Abort(uint64_t epoch, const std::string& reason, absl::Time deadline) override {
-    return base_->Abort(epoch, reason, deadline);
-  }
-  absl::StatusOr<v1::GetStatusResponse> GetStatus(absl::Time deadline) override {
-    return base_->GetStatus(deadline);
-  }
-  absl::Status Summon(const v1::CommandBatch& batch, absl::Time deadline,
-                      const ChunkSink& sink) override {
-    return base_->Summon(batch, deadline, sink);
-  }
+  GatedSaveClient(std::unique_ptr<WorkerClient> inner, testing::Gate* gate)
+      : ForwardingWorkerClient(std::move(inner)), gate_(gate) {}
   absl::StatusOr<v1::CommandResult> AwaitSave(const std::string& directory,
                                               absl::Time deadline) override {
     gate_->Pass();
-    return base_->AwaitSave(directory, deadline);
+    return ForwardingWorkerClient::AwaitSave(directory, deadline);
   }
-  std::string address() const override { return base_->address(); }
 
  private:
-  std::unique_ptr<WorkerClient> base_;
   testing::Gate* gate_;
 };
 
