@@ -253,9 +253,10 @@ class TrainingJob {
   std::optional<v1::CheckpointInfo> RecoveryCheckpointOf(
       const std::vector<v1::CheckpointInfo>& committed, int world_size) const;
   // Growing back (training_job_growth.cc). Between steps of Train, after a
-  // scheduled checkpoint: a job a recovery shrank grows back to its spec's world size when enough
-  // workers are live again (a new epoch, the checkpoint of this step loaded, nothing lost). OK also
-  // when it does not grow; the job is then still TRAINING, else READY.
+  // scheduled checkpoint: a job a recovery shrank grows back to its spec's
+  // world size when enough workers are live again (a new epoch, the
+  // checkpoint of this step loaded, nothing lost). OK also when it does not
+  // grow; the job is then still TRAINING, else READY.
   absl::Status MaybeGrow();
 
   // In-memory peer snapshots (training_job_snapshots.cc): after every K-th
