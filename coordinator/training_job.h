@@ -291,7 +291,7 @@ class TrainingJob {
   void SaveOperation(const std::optional<v1::TrainingOperation>& op);
   void ResumeTraining();  // the restored operation, if any
 
-  // Checkpoints (training_job_checkpoints.cc).
+  // Checkpoints (training_job_checkpoints.cc; loads, training_job_load.cc).
   struct PendingSave;
   v1::StateDictType ResolveStateDictType(
       const std::optional<v1::StateDictSettings>& settings) const;

@@ -1,5 +1,6 @@
-// TrainingJob's checkpoint operations (docs/architecture.md §6): the coordinator's half
-// of the two-phase commit, checkpoints requested during Train, and loading.
+// TrainingJob's checkpoint saves (docs/architecture.md §6): the coordinator's half
+// of the two-phase commit, and checkpoints requested during Train. Loading is
+// in training_job_load.cc.
 #include <algorithm>
 #include <chrono>
 #include <future>
@@ -216,20 +217,6 @@ absl::StatusOr<std::vector<v1::CommandResult>> TrainingJob::RunCheckpointBatch(
              : failure;
 }
 
-absl::Time TrainingJob::CheckpointClock() const {
-  return options_.checkpoint_clock ? options_.checkpoint_clock() : absl::Now();
-}
-
-absl::StatusOr<int64_t> TrainingJob::HistoryStart() const {
-  // After every save begun so far, whatever the clock did: the history it
-  // starts holds none of them (BuildManifest stamps the saves after it no
-  // earlier than this).
-  int64_t since = absl::ToUnixMicros(CheckpointClock());
-  ASSIGN_OR_RETURN(std::vector<v1::CheckpointInfo> all, catalog_.List());
-  for (const v1::CheckpointInfo& c : all) since = std::max(since, c.created_unix_micros() + 1);
-  return since;
-}
-
 CheckpointManifest TrainingJob::BuildManifest(const std::string& name, v1::StateDictType type,
                                               bool scheduled) const {
   CheckpointManifest m;
@@ -389,77 +376,6 @@ TrainingJob::SaveFuture TrainingJob::StartSave(const std::string& name, v1::Stat
     promise->set_value(commit(std::move(manifest), written));
   });
   return done;
-}
-
-absl::StatusOr<v1::CheckpointInfo> TrainingJob::LoadCheckpoint(const std::string& name) {
-  ASSIGN_OR_RETURN(OperationLock op, BeginOperation("load a checkpoint"));
-  RETURN_IF_ERROR(catalog_.Read(name).status());  // a wrong name waits for nothing
-  // An async save still committing is of the history this load leaves: it
-  // commits (and retires, keep_last) before the load, not after it.
-  if (committer_.joinable()) committer_.join();
-  return LoadLocked(name, /*starts_history=*/true);
-}
-
-absl::StatusOr<v1::CheckpointInfo> TrainingJob::LoadLocked(const std::string& name,
-                                                           bool starts_history) {
-  ASSIGN_OR_RETURN(CheckpointManifest manifest, catalog_.Read(name));
-  // An async save's commit may retire old checkpoints meanwhile: not this one.
-  const CheckpointCatalog::Pin pin(&catalog_, manifest.name);
-  v1::CheckpointBatch command;
-  command.mutable_load_shard()->set_directory(catalog_.RelativeDir(manifest.name));
-  // Stage everywhere first: a rank that cannot read its part changes nothing.
-  absl::StatusOr<std::vector<v1::CommandResult>> staged = RunCheckpointBatch(command);
-  if (!staged.ok()) {
-    return PrefixStatus(
-        absl::StrCat("checkpoint '", manifest.name, "' was not loaded (the job is unchanged): "),
-        staged.status());
-  }
-  int64_t since = 0;
-  if (starts_history) {
-    absl::StatusOr<int64_t> start = HistoryStart();
-    if (!start.ok()) {
-      return PrefixStatus(
-          absl::StrCat("checkpoint '", manifest.name, "' was not loaded (the job is unchanged): "),
-          start.status());
-    }
-    since = *start;
-  }
-  command.mutable_load_shard()->set_apply(true);
-  absl::StatusOr<std::vector<v1::CommandResult>> applied = RunCheckpointBatch(command);
-  if (!applied.ok()) {
-    // Half applied. A recovery's load is retried by the recovery; a client's
-    // load whose batch failed was recovered by RunCheckpointBatch already.
-    bool in_recovery = false;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      in_recovery = recovering_;
-    }
-    if (!in_recovery && states_.state() != v1::READY) FailWith(applied.status());
-    return applied.status();
-  }
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    step_ = manifest.step;
-    state_checkpoint_ = manifest.name;  // its apply batch bumped the generation
-    // A new history: the newer checkpoints of the one it left are not its.
-    if (starts_history) {
-      history_ =
-          CheckpointHistory{manifest.name, manifest.step, manifest.created_unix_micros, since};
-    }
-    data_position_ = manifest.data_position;
-    unsharded_.clear();
-    peer_marks_.clear();  // they describe a history this load left
-  }
-  Persist();
-  spdlog::info("job {}: loaded checkpoint {} (step {})", config_.name, manifest.name,
-               manifest.step);
-  v1::CheckpointInfo info;
-  info.set_name(manifest.name);
-  info.set_step(manifest.step);
-  info.set_state_dict_type(manifest.state_dict_type);
-  info.set_world_size(manifest.world_size);
-  info.set_bytes(static_cast<int64_t>(CheckpointBytes(manifest)));
-  return info;
 }
 
 }  // namespace flatshard
