@@ -130,20 +130,10 @@ absl::Status Coordinator::RestoreState() {
 
 absl::StatusOr<v1::Job> Coordinator::CreateJob(const v1::JobSpec& spec) {
   ASSIGN_OR_RETURN(JobConfig config, JobConfigFromProto(spec));
+  std::string undeleted;  // a deletion whose record stayed: finished first
   {
     std::lock_guard<std::mutex> lock(mu_);
     RETURN_IF_ERROR(RefuseWhileBusyLocked());
-    if (job_ != nullptr && job_->name() == undeleted_) {
-      // A deletion whose record stayed: that record goes first (under mu_, so
-      // no delete or create comes between), or a restarted coordinator would
-      // bring the old job back instead of this one.
-      if (absl::Status s = ForgetJobRecord(undeleted_); !s.ok()) {
-        return PrefixStatus(absl::StrCat("job '", config.name, "' was not created: job '",
-                                         undeleted_, "' was deleted but kept its record: "),
-                            s);
-      }
-      undeleted_.clear();
-    }
     if (job_ != nullptr && job_->states().state() != v1::STOPPED) {
       if (job_->name() == config.name) {
         return absl::AlreadyExistsError(absl::StrCat("job '", config.name, "' already exists (",
@@ -154,6 +144,7 @@ absl::StatusOr<v1::Job> Coordinator::CreateJob(const v1::JobSpec& spec) {
           absl::StrCat("this coordinator runs one job at a time and job '", job_->name(),
                        "' exists; delete it first (flatshard job delete ", job_->name(), ")"));
     }
+    if (job_ != nullptr && job_->name() == undeleted_) undeleted = undeleted_;
     // Rendezvous keys an earlier job of this name left would hand its peers'
     // dead addresses to the new epoch 1.
     store_.DeletePrefix(absl::StrCat("job/", config.name));
@@ -166,6 +157,19 @@ absl::StatusOr<v1::Job> Coordinator::CreateJob(const v1::JobSpec& spec) {
     creating_.clear();
     created_cv_.notify_all();
   };
+  if (!undeleted.empty()) {
+    // That record goes before this job writes its own, or a restarted
+    // coordinator would bring the old job back instead of this one. The
+    // store may wait out another holder of its lock: outside mu_, and
+    // creating_ keeps every delete (of the old job too) out meanwhile.
+    if (absl::Status s = ForgetJobRecord(undeleted); !s.ok()) {
+      return PrefixStatus(absl::StrCat("job '", config.name, "' was not created: job '", undeleted,
+                                       "' was deleted but kept its record: "),
+                          s);
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    undeleted_.clear();
+  }
   // Building the job lists its checkpoint directory (where its history
   // starts), writes its record and clears the partial saves it finds: as
   // long as the disk takes, so outside mu_, which every heartbeat and every
@@ -221,9 +225,11 @@ absl::Status Coordinator::DeleteJob(const std::string& name) {
   {
     // Found and reserved in one hold of mu_: a job created again under this
     // name in between would otherwise lose its record to this deletion.
+    // Busy first: a coordinator busy creating or deleting a job says so to
+    // any delete, of a job it has or not.
     std::lock_guard<std::mutex> lock(mu_);
-    ASSIGN_OR_RETURN(job, FindJobLocked(name));
     RETURN_IF_ERROR(RefuseWhileBusyLocked());
+    ASSIGN_OR_RETURN(job, FindJobLocked(name));
     deleting_ = name;
   }
   // STOPPED is persisted (when the store takes it): a crash between this and

@@ -110,7 +110,8 @@ class Coordinator {
   bool forming_ = false;
   absl::Time restored_at_;  // when RestoreState brought a job back
   // The job DeleteJob is deleting now, and the one (STOPPED, still job_)
-  // whose record it could not remove: the next create removes that first.
+  // whose record it could not remove: the next create removes that first,
+  // within its reservation (creating_) and outside mu_.
   std::string deleting_;
   std::string undeleted_;
   // The job CreateJob is building (outside mu_); created_cv_ tells Shutdown

@@ -5,12 +5,18 @@
 // job stays STOPPED rather than reported gone while a restarted coordinator
 // would bring it back; a retry, or the next CreateJob, finishes it. A deletion
 // cut short by a crash after the job was stopped is finished by the next start.
+#include <chrono>
+#include <future>
 #include <memory>
 #include <string>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sqlite3.h>
+
+#include "absl/strings/match.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 
 #include "client/flatshard_client.h"
 #include "client/local_cluster.h"
@@ -133,6 +139,47 @@ TEST_F(JobDeletionTest, TheNextJobFinishesADeleteTheStoreCouldNotRecord) {
   ExpectGone("mlp-a");
   auto ready = client_->WaitForState("mlp-b", {v1::READY}, absl::Seconds(120));
   EXPECT_TRUE(ready.ok()) << ready.status();
+}
+
+// Finishing that deletion waits on the store as long as another connection
+// holds its lock (up to the store's 5 s busy timeout): the coordinator
+// answers meanwhile, turning other deletes away as busy rather than holding
+// them, and every heartbeat, on its lock.
+TEST_F(JobDeletionTest, TheNextJobFinishesTheDeleteWithoutHoldingTheCoordinator) {
+  ExpectDeleteRefusedWhileTheStoreIsLocked("mlp-a");
+  StateDb db(state_dir());
+  db.Exec("BEGIN EXCLUSIVE");
+  FlatshardClient creator(cluster_->address());
+  auto created =
+      std::async(std::launch::async, [&creator] { return creator.CreateJob(Job("mlp-b")); });
+  const auto waiting = [&created] {
+    return created.wait_for(std::chrono::seconds(0)) != std::future_status::ready;
+  };
+  bool busy = false;
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  while (!busy && waiting() && absl::Now() < deadline) {
+    const absl::Status probe = client_->DeleteJob("no-such-job");
+    busy = absl::StrContains(probe.message(), "job 'mlp-b' is being created");
+    if (!busy) {
+      EXPECT_EQ(probe.code(), absl::StatusCode::kNotFound) << probe;
+    }
+  }
+  EXPECT_TRUE(busy) << "no delete was answered while the creation waited on the store";
+  auto a = client_->GetJob("mlp-a");
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->state(), v1::STOPPED);
+  EXPECT_TRUE(waiting()) << "the creation did not wait on the store";
+  // The store never took the removal: the job is not created.
+  const absl::Status not_created = created.get().status();
+  EXPECT_EQ(not_created.code(), absl::StatusCode::kUnavailable) << not_created;
+  EXPECT_THAT(std::string(not_created.message()),
+              HasSubstr("job 'mlp-b' was not created: job 'mlp-a' was deleted but kept its "
+                        "record: "));
+  db.Exec("ROLLBACK");
+  EXPECT_EQ(db.Jobs(), 1);
+  testing::CreateAndWaitReady(*client_, Job("mlp-b"));
+  EXPECT_EQ(db.Jobs(), 1);
+  ExpectGone("mlp-a");
 }
 
 TEST_F(JobDeletionTest, ADeletionCutShortByACrashIsFinishedByTheNextStart) {
