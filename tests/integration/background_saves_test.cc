@@ -3,7 +3,8 @@
 // at its next unit, reports ABORTED and leaves none of its files; a write
 // started after the abort writes nothing; a write blocked where the abort
 // cannot reach is reported draining and, after the grace, to the watchdog,
-// naming the save (the worker then ends itself, abort_watchdog.h). The
+// naming the save (the worker then ends itself, abort_watchdog.h); an
+// outcome nobody collected goes with the next save. The
 // file system holds the model file's creation until the test lets it go, so
 // the abort lands while the write is known to be in flight, with no sleep.
 #include "worker/service/background_saves.h"
@@ -258,6 +259,23 @@ TEST_F(BackgroundSavesTest, AnAwaitWhoseCallerGivesUpReturnsAndTheOutcomeStays) 
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_EQ(result->seq(), 5u);
   EXPECT_TRUE(StatusFromProto(result->checkpoint_status()).ok());
+}
+
+// An outcome nobody collected (the coordinator abandoned that commit with its
+// job) goes with the next save: the coordinator starts one only after it
+// collected or gave up every earlier one.
+TEST_F(BackgroundSavesTest, TheNextSaveDropsAnOutcomeNobodyCollected) {
+  files_.Release();
+  BackgroundSaves saves;
+  saves.Start("abandoned", Snapshot(), Dir("abandoned"), 0, 3);
+  saves.Start("next", Snapshot(), Dir("next"), 0, 6);
+  const absl::StatusOr<v1::CommandResult> abandoned =
+      saves.Await("abandoned", absl::InfiniteFuture());
+  EXPECT_EQ(abandoned.status().code(), absl::StatusCode::kNotFound) << abandoned.status();
+  absl::StatusOr<v1::CommandResult> next = saves.Await("next", absl::InfiniteFuture());
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(next->seq(), 6u);
+  EXPECT_TRUE(StatusFromProto(next->checkpoint_status()).ok());
 }
 
 }  // namespace

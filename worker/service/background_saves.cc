@@ -39,6 +39,11 @@ void BackgroundSaves::Start(const std::string& key, ShardSnapshot snapshot, cons
   uint64_t id = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);
+    // The coordinator commits one save at a time: it begins this one only
+    // once it collected every earlier save or gave up on it (a commit
+    // abandoned with its job, a restarted coordinator). An outcome still
+    // here is one nobody will ask for.
+    saves_.clear();
     id = ++next_id_;
     Running& write = running_[id];
     write.what = absl::StrCat("async save of batch seq ", seq, " into '", key, "' on rank ", rank);
@@ -47,7 +52,7 @@ void BackgroundSaves::Start(const std::string& key, ShardSnapshot snapshot, cons
   // The snapshot is freed as soon as its files are written: the future's
   // shared state keeps the closure for as long as the entry is kept, and an
   // entry the coordinator stopped awaiting (a commit that gave up) stays
-  // until the next save into the same directory.
+  // until the next save.
   auto write = [this, id, path, rank, seq,
                 snapshot = std::optional<ShardSnapshot>(std::move(snapshot))]() mutable {
     // Whatever happens, the write is not left watched once it returned.

@@ -47,10 +47,11 @@ class BackgroundSaves {
   BackgroundSaves& operator=(const BackgroundSaves&) = delete;
 
   // Writes `snapshot` into `path` in the background; `key` names the save
-  // for Await (the checkpoint directory as the coordinator sent it; an
-  // earlier save's outcome under it is dropped). Waits first for any save
-  // still running: they share one communicator. After Abort, the write
-  // stops before its first unit.
+  // for Await (the checkpoint directory as the coordinator sent it). Waits
+  // first for any save still running: they share one communicator. Then
+  // drops every earlier save's outcome not awaited: the coordinator starts
+  // a save only once it collected or gave up every earlier one. After
+  // Abort, the write stops before its first unit.
   void Start(const std::string& key, ShardSnapshot snapshot, const std::string& path, int rank,
              uint64_t seq);
 
@@ -96,7 +97,7 @@ class BackgroundSaves {
   AbortWatchdog* const watchdog_;
   std::atomic<bool> aborted_{false};  // read by the writers between units
   mutable std::mutex mu_;
-  std::map<std::string, Entry> saves_;   // by key, until awaited
+  std::map<std::string, Entry> saves_;   // by key, until awaited or the next save
   std::map<uint64_t, Running> running_;  // by id
   uint64_t next_id_ = 0;
   std::optional<std::string> abort_reason_;  // set once aborted
