@@ -38,6 +38,8 @@
 
 namespace flatshard {
 
+struct RecoveryCandidates;  // recovery_plan.h
+
 struct TrainingJobOptions {
   absl::Duration configure_timeout = absl::Minutes(2);
   absl::Duration batch_timeout = absl::Minutes(10);
@@ -242,10 +244,23 @@ class TrainingJob {
   // A batch failed under an operation: recovers when the policy allows, and
   // returns the status the operation ends with (OK: recovered, go on).
   absl::Status OnBatchFailure(const absl::Status& cause);
-  // The live members of the failed epoch, by rank (probed with GetStatus).
+  // Probes (training_job_probe.cc). The live members of the failed epoch, by
+  // rank (asked GetStatus); returns the ranks that did not answer.
   std::vector<int> ProbeMembers(
       std::vector<WorkerRecord>* alive,
       std::map<std::string, std::vector<v1::PeerSnapshotHeld>>* held = nullptr);
+  // Members that did not answer (`lost`, by rank) but are among `live` again
+  // (a partition healed, a daemon restarted under its id), on the job's kind
+  // of device: each is asked, in parallel, at the address it heartbeats
+  // from, and one that answers, its aborted work let go, leaves `lost` for
+  // the candidates' survivors (kept in rank order). One that does not is
+  // marked unreachable: asked again after its next heartbeat. Nothing is
+  // asked from `until` on, nor is a verdict awaited past it. Returns the ids
+  // readmitted.
+  std::vector<std::string> ReadmitReturning(
+      const std::vector<WorkerRecord>& live, absl::Time until, std::map<int, WorkerRecord>* lost,
+      RecoveryCandidates* candidates,
+      std::map<std::string, std::vector<v1::PeerSnapshotHeld>>* held);
   // The checkpoint a recovery at `world_size` restores: the newest of the
   // ranks' history that world can load (ChooseRecoveryCheckpoint).
   std::optional<v1::CheckpointInfo> RecoveryCheckpoint(int world_size) const;

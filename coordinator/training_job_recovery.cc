@@ -17,7 +17,6 @@
 #include "spdlog/spdlog.h"
 
 #include "coordinator/checkpoint_history.h"
-#include "coordinator/drain_wait.h"
 #include "coordinator/failed_rank.h"
 #include "coordinator/recovery_plan.h"
 #include "coordinator/training_job.h"
@@ -110,55 +109,6 @@ absl::Status TrainingJob::OnBatchFailure(const absl::Status& cause) {
     return final_status;
   }
   return RecoverLocked(cause, {});
-}
-
-std::vector<int> TrainingJob::ProbeMembers(
-    std::vector<WorkerRecord>* alive,
-    std::map<std::string, std::vector<v1::PeerSnapshotHeld>>* held) {
-  std::vector<WorkerClient*> clients;
-  std::vector<WorkerRecord> members;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (const auto& client : clients_) clients.push_back(client.get());
-    members = members_;
-  }
-  // In parallel: a stopped (SIGSTOP) worker costs one probe timeout, not one per rank.
-  std::vector<absl::StatusOr<v1::GetStatusResponse>> answers(clients.size());
-  std::vector<std::thread> probes;
-  probes.reserve(clients.size());
-  const absl::Time deadline = absl::Now() + options_.probe_timeout;
-  // A member whose aborted work has not let go yet (a write into a hung
-  // mount) is not a survivor until it does: if it never does, it ends itself
-  // at its abort grace, and a try that seated it would fail then and spend
-  // a restart. So the probe waits for the verdict, bounded by that grace.
-  for (size_t r = 0; r < clients.size(); ++r) {
-    probes.emplace_back([&, r] {
-      WorkerClient& client = *clients[r];
-      answers[r] = AwaitDrained(
-          client.GetStatus(deadline),
-          [&] { return client.GetStatus(absl::Now() + options_.probe_timeout); },
-          [this] {
-            std::lock_guard<std::mutex> lock(mu_);
-            return stopping_;
-          },
-          absl::StrCat("job ", config_.name, ": rank ", r, " (", client.address(), ")"));
-    });
-  }
-  for (std::thread& t : probes) t.join();
-  std::vector<int> failed;
-  for (size_t r = 0; r < clients.size() && r < members.size(); ++r) {
-    if (answers[r].ok()) {
-      alive->push_back(members[r]);
-      if (held != nullptr) {
-        (*held)[members[r].worker_id].assign(answers[r]->peer_snapshots().begin(),
-                                             answers[r]->peer_snapshots().end());
-      }
-    } else {
-      failed.push_back(static_cast<int>(r));
-      if (options_.mark_unreachable) options_.mark_unreachable(members[r]);
-    }
-  }
-  return failed;
 }
 
 std::optional<v1::CheckpointInfo> TrainingJob::RecoveryCheckpoint(int world_size) const {
@@ -275,6 +225,13 @@ absl::Status TrainingJob::RecoverOnce(const absl::Status& cause, std::vector<int
   std::map<std::string, std::vector<v1::PeerSnapshotHeld>> held;  // by worker id
   std::vector<int> unreachable = ProbeMembers(&candidates.survivors, &held);
   failed_ranks.insert(failed_ranks.end(), unreachable.begin(), unreachable.end());
+  std::map<int, WorkerRecord> lost;  // by rank: they may come back (the spare wait)
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (int r : unreachable) {
+      if (static_cast<size_t>(r) < members_.size()) lost[r] = members_[static_cast<size_t>(r)];
+    }
+  }
   // A member that broke the failed epoch's restore as a newcomer (the spare
   // of an earlier try, a worker grown back onto) does not survive it.
   {
@@ -295,12 +252,19 @@ absl::Status TrainingJob::RecoverOnce(const absl::Status& cause, std::vector<int
 
   // Spares: live workers that were not in the failed epoch. Wait a bounded
   // time for enough of them rather than shrink at once: a restarted daemon
-  // registers within seconds.
+  // registers within seconds. A member lost to the probe that heartbeats
+  // again meanwhile (a partition healed, its daemon restarted under its id)
+  // survives after all once it answers a probe of its own.
   const absl::Time spare_deadline = began + absl::Seconds(config_.recovery.spare_wait_s);
+  std::set<std::string> readmitted;  // members lost to the probe, back
   while (true) {
     candidates.spares.clear();
     if (options_.live_workers) {
-      for (const WorkerRecord& w : options_.live_workers()) {
+      const std::vector<WorkerRecord> live = options_.live_workers();
+      for (std::string& id : ReadmitReturning(live, spare_deadline, &lost, &candidates, &held)) {
+        readmitted.insert(std::move(id));
+      }
+      for (const WorkerRecord& w : live) {
         const bool same_kind = candidates.device.empty() || w.device == candidates.device;
         if (!old_ids.contains(w.worker_id) && !RefusedToJoin(w) && same_kind) {
           candidates.spares.push_back(w);
@@ -328,9 +292,12 @@ absl::Status TrainingJob::RecoverOnce(const absl::Status& cause, std::vector<int
   std::string failed_worker;
   // A spare that fails the new epoch's Configure or restore (its node lacks
   // the data set or cannot read the shared checkpoint storage, say) would
-  // fail every try it is chosen for, and every grow-back after: refused.
+  // fail every try it is chosen for, and every grow-back after: refused. So
+  // is a member readmitted after the probe lost it (a daemon restarted on
+  // such a node).
   const auto refuse_spare = [&](const std::string& worker_id, const absl::Status& why) {
-    if (worker_id.empty() || old_ids.contains(worker_id)) return;
+    if (worker_id.empty()) return;
+    if (old_ids.contains(worker_id) && !readmitted.contains(worker_id)) return;
     for (const WorkerRecord& w : choice->members) {
       if (w.worker_id == worker_id) RefuseJoiner(w, why.message());
     }

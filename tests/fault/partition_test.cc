@@ -6,8 +6,11 @@
 // dies. The coordinator sees the heartbeats stop, the job recovers with the
 // spare and finishes its steps; when the link heals, the cut-off worker finds
 // its epoch gone, drops the batch it was stuck in and serves as a spare.
-// Needs root (network namespaces); skipped with the reason elsewhere.
+// And the coordinator cut off from every worker at once: the recovery waits
+// for workers, and those that come back when the link heals take their seats
+// again. Needs root (network namespaces); skipped with the reason elsewhere.
 #include <csignal>
+#include <future>
 #include <map>
 #include <memory>
 #include <string>
@@ -180,6 +183,96 @@ TEST(PartitionTest, ACutOffWorkerIsReplacedAndServesAsASpareOnceTheLinkHeals) {
   EXPECT_TRUE(spare) << cut_off_id << " did not come back as a spare within 60 s";
   // And the job still trains.
   EXPECT_TRUE(client.Train(spec->name(), 2, 0, [](const v1::StepResult&) {}).ok());
+}
+
+// The coordinator cut off from every worker at once (its link, say): the
+// workers, all in the namespace, still reach each other. Every rank misses
+// its heartbeats and fails the recovery's probe, and no spare is left. The
+// recovery waits for spares (recovery.spare_wait_s); the link heals during
+// that wait, and the members that heartbeat again answer a probe of their
+// own and take their seats back: the job trains on at its world size, where
+// before it failed for want of workers.
+TEST(PartitionTest, WorkersCutOffFromTheCoordinatorTakeTheirSeatsBackOnceTheLinkHeals) {
+  absl::StatusOr<std::unique_ptr<PartitionableNamespace>> ns = PartitionableNamespace::Create();
+  if (!ns.ok()) GTEST_SKIP() << "no network namespace: " << ns.status();
+  const std::string dir = testing::MakeTempDir("partition-all");
+  LocalClusterOptions options;
+  options.workers = 4;  // ranks 0-3, no spare
+  options.bin_dir = FLATSHARD_BIN_DIR;
+  options.listen = (*ns)->host_ip() + ":0";
+  options.heartbeat_interval_s = 0.25;
+  options.heartbeat_timeout_s = 2.0;
+  options.coordinator_timeout_s = 2.0;
+  options.collective_timeout_s = 120;
+  options.checkpoint_dir = dir + "/checkpoints";
+  options.coordinator_flags = {"--insecure"};
+  options.every_worker_flags = {"--insecure"};
+  for (int i = 0; i < options.workers; ++i) {
+    options.worker_flags[i] = {"--listen", (*ns)->ns_ip() + ":0", "--advertise-host",
+                               (*ns)->ns_ip()};
+    options.worker_command_prefix[i] = (*ns)->exec_prefix();
+  }
+  auto cluster = LocalCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  FlatshardClient client((*cluster)->address());
+
+  auto spec = LoadJobSpecFile(std::string(FLATSHARD_SOURCE_DIR) + "/examples/mlp-job.yaml");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  ASSERT_EQ(spec->world_size(), 4);
+  spec->mutable_checkpoints()->set_every_steps(3);
+  spec->mutable_checkpoints()->set_in_memory_every_steps(1);
+  spec->mutable_state_dict_settings()->set_state_dict_type(v1::SHARDED_STATE_DICT);
+  spec->mutable_recovery()->set_spare_wait_s(60);
+  ASSERT_TRUE(client.CreateJob(*spec).ok());
+  ASSERT_TRUE(client.WaitForState(spec->name(), {v1::READY}, absl::Seconds(120)).ok());
+
+  // Healed once the recovery's probe has found every member unreachable
+  // (polled, bounded): the seats are then taken back in the spare wait.
+  const auto heal_once_all_lost = [&]() -> absl::Status {
+    FlatshardClient watcher((*cluster)->address());
+    const absl::Time deadline = absl::Now() + absl::Seconds(60);
+    while (absl::Now() < deadline) {
+      auto all = watcher.ListWorkers("");
+      int lost = 0;
+      for (const v1::WorkerInfo& w : all.ok() ? *all : std::vector<v1::WorkerInfo>{}) {
+        if (w.state() == "unreachable") ++lost;
+      }
+      if (lost == options.workers) return (*ns)->Heal();
+      absl::SleepFor(absl::Milliseconds(100));  // a poll interval
+    }
+    (void)(*ns)->Heal();
+    return absl::DeadlineExceededError("the probe never found every worker unreachable");
+  };
+  std::future<absl::Status> healed;
+  int seen = 0;
+  v1::Recovery recovery;
+  const absl::Status trained = client.Train(spec->name(), 12, 0, [&](const v1::StepResult& r) {
+    if (r.has_recovery()) recovery = r.recovery();
+    if (++seen == 4) {
+      EXPECT_TRUE((*ns)->Cut().ok());
+      healed = std::async(std::launch::async, heal_once_all_lost);
+    }
+  });
+  ASSERT_TRUE(healed.valid());
+  EXPECT_TRUE(healed.get().ok());
+  ASSERT_TRUE(trained.ok()) << trained;
+  auto job = client.GetJob(spec->name());
+  ASSERT_TRUE(job.ok());
+  EXPECT_EQ(job->step(), 12);
+  EXPECT_EQ(job->world_size(), 4);
+  EXPECT_EQ(job->restarts(), 1);
+  EXPECT_THAT(recovery.failed_ranks(), ::testing::ElementsAre(0, 1, 2, 3));
+  EXPECT_FALSE(recovery.spare_used());
+  EXPECT_EQ(recovery.world_size(), 4);
+  std::cerr << "every worker back: " << recovery.ShortDebugString() << "\n";
+  // Each worker in the seat it had: the same ids, rank for rank.
+  auto workers = client.ListWorkers(spec->name());
+  ASSERT_TRUE(workers.ok());
+  std::map<int, std::string> seated;
+  for (const v1::WorkerInfo& w : *workers) seated[w.rank()] = w.worker_id();
+  EXPECT_THAT(seated, ::testing::ElementsAre(
+                          ::testing::Pair(0, "worker-0"), ::testing::Pair(1, "worker-1"),
+                          ::testing::Pair(2, "worker-2"), ::testing::Pair(3, "worker-3")));
 }
 
 }  // namespace
