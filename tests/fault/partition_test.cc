@@ -101,25 +101,48 @@ class PartitionableNamespace {
   bool created_ = false;
 };
 
+// A cluster whose coordinator listens on the host end of `ns`'s pair, with
+// the heartbeat and coordinator timeouts short (the partition must be found
+// by heartbeats, not by a collective's timeout). Served plaintext on purpose:
+// these tests are about the partition (test_security covers TLS on such
+// addresses). Each test places its workers.
+LocalClusterOptions PartitionedCluster(const PartitionableNamespace& ns, const std::string& dir,
+                                       int workers) {
+  LocalClusterOptions options;
+  options.workers = workers;
+  options.bin_dir = FLATSHARD_BIN_DIR;
+  options.listen = ns.host_ip() + ":0";
+  options.heartbeat_interval_s = 0.25;
+  options.heartbeat_timeout_s = 2.0;
+  options.coordinator_timeout_s = 2.0;
+  options.collective_timeout_s = 120;
+  options.checkpoint_dir = dir + "/checkpoints";
+  options.coordinator_flags = {"--insecure"};
+  options.every_worker_flags = {"--insecure"};
+  return options;
+}
+
+// The example MLP (world size 4) with a SHARDED checkpoint every 3 steps and
+// in-memory peer snapshots every step, waiting `spare_wait_s` for workers.
+v1::JobSpec RecoveringJob(double spare_wait_s) {
+  auto spec = LoadJobSpecFile(std::string(FLATSHARD_SOURCE_DIR) + "/examples/mlp-job.yaml");
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  if (!spec.ok()) return v1::JobSpec();
+  EXPECT_EQ(spec->world_size(), 4);
+  spec->mutable_checkpoints()->set_every_steps(3);
+  spec->mutable_checkpoints()->set_in_memory_every_steps(1);
+  spec->mutable_state_dict_settings()->set_state_dict_type(v1::SHARDED_STATE_DICT);
+  spec->mutable_recovery()->set_spare_wait_s(spare_wait_s);
+  return *spec;
+}
+
 TEST(PartitionTest, ACutOffWorkerIsReplacedAndServesAsASpareOnceTheLinkHeals) {
   absl::StatusOr<std::unique_ptr<PartitionableNamespace>> ns = PartitionableNamespace::Create();
   if (!ns.ok()) GTEST_SKIP() << "no network namespace: " << ns.status();
   const std::string host = (*ns)->host_ip();
 
-  const std::string dir = testing::MakeTempDir("partition");
-  LocalClusterOptions options;
-  options.workers = 5;  // ranks 0-3 and a spare
-  options.bin_dir = FLATSHARD_BIN_DIR;
-  options.listen = host + ":0";
-  options.heartbeat_interval_s = 0.25;
-  options.heartbeat_timeout_s = 2.0;
-  options.coordinator_timeout_s = 2.0;
-  options.collective_timeout_s = 120;  // the partition must be found by heartbeats
-  options.checkpoint_dir = dir + "/checkpoints";
-  // Addresses other namespaces reach, served plaintext on purpose: this test
-  // is about the partition (test_security covers TLS on such addresses).
-  options.coordinator_flags = {"--insecure"};
-  options.every_worker_flags = {"--insecure"};
+  LocalClusterOptions options =
+      PartitionedCluster(**ns, testing::MakeTempDir("partition"), 5);  // ranks 0-3, a spare
   constexpr int kCutOff = 2;
   for (int i = 0; i < options.workers; ++i) {
     const std::string me = i == kCutOff ? (*ns)->ns_ip() : host;
@@ -130,15 +153,10 @@ TEST(PartitionTest, ACutOffWorkerIsReplacedAndServesAsASpareOnceTheLinkHeals) {
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   FlatshardClient client((*cluster)->address());
 
-  auto spec = LoadJobSpecFile(std::string(FLATSHARD_SOURCE_DIR) + "/examples/mlp-job.yaml");
-  ASSERT_TRUE(spec.ok()) << spec.status();
-  spec->mutable_checkpoints()->set_every_steps(3);
-  spec->mutable_checkpoints()->set_in_memory_every_steps(1);
-  spec->mutable_state_dict_settings()->set_state_dict_type(v1::SHARDED_STATE_DICT);
-  spec->mutable_recovery()->set_spare_wait_s(30);
-  ASSERT_TRUE(client.CreateJob(*spec).ok());
-  ASSERT_TRUE(client.WaitForState(spec->name(), {v1::READY}, absl::Seconds(120)).ok());
-  auto workers = client.ListWorkers(spec->name());
+  const v1::JobSpec spec = RecoveringJob(/*spare_wait_s=*/30);
+  ASSERT_TRUE(client.CreateJob(spec).ok());
+  ASSERT_TRUE(client.WaitForState(spec.name(), {v1::READY}, absl::Seconds(120)).ok());
+  auto workers = client.ListWorkers(spec.name());
   ASSERT_TRUE(workers.ok());
   std::string cut_off_id;
   for (const v1::WorkerInfo& w : *workers) {
@@ -148,14 +166,14 @@ TEST(PartitionTest, ACutOffWorkerIsReplacedAndServesAsASpareOnceTheLinkHeals) {
 
   int seen = 0;
   v1::Recovery recovery;
-  const absl::Status trained = client.Train(spec->name(), 12, 0, [&](const v1::StepResult& r) {
+  const absl::Status trained = client.Train(spec.name(), 12, 0, [&](const v1::StepResult& r) {
     if (r.has_recovery()) recovery = r.recovery();
     if (++seen == 4) {
       EXPECT_TRUE((*ns)->Cut().ok());
     }
   });
   ASSERT_TRUE(trained.ok()) << trained;
-  auto job = client.GetJob(spec->name());
+  auto job = client.GetJob(spec.name());
   ASSERT_TRUE(job.ok());
   EXPECT_EQ(job->step(), 12);
   EXPECT_EQ(job->world_size(), 4);
@@ -182,7 +200,7 @@ TEST(PartitionTest, ACutOffWorkerIsReplacedAndServesAsASpareOnceTheLinkHeals) {
   }
   EXPECT_TRUE(spare) << cut_off_id << " did not come back as a spare within 60 s";
   // And the job still trains.
-  EXPECT_TRUE(client.Train(spec->name(), 2, 0, [](const v1::StepResult&) {}).ok());
+  EXPECT_TRUE(client.Train(spec.name(), 2, 0, [](const v1::StepResult&) {}).ok());
 }
 
 // The coordinator cut off from every worker at once (its link, say): the
@@ -195,18 +213,8 @@ TEST(PartitionTest, ACutOffWorkerIsReplacedAndServesAsASpareOnceTheLinkHeals) {
 TEST(PartitionTest, WorkersCutOffFromTheCoordinatorTakeTheirSeatsBackOnceTheLinkHeals) {
   absl::StatusOr<std::unique_ptr<PartitionableNamespace>> ns = PartitionableNamespace::Create();
   if (!ns.ok()) GTEST_SKIP() << "no network namespace: " << ns.status();
-  const std::string dir = testing::MakeTempDir("partition-all");
-  LocalClusterOptions options;
-  options.workers = 4;  // ranks 0-3, no spare
-  options.bin_dir = FLATSHARD_BIN_DIR;
-  options.listen = (*ns)->host_ip() + ":0";
-  options.heartbeat_interval_s = 0.25;
-  options.heartbeat_timeout_s = 2.0;
-  options.coordinator_timeout_s = 2.0;
-  options.collective_timeout_s = 120;
-  options.checkpoint_dir = dir + "/checkpoints";
-  options.coordinator_flags = {"--insecure"};
-  options.every_worker_flags = {"--insecure"};
+  LocalClusterOptions options =
+      PartitionedCluster(**ns, testing::MakeTempDir("partition-all"), 4);  // ranks 0-3
   for (int i = 0; i < options.workers; ++i) {
     options.worker_flags[i] = {"--listen", (*ns)->ns_ip() + ":0", "--advertise-host",
                                (*ns)->ns_ip()};
@@ -216,15 +224,9 @@ TEST(PartitionTest, WorkersCutOffFromTheCoordinatorTakeTheirSeatsBackOnceTheLink
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   FlatshardClient client((*cluster)->address());
 
-  auto spec = LoadJobSpecFile(std::string(FLATSHARD_SOURCE_DIR) + "/examples/mlp-job.yaml");
-  ASSERT_TRUE(spec.ok()) << spec.status();
-  ASSERT_EQ(spec->world_size(), 4);
-  spec->mutable_checkpoints()->set_every_steps(3);
-  spec->mutable_checkpoints()->set_in_memory_every_steps(1);
-  spec->mutable_state_dict_settings()->set_state_dict_type(v1::SHARDED_STATE_DICT);
-  spec->mutable_recovery()->set_spare_wait_s(60);
-  ASSERT_TRUE(client.CreateJob(*spec).ok());
-  ASSERT_TRUE(client.WaitForState(spec->name(), {v1::READY}, absl::Seconds(120)).ok());
+  const v1::JobSpec spec = RecoveringJob(/*spare_wait_s=*/60);
+  ASSERT_TRUE(client.CreateJob(spec).ok());
+  ASSERT_TRUE(client.WaitForState(spec.name(), {v1::READY}, absl::Seconds(120)).ok());
 
   // Healed once the recovery's probe has found every member unreachable
   // (polled, bounded): the seats are then taken back in the spare wait.
@@ -246,7 +248,7 @@ TEST(PartitionTest, WorkersCutOffFromTheCoordinatorTakeTheirSeatsBackOnceTheLink
   std::future<absl::Status> healed;
   int seen = 0;
   v1::Recovery recovery;
-  const absl::Status trained = client.Train(spec->name(), 12, 0, [&](const v1::StepResult& r) {
+  const absl::Status trained = client.Train(spec.name(), 12, 0, [&](const v1::StepResult& r) {
     if (r.has_recovery()) recovery = r.recovery();
     if (++seen == 4) {
       EXPECT_TRUE((*ns)->Cut().ok());
@@ -256,7 +258,7 @@ TEST(PartitionTest, WorkersCutOffFromTheCoordinatorTakeTheirSeatsBackOnceTheLink
   ASSERT_TRUE(healed.valid());
   EXPECT_TRUE(healed.get().ok());
   ASSERT_TRUE(trained.ok()) << trained;
-  auto job = client.GetJob(spec->name());
+  auto job = client.GetJob(spec.name());
   ASSERT_TRUE(job.ok());
   EXPECT_EQ(job->step(), 12);
   EXPECT_EQ(job->world_size(), 4);
@@ -266,7 +268,7 @@ TEST(PartitionTest, WorkersCutOffFromTheCoordinatorTakeTheirSeatsBackOnceTheLink
   EXPECT_EQ(recovery.world_size(), 4);
   std::cerr << "every worker back: " << recovery.ShortDebugString() << "\n";
   // Each worker in the seat it had: the same ids, rank for rank.
-  auto workers = client.ListWorkers(spec->name());
+  auto workers = client.ListWorkers(spec.name());
   ASSERT_TRUE(workers.ok());
   std::map<int, std::string> seated;
   for (const v1::WorkerInfo& w : *workers) seated[w.rank()] = w.worker_id();
