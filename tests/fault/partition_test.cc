@@ -30,6 +30,7 @@
 #include "core/job_spec_yaml.h"
 #include "storage/spec_files.h"
 #include "tests/integration/multiprocess.h"
+#include "tests/integration/recovery_harness.h"
 
 namespace flatshard {
 namespace {
@@ -154,8 +155,7 @@ TEST(PartitionTest, ACutOffWorkerIsReplacedAndServesAsASpareOnceTheLinkHeals) {
   FlatshardClient client((*cluster)->address());
 
   const v1::JobSpec spec = RecoveringJob(/*spare_wait_s=*/30);
-  ASSERT_TRUE(client.CreateJob(spec).ok());
-  ASSERT_TRUE(client.WaitForState(spec.name(), {v1::READY}, absl::Seconds(120)).ok());
+  testing::CreateAndWaitReady(client, spec);
   auto workers = client.ListWorkers(spec.name());
   ASSERT_TRUE(workers.ok());
   std::string cut_off_id;
@@ -225,8 +225,7 @@ TEST(PartitionTest, WorkersCutOffFromTheCoordinatorTakeTheirSeatsBackOnceTheLink
   FlatshardClient client((*cluster)->address());
 
   const v1::JobSpec spec = RecoveringJob(/*spare_wait_s=*/60);
-  ASSERT_TRUE(client.CreateJob(spec).ok());
-  ASSERT_TRUE(client.WaitForState(spec.name(), {v1::READY}, absl::Seconds(120)).ok());
+  testing::CreateAndWaitReady(client, spec);
 
   // Healed once the recovery's probe has found every member unreachable
   // (polled, bounded): the seats are then taken back in the spare wait.
