@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <iterator>
+#include <map>
 #include <thread>
 
 #include <sys/wait.h>
@@ -211,7 +213,8 @@ absl::Status LocalCluster::ReadWorkerBanner(size_t w) {
   return absl::OkStatus();
 }
 
-absl::Status LocalCluster::RestartWorker(int i) {
+absl::Status LocalCluster::RestartWorker(int i,
+                                         const std::map<std::string, std::string>& changed) {
   const auto w = static_cast<size_t>(i);
   if (w >= workers_.size()) {
     return absl::InvalidArgumentError(absl::StrCat("no worker ", i));
@@ -219,7 +222,17 @@ absl::Status LocalCluster::RestartWorker(int i) {
   if (!workers_[w]->Wait(absl::ZeroDuration()).has_value()) {
     return absl::FailedPreconditionError(absl::StrCat(workers_[w]->name(), " is still running"));
   }
-  ASSIGN_OR_RETURN(workers_[w], ChildProcess::Spawn(worker_args_[w]));
+  std::vector<std::string>& args = worker_args_[w];
+  for (const auto& [flag, value] : changed) {
+    // The daemon refuses a flag given twice, so a value it had is replaced.
+    auto at = std::find(args.begin(), args.end(), flag);
+    if (at != args.end() && std::next(at) != args.end()) {
+      *std::next(at) = value;
+    } else {
+      args.insert(args.end(), {flag, value});
+    }
+  }
+  ASSIGN_OR_RETURN(workers_[w], ChildProcess::Spawn(args));
   // Its addresses are new (port 0): its WorkerService, and its /metrics for
   // Prometheus's targets.
   absl::Status banner = ReadWorkerBanner(w);

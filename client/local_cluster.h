@@ -107,7 +107,10 @@ class LocalCluster {
   absl::Status RestartCoordinator();
   // Starts worker `i` again with the arguments it had (its id, so it keeps its
   // rank) after it died; returns once it has registered. It must have exited.
-  absl::Status RestartWorker(int i);  // one whose start fails is stopped again
+  // One whose start fails is stopped again. `changed` sets flags to new values
+  // for this start and later ones (what its node is now: its data set gone, an
+  // address the coordinator cannot reach); a flag it did not have is added.
+  absl::Status RestartWorker(int i, const std::map<std::string, std::string>& changed = {});
   // The workers that ended themselves wedged (exit status kWedgedExitCode,
   // core/worker_exit_codes.h) and were not started again; waits for none.
   std::vector<int> WedgedWorkers();

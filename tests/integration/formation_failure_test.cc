@@ -32,11 +32,10 @@
 #include "client/flatshard_client.h"
 #include "client/local_cluster.h"
 #include "coordinator/grpc_worker_client.h"
-#include "core/dtype.h"
 #include "storage/spec_files.h"
 #include "tests/integration/multiprocess.h"
 #include "tests/integration/recovery_harness.h"
-#include "worker/compute/npy.h"
+#include "tests/integration/regression_data_set.h"
 
 namespace flatshard {
 namespace {
@@ -87,23 +86,6 @@ v1::JobSpec Job(const std::string& data_set = "") {
   spec->mutable_recovery()->set_max_restarts(3);
   spec->mutable_recovery()->set_spare_wait_s(10);
   return *spec;
-}
-
-// A regression data set for examples/mlp.yaml (64 inputs, 16 outputs) in
-// <dir>/set/{inputs,targets}.npy.
-void WriteDataSet(const std::string& dir) {
-  std::filesystem::create_directories(dir + "/set");
-  constexpr int64_t kSamples = 64;
-  std::vector<float> inputs(kSamples * 64);
-  std::vector<float> targets(kSamples * 16);
-  for (size_t i = 0; i < inputs.size(); ++i) inputs[i] = static_cast<float>(i % 7) * 0.1F - 0.3F;
-  for (size_t i = 0; i < targets.size(); ++i) targets[i] = static_cast<float>(i % 5) * 0.2F;
-  ASSERT_TRUE(compute::WriteNpyFile(dir + "/set/inputs.npy", DType::kFloat32, {kSamples, 64},
-                                    std::as_bytes(std::span(inputs)))
-                  .ok());
-  ASSERT_TRUE(compute::WriteNpyFile(dir + "/set/targets.npy", DType::kFloat32, {kSamples, 16},
-                                    std::as_bytes(std::span(targets)))
-                  .ok());
 }
 
 // The job's ranks by worker id (workers outside the epoch are left out).
@@ -159,7 +141,7 @@ TEST(FormationFailureTest, ASpareWithoutTheDataIsPassedOverAndTheSurvivorIsRelea
   const std::string dir = testing::MakeTempDir("formation-data");
   // Two kinds of node: every worker reads its data set under "data", relative
   // to where it runs; worker 2 runs where there is none (its mount is missing).
-  WriteDataSet(dir + "/with/data");
+  testing::WriteRegressionDataSet(dir + "/with/data");
   std::filesystem::create_directories(dir + "/without");
   std::map<int, std::vector<std::string>> where;
   for (int i = 0; i < 4; ++i) {
@@ -195,7 +177,7 @@ TEST(FormationFailureTest, AWorkerThatStopsWhileBeingConfiguredFailsItAtTheHeart
   const std::string dir = testing::MakeTempDir("formation-stopped");
   // Worker 1's data set is a pair of FIFOs nobody writes: its Configure hangs
   // opening them, as on a hung network mount, while it still heartbeats.
-  WriteDataSet(dir + "/good/data");
+  testing::WriteRegressionDataSet(dir + "/good/data");
   std::filesystem::create_directories(dir + "/hung/data/set");
   for (const char* file : {"/inputs.npy", "/targets.npy"}) {
     ASSERT_EQ(mkfifo((dir + "/hung/data/set" + file).c_str(), 0600), 0) << std::strerror(errno);
@@ -402,8 +384,8 @@ void ExpectGrowingToPassOverABrokenNode(LocalCluster& cluster, v1::JobSpec spec,
 TEST(FormationFailureTest, AWorkerThatCannotJoinIsPassedOverForGrowingUntilItRegistersAgain) {
   const std::string dir = testing::MakeTempDir("grow-refused");
   const auto node = [&](int i) { return absl::StrCat(dir, "/n", i); };
-  WriteDataSet(node(0) + "/data");
-  WriteDataSet(node(1) + "/data");
+  testing::WriteRegressionDataSet(node(0) + "/data");
+  testing::WriteRegressionDataSet(node(1) + "/data");
   std::unique_ptr<LocalCluster> cluster =
       StartCluster(2, dir + "/checkpoints", "data",
                    {{0, {"/usr/bin/env", "-C", node(0)}}, {1, {"/usr/bin/env", "-C", node(1)}}});
@@ -412,7 +394,8 @@ TEST(FormationFailureTest, AWorkerThatCannotJoinIsPassedOverForGrowingUntilItReg
   ExpectGrowingToPassOverABrokenNode(
       *cluster, Job(/*data_set=*/"set"),
       [&](int victim) { std::filesystem::remove_all(node(victim) + "/data"); },
-      [&](int victim) { WriteDataSet(node(victim) + "/data"); }, "could not be configured");
+      [&](int victim) { testing::WriteRegressionDataSet(node(victim) + "/data"); },
+      "could not be configured");
 }
 
 TEST(FormationFailureTest, AWorkerThatCannotLoadTheCheckpointIsPassedOverForGrowingToo) {

@@ -2,8 +2,11 @@
 // within the heartbeat timeout with a message naming the rank, the surviving
 // workers' collectives are aborted (they answer, idle, instead of hanging in
 // Gloo until its timeout), and the coordinator keeps serving. And a killed
-// daemon started again at once, by its supervisor, takes its seat back.
+// daemon started again at once, by its supervisor, takes its seat back,
+// unless it cannot be configured (its node lost the data set) or cannot be
+// reached: then the job shrinks without seating it again.
 #include <csignal>
+#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -25,6 +28,8 @@
 #include "core/job_spec_yaml.h"
 #include "storage/spec_files.h"
 #include "tests/integration/multiprocess.h"
+#include "tests/integration/recovery_harness.h"
+#include "tests/integration/regression_data_set.h"
 
 namespace flatshard {
 namespace {
@@ -134,45 +139,62 @@ TEST(WorkerFailureTest, HungWorkerFailsTheStepAtTheHeartbeatTimeout) {
   cluster->worker(2).Signal(SIGCONT);
 }
 
+// Two workers whose ids' secrets are under <dir>/state, for daemons started
+// again under their ids. A killed daemon's registration stays live
+// throughout (the heartbeat timeout is a minute), so a job learns of the
+// restart from the takeover (another daemon process), not from a timeout.
+LocalClusterOptions RestartableWorkers(const std::string& dir) {
+  LocalClusterOptions options;
+  options.workers = 2;
+  options.bin_dir = FLATSHARD_BIN_DIR;
+  options.heartbeat_interval_s = 0.25;
+  options.heartbeat_timeout_s = 60;
+  options.checkpoint_dir = dir + "/checkpoints";
+  options.state_dir = dir + "/state";
+  return options;
+}
+
+// The demo job on both workers; without a spare, a recovery that cannot seat
+// two shrinks after `spare_wait_s`.
+v1::JobSpec TwoRankJob(double spare_wait_s) {
+  auto spec = LoadJobSpecFile(std::string(FLATSHARD_SOURCE_DIR) + "/examples/mlp-job.yaml");
+  EXPECT_TRUE(spec.ok()) << spec.status();
+  spec->set_world_size(2);
+  spec->mutable_recovery()->set_spare_wait_s(spare_wait_s);
+  return *spec;
+}
+
+// SIGKILLs worker 1 and waits until it is gone.
+void KillWorker1(LocalCluster& cluster) {
+  cluster.worker(1).Signal(SIGKILL);
+  ASSERT_TRUE(cluster.worker(1).Wait(absl::Seconds(30)).has_value());
+}
+
 // What a supervisor (flatshard up, Slurm's loop, systemd) does after a crash:
 // start the daemon again at once, under its --worker-id. Its old
-// registration is still live (the heartbeat timeout here is a minute), and
-// the new daemon proves it is the same worker with the secret its seat in
-// --state-dir keeps, so it is registered at once, at its new address, with
-// its rank. Before, it was refused until the old registration had missed a
-// timeout's worth of heartbeats. Its heartbeats never stop, so the job
-// learns of the restart from the takeover (another daemon process) and
+// registration is still live, and the new daemon proves it is the same
+// worker with the secret its seat in --state-dir keeps, so it is registered
+// at once, at its new address, with its rank. Before, it was refused until
+// the old registration had missed a timeout's worth of heartbeats. The job
 // recovers at once, not at the heartbeat timeout. Someone else who knows the
 // id is still refused, and a second daemon on the same seat never reaches
 // the coordinator.
 TEST(WorkerFailureTest, ADaemonStartedAgainAtOnceProvesItIsTheSameWorker) {
   const std::string dir = testing::MakeTempDir("worker-restart");
-  LocalClusterOptions options;
-  options.workers = 2;
-  options.bin_dir = FLATSHARD_BIN_DIR;
-  options.heartbeat_interval_s = 0.25;
-  options.heartbeat_timeout_s = 60;  // the killed daemon's registration stays live throughout
-  options.checkpoint_dir = dir + "/checkpoints";
-  options.state_dir = dir + "/state";
+  const LocalClusterOptions options = RestartableWorkers(dir);
   auto cluster = LocalCluster::Start(options);
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   FlatshardClient client((*cluster)->address());
-  auto spec = LoadJobSpecFile(std::string(FLATSHARD_SOURCE_DIR) + "/examples/mlp-job.yaml");
-  ASSERT_TRUE(spec.ok()) << spec.status();
-  spec->set_world_size(2);
-  spec->mutable_recovery()->set_spare_wait_s(0.5);  // no spare: it shrinks
-  ASSERT_TRUE(client.CreateJob(*spec).ok());
-  ASSERT_TRUE(client.WaitForState(spec->name(), {v1::READY}, absl::Seconds(120)).ok());
+  const v1::JobSpec spec = TwoRankJob(/*spare_wait_s=*/0.5);
+  testing::CreateAndWaitReady(client, spec);
   const std::string old_address = (*cluster)->worker_addresses()[1];
-  (*cluster)->worker(1).Signal(SIGKILL);
-  ASSERT_TRUE((*cluster)->worker(1).Wait(absl::Seconds(30)).has_value());
-
+  KillWorker1(**cluster);
   ASSERT_TRUE((*cluster)->RestartWorker(1).ok());
   const std::string new_address = (*cluster)->worker_addresses()[1];
   absl::StatusOr<v1::JobState> recovered =
-      client.WaitForState(spec->name(), {v1::READY}, absl::Seconds(30), {v1::RECOVERING});
+      client.WaitForState(spec.name(), {v1::READY}, absl::Seconds(30), {v1::RECOVERING});
   ASSERT_TRUE(recovered.ok()) << recovered.status() << " (the restart went unnoticed)";
-  auto job = client.GetJob(spec->name());
+  auto job = client.GetJob(spec.name());
   ASSERT_TRUE(job.ok()) << job.status();
   EXPECT_EQ(job->restarts(), 1);
   EXPECT_THAT(job->last_recovery().cause(),
@@ -214,6 +236,94 @@ TEST(WorkerFailureTest, ADaemonStartedAgainAtOnceProvesItIsTheSameWorker) {
   EXPECT_EQ(foreign_status, 1) << foreign;
   EXPECT_THAT(foreign, HasSubstr("belongs to a live worker at " + new_address));
   EXPECT_EQ(registered_at(), new_address);
+  EXPECT_TRUE((*cluster)->Stop());
+}
+
+// Started again under its id on a node that lost its data set, a daemon
+// answers the recovery's probe and is seated, but cannot be configured. The
+// recovery refuses it as it would a spare: its next try shrinks the job onto
+// the survivor instead of seating it again, and again, until the restarts
+// run out.
+TEST(WorkerFailureTest, ADaemonStartedAgainWithoutItsDataIsRefusedAndTheJobShrinks) {
+  const std::string dir = testing::MakeTempDir("worker-restart-no-data");
+  testing::WriteRegressionDataSet(dir + "/data");
+  std::filesystem::create_directories(dir + "/lost");
+  LocalClusterOptions options = RestartableWorkers(dir);
+  options.data_dir = dir + "/data";
+  auto cluster = LocalCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  FlatshardClient client((*cluster)->address());
+  v1::JobSpec spec = TwoRankJob(/*spare_wait_s=*/1);
+  spec.mutable_data()->set_kind(v1::DataSpec::FILE);
+  spec.mutable_data()->set_path("set");
+  testing::CreateAndWaitReady(client, spec);
+  KillWorker1(**cluster);
+  ASSERT_TRUE((*cluster)->RestartWorker(1, {{"--data-dir", dir + "/lost"}}).ok());
+  const std::string new_address = (*cluster)->worker_addresses()[1];
+
+  auto recovered =
+      client.WaitForState(spec.name(), {v1::READY}, absl::Seconds(60), {v1::RECOVERING});
+  ASSERT_TRUE(recovered.ok()) << recovered.status();
+  auto job = client.GetJob(spec.name());
+  ASSERT_TRUE(job.ok()) << job.status();
+  // The first try seated it, readmitted, and failed; the second shrank.
+  EXPECT_EQ(job->restarts(), 2);
+  EXPECT_EQ(job->world_size(), 1);
+  const v1::Recovery& r = job->last_recovery();
+  EXPECT_THAT(r.cause(), HasSubstr("(worker worker-1 at " + new_address));
+  EXPECT_THAT(r.cause(), HasSubstr("could not be configured"));
+  EXPECT_FALSE(r.spare_used());
+  absl::Status trained = client.Train(spec.name(), 2, 0, [](const v1::StepResult&) {});
+  ASSERT_TRUE(trained.ok()) << trained;
+  job = client.GetJob(spec.name());
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->step(), 2);
+  EXPECT_EQ(job->world_size(), 1);
+  EXPECT_TRUE((*cluster)->Stop());
+}
+
+// Started again under its id at an address the coordinator cannot reach (a
+// wrong --advertise-host, a one-way partition), a daemon heartbeats but never
+// answers its probe. The recovery asks it again after its heartbeats while
+// it waits for seats, never seats it, and at the end of the wait shrinks the
+// job onto the survivor, one recovery spent.
+TEST(WorkerFailureTest, ADaemonStartedAgainThatCannotBeReachedIsLeftOutAndTheJobShrinks) {
+  const std::string dir = testing::MakeTempDir("worker-restart-unreachable");
+  auto cluster = LocalCluster::Start(RestartableWorkers(dir));
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  FlatshardClient client((*cluster)->address());
+  constexpr double kSpareWaitS = 2;
+  const v1::JobSpec spec = TwoRankJob(kSpareWaitS);
+  testing::CreateAndWaitReady(client, spec);
+  KillWorker1(**cluster);
+  // It listens on 127.0.0.1 only: nothing answers at 127.0.0.2.
+  ASSERT_TRUE((*cluster)->RestartWorker(1, {{"--advertise-host", "127.0.0.2"}}).ok());
+  const std::string unreachable = (*cluster)->worker_addresses()[1];
+  ASSERT_THAT(unreachable, ::testing::StartsWith("127.0.0.2:"));
+
+  auto recovered =
+      client.WaitForState(spec.name(), {v1::READY}, absl::Seconds(60), {v1::RECOVERING});
+  ASSERT_TRUE(recovered.ok()) << recovered.status();
+  auto job = client.GetJob(spec.name());
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->restarts(), 1);
+  EXPECT_EQ(job->world_size(), 1);
+  const v1::Recovery& r = job->last_recovery();
+  EXPECT_THAT(r.cause(), HasSubstr("worker worker-1 restarted"));
+  EXPECT_THAT(r.failed_ranks(), ::testing::ElementsAre(1));
+  EXPECT_FALSE(r.spare_used());
+  // The wait, its last probe (2 s at most) and the re-formation, not more.
+  EXPECT_LT(r.seconds(), kSpareWaitS + 10) << r.ShortDebugString();
+  auto workers = client.ListWorkers();
+  ASSERT_TRUE(workers.ok()) << workers.status();
+  bool listed = false;
+  for (const v1::WorkerInfo& w : *workers) {
+    if (w.worker_id() != "worker-1") continue;
+    listed = true;
+    EXPECT_EQ(w.address(), unreachable);
+    EXPECT_LT(w.rank(), 0) << "seated although it never answered";
+  }
+  EXPECT_TRUE(listed) << "its heartbeats keep it registered";
   EXPECT_TRUE((*cluster)->Stop());
 }
 
