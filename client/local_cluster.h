@@ -110,6 +110,8 @@ class LocalCluster {
   // One whose start fails is stopped again. `changed` sets flags to new values
   // for this start and later ones (what its node is now: its data set gone, an
   // address the coordinator cannot reach); a flag it did not have is added.
+  // The daemon is sent SIGTERM when the thread that started it ends
+  // (PR_SET_PDEATHSIG follows the thread), so call it from one that lives on.
   absl::Status RestartWorker(int i, const std::map<std::string, std::string>& changed = {});
   // The workers that ended themselves wedged (exit status kWedgedExitCode,
   // core/worker_exit_codes.h) and were not started again; waits for none.

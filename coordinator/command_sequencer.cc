@@ -130,14 +130,17 @@ absl::Status CommandSequencer::Settle(const std::vector<absl::Status>& statuses,
   const bool evident = unreachable || (cause.code() != absl::StatusCode::kDeadlineExceeded &&
                                        cause.code() != absl::StatusCode::kCancelled &&
                                        cause.code() != absl::StatusCode::kAborted);
+  // A rank that no longer answers is UNAVAILABLE whatever its call said: a
+  // call cancelled by its server's shutdown, or by AbortAll for a peer's
+  // failure, is not a stop of the job (which recovery would give up on).
   absl::Status failure = WithFailedRank(
-      absl::Status(cause.code(), unreachable
-                                     ? absl::StrCat("rank ", blamed, " (", workers_[b]->address(),
-                                                    ") is unreachable, its process died "
-                                                    "or its host is down: ",
-                                                    cause.message())
-                                     : absl::StrCat("rank ", blamed, " (", workers_[b]->address(),
-                                                    ") failed: ", cause.message())),
+      absl::Status(unreachable ? absl::StatusCode::kUnavailable : cause.code(),
+                   unreachable ? absl::StrCat("rank ", blamed, " (", workers_[b]->address(),
+                                              ") is unreachable, its process died "
+                                              "or its host is down: ",
+                                              cause.message())
+                               : absl::StrCat("rank ", blamed, " (", workers_[b]->address(),
+                                              ") failed: ", cause.message())),
       evident ? blamed : -1);
   {
     std::lock_guard<std::mutex> lock(mu_);

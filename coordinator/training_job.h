@@ -261,6 +261,15 @@ class TrainingJob {
       const std::vector<WorkerRecord>& live, absl::Time until, std::map<int, WorkerRecord>* lost,
       RecoveryCandidates* candidates,
       std::map<std::string, std::vector<v1::PeerSnapshotHeld>>* held);
+  // A recovery's wait for seats (training_job_probe.cc): fills the
+  // candidates' spares (live workers outside `old_ids`), readmitting
+  // returning members as it goes, until they fill the world size, or
+  // spare_wait_s has passed and they can re-form, or min_world_wait_s has
+  // too. CANCELLED when the job is being stopped.
+  absl::Status AwaitSeats(absl::Time began, const std::set<std::string>& old_ids,
+                          std::map<int, WorkerRecord>* lost, RecoveryCandidates* candidates,
+                          std::map<std::string, std::vector<v1::PeerSnapshotHeld>>* held,
+                          std::set<std::string>* readmitted);
   // The checkpoint a recovery at `world_size` restores: the newest of the
   // ranks' history that world can load (ChooseRecoveryCheckpoint).
   std::optional<v1::CheckpointInfo> RecoveryCheckpoint(int world_size) const;

@@ -1,13 +1,17 @@
 // How a recovery finds out which members of the failed epoch are still
-// there (docs/fault-tolerance.md, "Automatic recovery", steps 2 and 3): each
-// is asked GetStatus, in parallel, waiting for a draining one's verdict
-// (drain_wait.h); one that did not answer and heartbeats again before the
-// recovery has chosen its seats is asked once more.
+// there and waits for seats (docs/fault-tolerance.md, "Automatic recovery",
+// steps 2 and 3): each member is asked GetStatus, in parallel, waiting for a
+// draining one's verdict (drain_wait.h); one that did not answer and
+// heartbeats again before the recovery has chosen its seats is asked once
+// more.
 #include <algorithm>
 #include <map>
 #include <memory>
+#include <optional>
+#include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -17,6 +21,7 @@
 #include "coordinator/drain_wait.h"
 #include "coordinator/recovery_plan.h"
 #include "coordinator/training_job.h"
+#include "core/status_macros.h"
 
 namespace flatshard {
 
@@ -145,6 +150,91 @@ std::vector<std::string> TrainingJob::ReadmitReturning(
       candidates->survivors.begin(), candidates->survivors.end(),
       [&](const WorkerRecord& a, const WorkerRecord& b) { return rank_of(a) < rank_of(b); });
   return readmitted;
+}
+
+absl::Status TrainingJob::AwaitSeats(absl::Time began, const std::set<std::string>& old_ids,
+                                     std::map<int, WorkerRecord>* lost,
+                                     RecoveryCandidates* candidates,
+                                     std::map<std::string, std::vector<v1::PeerSnapshotHeld>>* held,
+                                     std::set<std::string>* readmitted) {
+  const RecoverySettings& policy = config_.recovery;
+  const absl::Duration spare_wait = absl::Seconds(policy.spare_wait_s);
+  const absl::Time spare_deadline = began + spare_wait;
+  // Too few to re-form at all is rarely for good: a whole node reboots, the
+  // coordinator's own link flaps. Failing then would throw away a job that
+  // every member could take up again minutes later, as torchelastic's
+  // rendezvous waits for its minimum.
+  const absl::Time quorum_deadline =
+      began + std::max(spare_wait, absl::Seconds(policy.min_world_wait_s));
+  v1::JobSpec spec;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    spec = spec_;
+  }
+  const auto stopping = [this] {
+    std::lock_guard<std::mutex> lock(mu_);
+    return stopping_;
+  };
+  // Whether ChooseRecovery finds a world size depends on the count alone
+  // (spares of another device are not counted), so it is asked once a count.
+  std::optional<std::pair<size_t, bool>> can_form;
+  bool announced = false;  // waiting for the minimum, and said so
+  // Once enough to re-form are back after a wait for the minimum, the rest
+  // (a rebooted node's other daemons, seconds behind) get a spare wait too,
+  // as in torchelastic's last call, rather than a shrink and a grow-back.
+  std::optional<absl::Time> last_call;
+  while (true) {
+    absl::Time until = absl::Now() < spare_deadline ? spare_deadline : quorum_deadline;
+    if (last_call.has_value()) until = std::max(until, *last_call);
+    candidates->spares.clear();
+    if (options_.live_workers) {
+      const std::vector<WorkerRecord> live = options_.live_workers();
+      for (std::string& id : ReadmitReturning(live, until, lost, candidates, held)) {
+        readmitted->insert(std::move(id));
+      }
+      for (const WorkerRecord& w : live) {
+        const bool same_kind = candidates->device.empty() || w.device == candidates->device;
+        if (!old_ids.contains(w.worker_id) && !RefusedToJoin(w) && same_kind) {
+          candidates->spares.push_back(w);
+        }
+      }
+    }
+    if (stopping()) return absl::CancelledError("the job is being stopped");
+    const size_t have = candidates->survivors.size() + candidates->spares.size();
+    if (have >= static_cast<size_t>(config_.world_size)) return absl::OkStatus();
+    const absl::Time now = absl::Now();
+    if (now >= spare_deadline) {
+      if (!can_form.has_value() || can_form->first != have) {
+        can_form = {have, ChooseRecovery(spec, policy, *candidates).ok()};
+      }
+      if (!can_form->second) {
+        last_call.reset();                                    // some left again
+        if (now >= quorum_deadline) return absl::OkStatus();  // ChooseRecovery says why not
+        if (!announced) {
+          announced = true;
+          const std::string waiting = absl::StrCat(
+              "too few live workers to re-form (", have, "; recovery.min_world_size is ",
+              policy.min_world_size, "): waiting up to ",
+              absl::FormatDuration(absl::Trunc(quorum_deadline - now, absl::Seconds(1))),
+              " more for workers to come back (recovery.min_world_wait_s)");
+          spdlog::warn("job {}: {}", config_.name, waiting);
+          RETURN_IF_ERROR(states_.Transition(v1::RECOVERING, waiting));
+        }
+      } else if (!announced) {
+        return absl::OkStatus();  // enough when the spare wait ended: it shrinks
+      } else {
+        if (!last_call.has_value()) {
+          last_call = now + spare_wait;
+          spdlog::info(
+              "job {}: {} worker(s) back, enough to re-form; waiting up to {} for the rest",
+              config_.name, have, absl::FormatDuration(spare_wait));
+        }
+        if (now >= *last_call) return absl::OkStatus();
+      }
+    }
+    // Polls the membership: 50 ms against a heartbeat interval of a second.
+    absl::SleepFor(absl::Milliseconds(50));
+  }
 }
 
 }  // namespace flatshard

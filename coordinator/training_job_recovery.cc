@@ -166,7 +166,10 @@ absl::Status TrainingJob::RecoverLocked(const absl::Status& cause, std::vector<i
       restarts = restarts_;
       stopping = stopping_;
     }
-    if (stopping || attempt.code() == absl::StatusCode::kCancelled) return attempt;
+    // Only a stop ends it here: a try's CANCELLED (a call cut short on a
+    // worker) is that try's failure, and giving up on it would leave the job
+    // RECOVERING with nothing recovering it.
+    if (stopping) return attempt;
     const int max = config_.recovery.max_restarts;
     if (!retryable || restarts >= max) {
       absl::Status final_status =
@@ -250,44 +253,28 @@ absl::Status TrainingJob::RecoverOnce(const absl::Status& cause, std::vector<int
   std::sort(failed_ranks.begin(), failed_ranks.end());
   failed_ranks.erase(std::unique(failed_ranks.begin(), failed_ranks.end()), failed_ranks.end());
 
-  // Spares: live workers that were not in the failed epoch. Wait a bounded
-  // time for enough of them rather than shrink at once: a restarted daemon
-  // registers within seconds. A member lost to the probe that heartbeats
-  // again meanwhile (a partition healed, its daemon restarted under its id)
-  // survives after all once it answers a probe of its own.
-  const absl::Time spare_deadline = began + absl::Seconds(config_.recovery.spare_wait_s);
+  // Spares: live workers that were not in the failed epoch, waited for a
+  // bounded time rather than shrinking at once (a restarted daemon registers
+  // within seconds), and longer while too few are live to re-form at all.
   std::set<std::string> readmitted;  // members lost to the probe, back
-  while (true) {
-    candidates.spares.clear();
-    if (options_.live_workers) {
-      const std::vector<WorkerRecord> live = options_.live_workers();
-      for (std::string& id : ReadmitReturning(live, spare_deadline, &lost, &candidates, &held)) {
-        readmitted.insert(std::move(id));
-      }
-      for (const WorkerRecord& w : live) {
-        const bool same_kind = candidates.device.empty() || w.device == candidates.device;
-        if (!old_ids.contains(w.worker_id) && !RefusedToJoin(w) && same_kind) {
-          candidates.spares.push_back(w);
-        }
-      }
-    }
-    const size_t have = candidates.survivors.size() + candidates.spares.size();
-    bool stopping = false;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stopping = stopping_;
-    }
-    if (stopping) return absl::CancelledError("the job is being stopped");
-    if (have >= static_cast<size_t>(config_.world_size) || absl::Now() >= spare_deadline) break;
-    absl::SleepFor(absl::Milliseconds(50));  // polls the membership, bounded by spare_wait_s
-  }
+  RETURN_IF_ERROR(AwaitSeats(began, old_ids, &lost, &candidates, &held, &readmitted));
   v1::JobSpec spec;
   {
     std::lock_guard<std::mutex> lock(mu_);
     spec = spec_;
   }
   absl::StatusOr<RecoveryChoice> choice = ChooseRecovery(spec, config_.recovery, candidates);
-  if (!choice.ok()) return fail(choice.status(), false);
+  if (!choice.ok()) {
+    return fail(
+        absl::Status(
+            choice.status().code(),
+            absl::StrCat(
+                choice.status().message(), " (after ",
+                absl::FormatDuration(absl::Trunc(absl::Now() - began, absl::Milliseconds(100))),
+                " of waiting for workers: recovery.spare_wait_s ", config_.recovery.spare_wait_s,
+                ", recovery.min_world_wait_s ", config_.recovery.min_world_wait_s, ")")),
+        false);
+  }
   const int world = choice->config.world_size;
   std::string failed_worker;
   // A spare that fails the new epoch's Configure or restore (its node lacks

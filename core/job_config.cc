@@ -194,6 +194,7 @@ absl::StatusOr<RecoverySettings> RecoveryFromProto(const v1::RecoveryPolicy& pro
                                                    int world_size) {
   constexpr int kMaxRestarts = 1000;
   constexpr double kMaxSpareWaitS = 3600;
+  constexpr double kMaxMinWorldWaitS = 86400;  // a day: a node's repair, not a reboot
   RecoverySettings r;
   if (proto.has_max_restarts()) {
     if (proto.max_restarts() < 0 || proto.max_restarts() > kMaxRestarts) {
@@ -217,6 +218,15 @@ absl::StatusOr<RecoverySettings> RecoveryFromProto(const v1::RecoveryPolicy& pro
                                                            " seconds, got ", proto.spare_wait_s()));
     }
     r.spare_wait_s = proto.spare_wait_s();
+  }
+  if (proto.has_min_world_wait_s()) {
+    if (!std::isfinite(proto.min_world_wait_s()) || proto.min_world_wait_s() < 0 ||
+        proto.min_world_wait_s() > kMaxMinWorldWaitS) {
+      return Invalid("recovery.min_world_wait_s",
+                     absl::StrCat("must be between 0 and ", kMaxMinWorldWaitS, " seconds, got ",
+                                  proto.min_world_wait_s()));
+    }
+    r.min_world_wait_s = proto.min_world_wait_s();
   }
   return r;
 }

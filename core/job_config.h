@@ -34,6 +34,7 @@ struct RecoverySettings {
   int max_restarts = 3;
   int min_world_size = 1;
   double spare_wait_s = 5.0;
+  double min_world_wait_s = 600.0;  // while fewer than min_world_size are live
 };
 
 // THE job configuration: everything else (the plan, the step programs, the

@@ -324,10 +324,13 @@ absl::Status ReadCheckpoints(const YamlField& field, v1::CheckpointSchedule& c) 
 }
 
 absl::Status ReadRecovery(const YamlField& field, v1::RecoveryPolicy& r) {
-  RETURN_IF_ERROR(field.OnlyKeys({"max_restarts", "min_world_size", "spare_wait_s"}));
+  RETURN_IF_ERROR(
+      field.OnlyKeys({"max_restarts", "min_world_size", "spare_wait_s", "min_world_wait_s"}));
   RETURN_IF_ERROR(IfInt32(field, "max_restarts", [&](int32_t v) { r.set_max_restarts(v); }));
   RETURN_IF_ERROR(IfInt32(field, "min_world_size", [&](int32_t v) { r.set_min_world_size(v); }));
   RETURN_IF_ERROR(IfDouble(field, "spare_wait_s", [&](double v) { r.set_spare_wait_s(v); }));
+  RETURN_IF_ERROR(
+      IfDouble(field, "min_world_wait_s", [&](double v) { r.set_min_world_wait_s(v); }));
   return absl::OkStatus();
 }
 

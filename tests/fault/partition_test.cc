@@ -20,6 +20,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
@@ -206,10 +207,11 @@ TEST(PartitionTest, ACutOffWorkerIsReplacedAndServesAsASpareOnceTheLinkHeals) {
 // The coordinator cut off from every worker at once (its link, say): the
 // workers, all in the namespace, still reach each other. Every rank misses
 // its heartbeats and fails the recovery's probe, and no spare is left. The
-// recovery waits for spares (recovery.spare_wait_s); the link heals during
-// that wait, and the members that heartbeat again answer a probe of their
-// own and take their seats back: the job trains on at its world size, where
-// before it failed for want of workers.
+// cut outlasts the spare wait (recovery.spare_wait_s): with nobody to re-form
+// on, the recovery goes on waiting (recovery.min_world_wait_s). The link
+// heals during that wait, and the members that heartbeat again answer a
+// probe of their own and take their seats back: the job trains on at its
+// world size, where before it failed for want of workers.
 TEST(PartitionTest, WorkersCutOffFromTheCoordinatorTakeTheirSeatsBackOnceTheLinkHeals) {
   absl::StatusOr<std::unique_ptr<PartitionableNamespace>> ns = PartitionableNamespace::Create();
   if (!ns.ok()) GTEST_SKIP() << "no network namespace: " << ns.status();
@@ -224,25 +226,27 @@ TEST(PartitionTest, WorkersCutOffFromTheCoordinatorTakeTheirSeatsBackOnceTheLink
   ASSERT_TRUE(cluster.ok()) << cluster.status();
   FlatshardClient client((*cluster)->address());
 
-  const v1::JobSpec spec = RecoveringJob(/*spare_wait_s=*/60);
+  // Also how long the rest have once the first are back: their TCP
+  // retransmissions, backed off during the cut, resume seconds apart.
+  constexpr double kSpareWaitS = 3;
+  const v1::JobSpec spec = RecoveringJob(kSpareWaitS);
   testing::CreateAndWaitReady(client, spec);
 
-  // Healed once the recovery's probe has found every member unreachable
-  // (polled, bounded): the seats are then taken back in the spare wait.
-  const auto heal_once_all_lost = [&]() -> absl::Status {
+  // Healed only once the spare wait is over and the recovery says it waits
+  // for workers to come back (its event; a FAILED job ends the watch too).
+  const auto heal_once_waiting = [&]() -> absl::Status {
     FlatshardClient watcher((*cluster)->address());
-    const absl::Time deadline = absl::Now() + absl::Seconds(60);
-    while (absl::Now() < deadline) {
-      auto all = watcher.ListWorkers("");
-      int lost = 0;
-      for (const v1::WorkerInfo& w : all.ok() ? *all : std::vector<v1::WorkerInfo>{}) {
-        if (w.state() == "unreachable") ++lost;
-      }
-      if (lost == options.workers) return (*ns)->Heal();
-      absl::SleepFor(absl::Milliseconds(100));  // a poll interval
+    bool waiting = false;
+    const absl::Status watched = watcher.WatchEvents(spec.name(), [&](const v1::JobEvent& e) {
+      waiting = e.state() == v1::RECOVERING && absl::StrContains(e.message(), "min_world_wait_s");
+      return !waiting && e.state() != v1::FAILED && e.state() != v1::STOPPED;
+    });
+    absl::Status healed = (*ns)->Heal();
+    if (!waiting) {
+      return absl::FailedPreconditionError("the recovery never waited for workers; the watch: " +
+                                           watched.ToString());
     }
-    (void)(*ns)->Heal();
-    return absl::DeadlineExceededError("the probe never found every worker unreachable");
+    return healed;
   };
   std::future<absl::Status> healed;
   int seen = 0;
@@ -251,7 +255,7 @@ TEST(PartitionTest, WorkersCutOffFromTheCoordinatorTakeTheirSeatsBackOnceTheLink
     if (r.has_recovery()) recovery = r.recovery();
     if (++seen == 4) {
       EXPECT_TRUE((*ns)->Cut().ok());
-      healed = std::async(std::launch::async, heal_once_all_lost);
+      healed = std::async(std::launch::async, heal_once_waiting);
     }
   });
   ASSERT_TRUE(healed.valid());
@@ -265,6 +269,7 @@ TEST(PartitionTest, WorkersCutOffFromTheCoordinatorTakeTheirSeatsBackOnceTheLink
   EXPECT_THAT(recovery.failed_ranks(), ::testing::ElementsAre(0, 1, 2, 3));
   EXPECT_FALSE(recovery.spare_used());
   EXPECT_EQ(recovery.world_size(), 4);
+  EXPECT_GT(recovery.seconds(), kSpareWaitS);
   std::cerr << "every worker back: " << recovery.ShortDebugString() << "\n";
   // Each worker in the seat it had: the same ids, rank for rank.
   auto workers = client.ListWorkers(spec.name());

@@ -244,37 +244,40 @@ void MirrorAsFifos(const std::string& from, const std::string& to) {
   }
 }
 
-TEST(FormationFailureTest, AWorkerThatStopsDuringTheRestoreFailsThatTryAtTheHeartbeatTimeout) {
-  const std::string dir = testing::MakeTempDir("restore-stopped");
-  // The coordinator and workers 0, 1 and 3 share "ckpt" under dir/shared (the
-  // test runs there); worker 2 runs in dir/stalled, whose copy of the
-  // checkpoint hangs on every read.
+// A recovery whose spare's restore hangs: the coordinator and workers 0, 1
+// and 3 share "ckpt" under dir/shared (the test runs there); worker 2 runs in
+// dir/stalled, whose copy of the checkpoint hangs on every read. The job
+// saved "base" at step 2; rank 1 dies while the job is idle, and the
+// recovery seats worker 2, whose restore hangs reading the checkpoint.
+struct HangingRestore {
+  ~HangingRestore() {
+    cluster.reset();  // stopped where it ran
+    std::filesystem::current_path(cwd);
+  }
+  std::filesystem::path cwd = std::filesystem::current_path();
+  std::unique_ptr<LocalCluster> cluster;
+  v1::JobSpec spec;
+};
+
+// Returns once worker 2 runs the restore.
+void StartARestoreThatHangsOnWorker2(const std::string& dir, HangingRestore& h) {
   std::filesystem::create_directories(dir + "/shared");
   std::filesystem::create_directories(dir + "/stalled");
-  const std::filesystem::path cwd = std::filesystem::current_path();
   std::filesystem::current_path(dir + "/shared");
-  struct RestoreCwd {
-    std::filesystem::path path;
-    ~RestoreCwd() { std::filesystem::current_path(path); }
-  } restore_cwd{cwd};
-  std::unique_ptr<LocalCluster> cluster =
-      StartCluster(4, "ckpt", ".", {{2, {"/usr/bin/env", "-C", dir + "/stalled"}}});
-  ASSERT_NE(cluster, nullptr);
-  FlatshardClient client(cluster->address());
-  v1::JobSpec spec = Job();
-  spec.mutable_state_dict_settings()->set_state_dict_type(v1::SHARDED_STATE_DICT);
-  testing::CreateAndWaitReady(client, spec);
-  ASSERT_TRUE(client.Train(spec.name(), 2, 0, [](const v1::StepResult&) {}).ok());
+  h.cluster = StartCluster(4, "ckpt", ".", {{2, {"/usr/bin/env", "-C", dir + "/stalled"}}});
+  ASSERT_NE(h.cluster, nullptr);
+  FlatshardClient client(h.cluster->address());
+  h.spec = Job();
+  h.spec.mutable_state_dict_settings()->set_state_dict_type(v1::SHARDED_STATE_DICT);
+  testing::CreateAndWaitReady(client, h.spec);
+  ASSERT_TRUE(client.Train(h.spec.name(), 2, 0, [](const v1::StepResult&) {}).ok());
   v1::SaveCheckpointRequest save;
-  save.set_job(spec.name());
+  save.set_job(h.spec.name());
   save.set_name("base");
   ASSERT_TRUE(client.SaveCheckpoint(save).ok());
   MirrorAsFifos(dir + "/shared/ckpt", dir + "/stalled/ckpt");
-
-  // Rank 1 dies while the job is idle: the recovery seats worker 2, whose
-  // restore hangs reading the checkpoint; then worker 2 stops altogether.
-  cluster->worker(1).Signal(SIGKILL);
-  GrpcWorkerClient spare(cluster->worker_addresses()[2], nullptr, cluster->command_token());
+  h.cluster->worker(1).Signal(SIGKILL);
+  GrpcWorkerClient spare(h.cluster->worker_addresses()[2], nullptr, h.cluster->command_token());
   const absl::Time killed = absl::Now();
   std::string state;
   while (state != "running" && absl::Now() - killed < absl::Seconds(60)) {
@@ -282,6 +285,16 @@ TEST(FormationFailureTest, AWorkerThatStopsDuringTheRestoreFailsThatTryAtTheHear
     state = status.ok() ? status->state() : "";
   }
   ASSERT_EQ(state, "running") << "the recovery never ran a batch on worker 2";
+}
+
+// Then worker 2 stops altogether.
+TEST(FormationFailureTest, AWorkerThatStopsDuringTheRestoreFailsThatTryAtTheHeartbeatTimeout) {
+  HangingRestore h;
+  ASSERT_NO_FATAL_FAILURE(
+      StartARestoreThatHangsOnWorker2(testing::MakeTempDir("restore-stopped"), h));
+  LocalCluster* cluster = h.cluster.get();
+  const v1::JobSpec& spec = h.spec;
+  FlatshardClient client(cluster->address());
   const absl::Time stopped = absl::Now();
   cluster->worker(2).Signal(SIGSTOP);
   // READY again after a RECOVERING that came after the kill.
@@ -309,6 +322,32 @@ TEST(FormationFailureTest, AWorkerThatStopsDuringTheRestoreFailsThatTryAtTheHear
   const std::map<std::string, int> rank_of = RanksByWorker(client, spec.name());
   EXPECT_EQ(rank_of, (std::map<std::string, int>{{"worker-0", 0}, {"worker-3", 1}}));
   ASSERT_TRUE(client.Train(spec.name(), 1, 0, [](const v1::StepResult&) {}).ok());
+}
+
+// Then worker 2 is shut down (SIGTERM: its node drained, say): its server
+// cancels the batch as it stops. That is the rank's failure, not a stop of
+// the job: the try fails, worker 2 is passed over, and the recovery tries
+// again with the next spare at once.
+TEST(FormationFailureTest, AWorkerShutDownDuringTheRestoreFailsOnlyThatTry) {
+  HangingRestore h;
+  ASSERT_NO_FATAL_FAILURE(
+      StartARestoreThatHangsOnWorker2(testing::MakeTempDir("restore-shut-down"), h));
+  FlatshardClient client(h.cluster->address());
+  h.cluster->worker(2).Signal(SIGTERM);
+  auto ready = client.WaitForState(h.spec.name(), {v1::READY}, absl::Seconds(kRecoveryBoundS),
+                                   {v1::RECOVERING});
+  h.cluster->worker(2).Signal(SIGKILL);  // its read may still hang: not in the teardown's way
+  ASSERT_TRUE(ready.ok()) << ready.status();
+  auto job = client.GetJob(h.spec.name());
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->restarts(), 2);
+  EXPECT_EQ(job->step(), 2);  // from "base"
+  const v1::Recovery& r = job->last_recovery();
+  EXPECT_THAT(r.cause(), HasSubstr("rank 1 ("));
+  EXPECT_EQ(r.checkpoint(), "base");
+  const std::map<std::string, int> rank_of = RanksByWorker(client, h.spec.name());
+  EXPECT_EQ(rank_of, (std::map<std::string, int>{{"worker-0", 0}, {"worker-3", 1}}));
+  ASSERT_TRUE(client.Train(h.spec.name(), 1, 0, [](const v1::StepResult&) {}).ok());
 }
 
 // Growing back (docs/fault-tolerance.md): a worker whose node lost its data

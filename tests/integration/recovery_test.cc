@@ -4,7 +4,9 @@
 // world size, and the Train call in progress finishes its steps; the losses
 // after the recovery equal, bit for bit, an uninterrupted run resumed from the
 // same checkpoint at the same world size. Without restarts left the job FAILED
-// says so, and a failure while the job is idle recovers on its own.
+// says so, and a failure while the job is idle recovers on its own. Every
+// worker lost at once is waited for (recovery.min_world_wait_s) and takes its
+// seat back; nobody back by then fails the job.
 #include <csignal>
 #include <future>
 #include <iostream>
@@ -17,7 +19,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
 
 #include "client/flatshard_client.h"
 #include "client/local_cluster.h"
@@ -262,6 +266,93 @@ TEST(RecoveryTest, AFailureWhileIdleRecoversWithoutAnOperation) {
   EXPECT_THAT(job->last_recovery().cause(), HasSubstr("missed heartbeats"));
   // And it trains again.
   EXPECT_TRUE(client.Train(spec.name(), 2, 0, [](const v1::StepResult&) {}).ok());
+}
+
+// Every worker of the job lost at once (a whole node rebooting, the
+// coordinator's own link down): too few are live to re-form at all, so the
+// recovery goes on waiting past spare_wait_s (recovery.min_world_wait_s),
+// says so, and re-forms on the same workers, rank for rank, once their
+// daemons are back; the Train call in progress finishes its steps.
+TEST(RecoveryTest, EveryWorkerLostIsWaitedForAndTrainingGoesOnWhenTheyReturn) {
+  const std::string dir = testing::MakeTempDir("recovery-everyone");
+  std::unique_ptr<LocalCluster> cluster = StartCluster(2, dir);
+  ASSERT_NE(cluster, nullptr);
+  FlatshardClient client(cluster->address());
+  // Once one is back, the other has this long to follow before the job
+  // re-forms without it: the restarts here are milliseconds apart.
+  constexpr double kSpareWaitS = 2;
+  v1::JobSpec spec = RecoveringJob(/*max_restarts=*/3, kSpareWaitS);
+  spec.set_world_size(2);
+  spec.mutable_recovery()->set_min_world_wait_s(120);
+  CreateAndWaitReady(client, spec);
+
+  // Trained on another thread: this one, which outlives the restarted
+  // daemons (PR_SET_PDEATHSIG follows the spawning thread), starts them
+  // again under their ids once the recovery says it waits for workers, as
+  // their supervisor would. A FAILED job ends the watch too.
+  std::future<TrainRun> training = std::async(std::launch::async, [&] {
+    return TrainAndKill(*cluster, client, spec.name(), 9, /*kill_after=*/4, {0, 1});
+  });
+  absl::Status restarted = absl::NotFoundError("the recovery never said it waits for workers");
+  std::string waiting;
+  const absl::Status watched = client.WatchEvents(spec.name(), [&](const v1::JobEvent& e) {
+    if (e.state() == v1::RECOVERING && absl::StrContains(e.message(), "min_world_wait_s")) {
+      waiting = e.message();
+      restarted = cluster->RestartWorker(0);
+      if (restarted.ok()) restarted = cluster->RestartWorker(1);
+      return false;
+    }
+    return e.state() != v1::FAILED && e.state() != v1::STOPPED;
+  });
+  if (!watched.ok()) restarted.Update(watched);
+  const TrainRun run = training.get();
+  ASSERT_TRUE(restarted.ok()) << restarted;
+  EXPECT_THAT(waiting, HasSubstr("too few live workers to re-form (0; recovery.min_world_size "
+                                 "is 1): waiting up to "));
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  auto job = client.GetJob(spec.name());
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->step(), 9);
+  EXPECT_EQ(job->world_size(), 2);
+  EXPECT_EQ(job->restarts(), 1);
+  const v1::Recovery& r = job->last_recovery();
+  EXPECT_THAT(r.failed_ranks(), ::testing::ElementsAre(0, 1));
+  EXPECT_FALSE(r.spare_used());
+  EXPECT_EQ(r.world_size(), 2);
+  EXPECT_GT(r.seconds(), kSpareWaitS) << "it re-formed within spare_wait_s, with nobody back?";
+  EXPECT_EQ(r.resumed_step() % 3, 0);
+  EXPECT_GE(r.resumed_step(), 3);
+  // The same workers, rank for rank, at their new addresses.
+  EXPECT_EQ(WorkerIndexOfRank(*cluster, client, spec.name(), 0), 0);
+  EXPECT_EQ(WorkerIndexOfRank(*cluster, client, spec.name(), 1), 1);
+}
+
+// Nobody back within recovery.min_world_wait_s: the job is FAILED, after
+// that wait and not at the end of spare_wait_s, saying how long it waited.
+TEST(RecoveryTest, EveryWorkerLostForLongerThanTheWaitFailsTheJobSayingSo) {
+  const std::string dir = testing::MakeTempDir("recovery-nobody");
+  std::unique_ptr<LocalCluster> cluster = StartCluster(2, dir);
+  ASSERT_NE(cluster, nullptr);
+  FlatshardClient client(cluster->address());
+  constexpr double kWaitS = 3;
+  v1::JobSpec spec = RecoveringJob(/*max_restarts=*/3, /*spare_wait_s=*/0.5);
+  spec.set_world_size(2);
+  spec.mutable_recovery()->set_min_world_wait_s(kWaitS);
+  CreateAndWaitReady(client, spec);
+  const absl::Time killed = absl::Now();
+  cluster->worker(0).Signal(SIGKILL);
+  cluster->worker(1).Signal(SIGKILL);
+  // The heartbeat timeout (2 s) detects it; then the recovery waits kWaitS.
+  auto failed = client.WaitForState(spec.name(), {v1::FAILED}, absl::Seconds(60));
+  ASSERT_TRUE(failed.ok()) << failed.status();
+  const absl::Duration took = absl::Now() - killed;
+  EXPECT_GE(took, absl::Seconds(kWaitS)) << "it did not wait for the workers";
+  EXPECT_LT(took, absl::Seconds(30));
+  auto job = client.GetJob(spec.name());
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_THAT(job->failure(), HasSubstr("cannot re-form: 0 surviving worker(s) and 0 spare(s)"));
+  EXPECT_THAT(job->failure(), HasSubstr("of waiting for workers: recovery.spare_wait_s 0.5, "
+                                        "recovery.min_world_wait_s 3)"));
 }
 
 }  // namespace

@@ -166,6 +166,22 @@ TEST(CommandSequencerTest, NamesTheUnreachableRankAbortsTheOthersAndRefusesLater
   EXPECT_EQ(f.sequencer->last_seq(), 0u);
 }
 
+// A rank shut down mid-batch: its server cancels the call as it stops, and
+// then it answers nothing. The job was not stopped: the failure is the
+// rank's, UNAVAILABLE, not the CANCELLED a stop of the job would be.
+TEST(CommandSequencerTest, ARankWhoseCallWasCancelledAndThatNoLongerAnswersIsUnavailable) {
+  Fixture f(2);
+  f.workers[1]->fail_ = absl::CancelledError("Cancelling all calls");
+  f.workers[1]->dead_ = true;
+  auto results = f.sequencer->Run(Batch());
+  ASSERT_FALSE(results.ok());
+  EXPECT_EQ(results.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(results.status().message()),
+              HasSubstr("rank 1 (fake:1) is unreachable, its process died or its host is down: "
+                        "Cancelling all calls"));
+  EXPECT_EQ(FailedRank(results.status()), 1);
+}
+
 TEST(CommandSequencerTest, OfSeveralFailingRanksThatAnswerTheFirstToFailIsBlamed) {
   // The fake answers on the calling thread, in rank order: rank 1 first.
   Fixture f(3);

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <functional>
+#include <limits>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -156,6 +157,14 @@ INSTANTIATE_TEST_SUITE_P(
         BadJob{"nan_spare_wait",
                [](v1::JobSpec& s) { s.mutable_recovery()->set_spare_wait_s(std::nan("")); },
                "job.recovery.spare_wait_s must be between 0 and 3600 seconds"},
+        BadJob{"negative_min_world_wait",
+               [](v1::JobSpec& s) { s.mutable_recovery()->set_min_world_wait_s(-1); },
+               "job.recovery.min_world_wait_s must be between 0 and 86400 seconds, got -1"},
+        BadJob{"infinite_min_world_wait",
+               [](v1::JobSpec& s) {
+                 s.mutable_recovery()->set_min_world_wait_s(std::numeric_limits<double>::infinity());
+               },
+               "job.recovery.min_world_wait_s must be between 0 and 86400 seconds"},
         BadJob{"negative_in_memory_every_steps",
                [](v1::JobSpec& s) { s.mutable_checkpoints()->set_in_memory_every_steps(-2); },
                "job.checkpoints.in_memory_every_steps must be >= 0 (0: no in-memory peer "

@@ -149,6 +149,7 @@ TEST(JobSpecYamlTest, OmittedFieldsKeepJobConfigDefaults) {
   EXPECT_EQ(job->recovery.max_restarts, 3);
   EXPECT_EQ(job->recovery.min_world_size, 1);
   EXPECT_DOUBLE_EQ(job->recovery.spare_wait_s, 5.0);
+  EXPECT_DOUBLE_EQ(job->recovery.min_world_wait_s, 600.0);
 }
 
 TEST(JobSpecYamlTest, EveryFieldReadsThrough) {
@@ -188,7 +189,7 @@ state_dict:
   optim: {offload_to_cpu: false}
 checkpoints: {every_steps: 10, keep_last: 2, async_save: true, in_memory_every_steps: 1}
 rank_by_worker_id: {w-a: 1, w-b: 0, w-c: 3, w-d: 2}
-recovery: {max_restarts: 5, min_world_size: 2, spare_wait_s: 1.5}
+recovery: {max_restarts: 5, min_world_size: 2, spare_wait_s: 1.5, min_world_wait_s: 90}
 )";
   auto spec = ParseJobSpec(text, "all.yaml", ExamplesDir());
   ASSERT_TRUE(spec.ok()) << spec.status();
@@ -227,6 +228,7 @@ recovery: {max_restarts: 5, min_world_size: 2, spare_wait_s: 1.5}
   EXPECT_EQ(job->recovery.max_restarts, 5);
   EXPECT_EQ(job->recovery.min_world_size, 2);
   EXPECT_DOUBLE_EQ(job->recovery.spare_wait_s, 1.5);
+  EXPECT_DOUBLE_EQ(job->recovery.min_world_wait_s, 90.0);
   EXPECT_EQ(job->optimizer.kind, OptimizerKind::kSgd);
   EXPECT_DOUBLE_EQ(job->optimizer.sgd.lr, 0.1);
   EXPECT_EQ(job->wrap_policy.min_num_params, 100000);
