@@ -199,7 +199,14 @@ int ClusterCommands::Train(std::ostream& out, std::ostream& err) {
     }
     return kExitOk;
   }
-  if (status.code() == absl::StatusCode::kUnavailable) {
+  // A job that FAILED ends the stream with its failure, which may be
+  // UNAVAILABLE too (a rank that no longer answers): only a coordinator that
+  // does not answer either means the stream was cut.
+  const bool cut = status.code() == absl::StatusCode::kUnavailable && [&] {
+    absl::StatusOr<v1::Job> job = client.GetJob(job_);
+    return !job.ok() || job->state() != v1::FAILED;
+  }();
+  if (cut) {
     // The coordinator went away mid-stream (or never answered).
     err << "flatshard train: the stream from the coordinator at " << coordinator_.address
         << " was cut" << (done > 0 ? absl::StrCat(" after step ", last_step) : std::string())

@@ -261,6 +261,10 @@ class TrainingJob {
       const std::vector<WorkerRecord>& live, absl::Time until, std::map<int, WorkerRecord>* lost,
       RecoveryCandidates* candidates,
       std::map<std::string, std::vector<v1::PeerSnapshotHeld>>* held);
+  // Survivors no longer among `live` as they were probed (gone, or
+  // restarted under their id) go back to `lost`, by rank.
+  void ForgetGoneSurvivors(const std::vector<WorkerRecord>& live, std::map<int, WorkerRecord>* lost,
+                           RecoveryCandidates* candidates);
   // A recovery's wait for seats (training_job_probe.cc): fills the
   // candidates' spares (live workers outside `old_ids`), readmitting
   // returning members as it goes, until they fill the world size, or

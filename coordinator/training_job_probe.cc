@@ -104,7 +104,7 @@ std::vector<std::string> TrainingJob::ReadmitReturning(
   // In parallel, as ProbeMembers: the spare wait overruns `until` by one
   // probe at most, and a draining member's verdict is not awaited past it.
   DrainWaitOptions drain;
-  drain.cap = std::max(until - absl::Now(), absl::ZeroDuration());
+  drain.cap = std::clamp(until - absl::Now(), absl::ZeroDuration(), drain.cap);
   std::vector<std::thread> probes;
   probes.reserve(returning.size());
   for (Returning& r : returning) {
@@ -152,6 +152,32 @@ std::vector<std::string> TrainingJob::ReadmitReturning(
   return readmitted;
 }
 
+void TrainingJob::ForgetGoneSurvivors(const std::vector<WorkerRecord>& live,
+                                      std::map<int, WorkerRecord>* lost,
+                                      RecoveryCandidates* candidates) {
+  std::vector<std::string> ids;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ids = worker_ids_;
+  }
+  std::erase_if(candidates->survivors, [&](const WorkerRecord& s) {
+    const std::string& id = s.worker_id;
+    const auto now = std::find_if(live.begin(), live.end(),
+                                  [&id](const WorkerRecord& w) { return w.worker_id == id; });
+    // Records restored from the state dir carry no incarnation.
+    const bool same_process =
+        now != live.end() && now->address == s.address &&
+        (now->incarnation.empty() || s.incarnation.empty() || now->incarnation == s.incarnation);
+    if (same_process) return false;
+    const auto rank = std::find(ids.begin(), ids.end(), id);
+    if (rank == ids.end()) return false;  // not of the failed epoch: cannot be
+    spdlog::warn("job {}: rank {} ({}) is gone since the probe", config_.name, rank - ids.begin(),
+                 s.address);
+    (*lost)[static_cast<int>(rank - ids.begin())] = s;
+    return true;
+  });
+}
+
 absl::Status TrainingJob::AwaitSeats(absl::Time began, const std::set<std::string>& old_ids,
                                      std::map<int, WorkerRecord>* lost,
                                      RecoveryCandidates* candidates,
@@ -184,11 +210,16 @@ absl::Status TrainingJob::AwaitSeats(absl::Time began, const std::set<std::strin
   // as in torchelastic's last call, rather than a shrink and a grow-back.
   std::optional<absl::Time> last_call;
   while (true) {
-    absl::Time until = absl::Now() < spare_deadline ? spare_deadline : quorum_deadline;
-    if (last_call.has_value()) until = std::max(until, *last_call);
+    // The end of the phase the wait is in: no probe starts past it.
+    const absl::Time until =
+        last_call.has_value() ? *last_call : (announced ? quorum_deadline : spare_deadline);
     candidates->spares.clear();
     if (options_.live_workers) {
       const std::vector<WorkerRecord> live = options_.live_workers();
+      // A survivor gone since the probe (died, or restarted under its id at
+      // a new address) would fail the new epoch's Configure and spend a
+      // restart: lost again, readmitted only if it answers a probe of its own.
+      if (announced) ForgetGoneSurvivors(live, lost, candidates);
       for (std::string& id : ReadmitReturning(live, until, lost, candidates, held)) {
         readmitted->insert(std::move(id));
       }
@@ -213,8 +244,8 @@ absl::Status TrainingJob::AwaitSeats(absl::Time began, const std::set<std::strin
         if (!announced) {
           announced = true;
           const std::string waiting = absl::StrCat(
-              "too few live workers to re-form (", have, "; recovery.min_world_size is ",
-              policy.min_world_size, "): waiting up to ",
+              "cannot re-form on the ", have, " live worker(s) (world size ", config_.world_size,
+              ", recovery.min_world_size ", policy.min_world_size, "): waiting up to ",
               absl::FormatDuration(absl::Trunc(quorum_deadline - now, absl::Seconds(1))),
               " more for workers to come back (recovery.min_world_wait_s)");
           spdlog::warn("job {}: {}", config_.name, waiting);

@@ -258,6 +258,10 @@ absl::Status TrainingJob::RecoverOnce(const absl::Status& cause, std::vector<int
   // within seconds), and longer while too few are live to re-form at all.
   std::set<std::string> readmitted;  // members lost to the probe, back
   RETURN_IF_ERROR(AwaitSeats(began, old_ids, &lost, &candidates, &held, &readmitted));
+  // A survivor that left during the wait lost the epoch too.
+  for (const auto& entry : lost) failed_ranks.push_back(entry.first);
+  std::sort(failed_ranks.begin(), failed_ranks.end());
+  failed_ranks.erase(std::unique(failed_ranks.begin(), failed_ranks.end()), failed_ranks.end());
   v1::JobSpec spec;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -265,14 +269,12 @@ absl::Status TrainingJob::RecoverOnce(const absl::Status& cause, std::vector<int
   }
   absl::StatusOr<RecoveryChoice> choice = ChooseRecovery(spec, config_.recovery, candidates);
   if (!choice.ok()) {
+    const std::string waited = absl::StrCat(
+        "after ", absl::FormatDuration(absl::Trunc(absl::Now() - began, absl::Milliseconds(100))),
+        " of waiting for workers (recovery.spare_wait_s ", config_.recovery.spare_wait_s,
+        ", recovery.min_world_wait_s ", config_.recovery.min_world_wait_s, "): ");
     return fail(
-        absl::Status(
-            choice.status().code(),
-            absl::StrCat(
-                choice.status().message(), " (after ",
-                absl::FormatDuration(absl::Trunc(absl::Now() - began, absl::Milliseconds(100))),
-                " of waiting for workers: recovery.spare_wait_s ", config_.recovery.spare_wait_s,
-                ", recovery.min_world_wait_s ", config_.recovery.min_world_wait_s, ")")),
+        absl::Status(choice.status().code(), absl::StrCat(waited, choice.status().message())),
         false);
   }
   const int world = choice->config.world_size;

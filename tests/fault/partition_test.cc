@@ -228,18 +228,21 @@ TEST(PartitionTest, WorkersCutOffFromTheCoordinatorTakeTheirSeatsBackOnceTheLink
 
   // Also how long the rest have once the first are back: their TCP
   // retransmissions, backed off during the cut, resume seconds apart.
-  constexpr double kSpareWaitS = 3;
-  const v1::JobSpec spec = RecoveringJob(kSpareWaitS);
+  constexpr double kSpareWaitS = 8;
+  v1::JobSpec spec = RecoveringJob(kSpareWaitS);
+  spec.mutable_recovery()->set_min_world_wait_s(120);  // bounds the test if the heal never comes
   testing::CreateAndWaitReady(client, spec);
 
   // Healed only once the spare wait is over and the recovery says it waits
-  // for workers to come back (its event; a FAILED job ends the watch too).
+  // for workers to come back (its event; a FAILED job ends the watch too, as
+  // does the training's end without that wait).
   const auto heal_once_waiting = [&]() -> absl::Status {
     FlatshardClient watcher((*cluster)->address());
     bool waiting = false;
     const absl::Status watched = watcher.WatchEvents(spec.name(), [&](const v1::JobEvent& e) {
       waiting = e.state() == v1::RECOVERING && absl::StrContains(e.message(), "min_world_wait_s");
-      return !waiting && e.state() != v1::FAILED && e.state() != v1::STOPPED;
+      return !waiting && e.state() != v1::FAILED && e.state() != v1::STOPPED &&
+             e.state() != v1::IDLE;
     });
     absl::Status healed = (*ns)->Heal();
     if (!waiting) {

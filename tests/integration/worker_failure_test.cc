@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <utility>
@@ -17,6 +18,7 @@
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
@@ -35,6 +37,7 @@ namespace flatshard {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 constexpr double kHeartbeatTimeout = 2.0;
 
@@ -111,6 +114,34 @@ TEST(WorkerFailureTest, SigkillMidStepFailsTheStepNamingTheRankAndSurvivorsAbort
   EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(refused.message()), HasSubstr("FAILED"));
   ASSERT_TRUE(client.DeleteJob(spec.name()).ok());
+}
+
+// The same failure as `flatshard train` sees it: the job FAILED, exit 1. Its
+// failure is UNAVAILABLE (a rank that no longer answers), which the CLI took
+// for its stream being cut: it said the training went on, to attach again.
+TEST(WorkerFailureTest, TheCliReportsAJobThatFailedUnderItAsFailed) {
+  std::unique_ptr<LocalCluster> cluster = StartCluster();
+  ASSERT_NE(cluster, nullptr);
+  FlatshardClient client(cluster->address());
+  const v1::JobSpec spec = ReadyJob(client);
+  auto cli = ChildProcess::Spawn({"/bin/sh", "-c", "exec \"$0\" \"$@\" 2>&1",
+                                  std::string(FLATSHARD_BIN_DIR) + "/flatshard", "train", "--steps",
+                                  "100000", "-c", cluster->address(), "-j", spec.name()});
+  ASSERT_TRUE(cli.ok()) << cli.status();
+  std::string said;
+  absl::StatusOr<std::string> line;
+  while ((line = (*cli)->ReadLine(absl::Seconds(60))).ok()) {
+    said += *line + "\n";
+    if (absl::StrContains(*line, "step 3 ")) break;
+  }
+  ASSERT_THAT(said, HasSubstr("step 3 "));
+  cluster->worker(2).Signal(SIGKILL);
+  while ((line = (*cli)->ReadLine(absl::Seconds(60))).ok()) said += *line + "\n";
+  const std::optional<int> status = (*cli)->Wait(absl::Seconds(30));
+  ASSERT_TRUE(status.has_value());
+  EXPECT_TRUE(WIFEXITED(*status) && WEXITSTATUS(*status) == 1) << *status << "\n" << said;
+  EXPECT_THAT(said, HasSubstr("rank 2"));
+  EXPECT_THAT(said, Not(HasSubstr("was cut")));
 }
 
 // A worker that hangs (SIGSTOP: its sockets stay open, so only the missing
