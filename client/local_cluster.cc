@@ -213,8 +213,7 @@ absl::Status LocalCluster::ReadWorkerBanner(size_t w) {
   return absl::OkStatus();
 }
 
-absl::Status LocalCluster::RestartWorker(int i,
-                                         const std::map<std::string, std::string>& changed) {
+absl::Status LocalCluster::RestartWorker(int i, const std::map<std::string, std::string>& changed) {
   const auto w = static_cast<size_t>(i);
   if (w >= workers_.size()) {
     return absl::InvalidArgumentError(absl::StrCat("no worker ", i));
