@@ -8,12 +8,16 @@
 
 namespace flatshard {
 
+std::string SeatDevice(const RecoveryCandidates& candidates) {
+  if (!candidates.device.empty() || candidates.survivors.empty()) return candidates.device;
+  return candidates.survivors.front().device;
+}
+
 absl::StatusOr<RecoveryChoice> ChooseRecovery(const v1::JobSpec& spec,
                                               const RecoverySettings& recovery,
                                               const RecoveryCandidates& candidates) {
   // One kind of device per job: spares of another kind cannot take a seat.
-  std::string device = candidates.device;
-  if (device.empty() && !candidates.survivors.empty()) device = candidates.survivors.front().device;
+  const std::string device = SeatDevice(candidates);
   std::vector<WorkerRecord> spares;
   for (const WorkerRecord& spare : candidates.spares) {
     if (device.empty() || spare.device == device) spares.push_back(spare);

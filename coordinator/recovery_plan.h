@@ -35,6 +35,11 @@ struct RecoveryChoice {
   bool spare_used = false;
 };
 
+// The kind of device the re-formed epoch runs on: `candidates.device`, or
+// the first survivor's; empty: any. A spare or a returning member of another
+// kind takes no seat, and the wait for seats counts by the same rule.
+std::string SeatDevice(const RecoveryCandidates& candidates);
+
 // The world size recovery aims for: the spec's, or fewer when fewer workers
 // are there. `spec` is the job's spec as created; ranks pinned by
 // rank_by_worker_id are not kept (the failed worker's seat is given away).

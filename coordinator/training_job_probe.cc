@@ -90,13 +90,14 @@ std::vector<std::string> TrainingJob::ReadmitReturning(
     absl::StatusOr<v1::GetStatusResponse> answer = absl::UnknownError("not asked");
   };
   std::vector<Returning> returning;
+  const std::string device = SeatDevice(*candidates);
   for (const auto& [rank, member] : *lost) {
     const std::string& id = member.worker_id;  // clang 14 captures no binding
     const auto back = std::find_if(live.begin(), live.end(),
                                    [&id](const WorkerRecord& w) { return w.worker_id == id; });
     if (back == live.end() || RefusedToJoin(*back)) continue;
     // Restarted under its id with another device: not of this job's kind.
-    if (!candidates->device.empty() && back->device != candidates->device) continue;
+    if (!device.empty() && back->device != device) continue;
     // At the address it heartbeats from: a restarted daemon listens anew.
     returning.push_back({rank, *back, options_.connect(*back)});
   }
@@ -202,7 +203,8 @@ absl::Status TrainingJob::AwaitSeats(absl::Time began, const std::set<std::strin
     return stopping_;
   };
   // Whether ChooseRecovery finds a world size depends on the count alone
-  // (spares of another device are not counted), so it is asked once a count.
+  // (spares of another device are not counted, by its rule: SeatDevice), so
+  // it is asked once a count.
   std::optional<std::pair<size_t, bool>> can_form;
   bool announced = false;  // waiting for the minimum, and said so
   // Once enough to re-form are back after a wait for the minimum, the rest
@@ -223,8 +225,9 @@ absl::Status TrainingJob::AwaitSeats(absl::Time began, const std::set<std::strin
       for (std::string& id : ReadmitReturning(live, until, lost, candidates, held)) {
         readmitted->insert(std::move(id));
       }
+      const std::string device = SeatDevice(*candidates);
       for (const WorkerRecord& w : live) {
-        const bool same_kind = candidates->device.empty() || w.device == candidates->device;
+        const bool same_kind = device.empty() || w.device == device;
         if (!old_ids.contains(w.worker_id) && !RefusedToJoin(w) && same_kind) {
           candidates->spares.push_back(w);
         }

@@ -7,9 +7,12 @@
 // sees a half-recovered job.
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <set>
+#include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -192,13 +195,19 @@ absl::Status TrainingJob::RecoverOnce(const absl::Status& cause, std::vector<int
   const absl::Time began = absl::Now();
   int64_t failed_step = 0;
   int restart = 0;
-  std::set<std::string> old_ids;
+  std::vector<std::string> epoch_ids;  // the failed epoch's, by rank
   {
     std::lock_guard<std::mutex> lock(mu_);
     failed_step = step_;
     restart = ++restarts_;
-    old_ids.insert(worker_ids_.begin(), worker_ids_.end());
+    epoch_ids = worker_ids_;
   }
+  const std::set<std::string> old_ids(epoch_ids.begin(), epoch_ids.end());
+  const auto rank_of = [&epoch_ids](const std::string& id) -> std::optional<int> {
+    const auto at = std::find(epoch_ids.begin(), epoch_ids.end(), id);
+    if (at == epoch_ids.end()) return std::nullopt;
+    return static_cast<int>(at - epoch_ids.begin());
+  };
   const auto fail = [&](const absl::Status& why, bool retry) {
     *retryable = retry;
     return absl::Status(why.code(),
@@ -237,19 +246,11 @@ absl::Status TrainingJob::RecoverOnce(const absl::Status& cause, std::vector<int
   }
   // A member that broke the failed epoch's restore as a newcomer (the spare
   // of an earlier try, a worker grown back onto) does not survive it.
-  {
-    std::vector<std::string> ids;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      ids = worker_ids_;
-    }
-    std::erase_if(candidates.survivors, [&](const WorkerRecord& w) {
-      if (!RefusedToJoin(w)) return false;
-      const auto rank = std::find(ids.begin(), ids.end(), w.worker_id);
-      if (rank != ids.end()) failed_ranks.push_back(static_cast<int>(rank - ids.begin()));
-      return true;
-    });
-  }
+  std::erase_if(candidates.survivors, [&](const WorkerRecord& w) {
+    if (!RefusedToJoin(w)) return false;
+    if (const std::optional<int> rank = rank_of(w.worker_id)) failed_ranks.push_back(*rank);
+    return true;
+  });
   std::sort(failed_ranks.begin(), failed_ranks.end());
   failed_ranks.erase(std::unique(failed_ranks.begin(), failed_ranks.end()), failed_ranks.end());
 
@@ -258,8 +259,13 @@ absl::Status TrainingJob::RecoverOnce(const absl::Status& cause, std::vector<int
   // within seconds), and longer while too few are live to re-form at all.
   std::set<std::string> readmitted;  // members lost to the probe, back
   RETURN_IF_ERROR(AwaitSeats(began, old_ids, &lost, &candidates, &held, &readmitted));
-  // A survivor that left during the wait lost the epoch too.
+  // A survivor that left during the wait lost the epoch too, whether it
+  // stayed away or was readmitted (its daemon restarted: the epoch's state
+  // in it is gone all the same).
   for (const auto& entry : lost) failed_ranks.push_back(entry.first);
+  for (const std::string& id : readmitted) {
+    if (const std::optional<int> rank = rank_of(id)) failed_ranks.push_back(*rank);
+  }
   std::sort(failed_ranks.begin(), failed_ranks.end());
   failed_ranks.erase(std::unique(failed_ranks.begin(), failed_ranks.end()), failed_ranks.end());
   v1::JobSpec spec;

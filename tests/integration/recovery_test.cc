@@ -6,7 +6,8 @@
 // same checkpoint at the same world size. Without restarts left the job FAILED
 // says so, and a failure while the job is idle recovers on its own. Every
 // worker lost at once is waited for (recovery.min_world_wait_s) and takes its
-// seat back; nobody back by then fails the job.
+// seat back, as does a survivor that leaves during that wait; nobody back by
+// then fails the job.
 #include <chrono>
 #include <csignal>
 #include <future>
@@ -337,6 +338,59 @@ TEST(RecoveryTest, EveryWorkerLostIsWaitedForAndTrainingGoesOnWhenTheyReturn) {
   // The same workers, rank for rank, at their new addresses.
   EXPECT_EQ(WorkerIndexOfRank(*cluster, client, spec.name(), 0), 0);
   EXPECT_EQ(WorkerIndexOfRank(*cluster, client, spec.name(), 1), 1);
+}
+
+// A survivor that leaves while the recovery waits for the minimum (its node
+// reboots too) is not seated with its stale record, where its Configure
+// would fail and spend a restart: it takes its seat back at its new
+// address, and the recovery lists it among the failed ranks.
+TEST(RecoveryTest, ASurvivorRestartedDuringTheWaitTakesItsSeatBackAndCountsAsFailed) {
+  const std::string dir = testing::MakeTempDir("recovery-survivor-left");
+  std::unique_ptr<LocalCluster> cluster = StartCluster(2, dir);
+  ASSERT_NE(cluster, nullptr);
+  FlatshardClient client(cluster->address());
+  constexpr double kSpareWaitS = 8;  // the second restart follows the first within it
+  v1::JobSpec spec = RecoveringJob(/*max_restarts=*/3, kSpareWaitS);
+  spec.set_world_size(2);
+  spec.mutable_recovery()->set_min_world_size(2);  // the survivor alone cannot re-form
+  spec.mutable_recovery()->set_min_world_wait_s(120);
+  CreateAndWaitReady(client, spec);
+  ASSERT_TRUE(client.Train(spec.name(), 4, 0, [](const v1::StepResult&) {}).ok());
+  const int survivor = WorkerIndexOfRank(*cluster, client, spec.name(), 0);
+  const int victim = WorkerIndexOfRank(*cluster, client, spec.name(), 1);
+  ASSERT_GE(survivor, 0);
+  ASSERT_GE(victim, 0);
+
+  cluster->worker(victim).Signal(SIGKILL);
+  // Once the recovery waits for the minimum, the survivor's daemon dies and
+  // both are started again under their ids, the survivor first.
+  absl::Status restarted = absl::NotFoundError("the recovery never said it waits for workers");
+  const absl::Status watched = client.WatchEvents(spec.name(), [&](const v1::JobEvent& e) {
+    if (e.state() == v1::RECOVERING && absl::StrContains(e.message(), "min_world_wait_s")) {
+      cluster->worker(survivor).Signal(SIGKILL);
+      restarted = cluster->worker(survivor).Wait(absl::Seconds(30)).has_value()
+                      ? cluster->RestartWorker(survivor)
+                      : absl::DeadlineExceededError("the survivor's daemon outlived SIGKILL");
+      if (restarted.ok()) restarted = cluster->RestartWorker(victim);
+      return false;
+    }
+    return e.state() != v1::FAILED && e.state() != v1::STOPPED;
+  });
+  if (!watched.ok()) restarted.Update(watched);
+  ASSERT_TRUE(restarted.ok()) << restarted;
+  auto ready = client.WaitForState(spec.name(), {v1::READY}, absl::Seconds(120), {v1::RECOVERING});
+  ASSERT_TRUE(ready.ok()) << ready.status();
+  auto job = client.GetJob(spec.name());
+  ASSERT_TRUE(job.ok()) << job.status();
+  ASSERT_EQ(job->state(), v1::READY) << job->failure();
+  EXPECT_EQ(job->restarts(), 1) << "the stale survivor was seated";
+  EXPECT_EQ(job->world_size(), 2);
+  const v1::Recovery& r = job->last_recovery();
+  EXPECT_THAT(r.failed_ranks(), ::testing::ElementsAre(0, 1));
+  EXPECT_EQ(r.resumed_step(), 3);
+  EXPECT_EQ(WorkerIndexOfRank(*cluster, client, spec.name(), 0), survivor);
+  EXPECT_EQ(WorkerIndexOfRank(*cluster, client, spec.name(), 1), victim);
+  EXPECT_TRUE(client.Train(spec.name(), 2, 0, [](const v1::StepResult&) {}).ok());
 }
 
 // Nobody back within recovery.min_world_wait_s: the job is FAILED, after

@@ -94,5 +94,20 @@ TEST(RecoveryPlanTest, MinWorldSizeAndDeviceKindBoundTheChoice) {
   EXPECT_EQ(Ids(cpu_only->members), (std::vector<std::string>{"c1", "c2"}));
 }
 
+// The wait for seats counts spares by the rule the choice seats them by.
+TEST(RecoveryPlanTest, TheSeatDeviceIsTheJobsElseTheFirstSurvivors) {
+  EXPECT_EQ(SeatDevice({Workers({"a"}, "sim"), Workers({"g1"}, "cuda"), "cuda"}), "cuda");
+  EXPECT_EQ(SeatDevice({Workers({"a"}, "sim"), Workers({"g1"}, "cuda"), ""}), "sim");
+  EXPECT_EQ(SeatDevice({{}, Workers({"g1"}, "cuda"), ""}), "");
+  // An epoch that recorded no device (a state dir from before devices were
+  // recorded): the survivor's kind bounds the spares, so one spare of
+  // another kind does not fill the seat.
+  RecoverySettings no_shrink;
+  no_shrink.min_world_size = 2;
+  EXPECT_FALSE(
+      ChooseRecovery(Spec(2, 8), no_shrink, {Workers({"a"}, "sim"), Workers({"g1"}, "cuda"), ""})
+          .ok());
+}
+
 }  // namespace
 }  // namespace flatshard
