@@ -31,6 +31,15 @@ absl::StatusOr<ReadoptionPoint> ReadoptionPointAt(const JobRecord& record,
       // A load moves the job to a step the journal does not know.
       return absl::FailedPreconditionError("the last batch loaded a checkpoint");
     }
+    // A restore from peer snapshots is journaled at the step it moves the
+    // ranks to. One that failed changed nothing on the ranks; the recovery
+    // then went on from initialization, which the record holds, not the
+    // journal.
+    if (batch.has_checkpoint() && batch.checkpoint().has_restore_peer_snapshot() &&
+        (record.step != last->step_after || record.data_position != last->data_position_after)) {
+      return absl::FailedPreconditionError(
+          "the last batch restored peer snapshots, and the job did not go on from them");
+    }
     if (micro) {
       return absl::FailedPreconditionError(kMidStep);
     }

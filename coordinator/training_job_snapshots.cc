@@ -53,17 +53,36 @@ absl::StatusOr<bool> TrainingJob::RestorePeerSnapshotLocked(const PeerSnapshotCh
   restore->set_from_epoch(choice.epoch);
   restore->set_from_world_size(choice.from_world_size);
   for (int h : choice.holder) restore->add_holder(h);
-  ASSIGN_OR_RETURN(std::vector<v1::CommandResult> results, sequencer()->Run(std::move(batch)));
-  for (const v1::CommandResult& r : results) {
+  // The job is at the restored step before the batch is sent, for the
+  // journal records it with the step and data position it leaves the ranks
+  // at (JournalBatch): a coordinator restarted after it re-adopts them there,
+  // not at the step the job had failed at. Put back if the restore fails.
+  int64_t failed_step = 0;
+  int64_t failed_position = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    failed_step = std::exchange(step_, choice.step);
+    failed_position = std::exchange(data_position_, choice.data_position);
+  }
+  const auto put_back = [&] {
+    std::lock_guard<std::mutex> lock(mu_);
+    step_ = failed_step;
+    data_position_ = failed_position;
+  };
+  absl::StatusOr<std::vector<v1::CommandResult>> results = sequencer()->Run(std::move(batch));
+  if (!results.ok()) {
+    put_back();
+    return results.status();
+  }
+  for (const v1::CommandResult& r : *results) {
     if (absl::Status s = StatusFromProto(r.checkpoint_status()); !s.ok()) {
       spdlog::warn("job {}: the peer snapshots of step {} could not be restored (rank {}: {})",
                    config_.name, choice.step, r.rank(), s.ToString());
+      put_back();
       return false;
     }
   }
   std::lock_guard<std::mutex> lock(mu_);
-  step_ = choice.step;
-  data_position_ = choice.data_position;
   unsharded_.clear();
   // Generations past the restored one belong to steps the job now runs again.
   std::erase_if(peer_marks_, [&](const auto& mark) { return mark.first.second > choice.step; });

@@ -7,8 +7,10 @@
 // case), not everything since initialization; with a spare the losses
 // afterwards equal an uninterrupted run's bit for bit; without one the job
 // reshards in memory to a smaller world; two adjacent ranks lost at once fall
-// back to the last disk checkpoint.
+// back to the last disk checkpoint; a coordinator restarted right after such
+// a recovery re-adopts the ranks at the restored step.
 #include <cmath>
+#include <csignal>
 #include <map>
 #include <memory>
 #include <string>
@@ -129,6 +131,54 @@ TEST(PeerSnapshotRecoveryTest, TwoAdjacentRanksLostFallBackToTheCheckpoint) {
   EXPECT_FALSE(r.from_peer_snapshot()) << r.ShortDebugString();
   EXPECT_EQ(r.resumed_step() % 3, 0);
   EXPECT_THAT(r.checkpoint(), ::testing::StartsWith("step-"));
+}
+
+// The coordinator killed after an idle job recovered from peer snapshots,
+// before any other batch: the journal's last batch is that restore, which
+// moved the ranks back to the snapshot's step. The restarted coordinator
+// re-adopts them there, not at the step the job had failed at (it did, and
+// then trained steps the ranks never ran).
+TEST(PeerSnapshotRecoveryTest, ACoordinatorRestartedAfterARestoreFromMemoryReadoptsAtItsStep) {
+  const std::string dir = testing::MakeTempDir("peer-recovery-restart");
+  std::unique_ptr<LocalCluster> cluster = StartRecoveryCluster(3, dir);  // 2 ranks + 1 spare
+  ASSERT_NE(cluster, nullptr);
+  FlatshardClient client(cluster->address());
+  v1::JobSpec spec = SnapshottingJob(/*spare_wait_s=*/30, /*every_steps=*/0);
+  spec.set_world_size(2);
+  spec.mutable_checkpoints()->set_in_memory_every_steps(3);  // step 3's, then failed at step 4
+  CreateAndWaitReady(client, spec);
+  ASSERT_TRUE(client.Train(spec.name(), 4, 0, [](const v1::StepResult&) {}).ok());
+  const int victim = testing::WorkerIndexOfRank(*cluster, client, spec.name(), 1);
+  ASSERT_GE(victim, 0);
+  cluster->worker(victim).Signal(SIGKILL);
+  auto recovered =
+      client.WaitForState(spec.name(), {v1::READY}, absl::Seconds(120), {v1::RECOVERING});
+  ASSERT_TRUE(recovered.ok()) << recovered.status();
+  auto before = client.GetJob(spec.name());
+  ASSERT_TRUE(before.ok()) << before.status();
+  ASSERT_TRUE(before->last_recovery().from_peer_snapshot())
+      << before->last_recovery().ShortDebugString();
+  ASSERT_EQ(before->step(), 3);
+
+  ASSERT_TRUE(cluster->KillAndRestartCoordinator().ok());
+  FlatshardClient again(cluster->address());
+  std::string events;  // up to the first READY after the restart
+  (void)again.WatchEvents(spec.name(), [&](const v1::JobEvent& e) {
+    events += v1::JobState_Name(e.state()) + ": " + e.message() + "\n";
+    return e.state() != v1::READY && e.state() != v1::FAILED;
+  });
+  EXPECT_THAT(events, ::testing::HasSubstr("re-adopted 2 workers of epoch"));
+  auto after = again.GetJob(spec.name());
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->step(), 3) << events;
+  EXPECT_EQ(after->epoch(), before->epoch());
+  // And it trains on from there.
+  std::map<int64_t, double> losses;
+  ASSERT_TRUE(
+      again.Train(spec.name(), 2, 0, [&](const v1::StepResult& r) { losses[r.step()] = r.loss(); })
+          .ok());
+  EXPECT_EQ(losses.begin()->first, 4);
+  EXPECT_EQ(losses.rbegin()->first, 5);
 }
 
 }  // namespace

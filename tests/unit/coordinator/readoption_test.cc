@@ -78,6 +78,21 @@ TEST(ReadoptionTest, RanksBetweenAStepsMicroBatchesAreNotReadopted) {
   }
 }
 
+// A restore from peer snapshots that the job went on from: re-adopted at the
+// step it restored (journaled at it), not at the step the job had failed at.
+TEST(ReadoptionTest, ARestoreFromPeerSnapshotsIsReadoptedAtTheRestoredStep) {
+  BatchRecord restore;
+  restore.batch.set_job_epoch(3);
+  restore.batch.set_seq(20);
+  restore.batch.mutable_checkpoint()->mutable_restore_peer_snapshot()->set_step(10);
+  restore.step_after = 10;
+  restore.data_position_after = 40;
+  auto point = ReadoptionPointAt(Record(), restore, 20);
+  ASSERT_TRUE(point.ok()) << point.status();
+  EXPECT_EQ(point->step, 10);
+  EXPECT_EQ(point->data_position, 40);
+}
+
 TEST(ReadoptionTest, ALoadOrAnUnexplainedSeqIsRefused) {
   BatchRecord load;
   load.batch.set_job_epoch(3);
@@ -85,6 +100,17 @@ TEST(ReadoptionTest, ALoadOrAnUnexplainedSeqIsRefused) {
   load.batch.mutable_checkpoint()->mutable_load_shard()->set_apply(true);
   EXPECT_THAT(ReadoptionPointAt(Record(), load, 20).status().message(),
               HasSubstr("loaded a checkpoint"));
+  // A restore from peer snapshots whose ranks failed it: the recovery went
+  // on from initialization (the record's step 10 here), not from the step
+  // the restore was journaled at.
+  BatchRecord restore;
+  restore.batch.set_job_epoch(3);
+  restore.batch.set_seq(20);
+  restore.batch.mutable_checkpoint()->mutable_restore_peer_snapshot()->set_step(9);
+  restore.step_after = 9;
+  restore.data_position_after = 36;
+  EXPECT_THAT(ReadoptionPointAt(Record(), restore, 20).status().message(),
+              HasSubstr("restored peer snapshots, and the job did not go on from them"));
   EXPECT_THAT(ReadoptionPointAt(Record(), StepBatch(20, true, false), 17).status().message(),
               HasSubstr("another seq than the coordinator's last batch"));
 }
