@@ -111,6 +111,22 @@ std::shared_ptr<CommandSequencer> TrainingJob::sequencer() const {
 }
 
 absl::Status TrainingJob::RefuseOperationIn(v1::JobState state, const char* what) const {
+  if (state == v1::FORMING) {
+    bool formed_before = false;  // an epoch formed: this formation re-forms it
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      formed_before = !members_.empty();
+    }
+    // Re-forming (a recovery, or growing back at a checkpoint), through its
+    // Configure and restore: as transient as RECOVERING, and no worker for
+    // the caller to start.
+    if (formed_before) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot ", what, ": job '", config_.name,
+                       "' is FORMING a new epoch (re-forming after a failure, or growing "
+                       "back); try again when it is READY (flatshard job status)"));
+    }
+  }
   switch (state) {
     case v1::PENDING:
     case v1::FORMING:

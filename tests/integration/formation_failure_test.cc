@@ -333,6 +333,18 @@ TEST(FormationFailureTest, AWorkerShutDownDuringTheRestoreFailsOnlyThatTry) {
   ASSERT_NO_FATAL_FAILURE(
       StartARestoreThatHangsOnWorker2(testing::MakeTempDir("restore-shut-down"), h));
   FlatshardClient client(h.cluster->address());
+  // Meanwhile, the job FORMING its new epoch, an operation is refused as
+  // transient (the same call succeeds once READY), not as a job still
+  // waiting for workers to be started.
+  auto forming = client.GetJob(h.spec.name());
+  ASSERT_TRUE(forming.ok()) << forming.status();
+  EXPECT_EQ(forming->state(), v1::FORMING);
+  v1::SaveCheckpointRequest meanwhile;
+  meanwhile.set_job(h.spec.name());
+  meanwhile.set_name("meanwhile");
+  const absl::Status refused = client.SaveCheckpoint(meanwhile).status();
+  EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable) << refused;
+  EXPECT_THAT(std::string(refused.message()), HasSubstr("FORMING a new epoch"));
   h.cluster->worker(2).Signal(SIGTERM);
   auto ready = client.WaitForState(h.spec.name(), {v1::READY}, absl::Seconds(kRecoveryBoundS),
                                    {v1::RECOVERING});
