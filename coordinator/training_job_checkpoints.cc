@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <future>
+#include <memory>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -281,10 +282,13 @@ TrainingJob::SaveFuture TrainingJob::StartSave(const std::string& name, v1::Stat
     std::lock_guard<std::mutex> lock(mu_);
     generation = state_generation_;
   }
+  const std::shared_ptr<CommandSequencer> epoch = sequencer();
   absl::StatusOr<std::vector<v1::CommandResult>> results = RunCheckpointBatch(command);
   // An async save that a rank refused is still running on the other ranks
   // (they all joined the snapshot): the committer must collect them anyway.
-  const bool drain = async_save && !results.ok() && sequencer()->failure().ok();
+  // Not when the batch failed the epoch: a recovery has replaced it, and the
+  // new epoch's ranks hold no such save.
+  const bool drain = async_save && !results.ok() && sequencer() == epoch && epoch->failure().ok();
   if (!results.ok() && !drain) {
     catalog_.AbandonSave(name);
     return Ready(report(absl::Status(

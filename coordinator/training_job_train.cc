@@ -268,9 +268,12 @@ void TrainingJob::RunTraining(const std::shared_ptr<TrainingRun>& run) {
     return;
   }
   // A coordinator shutting down has detached the store: the operation stays
-  // there, and the next start resumes it.
+  // there, and the next start resumes it. A run refused before it started
+  // (the job RECOVERING after a coordinator restart) stored nothing, and the
+  // stored operation it would clear is the one that restart resumes.
+  bool started = false;
   const auto end = [&](const absl::Status& status, const std::string& outcome) {
-    SaveOperation(std::nullopt);
+    if (started) SaveOperation(std::nullopt);
     run->MarkEnded(status, outcome);
   };
   const absl::Status status = Train(
@@ -281,6 +284,7 @@ void TrainingJob::RunTraining(const std::shared_ptr<TrainingRun>& run) {
       },
       [&] {
         SaveOperation(op);
+        started = true;
         run->MarkStarted();
       },
       end);
