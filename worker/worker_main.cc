@@ -274,6 +274,9 @@ int Run(const WorkerFlags& f) {
   service.set_batch_end_observer([&heartbeat] { heartbeat.BatchEnded(); });
   absl::StatusOr<int> rank = heartbeat.Register(absl::Seconds(f.connect_timeout_s));
   if (!rank.ok()) {
+    // The server already serves, and `heartbeat` goes before it: a batch
+    // ending meanwhile must not reach it.
+    service.set_batch_end_observer(nullptr);
     std::cerr << "flatshard-worker: cannot register with the coordinator at " << f.coordinator
               << ": " << rank.status().message() << "\n";
     return 1;

@@ -115,14 +115,21 @@ absl::Status HeartbeatLoop::Beat() {
 
 void HeartbeatLoop::Run() {
   int failures = 0;
-  absl::Time last_answer = absl::Now();
+  // The coordinator's silence is timed on the monotonic clock, as the abort
+  // watchdog's grace is: a wall-clock step (NTP) must neither abort a healthy
+  // batch nor hold off a real one.
+  using Clock = std::chrono::steady_clock;
+  const auto silent_for = [](Clock::time_point since) {
+    return absl::FromChrono(Clock::now() - since);
+  };
+  Clock::time_point last_answer = Clock::now();
   std::unique_lock<std::mutex> lock(mu_);
   while (!stop_) {
     lock.unlock();
     const absl::Status status = Beat();
     if (status.ok()) {
-      last_answer = absl::Now();
-    } else if (absl::Now() - last_answer > coordinator_timeout_) {
+      last_answer = Clock::now();
+    } else if (silent_for(last_answer) > coordinator_timeout_) {
       // The coordinator is gone; with a batch in flight, it may have reached
       // only some ranks, whose collectives would wait for the others until
       // the collective timeout. Abort it; a restarted coordinator then finds
@@ -133,7 +140,7 @@ void HeartbeatLoop::Run() {
                          absl::FormatDuration(coordinator_timeout_), " with a batch in flight"),
             now.job_epoch, /*only_while_running=*/true);
         spdlog::warn("aborting the batch in flight: the coordinator has not answered for {}",
-                     absl::FormatDuration(absl::Now() - last_answer));
+                     absl::FormatDuration(silent_for(last_answer)));
       }
     }
     lock.lock();

@@ -148,7 +148,7 @@ void WorkerServiceImpl::AbortJob(const std::string& reason, uint64_t epoch) {
   job->saves.Abort(reason);
 }
 
-grpc::Status WorkerServiceImpl::Configure(grpc::ServerContext* /*context*/,
+grpc::Status WorkerServiceImpl::Configure(grpc::ServerContext* context,
                                           const v1::ConfigureRequest* request,
                                           v1::ConfigureResponse* /*response*/) {
   const absl::Status status = [&]() -> absl::Status {
@@ -175,11 +175,21 @@ grpc::Status WorkerServiceImpl::Configure(grpc::ServerContext* /*context*/,
     RETURN_IF_ERROR(CheckUnitsAgree(units, request->units()));
     job->rank = request->rank();
     job->epoch = request->job_epoch();
+    // A call its caller gave up on (a formation abandoned for a failed rank,
+    // a configure timeout) must not tear down what runs now: it may be a
+    // newer epoch, configured while this call was queued or in transit.
+    const auto abandoned = [&]() -> absl::Status {
+      if (context == nullptr || !context->IsCancelled()) return absl::OkStatus();
+      return absl::CancelledError(absl::StrCat("configure for epoch ", job->epoch,
+                                               ": the caller gave up on it before it began"));
+    };
+    RETURN_IF_ERROR(abandoned());
 
     // A previous epoch may be blocked in a collective: fail it so its batch
     // returns and releases run_mu_.
     AbortJob(absl::StrCat("re-configured for epoch ", job->epoch));
     std::lock_guard<std::mutex> run(run_mu_);
+    RETURN_IF_ERROR(abandoned());  // gave up while this waited for the batch to let go
     // The old epoch's snapshot exchange (aborted with it) ends before its
     // runtime goes; the snapshots it holds stay, for a restore in this epoch.
     peer_snapshots_.Quiesce();
