@@ -15,8 +15,9 @@ namespace {
 int Run(int argc, char** argv) {
   CLI::App app{"flatshard: fully sharded data parallel training as a service"};
   app.footer(
-      "Start with `flatshard up` (a local cluster), then `flatshard job create -f "
-      "examples/mlp-job.yaml` and `flatshard train -j mlp-demo --steps 50`.\n"
+      "Start with `flatshard up --listen 127.0.0.1:7070` (a local cluster; without --listen it "
+      "takes a free port and prints it), then `flatshard job create -f examples/mlp-job.yaml` "
+      "and `flatshard train -j mlp-demo --steps 50`.\n"
       "Exit codes: 0 done; 1 the operation failed on the cluster; 2 the request was refused "
       "(the message says what to change); 3 no coordinator answered.");
   app.require_subcommand(1);

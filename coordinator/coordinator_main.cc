@@ -255,7 +255,9 @@ int Main(int argc, char** argv) {
   app.add_option("--max-workers", f.max_workers,
                  "Worker daemons that may register (membership ranks 0 to N-1); more are refused")
       ->capture_default_str();
-  app.add_option("--batch-timeout", f.batch_timeout_s, "Seconds one step may take end to end")
+  app.add_option(
+         "--batch-timeout", f.batch_timeout_s,
+         "Seconds one batch (a step, a checkpoint save or load, a restore) may take end to end")
       ->capture_default_str();
   app.add_option("--checkpoint-root", f.checkpoint_root,
                  "Directory holding <job>/<checkpoint>/ (the workers' --checkpoint-dir, "

@@ -2,13 +2,14 @@
 // cluster (a coordinator and 5 worker processes: 4 ranks and a spare) trains
 // the demo job while faults are injected at random points, one per round:
 // SIGKILL of a rank's worker mid-step or right after a scheduled checkpoint
-// began, SIGSTOP of a rank's worker, and SIGKILL of the coordinator (then
-// started again on its state dir). Every round must end with the training at
+// began, SIGSTOP of a rank's worker, SIGKILL of the coordinator (then started
+// again on its state dir), and SIGKILL of a rank and then of the spare that
+// replaces it while the job recovers. Every round must end with the training at
 // its target step; afterwards every committed checkpoint must verify and no
 // partial one may be left. It prints, per fault kind, what it measured: time to
 // resume and steps lost.
 //
-// Rounds and seed: FLATSHARD_FAULT_ROUNDS (default 4, one of each kind) and
+// Rounds and seed: FLATSHARD_FAULT_ROUNDS (default 5, one of each kind) and
 // FLATSHARD_FAULT_SEED (default 1); scripts/fault-suite.sh runs the long one.
 // FLATSHARD_FAULT_REPORT names a file the summary is also written to. Every
 // wait is bounded.
