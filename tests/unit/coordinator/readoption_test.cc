@@ -32,6 +32,18 @@ BatchRecord StepBatch(uint64_t seq, bool sync, bool mid_step_before) {
   return last;
 }
 
+// A restore from peer snapshots of epoch 3 at seq 20, journaled at the step
+// it moves the ranks to.
+BatchRecord RestoreBatch(int64_t step, int64_t data_position) {
+  BatchRecord last;
+  last.batch.set_job_epoch(3);
+  last.batch.set_seq(20);
+  last.batch.mutable_checkpoint()->mutable_restore_peer_snapshot()->set_step(step);
+  last.step_after = step;
+  last.data_position_after = data_position;
+  return last;
+}
+
 TEST(ReadoptionTest, WithoutAJournaledBatchTheRecordIsWhereTheRanksAre) {
   auto point = ReadoptionPointAt(Record(), std::nullopt, 7);
   ASSERT_TRUE(point.ok()) << point.status();
@@ -81,13 +93,7 @@ TEST(ReadoptionTest, RanksBetweenAStepsMicroBatchesAreNotReadopted) {
 // A restore from peer snapshots that the job went on from: re-adopted at the
 // step it restored (journaled at it), not at the step the job had failed at.
 TEST(ReadoptionTest, ARestoreFromPeerSnapshotsIsReadoptedAtTheRestoredStep) {
-  BatchRecord restore;
-  restore.batch.set_job_epoch(3);
-  restore.batch.set_seq(20);
-  restore.batch.mutable_checkpoint()->mutable_restore_peer_snapshot()->set_step(10);
-  restore.step_after = 10;
-  restore.data_position_after = 40;
-  auto point = ReadoptionPointAt(Record(), restore, 20);
+  auto point = ReadoptionPointAt(Record(), RestoreBatch(10, 40), 20);
   ASSERT_TRUE(point.ok()) << point.status();
   EXPECT_EQ(point->step, 10);
   EXPECT_EQ(point->data_position, 40);
@@ -103,13 +109,7 @@ TEST(ReadoptionTest, ALoadOrAnUnexplainedSeqIsRefused) {
   // A restore from peer snapshots whose ranks failed it: the recovery went
   // on from initialization (the record's step 10 here), not from the step
   // the restore was journaled at.
-  BatchRecord restore;
-  restore.batch.set_job_epoch(3);
-  restore.batch.set_seq(20);
-  restore.batch.mutable_checkpoint()->mutable_restore_peer_snapshot()->set_step(9);
-  restore.step_after = 9;
-  restore.data_position_after = 36;
-  EXPECT_THAT(ReadoptionPointAt(Record(), restore, 20).status().message(),
+  EXPECT_THAT(ReadoptionPointAt(Record(), RestoreBatch(9, 36), 20).status().message(),
               HasSubstr("restored peer snapshots, and the job did not go on from them"));
   EXPECT_THAT(ReadoptionPointAt(Record(), StepBatch(20, true, false), 17).status().message(),
               HasSubstr("another seq than the coordinator's last batch"));
