@@ -18,8 +18,11 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/time/clock.h"
+
 #include "client/flatshard_client.h"
 #include "client/local_cluster.h"
+#include "coordinator/grpc_worker_client.h"
 #include "core/job_spec_yaml.h"
 #include "storage/spec_files.h"
 #include "tests/integration/multiprocess.h"
@@ -148,8 +151,26 @@ TEST(PeerSnapshotRecoveryTest, ACoordinatorRestartedAfterARestoreFromMemoryReado
   spec.mutable_checkpoints()->set_in_memory_every_steps(3);  // step 3's, then failed at step 4
   CreateAndWaitReady(client, spec);
   ASSERT_TRUE(client.Train(spec.name(), 4, 0, [](const v1::StepResult&) {}).ok());
+  const int survivor = testing::WorkerIndexOfRank(*cluster, client, spec.name(), 0);
   const int victim = testing::WorkerIndexOfRank(*cluster, client, spec.name(), 1);
+  ASSERT_GE(survivor, 0);
   ASSERT_GE(victim, 0);
+  // Step 3's copies are exchanged in the background, during step 4 and
+  // after it: the kill waits until rank 0 holds rank 1's (bounded polls).
+  GrpcWorkerClient rank0(cluster->worker_addresses()[static_cast<size_t>(survivor)], nullptr,
+                         cluster->command_token());
+  const auto holds_rank1_copy = [&] {
+    auto status = rank0.GetStatus(absl::Now() + absl::Seconds(2));
+    if (!status.ok()) return false;
+    for (const v1::PeerSnapshotHeld& held : status->peer_snapshots()) {
+      if (held.step() == 3 && held.rank() == 1 && !held.own()) return true;
+    }
+    return false;
+  };
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  bool held = holds_rank1_copy();
+  while (!held && absl::Now() < deadline) held = holds_rank1_copy();
+  ASSERT_TRUE(held) << "rank 0 never held rank 1's copy of step 3";
   cluster->worker(victim).Signal(SIGKILL);
   auto recovered =
       client.WaitForState(spec.name(), {v1::READY}, absl::Seconds(120), {v1::RECOVERING});
