@@ -111,25 +111,23 @@ std::shared_ptr<CommandSequencer> TrainingJob::sequencer() const {
 }
 
 absl::Status TrainingJob::RefuseOperationIn(v1::JobState state, const char* what) const {
-  if (state == v1::FORMING) {
-    bool formed_before = false;  // an epoch formed: this formation re-forms it
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      formed_before = !members_.empty();
-    }
-    // Re-forming (a recovery, or growing back at a checkpoint), through its
-    // Configure and restore: as transient as RECOVERING, and no worker for
-    // the caller to start.
-    if (formed_before) {
-      return absl::UnavailableError(
-          absl::StrCat("cannot ", what, ": job '", config_.name,
-                       "' is FORMING a new epoch (re-forming after a failure, or growing "
-                       "back); try again when it is READY (flatshard job status)"));
-    }
-  }
+  const auto formed_before = [this] {
+    std::lock_guard<std::mutex> lock(mu_);
+    return !members_.empty();  // set by the first formation that succeeded
+  };
   switch (state) {
-    case v1::PENDING:
     case v1::FORMING:
+      // Re-forming (a recovery, or growing back at a checkpoint), through its
+      // Configure and restore, once an epoch has formed: as transient as
+      // RECOVERING, and no worker for the caller to start.
+      if (formed_before()) {
+        return absl::UnavailableError(
+            absl::StrCat("cannot ", what, ": job '", config_.name,
+                         "' is FORMING a new epoch (re-forming after a failure, or growing "
+                         "back); try again when it is READY (flatshard job status)"));
+      }
+      [[fallthrough]];
+    case v1::PENDING:
       return absl::FailedPreconditionError(
           absl::StrCat("cannot ", what, ": job '", config_.name, "' is ", v1::JobState_Name(state),
                        " (waiting for ", config_.world_size,

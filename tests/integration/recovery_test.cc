@@ -382,7 +382,6 @@ TEST(RecoveryTest, ASurvivorRestartedDuringTheWaitTakesItsSeatBackAndCountsAsFai
   ASSERT_TRUE(ready.ok()) << ready.status();
   auto job = client.GetJob(spec.name());
   ASSERT_TRUE(job.ok()) << job.status();
-  ASSERT_EQ(job->state(), v1::READY) << job->failure();
   EXPECT_EQ(job->restarts(), 1) << "the stale survivor was seated";
   EXPECT_EQ(job->world_size(), 2);
   const v1::Recovery& r = job->last_recovery();
