@@ -1,5 +1,8 @@
 #include "coordinator/kv_store.h"
 
+#include <algorithm>
+#include <chrono>
+
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -81,7 +84,8 @@ absl::StatusOr<std::string> KvStore::Get(const std::string& key) const {
   return it->second;
 }
 
-absl::Status KvStore::Wait(const std::vector<std::string>& keys, absl::Duration timeout) const {
+absl::Status KvStore::Wait(const std::vector<std::string>& keys, absl::Duration timeout,
+                           const std::function<bool()>& gave_up) const {
   for (const std::string& key : keys) {
     if (absl::Status s = CheckKey(key); !s.ok()) return s;
   }
@@ -94,13 +98,27 @@ absl::Status KvStore::Wait(const std::vector<std::string>& keys, absl::Duration 
     return out;
   };
   absl::Status abandoned;
-  const bool done = changed_.wait_for(lock, absl::ToChronoNanoseconds(timeout), [&] {
+  const auto ready = [&] {
     for (const std::string& key : keys) {
       abandoned = CheckNotAbandonedLocked(key);
       if (!abandoned.ok()) return true;
     }
     return missing().empty();
-  });
+  };
+  const auto deadline = std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(timeout);
+  const auto check = absl::ToChronoNanoseconds(kGaveUpCheck);
+  bool done = false;
+  ++waiting_;
+  for (;;) {
+    const auto now = std::chrono::steady_clock::now();
+    done = changed_.wait_until(lock, gave_up ? std::min(deadline, now + check) : deadline, ready);
+    if (done || std::chrono::steady_clock::now() >= deadline) break;
+    if (gave_up && gave_up()) {
+      --waiting_;
+      return absl::CancelledError("the caller gave up on the wait");
+    }
+  }
+  --waiting_;
   if (!abandoned.ok()) return abandoned;
   if (done) return absl::OkStatus();
   return absl::DeadlineExceededError(absl::StrCat("timed out after ", absl::FormatDuration(timeout),
@@ -157,6 +175,11 @@ void KvStore::Abandon(const std::string& prefix, const std::string& reason) {
 size_t KvStore::size() const {
   std::lock_guard<std::mutex> lock(mu_);
   return values_.size();
+}
+
+size_t KvStore::waiting() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return waiting_;
 }
 
 }  // namespace flatshard

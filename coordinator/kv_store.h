@@ -9,6 +9,7 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -40,7 +41,13 @@ class KvStore {
   // NOT_FOUND when absent (no waiting: use Wait first).
   absl::StatusOr<std::string> Get(const std::string& key) const;
   // DEADLINE_EXCEEDED naming the missing keys when they are not all set in time.
-  absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout) const;
+  // `gave_up` (when set) is asked every kGaveUpCheck while it waits: the
+  // caller of a StoreWait that cancelled (a worker aborted in its rendezvous)
+  // frees its server thread then, CANCELLED, not at the timeout. gRPC's
+  // synchronous API tells a handler of cancellation only when asked.
+  static constexpr absl::Duration kGaveUpCheck = absl::Milliseconds(100);
+  absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout,
+                    const std::function<bool()>& gave_up = nullptr) const;
   // Adds to the decimal integer at `key` (0 when unset); INVALID_ARGUMENT when the
   // key holds something else.
   absl::StatusOr<int64_t> Add(const std::string& key, int64_t delta);
@@ -52,6 +59,9 @@ class KvStore {
   // naming `reason`, and waits on such keys return so at once.
   void Abandon(const std::string& prefix, const std::string& reason);
   size_t size() const;
+  // How many Wait calls are blocked now: a rendezvous in progress (and how a
+  // test knows a client's wait has reached the server).
+  size_t waiting() const;
 
  private:
   struct Usage {
@@ -71,6 +81,7 @@ class KvStore {
   mutable std::condition_variable changed_;
   std::map<std::string, std::string> values_;
   std::map<std::string, std::string> abandoned_;  // prefix -> why; a few per job
+  mutable size_t waiting_ = 0;
 };
 
 }  // namespace flatshard

@@ -292,7 +292,7 @@ int Run(const WorkerFlags& f) {
   spdlog::info("flatshard-worker {}: {} received, shutting down", worker_id, strsignal(signal));
   heartbeat.Stop();
   service.set_batch_end_observer(nullptr);  // batches still ending must not reach it
-  service.AbortJob("worker shutting down");
+  service.Shutdown("worker shutting down");
   metrics_server.reset();
   (*server)->Shutdown();
   return 0;

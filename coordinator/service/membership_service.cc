@@ -130,7 +130,7 @@ grpc::Status MembershipService::StoreWait(grpc::ServerContext* context,
         "store_wait.keys has ", request->keys().size(), " keys; the limit is ", kMaxWaitKeys)));
   }
   const std::vector<std::string> keys(request->keys().begin(), request->keys().end());
-  return ToGrpcStatus(store_->Wait(keys, timeout));
+  return ToGrpcStatus(store_->Wait(keys, timeout, [context] { return context->IsCancelled(); }));
 }
 
 grpc::Status MembershipService::StoreAdd(grpc::ServerContext* context,

@@ -4,6 +4,8 @@
 // keeps serving.
 #include "coordinator/service/membership_service.h"
 
+#include <thread>
+
 #include <grpcpp/create_channel.h>
 #include <grpcpp/security/credentials.h>
 #include <gtest/gtest.h>
@@ -152,6 +154,58 @@ TEST(MembershipServiceTest, WorkersRegisterAndRendezvousThroughTheCoordinator) {
   ASSERT_TRUE(client.Set("after/errors", "still serving").ok());
   EXPECT_EQ(*client.Get("after/errors", absl::Seconds(5)), "still serving");
   EXPECT_EQ(*client.Add("after/count", 3), 3);
+}
+
+// A worker told to abort while it waits in a rendezvous (a job that failed,
+// a daemon shutting down) must not wait out the collective timeout: the wait
+// in flight at the coordinator is cancelled, and every later call refused.
+TEST(MembershipServiceTest, AnAbortedGrpcStoreLetsGoOfItsWaitAtOnceAndRefusesLaterCalls) {
+  Coordinator coordinator;
+  auto server = GrpcServer::Start("127.0.0.1:0", {&coordinator.service});
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto channel = grpc::CreateChannel((*server)->address(), grpc::InsecureChannelCredentials());
+  auto credentials = std::make_shared<WorkerCallCredentials>("");
+  {
+    grpc::ClientContext context;
+    v1::RegisterRequest request;
+    request.set_worker_id("waiter");
+    request.set_address("127.0.0.1:1");
+    request.set_requested_rank(-1);
+    v1::RegisterResponse response;
+    ASSERT_TRUE(v1::Membership::NewStub(channel)->Register(&context, request, &response).ok());
+    credentials->set_session(response.session());
+  }
+  GrpcStore store(channel, credentials);
+  ASSERT_TRUE(store.Set("job/x/1/rank0", "here").ok());
+
+  absl::Status waited;
+  absl::Time returned;
+  std::thread waiter([&] {
+    waited = store.Wait({"job/x/1/rank0", "job/x/1/rank1"}, absl::Seconds(300));
+    returned = absl::Now();
+  });
+  // Bounded: the wait reaches the coordinator's store within a few seconds.
+  const absl::Time started = absl::Now();
+  while (coordinator.store.waiting() == 0 && absl::Now() - started < absl::Seconds(30)) {
+  }
+  ASSERT_EQ(coordinator.store.waiting(), 1u) << "the wait never reached the coordinator";
+  const absl::Time aborted = absl::Now();
+  store.Abort("the job failed: rank 1 missed heartbeats");
+  waiter.join();
+  EXPECT_EQ(waited.code(), absl::StatusCode::kAborted) << waited;
+  EXPECT_EQ(waited.message(), "rendezvous store aborted: the job failed: rank 1 missed heartbeats");
+  EXPECT_LT(returned - aborted, absl::Seconds(10));  // not the 300 s the wait asked for
+
+  // Every later call is refused without reaching the coordinator.
+  const size_t keys = coordinator.store.size();
+  EXPECT_EQ(store.Set("job/x/1/rank1", "late").code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(store.Get("job/x/1/rank0", absl::Seconds(1)).status().code(),
+            absl::StatusCode::kAborted);
+  EXPECT_EQ(store.Add("job/x/1/count", 1).status().code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(coordinator.store.size(), keys);
+  // Another store of the same worker (the next epoch's) is not affected.
+  GrpcStore next(channel, credentials);
+  EXPECT_EQ(*next.Get("job/x/1/rank0", absl::Seconds(5)), "here");
 }
 
 }  // namespace

@@ -5,6 +5,9 @@
 #define FLATSHARD_WORKER_COMM_GRPC_STORE_H_
 
 #include <memory>
+#include <mutex>
+#include <optional>
+#include <set>
 #include <string>
 
 #include <grpcpp/channel.h>
@@ -28,12 +31,21 @@ class GrpcStore : public Store {
   absl::StatusOr<std::string> Get(const std::string& key, absl::Duration timeout) override;
   absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout) override;
   absl::StatusOr<int64_t> Add(const std::string& key, int64_t delta) override;
+  // Cancels the calls in flight (a StoreWait waits server-side) and refuses
+  // later ones.
+  void Abort(const std::string& reason) override;
 
  private:
-  void Prepare(grpc::ClientContext& context, absl::Duration deadline) const;
+  // One call: its context is registered so Abort can cancel it, and a call
+  // the abort cancelled reports the abort.
+  template <typename Fn>
+  absl::Status Call(absl::Duration deadline, Fn&& rpc);
 
   std::unique_ptr<v1::Membership::Stub> stub_;
   std::shared_ptr<const WorkerCallCredentials> credentials_;
+  std::mutex mu_;
+  std::optional<std::string> aborted_;    // guarded by mu_
+  std::set<grpc::ClientContext*> calls_;  // guarded by mu_
 };
 
 }  // namespace flatshard

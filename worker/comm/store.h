@@ -34,6 +34,13 @@ class Store {
   // Atomically adds `delta` to the integer stored at `key` (0 when unset) and
   // returns the new value.
   virtual absl::StatusOr<int64_t> Add(const std::string& key, int64_t delta) = 0;
+
+  // Fails the waits in progress, and every later call, with ABORTED naming
+  // `reason`: a worker told to abort while it is in a rendezvous lets go of it
+  // at once rather than at its timeout (a daemon shutting down waits for its
+  // Configure). A store that cannot interrupt a wait keeps this default, and
+  // its waits run to their timeouts.
+  virtual void Abort(const std::string& reason) { (void)reason; }
 };
 
 // Keys of `inner` under "<prefix>/": each job epoch and process group gets its
@@ -53,6 +60,7 @@ class PrefixStore : public Store {
   absl::StatusOr<int64_t> Add(const std::string& key, int64_t delta) override {
     return inner_->Add(Key(key), delta);
   }
+  void Abort(const std::string& reason) override { inner_->Abort(reason); }
 
  private:
   std::string Key(const std::string& key) const { return prefix_ + "/" + key; }

@@ -51,7 +51,7 @@ WorkerServiceImpl::WorkerServiceImpl(WorkerServiceOptions options)
   status_.state = "idle";
 }
 
-WorkerServiceImpl::~WorkerServiceImpl() { AbortJob("worker shutting down"); }
+WorkerServiceImpl::~WorkerServiceImpl() { Shutdown("worker shutting down"); }
 
 std::shared_ptr<WorkerServiceImpl::ActiveJob> WorkerServiceImpl::CurrentJob() const {
   std::lock_guard<std::mutex> lock(state_mu_);
@@ -133,19 +133,36 @@ WorkerSnapshot WorkerServiceImpl::Snapshot() const {
 
 void WorkerServiceImpl::AbortJob(const std::string& reason, uint64_t epoch) {
   std::shared_ptr<ActiveJob> job;
+  std::shared_ptr<Store> rendezvous;
   {
     std::lock_guard<std::mutex> lock(state_mu_);
     // The batch in flight must return now; if it does not (it is blocked
     // somewhere an abort cannot reach), the watchdog ends the worker.
     batch_.Aborted(reason, epoch);
+    if (status_.state == "aborted") return;
+    // While a Configure builds, job_ is empty and status_ names the epoch it
+    // builds (as it names job_'s otherwise); the abort is recorded there, and
+    // the Configure installs nothing.
     job = job_;
-    if (job == nullptr || status_.state == "aborted") return;
-    if (epoch != 0 && job->epoch > epoch) return;
+    rendezvous = rendezvous_;
+    if (job == nullptr && rendezvous == nullptr) return;
+    if (epoch != 0 && status_.job_epoch > epoch) return;
     status_.state = "aborted";
     status_.abort_reason = reason;
   }
-  job->runtime->Abort(reason);
-  job->saves.Abort(reason);
+  if (rendezvous != nullptr) rendezvous->Abort(reason);
+  if (job != nullptr) {
+    job->runtime->Abort(reason);
+    job->saves.Abort(reason);
+  }
+}
+
+void WorkerServiceImpl::Shutdown(const std::string& reason) {
+  {
+    std::lock_guard<std::mutex> lock(state_mu_);
+    shutting_down_ = true;
+  }
+  AbortJob(reason);
 }
 
 grpc::Status WorkerServiceImpl::Configure(grpc::ServerContext* context,
@@ -194,10 +211,18 @@ grpc::Status WorkerServiceImpl::Configure(grpc::ServerContext* context,
     // runtime goes; the snapshots it holds stay, for a restore in this epoch.
     peer_snapshots_.Quiesce();
     peer_snapshots_.Configuring(job->config.name, job->epoch);
+    std::shared_ptr<Store> store = options_.store_for_prefix(request->store_prefix());
     std::shared_ptr<ActiveJob> old;
     {
       std::lock_guard<std::mutex> lock(state_mu_);
+      // Checked where an abort would find the configuration: a shutdown
+      // after this point aborts its rendezvous.
+      if (shutting_down_) {
+        return absl::UnavailableError(
+            absl::StrCat("configure for epoch ", job->epoch, ": this worker is shutting down"));
+      }
       old = std::move(job_);
+      rendezvous_ = store;
       retiring_ = old;
       status_ = WorkerStatus{job->rank, job->epoch, 0, "configuring", "", absl::ZeroDuration()};
     }
@@ -232,12 +257,19 @@ grpc::Status WorkerServiceImpl::Configure(grpc::ServerContext* context,
       }
       ASSIGN_OR_RETURN(job->runtime,
                        FsdpRuntime::Create(job->config.model, job->config.wrap_policy, runtime,
-                                           job->rank, job->config.world_size,
-                                           options_.store_for_prefix(request->store_prefix())));
+                                           job->rank, job->config.world_size, store));
       job->executor = std::make_unique<BatchExecutor>(job->runtime.get(), job->epoch);
       return absl::OkStatus();
     }();
+    // Unlocked before `job` goes: a runtime built for an aborted epoch closes
+    // its Gloo pairs as it is destroyed.
     std::lock_guard<std::mutex> lock(state_mu_);
+    rendezvous_.reset();
+    if (status_.state == "aborted") {
+      return absl::AbortedError(absl::StrCat(
+          "configure for epoch ", job->epoch, " was aborted while it built (", status_.abort_reason,
+          ")", built.ok() ? "" : absl::StrCat(": ", built.message())));
+    }
     if (!built.ok()) {
       status_.state = "failed";
       return built;

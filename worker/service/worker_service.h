@@ -103,7 +103,12 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
   // wait for a write that may never return). With
   // `epoch` set, only a job of that epoch or older: an abort decided against
   // one epoch and carried out after a Configure leaves the newer one alone.
+  // A Configure building its runtime meanwhile is aborted too: its
+  // rendezvous fails at once and it installs nothing.
   void AbortJob(const std::string& reason, uint64_t epoch = 0);
+  // Aborts as AbortJob does, and refuses every later Configure: the daemon is
+  // stopping, and its server waits for the calls it serves.
+  void Shutdown(const std::string& reason);
   WorkerStatus Status() const;
   WorkerSnapshot Snapshot() const;
   // Called (outside the service's locks) after every batch ends: the
@@ -146,13 +151,19 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
   // One batch (or configuration) at a time: a worker's runtime is single-use
   // per step, and ordering is the executor's job.
   std::mutex run_mu_;
-  mutable std::mutex state_mu_;  // guards job_, retiring_, status_, batch_, batch_end_observer_
+  // Guards job_, retiring_, rendezvous_, shutting_down_, status_, batch_ and
+  // batch_end_observer_.
+  mutable std::mutex state_mu_;
   std::function<void()> batch_end_observer_;
   std::shared_ptr<ActiveJob> job_;
   // The job a Configure replaces, while it waits for the job's aborted
   // background writes: GetStatus reports them draining, so a recovery's
   // probe meanwhile waits for the watchdog's verdict too.
   std::shared_ptr<ActiveJob> retiring_;
+  // The store of the epoch a Configure builds, so an abort reaches its
+  // rendezvous; null between configurations.
+  std::shared_ptr<Store> rendezvous_;
+  bool shutting_down_ = false;
   // After job_: destroyed first, it waits for an exchange that still uses
   // the job's (by then aborted) snapshot communicator.
   PeerSnapshotStore peer_snapshots_;

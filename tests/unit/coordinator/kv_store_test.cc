@@ -2,6 +2,7 @@
 // and an abandoned prefix releasing the ranks that wait in it.
 #include "coordinator/kv_store.h"
 
+#include <atomic>
 #include <limits>
 #include <thread>
 
@@ -68,6 +69,35 @@ TEST(KvStoreTest, KeysAndBytesPerJobAreLimited) {
   EXPECT_EQ(store.Add("job/b/k3", std::numeric_limits<int64_t>::max()).value_or(0),
             std::numeric_limits<int64_t>::max());
   EXPECT_EQ(store.Add("job/b/k3", 1).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(KvStoreTest, AWaitWhoseCallerGaveUpReturnsWithinACheckAndIsCounted) {
+  KvStore store;
+  std::atomic<bool> gave_up{false};
+  absl::Status waited;
+  std::thread waiter([&] {
+    waited = store.Wait({"job/a/epoch/1/rank1"}, absl::Hours(1), [&] { return gave_up.load(); });
+  });
+  const absl::Time started = absl::Now();
+  while (store.waiting() == 0 && absl::Now() - started < absl::Seconds(30)) {
+  }
+  ASSERT_EQ(store.waiting(), 1u);
+  const absl::Time given_up = absl::Now();
+  gave_up = true;
+  waiter.join();
+  EXPECT_EQ(waited.code(), absl::StatusCode::kCancelled) << waited;
+  EXPECT_LT(absl::Now() - given_up, absl::Seconds(5));  // a check is 100 ms, not the hour
+  EXPECT_EQ(store.waiting(), 0u);
+  // A caller still there keeps waiting past many checks, and gets its keys.
+  std::thread setter([&] {
+    // Outlasts a few checks of the waiter below without a sleep: it waits
+    // for a key nobody sets, and times out.
+    EXPECT_EQ(store.Wait({"never"}, KvStore::kGaveUpCheck * 5).code(),
+              absl::StatusCode::kDeadlineExceeded);
+    EXPECT_TRUE(store.Set("job/a/epoch/1/rank1", "addr").ok());
+  });
+  EXPECT_TRUE(store.Wait({"job/a/epoch/1/rank1"}, absl::Seconds(30), [] { return false; }).ok());
+  setter.join();
 }
 
 TEST(KvStoreTest, AnAbandonedPrefixReleasesItsWaitersAndRefusesItsKeys) {

@@ -1,0 +1,165 @@
+// An abort that reaches a worker while its Configure builds the epoch's
+// runtime: the coordinator's Abort of that epoch, or the daemon's own
+// shutdown (SIGTERM). The Configure lets go of its rendezvous at once, rather
+// than at the collective timeout, and installs nothing: the worker reports
+// the epoch aborted, not ready, and a daemon told to stop exits promptly.
+// Real daemons (LocalCluster), driven here as the coordinator drives them.
+#include <csignal>
+#include <iostream>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+#include "client/flatshard_client.h"
+#include "client/local_cluster.h"
+#include "coordinator/grpc_worker_client.h"
+#include "tests/integration/mlp_cluster.h"
+#include "tests/integration/recovery_harness.h"
+
+namespace flatshard {
+namespace {
+
+using ::testing::AnyOf;
+using ::testing::HasSubstr;
+
+// Long enough that a rendezvous left to its timeout fails every bound below.
+constexpr double kCollectiveTimeoutS = 300;
+constexpr uint64_t kEpoch = 7;
+
+class ConfigureAbortTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<testing::MlpCluster> started =
+        testing::StartMlpCluster("configure-abort", 2, [](LocalClusterOptions& options, auto&) {
+          options.collective_timeout_s = kCollectiveTimeoutS;
+        });
+    ASSERT_TRUE(started.ok()) << started.status();
+    cluster_ = std::move(started->cluster);
+    client_ = std::move(started->client);
+    spec_ = started->spec;
+    // The job's units, as the coordinator cut them; then the job goes, so the
+    // coordinator leaves the workers to this test.
+    absl::StatusOr<v1::Job> job = client_->GetJob(spec_.name());
+    ASSERT_TRUE(job.ok()) << job.status();
+    job_ = *job;
+    ASSERT_TRUE(client_->DeleteJob(spec_.name()).ok());
+    rank0_ = std::make_unique<GrpcWorkerClient>(cluster_->worker_addresses()[0], nullptr,
+                                                cluster_->command_token());
+  }
+  void TearDown() override {
+    if (configuring_.joinable()) {
+      // A test that failed early leaves the Configure waiting: end it now.
+      rank0_->Abort(0, "the test ends", absl::Now() + absl::Seconds(10)).IgnoreError();
+      configuring_.join();
+    }
+    if (cluster_ != nullptr) {
+      EXPECT_TRUE(cluster_->Stop());
+    }
+  }
+
+  // Starts rank 0 alone into epoch kEpoch: its rendezvous waits for a rank 1
+  // nobody configures. Returns once the worker says it is configuring.
+  void StartConfiguringRank0Alone() {
+    v1::ConfigureRequest request;
+    request.set_job(spec_.name());
+    request.set_job_epoch(kEpoch);
+    request.set_rank(0);
+    request.set_world_size(2);
+    *request.mutable_spec() = job_.spec();
+    *request.mutable_units() = job_.units();
+    request.set_store_prefix("test/configure-abort");
+    configuring_ = std::thread([this, request] {
+      configured_ = rank0_->Configure(request, absl::Now() + absl::Seconds(120));
+      returned_ = absl::Now();
+    });
+    const absl::Time started = absl::Now();
+    absl::StatusOr<v1::GetStatusResponse> status;
+    do {
+      status = rank0_->GetStatus(absl::Now() + absl::Seconds(5));
+    } while (!(status.ok() && status->state() == "configuring" && status->job_epoch() == kEpoch) &&
+             absl::Now() - started < absl::Seconds(30));
+    ASSERT_TRUE(status.ok()) << status.status();
+    ASSERT_EQ(status->state(), "configuring");
+    ASSERT_EQ(status->job_epoch(), kEpoch);
+  }
+
+  std::unique_ptr<LocalCluster> cluster_;
+  std::unique_ptr<FlatshardClient> client_;
+  v1::JobSpec spec_;
+  v1::Job job_;
+  std::unique_ptr<GrpcWorkerClient> rank0_;
+  std::thread configuring_;
+  absl::Status configured_;  // written by configuring_, read after its join
+  absl::Time returned_;
+};
+
+TEST_F(ConfigureAbortTest, AnAbortDuringTheRendezvousEndsTheConfigureAtOnceAndInstallsNothing) {
+  ASSERT_NO_FATAL_FAILURE(StartConfiguringRank0Alone());
+  const absl::Time aborted = absl::Now();
+  ASSERT_TRUE(rank0_
+                  ->Abort(kEpoch, "the job failed: rank 1 missed heartbeats",
+                          absl::Now() + absl::Seconds(10))
+                  .ok());
+  configuring_.join();
+  EXPECT_EQ(configured_.code(), absl::StatusCode::kAborted) << configured_;
+  EXPECT_THAT(configured_.message(),
+              HasSubstr(absl::StrCat("configure for epoch ", kEpoch,
+                                     " was aborted while it built (the job failed: rank 1 "
+                                     "missed heartbeats)")));
+  EXPECT_LT(returned_ - aborted, absl::Seconds(30))
+      << "the rendezvous ran on toward its " << kCollectiveTimeoutS << " s timeout";
+  std::cout << "configure released " << absl::FormatDuration(returned_ - aborted)
+            << " after the abort\n";
+  absl::StatusOr<v1::GetStatusResponse> status = rank0_->GetStatus(absl::Now() + absl::Seconds(5));
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_EQ(status->state(), "aborted");
+  EXPECT_EQ(status->job_epoch(), kEpoch);
+
+  // The worker is free for the next formation: the job forms on both and trains.
+  testing::CreateAndWaitReady(*client_, spec_);
+  EXPECT_TRUE(client_->Train(spec_.name(), 1, 0, [](const v1::StepResult&) {}).ok());
+}
+
+TEST_F(ConfigureAbortTest, AnAbortOfAnOlderEpochLeavesTheConfigureAlone) {
+  ASSERT_NO_FATAL_FAILURE(StartConfiguringRank0Alone());
+  // Decided against the epoch before (a straggling verdict): refused.
+  const absl::Status stale =
+      rank0_->Abort(kEpoch - 1, "the job failed in epoch 6", absl::Now() + absl::Seconds(10));
+  EXPECT_EQ(stale.code(), absl::StatusCode::kFailedPrecondition) << stale;
+  EXPECT_THAT(stale.message(), HasSubstr("abort.job_epoch 6 is older than this worker's epoch 7"));
+  absl::StatusOr<v1::GetStatusResponse> status = rank0_->GetStatus(absl::Now() + absl::Seconds(5));
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_EQ(status->state(), "configuring");
+  // Then the coordinator gives up on this epoch too.
+  ASSERT_TRUE(rank0_->Abort(0, "formation abandoned", absl::Now() + absl::Seconds(10)).ok());
+  configuring_.join();
+  EXPECT_EQ(configured_.code(), absl::StatusCode::kAborted) << configured_;
+}
+
+TEST_F(ConfigureAbortTest, ADaemonStoppedDuringItsRendezvousExitsAtOnce) {
+  ASSERT_NO_FATAL_FAILURE(StartConfiguringRank0Alone());
+  const absl::Time stopping = absl::Now();
+  cluster_->worker(0).Signal(SIGTERM);
+  // The server's stop waits for the Configure it serves.
+  const std::optional<int> exited = cluster_->worker(0).Wait(absl::Seconds(60));
+  ASSERT_TRUE(exited.has_value()) << "the daemon waited for its rendezvous";
+  EXPECT_TRUE(WIFEXITED(*exited) && WEXITSTATUS(*exited) == 0) << *exited;
+  EXPECT_LT(absl::Now() - stopping, absl::Seconds(30));
+  std::cout << "daemon exited " << absl::FormatDuration(absl::Now() - stopping)
+            << " after its SIGTERM\n";
+  configuring_.join();
+  // Aborted as it stopped, or cut off by the server's stop: never configured.
+  EXPECT_THAT(configured_.code(), AnyOf(absl::StatusCode::kAborted, absl::StatusCode::kUnavailable,
+                                        absl::StatusCode::kCancelled))
+      << configured_;
+}
+
+}  // namespace
+}  // namespace flatshard
