@@ -422,7 +422,15 @@ class TrainingJob {
   std::map<std::string, std::string> refused_joiners_;
   bool recovery_pending_ = false;  // recoverer_ has not finished
   std::thread recoverer_;          // recovers a failure FailRank saw outside operations
-  bool stopping_ = false;          // Stop or the destructor: no more recoveries
+  // A failure FailRank saw while recoverer_ was pending, and the epoch it
+  // failed: recoverer_ takes it up next (it may be past its own epoch's
+  // check, or recovering an older epoch), so that none is dropped.
+  struct SeenFailure {
+    absl::Status cause;
+    uint64_t epoch = 0;
+  };
+  std::optional<SeenFailure> next_failure_;
+  bool stopping_ = false;  // Stop or the destructor: no more recoveries
 
   // A restored job waiting to be re-adopted.
   struct Restored {

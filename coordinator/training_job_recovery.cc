@@ -62,27 +62,41 @@ bool TrainingJob::FailRank(int rank, const std::string& worker_id, const absl::S
   if (seq != nullptr) seq->Fail(rank, reason);
   const absl::Status cause(reason.code(), absl::StrCat("rank ", rank, ": ", reason.message()));
   // With no operation running, a thread takes the slot and recovers; when an
-  // operation did run, it recovered first and the epoch moved on.
+  // operation did run, it recovered first and the epoch moved on. Each
+  // failure is recovered only while its epoch is current.
   std::thread finished;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (stopping_ || recovery_pending_) return true;
+    if (stopping_) return true;
+    if (recovery_pending_) {
+      // The pending recoverer may already have checked (or be recovering)
+      // an older epoch; it takes this one up after.
+      next_failure_ = SeenFailure{cause, epoch_};
+      return true;
+    }
     recovery_pending_ = true;
     finished = std::move(recoverer_);
-    const uint64_t epoch = epoch_;
-    recoverer_ = std::thread([this, cause, epoch] {
-      {
-        OperationLock op(op_mu_);
-        bool current = false;
+    recoverer_ = std::thread([this, failure = SeenFailure{cause, epoch_}]() mutable {
+      for (;;) {
         {
-          std::lock_guard<std::mutex> inner(mu_);
-          NoteOperationLocked("recover");
-          current = !stopping_ && epoch_ == epoch;
+          OperationLock op(op_mu_);
+          bool current = false;
+          {
+            std::lock_guard<std::mutex> inner(mu_);
+            NoteOperationLocked("recover");
+            current = !stopping_ && epoch_ == failure.epoch;
+          }
+          if (current) (void)OnBatchFailure(failure.cause);
         }
-        if (current) (void)OnBatchFailure(cause);
+        std::lock_guard<std::mutex> inner(mu_);
+        if (stopping_ || !next_failure_.has_value()) {
+          next_failure_.reset();
+          recovery_pending_ = false;
+          return;
+        }
+        failure = *std::move(next_failure_);
+        next_failure_.reset();
       }
-      std::lock_guard<std::mutex> inner(mu_);
-      recovery_pending_ = false;
     });
   }
   if (finished.joinable()) finished.join();  // it had cleared recovery_pending_: done
