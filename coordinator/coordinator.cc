@@ -205,11 +205,25 @@ absl::StatusOr<std::shared_ptr<TrainingJob>> Coordinator::FindJob(const std::str
   return FindJobLocked(name);
 }
 
+absl::Status Coordinator::Serving() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return ServingLocked();
+}
+
+absl::Status Coordinator::ServingLocked() const {
+  // The job is stopped in memory only: STOPPED would read as deleted.
+  if (!shutting_down_) return absl::OkStatus();
+  return absl::UnavailableError(
+      "the coordinator is shutting down; its job is kept in its state dir, and a coordinator "
+      "started again on it brings the job back");
+}
+
 absl::StatusOr<std::shared_ptr<TrainingJob>> Coordinator::FindJobLocked(
     const std::string& name) const {
   if (name.empty()) {
     return absl::InvalidArgumentError("job: the job name must not be empty");
   }
+  RETURN_IF_ERROR(ServingLocked());
   if (job_ == nullptr || job_->name() != name) {
     return absl::NotFoundError(
         absl::StrCat("no job named '", name, "'",

@@ -66,6 +66,9 @@ class Coordinator {
   absl::StatusOr<v1::Job> CreateJob(const v1::JobSpec& spec);
   // NOT_FOUND naming the job (and the one that exists, if any).
   absl::StatusOr<std::shared_ptr<TrainingJob>> FindJob(const std::string& name) const;
+  // UNAVAILABLE once Shutdown began: what the job services answer then
+  // (FindJob too), rather than the job stopped in memory.
+  absl::Status Serving() const;
   // Stops the job, then removes its record from the state store. When that
   // fails (the database busy or the disk full) the job stays, STOPPED, and
   // the error says so: a restarted coordinator would otherwise bring back a
@@ -92,6 +95,7 @@ class Coordinator {
   absl::Status RefuseWhileBusyLocked() const;
   // FindJob with mu_ held.
   absl::StatusOr<std::shared_ptr<TrainingJob>> FindJobLocked(const std::string& name) const;
+  absl::Status ServingLocked() const;
   void MaybeForm(const std::shared_ptr<TrainingJob>& job, absl::Time now);
   void MaybeReadopt(const std::shared_ptr<TrainingJob>& job, absl::Time now);
   void CheckHeartbeats(const std::shared_ptr<TrainingJob>& job, absl::Time now);

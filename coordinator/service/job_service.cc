@@ -49,6 +49,9 @@ grpc::Status JobServiceImpl::GetJob(grpc::ServerContext*, const v1::GetJobReques
 
 grpc::Status JobServiceImpl::ListJobs(grpc::ServerContext*, const v1::ListJobsRequest*,
                                       v1::ListJobsResponse* response) {
+  if (absl::Status serving = coordinator_->Serving(); !serving.ok()) {
+    return ToGrpcStatus(serving);
+  }
   if (std::shared_ptr<TrainingJob> job = coordinator_->current_job()) {
     *response->add_jobs() = job->ToProto();
   }

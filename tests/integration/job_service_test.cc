@@ -205,7 +205,7 @@ TEST_F(JobServiceTest, WatchEventsReplaysTheLifecycle) {
   EXPECT_EQ(seen[1], v1::STOPPED);
 }
 
-TEST_F(JobServiceTest, OnceTheCoordinatorShutsDownNoJobIsCreatedOrDeleted) {
+TEST_F(JobServiceTest, OnceTheCoordinatorShutsDownNoJobIsCreatedDeletedOrReadAsStopped) {
   ASSERT_TRUE(Create(spec_).ok());
   // The shutdown stops the job in memory only (its record stays for the next
   // start): a create must not take the stopped job for a deleted one and
@@ -215,9 +215,16 @@ TEST_F(JobServiceTest, OnceTheCoordinatorShutsDownNoJobIsCreatedOrDeleted) {
   other.set_name("other");
   ExpectRefused(Create(other), absl::StatusCode::kUnavailable, "shutting down");
   ExpectRefused(client_->DeleteJob(spec_.name()), absl::StatusCode::kUnavailable, "shutting down");
-  auto job = client_->GetJob(spec_.name());
-  ASSERT_TRUE(job.ok()) << job.status();
-  EXPECT_EQ(job->state(), v1::STOPPED);
+  // Nor is the job read as STOPPED (as deleted): until the server stops, the
+  // coordinator is unavailable, as it is after.
+  ExpectRefused(client_->GetJob(spec_.name()).status(), absl::StatusCode::kUnavailable,
+                "a coordinator started again on it brings the job back");
+  ExpectRefused(client_->ListJobs().status(), absl::StatusCode::kUnavailable, "shutting down");
+  v1::SaveCheckpointRequest save;
+  save.set_job(spec_.name());
+  save.set_name("late");
+  ExpectRefused(client_->SaveCheckpoint(save).status(), absl::StatusCode::kUnavailable,
+                "shutting down");
 }
 
 }  // namespace
