@@ -201,6 +201,16 @@ grpc::Status WorkerServiceImpl::Configure(grpc::ServerContext* context,
                                                ": the caller gave up on it before it began"));
     };
     RETURN_IF_ERROR(abandoned());
+    const auto stopping = [&]() -> absl::Status {
+      if (!shutting_down_) return absl::OkStatus();
+      return absl::UnavailableError(
+          absl::StrCat("configure for epoch ", job->epoch, ": this worker is shutting down"));
+    };
+    {
+      // Before it aborts anything: a stopping daemon's job is aborted already.
+      std::lock_guard<std::mutex> lock(state_mu_);
+      RETURN_IF_ERROR(stopping());
+    }
 
     // A previous epoch may be blocked in a collective: fail it so its batch
     // returns and releases run_mu_.
@@ -215,12 +225,9 @@ grpc::Status WorkerServiceImpl::Configure(grpc::ServerContext* context,
     std::shared_ptr<ActiveJob> old;
     {
       std::lock_guard<std::mutex> lock(state_mu_);
-      // Checked where an abort would find the configuration: a shutdown
-      // after this point aborts its rendezvous.
-      if (shutting_down_) {
-        return absl::UnavailableError(
-            absl::StrCat("configure for epoch ", job->epoch, ": this worker is shutting down"));
-      }
+      // Checked again where an abort would find the configuration: a
+      // shutdown after this point aborts its rendezvous.
+      RETURN_IF_ERROR(stopping());
       old = std::move(job_);
       rendezvous_ = store;
       retiring_ = old;
@@ -261,22 +268,29 @@ grpc::Status WorkerServiceImpl::Configure(grpc::ServerContext* context,
       job->executor = std::make_unique<BatchExecutor>(job->runtime.get(), job->epoch);
       return absl::OkStatus();
     }();
-    // Unlocked before `job` goes: a runtime built for an aborted epoch closes
-    // its Gloo pairs as it is destroyed.
-    std::lock_guard<std::mutex> lock(state_mu_);
-    rendezvous_.reset();
-    if (status_.state == "aborted") {
-      return absl::AbortedError(absl::StrCat(
-          "configure for epoch ", job->epoch, " was aborted while it built (", status_.abort_reason,
-          ")", built.ok() ? "" : absl::StrCat(": ", built.message())));
+    absl::Status outcome;
+    {
+      std::lock_guard<std::mutex> lock(state_mu_);
+      rendezvous_.reset();
+      if (status_.state == "aborted") {
+        outcome = absl::AbortedError(absl::StrCat(
+            "configure for epoch ", job->epoch, " was aborted while it built (",
+            status_.abort_reason, ")", built.ok() ? "" : absl::StrCat(": ", built.message())));
+      } else if (!built.ok()) {
+        status_.state = "failed";
+        outcome = built;
+      } else {
+        job_ = std::move(job);
+        status_.state = "ready";
+        return absl::OkStatus();
+      }
     }
-    if (!built.ok()) {
-      status_.state = "failed";
-      return built;
-    }
-    job_ = std::move(job);
-    status_.state = "ready";
-    return absl::OkStatus();
+    // What was built for an epoch that is not installed goes here: under
+    // run_mu_, so that it has closed its Gloo pairs and freed its (device)
+    // memory before the next Configure builds, as a replaced job has; and
+    // outside state_mu_, which heartbeats need meanwhile.
+    job.reset();
+    return outcome;
   }();
   return ToGrpcStatus(status);
 }
