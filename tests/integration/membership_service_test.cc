@@ -4,6 +4,8 @@
 // keeps serving.
 #include "coordinator/service/membership_service.h"
 
+#include <memory>
+#include <string>
 #include <thread>
 
 #include <grpcpp/create_channel.h>
@@ -14,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "rpc/grpc_server.h"
 
+#include "proto/grpc_status.h"
 #include "tests/integration/multiprocess.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/comm/grpc_store.h"
@@ -48,6 +51,22 @@ int WorkerBody(int read_fd, int index, int world) {
   CHILD_OK((*comm)->AllReduce(&value, 1, DType::kFloat32, ReduceOp::kSum));
   CHILD_CHECK(value == static_cast<float>(world) * static_cast<float>(world + 1) / 2.0f);
   return 0;
+}
+
+// Registers `worker_id` as a spare (no job rank asked for); its session,
+// which store calls carry.
+absl::StatusOr<std::string> RegisterSpare(const std::shared_ptr<grpc::Channel>& channel,
+                                          const std::string& worker_id) {
+  grpc::ClientContext context;
+  v1::RegisterRequest request;
+  request.set_worker_id(worker_id);
+  request.set_address("127.0.0.1:1");
+  request.set_requested_rank(-1);
+  v1::RegisterResponse response;
+  const grpc::Status registered =
+      v1::Membership::NewStub(channel)->Register(&context, request, &response);
+  if (!registered.ok()) return FromGrpcStatus(registered);
+  return response.session();
 }
 
 struct Coordinator {
@@ -94,18 +113,10 @@ TEST(MembershipServiceTest, WorkersRegisterAndRendezvousThroughTheCoordinator) {
   auto stub = v1::Membership::NewStub(channel);
   // A registration of our own, whose session the store calls below carry.
   auto credentials = std::make_shared<WorkerCallCredentials>("");
-  {
-    grpc::ClientContext context;
-    v1::RegisterRequest request;
-    request.set_worker_id("probe");
-    request.set_address("127.0.0.1:1");
-    request.set_requested_rank(-1);
-    v1::RegisterResponse response;
-    const grpc::Status registered = stub->Register(&context, request, &response);
-    ASSERT_TRUE(registered.ok()) << registered.error_message();
-    ASSERT_EQ(response.session().size(), 64u);
-    credentials->set_session(response.session());
-  }
+  absl::StatusOr<std::string> session = RegisterSpare(channel, "probe");
+  ASSERT_TRUE(session.ok()) << session.status();
+  ASSERT_EQ(session->size(), 64u);
+  credentials->set_session(*session);
   {
     grpc::ClientContext context;
     v1::RegisterRequest request;  // no worker_id
@@ -165,16 +176,9 @@ TEST(MembershipServiceTest, AnAbortedGrpcStoreLetsGoOfItsWaitAtOnceAndRefusesLat
   ASSERT_TRUE(server.ok()) << server.status();
   auto channel = grpc::CreateChannel((*server)->address(), grpc::InsecureChannelCredentials());
   auto credentials = std::make_shared<WorkerCallCredentials>("");
-  {
-    grpc::ClientContext context;
-    v1::RegisterRequest request;
-    request.set_worker_id("waiter");
-    request.set_address("127.0.0.1:1");
-    request.set_requested_rank(-1);
-    v1::RegisterResponse response;
-    ASSERT_TRUE(v1::Membership::NewStub(channel)->Register(&context, request, &response).ok());
-    credentials->set_session(response.session());
-  }
+  absl::StatusOr<std::string> session = RegisterSpare(channel, "waiter");
+  ASSERT_TRUE(session.ok()) << session.status();
+  credentials->set_session(*session);
   GrpcStore store(channel, credentials);
   ASSERT_TRUE(store.Set("job/x/1/rank0", "here").ok());
 
