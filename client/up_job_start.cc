@@ -19,7 +19,7 @@ bool MayBeADyingCoordinators(absl::StatusCode code) {
   switch (code) {
     case absl::StatusCode::kUnavailable:
     case absl::StatusCode::kCancelled:
-    case absl::StatusCode::kFailedPrecondition:  // "job is STOPPED": it is stopping
+    case absl::StatusCode::kFailedPrecondition:  // "job is FAILED", or a dying one's refusal
     case absl::StatusCode::kAborted:
     case absl::StatusCode::kInternal:
     case absl::StatusCode::kUnknown:
@@ -107,8 +107,8 @@ UpJobStart StartUpJob(FlatshardClient& client, const v1::JobSpec& spec, LocalClu
                                 ? absl::ZeroDuration()
                                 : absl::Seconds(1));
     } else if (MayBeADyingCoordinators(code)) {
-      // A coordinator that is stopping or dying answers (ends the watch:
-      // "job is STOPPED"; refuses) before it exits, which may take a while
+      // A coordinator that is stopping or dying answers (ends the watch
+      // UNAVAILABLE; refuses) before it exits, which may take a while
       // (its server's shutdown grace): its exit within the grace `up` gives
       // a daemon tells that from an answer. Ctrl-C is heard meanwhile.
       signal = TakeUpSignal(kDyingGrace);

@@ -43,8 +43,7 @@ void Coordinator::Shutdown(const std::string& reason) {
   if (job != nullptr) {
     // What stopping does (STOPPED, aborted ranks) is this process's end, not
     // the job's: the state store keeps the job as it was for the next start.
-    job->DetachState();
-    job->Stop(reason);
+    job->StopForShutdown(reason, ShuttingDownError());
   }
   if (former_.joinable()) former_.join();
 }
@@ -210,12 +209,16 @@ absl::Status Coordinator::Serving() const {
   return ServingLocked();
 }
 
-absl::Status Coordinator::ServingLocked() const {
-  // The job is stopped in memory only: STOPPED would read as deleted.
-  if (!shutting_down_) return absl::OkStatus();
+absl::Status Coordinator::ShuttingDownError() {
   return absl::UnavailableError(
       "the coordinator is shutting down; its job is kept in its state dir, and a coordinator "
       "started again on it brings the job back");
+}
+
+absl::Status Coordinator::ServingLocked() const {
+  // The job is stopped in memory only: STOPPED would read as deleted.
+  if (!shutting_down_) return absl::OkStatus();
+  return ShuttingDownError();
 }
 
 absl::StatusOr<std::shared_ptr<TrainingJob>> Coordinator::FindJobLocked(

@@ -96,6 +96,8 @@ class Coordinator {
   // FindJob with mu_ held.
   absl::StatusOr<std::shared_ptr<TrainingJob>> FindJobLocked(const std::string& name) const;
   absl::Status ServingLocked() const;
+  // What callers are told from the start of Shutdown on (UNAVAILABLE).
+  static absl::Status ShuttingDownError();
   void MaybeForm(const std::shared_ptr<TrainingJob>& job, absl::Time now);
   void MaybeReadopt(const std::shared_ptr<TrainingJob>& job, absl::Time now);
   void CheckHeartbeats(const std::shared_ptr<TrainingJob>& job, absl::Time now);

@@ -112,20 +112,29 @@ std::vector<JobEventRecord> JobStateMachine::EventsFrom(size_t next, absl::Time 
   std::unique_lock<std::mutex> lock(mu_);
   changed_.wait_until(lock, absl::ToChronoTime(deadline),
                       [&] { return closed_ || events_.size() > next; });
-  if (next >= events_.size()) return {};
+  const size_t last = closed_ ? watchable_ : events_.size();
+  if (next >= last) return {};
   return std::vector<JobEventRecord>(events_.begin() + static_cast<std::ptrdiff_t>(next),
-                                     events_.end());
+                                     events_.begin() + static_cast<std::ptrdiff_t>(last));
 }
 
-void JobStateMachine::Close() {
+void JobStateMachine::Close(absl::Status end) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (closed_) return;
   closed_ = true;
+  watchable_ = events_.size();
+  end_ = std::move(end);
   changed_.notify_all();
 }
 
 bool JobStateMachine::closed() const {
   std::lock_guard<std::mutex> lock(mu_);
   return closed_;
+}
+
+absl::Status JobStateMachine::end() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return end_;
 }
 
 }  // namespace flatshard

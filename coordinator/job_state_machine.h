@@ -50,9 +50,15 @@ class JobStateMachine {
   // Events from index `next` on; waits until there is one, the machine is
   // closed, or `deadline` passes. Returns what it has (maybe nothing).
   std::vector<JobEventRecord> EventsFrom(size_t next, absl::Time deadline) const;
-  // Wakes every waiter for good (the job was deleted or the server stops).
-  void Close();
+  // Wakes every waiter for good: the job was deleted (`end` OK, after its
+  // STOPPED event) or the coordinator is shutting down (`end` UNAVAILABLE,
+  // before it stops the job in memory). Events after the first Close are
+  // kept (the job's state) but never handed to a watcher: a shutdown's
+  // STOPPED would read as a deletion. A second Close changes nothing.
+  void Close(absl::Status end = absl::OkStatus());
   bool closed() const;
+  // How a watch that saw every event ends: Close's `end`.
+  absl::Status end() const;
 
   static bool Allowed(v1::JobState from, v1::JobState to);
 
@@ -73,6 +79,8 @@ class JobStateMachine {
   std::string failure_;
   std::vector<JobEventRecord> events_;
   bool closed_ = false;
+  size_t watchable_ = 0;  // events_ a watcher sees once closed
+  absl::Status end_;
   std::function<void()> on_transition_;
 };
 

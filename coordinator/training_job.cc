@@ -303,6 +303,12 @@ void TrainingJob::Stop(const std::string& reason) {
   if (trainer.joinable()) trainer.join();
 }
 
+void TrainingJob::StopForShutdown(const std::string& reason, const absl::Status& watchers_end) {
+  DetachState();
+  states_.Close(watchers_end);  // before Stop's FAILED or STOPPED events
+  Stop(reason);
+}
+
 std::optional<uint64_t> TrainingJob::AbortEpochFor(const std::string& worker_id) const {
   if (states_.state() != v1::FAILED && states_.state() != v1::STOPPED) return std::nullopt;
   std::lock_guard<std::mutex> lock(mu_);

@@ -168,6 +168,10 @@ class TrainingJob {
   // Stops the job for good (deleted): aborts the workers' collectives and
   // waits for a recovery in progress to give up.
   void Stop(const std::string& reason);
+  // Stops the job in memory only (the coordinator is shutting down): nothing
+  // more reaches the state store, and a watch ends with `watchers_end`
+  // rather than with a STOPPED event that would read as a deletion.
+  void StopForShutdown(const std::string& reason, const absl::Status& watchers_end);
 
   // Restored jobs (training_job_state.cc): the workers of the epoch the
   // restarted coordinator found (empty when there is nothing to re-adopt).
@@ -179,9 +183,6 @@ class TrainingJob {
   // epoch), saying why in the job's events. Either way, a training operation
   // that was running goes on to its target step.
   absl::Status Readopt();
-  // From now on nothing is written to the state store: the coordinator is
-  // shutting down, and what it does to stop must not read as the job's end.
-  void DetachState();
 
   // The epoch `worker_id` must abort, if the job failed while it was in it.
   std::optional<uint64_t> AbortEpochFor(const std::string& worker_id) const;
@@ -298,6 +299,8 @@ class TrainingJob {
   // transition, progress at most once a second, the write-ahead batch journal.
   void Persist();
   void PersistProgress();
+  // From now on nothing is written to the state store (StopForShutdown).
+  void DetachState();
   void JournalBatch(const v1::CommandBatch& batch);
   // A save committed as `checkpoint` from a snapshot taken at `generation`:
   // it is the state, and is stored as it, unless the state changed since.

@@ -249,7 +249,9 @@ grpc::Status JobServiceImpl::WatchEvents(grpc::ServerContext* context,
       if (!guard.Write(writer, event)) return grpc::Status::OK;
     }
     next += events.size();
-    if (events.empty() && states.closed()) break;
+    // Every event was sent: a deleted job's watch ends OK after STOPPED, a
+    // shutting-down coordinator's UNAVAILABLE (its job is not deleted).
+    if (events.empty() && states.closed()) return ToGrpcStatus(states.end());
   }
   return grpc::Status::OK;
 }

@@ -227,5 +227,23 @@ TEST_F(JobServiceTest, OnceTheCoordinatorShutsDownNoJobIsCreatedDeletedOrReadAsS
                 "shutting down");
 }
 
+TEST_F(JobServiceTest, AWatchOpenAtShutdownEndsUnavailableWithNoStoppedEvent) {
+  ASSERT_TRUE(Create(spec_).ok());
+  std::vector<v1::JobState> seen;
+  std::thread stopper;
+  const absl::Status watched = client_->WatchEvents(spec_.name(), [&](const v1::JobEvent& e) {
+    seen.push_back(e.state());
+    // Shut down once the watch is open: the job is stopped in memory only,
+    // so the watch must not end with the STOPPED a deletion sends.
+    if (seen.size() == 1) {
+      stopper = std::thread([&] { coordinator_->coordinator().Shutdown("SIGTERM"); });
+    }
+    return true;
+  });
+  stopper.join();
+  ExpectRefused(watched, absl::StatusCode::kUnavailable, "kept in its state dir");
+  EXPECT_EQ(seen, std::vector<v1::JobState>{v1::PENDING});
+}
+
 }  // namespace
 }  // namespace flatshard

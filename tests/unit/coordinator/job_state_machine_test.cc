@@ -129,6 +129,22 @@ TEST(JobStateMachineTest, WatchersWakeOnEventsAndOnClose) {
   ASSERT_GE(seen.size(), 2u);
   EXPECT_EQ(seen.back().state, v1::STOPPED);
   EXPECT_TRUE(m.closed());
+  EXPECT_TRUE(m.end().ok()) << m.end();
+}
+
+TEST(JobStateMachineTest, EventsAfterAShutdownsCloseAreKeptButNotWatched) {
+  JobStateMachine m("j");
+  ASSERT_TRUE(m.Transition(v1::FORMING, "a").ok());
+  m.Close(absl::UnavailableError("shutting down"));
+  // The shutdown then stops the job in memory: its state, not its history.
+  ASSERT_TRUE(m.Transition(v1::STOPPED, "SIGTERM").ok());
+  m.Close();  // Stop's own close: the first one's end stays
+  EXPECT_EQ(m.state(), v1::STOPPED);
+  const std::vector<JobEventRecord> seen = m.EventsFrom(0, absl::InfiniteFuture());
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_EQ(seen.back().state, v1::FORMING);
+  EXPECT_TRUE(m.EventsFrom(2, absl::InfiniteFuture()).empty());
+  EXPECT_EQ(m.end().code(), absl::StatusCode::kUnavailable) << m.end();
 }
 
 }  // namespace
