@@ -4,7 +4,8 @@
 // started after the abort writes nothing; a write blocked where the abort
 // cannot reach is reported draining and, after the grace, to the watchdog,
 // naming the save (the worker then ends itself, abort_watchdog.h); an
-// outcome nobody collected goes with the next save. The
+// outcome nobody collected goes with the next save, and a write still
+// running is stopped by it. The
 // file system holds the model file's creation until the test lets it go, so
 // the abort lands while the write is known to be in flight, with no sleep.
 #include "worker/service/background_saves.h"
@@ -17,6 +18,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -276,6 +278,37 @@ TEST_F(BackgroundSavesTest, TheNextSaveDropsAnOutcomeNobodyCollected) {
   ASSERT_TRUE(next.ok()) << next.status();
   EXPECT_EQ(next->seq(), 6u);
   EXPECT_TRUE(StatusFromProto(next->checkpoint_status()).ok());
+}
+
+// A write still running when the next save starts is one the coordinator
+// gave up on (its checkpoint failed on another rank): the next save stops it
+// at its next tensor, rather than wait (holding the batch) for the rest of
+// its write, and watches it until it lets go.
+TEST_F(BackgroundSavesTest, TheNextSaveStopsAWriteNobodyWillCollect) {
+  Wedged wedged;
+  AbortWatchdog watchdog(absl::Milliseconds(50), wedged.Sink());
+  BackgroundSaves saves(&watchdog);
+  ReleaseOnExit release{&files_};
+  const std::string given_up = Dir("given-up");
+  saves.Start("given-up", Snapshot(), given_up, 0, 3);
+  ASSERT_TRUE(files_.Entered());
+  ShardSnapshot next_snapshot = Snapshot();
+  std::thread next([&] { saves.Start("next", std::move(next_snapshot), Dir("next"), 0, 6); });
+  std::future<std::string> report = wedged.what.get_future();
+  ASSERT_EQ(report.wait_for(std::chrono::seconds(30)), std::future_status::ready)
+      << "the stopped write was not watched";
+  const std::string what = report.get();
+  EXPECT_THAT(what, HasSubstr("async save of batch seq 3 into 'given-up' on rank 0"));
+  EXPECT_THAT(what, HasSubstr("(superseded by the save into 'next')"));
+  files_.Release();  // the stopped write returns at its next tensor
+  next.join();
+  EXPECT_TRUE(Empty(given_up)) << "the stopped write left files";
+  absl::StatusOr<v1::CommandResult> result = saves.Await("next", absl::InfiniteFuture());
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->seq(), 6u);
+  EXPECT_TRUE(StatusFromProto(result->checkpoint_status()).ok());
+  EXPECT_EQ(result->files_size(), 2);
+  EXPECT_FALSE(saves.DrainingSince().has_value());
 }
 
 }  // namespace

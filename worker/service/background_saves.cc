@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <system_error>
 #include <utility>
@@ -31,33 +32,45 @@ void BackgroundSaves::Wait() {
 
 void BackgroundSaves::Start(const std::string& key, ShardSnapshot snapshot, const std::string& path,
                             int rank, uint64_t seq) {
-  // One background save at a time: one that the coordinator gave up on (its
-  // checkpoint failed elsewhere) may still be running, and must not write
-  // beside the next (a FULL save's files are opened by every rank, without
-  // O_EXCL) or hold a second snapshot's memory.
+  {
+    // The coordinator commits one save at a time: it begins this one only
+    // once it collected every earlier save or gave up on it (its checkpoint
+    // failed on another rank, a commit abandoned with its job, a restarted
+    // coordinator). A write still running is one nobody will collect: it
+    // stops at its next tensor rather than hold this batch (and run_mu_)
+    // for the rest of its write, and is watched until it does.
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [id, write] : running_) {
+      write.superseded->store(true);
+      WatchLocked(write, absl::StrCat("superseded by the save into '", key, "'"));
+    }
+  }
+  // One background save at a time: the stopped one must not write beside the
+  // next (a FULL save's files are opened by every rank, without O_EXCL) or
+  // hold a second snapshot's memory.
   Wait();
   uint64_t id = 0;
+  auto superseded = std::make_shared<std::atomic<bool>>(false);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    // The coordinator commits one save at a time: it begins this one only
-    // once it collected every earlier save or gave up on it (a commit
-    // abandoned with its job, a restarted coordinator). An outcome still
-    // here is one nobody will ask for.
-    saves_.clear();
+    saves_.clear();  // outcomes nobody will ask for
     id = ++next_id_;
     Running& write = running_[id];
     write.what = absl::StrCat("async save of batch seq ", seq, " into '", key, "' on rank ", rank);
-    if (abort_reason_.has_value()) WatchLocked(write);
+    write.superseded = superseded;
+    if (abort_reason_.has_value()) WatchLocked(write, absl::StrCat("aborted: ", *abort_reason_));
   }
   // The snapshot is freed as soon as its files are written: the future's
   // shared state keeps the closure for as long as the entry is kept, and an
   // entry the coordinator stopped awaiting (a commit that gave up) stays
   // until the next save.
-  auto write = [this, id, path, rank, seq,
+  auto write = [this, id, path, rank, seq, superseded,
                 snapshot = std::optional<ShardSnapshot>(std::move(snapshot))]() mutable {
     // Whatever happens, the write is not left watched once it returned.
     absl::Cleanup returned = [this, id] { Returned(id); };
-    const std::function<bool()> aborted = [this] { return aborted_.load(); };
+    const std::function<bool()> aborted = [this, superseded] {
+      return aborted_.load() || superseded->load();
+    };
     absl::StatusOr<ShardSaveResult> written = WriteShardSnapshot(*snapshot, path, aborted);
     snapshot.reset();
     // Not readable, or aborted: reported like a file error.
@@ -99,7 +112,7 @@ void BackgroundSaves::Abort(const std::string& reason) {
   std::lock_guard<std::mutex> lock(mu_);
   if (abort_reason_.has_value()) return;
   abort_reason_ = reason;
-  for (auto& [id, write] : running_) WatchLocked(write);
+  for (auto& [id, write] : running_) WatchLocked(write, absl::StrCat("aborted: ", reason));
 }
 
 std::optional<std::chrono::steady_clock::time_point> BackgroundSaves::DrainingSince() const {
@@ -114,12 +127,10 @@ std::optional<std::chrono::steady_clock::time_point> BackgroundSaves::DrainingSi
   return latest;
 }
 
-void BackgroundSaves::WatchLocked(Running& write) {
+void BackgroundSaves::WatchLocked(Running& write, const std::string& why) {
   if (write.watched_since.has_value()) return;
   write.watched_since = std::chrono::steady_clock::now();
-  if (watchdog_ != nullptr) {
-    write.token = watchdog_->Arm(absl::StrCat(write.what, " (aborted: ", *abort_reason_, ")"));
-  }
+  if (watchdog_ != nullptr) write.token = watchdog_->Arm(absl::StrCat(write.what, " (", why, ")"));
 }
 
 void BackgroundSaves::Returned(uint64_t id) {
