@@ -87,7 +87,9 @@ class CheckpointReader {
   // spans partly written (a load whose job was aborted lets go instead of
   // streaming on, and throws its staging away).
   // FAILED_PRECONDITION for a second share of the same reader.
-  absl::Status BeginShare(int index, int count);
+  // BeginShare asks `stop` the same way while it hashes a share's damaged
+  // file (to report the damage as such).
+  absl::Status BeginShare(int index, int count, const std::function<bool()>& stop = {});
   absl::Status ReadRangeDeferred(absl::string_view kind, const std::string& name,
                                  const std::vector<int64_t>& shape, uint64_t begin,
                                  std::span<float> out);
@@ -118,8 +120,10 @@ class CheckpointReader {
 
  private:
   CheckpointReader(std::string dir, CheckpointManifest manifest);
-  // Opens `file_name`, checking its size and header, and its XXH3 if `hash`.
-  absl::StatusOr<SafetensorsReader*> OpenFile(const std::string& file_name, bool hash);
+  // Opens `file_name`, checking its size and header, and its XXH3 if `hash`
+  // (asking `stop`, if set, before each MiB).
+  absl::StatusOr<SafetensorsReader*> OpenFile(const std::string& file_name, bool hash,
+                                              const std::function<bool()>& stop = {});
   // The manifest's entry for `file_name`; NOT_FOUND naming its path if none.
   absl::StatusOr<const CheckpointFile*> Listed(const std::string& file_name) const;
   // ReadRangeInto's body; float32 parts wait for FinishShare when `defer`

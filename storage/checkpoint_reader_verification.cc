@@ -104,7 +104,8 @@ absl::Status CheckDigest(const std::string& path, const CheckpointFile& entry,
 }  // namespace
 
 absl::StatusOr<SafetensorsReader*> CheckpointReader::OpenFile(const std::string& file_name,
-                                                              bool hash) {
+                                                              bool hash,
+                                                              const std::function<bool()>& stop) {
   if (auto it = open_.find(file_name); it != open_.end()) return it->second.get();
   ASSIGN_OR_RETURN(const CheckpointFile* entry, Listed(file_name));
   const std::string path = absl::StrCat(dir_, "/", file_name);
@@ -126,7 +127,7 @@ absl::StatusOr<SafetensorsReader*> CheckpointReader::OpenFile(const std::string&
     std::vector<ByteRange> ranges;
     ranges.reserve(units.size());
     for (size_t u : units) ranges.push_back({units_[u].offset, units_[u].bytes});
-    ASSIGN_OR_RETURN(std::vector<FileDigest> digests, DigestEachRange(path, ranges));
+    ASSIGN_OR_RETURN(std::vector<FileDigest> digests, DigestEachRange(path, ranges, stop));
     for (size_t k = 0; k < units.size(); ++k) {
       const HashUnit& unit = units_[units[k]];
       RETURN_IF_ERROR(CheckDigest(path, manifest_.files[unit.entry], unit, digests[k]));
@@ -149,7 +150,7 @@ absl::Status CheckpointReader::VerifyShare(int index, int count) {
   return FinishShare(/*deliver=*/true);
 }
 
-absl::Status CheckpointReader::BeginShare(int index, int count) {
+absl::Status CheckpointReader::BeginShare(int index, int count, const std::function<bool()>& stop) {
   if (count < 1 || index < 0 || index >= count) {
     return absl::InvalidArgumentError(
         absl::StrCat("verifier ", index, " of ", count, " is not a valid share"));
@@ -179,7 +180,7 @@ absl::Status CheckpointReader::BeginShare(int index, int count) {
         // Checked again, size then hash: a wrong size or a missing file
         // fails as before, a bad header in a damaged file as the damage.
         pending_.clear();  // no reads yet: nothing is left waiting
-        RETURN_IF_ERROR(OpenFile(name, /*hash=*/true).status());
+        RETURN_IF_ERROR(OpenFile(name, /*hash=*/true, stop).status());
         return opened.status();
       }
     }
@@ -189,7 +190,7 @@ absl::Status CheckpointReader::BeginShare(int index, int count) {
     if (absl::Status opened = OpenFile(f.name, /*hash=*/false).status(); !opened.ok()) {
       // Another reader's file is bad: this one's share is still hashed, so
       // damage in it is reported (by this reader) whatever the other says.
-      absl::Status own = FinishShare(/*deliver=*/false);
+      absl::Status own = FinishShare(/*deliver=*/false, stop);
       return own.ok() ? opened : own;
     }
   }

@@ -59,7 +59,8 @@ absl::StatusOr<FileDigest> DigestFile(const std::string& path) {
 }
 
 absl::StatusOr<std::vector<FileDigest>> DigestEachRange(const std::string& path,
-                                                        const std::vector<ByteRange>& ranges) {
+                                                        const std::vector<ByteRange>& ranges,
+                                                        const std::function<bool()>& stop) {
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) return Errno("open", path);
   std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> state(XXH3_createState(),
@@ -71,6 +72,11 @@ absl::StatusOr<std::vector<FileDigest>> DigestEachRange(const std::string& path,
     XXH3_64bits_reset(state.get());
     FileDigest& digest = digests.emplace_back();
     while (digest.bytes < range.bytes && status.ok()) {
+      if (stop && stop()) {
+        status = absl::AbortedError(
+            absl::StrCat("hashing ", path, " was aborted at byte ", range.offset + digest.bytes));
+        break;
+      }
       const size_t want = std::min<uint64_t>(buffer.size(), range.bytes - digest.bytes);
       const ssize_t got =
           ::pread(fd, buffer.data(), want, static_cast<off_t>(range.offset + digest.bytes));

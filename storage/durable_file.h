@@ -7,6 +7,7 @@
 #define FLATSHARD_STORAGE_DURABLE_FILE_H_
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -32,9 +33,11 @@ std::string Xxh3Hex(uint64_t hash);
 absl::StatusOr<FileDigest> DigestFile(const std::string& path);
 // XXH3-64 of each of `ranges` (one digest each, in the order given; `bytes`
 // the range's length), the file opened once. DATA_LOSS when the file ends
-// before a range does.
+// before a range does. `stop` (if set) is asked before each MiB: ABORTED
+// once it answers true.
 absl::StatusOr<std::vector<FileDigest>> DigestEachRange(const std::string& path,
-                                                        const std::vector<ByteRange>& ranges);
+                                                        const std::vector<ByteRange>& ranges,
+                                                        const std::function<bool()>& stop = {});
 
 // fsync on a file or directory (directories make renames and creations in
 // them durable).

@@ -288,14 +288,14 @@ absl::StatusOr<StagedCheckpoint> StageShardCheckpoint(FsdpRuntime& runtime,
   // hashed once, not once per rank. The reads from a rank's own share (at the
   // saving world size, all it reads) wait for FinishShare, which hashes the
   // bytes as they land: read from the disk once, not once to hash and again.
-  RETURN_IF_ERROR(reader->BeginShare(runtime.rank(), runtime.world_size()));
+  const std::function<bool()> aborted = [&runtime] { return runtime.aborted(); };
+  RETURN_IF_ERROR(reader->BeginShare(runtime.rank(), runtime.world_size(), aborted));
   const absl::Status read = m.state_dict_type == v1::LOCAL_STATE_DICT
                                 ? StageLocal(runtime, *reader, staged)
                                 : StageTensors(runtime, *reader, staged);
   // Damage is reported before what staging made of it; a failed staging's
   // buffers are not written.
-  RETURN_IF_ERROR(
-      reader->FinishShare(/*deliver=*/read.ok(), [&runtime] { return runtime.aborted(); }));
+  RETURN_IF_ERROR(reader->FinishShare(/*deliver=*/read.ok(), aborted));
   RETURN_IF_ERROR(read);
   return staged;
 }

@@ -452,6 +452,38 @@ TEST(CheckpointReaderTest, ADamagedHeaderInTheShareIsReportedAsDamage) {
   EXPECT_THAT(std::string(own_damage.message()), HasSubstr("fails its checksum"));
 }
 
+// Hashing a damaged share in BeginShare asks the stop as FinishShare does:
+// a load whose job was aborted lets go within a MiB, not after the file.
+TEST(CheckpointReaderTest, BeginShareStopsHashingADamagedShareWhenAskedTo) {
+  const std::string dir = WriteCheckpoint("header-stopped", 2);
+  const std::string own = RankFileName("model", 0, 2);
+  {
+    std::fstream f(absl::StrCat(dir, "/", own), std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(8);
+    f.write("[", 1);
+  }
+  const std::string theirs = RankFileName("optim", 1, 2);
+  FlipLastByte(absl::StrCat(dir, "/", theirs));
+  // Reader 0's own file has the bad header (hashed at once); reader 1 finds
+  // it among the others' and hashes its own damaged share first.
+  for (const int index : {0, 1}) {
+    SCOPED_TRACE(absl::StrCat("reader ", index));
+    absl::StatusOr<std::unique_ptr<CheckpointReader>> reader = CheckpointReader::Open(dir);
+    ASSERT_TRUE(reader.ok()) << reader.status();
+    int asked = 0;
+    const absl::Status stopped = (*reader)->BeginShare(index, 2, [&] {
+      ++asked;
+      return true;
+    });
+    EXPECT_EQ(stopped.code(), absl::StatusCode::kAborted) << stopped;
+    // Reader 0 while it hashes its file whole, reader 1 in its share's pass.
+    EXPECT_THAT(std::string(stopped.message()),
+                HasSubstr(index == 0 ? absl::StrCat("hashing ", dir, "/", own, " was aborted")
+                                     : std::string("was aborted after 0 of")));
+    EXPECT_EQ(asked, 1) << "hashed on after the stop";
+  }
+}
+
 TEST(CheckpointReaderTest, RefusesAShareThatIsNotOne) {
   const std::string dir = WriteCheckpoint("bad-share", 2);
   EXPECT_EQ(Share(dir, 2, 2).code(), absl::StatusCode::kInvalidArgument);
