@@ -88,12 +88,16 @@ absl::Status Coordinator::RestoreState() {
     const std::string& name = record.spec.name();
     if (record.state == v1::STOPPED) {
       // Only a deletion persists STOPPED (a coordinator's own shutdown keeps
-      // the record as it was): this one was cut short. It is finished now.
+      // the record as it was): this one was cut short. It is finished now,
+      // or by the next create (CreateJob), as a delete refused by the store.
       if (ForgetJobRecord(name).ok()) {
         spdlog::warn(
             "state dir {}: job '{}' was being deleted when the coordinator stopped; "
             "deleted now",
             state->dir(), name);
+      } else {
+        std::lock_guard<std::mutex> lock(mu_);
+        undeleted_.insert(name);
       }
       continue;  // not restored either way
     }
@@ -129,7 +133,7 @@ absl::Status Coordinator::RestoreState() {
 
 absl::StatusOr<v1::Job> Coordinator::CreateJob(const v1::JobSpec& spec) {
   ASSIGN_OR_RETURN(JobConfig config, JobConfigFromProto(spec));
-  std::string undeleted;  // a deletion whose record stayed: finished first
+  std::set<std::string> undeleted;  // deletions whose record stayed: finished first
   {
     std::lock_guard<std::mutex> lock(mu_);
     RETURN_IF_ERROR(RefuseWhileBusyLocked());
@@ -143,7 +147,7 @@ absl::StatusOr<v1::Job> Coordinator::CreateJob(const v1::JobSpec& spec) {
           absl::StrCat("this coordinator runs one job at a time and job '", job_->name(),
                        "' exists; delete it first (flatshard job delete ", job_->name(), ")"));
     }
-    if (job_ != nullptr && job_->name() == undeleted_) undeleted = undeleted_;
+    undeleted = undeleted_;
     // Rendezvous keys an earlier job of this name left would hand its peers'
     // dead addresses to the new epoch 1.
     store_.DeletePrefix(absl::StrCat("job/", config.name));
@@ -156,18 +160,20 @@ absl::StatusOr<v1::Job> Coordinator::CreateJob(const v1::JobSpec& spec) {
     creating_.clear();
     created_cv_.notify_all();
   };
-  if (!undeleted.empty()) {
+  for (const std::string& old : undeleted) {
     // That record goes before this job writes its own, or a restarted
-    // coordinator would bring the old job back instead of this one. The
-    // store may wait out another holder of its lock: outside mu_, and
-    // creating_ keeps every delete (of the old job too) out meanwhile.
-    if (absl::Status s = ForgetJobRecord(undeleted); !s.ok()) {
-      return PrefixStatus(absl::StrCat("job '", config.name, "' was not created: job '", undeleted,
+    // coordinator would bring the old job back instead of this one (and one
+    // of the same name would take on its operation and journal: its own
+    // record is written over, not replaced). The store may wait out another
+    // holder of its lock: outside mu_, and creating_ keeps every delete (of
+    // the old job too) out meanwhile.
+    if (absl::Status s = ForgetJobRecord(old); !s.ok()) {
+      return PrefixStatus(absl::StrCat("job '", config.name, "' was not created: job '", old,
                                        "' was deleted but kept its record: "),
                           s);
     }
     std::lock_guard<std::mutex> lock(mu_);
-    undeleted_.clear();
+    undeleted_.erase(old);
   }
   // Building the job lists its checkpoint directory (where its history
   // starts), writes its record and clears the partial saves it finds: as
@@ -257,7 +263,7 @@ absl::Status Coordinator::DeleteJob(const std::string& name) {
   std::lock_guard<std::mutex> lock(mu_);
   deleting_.clear();
   if (!forgotten.ok()) {
-    undeleted_ = name;
+    undeleted_.insert(name);
     return PrefixStatus(
         absl::StrCat("job '", name,
                      "' is stopped but not deleted, and a restarted coordinator would bring it "
@@ -265,7 +271,7 @@ absl::Status Coordinator::DeleteJob(const std::string& name) {
                      name, "`: "),
         forgotten);
   }
-  if (undeleted_ == name) undeleted_.clear();
+  undeleted_.erase(name);
   if (job_ == job) job_ = nullptr;
   spdlog::info("job '{}' deleted", name);
   return absl::OkStatus();

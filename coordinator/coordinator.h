@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -115,11 +116,13 @@ class Coordinator {
   std::thread former_;  // forms the job off the monitor thread
   bool forming_ = false;
   absl::Time restored_at_;  // when RestoreState brought a job back
-  // The job DeleteJob is deleting now, and the one (STOPPED, still job_)
-  // whose record it could not remove: the next create removes that first,
-  // within its reservation (creating_) and outside mu_.
+  // The job DeleteJob is deleting now, and the ones whose record stayed
+  // (a delete that could not remove it: STOPPED, still job_; a deletion
+  // RestoreState could not finish): the next create removes those first,
+  // within its reservation (creating_) and outside mu_, or the new job of
+  // that name would take on their rows (a training operation, the journal).
   std::string deleting_;
-  std::string undeleted_;
+  std::set<std::string> undeleted_;
   // The job CreateJob is building (outside mu_); created_cv_ tells Shutdown
   // when that is over.
   std::string creating_;

@@ -6,6 +6,7 @@
 // would bring it back; a retry, or the next CreateJob, finishes it. A deletion
 // cut short by a crash after the job was stopped is finished by the next start.
 #include <chrono>
+#include <csignal>
 #include <future>
 #include <memory>
 #include <string>
@@ -50,9 +51,12 @@ class StateDb {
     sqlite3_free(message);
   }
   // The job records the store holds.
-  int Jobs() {
+  int Jobs() { return Rows("jobs"); }
+  // The rows of `table`.
+  int Rows(const std::string& table) {
     sqlite3_stmt* s = nullptr;
-    EXPECT_EQ(sqlite3_prepare_v2(db_, "SELECT count(*) FROM jobs", -1, &s, nullptr), SQLITE_OK);
+    const std::string sql = "SELECT count(*) FROM " + table;
+    EXPECT_EQ(sqlite3_prepare_v2(db_, sql.c_str(), -1, &s, nullptr), SQLITE_OK) << sql;
     const int n = sqlite3_step(s) == SQLITE_ROW ? sqlite3_column_int(s, 0) : -1;
     sqlite3_finalize(s);
     return n;
@@ -194,6 +198,46 @@ TEST_F(JobDeletionTest, ADeletionCutShortByACrashIsFinishedByTheNextStart) {
   EXPECT_EQ(StateDb(state_dir()).Jobs(), 0);
   // The coordinator takes a new job.
   testing::CreateAndWaitReady(*client_, Job("mlp-next"));
+}
+
+// A deletion the next start cannot finish either (the store refuses the
+// removal) leaves the record, STOPPED and not restored; the next create
+// removes it first, as it does a refused delete's. The record is written
+// over, not replaced, so a job of the same name would otherwise take on the
+// old one's training operation, and a restart would resume it.
+TEST_F(JobDeletionTest, ADeletionTheStartCannotFinishIsFinishedByTheNextJob) {
+  testing::CreateAndWaitReady(*client_, Job("mlp-demo"));
+  // A training operation cut short by a crash keeps its row for the restart.
+  bool killed = false;
+  const absl::Status cut = client_->Train("mlp-demo", 100000, 0, [&](const v1::StepResult& r) {
+    if (r.step() >= 2 && !killed) {
+      killed = true;
+      cluster_->coordinator().Signal(SIGKILL);
+    }
+  });
+  EXPECT_EQ(cut.code(), absl::StatusCode::kUnavailable) << cut;
+  StateDb db(state_dir());
+  ASSERT_TRUE(cluster_
+                  ->KillAndRestartCoordinator([&] {
+                    db.Exec("UPDATE jobs SET state='STOPPED'");  // a deletion cut short
+                    db.Exec("BEGIN EXCLUSIVE");                  // and its finish refused
+                  })
+                  .ok());
+  db.Exec("ROLLBACK");
+  ExpectGone("mlp-demo");
+  EXPECT_EQ(db.Jobs(), 1);
+  EXPECT_EQ(db.Rows("operations"), 1);
+  testing::CreateAndWaitReady(*client_, Job("mlp-demo"));
+  EXPECT_EQ(db.Jobs(), 1);
+  EXPECT_EQ(db.Rows("operations"), 0) << "the new job took on the old one's training";
+  // Restarted, the new job is back as created: READY, not training.
+  ASSERT_TRUE(cluster_->KillAndRestartCoordinator().ok());
+  auto ready = client_->WaitForState("mlp-demo", {v1::READY}, absl::Seconds(120));
+  ASSERT_TRUE(ready.ok()) << ready.status();
+  auto job = client_->GetJob("mlp-demo");
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->state(), v1::READY);
+  EXPECT_EQ(job->step(), 0);
 }
 
 }  // namespace
