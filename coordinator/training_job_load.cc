@@ -3,6 +3,7 @@
 // (docs/fault-tolerance.md, "Restore"), a recovery's stays on its own.
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -68,16 +69,17 @@ absl::StatusOr<v1::CheckpointInfo> TrainingJob::LoadLocked(const std::string& na
     since = *start;
   }
   command.mutable_load_shard()->set_apply(true);
+  const std::shared_ptr<CommandSequencer> epoch = sequencer();
   absl::StatusOr<std::vector<v1::CommandResult>> applied = RunCheckpointBatch(command);
   if (!applied.ok()) {
-    // Half applied. A recovery's load is retried by the recovery; a client's
-    // load whose batch failed was recovered by RunCheckpointBatch already.
-    bool in_recovery = false;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      in_recovery = recovering_;
-    }
-    if (!in_recovery && states_.state() != v1::READY) FailWith(applied.status());
+    // Half applied. A batch that failed the epoch was recovered from by
+    // RunCheckpointBatch already. One that a rank refused left the epoch
+    // running with its ranks disagreeing (some hold the checkpoint's state,
+    // the refusing one its own): the job must not stay READY on that, so it
+    // recovers as from any failed batch (or fails, with no restart left).
+    // A recovery's own load is the recovery's to retry (OnBatchFailure
+    // leaves it alone).
+    if (sequencer() == epoch && epoch->failure().ok()) (void)OnBatchFailure(applied.status());
     return applied.status();
   }
   {
