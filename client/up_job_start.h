@@ -32,7 +32,7 @@ struct UpJobStart {
 // kept the job gets it created again); a stop signal ends the wait. Other
 // failures end it: at once when they are about the job or the request, else
 // once the coordinator has not exited within 10 s (a coordinator that is
-// stopping answers "job is STOPPED" before it exits).
+// stopping ends the watch UNAVAILABLE before it exits).
 // Every worker gone for good (UpSupervisor::EveryWorkerGone) ends it too:
 // no READY can come.
 UpJobStart StartUpJob(FlatshardClient& client, const v1::JobSpec& spec, LocalCluster& cluster,

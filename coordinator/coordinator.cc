@@ -24,10 +24,11 @@ void Coordinator::Shutdown(const std::string& reason) {
   {
     // From here on the job is stopped in memory only: no create or delete
     // may take that for a deletion. A create under way is let finish, so
-    // that the job it makes is the one stopped below.
+    // that the job it makes is the one stopped below; so is a delete, so
+    // that its stop persists STOPPED and its watchers see a deletion.
     std::unique_lock<std::mutex> lock(mu_);
     shutting_down_ = true;
-    created_cv_.wait(lock, [this] { return creating_.empty(); });
+    reservation_cv_.wait(lock, [this] { return creating_.empty() && deleting_.empty(); });
   }
   {
     std::lock_guard<std::mutex> lock(monitor_mu_);
@@ -97,7 +98,7 @@ absl::Status Coordinator::RestoreState() {
             state->dir(), name);
       } else {
         std::lock_guard<std::mutex> lock(mu_);
-        undeleted_.insert(name);
+        unfinished_deletions_.insert(name);
       }
       continue;  // not restored either way
     }
@@ -133,7 +134,7 @@ absl::Status Coordinator::RestoreState() {
 
 absl::StatusOr<v1::Job> Coordinator::CreateJob(const v1::JobSpec& spec) {
   ASSIGN_OR_RETURN(JobConfig config, JobConfigFromProto(spec));
-  std::set<std::string> undeleted;  // deletions whose record stayed: finished first
+  std::set<std::string> undeleted, unfinished;  // records that stayed: removed first
   {
     std::lock_guard<std::mutex> lock(mu_);
     RETURN_IF_ERROR(RefuseWhileBusyLocked());
@@ -148,6 +149,7 @@ absl::StatusOr<v1::Job> Coordinator::CreateJob(const v1::JobSpec& spec) {
                        "' exists; delete it first (flatshard job delete ", job_->name(), ")"));
     }
     undeleted = undeleted_;
+    unfinished = unfinished_deletions_;
     // Rendezvous keys an earlier job of this name left would hand its peers'
     // dead addresses to the new epoch 1.
     store_.DeletePrefix(absl::StrCat("job/", config.name));
@@ -158,15 +160,13 @@ absl::StatusOr<v1::Job> Coordinator::CreateJob(const v1::JobSpec& spec) {
   absl::Cleanup reserved = [this] {
     std::lock_guard<std::mutex> lock(mu_);
     creating_.clear();
-    created_cv_.notify_all();
+    reservation_cv_.notify_all();
   };
   for (const std::string& old : undeleted) {
     // That record goes before this job writes its own, or a restarted
-    // coordinator would bring the old job back instead of this one (and one
-    // of the same name would take on its operation and journal: its own
-    // record is written over, not replaced). The store may wait out another
-    // holder of its lock: outside mu_, and creating_ keeps every delete (of
-    // the old job too) out meanwhile.
+    // coordinator would bring the old job back instead of this one. The
+    // store may wait out another holder of its lock: outside mu_, and
+    // creating_ keeps every delete (of the old job too) out meanwhile.
     if (absl::Status s = ForgetJobRecord(old); !s.ok()) {
       return PrefixStatus(absl::StrCat("job '", config.name, "' was not created: job '", old,
                                        "' was deleted but kept its record: "),
@@ -174,6 +174,18 @@ absl::StatusOr<v1::Job> Coordinator::CreateJob(const v1::JobSpec& spec) {
     }
     std::lock_guard<std::mutex> lock(mu_);
     undeleted_.erase(old);
+  }
+  for (const std::string& old : unfinished) {
+    // A STOPPED record a restart would not restore: in the way only of a job
+    // of its own name (ForgetJobRecord logs the others' failures).
+    if (absl::Status s = ForgetJobRecord(old); !s.ok()) {
+      if (old != config.name) continue;
+      return PrefixStatus(absl::StrCat("job '", config.name, "' was not created: the record of ",
+                                       "a deleted job of that name is still there: "),
+                          s);
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    unfinished_deletions_.erase(old);
   }
   // Building the job lists its checkpoint directory (where its history
   // starts), writes its record and clears the partial saves it finds: as
@@ -262,6 +274,7 @@ absl::Status Coordinator::DeleteJob(const std::string& name) {
   const absl::Status forgotten = ForgetJobRecord(name);
   std::lock_guard<std::mutex> lock(mu_);
   deleting_.clear();
+  reservation_cv_.notify_all();  // a shutdown waits for the deletion
   if (!forgotten.ok()) {
     undeleted_.insert(name);
     return PrefixStatus(

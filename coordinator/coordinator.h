@@ -116,17 +116,22 @@ class Coordinator {
   std::thread former_;  // forms the job off the monitor thread
   bool forming_ = false;
   absl::Time restored_at_;  // when RestoreState brought a job back
-  // The job DeleteJob is deleting now, and the ones whose record stayed
-  // (a delete that could not remove it: STOPPED, still job_; a deletion
-  // RestoreState could not finish): the next create removes those first,
-  // within its reservation (creating_) and outside mu_, or the new job of
-  // that name would take on their rows (a training operation, the journal).
+  // The job DeleteJob is deleting now, and the ones whose delete could not
+  // remove their record (STOPPED, still job_; the record may still hold the
+  // job as it was): the next create removes those first, within its
+  // reservation (creating_) and outside mu_, or refuses, since a restart
+  // would bring the old job back instead of the new one.
   std::string deleting_;
   std::set<std::string> undeleted_;
-  // The job CreateJob is building (outside mu_); created_cv_ tells Shutdown
-  // when that is over.
+  // Deletions RestoreState could not finish: STOPPED records, never
+  // restored. The next create tries them too, and refuses only for its own
+  // name: its record is written over, not replaced, and would take on the
+  // old job's rows (a training operation, the batch journal).
+  std::set<std::string> unfinished_deletions_;
+  // The job CreateJob is building (outside mu_); reservation_cv_ tells
+  // Shutdown when that, and a deletion (deleting_), is over.
   std::string creating_;
-  std::condition_variable created_cv_;
+  std::condition_variable reservation_cv_;
   bool shutting_down_ = false;  // Shutdown began: the job is stopped in memory only
 
   std::mutex monitor_mu_;

@@ -1,5 +1,6 @@
 #include "coordinator/job_state_machine.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -108,11 +109,14 @@ void JobStateMachine::set_on_transition(std::function<void()> observer) {
   on_transition_ = std::move(observer);
 }
 
-std::vector<JobEventRecord> JobStateMachine::EventsFrom(size_t next, absl::Time deadline) const {
+std::vector<JobEventRecord> JobStateMachine::EventsFrom(size_t next, absl::Time deadline,
+                                                        bool* closed) const {
   std::unique_lock<std::mutex> lock(mu_);
   changed_.wait_until(lock, absl::ToChronoTime(deadline),
                       [&] { return closed_ || events_.size() > next; });
-  const size_t last = closed_ ? watchable_ : events_.size();
+  if (closed != nullptr) *closed = closed_;
+  // Restore (which starts a new history) comes before any close.
+  const size_t last = closed_ ? std::min(watchable_, events_.size()) : events_.size();
   if (next >= last) return {};
   return std::vector<JobEventRecord>(events_.begin() + static_cast<std::ptrdiff_t>(next),
                                      events_.begin() + static_cast<std::ptrdiff_t>(last));

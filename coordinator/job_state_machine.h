@@ -48,8 +48,11 @@ class JobStateMachine {
   absl::Status TransitionFrom(v1::JobState from, v1::JobState to, const std::string& message);
 
   // Events from index `next` on; waits until there is one, the machine is
-  // closed, or `deadline` passes. Returns what it has (maybe nothing).
-  std::vector<JobEventRecord> EventsFrom(size_t next, absl::Time deadline) const;
+  // closed, or `deadline` passes. Returns what it has (maybe nothing), and
+  // sets `*closed` (if given) in the same look: closed with nothing
+  // returned means every event a watcher may see was seen.
+  std::vector<JobEventRecord> EventsFrom(size_t next, absl::Time deadline,
+                                         bool* closed = nullptr) const;
   // Wakes every waiter for good: the job was deleted (`end` OK, after its
   // STOPPED event) or the coordinator is shutting down (`end` UNAVAILABLE,
   // before it stops the job in memory). Events after the first Close are

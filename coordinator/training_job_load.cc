@@ -72,14 +72,18 @@ absl::StatusOr<v1::CheckpointInfo> TrainingJob::LoadLocked(const std::string& na
   const std::shared_ptr<CommandSequencer> epoch = sequencer();
   absl::StatusOr<std::vector<v1::CommandResult>> applied = RunCheckpointBatch(command);
   if (!applied.ok()) {
-    // Half applied. A batch that failed the epoch was recovered from by
-    // RunCheckpointBatch already. One that a rank refused left the epoch
-    // running with its ranks disagreeing (some hold the checkpoint's state,
-    // the refusing one its own): the job must not stay READY on that, so it
-    // recovers as from any failed batch (or fails, with no restart left).
+    // A batch that failed the epoch was recovered from by RunCheckpointBatch
+    // already. One that some ranks applied and another refused (blamed on
+    // that rank: RunCheckpointBatch blames one only when another's part
+    // succeeded) left the epoch running with its ranks disagreeing: the job
+    // must not stay READY on that, so it recovers as from any failed batch
+    // (or fails, with no restart left). Refused everywhere, nothing changed.
     // A recovery's own load is the recovery's to retry (OnBatchFailure
     // leaves it alone).
-    if (sequencer() == epoch && epoch->failure().ok()) (void)OnBatchFailure(applied.status());
+    const bool half_applied = FailedRank(applied.status()).has_value();
+    if (half_applied && sequencer() == epoch && epoch->failure().ok()) {
+      (void)OnBatchFailure(applied.status());
+    }
     return applied.status();
   }
   {

@@ -238,8 +238,9 @@ grpc::Status JobServiceImpl::WatchEvents(grpc::ServerContext* context,
   size_t next = 0;
   // Wake up now and then to notice a client that went away.
   while (!context->IsCancelled()) {
+    bool closed = false;
     const std::vector<JobEventRecord> events =
-        states.EventsFrom(next, absl::Now() + absl::Milliseconds(500));
+        states.EventsFrom(next, absl::Now() + absl::Milliseconds(500), &closed);
     for (const JobEventRecord& e : events) {
       v1::JobEvent event;
       event.set_job(request->job());
@@ -249,9 +250,10 @@ grpc::Status JobServiceImpl::WatchEvents(grpc::ServerContext* context,
       if (!guard.Write(writer, event)) return grpc::Status::OK;
     }
     next += events.size();
-    // Every event was sent: a deleted job's watch ends OK after STOPPED, a
-    // shutting-down coordinator's UNAVAILABLE (its job is not deleted).
-    if (events.empty() && states.closed()) return ToGrpcStatus(states.end());
+    // Every event was sent (closed and nothing new in the same look): a
+    // deleted job's watch ends OK after STOPPED, a shutting-down
+    // coordinator's UNAVAILABLE (its job is not deleted).
+    if (events.empty() && closed) return ToGrpcStatus(states.end());
   }
   return grpc::Status::OK;
 }

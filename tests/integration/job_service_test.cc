@@ -240,6 +240,7 @@ TEST_F(JobServiceTest, AWatchOpenAtShutdownEndsUnavailableWithNoStoppedEvent) {
     }
     return true;
   });
+  ASSERT_TRUE(stopper.joinable()) << watched;
   stopper.join();
   ExpectRefused(watched, absl::StatusCode::kUnavailable, "kept in its state dir");
   EXPECT_EQ(seen, std::vector<v1::JobState>{v1::PENDING});

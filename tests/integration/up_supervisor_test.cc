@@ -303,8 +303,8 @@ TEST(UpSupervisorTest, EveryWorkerGoneBeforeTheJobIsReadyStopsTheCluster) {
 }
 
 // One stopped on purpose then (SIGTERM: exit 0) ends the cluster, said as
-// such, rather than reading as the job's failure ("job is STOPPED"), which
-// its watch tells before the coordinator has exited.
+// such, rather than reading as the job's failure: its watch ends (UNAVAILABLE,
+// "shutting down") before the coordinator has exited.
 TEST(UpSupervisorTest, ACoordinatorStoppedBeforeTheJobIsReadyEndsTheCluster) {
   const std::string dir = testing::MakeTempDir("up-coordinator-stopped-early");
   const Gate gate(dir);  // never opened

@@ -38,12 +38,12 @@ void BackgroundSaves::Start(const std::string& key, ShardSnapshot snapshot, cons
     // failed on another rank, a commit abandoned with its job, a restarted
     // coordinator). A write still running is one nobody will collect: it
     // stops at its next tensor rather than hold this batch (and run_mu_)
-    // for the rest of its write, and is watched until it does.
+    // for the rest of its write. It is not watched: the epoch is healthy,
+    // and one piece or the final fsync of a healthy write on slow storage
+    // may outlast the abort grace; the batch timeout bounds the wait, and
+    // an abort of the epoch meanwhile watches it as any other write.
     std::lock_guard<std::mutex> lock(mu_);
-    for (auto& [id, write] : running_) {
-      write.superseded->store(true);
-      WatchLocked(write, absl::StrCat("superseded by the save into '", key, "'"));
-    }
+    for (auto& [id, write] : running_) write.superseded->store(true);
   }
   // One background save at a time: the stopped one must not write beside the
   // next (a FULL save's files are opened by every rank, without O_EXCL) or
@@ -58,7 +58,7 @@ void BackgroundSaves::Start(const std::string& key, ShardSnapshot snapshot, cons
     Running& write = running_[id];
     write.what = absl::StrCat("async save of batch seq ", seq, " into '", key, "' on rank ", rank);
     write.superseded = superseded;
-    if (abort_reason_.has_value()) WatchLocked(write, absl::StrCat("aborted: ", *abort_reason_));
+    if (abort_reason_.has_value()) WatchLocked(write);
   }
   // The snapshot is freed as soon as its files are written: the future's
   // shared state keeps the closure for as long as the entry is kept, and an
@@ -112,7 +112,14 @@ void BackgroundSaves::Abort(const std::string& reason) {
   std::lock_guard<std::mutex> lock(mu_);
   if (abort_reason_.has_value()) return;
   abort_reason_ = reason;
-  for (auto& [id, write] : running_) WatchLocked(write, absl::StrCat("aborted: ", reason));
+  for (auto& [id, write] : running_) WatchLocked(write);
+}
+
+size_t BackgroundSaves::StoppedWritesRunning() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  size_t stopped = 0;
+  for (const auto& [id, write] : running_) stopped += write.superseded->load() ? 1u : 0u;
+  return stopped;
 }
 
 std::optional<std::chrono::steady_clock::time_point> BackgroundSaves::DrainingSince() const {
@@ -127,10 +134,12 @@ std::optional<std::chrono::steady_clock::time_point> BackgroundSaves::DrainingSi
   return latest;
 }
 
-void BackgroundSaves::WatchLocked(Running& write, const std::string& why) {
+void BackgroundSaves::WatchLocked(Running& write) {
   if (write.watched_since.has_value()) return;
   write.watched_since = std::chrono::steady_clock::now();
-  if (watchdog_ != nullptr) write.token = watchdog_->Arm(absl::StrCat(write.what, " (", why, ")"));
+  if (watchdog_ != nullptr) {
+    write.token = watchdog_->Arm(absl::StrCat(write.what, " (aborted: ", *abort_reason_, ")"));
+  }
 }
 
 void BackgroundSaves::Returned(uint64_t id) {

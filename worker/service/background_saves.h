@@ -50,10 +50,10 @@ class BackgroundSaves {
   // for Await (the checkpoint directory as the coordinator sent it). The
   // coordinator starts a save only once it collected or gave up every
   // earlier one, so a write still running is one nobody will collect: it is
-  // stopped at its next tensor (ABORTED, its files removed) and watched as
-  // an aborted one is, and waited for (one save at a time: they share the
-  // disk and a FULL file's name). Every earlier outcome not awaited is
-  // dropped. After Abort, the write stops before its first unit.
+  // stopped at its next tensor (ABORTED, its files removed) and waited for
+  // (one save at a time: they share the disk and a FULL file's name). Every
+  // earlier outcome not awaited is dropped. After Abort, the write stops
+  // before its first unit.
   void Start(const std::string& key, ShardSnapshot snapshot, const std::string& path, int rank,
              uint64_t seq);
 
@@ -72,9 +72,12 @@ class BackgroundSaves {
   // Waits for every write in flight.
   void Wait();
 
-  // Since when the aborted (or superseded) write that is still running and
-  // was watched last has been watched (the one whose verdict comes last);
-  // none when no such write runs.
+  // The writes a later Start stopped that have not returned yet.
+  size_t StoppedWritesRunning() const;
+
+  // Since when the aborted write that is still running and was watched last
+  // has been watched (the one whose verdict comes last); none when no
+  // aborted write runs.
   std::optional<std::chrono::steady_clock::time_point> DrainingSince() const;
 
  private:
@@ -92,8 +95,8 @@ class BackgroundSaves {
     uint64_t token = 0;
   };
 
-  // Starts watching `write`, once, saying `why` it was stopped. Needs mu_.
-  void WatchLocked(Running& write, const std::string& why);
+  // Starts watching `write`, once. Needs mu_ and the abort.
+  void WatchLocked(Running& write);
   // The writer's last act: `id` returned.
   void Returned(uint64_t id);
 
