@@ -51,31 +51,37 @@ absl::Status SafetensorsFileWriter::Write(const char* data, size_t size) {
 
 absl::Status SafetensorsFileWriter::Append(absl::string_view name, std::span<const float> values) {
   if (next_ >= slots_.size() || slots_[next_].name != name) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(path_, ": tensor '", name, "' appended out of order; expected '",
-                     next_ < slots_.size() ? slots_[next_].name : "<none>", "'"));
+    return absl::InvalidArgumentError(absl::StrCat(
+        path_, ": tensor '", name, "' appended out of order; expected '",
+        next_ < slots_.size() ? slots_[next_].name : "<none>", "'",
+        next_written_ > 0 ? absl::StrCat(" (", next_written_, " of its elements written)") : ""));
   }
   const SafetensorsSlot& slot = slots_[next_];
-  const auto numel = static_cast<size_t>(NumElements(slot.shape));
-  if (values.size() != numel) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        path_, ": tensor '", name, "' got ", values.size(), " elements, its shape holds ", numel));
+  const auto numel = static_cast<uint64_t>(NumElements(slot.shape));
+  if (values.size() > numel - next_written_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(path_, ": tensor '", name, "' got ", values.size(), " elements, ",
+                     numel - next_written_, " of its shape's ", numel, " remain to be written"));
   }
-  ++next_;
+  next_written_ += values.size();
+  if (next_written_ == numel) {
+    ++next_;
+    next_written_ = 0;
+  }
   if (slot.dtype == DType::kFloat32) {
     return Write(reinterpret_cast<const char*>(values.data()), values.size_bytes());
   }
-  std::string converted(numel * DTypeSize(slot.dtype), '\0');
+  std::string converted(values.size() * DTypeSize(slot.dtype), '\0');
   ConvertElements(DType::kFloat32, reinterpret_cast<const std::byte*>(values.data()), slot.dtype,
-                  reinterpret_cast<std::byte*>(converted.data()), numel);
+                  reinterpret_cast<std::byte*>(converted.data()), values.size());
   return Write(converted.data(), converted.size());
 }
 
 absl::StatusOr<FileDigest> SafetensorsFileWriter::Finish() {
   if (next_ != slots_.size()) {
-    return absl::FailedPreconditionError(absl::StrCat(path_, ": ", slots_.size() - next_,
-                                                      " tensors were never written, the first '",
-                                                      slots_[next_].name, "'"));
+    return absl::FailedPreconditionError(
+        absl::StrCat(path_, ": ", slots_.size() - next_,
+                     " tensors were never written whole, the first '", slots_[next_].name, "'"));
   }
   RETURN_IF_ERROR(file_->Sync());
   RETURN_IF_ERROR(file_->Close());

@@ -37,8 +37,11 @@ class SafetensorsFileWriter {
   SafetensorsFileWriter(const SafetensorsFileWriter&) = delete;
   SafetensorsFileWriter& operator=(const SafetensorsFileWriter&) = delete;
 
-  // The next slot's data as float32 values, converted to the slot's dtype.
-  // INVALID_ARGUMENT for the wrong name or element count.
+  // The next elements of the slot being written (the first one not yet
+  // whole), as float32 values converted to the slot's dtype: a tensor may
+  // come in several parts (a save that asks for its abort between them),
+  // and the next slot's begin once this one has all its elements.
+  // INVALID_ARGUMENT for another slot's name or more elements than remain.
   absl::Status Append(absl::string_view name, std::span<const float> values);
 
   // fsyncs and closes. FAILED_PRECONDITION when slots are missing.
@@ -53,7 +56,8 @@ class SafetensorsFileWriter {
   FileSystem* fs_;
   std::unique_ptr<WritableFile> file_;
   std::vector<SafetensorsSlot> slots_;
-  size_t next_ = 0;
+  size_t next_ = 0;            // the slot being written
+  uint64_t next_written_ = 0;  // its elements written so far
   uint64_t bytes_ = 0;
   XXH3_state_s* hash_;
   bool finished_ = false;

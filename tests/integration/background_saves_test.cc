@@ -10,6 +10,7 @@
 // the abort lands while the write is known to be in flight, with no sleep.
 #include "worker/service/background_saves.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <filesystem>
@@ -17,8 +18,10 @@
 #include <future>
 #include <memory>
 #include <mutex>
+#include <span>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
@@ -31,6 +34,7 @@
 
 #include "core/model_spec_yaml.h"
 #include "core/status_macros.h"
+#include "storage/safetensors_reader.h"
 #include "tests/integration/multiprocess.h"
 #include "worker/comm/file_store.h"
 #include "worker/device/device_factory.h"
@@ -57,21 +61,28 @@ root:
 )";
 
 // The real file system, except that creating the first file whose name
-// contains "model" waits until Release (and says it got there).
+// contains "model" waits until Release (and says it got there); counts the
+// bytes appended to every file.
 class GatedFileSystem : public FileSystem {
  public:
   absl::StatusOr<std::unique_ptr<WritableFile>> NewWritableFile(const std::string& path) override {
     Gate(path);
-    return FileSystem::Default()->NewWritableFile(path);
+    ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file,
+                     FileSystem::Default()->NewWritableFile(path));
+    return std::make_unique<CountedFile>(std::move(file), appended_);
   }
   absl::StatusOr<std::unique_ptr<WritableFile>> OpenSharedFile(const std::string& path,
                                                                uint64_t size) override {
     Gate(path);
-    return FileSystem::Default()->OpenSharedFile(path, size);
+    ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file,
+                     FileSystem::Default()->OpenSharedFile(path, size));
+    return std::make_unique<CountedFile>(std::move(file), appended_);
   }
   absl::Status RemoveFile(const std::string& path) override {
     return FileSystem::Default()->RemoveFile(path);
   }
+
+  uint64_t appended() const { return appended_.load(); }
 
   // True once a write waits at the gate (within 30 s).
   bool Entered() { return entered_.WaitForNotificationWithTimeout(absl::Seconds(30)); }
@@ -80,6 +91,23 @@ class GatedFileSystem : public FileSystem {
   }
 
  private:
+  class CountedFile : public WritableFile {
+   public:
+    CountedFile(std::unique_ptr<WritableFile> file, std::atomic<uint64_t>& appended)
+        : file_(std::move(file)), appended_(appended) {}
+    absl::Status Append(absl::string_view data) override {
+      appended_ += data.size();
+      return file_->Append(data);
+    }
+    absl::Status Seek(uint64_t offset) override { return file_->Seek(offset); }
+    absl::Status Sync() override { return file_->Sync(); }
+    absl::Status Close() override { return file_->Close(); }
+
+   private:
+    std::unique_ptr<WritableFile> file_;
+    std::atomic<uint64_t>& appended_;
+  };
+
   void Gate(const std::string& path) {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -93,6 +121,7 @@ class GatedFileSystem : public FileSystem {
   std::mutex mu_;
   bool gated_ = false;
   absl::Notification entered_, released_;
+  std::atomic<uint64_t> appended_{0};
 };
 
 class BackgroundSavesTest : public ::testing::Test {
@@ -101,7 +130,9 @@ class BackgroundSavesTest : public ::testing::Test {
   // its own CPU device; the saves write rank 0's shard.
   void SetUp() override {
     dir_ = testing::MakeTempDir("background-saves");
-    static const ModelSpec spec = *ParseModelSpec(kModel, "m.yaml");
+    absl::StatusOr<ModelSpec> parsed = ParseModelSpec(ModelYaml(), "m.yaml");
+    ASSERT_TRUE(parsed.ok()) << parsed.status();
+    const ModelSpec spec = *std::move(parsed);
     auto store = FileStore::Open(dir_ + "/store");
     ASSERT_TRUE(store.ok()) << store.status();
     auto create = [&](int rank) -> absl::StatusOr<std::unique_ptr<FsdpRuntime>> {
@@ -127,6 +158,8 @@ class BackgroundSavesTest : public ::testing::Test {
     runtime_ = *std::move(runtime);
     peer_ = *std::move(peer_runtime);
   }
+
+  virtual const char* ModelYaml() const { return kModel; }
 
   // A snapshot of the runtime's shards, to be written into `name`.
   ShardSnapshot Snapshot(v1::StateDictType type = v1::SHARDED_STATE_DICT) {
@@ -311,6 +344,66 @@ TEST_F(BackgroundSavesTest, TheNextSaveStopsAWriteNobodyWillCollect) {
   EXPECT_EQ(result->files_size(), 2);
   EXPECT_EQ(wedged.what.get_future().wait_for(std::chrono::seconds(0)), std::future_status::timeout)
       << "the watchdog was told of a healthy epoch's write";
+}
+
+// One Linear whose weight, sharded over the two ranks, is 2 Mi elements (8 MiB)
+// on rank 0: more than two of a save's writes (kSaveWriteChunk).
+constexpr char kBigModel[] = R"(
+root:
+  type: Sequential
+  children:
+    - {name: big, type: Linear, in_features: 1024, out_features: 4096}
+)";
+
+class BigTensorSavesTest : public BackgroundSavesTest {
+ protected:
+  const char* ModelYaml() const override { return kBigModel; }
+};
+
+// A tensor's part is written a chunk at a time, the abort asked before each:
+// an aborted save lets go within one chunk of writing, not one tensor.
+TEST_F(BigTensorSavesTest, AnAbortLetsGoWithinAChunkOfATensor) {
+  files_.Release();
+  const ShardSnapshot snapshot = Snapshot();
+  const std::string dir = Dir("chunked");
+  int asked = 0;
+  uint64_t at_abort = 0;
+  // Asked before the files are created, before the first piece (the
+  // weight's part), then before its second chunk: stopped there.
+  const absl::StatusOr<ShardSaveResult> saved = WriteShardSnapshot(snapshot, dir, [&] {
+    if (++asked < 3) return false;
+    at_abort = files_.appended();
+    return true;
+  });
+  EXPECT_EQ(saved.status().code(), absl::StatusCode::kAborted) << saved.status();
+  EXPECT_EQ(asked, 3);
+  const uint64_t chunk_bytes = kSaveWriteChunk * sizeof(float);
+  EXPECT_GE(at_abort, chunk_bytes) << "the first chunk was not written";
+  // The chunk and the two files' headers, not the weight's whole 8 MiB.
+  EXPECT_LT(at_abort, chunk_bytes + (64u << 10)) << "written past one chunk before the abort";
+  EXPECT_TRUE(Empty(dir)) << "the aborted write left files";
+  // Not stopped, the chunks make the same tensors as one write would.
+  const std::string whole = Dir("whole");
+  const absl::StatusOr<ShardSaveResult> written = WriteShardSnapshot(snapshot, whole);
+  ASSERT_TRUE(written.ok()) << written.status();
+  ASSERT_TRUE(written->write_status.ok()) << written->write_status;
+  ASSERT_EQ(written->files.size(), 2u);
+  for (const CheckpointFile& f : written->files) {
+    EXPECT_EQ(fs::file_size(absl::StrCat(whole, "/", f.name)), f.bytes);
+    if (!absl::StrContains(f.name, "model")) continue;
+    // Rank 0's shard starts with the weight: its part, chunk after chunk.
+    absl::StatusOr<std::unique_ptr<SafetensorsReader>> file =
+        SafetensorsReader::Open(absl::StrCat(whole, "/", f.name));
+    ASSERT_TRUE(file.ok()) << file.status();
+    const uint64_t count = 2 * kSaveWriteChunk + 5;
+    absl::StatusOr<std::vector<float>> weight = (*file)->ReadFloats("big.weight", 0, count);
+    ASSERT_TRUE(weight.ok()) << weight.status();
+    absl::StatusOr<std::span<const float>> shard = snapshot.units[0].shard.Read<float>();
+    ASSERT_TRUE(shard.ok()) << shard.status();
+    ASSERT_GE(shard->size(), count);
+    EXPECT_TRUE(std::equal(weight->begin(), weight->end(), shard->begin()))
+        << "the chunks did not write the shard's elements in order";
+  }
 }
 
 }  // namespace

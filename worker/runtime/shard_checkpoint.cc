@@ -282,21 +282,36 @@ absl::StatusOr<SavePlan> PlanSave(FsdpRuntime& runtime, v1::StateDictType type) 
 // (the pieces are whole tensors in file order, so each rank's writes go
 // forward through each file); rank 0 writes the 0-dim steps. No collective:
 // nothing moves between ranks, so `aborted` (if set) is asked before each
-// piece (one tensor's part), and an aborted save lets go within one write.
+// write of at most kSaveWriteChunk elements (a piece, one tensor's part, is
+// written in such chunks), and an aborted save lets go within one chunk
+// rather than one tensor, however large.
 absl::Status StreamSave(SaveSource& source, const SavePlan& plan, TolerantWriter& model,
                         TolerantWriter& optim, const std::function<bool()>& aborted) {
   const bool full = plan.type == v1::FULL_STATE_DICT;
   for (size_t u = 0; u < plan.pieces.size(); ++u) {
     const float step = source.Step(u);
+    const auto stopped = [&]() -> absl::Status {
+      if (!aborted || !aborted()) return absl::OkStatus();
+      return absl::AbortedError(
+          absl::StrCat("the save was aborted after ", u, " of ", plan.pieces.size(), " units"));
+    };
     for (const Piece& piece : plan.pieces[u]) {
-      if (aborted && aborted()) {
-        return absl::AbortedError(
-            absl::StrCat("the save was aborted after ", u, " of ", plan.pieces.size(), " units"));
-      }
-      TolerantWriter& file = piece.optim ? optim : model;
+      RETURN_IF_ERROR(stopped());
+      TolerantWriter& raw = piece.optim ? optim : model;
+      // Elements [begin, begin + values.size()) of tensor `name`, a chunk
+      // at a time (the first after the check above).
+      const auto write = [&](const std::string& name, uint64_t begin,
+                             std::span<const float> values) -> absl::Status {
+        for (size_t k = 0; k == 0 || k < values.size(); k += kSaveWriteChunk) {
+          if (k > 0) RETURN_IF_ERROR(stopped());
+          raw.Write(name, begin + k,
+                    values.subspan(k, std::min(kSaveWriteChunk, values.size() - k)));
+        }
+        return absl::OkStatus();
+      };
       if (piece.source == Piece::Source::kStep) {
         if (!full || plan.rank == 0) {
-          file.Write(piece.slot.name, 0, std::span<const float>(&step, 1));
+          raw.Write(piece.slot.name, 0, std::span<const float>(&step, 1));
         }
         continue;
       }
@@ -307,18 +322,18 @@ absl::Status StreamSave(SaveSource& source, const SavePlan& plan, TolerantWriter
         ASSIGN_OR_RETURN(values, source.State(u, piece.state));
       }
       if (!full) {
-        file.Write(piece.slot.name, 0,
-                   values.subspan(static_cast<size_t>(piece.flat_begin),
-                                  static_cast<size_t>(piece.count)));
+        RETURN_IF_ERROR(write(piece.slot.name, 0,
+                              values.subspan(static_cast<size_t>(piece.flat_begin),
+                                             static_cast<size_t>(piece.count))));
         continue;
       }
       const WrittenRange& mine = plan.ranges[u];
       const int64_t from = std::max(mine.begin, piece.flat_begin);
       const int64_t to = std::min(mine.end, piece.flat_begin + piece.count);
       if (from >= to) continue;
-      file.Write(piece.slot.name, static_cast<uint64_t>(from - piece.flat_begin),
-                 values.subspan(static_cast<size_t>(from - mine.shard_begin),
-                                static_cast<size_t>(to - from)));
+      RETURN_IF_ERROR(write(piece.slot.name, static_cast<uint64_t>(from - piece.flat_begin),
+                            values.subspan(static_cast<size_t>(from - mine.shard_begin),
+                                           static_cast<size_t>(to - from))));
     }
   }
   return absl::OkStatus();

@@ -79,11 +79,14 @@ struct ShardSnapshot {
 };
 
 absl::StatusOr<ShardSnapshot> SnapshotShardCheckpoint(FsdpRuntime& runtime, v1::StateDictType type);
+// A save writes each tensor's part in writes of at most this many elements
+// (4 MiB of float32), asking for its abort before each one.
+inline constexpr size_t kSaveWriteChunk = size_t{1} << 20;
 // Writes a snapshot's files into the existing directory `dir`. File errors
 // are in write_status; an error status is one the save could not go on from
 // (a snapshot copy that failed). `aborted` (the runtime's, or the
 // background saves') is asked before the files are created and before each
-// tensor's write: ABORTED once it says so, and this rank's files removed
+// write (kSaveWriteChunk): ABORTED once it says so, and this rank's files removed
 // (a shared FULL file goes with its abandoned directory).
 absl::StatusOr<ShardSaveResult> WriteShardSnapshot(const ShardSnapshot& snapshot,
                                                    const std::string& dir,

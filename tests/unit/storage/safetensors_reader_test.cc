@@ -64,12 +64,22 @@ TEST(SafetensorsReaderTest, StreamingWriterFileReadsBackAndConvertsDtypes) {
   auto writer = SafetensorsFileWriter::Create(
       path, {{"w", DType::kFloat32, {3}}, {"h", DType::kBFloat16, {2}}}, {{"k", "v"}});
   ASSERT_TRUE(writer.ok()) << writer.status();
-  // Out of order and wrong sizes are refused before anything is written wrong.
+  // Out of order and too many elements are refused before anything is
+  // written wrong; a tensor may come in parts, and the next one starts only
+  // once it is whole.
   EXPECT_FALSE((*writer)->Append("h", std::vector<float>{1, 2}).ok());
-  EXPECT_FALSE((*writer)->Append("w", std::vector<float>{1, 2}).ok());
-  ASSERT_TRUE((*writer)->Append("w", std::vector<float>{1.5f, -2.0f, 3.25f}).ok());
+  EXPECT_FALSE((*writer)->Append("w", std::vector<float>{1, 2, 3, 4}).ok());
+  ASSERT_TRUE((*writer)->Append("w", std::vector<float>{1.5f, -2.0f}).ok());
   EXPECT_EQ((*writer)->Finish().status().code(), absl::StatusCode::kFailedPrecondition);
-  ASSERT_TRUE((*writer)->Append("h", std::vector<float>{1.0f, 0.5f}).ok());
+  const absl::Status early = (*writer)->Append("h", std::vector<float>{1, 2});
+  EXPECT_EQ(early.code(), absl::StatusCode::kInvalidArgument) << early;
+  EXPECT_THAT(std::string(early.message()), HasSubstr("expected 'w' (2 of its elements written)"));
+  const absl::Status over = (*writer)->Append("w", std::vector<float>{3.25f, 4});
+  EXPECT_THAT(std::string(over.message()), HasSubstr("got 2 elements, 1 of its shape's 3 remain"));
+  ASSERT_TRUE((*writer)->Append("w", std::vector<float>{3.25f}).ok());
+  EXPECT_EQ((*writer)->Finish().status().code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE((*writer)->Append("h", std::vector<float>{1.0f}).ok());  // bf16, in parts too
+  ASSERT_TRUE((*writer)->Append("h", std::vector<float>{0.5f}).ok());
   absl::StatusOr<FileDigest> digest = (*writer)->Finish();
   ASSERT_TRUE(digest.ok()) << digest.status();
   absl::StatusOr<FileDigest> reread = DigestFile(path);
