@@ -1,12 +1,15 @@
 #include "coordinator/command_sequencer.h"
 
+#include <algorithm>
 #include <condition_variable>
+#include <optional>
 #include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "rpc/command_batch.h"
+#include "spdlog/spdlog.h"
 
 #include "coordinator/failed_rank.h"
 #include "core/status_macros.h"
@@ -21,11 +24,10 @@ constexpr absl::Duration kProbeTimeout = absl::Seconds(1);
 }  // namespace
 
 CommandSequencer::CommandSequencer(std::vector<std::shared_ptr<WorkerClient>> workers,
-                                   uint64_t epoch, absl::Duration batch_timeout,
-                                   BatchObserver on_batch)
+                                   uint64_t epoch, BatchLimits limits, BatchObserver on_batch)
     : workers_(std::move(workers)),
       epoch_(epoch),
-      batch_timeout_(batch_timeout),
+      limits_(limits),
       on_batch_(std::move(on_batch)) {}
 
 uint64_t CommandSequencer::last_seq() const {
@@ -90,6 +92,49 @@ void CommandSequencer::AbortAll(const std::string& reason) {
         [this, worker, &reason, deadline] { (void)worker->Abort(epoch_, reason, deadline); });
   }
   for (std::thread& t : aborts) t.join();
+}
+
+bool CommandSequencer::FailStalled(const v1::CommandBatch& batch, const std::vector<int>& running,
+                                   StallWatch& watch) {
+  // In parallel, as the aborts: a frozen worker's probe takes its timeout.
+  std::vector<std::optional<uint64_t>> progress(running.size());
+  {
+    std::vector<std::thread> probes;
+    probes.reserve(running.size());
+    const absl::Time deadline = absl::Now() + kProbeTimeout;
+    for (size_t i = 0; i < running.size(); ++i) {
+      probes.emplace_back([this, &running, &progress, i, deadline] {
+        absl::StatusOr<v1::GetStatusResponse> answer =
+            workers_[static_cast<size_t>(running[i])]->GetStatus(deadline);
+        if (answer.ok()) progress[i] = answer->progress();
+      });
+    }
+    for (std::thread& t : probes) t.join();
+  }
+  const absl::Time now = absl::Now();
+  for (size_t r = 0; r < workers_.size(); ++r) {
+    if (std::find(running.begin(), running.end(), static_cast<int>(r)) == running.end()) {
+      watch.Finished(static_cast<int>(r));
+    }
+  }
+  for (size_t i = 0; i < running.size(); ++i) watch.Observe(running[i], progress[i], now);
+  const std::optional<StallWatch::Stall> stall = watch.Stalled(now);
+  if (!stall.has_value()) return false;
+  const WorkerClient& worker = *workers_[static_cast<size_t>(stall->rank)];
+  const absl::Status reason = absl::DeadlineExceededError(
+      absl::StrCat("its worker (", worker.address(), ") made no progress for ",
+                   absl::FormatDuration(absl::Trunc(stall->still_for, absl::Milliseconds(1))),
+                   stall->progress.has_value()
+                       ? absl::StrCat(" (its progress counter stayed at ", *stall->progress, ")")
+                       : std::string(" (it did not answer its progress probes)"),
+                   " while ", workers_.size() - running.size(), " of ", workers_.size(),
+                   " ranks finished ", BatchKindName(batch.kind_case()), " batch ", batch.seq(),
+                   ": its work is stuck (a hung disk or mount, a deadlock); the coordinator's "
+                   "--stall-timeout is ",
+                   absl::FormatDuration(watch.timeout())));
+  spdlog::error("epoch {}: rank {}: {}", epoch_, stall->rank, std::string(reason.message()));
+  Fail(stall->rank, reason);
+  return true;
 }
 
 absl::Status CommandSequencer::Settle(const std::vector<absl::Status>& statuses, int first_failed) {
@@ -158,24 +203,38 @@ absl::StatusOr<std::vector<v1::CommandResult>> CommandSequencer::Run(v1::Command
   std::mutex mu;
   std::condition_variable all_done;
   size_t pending = world;
+  std::vector<char> answered(world, 0);
   int first_failed = -1;
   bool aborting = false;
   const absl::Time start = absl::Now();
-  const absl::Time deadline = start + batch_timeout_;
+  const absl::Time deadline = start + limits_.timeout;
+  std::optional<StallWatch> watch;
+  if (limits_.stall_timeout > absl::ZeroDuration()) watch.emplace(limits_.stall_timeout);
+  // When the ranks still running are probed next: one interval after the
+  // first answer (ranks finishing a step together never see a probe), then
+  // every interval. (The answers read only the constant interval: the
+  // waiter drops `watch` without `mu`.)
+  const absl::Duration probe_every =
+      watch.has_value() ? watch->probe_interval() : absl::ZeroDuration();
+  absl::Time next_probe = absl::InfiniteFuture();
   for (size_t r = 0; r < world; ++r) {
     workers_[r]->Execute(&batch, deadline, [&, r](absl::StatusOr<v1::CommandResult> result) {
       std::lock_guard<std::mutex> lock(mu);
       const bool ok = result.ok();
+      answered[r] = 1;
       if (ok) {
         results[r] = *std::move(result);
       } else {
         statuses[r] = result.status();
         if (first_failed < 0) first_failed = static_cast<int>(r);
       }
+      if (pending-- == world && probe_every > absl::ZeroDuration()) {
+        next_probe = absl::Now() + probe_every;
+      }
       // Wake the waiter for the last answer or a failure (which it acts on
       // at once), not for every answer: a context switch per worker was a
       // tenth of a step's control cost at 8 workers.
-      if (--pending == 0 || !ok) all_done.notify_all();
+      if (pending == 0 || !ok) all_done.notify_all();
     });
   }
   {
@@ -192,7 +251,26 @@ absl::StatusOr<std::vector<v1::CommandResult>> CommandSequencer::Run(v1::Command
         lock.lock();
         continue;
       }
-      all_done.wait(lock);
+      if (!watch.has_value() || failed) {
+        all_done.wait(lock);
+        continue;
+      }
+      // Stalls are watched: the waiter wakes by itself every interval, to
+      // see whether the probe is due.
+      const absl::Time now = absl::Now();
+      if (now < next_probe) {
+        all_done.wait_until(lock, absl::ToChronoTime(std::min(next_probe, now + probe_every)));
+        continue;
+      }
+      std::vector<int> running;
+      for (size_t r = 0; r < world; ++r) {
+        if (answered[r] == 0) running.push_back(static_cast<int>(r));
+      }
+      lock.unlock();
+      // Fail() cancels every call, whose answers end the loop.
+      if (FailStalled(batch, running, *watch)) watch.reset();
+      lock.lock();
+      next_probe = absl::Now() + probe_every;
     }
   }
   if (absl::Status s = Settle(statuses, first_failed); !s.ok()) return s;
@@ -206,7 +284,7 @@ absl::Status CommandSequencer::Summon(v1::CommandBatch batch, const WorkerClient
   if (absl::Status s = Begin(batch); !s.ok()) return s;
   const size_t world = workers_.size();
   std::vector<absl::Status> statuses(world);
-  const absl::Time deadline = absl::Now() + batch_timeout_;
+  const absl::Time deadline = absl::Now() + limits_.timeout;
   std::mutex mu;
   int first_failed = -1;
   const auto note = [&](size_t r, absl::Status status) {

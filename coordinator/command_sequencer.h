@@ -17,10 +17,22 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 
+#include "coordinator/stall_watch.h"
 #include "coordinator/worker_client.h"
 #include "flatshard/v1/worker.pb.h"
 
 namespace flatshard {
+
+// How long a batch may take.
+struct BatchLimits {
+  // End to end, on every rank.
+  absl::Duration timeout = absl::Minutes(10);
+  // Once some rank has finished the batch, a rank still running it whose
+  // progress counter stays still this long is failed as stalled
+  // (stall_watch.h). Zero: never; such a rank is then failed only at
+  // `timeout`.
+  absl::Duration stall_timeout = absl::Minutes(5);
+};
 
 class CommandSequencer {
  public:
@@ -30,16 +42,17 @@ class CommandSequencer {
   // `workers[r]` is rank r, kept alive as long as the sequencer: whoever
   // holds it (an operation, a heartbeat failing a rank, an async save's
   // committer) may use it while a recovery replaces the job's clients.
-  // `batch_timeout` bounds one batch end to end.
   CommandSequencer(std::vector<std::shared_ptr<WorkerClient>> workers, uint64_t epoch,
-                   absl::Duration batch_timeout, BatchObserver on_batch = {});
+                   BatchLimits limits, BatchObserver on_batch = {});
 
   // Runs `batch` (its kind and content set by the caller; epoch, seq and
   // digest stamped here) on every rank; the results by rank. Errors name the
   // rank to blame (the one that no longer answers, else the one that failed
   // first) in the message, and as FailedRank() unless the failure was a
-  // timeout, a cancellation or an abort. A batch without a kind or with
-  // malformed content is INVALID_ARGUMENT before anything is sent.
+  // timeout, a cancellation or an abort. A rank that stalls (BatchLimits)
+  // fails the batch as DEADLINE_EXCEEDED, blamed on it. A batch without a
+  // kind or with malformed content is INVALID_ARGUMENT before anything is
+  // sent.
   absl::StatusOr<std::vector<v1::CommandResult>> Run(v1::CommandBatch batch);
 
   // A summon batch: rank 0's chunks go to `sink`; the other ranks join the
@@ -71,10 +84,15 @@ class CommandSequencer {
   // it, or the sequencer aborted them).
   absl::Status Settle(const std::vector<absl::Status>& statuses, int first_failed);
   void AbortAll(const std::string& reason);
+  // Asks each rank in `running` (the others answered `batch`) for its
+  // progress, and fails the rank `watch` then finds stalled, if any; true if
+  // it failed one.
+  bool FailStalled(const v1::CommandBatch& batch, const std::vector<int>& running,
+                   StallWatch& watch);
 
   std::vector<std::shared_ptr<WorkerClient>> workers_;
   const uint64_t epoch_;
-  const absl::Duration batch_timeout_;
+  const BatchLimits limits_;
   const BatchObserver on_batch_;
   mutable std::mutex mu_;
   std::condition_variable aborted_;

@@ -47,6 +47,7 @@ struct Flags {
   double heartbeat_timeout_s = 5.0;
   double configure_timeout_s = 120.0;
   double batch_timeout_s = 600.0;
+  double stall_timeout_s = 300.0;
   int max_workers = 65536;
   double stalled_write_timeout_s = 60.0;
   double keepalive_interval_s = 30.0;
@@ -91,6 +92,17 @@ int Run(const Flags& f) {
     std::cerr << "flatshard-coordinator: --keepalive-interval must be a number of seconds >= 0 "
                  "(0: no pings), got "
               << f.keepalive_interval_s << "\n";
+    return 2;
+  }
+  if (!(f.batch_timeout_s > 0) || !std::isfinite(f.batch_timeout_s)) {
+    std::cerr << "flatshard-coordinator: --batch-timeout must be a number of seconds > 0, got "
+              << f.batch_timeout_s << "\n";
+    return 2;
+  }
+  if (!(f.stall_timeout_s >= 0) || !std::isfinite(f.stall_timeout_s)) {
+    std::cerr << "flatshard-coordinator: --stall-timeout must be a number of seconds >= 0 "
+                 "(0: never), got "
+              << f.stall_timeout_s << "\n";
     return 2;
   }
   if (f.max_workers < 1) {
@@ -155,7 +167,8 @@ int Run(const Flags& f) {
   options.heartbeat_timeout = absl::Seconds(f.heartbeat_timeout_s);
   options.max_workers = f.max_workers;
   options.job.configure_timeout = absl::Seconds(f.configure_timeout_s);
-  options.job.batch_timeout = absl::Seconds(f.batch_timeout_s);
+  options.job.batch.timeout = absl::Seconds(f.batch_timeout_s);
+  options.job.batch.stall_timeout = absl::Seconds(f.stall_timeout_s);
   options.job.checkpoint_root = f.checkpoint_root;
   options.job.observer = &metrics;
   std::shared_ptr<grpc::ChannelCredentials> worker_credentials = ChannelCredentials(tls_material);
@@ -258,6 +271,11 @@ int Main(int argc, char** argv) {
   app.add_option(
          "--batch-timeout", f.batch_timeout_s,
          "Seconds one batch (a step, a checkpoint save or load, a restore) may take end to end")
+      ->capture_default_str();
+  app.add_option("--stall-timeout", f.stall_timeout_s,
+                 "Seconds a rank may go without progress (no step command, no checkpoint chunk "
+                 "written or read) on a batch other ranks finished, before it is failed as stuck "
+                 "and the job recovers without waiting out --batch-timeout; 0: never")
       ->capture_default_str();
   app.add_option("--checkpoint-root", f.checkpoint_root,
                  "Directory holding <job>/<checkpoint>/ (the workers' --checkpoint-dir, "

@@ -42,7 +42,9 @@ struct RecoveryCandidates;  // recovery_plan.h
 
 struct TrainingJobOptions {
   absl::Duration configure_timeout = absl::Minutes(2);
-  absl::Duration batch_timeout = absl::Minutes(10);
+  // Each batch's end-to-end timeout and its stall timeout (--batch-timeout,
+  // --stall-timeout).
+  BatchLimits batch;
   std::function<std::unique_ptr<WorkerClient>(const WorkerRecord&)> connect;
   // Checkpoints live in <checkpoint_root>/<job>/, which the workers reach as
   // their --checkpoint-dir (a shared directory).

@@ -329,7 +329,7 @@ TrainingJob::SaveFuture TrainingJob::StartSave(const std::string& name, v1::Stat
   auto promise = std::make_shared<std::promise<absl::StatusOr<v1::CheckpointInfo>>>();
   SaveFuture done = promise->get_future().share();
   const std::string directory = catalog_.RelativePartialDir(name);
-  const absl::Duration timeout = options_.batch_timeout;
+  const absl::Duration timeout = options_.batch.timeout;
   committer_ = std::thread([this, promise, workers, seq, directory, timeout, name, refused,
                             manifest = std::move(manifest), commit, report]() mutable {
     std::vector<v1::CommandResult> written;

@@ -208,8 +208,8 @@ std::unique_ptr<CommandSequencer> TrainingJob::MakeSequencerLocked(uint64_t epoc
       observer->OnBatch(job, batch, round_trip);
     };
   }
-  auto sequencer = std::make_unique<CommandSequencer>(clients_, epoch, options_.batch_timeout,
-                                                      std::move(on_batch));
+  auto sequencer =
+      std::make_unique<CommandSequencer>(clients_, epoch, options_.batch, std::move(on_batch));
   // The state store's write-ahead record of every batch (training_job_state.cc).
   sequencer->set_journal([this](const v1::CommandBatch& batch) { JournalBatch(batch); });
   return sequencer;

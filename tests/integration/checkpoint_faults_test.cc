@@ -3,9 +3,9 @@
 // and the earlier ones verify; a full disk on one rank (through the injected
 // file system, sync and async, and once for real on a small tmpfs) fails the
 // save cleanly and the job trains and saves on; a write that hangs for good
-// (in a sync save's batch, or in an async save's background write that a
-// recovery aborts) ends its worker, and the job recovers onto a spare
-// (docs/fault-tolerance.md).
+// (in a sync save's batch, noticed at the batch timeout or by the stall
+// detector, or in an async save's background write that a recovery aborts)
+// ends its worker, and the job recovers onto a spare (docs/fault-tolerance.md).
 #include <algorithm>
 #include <cerrno>
 #include <csignal>
@@ -245,6 +245,54 @@ INSTANTIATE_TEST_SUITE_P(ShardedAndFull, HungWriteTest,
                            return p.param.type == v1::FULL_STATE_DICT ? "FullWriterHangs"
                                                                       : "ShardedRankHangs";
                          });
+
+// The same hung write, noticed by the stall detector rather than the batch
+// timeout (10 minutes here): rank 0's part of the SHARDED save is written
+// and answered; rank 1 hangs in its write, its progress counter still. The
+// coordinator fails it after --stall-timeout (2 s), the save fails naming
+// the stall, and the job recovers onto the spare as above, within a minute.
+// With the detector off the save would wait out the batch timeout.
+TEST(StalledRankTest, AHungWriteIsFailedAtTheStallTimeoutNotTheBatchTimeout) {
+  const std::string root = testing::MakeTempDir("ckpt-stall") + "/checkpoints";
+  LocalClusterOptions options = HangCluster(root, 3, 1, "model-rank00001", 600);
+  options.coordinator_flags.insert(options.coordinator_flags.end(), {"--stall-timeout", "2"});
+  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  FlatshardClient client((*cluster)->address());
+  testing::CreateAndWaitReady(client, Spec(2, true));
+  ASSERT_EQ(testing::WorkerIndexOfRank(**cluster, client, kJob, 1), 1);
+  Train(client, 1);
+  ASSERT_TRUE(Save(client, "before", v1::SHARDED_STATE_DICT).ok());
+
+  const absl::Time start = absl::Now();
+  absl::StatusOr<v1::CheckpointProgress> stuck = Save(client, "stuck", v1::SHARDED_STATE_DICT);
+  const absl::Duration took = absl::Now() - start;
+  ASSERT_FALSE(stuck.ok());
+  const std::string message(stuck.status().message());
+  EXPECT_THAT(message, HasSubstr("rank 1: its worker ("));
+  EXPECT_THAT(message, HasSubstr("made no progress for "));
+  EXPECT_THAT(message, HasSubstr("while 1 of 2 ranks finished checkpoint batch"));
+  // The save returns once the recovery is done: the stall (2 s) and the
+  // wedged worker's abort grace (8 s), far from the batch timeout.
+  EXPECT_LT(took, absl::Seconds(90));
+  const std::optional<int> exit = (*cluster)->worker(1).Wait(absl::Seconds(60));
+  ASSERT_TRUE(exit.has_value()) << "the wedged worker is still running";
+  ASSERT_TRUE(WIFEXITED(*exit)) << "wait status " << *exit;
+  EXPECT_EQ(WEXITSTATUS(*exit), kWedgedExitCode);
+
+  absl::StatusOr<v1::JobState> ready =
+      client.WaitForState(kJob, {v1::READY}, absl::Seconds(60), {v1::RECOVERING});
+  ASSERT_TRUE(ready.ok()) << ready.status();
+  absl::StatusOr<v1::Job> job = client.GetJob(kJob);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->world_size(), 2);
+  EXPECT_EQ(job->restarts(), 1);
+  EXPECT_EQ(testing::WorkerIndexOfRank(**cluster, client, kJob, 1), 2) << "not on the spare";
+  EXPECT_FALSE(fs::exists(Dir(root, "stuck")));
+  Train(client, 1);
+  ASSERT_TRUE(Save(client, "after", v1::SHARDED_STATE_DICT).ok());
+  (*cluster)->Stop();  // the wedged daemon is gone: no clean stop to assert
+}
 
 // An async save whose background write hangs on one rank (after 4 KiB of
 // its file, ignoring aborts), then a recovery for another reason: the other

@@ -126,10 +126,18 @@ class FsdpRuntime : public compute::ParamResolver, public compute::ModuleHooks {
   // the step. The runtime is unusable afterwards; the job is re-formed.
   void Abort(const std::string& reason);
   // Whether Abort was called: what has no collective to fail (a sync save's
-  // writes, a load's reads) checks it between units, so an aborted save lets
-  // go within one unit's I/O (worker/service/abort_watchdog.h counts on
-  // that); a load's verification of its share does not check it yet.
+  // writes, a load's reads and hashing) checks it before each chunk, so an
+  // aborted save or load lets go within one chunk's I/O
+  // (worker/service/abort_watchdog.h counts on that).
   bool aborted() const { return aborted_.load(std::memory_order_relaxed); }
+
+  // Work moved on: a step's command or module marker ran, a checkpoint chunk
+  // was written or read. Waiting (for a peer, a disk) does not count, so a
+  // counter that stays still while other ranks finished their batch means
+  // this one is stuck (GetStatusResponse.progress; the coordinator's stall
+  // detector). Any thread.
+  void NoteProgress() { progress_.fetch_add(1, std::memory_order_relaxed); }
+  uint64_t progress() const { return progress_.load(std::memory_order_relaxed); }
 
   // Every parameter's full fp32 value by FQN (tied aliases included), gathered
   // unit by unit. A collective: all ranks call it.
@@ -276,6 +284,7 @@ class FsdpRuntime : public compute::ParamResolver, public compute::ModuleHooks {
   // optimizer: the timings are read from them once the step synchronized.
   std::shared_ptr<Event> step_start_, step_end_, optim_start_, optim_end_;
   std::atomic<bool> aborted_{false};
+  std::atomic<uint64_t> progress_{0};
   std::vector<std::pair<std::shared_ptr<Event>, std::shared_ptr<Event>>> waits_;
   double clip_norm_type_ = 0.0;  // > 0 when this step clipped
   int peak_live_units_ = 0;

@@ -99,6 +99,7 @@ absl::Status FsdpRuntime::CommWaitsForCompute() {
 }
 
 absl::Status FsdpRuntime::OnMarker(bool backward, bool done, int module_index) {
+  NoteProgress();
   if (!unit_of_module_.contains(module_index)) return absl::OkStatus();
   if (program_ == nullptr) {
     return absl::FailedPreconditionError("model ran outside a step program");
@@ -155,6 +156,7 @@ absl::Status FsdpRuntime::CheckUnit(int unit) const {
 }
 
 absl::Status FsdpRuntime::Execute(const StepCommand& command) {
+  NoteProgress();
   switch (command.op) {
     case StepCommand::Op::kUnshard:
       return Unshard(command.unit, command.prefetch);

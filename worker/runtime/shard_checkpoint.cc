@@ -378,7 +378,11 @@ absl::StatusOr<ShardSaveResult> WriteFiles(SaveSource& source, const SavePlan& p
 absl::StatusOr<ShardSaveResult> SaveShardCheckpoint(FsdpRuntime& runtime, const std::string& dir,
                                                     v1::StateDictType type) {
   ASSIGN_OR_RETURN(std::unique_ptr<LiveHostSource> live, LiveHostSource::Create(runtime));
-  const std::function<bool()> aborted = [&runtime] { return runtime.aborted(); };
+  // Asked before each chunk written: each counts as progress.
+  const std::function<bool()> aborted = [&runtime] {
+    runtime.NoteProgress();
+    return runtime.aborted();
+  };
   if (live != nullptr) {
     ASSIGN_OR_RETURN(SavePlan plan, PlanSave(runtime, type));
     return WriteFiles(*live, plan, dir, runtime.options().file_system, aborted);

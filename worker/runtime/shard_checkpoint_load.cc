@@ -22,7 +22,8 @@ namespace {
 
 // Asked between units: a load reads without collectives, so nothing else in
 // it would notice an abort (worker/service/abort_watchdog.h counts on it).
-absl::Status CheckNotAborted(const FsdpRuntime& runtime, size_t unit) {
+absl::Status CheckNotAborted(FsdpRuntime& runtime, size_t unit) {
+  runtime.NoteProgress();
   if (!runtime.aborted()) return absl::OkStatus();
   return absl::AbortedError(
       absl::StrCat("the load was aborted after ", unit, " of ", runtime.units().size(), " units"));
@@ -288,7 +289,11 @@ absl::StatusOr<StagedCheckpoint> StageShardCheckpoint(FsdpRuntime& runtime,
   // hashed once, not once per rank. The reads from a rank's own share (at the
   // saving world size, all it reads) wait for FinishShare, which hashes the
   // bytes as they land: read from the disk once, not once to hash and again.
-  const std::function<bool()> aborted = [&runtime] { return runtime.aborted(); };
+  // Asked before each MiB read or hashed: each counts as progress.
+  const std::function<bool()> aborted = [&runtime] {
+    runtime.NoteProgress();
+    return runtime.aborted();
+  };
   RETURN_IF_ERROR(reader->BeginShare(runtime.rank(), runtime.world_size(), aborted));
   const absl::Status read = m.state_dict_type == v1::LOCAL_STATE_DICT
                                 ? StageLocal(runtime, *reader, staged)

@@ -104,6 +104,7 @@ WorkerStatus WorkerServiceImpl::Status() const {
   status.draining =
       std::max(batch_.Draining(),
                DrainingFor(writing != nullptr ? writing->saves.DrainingSince() : std::nullopt));
+  if (job_ != nullptr && job_->runtime != nullptr) status.progress = job_->runtime->progress();
   return status;
 }
 
@@ -337,6 +338,7 @@ grpc::Status WorkerServiceImpl::GetStatus(grpc::ServerContext* /*context*/,
   response->set_state(status.state);
   response->set_draining_ms(absl::ToInt64Milliseconds(status.draining));
   response->set_abort_grace_ms(absl::ToInt64Milliseconds(watchdog_.grace()));
+  response->set_progress(status.progress);
   for (v1::PeerSnapshotHeld& held : peer_snapshots_.Held()) {
     *response->add_peer_snapshots() = std::move(held);
   }

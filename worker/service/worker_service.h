@@ -62,6 +62,9 @@ struct WorkerStatus {
   std::string abort_reason;
   // How long aborted work has been running without letting go; zero: none.
   absl::Duration draining = absl::ZeroDuration();
+  // The current job's runtime's work counter (FsdpRuntime::progress); 0
+  // without a job.
+  uint64_t progress = 0;
 };
 
 // What the metrics read at scrape time.

@@ -4,6 +4,7 @@
 #include "coordinator/command_sequencer.h"
 
 #include <atomic>
+#include <functional>
 #include <future>
 #include <memory>
 #include <mutex>
@@ -47,6 +48,17 @@ class FakeWorker : public WorkerClient {
     result.set_loss(rank_ + 0.5);
     done(result);
   }
+  // Answers a hung batch with success.
+  void Answer() {
+    ExecuteDone done;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done = std::exchange(pending_, nullptr);
+    }
+    v1::CommandResult result;
+    result.set_rank(rank_);
+    if (done) done(result);
+  }
   void CancelAll() override {
     ExecuteDone done;
     {
@@ -72,7 +84,12 @@ class FakeWorker : public WorkerClient {
   }
   absl::StatusOr<v1::GetStatusResponse> GetStatus(absl::Time) override {
     if (dead_) return absl::UnavailableError("connection refused");
-    return v1::GetStatusResponse();
+    const int probe = ++probes_;
+    v1::GetStatusResponse response;
+    // A working rank's counter moves between probes; a stuck one's stays.
+    response.set_progress(progressing_ ? static_cast<uint64_t>(probe) : 7);
+    if (probe == answer_at_probe_) Answer();
+    return response;
   }
   absl::StatusOr<v1::CommandResult> AwaitSave(const std::string&, absl::Time) override {
     return absl::UnimplementedError("fake worker");
@@ -87,6 +104,9 @@ class FakeWorker : public WorkerClient {
   bool dead_ = false;
   bool hang_ = false;
   bool fail_when_aborted_ = false;
+  bool progressing_ = false;
+  int answer_at_probe_ = 0;  // > 0: a hung batch is answered at that probe
+  std::atomic<int> probes_{0};
   // std primitives, not absl's: ThreadSanitizer sees through these (the
   // Debian abseil is not instrumented).
   std::promise<void> hung_;
@@ -96,13 +116,16 @@ class FakeWorker : public WorkerClient {
   std::vector<std::string> aborts_;
 };
 
+// The stall detector off, unless a test turns it on.
+constexpr BatchLimits kNoStalls{absl::Seconds(10), absl::ZeroDuration()};
+
 struct Fixture {
-  explicit Fixture(int world) {
+  explicit Fixture(int world, BatchLimits limits = kNoStalls) {
     for (int r = 0; r < world; ++r) workers.push_back(std::make_unique<FakeWorker>(r));
     // Not owned by the sequencer: the fixture keeps them (aliasing, no owner).
     std::vector<std::shared_ptr<WorkerClient>> clients;
     for (auto& w : workers) clients.emplace_back(std::shared_ptr<void>(), w.get());
-    sequencer = std::make_unique<CommandSequencer>(clients, /*epoch=*/3, absl::Seconds(10));
+    sequencer = std::make_unique<CommandSequencer>(clients, /*epoch=*/3, limits);
   }
   std::vector<std::unique_ptr<FakeWorker>> workers;
   std::unique_ptr<CommandSequencer> sequencer;
@@ -231,6 +254,107 @@ TEST(CommandSequencerTest, ABatchThatRanOutOfTimeIsNamedButBlamedOnNoRank) {
   ASSERT_FALSE(results.ok());
   EXPECT_THAT(std::string(results.status().message()), HasSubstr("rank 0 (fake:0) failed"));
   EXPECT_EQ(FailedRank(results.status()), std::nullopt);
+}
+
+// Runs a batch on `f`'s sequencer, bounded: a batch still running after
+// `within` (a stall that was never noticed) is failed, and so is the test.
+absl::StatusOr<std::vector<v1::CommandResult>> RunWithin(Fixture& f, absl::Duration within,
+                                                         const std::function<void()>& meanwhile) {
+  auto run = std::async(std::launch::async, [&] { return f.sequencer->Run(Batch()); });
+  meanwhile();
+  if (run.wait_for(absl::ToChronoSeconds(within)) != std::future_status::ready) {
+    f.sequencer->Fail(-1, absl::CancelledError("the test gave up"));
+    ADD_FAILURE() << "the batch was still running after " << within;
+  }
+  return run.get();
+}
+
+// Ranks 0 and 1 finished; rank 2 still runs the batch and its progress
+// counter stays still: failed as stalled once the stall timeout passes, not
+// at the batch timeout (10 s here), blamed on it, the others aborted.
+TEST(CommandSequencerTest, ARankStillWhileTheOthersFinishedIsFailedAsStalled) {
+  Fixture f(3, {absl::Seconds(10), absl::Milliseconds(200)});
+  for (auto& w : f.workers) w->hang_ = true;
+  const absl::Time start = absl::Now();
+  auto results = RunWithin(f, absl::Seconds(5), [&] {
+    for (auto& w : f.workers) w->hung_.get_future().wait();
+    // Ranks 0 and 1 answer while the sequencer waits: the stall clock starts.
+    f.workers[0]->Answer();
+    f.workers[1]->Answer();
+  });
+  ASSERT_FALSE(results.ok());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  EXPECT_EQ(results.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(FailedRank(results.status()), 2);
+  const std::string message(results.status().message());
+  EXPECT_THAT(message, HasSubstr("rank 2: its worker (fake:2) made no progress for "));
+  EXPECT_THAT(message, HasSubstr("(its progress counter stayed at 7) while 2 of 3 ranks "
+                                 "finished step batch 1"));
+  EXPECT_THAT(message, HasSubstr("--stall-timeout is 200ms"));
+  EXPECT_GE(f.workers[2]->probes_.load(), 2) << "a stall needs two readings a timeout apart";
+  EXPECT_EQ(f.workers[0]->probes_.load(), 0) << "a rank that finished is not probed";
+  for (int r : {0, 1}) EXPECT_FALSE(f.workers[static_cast<size_t>(r)]->aborts_.empty()) << r;
+  auto later = f.sequencer->Run(Batch());
+  EXPECT_EQ(FailedRank(later.status()), 2);
+}
+
+// A frozen process answers no probe: its counter cannot have moved.
+TEST(CommandSequencerTest, ARankThatAnswersNoProbeIsStalledToo) {
+  Fixture f(2, {absl::Seconds(10), absl::Milliseconds(200)});
+  f.workers[1]->hang_ = true;
+  f.workers[1]->dead_ = true;
+  auto results = RunWithin(f, absl::Seconds(5), [] {});
+  ASSERT_FALSE(results.ok());
+  EXPECT_EQ(FailedRank(results.status()), 1);
+  EXPECT_THAT(std::string(results.status().message()),
+              HasSubstr("(it did not answer its progress probes) while 1 of 2 ranks finished"));
+}
+
+// A straggler whose counter moves at every probe is working (a big write):
+// it is waited for however long past the stall timeout it takes.
+TEST(CommandSequencerTest, AStragglerWhoseCounterMovesIsWaitedFor) {
+  Fixture f(2, {absl::Seconds(10), absl::Milliseconds(100)});
+  f.workers[1]->hang_ = true;
+  f.workers[1]->progressing_ = true;
+  // At 10 ms a probe, 60 probes outlast the stall timeout six times over.
+  f.workers[1]->answer_at_probe_ = 60;
+  auto results = RunWithin(f, absl::Seconds(10), [] {});
+  ASSERT_TRUE(results.ok()) << results.status();
+  EXPECT_EQ(f.workers[1]->probes_.load(), 60);
+  EXPECT_TRUE(f.workers[0]->aborts_.empty());
+  EXPECT_TRUE(f.sequencer->failure().ok());
+}
+
+TEST(StallWatchTest, AClockStartsAtTheFirstReadingAndRestartsWhenTheCounterMoves) {
+  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  StallWatch watch(absl::Seconds(10));
+  watch.Observe(1, 5, t0);
+  watch.Observe(2, std::nullopt, t0 + absl::Seconds(2));
+  EXPECT_FALSE(watch.Stalled(t0 + absl::Seconds(9)).has_value());
+  // Rank 1 moved at 9 s; an unanswered probe of rank 2 does not restart it.
+  watch.Observe(1, 6, t0 + absl::Seconds(9));
+  watch.Observe(2, std::nullopt, t0 + absl::Seconds(9));
+  std::optional<StallWatch::Stall> stall = watch.Stalled(t0 + absl::Seconds(12));
+  ASSERT_TRUE(stall.has_value());
+  EXPECT_EQ(stall->rank, 2);
+  EXPECT_EQ(stall->still_for, absl::Seconds(10));
+  EXPECT_EQ(stall->progress, std::nullopt);
+  // Both still past the timeout: the one still longest.
+  stall = watch.Stalled(t0 + absl::Seconds(30));
+  ASSERT_TRUE(stall.has_value());
+  EXPECT_EQ(stall->rank, 2);
+  watch.Finished(2);
+  stall = watch.Stalled(t0 + absl::Seconds(30));
+  ASSERT_TRUE(stall.has_value());
+  EXPECT_EQ(stall->rank, 1);
+  EXPECT_EQ(stall->progress, 6u);
+  EXPECT_EQ(stall->still_for, absl::Seconds(21));
+}
+
+TEST(StallWatchTest, ProbesAboutTenTimesPerTimeoutWithinBounds) {
+  EXPECT_EQ(StallWatch(absl::Seconds(5)).probe_interval(), absl::Milliseconds(500));
+  EXPECT_EQ(StallWatch(absl::Minutes(5)).probe_interval(), absl::Seconds(2));
+  EXPECT_EQ(StallWatch(absl::Milliseconds(20)).probe_interval(), absl::Milliseconds(10));
 }
 
 TEST(FailedRankTest, TravelsWithTheStatusThroughPrefixesAndIsAbsentOtherwise) {
