@@ -1,5 +1,5 @@
 // What the tensors of a rank's checkpoint files hold, planned before a save
-// writes anything (shard_checkpoint.cc streams them): for each unit, the
+// writes anything (save_writer.cc streams them): for each unit, the
 // pieces this rank writes, in file order.
 #ifndef FLATSHARD_WORKER_RUNTIME_SAVE_PIECES_H_
 #define FLATSHARD_WORKER_RUNTIME_SAVE_PIECES_H_
