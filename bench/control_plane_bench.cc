@@ -13,7 +13,7 @@
 //    process at once (wait for all), interleaved; the ratio of their medians.
 //
 //   control_plane_bench [--steps 2000] [--sim-steps 200] [--processes 8]
-//                       [--rounds 5]
+//                       [--rounds 5] [--stall-timeout 300]
 #include <algorithm>
 #include <condition_variable>
 #include <csignal>
@@ -223,16 +223,17 @@ v1::JobSpec Spec(int world) {
 
 // Steps through TrainingJob with `connect` (and `state`, a state store, when
 // not null: every step journals its batch and progress as a coordinator with
-// --state-dir does); per-step wall times.
+// --state-dir does) under `limits`; per-step wall times.
 std::vector<double> TimeSteps(
     int world, int steps, std::function<std::unique_ptr<WorkerClient>(const WorkerRecord&)> connect,
-    const std::vector<std::string>& addresses, StateStore* state = nullptr,
-    const std::function<void()>& between = nullptr) {
+    const std::vector<std::string>& addresses, const BatchLimits& limits,
+    StateStore* state = nullptr, const std::function<void()>& between = nullptr) {
   const v1::JobSpec spec = Spec(world);
   absl::StatusOr<JobConfig> config = JobConfigFromProto(spec);
   TrainingJobOptions options;
   options.connect = std::move(connect);
   options.state = state;
+  options.batch = limits;
   auto job = TrainingJob::Create(spec, *config, options);
   std::vector<WorkerRecord> members(static_cast<size_t>(world));
   for (int r = 0; r < world; ++r) {
@@ -282,6 +283,7 @@ int Main(int argc, char** argv) {
   int sim_steps = 200;
   int processes = 8;
   int rounds = 5;
+  double stall_timeout_s = absl::ToDoubleSeconds(BatchLimits().stall_timeout);
   CLI::App app{
       "control_plane_bench: the coordinator's per-step control path against a bare gRPC fan-out "
       "to the same worker processes, and its own work with in-process simulated workers"};
@@ -297,7 +299,13 @@ int Main(int argc, char** argv) {
   app.add_option("--rounds", rounds, "Interleaved rounds (medians)")
       ->check(flatshard::bench::AtLeastOne())
       ->capture_default_str();
+  app.add_option("--stall-timeout", stall_timeout_s,
+                 "The coordinator's --stall-timeout (0: no stall watching)")
+      ->check(CLI::NonNegativeNumber)
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  BatchLimits limits;
+  limits.stall_timeout = absl::Seconds(stall_timeout_s);
   // Forked first: a process must not fork once gRPC's threads exist.
   EchoProcesses echo = EchoProcesses::Start(processes);
   const v1::JobSpec spec = Spec(1);
@@ -323,17 +331,17 @@ int Main(int argc, char** argv) {
     const Percentiles p = Summarize(TimeSteps(
         world, steps,
         [](const WorkerRecord& w) { return std::make_unique<GrpcWorkerClient>(w.address); },
-        addresses));
+        addresses, limits));
     std::printf("| %d | gRPC loopback | %d | %.0f us | %.0f us | %.0f us | %.1f us |\n", world,
                 steps, p.p50_us, p.p99_us, p.mean_us, p.mean_us / world);
   }
   for (int world : {256, 1024}) {
-    const Percentiles p = Summarize(TimeSteps(world, sim_steps,
-                                              [](const WorkerRecord& w) {
-                                                return std::make_unique<SimulatedWorker>(
-                                                    std::atoi(w.worker_id.c_str() + 1));
-                                              },
-                                              {}));
+    const Percentiles p = Summarize(TimeSteps(
+        world, sim_steps,
+        [](const WorkerRecord& w) {
+          return std::make_unique<SimulatedWorker>(std::atoi(w.worker_id.c_str() + 1));
+        },
+        {}, limits));
     std::printf("| %d | simulated (in-process) | %d | %.0f us | %.0f us | %.0f us | %.2f us |\n",
                 world, sim_steps, p.p50_us, p.p99_us, p.mean_us, p.mean_us / world);
   }
@@ -370,11 +378,11 @@ int Main(int argc, char** argv) {
       if (last.has_step()) bare.push_back(BareFanOutSeconds(stubs, last));
     };
     const Percentiles coordinator =
-        Summarize(TimeSteps(processes, steps, connect, echo.addresses, nullptr, fan_out));
+        Summarize(TimeSteps(processes, steps, connect, echo.addresses, limits, nullptr, fan_out));
     const Percentiles b = Summarize(bare);
     bare.clear();
-    const Percentiles durable =
-        Summarize(TimeSteps(processes, steps, connect, echo.addresses, store->get(), fan_out));
+    const Percentiles durable = Summarize(
+        TimeSteps(processes, steps, connect, echo.addresses, limits, store->get(), fan_out));
     const Percentiles b2 = Summarize(bare);
     coordinator_ratios.push_back(coordinator.p50_us / b.p50_us);
     durable_ratios.push_back(durable.p50_us / b2.p50_us);
