@@ -37,11 +37,12 @@ void BackgroundSaves::Start(const std::string& key, ShardSnapshot snapshot, cons
     // once it collected every earlier save or gave up on it (its checkpoint
     // failed on another rank, a commit abandoned with its job, a restarted
     // coordinator). A write still running is one nobody will collect: it
-    // stops at its next tensor rather than hold this batch (and run_mu_)
+    // stops before its next write rather than hold this batch (and run_mu_)
     // for the rest of its write. It is not watched: the epoch is healthy,
-    // and one piece or the final fsync of a healthy write on slow storage
-    // may outlast the abort grace; the batch timeout bounds the wait, and
-    // an abort of the epoch meanwhile watches it as any other write.
+    // and the final fsync of a healthy write on slow storage may outlast
+    // the abort grace. The coordinator's stall detector bounds the wait (the
+    // other ranks answer this batch at once), and an abort of the epoch
+    // meanwhile watches it as any other write.
     std::lock_guard<std::mutex> lock(mu_);
     for (auto& [id, write] : running_) write.superseded->store(true);
   }
