@@ -1,6 +1,7 @@
 #include "coordinator/command_sequencer.h"
 
 #include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <optional>
 #include <thread>
@@ -94,15 +95,18 @@ void CommandSequencer::AbortAll(const std::string& reason) {
   for (std::thread& t : aborts) t.join();
 }
 
-bool CommandSequencer::FailStalled(const v1::CommandBatch& batch, const std::vector<int>& running,
-                                   StallWatch& watch) {
-  // In parallel, as the aborts: a frozen worker's probe takes its timeout.
+std::optional<StallWatch::Stall> CommandSequencer::ProbeStragglers(const std::vector<int>& running,
+                                                                   StallWatch& watch) {
+  // In parallel, as the aborts (a frozen worker's probe takes its timeout),
+  // in waves of at most kMaxProbesAtOnce threads.
+  constexpr size_t kMaxProbesAtOnce = 64;
   std::vector<std::optional<uint64_t>> progress(running.size());
-  {
+  for (size_t begin = 0; begin < running.size(); begin += kMaxProbesAtOnce) {
+    const size_t end = std::min(running.size(), begin + kMaxProbesAtOnce);
     std::vector<std::thread> probes;
-    probes.reserve(running.size());
+    probes.reserve(end - begin);
     const absl::Time deadline = absl::Now() + kProbeTimeout;
-    for (size_t i = 0; i < running.size(); ++i) {
+    for (size_t i = begin; i < end; ++i) {
       probes.emplace_back([this, &running, &progress, i, deadline] {
         absl::StatusOr<v1::GetStatusResponse> answer =
             workers_[static_cast<size_t>(running[i])]->GetStatus(deadline);
@@ -111,30 +115,27 @@ bool CommandSequencer::FailStalled(const v1::CommandBatch& batch, const std::vec
     }
     for (std::thread& t : probes) t.join();
   }
-  const absl::Time now = absl::Now();
-  for (size_t r = 0; r < workers_.size(); ++r) {
-    if (std::find(running.begin(), running.end(), static_cast<int>(r)) == running.end()) {
-      watch.Finished(static_cast<int>(r));
-    }
-  }
+  const StallWatch::Clock::time_point now = StallWatch::Clock::now();
+  watch.Retain(running);
   for (size_t i = 0; i < running.size(); ++i) watch.Observe(running[i], progress[i], now);
-  const std::optional<StallWatch::Stall> stall = watch.Stalled(now);
-  if (!stall.has_value()) return false;
-  const WorkerClient& worker = *workers_[static_cast<size_t>(stall->rank)];
-  const absl::Status reason = absl::DeadlineExceededError(
+  return watch.Stalled(now);
+}
+
+absl::Status CommandSequencer::StallFailure(const v1::CommandBatch& batch,
+                                            const StallWatch::Stall& stall, size_t finished,
+                                            absl::Duration timeout) const {
+  const WorkerClient& worker = *workers_[static_cast<size_t>(stall.rank)];
+  return absl::DeadlineExceededError(
       absl::StrCat("its worker (", worker.address(), ") made no progress for ",
-                   absl::FormatDuration(absl::Trunc(stall->still_for, absl::Milliseconds(1))),
-                   stall->progress.has_value()
-                       ? absl::StrCat(" (its progress counter stayed at ", *stall->progress, ")")
+                   absl::FormatDuration(absl::Trunc(stall.still_for, absl::Milliseconds(1))),
+                   stall.progress.has_value()
+                       ? absl::StrCat(" (its progress counter stayed at ", *stall.progress, ")")
                        : std::string(" (it did not answer its progress probes)"),
-                   " while ", workers_.size() - running.size(), " of ", workers_.size(),
-                   " ranks finished ", BatchKindName(batch.kind_case()), " batch ", batch.seq(),
+                   " while ", finished, " of ", workers_.size(), " ranks finished ",
+                   BatchKindName(batch.kind_case()), " batch ", batch.seq(),
                    ": its work is stuck (a hung disk or mount, a deadlock); the coordinator's "
                    "--stall-timeout is ",
-                   absl::FormatDuration(watch.timeout())));
-  spdlog::error("epoch {}: rank {}: {}", epoch_, stall->rank, std::string(reason.message()));
-  Fail(stall->rank, reason);
-  return true;
+                   absl::FormatDuration(timeout)));
 }
 
 absl::Status CommandSequencer::Settle(const std::vector<absl::Status>& statuses, int first_failed) {
@@ -214,9 +215,10 @@ absl::StatusOr<std::vector<v1::CommandResult>> CommandSequencer::Run(v1::Command
   // first answer (ranks finishing a step together never see a probe), then
   // every interval. (The answers read only the constant interval: the
   // waiter drops `watch` without `mu`.)
-  const absl::Duration probe_every =
-      watch.has_value() ? watch->probe_interval() : absl::ZeroDuration();
-  absl::Time next_probe = absl::InfiniteFuture();
+  const std::chrono::nanoseconds probe_every =
+      absl::ToChronoNanoseconds(watch.has_value() ? watch->probe_interval() : absl::ZeroDuration());
+  StallWatch::Clock::time_point next_probe = StallWatch::Clock::time_point::max();
+  bool stall_failed = false;
   for (size_t r = 0; r < world; ++r) {
     workers_[r]->Execute(&batch, deadline, [&, r](absl::StatusOr<v1::CommandResult> result) {
       std::lock_guard<std::mutex> lock(mu);
@@ -228,8 +230,8 @@ absl::StatusOr<std::vector<v1::CommandResult>> CommandSequencer::Run(v1::Command
         statuses[r] = result.status();
         if (first_failed < 0) first_failed = static_cast<int>(r);
       }
-      if (pending-- == world && probe_every > absl::ZeroDuration()) {
-        next_probe = absl::Now() + probe_every;
+      if (pending-- == world && probe_every.count() > 0) {
+        next_probe = StallWatch::Clock::now() + probe_every;
       }
       // Wake the waiter for the last answer or a failure (which it acts on
       // at once), not for every answer: a context switch per worker was a
@@ -257,22 +259,37 @@ absl::StatusOr<std::vector<v1::CommandResult>> CommandSequencer::Run(v1::Command
       }
       // Stalls are watched: the waiter wakes by itself every interval, to
       // see whether the probe is due.
-      const absl::Time now = absl::Now();
+      const StallWatch::Clock::time_point now = StallWatch::Clock::now();
       if (now < next_probe) {
-        all_done.wait_until(lock, absl::ToChronoTime(std::min(next_probe, now + probe_every)));
+        all_done.wait_until(lock, std::min(next_probe, now + probe_every));
         continue;
       }
-      std::vector<int> running;
+      std::vector<int> running;  // ascending
       for (size_t r = 0; r < world; ++r) {
         if (answered[r] == 0) running.push_back(static_cast<int>(r));
       }
       lock.unlock();
-      // Fail() cancels every call, whose answers end the loop.
-      if (FailStalled(batch, running, *watch)) watch.reset();
+      std::optional<StallWatch::Stall> stall;
+      // A failure on its way (a missed heartbeat's) is the cause, not a stall.
+      if (failure().ok()) stall = ProbeStragglers(running, *watch);
       lock.lock();
-      next_probe = absl::Now() + probe_every;
+      next_probe = StallWatch::Clock::now() + probe_every;
+      // One that answered while it was probed is not stalled after all.
+      if (!stall.has_value() || answered[static_cast<size_t>(stall->rank)] != 0) continue;
+      const absl::Status reason =
+          StallFailure(batch, *stall, world - running.size(), watch->timeout());
+      stall_failed = true;
+      watch.reset();
+      lock.unlock();
+      spdlog::error("epoch {}: rank {}: {}", epoch_, stall->rank, std::string(reason.message()));
+      // Cancels every call: their answers end the loop.
+      Fail(stall->rank, reason);
+      lock.lock();
     }
   }
+  // Failed for a stall, the batch fails even if the rank's answer slipped in
+  // between the check above and the cancel: the epoch is failed and aborted.
+  if (stall_failed) return failure();
   if (absl::Status s = Settle(statuses, first_failed); !s.ok()) return s;
   if (on_batch_) on_batch_(batch, absl::Now() - start);
   std::lock_guard<std::mutex> lock(mu_);

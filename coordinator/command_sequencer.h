@@ -12,6 +12,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -84,11 +85,13 @@ class CommandSequencer {
   // it, or the sequencer aborted them).
   absl::Status Settle(const std::vector<absl::Status>& statuses, int first_failed);
   void AbortAll(const std::string& reason);
-  // Asks each rank in `running` (the others answered `batch`) for its
-  // progress, and fails the rank `watch` then finds stalled, if any; true if
-  // it failed one.
-  bool FailStalled(const v1::CommandBatch& batch, const std::vector<int>& running,
-                   StallWatch& watch);
+  // Asks each rank in `running` (ascending; the others answered) for its
+  // progress and tells `watch`; the rank it then finds stalled, if any.
+  std::optional<StallWatch::Stall> ProbeStragglers(const std::vector<int>& running,
+                                                   StallWatch& watch);
+  // The failure of `batch` for `stall`, once `finished` ranks had answered.
+  absl::Status StallFailure(const v1::CommandBatch& batch, const StallWatch::Stall& stall,
+                            size_t finished, absl::Duration timeout) const;
 
   std::vector<std::shared_ptr<WorkerClient>> workers_;
   const uint64_t epoch_;

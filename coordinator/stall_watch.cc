@@ -4,17 +4,23 @@
 
 namespace flatshard {
 
-void StallWatch::Observe(int rank, std::optional<uint64_t> progress, absl::Time now) {
+void StallWatch::Retain(const std::vector<int>& running) {
+  std::erase_if(ranks_, [&running](const auto& entry) {
+    return !std::binary_search(running.begin(), running.end(), entry.first);
+  });
+}
+
+void StallWatch::Observe(int rank, std::optional<uint64_t> progress, Clock::time_point now) {
   auto [it, first] = ranks_.try_emplace(rank, Reading{progress, now});
   if (first || !progress.has_value()) return;
   Reading& reading = it->second;
   if (reading.progress != progress) reading = {progress, now};
 }
 
-std::optional<StallWatch::Stall> StallWatch::Stalled(absl::Time now) const {
+std::optional<StallWatch::Stall> StallWatch::Stalled(Clock::time_point now) const {
   std::optional<Stall> stalled;
   for (const auto& [rank, reading] : ranks_) {
-    const absl::Duration still = now - reading.since;
+    const absl::Duration still = absl::FromChrono(now - reading.since);
     if (still >= timeout_ && (!stalled.has_value() || still > stalled->still_for)) {
       stalled = Stall{rank, still, reading.progress};
     }

@@ -6,13 +6,16 @@
 // heartbeats would notice before the batch timeout. Waiting does not move
 // the counter, but a rank that finished waits for nobody, so a straggler
 // that is still is not waiting for a peer either. Logic only: the caller
-// probes and passes the time in.
+// probes and passes the time in, on a steady clock (a wall clock stepped
+// forward would make a counter look still for longer than it was).
 #ifndef FLATSHARD_COORDINATOR_STALL_WATCH_H_
 #define FLATSHARD_COORDINATOR_STALL_WATCH_H_
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <vector>
 
 #include "absl/time/time.h"
 
@@ -20,23 +23,27 @@ namespace flatshard {
 
 class StallWatch {
  public:
+  using Clock = std::chrono::steady_clock;
+
   // `timeout` > 0.
   explicit StallWatch(absl::Duration timeout) : timeout_(timeout) {}
 
+  // Only the ranks in `running` (ascending) are watched from now on: the
+  // others have answered their batch.
+  void Retain(const std::vector<int>& running);
   // Rank `rank`'s counter as read at `now`; nullopt when it did not answer
   // (that moves nothing: a process that cannot answer is not progressing).
   // The first reading of a rank starts its clock.
-  void Observe(int rank, std::optional<uint64_t> progress, absl::Time now);
-  // A rank has answered its batch: it is no longer watched.
-  void Finished(int rank) { ranks_.erase(rank); }
+  void Observe(int rank, std::optional<uint64_t> progress, Clock::time_point now);
 
   struct Stall {
     int rank;
     absl::Duration still_for;
     std::optional<uint64_t> progress;  // its last reading; nullopt: never read
   };
-  // The rank still the longest, if that is at least the timeout.
-  std::optional<Stall> Stalled(absl::Time now) const;
+  // The rank still the longest (ties: the lowest), if that is at least the
+  // timeout.
+  std::optional<Stall> Stalled(Clock::time_point now) const;
 
   absl::Duration timeout() const { return timeout_; }
   // How often to probe: often enough that a stall is seen within about a
@@ -47,7 +54,7 @@ class StallWatch {
  private:
   struct Reading {
     std::optional<uint64_t> progress;
-    absl::Time since;  // when it last changed, or was first read
+    Clock::time_point since;  // when it last changed, or was first read
   };
   const absl::Duration timeout_;
   std::map<int, Reading> ranks_;

@@ -4,6 +4,7 @@
 #include "coordinator/command_sequencer.h"
 
 #include <atomic>
+#include <chrono>
 #include <functional>
 #include <future>
 #include <memory>
@@ -325,30 +326,49 @@ TEST(CommandSequencerTest, AStragglerWhoseCounterMovesIsWaitedFor) {
   EXPECT_TRUE(f.sequencer->failure().ok());
 }
 
+// The straggler answers while it is being probed, at the very probe that
+// finds it still for the timeout (the first probe starts its clock; the
+// second, 10 ms on, is past a 10 ms timeout): it finished, so it is not
+// failed, and the batch is OK.
+TEST(CommandSequencerTest, AStragglerThatAnswersWhileProbedIsNotFailed) {
+  Fixture f(2, {absl::Seconds(10), absl::Milliseconds(10)});
+  f.workers[1]->hang_ = true;
+  f.workers[1]->answer_at_probe_ = 2;
+  auto results = RunWithin(f, absl::Seconds(10), [] {});
+  ASSERT_TRUE(results.ok()) << results.status();
+  EXPECT_EQ(f.workers[1]->probes_.load(), 2);
+  EXPECT_TRUE(f.sequencer->failure().ok()) << f.sequencer->failure();
+  EXPECT_TRUE(f.workers[0]->aborts_.empty());
+}
+
 TEST(StallWatchTest, AClockStartsAtTheFirstReadingAndRestartsWhenTheCounterMoves) {
-  const absl::Time t0 = absl::FromUnixSeconds(1000);
+  const StallWatch::Clock::time_point t0{};
+  const auto at = [t0](int seconds) { return t0 + std::chrono::seconds(seconds); };
   StallWatch watch(absl::Seconds(10));
-  watch.Observe(1, 5, t0);
-  watch.Observe(2, std::nullopt, t0 + absl::Seconds(2));
-  EXPECT_FALSE(watch.Stalled(t0 + absl::Seconds(9)).has_value());
+  watch.Observe(1, 5, at(0));
+  watch.Observe(2, std::nullopt, at(2));
+  EXPECT_FALSE(watch.Stalled(at(9)).has_value());
   // Rank 1 moved at 9 s; an unanswered probe of rank 2 does not restart it.
-  watch.Observe(1, 6, t0 + absl::Seconds(9));
-  watch.Observe(2, std::nullopt, t0 + absl::Seconds(9));
-  std::optional<StallWatch::Stall> stall = watch.Stalled(t0 + absl::Seconds(12));
+  watch.Observe(1, 6, at(9));
+  watch.Observe(2, std::nullopt, at(9));
+  std::optional<StallWatch::Stall> stall = watch.Stalled(at(12));
   ASSERT_TRUE(stall.has_value());
   EXPECT_EQ(stall->rank, 2);
   EXPECT_EQ(stall->still_for, absl::Seconds(10));
   EXPECT_EQ(stall->progress, std::nullopt);
   // Both still past the timeout: the one still longest.
-  stall = watch.Stalled(t0 + absl::Seconds(30));
+  stall = watch.Stalled(at(30));
   ASSERT_TRUE(stall.has_value());
   EXPECT_EQ(stall->rank, 2);
-  watch.Finished(2);
-  stall = watch.Stalled(t0 + absl::Seconds(30));
+  // Rank 2 answered its batch: only rank 1 is left.
+  watch.Retain({1});
+  stall = watch.Stalled(at(30));
   ASSERT_TRUE(stall.has_value());
   EXPECT_EQ(stall->rank, 1);
   EXPECT_EQ(stall->progress, 6u);
   EXPECT_EQ(stall->still_for, absl::Seconds(21));
+  watch.Retain({});
+  EXPECT_FALSE(watch.Stalled(at(60)).has_value());
 }
 
 TEST(StallWatchTest, ProbesAboutTenTimesPerTimeoutWithinBounds) {
