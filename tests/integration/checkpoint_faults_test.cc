@@ -180,6 +180,23 @@ LocalClusterOptions HangCluster(const std::string& root, int workers, int wedged
   return options;
 }
 
+// The wedged worker `wedged` ends itself with status 3, and the job is READY
+// again at world size 2 after exactly one restart (a try that chose the
+// wedged worker would have spent a second).
+void ExpectWedgedExitAndOneRecovery(LocalCluster& cluster, FlatshardClient& client, int wedged) {
+  const std::optional<int> exit = cluster.worker(wedged).Wait(absl::Seconds(60));
+  ASSERT_TRUE(exit.has_value()) << "the wedged worker is still running";
+  ASSERT_TRUE(WIFEXITED(*exit)) << "wait status " << *exit;
+  EXPECT_EQ(WEXITSTATUS(*exit), kWedgedExitCode);
+  absl::StatusOr<v1::JobState> ready =
+      client.WaitForState(kJob, {v1::READY}, absl::Seconds(60), {v1::RECOVERING});
+  ASSERT_TRUE(ready.ok()) << ready.status();
+  absl::StatusOr<v1::Job> job = client.GetJob(kJob);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->world_size(), 2);
+  EXPECT_EQ(job->restarts(), 1) << "a recovery try chose the wedged worker";
+}
+
 class HungWriteTest : public ::testing::TestWithParam<HungWrite> {};
 
 TEST_P(HungWriteTest, TheWedgedWorkerEndsItselfAndTheJobRecoversOntoTheSpare) {
@@ -200,18 +217,7 @@ TEST_P(HungWriteTest, TheWedgedWorkerEndsItselfAndTheJobRecoversOntoTheSpare) {
   absl::StatusOr<v1::CheckpointProgress> stuck = Save(client, "stuck", hang.type);
   ASSERT_FALSE(stuck.ok());
   EXPECT_THAT(std::string(stuck.status().message()), HasSubstr("was not saved"));
-  const std::optional<int> exit = (*cluster)->worker(wedged).Wait(absl::Seconds(60));
-  ASSERT_TRUE(exit.has_value()) << "the wedged worker is still running";
-  ASSERT_TRUE(WIFEXITED(*exit)) << "wait status " << *exit;
-  EXPECT_EQ(WEXITSTATUS(*exit), kWedgedExitCode);
-
-  absl::StatusOr<v1::JobState> ready =
-      client.WaitForState(kJob, {v1::READY}, absl::Seconds(60), {v1::RECOVERING});
-  ASSERT_TRUE(ready.ok()) << ready.status();
-  absl::StatusOr<v1::Job> job = client.GetJob(kJob);
-  ASSERT_TRUE(job.ok()) << job.status();
-  EXPECT_EQ(job->world_size(), 2);
-  EXPECT_EQ(job->restarts(), 1) << "a recovery try chose the wedged worker";
+  ASSERT_NO_FATAL_FAILURE(ExpectWedgedExitAndOneRecovery(**cluster, client, wedged));
   const int seated = testing::WorkerIndexOfRank(**cluster, client, kJob, hang.rank);
   EXPECT_GE(seated, 0);
   EXPECT_NE(seated, wedged);
@@ -277,18 +283,7 @@ TEST(StalledRankTest, AHungWriteIsFailedAtTheStallTimeoutNotTheBatchTimeout) {
   // The save returns once the recovery is done: the stall (5 s) and the
   // wedged worker's abort grace (8 s), far from the batch timeout.
   EXPECT_LT(took, absl::Seconds(90));
-  const std::optional<int> exit = (*cluster)->worker(1).Wait(absl::Seconds(60));
-  ASSERT_TRUE(exit.has_value()) << "the wedged worker is still running";
-  ASSERT_TRUE(WIFEXITED(*exit)) << "wait status " << *exit;
-  EXPECT_EQ(WEXITSTATUS(*exit), kWedgedExitCode);
-
-  absl::StatusOr<v1::JobState> ready =
-      client.WaitForState(kJob, {v1::READY}, absl::Seconds(60), {v1::RECOVERING});
-  ASSERT_TRUE(ready.ok()) << ready.status();
-  absl::StatusOr<v1::Job> job = client.GetJob(kJob);
-  ASSERT_TRUE(job.ok()) << job.status();
-  EXPECT_EQ(job->world_size(), 2);
-  EXPECT_EQ(job->restarts(), 1);
+  ASSERT_NO_FATAL_FAILURE(ExpectWedgedExitAndOneRecovery(**cluster, client, 1));
   EXPECT_EQ(testing::WorkerIndexOfRank(**cluster, client, kJob, 1), 2) << "not on the spare";
   EXPECT_FALSE(fs::exists(Dir(root, "stuck")));
   Train(client, 1);
@@ -331,18 +326,7 @@ TEST(AsyncHungWriteTest, ARecoveryEndsTheWorkerWhoseBackgroundWriteIsStuck) {
   ASSERT_EQ(job->restarts(), 0);
 
   (*cluster)->worker(0).Signal(SIGKILL);
-  const std::optional<int> exit = (*cluster)->worker(1).Wait(absl::Seconds(60));
-  ASSERT_TRUE(exit.has_value()) << "the worker with the stuck write is still running";
-  ASSERT_TRUE(WIFEXITED(*exit)) << "wait status " << *exit;
-  EXPECT_EQ(WEXITSTATUS(*exit), kWedgedExitCode);
-
-  absl::StatusOr<v1::JobState> ready =
-      client.WaitForState(kJob, {v1::READY}, absl::Seconds(60), {v1::RECOVERING});
-  ASSERT_TRUE(ready.ok()) << ready.status();
-  job = client.GetJob(kJob);
-  ASSERT_TRUE(job.ok()) << job.status();
-  EXPECT_EQ(job->world_size(), 2);
-  EXPECT_EQ(job->restarts(), 1) << "a recovery try chose the worker with the stuck write";
+  ASSERT_NO_FATAL_FAILURE(ExpectWedgedExitAndOneRecovery(**cluster, client, 1));
   for (int rank : {0, 1}) {
     EXPECT_GE(testing::WorkerIndexOfRank(**cluster, client, kJob, rank), 2) << "rank " << rank;
   }
