@@ -55,6 +55,10 @@ expect coordinator_negative_stall 2 "stalled-write-timeout must be a number of s
   "${coord[@]}" --listen 127.0.0.1:0 --stalled-write-timeout -1
 expect coordinator_negative_keepalive 2 "keepalive-interval must be a number of seconds >= 0 (0: no pings), got -2" -- \
   "${coord[@]}" --listen 127.0.0.1:0 --keepalive-interval -2
+expect coordinator_negative_stall_timeout 2 "stall-timeout must be a number of seconds >= 0 (0: never), got -1" -- \
+  "${coord[@]}" --listen 127.0.0.1:0 --stall-timeout -1
+expect coordinator_zero_batch_timeout 2 "batch-timeout must be a number of seconds > 0, got 0" -- \
+  "${coord[@]}" --listen 127.0.0.1:0 --batch-timeout 0
 expect coordinator_missing_cert 2 "tls-cert file '$tmp/none.pem' cannot be read" -- \
   "${coord[@]}" --listen 127.0.0.1:0 --tls-cert "$tmp/none.pem" --tls-key "$c/coordinator-key.pem"
 expect coordinator_wrong_key 2 "is not the key of --tls-cert file '$c/coordinator.pem'" -- \
