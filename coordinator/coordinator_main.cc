@@ -82,27 +82,23 @@ int Run(const Flags& f) {
               << "), which must be positive\n";
     return 2;
   }
-  if (!(f.stalled_write_timeout_s >= 0) || !std::isfinite(f.stalled_write_timeout_s)) {
-    std::cerr << "flatshard-coordinator: --stalled-write-timeout must be a number of seconds >= 0 "
-                 "(0: never), got "
-              << f.stalled_write_timeout_s << "\n";
-    return 2;
-  }
-  if (!(f.keepalive_interval_s >= 0) || !std::isfinite(f.keepalive_interval_s)) {
-    std::cerr << "flatshard-coordinator: --keepalive-interval must be a number of seconds >= 0 "
-                 "(0: no pings), got "
-              << f.keepalive_interval_s << "\n";
-    return 2;
-  }
-  if (!(f.batch_timeout_s > 0) || !std::isfinite(f.batch_timeout_s)) {
-    std::cerr << "flatshard-coordinator: --batch-timeout must be a number of seconds > 0, got "
-              << f.batch_timeout_s << "\n";
-    return 2;
-  }
-  if (!(f.stall_timeout_s >= 0) || !std::isfinite(f.stall_timeout_s)) {
-    std::cerr << "flatshard-coordinator: --stall-timeout must be a number of seconds >= 0 "
-                 "(0: never), got "
-              << f.stall_timeout_s << "\n";
+  // Durations in seconds: finite, and positive, or >= 0 where 0 means `zero`.
+  struct SecondsFlag {
+    const char* name;
+    double value;
+    const char* zero;  // null: 0 is refused
+  };
+  for (const SecondsFlag& flag :
+       {SecondsFlag{"--stalled-write-timeout", f.stalled_write_timeout_s, "never"},
+        SecondsFlag{"--keepalive-interval", f.keepalive_interval_s, "no pings"},
+        SecondsFlag{"--batch-timeout", f.batch_timeout_s, nullptr},
+        SecondsFlag{"--stall-timeout", f.stall_timeout_s, "never"}}) {
+    if (std::isfinite(flag.value) && (flag.zero != nullptr ? flag.value >= 0 : flag.value > 0)) {
+      continue;
+    }
+    std::cerr << "flatshard-coordinator: " << flag.name << " must be a number of seconds "
+              << (flag.zero != nullptr ? absl::StrCat(">= 0 (0: ", flag.zero, ")") : "> 0")
+              << ", got " << flag.value << "\n";
     return 2;
   }
   if (f.max_workers < 1) {
