@@ -11,6 +11,8 @@
 //    workers in 8 separate processes: per round, a step through the real path
 //    and the same CommandBatch sent with the bare gRPC callback API to every
 //    process at once (wait for all), interleaved; the ratio of their medians.
+// 4. Where part 3's ratio goes: the same batch through GrpcWorkerClient alone
+//    and through CommandSequencer::Run, interleaved with the bare fan-out.
 //
 //   control_plane_bench [--steps 2000] [--sim-steps 200] [--processes 8]
 //                       [--rounds 5] [--stall-timeout 300]
@@ -37,6 +39,7 @@
 #include "rpc/grpc_server.h"
 
 #include "bench/bench_flags.h"
+#include "coordinator/command_sequencer.h"
 #include "coordinator/forwarding_worker_client.h"
 #include "coordinator/grpc_worker_client.h"
 #include "coordinator/state_store.h"
@@ -175,20 +178,43 @@ struct EchoProcesses {
 };
 
 // One bare fan-out: `batch` to every stub at once with the callback API,
-// waiting for every answer.
+// waiting for every answer. Timed whole, as a coordinator's step is: its
+// call contexts and results made and freed (they were outside the timing
+// before 2026-11-30, which charged their cost to the coordinator alone).
 double BareFanOutSeconds(std::vector<std::unique_ptr<v1::WorkerService::Stub>>& stubs,
                          const v1::CommandBatch& batch) {
+  const absl::Time start = absl::Now();
+  {
+    std::mutex mu;
+    std::condition_variable cv;
+    size_t pending = stubs.size();
+    std::vector<grpc::ClientContext> contexts(stubs.size());
+    std::vector<v1::CommandResult> results(stubs.size());
+    for (size_t i = 0; i < stubs.size(); ++i) {
+      stubs[i]->async()->Execute(&contexts[i], &batch, &results[i], [&](const grpc::Status&) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (--pending == 0) cv.notify_one();
+      });
+    }
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return pending == 0; });
+  }
+  return absl::ToDoubleSeconds(absl::Now() - start);
+}
+
+// Through the coordinator's clients (GrpcWorkerClient), without the sequencer.
+double ClientFanOutSeconds(const std::vector<std::shared_ptr<WorkerClient>>& clients,
+                           const v1::CommandBatch& batch) {
   std::mutex mu;
   std::condition_variable cv;
-  size_t pending = stubs.size();
-  std::vector<grpc::ClientContext> contexts(stubs.size());
-  std::vector<v1::CommandResult> results(stubs.size());
+  size_t pending = clients.size();
   const absl::Time start = absl::Now();
-  for (size_t i = 0; i < stubs.size(); ++i) {
-    stubs[i]->async()->Execute(&contexts[i], &batch, &results[i], [&](const grpc::Status&) {
-      std::lock_guard<std::mutex> lock(mu);
-      if (--pending == 0) cv.notify_one();
-    });
+  for (const std::shared_ptr<WorkerClient>& client : clients) {
+    client->Execute(&batch, start + absl::Minutes(10),
+                    [&](const absl::StatusOr<v1::CommandResult>&) {
+                      std::lock_guard<std::mutex> lock(mu);
+                      if (--pending == 0) cv.notify_one();
+                    });
   }
   std::unique_lock<std::mutex> lock(mu);
   cv.wait(lock, [&] { return pending == 0; });
@@ -398,6 +424,36 @@ int Main(int argc, char** argv) {
       "\nmedian ratio to the bare fan-out: coordinator %.2f, with a state dir %.2f (payload %zu "
       "bytes)\n",
       median(coordinator_ratios), median(durable_ratios), last.ByteSizeLong());
+
+  // 4. Where the coordinator's step goes: the same step batch (carrying its
+  // digest, as TrainingJob's do) to the same processes through each layer in
+  // turn, interleaved step by step; the rest of part 3's ratio is
+  // TrainingJob's own (building the batch, the step's result).
+  {
+    std::vector<std::shared_ptr<WorkerClient>> clients;
+    for (const std::string& address : echo.addresses) {
+      clients.push_back(std::make_shared<GrpcWorkerClient>(address));
+    }
+    CommandSequencer sequencer(clients, 1, limits);
+    std::vector<double> bare, client, sequenced;
+    for (int i = 0; i < steps * rounds; ++i) {
+      bare.push_back(BareFanOutSeconds(stubs, last));
+      client.push_back(ClientFanOutSeconds(clients, last));
+      const absl::Time start = absl::Now();
+      if (!sequencer.Run(last).ok()) return 1;
+      sequenced.push_back(absl::ToDoubleSeconds(absl::Now() - start));
+    }
+    const double b = Summarize(bare).p50_us;
+    std::printf("\n| layer (%d steps each, interleaved) | p50 | ratio to bare |\n|---|---|---|\n",
+                steps * rounds);
+    std::printf("| bare fan-out | %.0f us | 1.00 |\n", b);
+    for (const auto& [name, times] :
+         {std::pair<const char*, std::vector<double>*>{"GrpcWorkerClient", &client},
+          {"CommandSequencer::Run", &sequenced}}) {
+      const double p50 = Summarize(*times).p50_us;
+      std::printf("| %s | %.0f us | %.2f |\n", name, p50, p50 / b);
+    }
+  }
   store->reset();
   std::filesystem::remove_all(state_dir);
   stubs.clear();

@@ -46,11 +46,15 @@ absl::Status CommandSequencer::Begin(v1::CommandBatch& batch) {
   aborted_.wait(lock, [this] { return !aborting_; });
   if (!failure_.ok()) return failure_;
   // A batch built wrongly (no kind, malformed commands) is refused here,
-  // before anything reaches a worker.
-  ASSIGN_OR_RETURN(std::string digest, BatchDigest(batch));
+  // before anything reaches a worker. One that carries its digest already
+  // (MakeStepBatch's, from the program itself) keeps it: every worker
+  // recomputes it from the content and refuses a mismatch.
+  if (batch.kind_case() == v1::CommandBatch::KIND_NOT_SET || batch.digest().empty()) {
+    ASSIGN_OR_RETURN(std::string digest, BatchDigest(batch));
+    batch.set_digest(std::move(digest));
+  }
   batch.set_job_epoch(epoch_);
   batch.set_seq(last_seq_ + 1);
-  batch.set_digest(std::move(digest));
   const BatchJournal journal = journal_;
   lock.unlock();
   if (journal) journal(batch);

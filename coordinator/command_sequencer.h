@@ -46,14 +46,15 @@ class CommandSequencer {
   CommandSequencer(std::vector<std::shared_ptr<WorkerClient>> workers, uint64_t epoch,
                    BatchLimits limits, BatchObserver on_batch = {});
 
-  // Runs `batch` (its kind and content set by the caller; epoch, seq and
-  // digest stamped here) on every rank; the results by rank. Errors name the
+  // Runs `batch` (its kind and content set by the caller; epoch, seq and,
+  // unless it carries one (MakeStepBatch's), digest stamped here) on every
+  // rank; the results by rank. Errors name the
   // rank to blame (the one that no longer answers, else the one that failed
   // first) in the message, and as FailedRank() unless the failure was a
   // timeout, a cancellation or an abort. A rank that stalls (BatchLimits)
   // fails the batch as DEADLINE_EXCEEDED, blamed on it. A batch without a
-  // kind or with malformed content is INVALID_ARGUMENT before anything is
-  // sent.
+  // kind, or without a digest and with malformed content, is
+  // INVALID_ARGUMENT before anything is sent.
   absl::StatusOr<std::vector<v1::CommandResult>> Run(v1::CommandBatch batch);
 
   // A summon batch: rank 0's chunks go to `sink`; the other ranks join the

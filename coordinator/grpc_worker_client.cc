@@ -23,6 +23,13 @@ constexpr int kMaxMessageBytes = 64 << 20;
 // costs this much, not the configure timeout.
 constexpr absl::Duration kConnectGrace = absl::Seconds(2);
 
+// The command token, when there is one: a worker without one accepts a call
+// without the header (MetadataValue reads it as empty), so an insecure
+// cluster's calls carry none.
+void AttachCommandToken(grpc::ClientContext& context, const std::string& token) {
+  if (!token.empty()) context.AddMetadata(kCommandTokenKey, token);
+}
+
 // Registers a blocking call's context for CancelAll while it runs.
 class BlockingCall {
  public:
@@ -30,7 +37,7 @@ class BlockingCall {
                const std::string& command_token)
       : mu_(mu), set_(set) {
     context_.set_deadline(absl::ToChronoTime(deadline));
-    context_.AddMetadata(kCommandTokenKey, command_token);
+    AttachCommandToken(context_, command_token);
     std::lock_guard<std::mutex> lock(mu_);
     set_.insert(&context_);
   }
@@ -77,7 +84,7 @@ void GrpcWorkerClient::Execute(const v1::CommandBatch* batch, absl::Time deadlin
                                ExecuteDone done) {
   auto call = std::make_shared<Call>();
   call->context.set_deadline(absl::ToChronoTime(deadline));
-  call->context.AddMetadata(kCommandTokenKey, command_token_);
+  AttachCommandToken(call->context, command_token_);
   {
     std::lock_guard<std::mutex> lock(mu_);
     in_flight_.insert(call);
@@ -116,7 +123,7 @@ absl::Status GrpcWorkerClient::Abort(uint64_t epoch, const std::string& reason,
                                      absl::Time deadline) {
   grpc::ClientContext context;  // not cancellable: it is how failures end
   context.set_deadline(absl::ToChronoTime(deadline));
-  context.AddMetadata(kCommandTokenKey, command_token_);
+  AttachCommandToken(context, command_token_);
   v1::AbortRequest request;
   request.set_reason(reason);
   request.set_job_epoch(epoch);
@@ -127,7 +134,7 @@ absl::Status GrpcWorkerClient::Abort(uint64_t epoch, const std::string& reason,
 absl::StatusOr<v1::GetStatusResponse> GrpcWorkerClient::GetStatus(absl::Time deadline) {
   grpc::ClientContext context;
   context.set_deadline(absl::ToChronoTime(deadline));
-  context.AddMetadata(kCommandTokenKey, command_token_);
+  AttachCommandToken(context, command_token_);
   v1::GetStatusRequest request;
   v1::GetStatusResponse response;
   grpc::Status status = stub_->GetStatus(&context, request, &response);

@@ -28,6 +28,7 @@ v1::CommandBatch MakeStepBatch(const StepProgram& program, int64_t step, bool sy
   StepProgramToProto(program, kind->mutable_commands());
   kind->set_step(step);
   kind->set_sync_gradients(sync_gradients);
+  batch.set_digest(ProgramDigest(program, step, sync_gradients));
   return batch;
 }
 

@@ -2,7 +2,8 @@
 // them: the batch's kind is its `kind` oneof (step, control, checkpoint,
 // summon), never re-derived from its commands, and its digest covers the kind
 // and its content (docs/control-plane.md). The coordinator's sequencer stamps
-// BatchDigest into every batch; the worker recomputes it before running one.
+// BatchDigest into every batch that does not carry one yet (a step batch gets
+// its own from MakeStepBatch); the worker recomputes it before running one.
 #ifndef FLATSHARD_RPC_COMMAND_BATCH_H_
 #define FLATSHARD_RPC_COMMAND_BATCH_H_
 
@@ -18,8 +19,12 @@
 
 namespace flatshard {
 
-// Batches without epoch, seq and digest (the sequencer's to stamp).
-// A training step: `program` for global batch `step`.
+// Batches without epoch and seq (the sequencer's to stamp).
+// A training step: `program` for global batch `step`, its digest stamped
+// from `program` itself (ProgramDigest): the coordinator builds one per step,
+// and parsing its own program back out of the proto to hash it was a fifth
+// of the sequencer's cost per step (bench/RESULTS.md, 2026-11-30).
+// Control, checkpoint and summon batches are left to the sequencer to stamp.
 // The largest summon chunk: a TensorChunk must stay well inside the 64 MiB
 // gRPC message limit every flatshard channel and server sets.
 constexpr int64_t kMaxSummonChunkBytes = int64_t{32} << 20;

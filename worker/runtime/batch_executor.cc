@@ -19,7 +19,6 @@ v1::CommandBatch BatchExecutor::MakeBatch(int64_t step, bool sync_gradients) con
   v1::CommandBatch batch = MakeStepBatch(program, step, sync_gradients);
   batch.set_job_epoch(epoch_);
   batch.set_seq(last_seq_ + 1);
-  batch.set_digest(ProgramDigest(program, step, sync_gradients));
   return batch;
 }
 

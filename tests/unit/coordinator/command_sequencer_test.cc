@@ -17,6 +17,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "rpc/command_batch.h"
+
 #include "coordinator/failed_rank.h"
 #include "core/step_program.h"
 
@@ -168,6 +170,26 @@ TEST(CommandSequencerTest, RefusesABatchWithoutAKindBeforeSendingIt) {
   auto next = f.sequencer->Run(Batch());
   ASSERT_TRUE(next.ok()) << next.status();
   EXPECT_EQ(f.sequencer->last_seq(), 1u);
+}
+
+TEST(CommandSequencerTest, KeepsTheDigestABatchCarriesButStillRefusesOneWithoutAKind) {
+  Fixture f(2);
+  // MakeStepBatch stamps the program's digest; the sequencer sends it as is
+  // (a worker recomputes it from the content), so a wrong one reaches them.
+  v1::CommandBatch carried = MakeStepBatch({StepCommand::OptimStep()}, 4, true);
+  ASSERT_EQ(carried.digest(), ProgramDigest({StepCommand::OptimStep()}, 4, true));
+  carried.set_digest("not the content's digest");
+  ASSERT_TRUE(f.sequencer->Run(carried).ok());
+  EXPECT_EQ(f.workers[0]->seen_.back().digest(), "not the content's digest");
+  EXPECT_EQ(f.workers[0]->seen_.back().seq(), 1u);
+
+  v1::CommandBatch kindless;
+  kindless.set_digest("a digest of nothing");
+  auto results = f.sequencer->Run(kindless);
+  ASSERT_FALSE(results.ok());
+  EXPECT_EQ(results.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(results.status().message()), HasSubstr("kind is not set"));
+  EXPECT_EQ(f.workers[0]->seen_.size(), 1u);
 }
 
 TEST(CommandSequencerTest, NamesTheUnreachableRankAbortsTheOthersAndRefusesLaterBatches) {

@@ -102,6 +102,10 @@ TEST(CommandBatchTest, StepDigestIsCoresProgramDigest) {
   ASSERT_TRUE(digest.ok()) << digest.status();
   EXPECT_EQ(*digest, ProgramDigest(program, 12, true));
   EXPECT_EQ(digest->size(), 16u);
+  // Stamped by MakeStepBatch from the program, without the proto round trip.
+  EXPECT_EQ(batch.digest(), *digest);
+  EXPECT_NE(MakeStepBatch(program, 13, true).digest(), *digest);
+  EXPECT_NE(MakeStepBatch(program, 12, false).digest(), *digest);
 }
 
 TEST(CommandBatchTest, DigestCoversTheKindAndItsContent) {
