@@ -2,6 +2,8 @@
 
 #include <cerrno>
 #include <cstring>
+#include <deque>
+#include <utility>
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -12,11 +14,8 @@
 namespace flatshard {
 namespace {
 
-// How much a file may hold unwritten before its writeback is started: the
-// disk then works while the writer produces the next bytes (a checkpoint
-// save exchanges the next tensor meanwhile) instead of all at the final
-// fsync. RocksDB's bytes_per_sync is the same idea.
-constexpr off_t kWritebackBytes = off_t{8} << 20;
+constexpr auto kWritebackBytes = static_cast<off_t>(kWritebackWindowBytes);
+constexpr auto kMaxWritebackInFlight = static_cast<off_t>(kMaxWritebackInFlightBytes);
 
 absl::Status OsError(const std::string& what, const std::string& path, int err) {
   return absl::UnavailableError(absl::StrCat("cannot ", what, " ", path, ": ", std::strerror(err)));
@@ -63,13 +62,29 @@ class PosixWritableFile : public WritableFile {
   }
 
  private:
-  // Asks the kernel to start writing [writeback_from_, at_) to the disk and
-  // returns at once. A hint only: Sync's fsync is what makes the file
-  // durable and reports any write error, so a failure here is not one.
+  // Asks the kernel to start writing [writeback_from_, at_) and returns
+  // without waiting for that; first, while more than kMaxWritebackInFlight
+  // would be in writeback, waits for the oldest started range to be
+  // written. A pacing hint only: Sync's fsync is what makes the file durable
+  // and reports any write error, so a failure here is not one.
   void StartWriteback() {
+    const off_t length = at_ - writeback_from_;
+    while (!in_flight_.empty() && in_flight_bytes_ + length > kMaxWritebackInFlight) {
+      const auto [from, started] = in_flight_.front();
+      // Range by range: a shared file's other writers' regions lie between.
 #ifdef __linux__
-    (void)::sync_file_range(fd_, writeback_from_, at_ - writeback_from_, SYNC_FILE_RANGE_WRITE);
+      (void)::sync_file_range(
+          fd_, from, started,
+          SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER);
 #endif
+      in_flight_bytes_ -= started;
+      in_flight_.pop_front();
+    }
+#ifdef __linux__
+    (void)::sync_file_range(fd_, writeback_from_, length, SYNC_FILE_RANGE_WRITE);
+#endif
+    in_flight_.emplace_back(writeback_from_, length);
+    in_flight_bytes_ += length;
     writeback_from_ = at_;
     unstarted_ = 0;
   }
@@ -79,6 +94,10 @@ class PosixWritableFile : public WritableFile {
   off_t at_ = 0;              // where the next Append writes
   off_t writeback_from_ = 0;  // where the bytes not yet sent to the disk start
   off_t unstarted_ = 0;       // bytes written since writeback was last started
+  // The ranges whose writeback was started and not yet waited for, oldest
+  // first (offset, length), and their bytes.
+  std::deque<std::pair<off_t, off_t>> in_flight_;
+  off_t in_flight_bytes_ = 0;
 };
 
 class PosixFileSystem : public FileSystem {

@@ -14,6 +14,25 @@
 
 namespace flatshard {
 
+// How the real (POSIX) files pace their writeback.
+// How much a file may hold unwritten before its writeback is started: the
+// disk then works while the writer produces the next bytes (a checkpoint
+// save exchanges the next tensor meanwhile) instead of all at the final
+// fsync. RocksDB's bytes_per_sync is the same idea.
+inline constexpr uint64_t kWritebackWindowBytes = uint64_t{8} << 20;
+// How much a file may have in writeback before its writer waits for the
+// oldest of it (RocksDB's strict_bytes_per_sync, with a deeper queue): the
+// writer then moves at the disk's pace, and the final fsync has at most this
+// much plus one window left to write, however much memory the host has for
+// dirty pages. Without it, a host with a terabyte of RAM saving to a slow
+// mount buffered everything and sat in one fsync for minutes, with no
+// progress a stall watcher could see (docs/fault-tolerance.md, "Stalled
+// ranks"). A single window in flight cost FULL and SHARDED saves 5-20%
+// here (their writers gather the next tensor while the disk writes); at
+// 64 MiB the saves measured within this VM's noise (bench/RESULTS.md,
+// 2026-11-30).
+inline constexpr uint64_t kMaxWritebackInFlightBytes = uint64_t{64} << 20;
+
 // A file being written, from the start or (OpenSharedFile) at offsets the
 // writer seeks to. Errors are UNAVAILABLE (the disk or the OS refused) naming
 // the path and the OS's reason.
