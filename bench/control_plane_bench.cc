@@ -440,7 +440,10 @@ int Main(int argc, char** argv) {
       bare.push_back(BareFanOutSeconds(stubs, last));
       client.push_back(ClientFanOutSeconds(clients, last));
       const absl::Time start = absl::Now();
-      if (!sequencer.Run(last).ok()) return 1;
+      if (absl::Status s = sequencer.Run(last).status(); !s.ok()) {
+        std::fprintf(stderr, "sequencer: %s\n", std::string(s.message()).c_str());
+        std::exit(1);  // the echo processes die with this one (PR_SET_PDEATHSIG)
+      }
       sequenced.push_back(absl::ToDoubleSeconds(absl::Now() - start));
     }
     const double b = Summarize(bare).p50_us;

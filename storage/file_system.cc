@@ -1,5 +1,6 @@
 #include "storage/file_system.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <deque>
@@ -31,15 +32,18 @@ class PosixWritableFile : public WritableFile {
   PosixWritableFile& operator=(const PosixWritableFile&) = delete;
 
   absl::Status Append(absl::string_view data) override {
+    // A window at a time, so that a big append (a converter's whole tensor)
+    // is paced like many small ones.
     while (!data.empty()) {
-      const ssize_t wrote = ::pwrite(fd_, data.data(), data.size(), at_);
+      const size_t piece = std::min(data.size(), static_cast<size_t>(kWritebackBytes));
+      const ssize_t wrote = ::pwrite(fd_, data.data(), piece, at_);
       if (wrote < 0 && errno == EINTR) continue;
       if (wrote < 0) return OsError("write", path_, errno);
       data.remove_prefix(static_cast<size_t>(wrote));
       at_ += wrote;
       unstarted_ += wrote;
+      if (unstarted_ >= kWritebackBytes) StartWriteback();
     }
-    if (unstarted_ >= kWritebackBytes) StartWriteback();
     return absl::OkStatus();
   }
   absl::Status Seek(uint64_t offset) override {
@@ -69,6 +73,9 @@ class PosixWritableFile : public WritableFile {
   // and reports any write error, so a failure here is not one.
   void StartWriteback() {
     const off_t length = at_ - writeback_from_;
+    // Never a zero length: to sync_file_range that means "to the end of the
+    // file", another writer's regions of a shared file included.
+    if (length <= 0) return;
     while (!in_flight_.empty() && in_flight_bytes_ + length > kMaxWritebackInFlight) {
       const auto [from, started] = in_flight_.front();
       // Range by range: a shared file's other writers' regions lie between.

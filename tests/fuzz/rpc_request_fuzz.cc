@@ -150,6 +150,10 @@ bool CheckBatch(const v1::CommandBatch& batch) {
   absl::StatusOr<std::string> rebuilt_digest = BatchDigest(rebuilt);
   FUZZ_CHECK(rebuilt_digest.ok() && *rebuilt_digest == *digest,
              "the batch rebuilt from core's program has another digest");
+  // A step batch carries MakeStepBatch's digest, which the sequencer sends
+  // as is: it must be the one a worker computes from the content.
+  FUZZ_CHECK(!step || rebuilt.digest() == *digest,
+             "MakeStepBatch stamped another digest than its content's");
   return true;
 }
 

@@ -63,11 +63,16 @@ TEST(PosixWritableFileTest, AFileNeverHoldsMoreThanTheBoundUnwritten) {
   if (const int err = unwritten(bytes); err != 0) {
     ::close(probe);
     fs::remove_all(dir);
-    if (err == ENOSYS) GTEST_SKIP() << "this kernel has no cachestat(2) (Linux 6.5)";
+    // No such call (before Linux 6.5), a seccomp profile that predates it,
+    // or a file system it does not cover.
+    if (err == ENOSYS || err == EPERM || err == EOPNOTSUPP) {
+      GTEST_SKIP() << "cachestat(2) is not available here: " << std::strerror(err);
+    }
     FAIL() << "cachestat: " << std::strerror(err);
   }
 
-  // 384 MiB in 4 MiB appends (a save's chunks), at memcpy's pace.
+  // 384 MiB in 4 MiB appends (a save's chunks), at memcpy's pace, then one
+  // append of 96 MiB (a converter's whole tensor).
   const std::string chunk(size_t{4} << 20, 'x');
   uint64_t worst = 0;
   for (int i = 0; i < 96; ++i) {
@@ -75,18 +80,28 @@ TEST(PosixWritableFileTest, AFileNeverHoldsMoreThanTheBoundUnwritten) {
     ASSERT_EQ(unwritten(bytes), 0);
     worst = std::max(worst, bytes);
   }
+  ASSERT_TRUE((*file)->Append(std::string(size_t{96} << 20, 'y')).ok());
+  ASSERT_EQ(unwritten(bytes), 0);
+  worst = std::max(worst, bytes);
+  if (worst == 0) {
+    // Right after an append its pages are dirty, unless the file's page
+    // cache is not the one cachestat reads (overlayfs's upper file, FUSE).
+    ::close(probe);
+    fs::remove_all(dir);
+    GTEST_SKIP() << "cachestat saw no dirty pages in " << dir
+                 << ": this file system's page cache is not the file's own";
+  }
   ASSERT_TRUE((*file)->Sync().ok());
   ASSERT_TRUE((*file)->Close().ok());
   ASSERT_EQ(unwritten(bytes), 0);
   const uint64_t after_sync = bytes;
   ::close(probe);
-  EXPECT_EQ(fs::file_size(path), uint64_t{96} * chunk.size());
+  EXPECT_EQ(fs::file_size(path), uint64_t{96} * chunk.size() + (uint64_t{96} << 20));
   fs::remove_all(dir);
 
   // What is in writeback, what was written since it was last started, and
   // the append that just landed.
   EXPECT_LE(worst, kMaxWritebackInFlightBytes + kWritebackWindowBytes + chunk.size());
-  EXPECT_GT(worst, 0u) << "cachestat saw nothing unwritten, so the bound was not tested";
   EXPECT_EQ(after_sync, 0u);
 }
 
