@@ -41,8 +41,7 @@ class PosixWritableFile : public WritableFile {
       if (wrote < 0) return OsError("write", path_, errno);
       data.remove_prefix(static_cast<size_t>(wrote));
       at_ += wrote;
-      unstarted_ += wrote;
-      if (unstarted_ >= kWritebackBytes) StartWriteback();
+      if (at_ - writeback_from_ >= kWritebackBytes) StartWriteback();
     }
     return absl::OkStatus();
   }
@@ -51,7 +50,7 @@ class PosixWritableFile : public WritableFile {
     // of what it wrote since it last started one starts now, so the range
     // never spans the other writers' bytes (their own writers start them).
     if (static_cast<off_t>(offset) == at_) return absl::OkStatus();
-    if (unstarted_ > 0) StartWriteback();
+    StartWriteback();  // does nothing when nothing is unstarted
     at_ = static_cast<off_t>(offset);
     writeback_from_ = at_;
     return absl::OkStatus();
@@ -93,14 +92,12 @@ class PosixWritableFile : public WritableFile {
     in_flight_.emplace_back(writeback_from_, length);
     in_flight_bytes_ += length;
     writeback_from_ = at_;
-    unstarted_ = 0;
   }
 
   std::string path_;
   int fd_;
   off_t at_ = 0;              // where the next Append writes
-  off_t writeback_from_ = 0;  // where the bytes not yet sent to the disk start
-  off_t unstarted_ = 0;       // bytes written since writeback was last started
+  off_t writeback_from_ = 0;  // where the bytes whose writeback is not started begin
   // The ranges whose writeback was started and not yet waited for, oldest
   // first (offset, length), and their bytes.
   std::deque<std::pair<off_t, off_t>> in_flight_;
