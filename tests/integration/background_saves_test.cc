@@ -296,6 +296,26 @@ TEST_F(BackgroundSavesTest, AnAwaitWhoseCallerGivesUpReturnsAndTheOutcomeStays) 
   EXPECT_TRUE(StatusFromProto(result->checkpoint_status()).ok());
 }
 
+// An outcome is there for as many Awaits as ask, until the next save: the
+// call that carried it may be lost (the coordinator's wait is cut into short
+// calls, and one's deadline can pass as the write ends), and the coordinator
+// asks again.
+TEST_F(BackgroundSavesTest, AnOutcomeIsAnsweredAgainUntilTheNextSave) {
+  files_.Release();
+  BackgroundSaves saves;
+  saves.Start("twice", Snapshot(), Dir("twice"), 0, 4);
+  absl::StatusOr<v1::CommandResult> first = saves.Await("twice", absl::InfiniteFuture());
+  ASSERT_TRUE(first.ok()) << first.status();
+  absl::StatusOr<v1::CommandResult> again = saves.Await("twice", absl::InfiniteFuture());
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->seq(), 4u);
+  EXPECT_EQ(again->files_size(), first->files_size());
+  EXPECT_EQ(again->SerializeAsString(), first->SerializeAsString());
+  saves.Start("later", Snapshot(), Dir("later"), 0, 5);
+  EXPECT_EQ(saves.Await("twice", absl::InfiniteFuture()).status().code(),
+            absl::StatusCode::kNotFound);
+}
+
 // An outcome nobody collected (the coordinator abandoned that commit with its
 // job) goes with the next save: the coordinator starts one only after it
 // collected or gave up every earlier one.

@@ -69,7 +69,9 @@ void BackgroundSaves::Start(const std::string& key, ShardSnapshot snapshot, cons
                 snapshot = std::optional<ShardSnapshot>(std::move(snapshot))]() mutable {
     // Whatever happens, the write is not left watched once it returned.
     absl::Cleanup returned = [this, id] { Returned(id); };
+    // Asked before each chunk written: each counts as progress.
     const std::function<bool()> aborted = [this, superseded] {
+      progress_.fetch_add(1, std::memory_order_relaxed);
       return aborted_.load() || superseded->load();
     };
     absl::StatusOr<ShardSaveResult> written = WriteShardSnapshot(*snapshot, path, aborted);
@@ -105,7 +107,7 @@ void BackgroundSaves::Start(const std::string& key, ShardSnapshot snapshot, cons
     save = now.get_future().share();
   }
   std::lock_guard<std::mutex> lock(mu_);
-  saves_[key] = Entry{id, std::move(save)};
+  saves_[key] = Entry{std::move(save)};
 }
 
 void BackgroundSaves::Abort(const std::string& reason) {
@@ -186,13 +188,11 @@ absl::StatusOr<v1::CommandResult> BackgroundSaves::Await(const std::string& key,
           absl::StrCat("the wait for the async save into '", key, "' was cancelled"));
     }
   }
-  v1::CommandResult result = entry.done.get();
-  std::lock_guard<std::mutex> lock(mu_);
-  // Only this save's entry: a newer save into the same directory stays.
-  if (auto it = saves_.find(key); it != saves_.end() && it->second.id == entry.id) {
-    saves_.erase(it);
-  }
-  return result;
+  // Kept for a later Await, until the next save: the call that carries this
+  // answer may be lost (its caller's deadline passing as the write ends),
+  // and the coordinator asks again. It is small (the files' names and
+  // digests); the snapshot went with the write.
+  return entry.done.get();
 }
 
 }  // namespace flatshard

@@ -18,6 +18,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <future>
 #include <map>
@@ -57,7 +58,8 @@ class BackgroundSaves {
   void Start(const std::string& key, ShardSnapshot snapshot, const std::string& path, int rank,
              uint64_t seq);
 
-  // The outcome of save `key` once written (then forgotten). NOT_FOUND for
+  // The outcome of save `key` once written, as often as asked until the
+  // next Start (a caller whose call was lost asks again). NOT_FOUND for
   // an unknown key, DEADLINE_EXCEEDED if still writing at `deadline`,
   // CANCELLED once `cancelled` (asked every 100 ms; unset: never) says so.
   // An aborted write's outcome carries an ABORTED checkpoint status.
@@ -72,6 +74,11 @@ class BackgroundSaves {
   // Waits for every write in flight.
   void Wait();
 
+  // Counts the writes' work: one per chunk written (at most 4 MiB,
+  // kSaveWriteChunk). Still while a write waits on its disk or hangs; only
+  // its changes mean anything (GetStatusResponse.save_progress).
+  uint64_t progress() const { return progress_.load(std::memory_order_relaxed); }
+
   // The writes a later Start stopped that have not returned yet.
   size_t StoppedWritesRunning() const;
 
@@ -82,7 +89,6 @@ class BackgroundSaves {
 
  private:
   struct Entry {
-    uint64_t id = 0;
     std::shared_future<v1::CommandResult> done;
   };
   // A write that has not returned: what it is, for the watchdog's report,
@@ -102,6 +108,7 @@ class BackgroundSaves {
 
   AbortWatchdog* const watchdog_;
   std::atomic<bool> aborted_{false};  // read by the writers between units
+  std::atomic<uint64_t> progress_{0};
   mutable std::mutex mu_;
   std::map<std::string, Entry> saves_;   // by key, until awaited or the next save
   std::map<uint64_t, Running> running_;  // by id

@@ -105,6 +105,7 @@ WorkerStatus WorkerServiceImpl::Status() const {
       std::max(batch_.Draining(),
                DrainingFor(writing != nullptr ? writing->saves.DrainingSince() : std::nullopt));
   if (job_ != nullptr && job_->runtime != nullptr) status.progress = job_->runtime->progress();
+  if (job_ != nullptr) status.save_progress = job_->saves.progress();
   return status;
 }
 
@@ -339,6 +340,7 @@ grpc::Status WorkerServiceImpl::GetStatus(grpc::ServerContext* /*context*/,
   response->set_draining_ms(absl::ToInt64Milliseconds(status.draining));
   response->set_abort_grace_ms(absl::ToInt64Milliseconds(watchdog_.grace()));
   response->set_progress(status.progress);
+  response->set_save_progress(status.save_progress);
   for (v1::PeerSnapshotHeld& held : peer_snapshots_.Held()) {
     *response->add_peer_snapshots() = std::move(held);
   }

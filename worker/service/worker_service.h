@@ -65,6 +65,8 @@ struct WorkerStatus {
   // The current job's runtime's work counter (FsdpRuntime::progress); 0
   // without a job.
   uint64_t progress = 0;
+  // Its async saves' background writes' counter (BackgroundSaves::progress).
+  uint64_t save_progress = 0;
 };
 
 // What the metrics read at scrape time.
