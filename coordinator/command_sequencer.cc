@@ -130,11 +130,7 @@ absl::Status CommandSequencer::StallFailure(const v1::CommandBatch& batch,
                                             absl::Duration timeout) const {
   const WorkerClient& worker = *workers_[static_cast<size_t>(stall.rank)];
   return absl::DeadlineExceededError(
-      absl::StrCat("its worker (", worker.address(), ") made no progress for ",
-                   absl::FormatDuration(absl::Trunc(stall.still_for, absl::Milliseconds(1))),
-                   stall.progress.has_value()
-                       ? absl::StrCat(" (its progress counter stayed at ", *stall.progress, ")")
-                       : std::string(" (it did not answer its progress probes)"),
+      absl::StrCat("its worker (", worker.address(), ") ", DescribeStall(stall, "progress counter"),
                    " while ", finished, " of ", workers_.size(), " ranks finished ",
                    BatchKindName(batch.kind_case()), " batch ", batch.seq(),
                    ": its work is stuck (a hung disk or mount, a deadlock); the coordinator's "

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
+
 namespace flatshard {
 
 void StallWatch::Retain(const std::vector<int>& running) {
@@ -30,6 +32,14 @@ std::optional<StallWatch::Stall> StallWatch::Stalled(Clock::time_point now) cons
 
 absl::Duration StallWatch::probe_interval() const {
   return std::clamp(timeout_ / 10, absl::Milliseconds(10), absl::Seconds(2));
+}
+
+std::string DescribeStall(const StallWatch::Stall& stall, absl::string_view counter) {
+  return absl::StrCat("made no progress for ",
+                      absl::FormatDuration(absl::Trunc(stall.still_for, absl::Milliseconds(1))),
+                      stall.progress.has_value()
+                          ? absl::StrCat(" (its ", counter, " stayed at ", *stall.progress, ")")
+                          : std::string(" (it did not answer its progress probes)"));
 }
 
 }  // namespace flatshard

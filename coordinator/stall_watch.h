@@ -15,8 +15,10 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <string>
 #include <vector>
 
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 
 namespace flatshard {
@@ -59,6 +61,11 @@ class StallWatch {
   const absl::Duration timeout_;
   std::map<int, Reading> ranks_;
 };
+
+// "made no progress for 5.013s (its <counter> stayed at 192)", or "(it did
+// not answer its progress probes)" when it was never read: the stall as an
+// error message says it.
+std::string DescribeStall(const StallWatch::Stall& stall, absl::string_view counter);
 
 }  // namespace flatshard
 

@@ -24,12 +24,11 @@
 #include "coordinator/checkpoint_catalog.h"
 #include "coordinator/checkpoint_history.h"
 #include "coordinator/command_sequencer.h"
-#include "coordinator/job_observer.h"
 #include "coordinator/job_state_machine.h"
-#include "coordinator/kv_store.h"
 #include "coordinator/membership.h"
 #include "coordinator/peer_snapshot_plan.h"
 #include "coordinator/state_store.h"
+#include "coordinator/training_job_options.h"
 #include "coordinator/training_run.h"
 #include "coordinator/worker_client.h"
 #include "core/job_config.h"
@@ -39,39 +38,6 @@
 namespace flatshard {
 
 struct RecoveryCandidates;  // recovery_plan.h
-
-struct TrainingJobOptions {
-  absl::Duration configure_timeout = absl::Minutes(2);
-  // Each batch's end-to-end timeout and its stall timeout (--batch-timeout,
-  // --stall-timeout).
-  BatchLimits batch;
-  std::function<std::unique_ptr<WorkerClient>(const WorkerRecord&)> connect;
-  // Checkpoints live in <checkpoint_root>/<job>/, which the workers reach as
-  // their --checkpoint-dir (a shared directory).
-  std::string checkpoint_root = "./checkpoints";
-  // Metrics: steps, batch round trips, checkpoint saves. Must outlive the job.
-  JobObserver* observer = nullptr;
-  // Recovery: the registered workers heartbeating within the timeout (the
-  // coordinator's membership), and how long a worker may take to answer the
-  // liveness probe after a failure.
-  std::function<std::vector<WorkerRecord>()> live_workers;
-  std::function<void(const WorkerRecord& probed)> mark_unreachable;
-  // The rendezvous store the workers' Configure meets in: a formed epoch
-  // deletes its predecessor's keys, a failed formation abandons its own so the
-  // ranks still waiting there are released at once. Null: neither. Must
-  // outlive the job.
-  KvStore* rendezvous = nullptr;
-  absl::Duration probe_timeout = absl::Seconds(2);
-  // A registered worker by id, live or not (a restarted coordinator's
-  // membership); unset or nullopt: unknown.
-  std::function<std::optional<WorkerRecord>(const std::string& worker_id)> find_worker;
-  // Where the job keeps its state across coordinator restarts; null: memory
-  // only. Must outlive the job.
-  StateStore* state = nullptr;
-  // The wall clock that stamps saves (created_unix_micros) and starts a
-  // loaded history; null: absl::Now. Only tests set it, to step it back.
-  std::function<absl::Time()> checkpoint_clock;
-};
 
 // FAILED_PRECONDITION naming the workers by device kind when `members` mix kinds.
 absl::Status CheckOneDeviceKind(const std::vector<WorkerRecord>& members);
@@ -338,6 +304,24 @@ class TrainingJob {
                                              bool scheduled = false) {
     return StartSave(name, type, scheduled, false).get();
   }
+  // An async save whose ranks took their snapshots and write them now.
+  struct AsyncSave {
+    std::string name;
+    std::string directory;  // the partial directory, as the ranks write into it
+    CheckpointManifest manifest;
+    absl::Status refused;  // a rank's refusal of the save batch (the others write on)
+    std::vector<std::shared_ptr<WorkerClient>> workers;  // the save's epoch's, by rank
+    std::vector<std::string> ids;                        // their worker ids
+    std::shared_ptr<CommandSequencer> seq;               // the save's epoch's
+    // Commits the manifest with the files written; reports any other outcome.
+    std::function<absl::StatusOr<v1::CheckpointInfo>(CheckpointManifest,
+                                                     const std::vector<v1::CommandResult>&)>
+        commit;
+    std::function<absl::StatusOr<v1::CheckpointInfo>(absl::StatusOr<v1::CheckpointInfo>)> report;
+  };
+  // The committer's work (training_job_async_commit.cc): awaits every rank's
+  // write, failing a rank whose write stalls, then commits or abandons.
+  absl::StatusOr<v1::CheckpointInfo> CollectAsyncSave(AsyncSave save);
   // Runs a checkpoint batch; per-rank checkpoint errors come back as a status
   // naming the rank, a failed batch also fails the job.
   absl::StatusOr<std::vector<v1::CommandResult>> RunCheckpointBatch(

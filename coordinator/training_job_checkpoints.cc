@@ -319,65 +319,25 @@ TrainingJob::SaveFuture TrainingJob::StartSave(const std::string& name, v1::Stat
   };
   if (!async_save) return Ready(commit(std::move(manifest), *results));
 
-  std::vector<std::shared_ptr<WorkerClient>> workers;
-  std::shared_ptr<CommandSequencer> seq;  // this save's epoch's, kept alive with its clients
+  AsyncSave save{name,
+                 catalog_.RelativePartialDir(name),
+                 std::move(manifest),
+                 refused,
+                 {},
+                 {},
+                 nullptr,
+                 commit,
+                 report};
   {
     std::lock_guard<std::mutex> lock(mu_);
-    workers = clients_;
-    seq = sequencer_;
+    save.workers = clients_;
+    save.ids = worker_ids_;
+    save.seq = sequencer_;
   }
   auto promise = std::make_shared<std::promise<absl::StatusOr<v1::CheckpointInfo>>>();
   SaveFuture done = promise->get_future().share();
-  const std::string directory = catalog_.RelativePartialDir(name);
-  const absl::Duration timeout = options_.batch.timeout;
-  committer_ = std::thread([this, promise, workers, seq, directory, timeout, name, refused,
-                            manifest = std::move(manifest), commit, report]() mutable {
-    std::vector<v1::CommandResult> written;
-    // Every rank is awaited, even after one failed: each holds a snapshot
-    // until its outcome is collected. A rank that cannot be reached is the
-    // cause; the others then only report that their job lost it.
-    // A rank whose process is gone (UNAVAILABLE) is blamed before one that
-    // answers but lost its save (its job was aborted because of the first).
-    absl::Status unreachable, lost, reported = refused;
-    const absl::Time deadline = absl::Now() + timeout;  // one for all ranks
-    for (size_t r = 0; r < workers.size(); ++r) {
-      // The job failed meanwhile: its recovery re-forms the ranks (dropping
-      // their snapshots); waiting on them could only hang on a stopped one.
-      if (seq != nullptr && !seq->failure().ok()) break;
-      absl::StatusOr<v1::CommandResult> result = workers[r]->AwaitSave(directory, deadline);
-      if (!result.ok()) {
-        const bool gone = result.status().code() == absl::StatusCode::kUnavailable;
-        absl::Status& slot = gone ? unreachable : lost;
-        if (slot.ok()) {
-          slot = absl::Status(
-              result.status().code(),
-              absl::StrCat("rank ", r, " did not finish its write: ", result.status().message()));
-        }
-      } else if (absl::Status s = StatusFromProto(result->checkpoint_status()); !s.ok()) {
-        if (reported.ok()) {
-          reported = absl::Status(s.code(), absl::StrCat("rank ", r, ": ", s.message()));
-        }
-      } else {
-        written.push_back(*std::move(result));
-      }
-    }
-    // The job failing meanwhile names the rank it lost (its sequencer's
-    // failure); a rank that only lost its save because of that is not it.
-    const absl::Status job_failure = seq != nullptr ? seq->failure() : absl::OkStatus();
-    const absl::Status failed = !unreachable.ok()   ? unreachable
-                                : !job_failure.ok() ? job_failure
-                                : !lost.ok()        ? lost
-                                                    : reported;
-    if (!failed.ok()) {
-      catalog_.AbandonSave(name);
-      spdlog::error("job {}: async checkpoint {} failed: {}", config_.name, name,
-                    std::string(failed.message()));
-      promise->set_value(
-          report(absl::Status(failed.code(), absl::StrCat("checkpoint '", name,
-                                                          "' was not saved: ", failed.message()))));
-      return;
-    }
-    promise->set_value(commit(std::move(manifest), written));
+  committer_ = std::thread([this, promise, save = std::move(save)]() mutable {
+    promise->set_value(CollectAsyncSave(std::move(save)));
   });
   return done;
 }

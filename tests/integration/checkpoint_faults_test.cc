@@ -4,8 +4,9 @@
 // file system, sync and async, and once for real on a small tmpfs) fails the
 // save cleanly and the job trains and saves on; a write that hangs for good
 // (in a sync save's batch, noticed at the batch timeout or by the stall
-// detector, or in an async save's background write that a recovery aborts)
-// ends its worker, and the job recovers onto a spare (docs/fault-tolerance.md).
+// detector, or in an async save's background write, which the stall detector
+// or a recovery aborts) ends its worker, and the job recovers onto a spare
+// (docs/fault-tolerance.md).
 #include <algorithm>
 #include <cerrno>
 #include <csignal>
@@ -340,6 +341,51 @@ TEST(AsyncHungWriteTest, ARecoveryEndsTheWorkerWhoseBackgroundWriteIsStuck) {
   ASSERT_TRUE(after.ok()) << after.status();
   EXPECT_TRUE((*after)->VerifyAll().ok());
   (*cluster)->Stop();  // two daemons are gone: no clean stop to assert
+}
+
+// An async save whose background write hangs on rank 1, noticed by the stall
+// detector: the commit reads the write's own counter (training moves the
+// worker's main one), and once it has stood still for --stall-timeout (5 s;
+// the batch timeout is 10 minutes) the commit fails naming the stall and
+// fails rank 1 as a stalled batch's rank. The recovery's abort reaches the
+// stuck write, the daemon ends itself after its grace, and the job is READY
+// on the spare after one restart, then commits an async save. Before, the
+// commit waited out the batch timeout, and the job trained on beside a
+// worker that held the snapshot until the next save stopped on it.
+TEST(AsyncStalledWriteTest, TheCommitFailsTheStuckRankAtTheStallTimeout) {
+  const std::string root = testing::MakeTempDir("ckpt-async-stall") + "/checkpoints";
+  LocalClusterOptions options = HangCluster(root, 3, 1, "model-rank00001", 600);
+  options.coordinator_flags.insert(options.coordinator_flags.end(), {"--stall-timeout", "5"});
+  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(options);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  FlatshardClient client((*cluster)->address());
+  testing::CreateAndWaitReady(client, Spec(2, true));
+  ASSERT_EQ(testing::WorkerIndexOfRank(**cluster, client, kJob, 1), 1);
+  Train(client, 1);
+  ASSERT_TRUE(Save(client, "before", v1::SHARDED_STATE_DICT, /*async_save=*/true).ok());
+
+  const absl::Time start = absl::Now();
+  absl::StatusOr<v1::CheckpointProgress> stuck =
+      Save(client, "stuck", v1::SHARDED_STATE_DICT, /*async_save=*/true);
+  const absl::Duration took = absl::Now() - start;
+  ASSERT_FALSE(stuck.ok());
+  const std::string message(stuck.status().message());
+  EXPECT_THAT(message, HasSubstr("rank 1: its worker's ("));
+  EXPECT_THAT(message, HasSubstr(") async write into 'mlp-demo/stuck.partial' made no progress"));
+  EXPECT_THAT(message, HasSubstr("made no progress for "));
+  EXPECT_THAT(message, HasSubstr("--stall-timeout is 5s"));
+  EXPECT_LT(took, absl::Seconds(90)) << "the commit waited for the batch timeout";
+  ASSERT_NO_FATAL_FAILURE(ExpectWedgedExitAndOneRecovery(**cluster, client, 1));
+  EXPECT_EQ(testing::WorkerIndexOfRank(**cluster, client, kJob, 1), 2) << "not on the spare";
+  EXPECT_FALSE(fs::exists(Dir(root, "stuck")));
+  EXPECT_EQ(*ReadFileToString(absl::StrCat(root, "/", kJob, "/latest")), "before\n");
+  Train(client, 1);
+  ASSERT_TRUE(Save(client, "after", v1::SHARDED_STATE_DICT, /*async_save=*/true).ok());
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> after =
+      CheckpointReader::Open(Dir(root, "after"));
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_TRUE((*after)->VerifyAll().ok());
+  (*cluster)->Stop();  // the wedged daemon is gone: no clean stop to assert
 }
 
 // The same with a real full disk: the checkpoint root is a small tmpfs the
