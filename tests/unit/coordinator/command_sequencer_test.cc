@@ -63,6 +63,10 @@ class FakeWorker : public WorkerClient {
     if (done) done(result);
   }
   void CancelAll() override {
+    if (answer_when_cancelled_) {
+      Answer();  // its answer was on its way when the cancel came
+      return;
+    }
     ExecuteDone done;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -108,7 +112,8 @@ class FakeWorker : public WorkerClient {
   bool hang_ = false;
   bool fail_when_aborted_ = false;
   bool progressing_ = false;
-  int answer_at_probe_ = 0;  // > 0: a hung batch is answered at that probe
+  bool answer_when_cancelled_ = false;  // a hung batch is answered with success at the cancel
+  int answer_at_probe_ = 0;             // > 0: a hung batch is answered at that probe
   std::atomic<int> probes_{0};
   // std primitives, not absl's: ThreadSanitizer sees through these (the
   // Debian abseil is not instrumented).
@@ -361,6 +366,22 @@ TEST(CommandSequencerTest, AStragglerThatAnswersWhileProbedIsNotFailed) {
   EXPECT_EQ(f.workers[1]->probes_.load(), 2);
   EXPECT_TRUE(f.sequencer->failure().ok()) << f.sequencer->failure();
   EXPECT_TRUE(f.workers[0]->aborts_.empty());
+}
+
+// The stalled rank's answer slips in after the decision, while its call is
+// being cancelled (it reads as success): the batch fails all the same, for
+// the stall, since the epoch is failed and its ranks aborted by then.
+TEST(CommandSequencerTest, AStalledRankWhoseAnswerSlipsInAtTheCancelStillFailsTheBatch) {
+  Fixture f(2, {absl::Seconds(10), absl::Milliseconds(100)});
+  f.workers[1]->hang_ = true;
+  f.workers[1]->answer_when_cancelled_ = true;
+  auto results = RunWithin(f, absl::Seconds(10), [] {});
+  ASSERT_FALSE(results.ok()) << "the answer at the cancel passed the stalled batch";
+  EXPECT_EQ(results.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ(FailedRank(results.status()), 1);
+  EXPECT_THAT(std::string(results.status().message()), HasSubstr("made no progress for "));
+  EXPECT_FALSE(f.sequencer->failure().ok());
+  EXPECT_FALSE(f.workers[0]->aborts_.empty());
 }
 
 TEST(StallWatchTest, AClockStartsAtTheFirstReadingAndRestartsWhenTheCounterMoves) {
