@@ -5,12 +5,22 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 
 namespace flatshard {
 
 // How long one probe may take: a live worker answers GetStatus in
 // milliseconds, whatever its write does.
 constexpr absl::Duration kProbeTimeout = absl::Seconds(1);
+// How long the last look before a stall may wait (nor more than an
+// interval): a write that has just ended answers at once.
+constexpr absl::Duration kLastLook = absl::Milliseconds(100);
+
+// The worker's answer for a write still running: its own "still writing"
+// and the call's deadline alike.
+bool StillWriting(const absl::StatusOr<v1::CommandResult>& result) {
+  return !result.ok() && result.status().code() == absl::StatusCode::kDeadlineExceeded;
+}
 
 AwaitedSave AwaitAsyncSave(WorkerClient& worker, int rank, const std::string& directory,
                            absl::Time deadline, absl::Duration stall_timeout,
@@ -26,21 +36,25 @@ AwaitedSave AwaitAsyncSave(WorkerClient& worker, int rank, const std::string& di
     }
     absl::StatusOr<v1::CommandResult> result =
         worker.AwaitSave(directory, std::min(deadline, absl::Now() + interval));
-    // Only "still writing" before the end is waited on; the worker says it
-    // as DEADLINE_EXCEEDED, and so does the call's own deadline.
-    if (result.ok() || result.status().code() != absl::StatusCode::kDeadlineExceeded ||
-        absl::Now() >= deadline) {
-      return {std::move(result), {}};
-    }
+    if (!StillWriting(result) || absl::Now() >= deadline) return {std::move(result), {}};
     std::optional<uint64_t> progress;
     if (absl::StatusOr<v1::GetStatusResponse> status =
-            worker.GetStatus(absl::Now() + kProbeTimeout);
+            worker.GetStatus(std::min(deadline, absl::Now() + kProbeTimeout));
         status.ok()) {
+      // A worker from before save_progress cannot say how its write goes:
+      // it is awaited unwatched, as it was then.
+      if (!status->has_save_progress()) return {worker.AwaitSave(directory, deadline), {}};
       progress = status->save_progress();
     }
     const StallWatch::Clock::time_point now = StallWatch::Clock::now();
     watch.Observe(rank, progress, now);
     if (std::optional<StallWatch::Stall> stall = watch.Stalled(now)) {
+      // A last look: the write may have ended since the call above (its
+      // final fsync moves no counter), and a rank failed wrongly costs a
+      // recovery.
+      result = worker.AwaitSave(directory,
+                                std::min(deadline, absl::Now() + std::min(interval, kLastLook)));
+      if (!StillWriting(result)) return {std::move(result), {}};
       return {
           absl::DeadlineExceededError(absl::StrCat(
               "async write into '", directory, "' ", DescribeStall(*stall, "save progress counter"),

@@ -270,8 +270,9 @@ int Main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--stall-timeout", f.stall_timeout_s,
                  "Seconds a rank may go without progress (no step command, no checkpoint chunk "
-                 "written or read) on a batch other ranks finished, before it is failed as stuck "
-                 "and the job recovers without waiting out --batch-timeout; 0: never")
+                 "written or read) on a batch other ranks finished, or in an async save's "
+                 "background write, before it is failed as stuck and the job recovers without "
+                 "waiting out --batch-timeout; 0: never")
       ->capture_default_str();
   app.add_option("--checkpoint-root", f.checkpoint_root,
                  "Directory holding <job>/<checkpoint>/ (the workers' --checkpoint-dir, "

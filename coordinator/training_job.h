@@ -307,7 +307,8 @@ class TrainingJob {
   // An async save whose ranks took their snapshots and write them now.
   struct AsyncSave {
     std::string name;
-    std::string directory;  // the partial directory, as the ranks write into it
+    std::string directory;   // the partial directory, as the ranks write into it
+    uint64_t batch_seq = 0;  // the save batch's: the ranks' outcomes carry it
     CheckpointManifest manifest;
     absl::Status refused;  // a rank's refusal of the save batch (the others write on)
     std::vector<std::shared_ptr<WorkerClient>> workers;  // the save's epoch's, by rank

@@ -40,15 +40,22 @@ absl::StatusOr<v1::CheckpointInfo> TrainingJob::CollectAsyncSave(AsyncSave save)
     AwaitedSave awaited = AwaitAsyncSave(worker, rank, save.directory, deadline,
                                          options_.batch.stall_timeout, job_failed);
     if (awaited.stall.has_value()) {
+      if (job_failed()) break;  // meanwhile, for its own cause
       const absl::Status reason(awaited.result.status().code(),
                                 absl::StrCat("its worker's (", worker.address(), ") ",
                                              awaited.result.status().message()));
       stalled = PrefixStatus(absl::StrCat("rank ", r, ": "), reason);
-      spdlog::error("job {}: rank {}: {}", config_.name, r, std::string(reason.message()));
       if (seq != nullptr && seq == sequencer()) (void)FailRank(rank, save.ids[r], reason);
       break;
     }
     absl::StatusOr<v1::CommandResult> result = std::move(awaited.result);
+    // An outcome stays on the worker until its next save: one of an earlier
+    // save into the same directory (a failed save's name taken again, on a
+    // rank that refused this one's batch) is not this save's.
+    if (result.ok() && result->seq() != save.batch_seq) {
+      result = absl::FailedPreconditionError(
+          absl::StrCat("its answer is for batch seq ", result->seq(), ", not ", save.batch_seq));
+    }
     if (!result.ok()) {
       const bool gone = result.status().code() == absl::StatusCode::kUnavailable;
       absl::Status& slot = gone ? unreachable : lost;

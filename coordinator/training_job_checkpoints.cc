@@ -319,15 +319,16 @@ TrainingJob::SaveFuture TrainingJob::StartSave(const std::string& name, v1::Stat
   };
   if (!async_save) return Ready(commit(std::move(manifest), *results));
 
-  AsyncSave save{name,
-                 catalog_.RelativePartialDir(name),
-                 std::move(manifest),
-                 refused,
-                 {},
-                 {},
-                 nullptr,
-                 commit,
-                 report};
+  AsyncSave save;
+  save.name = name;
+  save.directory = catalog_.RelativePartialDir(name);
+  // The batch ran on every rank (a refusal is a rank's checkpoint status),
+  // so it is the epoch's last.
+  save.batch_seq = epoch->last_seq();
+  save.manifest = std::move(manifest);
+  save.refused = refused;
+  save.commit = commit;
+  save.report = report;
   {
     std::lock_guard<std::mutex> lock(mu_);
     save.workers = clients_;

@@ -120,6 +120,8 @@ TEST(HalfAppliedLoadTest, TheJobRecoversToItsRecoveryCheckpointAndReportsTheRefu
   ASSERT_FALSE(loaded.ok()) << "the load went through with rank 1 refusing its apply";
   EXPECT_FALSE(armed.load()) << "rank 1's stage was not intercepted";
   const std::string message(loaded.status().message());
+  // The refusal names job rank 1: the misreporting client (chosen by the
+  // daemon's --rank) is the one job rank 1's worker was reached through.
   EXPECT_THAT(message, HasSubstr("rank 1: "));
   EXPECT_THAT(message, HasSubstr("nothing is staged"));
 

@@ -143,8 +143,11 @@ int TakeSnapshots(const std::string& dir, int rank) {
   CHILD_OK(runtime.status());
   CHILD_OK(Step(**runtime, 0));
   CHILD_OK(Step(**runtime, 1));
+  const uint64_t progress = (*runtime)->progress();
   auto bytes = CapturePeerSnapshot(**runtime, kEpoch, kStep);
   CHILD_OK(bytes.status());
+  // Each unit's copy counts as work (the stall detector's counter).
+  CHILD_CHECK((*runtime)->progress() - progress == (*runtime)->units().size());
   auto info = ReadPeerSnapshotInfo(*bytes);
   CHILD_OK(info.status());
   CHILD_CHECK(info->rank == rank && info->world_size == kOldWorld && info->step == kStep);

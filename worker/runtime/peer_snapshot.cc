@@ -234,6 +234,7 @@ absl::StatusOr<std::string> CapturePeerSnapshot(FsdpRuntime& runtime, uint64_t e
   std::string payload(sizeof(Header), '\0');
   ByteWriter out(payload);
   for (size_t u = 0; u < runtime.units().size(); ++u) {
+    runtime.NoteProgress();  // a unit's copy is work: the stall detector's counter
     const FlatParamUnit& unit = *runtime.units()[u];
     ASSIGN_OR_RETURN(std::vector<float> shard, unit.ReadShard());
     ASSIGN_OR_RETURN(std::unique_ptr<OptimizerState> optim, runtime.ReadOptimizerState(u));

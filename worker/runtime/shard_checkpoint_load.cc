@@ -313,6 +313,7 @@ absl::Status ApplyStagedCheckpoint(FsdpRuntime& runtime, StagedCheckpoint staged
   RETURN_IF_ERROR(runtime.RunControl(reshard));
   RETURN_IF_ERROR(runtime.SynchronizeStreams());
   for (size_t u = 0; u < runtime.units().size(); ++u) {
+    runtime.NoteProgress();  // a unit's copy is work: the stall detector's counter
     FlatParamUnit& unit = *runtime.units()[u];
     const auto size = static_cast<size_t>(unit.layout().sharded_numel());
     if (staged.shards[u].values().size() != size) {

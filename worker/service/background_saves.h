@@ -53,7 +53,7 @@ class BackgroundSaves {
   // earlier one, so a write still running is one nobody will collect: it is
   // stopped at its next tensor (ABORTED, its files removed) and waited for
   // (one save at a time: they share the disk and a FULL file's name). Every
-  // earlier outcome not awaited is dropped. After Abort, the write stops
+  // earlier outcome is dropped. After Abort, the write stops
   // before its first unit.
   void Start(const std::string& key, ShardSnapshot snapshot, const std::string& path, int rank,
              uint64_t seq);
@@ -110,7 +110,7 @@ class BackgroundSaves {
   std::atomic<bool> aborted_{false};  // read by the writers between units
   std::atomic<uint64_t> progress_{0};
   mutable std::mutex mu_;
-  std::map<std::string, Entry> saves_;   // by key, until awaited or the next save
+  std::map<std::string, Entry> saves_;   // by key, until the next save
   std::map<uint64_t, Running> running_;  // by id
   uint64_t next_id_ = 0;
   std::optional<std::string> abort_reason_;  // set once aborted

@@ -5,6 +5,7 @@
 // stall timeout, or once the job failed, the wait is what it was.
 #include "coordinator/async_save_await.h"
 
+#include <algorithm>
 #include <atomic>
 #include <string>
 #include <thread>
@@ -37,18 +38,20 @@ class WritingWorker : public WorkerClient {
   absl::StatusOr<v1::GetStatusResponse> GetStatus(absl::Time) override {
     const int probe = ++probes_;
     if (dead_) return absl::UnavailableError("connection refused");
+    if (probe == finish_at_probe_) finished_ = true;  // its final fsync ends now
     v1::GetStatusResponse response;
     response.set_progress(static_cast<uint64_t>(probe));  // training moves on
-    response.set_save_progress(write_moves_ ? static_cast<uint64_t>(probe) : 7);
+    if (!old_worker_) response.set_save_progress(write_moves_ ? static_cast<uint64_t>(probe) : 7);
     return response;
   }
   absl::StatusOr<v1::CommandResult> AwaitSave(const std::string& directory,
                                               absl::Time deadline) override {
     const int call = ++calls_;
     last_deadline_ = deadline;
+    longest_call_ = std::max(longest_call_, deadline - absl::Now());
     if (directory != kDirectory) return absl::NotFoundError(absl::StrCat("no save ", directory));
     if (!answer_.ok()) return answer_;
-    if (answer_at_call_ > 0 && call >= answer_at_call_) {
+    if (finished_ || (answer_at_call_ > 0 && call >= answer_at_call_)) {
       v1::CommandResult result;
       result.set_rank(1);
       return result;
@@ -64,11 +67,15 @@ class WritingWorker : public WorkerClient {
 
   bool write_moves_ = false;
   bool dead_ = false;
+  bool old_worker_ = false;  // sends no save_progress
+  int finish_at_probe_ = 0;  // > 0: the write ends at that probe, its counter still
+  std::atomic<bool> finished_{false};
   int answer_at_call_ = 0;
   absl::Status answer_;  // not OK: every call answers it
   std::atomic<int> probes_{0};
   std::atomic<int> calls_{0};
   absl::Time last_deadline_;
+  absl::Duration longest_call_ = absl::ZeroDuration();  // the longest deadline given
 };
 
 TEST(AsyncSaveAwaitTest, AStillWriteIsGivenUpAtTheStallTimeoutWhileTrainingMovesOn) {
@@ -87,9 +94,10 @@ TEST(AsyncSaveAwaitTest, AStillWriteIsGivenUpAtTheStallTimeoutWhileTrainingMoves
   EXPECT_THAT(message, HasSubstr("--stall-timeout is 200ms"));
   EXPECT_LT(absl::Now() - start, absl::Seconds(30)) << "waited for the deadline, not the stall";
   // Cut into probe intervals (20 ms at a 200 ms timeout): a call and a
-  // probe each.
-  EXPECT_GE(worker.calls_.load(), 10);
-  EXPECT_EQ(worker.probes_.load(), worker.calls_.load());
+  // probe each, and one last call when the stall is found.
+  EXPECT_GE(worker.calls_.load(), 3);
+  EXPECT_LE(worker.longest_call_, absl::Milliseconds(20));
+  EXPECT_EQ(worker.probes_.load() + 1, worker.calls_.load());
 }
 
 TEST(AsyncSaveAwaitTest, AWriteWhoseCounterMovesIsWaitedForManyTimeouts) {
@@ -102,6 +110,36 @@ TEST(AsyncSaveAwaitTest, AWriteWhoseCounterMovesIsWaitedForManyTimeouts) {
   ASSERT_TRUE(awaited.result.ok()) << awaited.result.status();
   EXPECT_EQ(awaited.result->rank(), 1);
   EXPECT_EQ(worker.calls_.load(), 40);
+}
+
+// The write ends at the very probe that finds it still for the timeout (the
+// first probe starts its clock; the second, 10 ms on, is past a 10 ms
+// timeout), as a last fsync, which moves no counter, would: the last look
+// collects it instead of failing the rank.
+TEST(AsyncSaveAwaitTest, AWriteThatEndsAsItIsFoundStillIsCollected) {
+  WritingWorker worker;
+  worker.finish_at_probe_ = 2;
+  AwaitedSave awaited = AwaitAsyncSave(worker, 1, kDirectory, absl::Now() + absl::Seconds(60),
+                                       absl::Milliseconds(10), {});
+  EXPECT_FALSE(awaited.stall.has_value()) << awaited.result.status();
+  ASSERT_TRUE(awaited.result.ok()) << awaited.result.status();
+  EXPECT_EQ(worker.probes_.load(), 2);
+  EXPECT_EQ(worker.calls_.load(), 3);
+}
+
+// A worker built before save_progress sends none: its write is awaited as
+// before, in one call to the deadline, never failed as stalled.
+TEST(AsyncSaveAwaitTest, AWorkerThatSendsNoSaveProgressIsAwaitedUnwatched) {
+  WritingWorker worker;
+  worker.old_worker_ = true;
+  worker.answer_at_call_ = 2;
+  const absl::Time deadline = absl::Now() + absl::Seconds(60);
+  AwaitedSave awaited = AwaitAsyncSave(worker, 1, kDirectory, deadline, absl::Milliseconds(10), {});
+  EXPECT_FALSE(awaited.stall.has_value());
+  ASSERT_TRUE(awaited.result.ok()) << awaited.result.status();
+  EXPECT_EQ(worker.calls_.load(), 2);
+  EXPECT_EQ(worker.probes_.load(), 1);
+  EXPECT_EQ(worker.last_deadline_, deadline);
 }
 
 TEST(AsyncSaveAwaitTest, AWorkerThatAnswersNoProbeIsStalledToo) {
