@@ -254,14 +254,24 @@ INSTANTIATE_TEST_SUITE_P(ShardedAndFull, HungWriteTest,
                          });
 
 // The same hung write, noticed by the stall detector rather than the batch
-// timeout (10 minutes here): rank 0's part of the SHARDED save is written
-// and answered; rank 1 hangs in its write, its progress counter still. The
-// coordinator fails it after --stall-timeout (5 s: it applies to every batch
-// of the test, and a healthy fsync on a loaded disk must not trip it), the
-// save fails naming the stall, and the job recovers onto the spare as above,
-// within a minute. With the detector off the save would wait out the batch
-// timeout.
-TEST(StalledRankTest, AHungWriteIsFailedAtTheStallTimeoutNotTheBatchTimeout) {
+// timeout (10 minutes here); rank 1 hangs in its write, its progress
+// counter still, and the coordinator fails it after --stall-timeout (5 s:
+// it applies to every batch of the test, and a healthy fsync on a loaded
+// disk must not trip it). The save fails naming the stall, and the job
+// recovers onto the spare as above, within a minute. With the detector off
+// the save would wait out the batch timeout.
+//
+// Sync: rank 0's part of the SHARDED save is written and answered, and the
+// sequencer watches rank 1's batch. Async: the commit watches each rank's
+// background write by its own counter (training moves the worker's main
+// one) and fails rank 1 as a stalled batch's rank; the recovery's abort
+// reaches the stuck write. Before, the async commit waited out the batch
+// timeout, and the job trained on beside a worker that held the snapshot
+// until the next save stopped on it.
+class StalledRankTest : public ::testing::TestWithParam<bool> {};
+
+TEST_P(StalledRankTest, AHungWriteIsFailedAtTheStallTimeoutNotTheBatchTimeout) {
+  const bool async = GetParam();
   const std::string root = testing::MakeTempDir("ckpt-stall") + "/checkpoints";
   LocalClusterOptions options = HangCluster(root, 3, 1, "model-rank00001", 600);
   options.coordinator_flags.insert(options.coordinator_flags.end(), {"--stall-timeout", "5"});
@@ -271,26 +281,44 @@ TEST(StalledRankTest, AHungWriteIsFailedAtTheStallTimeoutNotTheBatchTimeout) {
   testing::CreateAndWaitReady(client, Spec(2, true));
   ASSERT_EQ(testing::WorkerIndexOfRank(**cluster, client, kJob, 1), 1);
   Train(client, 1);
-  ASSERT_TRUE(Save(client, "before", v1::SHARDED_STATE_DICT).ok());
+  ASSERT_TRUE(Save(client, "before", v1::SHARDED_STATE_DICT, async).ok());
 
   const absl::Time start = absl::Now();
-  absl::StatusOr<v1::CheckpointProgress> stuck = Save(client, "stuck", v1::SHARDED_STATE_DICT);
+  absl::StatusOr<v1::CheckpointProgress> stuck =
+      Save(client, "stuck", v1::SHARDED_STATE_DICT, async);
   const absl::Duration took = absl::Now() - start;
   ASSERT_FALSE(stuck.ok());
   const std::string message(stuck.status().message());
-  EXPECT_THAT(message, HasSubstr("rank 1: its worker ("));
   EXPECT_THAT(message, HasSubstr("made no progress for "));
-  EXPECT_THAT(message, HasSubstr("while 1 of 2 ranks finished checkpoint batch"));
-  // The save returns once the recovery is done: the stall (5 s) and the
-  // wedged worker's abort grace (8 s), far from the batch timeout.
+  EXPECT_THAT(message, HasSubstr("--stall-timeout is 5s"));
+  if (async) {
+    EXPECT_THAT(message, HasSubstr("rank 1: its worker's ("));
+    EXPECT_THAT(message, HasSubstr(") async write into 'mlp-demo/stuck.partial' made no progress"));
+  } else {
+    EXPECT_THAT(message, HasSubstr("rank 1: its worker ("));
+    EXPECT_THAT(message, HasSubstr("while 1 of 2 ranks finished checkpoint batch"));
+  }
+  // A sync save returns once the recovery is done: the stall (5 s) and the
+  // wedged worker's abort grace (8 s), far from the batch timeout; an
+  // async one at the stall.
   EXPECT_LT(took, absl::Seconds(90));
   ASSERT_NO_FATAL_FAILURE(ExpectWedgedExitAndOneRecovery(**cluster, client, 1));
   EXPECT_EQ(testing::WorkerIndexOfRank(**cluster, client, kJob, 1), 2) << "not on the spare";
   EXPECT_FALSE(fs::exists(Dir(root, "stuck")));
+  EXPECT_EQ(*ReadFileToString(absl::StrCat(root, "/", kJob, "/latest")), "before\n");
   Train(client, 1);
-  ASSERT_TRUE(Save(client, "after", v1::SHARDED_STATE_DICT).ok());
+  ASSERT_TRUE(Save(client, "after", v1::SHARDED_STATE_DICT, async).ok());
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> after =
+      CheckpointReader::Open(Dir(root, "after"));
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_TRUE((*after)->VerifyAll().ok());
   (*cluster)->Stop();  // the wedged daemon is gone: no clean stop to assert
 }
+
+INSTANTIATE_TEST_SUITE_P(SyncAndAsync, StalledRankTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& p) {
+                           return p.param ? "Async" : "Sync";
+                         });
 
 // An async save whose background write hangs on one rank (after 4 KiB of
 // its file, ignoring aborts), then a recovery for another reason: the other
@@ -341,51 +369,6 @@ TEST(AsyncHungWriteTest, ARecoveryEndsTheWorkerWhoseBackgroundWriteIsStuck) {
   ASSERT_TRUE(after.ok()) << after.status();
   EXPECT_TRUE((*after)->VerifyAll().ok());
   (*cluster)->Stop();  // two daemons are gone: no clean stop to assert
-}
-
-// An async save whose background write hangs on rank 1, noticed by the stall
-// detector: the commit reads the write's own counter (training moves the
-// worker's main one), and once it has stood still for --stall-timeout (5 s;
-// the batch timeout is 10 minutes) the commit fails naming the stall and
-// fails rank 1 as a stalled batch's rank. The recovery's abort reaches the
-// stuck write, the daemon ends itself after its grace, and the job is READY
-// on the spare after one restart, then commits an async save. Before, the
-// commit waited out the batch timeout, and the job trained on beside a
-// worker that held the snapshot until the next save stopped on it.
-TEST(AsyncStalledWriteTest, TheCommitFailsTheStuckRankAtTheStallTimeout) {
-  const std::string root = testing::MakeTempDir("ckpt-async-stall") + "/checkpoints";
-  LocalClusterOptions options = HangCluster(root, 3, 1, "model-rank00001", 600);
-  options.coordinator_flags.insert(options.coordinator_flags.end(), {"--stall-timeout", "5"});
-  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(options);
-  ASSERT_TRUE(cluster.ok()) << cluster.status();
-  FlatshardClient client((*cluster)->address());
-  testing::CreateAndWaitReady(client, Spec(2, true));
-  ASSERT_EQ(testing::WorkerIndexOfRank(**cluster, client, kJob, 1), 1);
-  Train(client, 1);
-  ASSERT_TRUE(Save(client, "before", v1::SHARDED_STATE_DICT, /*async_save=*/true).ok());
-
-  const absl::Time start = absl::Now();
-  absl::StatusOr<v1::CheckpointProgress> stuck =
-      Save(client, "stuck", v1::SHARDED_STATE_DICT, /*async_save=*/true);
-  const absl::Duration took = absl::Now() - start;
-  ASSERT_FALSE(stuck.ok());
-  const std::string message(stuck.status().message());
-  EXPECT_THAT(message, HasSubstr("rank 1: its worker's ("));
-  EXPECT_THAT(message, HasSubstr(") async write into 'mlp-demo/stuck.partial' made no progress"));
-  EXPECT_THAT(message, HasSubstr("made no progress for "));
-  EXPECT_THAT(message, HasSubstr("--stall-timeout is 5s"));
-  EXPECT_LT(took, absl::Seconds(90)) << "the commit waited for the batch timeout";
-  ASSERT_NO_FATAL_FAILURE(ExpectWedgedExitAndOneRecovery(**cluster, client, 1));
-  EXPECT_EQ(testing::WorkerIndexOfRank(**cluster, client, kJob, 1), 2) << "not on the spare";
-  EXPECT_FALSE(fs::exists(Dir(root, "stuck")));
-  EXPECT_EQ(*ReadFileToString(absl::StrCat(root, "/", kJob, "/latest")), "before\n");
-  Train(client, 1);
-  ASSERT_TRUE(Save(client, "after", v1::SHARDED_STATE_DICT, /*async_save=*/true).ok());
-  absl::StatusOr<std::unique_ptr<CheckpointReader>> after =
-      CheckpointReader::Open(Dir(root, "after"));
-  ASSERT_TRUE(after.ok()) << after.status();
-  EXPECT_TRUE((*after)->VerifyAll().ok());
-  (*cluster)->Stop();  // the wedged daemon is gone: no clean stop to assert
 }
 
 // The same with a real full disk: the checkpoint root is a small tmpfs the
