@@ -8,6 +8,7 @@
 #include "absl/time/clock.h"
 
 namespace flatshard {
+namespace {
 
 // How long one probe may take: a live worker answers GetStatus in
 // milliseconds, whatever its write does.
@@ -21,6 +22,8 @@ constexpr absl::Duration kLastLook = absl::Milliseconds(100);
 bool StillWriting(const absl::StatusOr<v1::CommandResult>& result) {
   return !result.ok() && result.status().code() == absl::StatusCode::kDeadlineExceeded;
 }
+
+}  // namespace
 
 AwaitedSave AwaitAsyncSave(WorkerClient& worker, int rank, const std::string& directory,
                            absl::Time deadline, absl::Duration stall_timeout,
