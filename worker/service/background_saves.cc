@@ -25,7 +25,7 @@ void BackgroundSaves::Wait() {
   std::vector<std::shared_future<v1::CommandResult>> running;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    for (auto& [key, entry] : saves_) running.push_back(entry.done);
+    for (auto& [key, done] : saves_) running.push_back(done);
   }
   for (auto& save : running) save.wait();
 }
@@ -62,9 +62,8 @@ void BackgroundSaves::Start(const std::string& key, ShardSnapshot snapshot, cons
     if (abort_reason_.has_value()) WatchLocked(write);
   }
   // The snapshot is freed as soon as its files are written: the future's
-  // shared state keeps the closure for as long as the entry is kept, and an
-  // entry the coordinator stopped awaiting (a commit that gave up) stays
-  // until the next save.
+  // shared state keeps the closure for as long as the outcome is kept, until
+  // the next save.
   auto write = [this, id, path, rank, seq, superseded,
                 snapshot = std::optional<ShardSnapshot>(std::move(snapshot))]() mutable {
     // Whatever happens, the write is not left watched once it returned.
@@ -107,7 +106,7 @@ void BackgroundSaves::Start(const std::string& key, ShardSnapshot snapshot, cons
     save = now.get_future().share();
   }
   std::lock_guard<std::mutex> lock(mu_);
-  saves_[key] = Entry{std::move(save)};
+  saves_[key] = std::move(save);
 }
 
 void BackgroundSaves::Abort(const std::string& reason) {
@@ -160,14 +159,14 @@ void BackgroundSaves::Returned(uint64_t id) {
 absl::StatusOr<v1::CommandResult> BackgroundSaves::Await(const std::string& key,
                                                          absl::Time deadline,
                                                          const std::function<bool()>& cancelled) {
-  Entry entry;
+  std::shared_future<v1::CommandResult> done;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = saves_.find(key);
     if (it == saves_.end()) {
       return absl::NotFoundError(absl::StrCat("no async save into '", key, "' on this worker"));
     }
-    entry = it->second;
+    done = it->second;
   }
   // In slices when the caller can give up: nothing wakes a future's wait.
   constexpr absl::Duration kCancelCheck = absl::Milliseconds(100);
@@ -175,11 +174,11 @@ absl::StatusOr<v1::CommandResult> BackgroundSaves::Await(const std::string& key,
     const absl::Duration left = deadline - absl::Now();
     const absl::Duration slice = cancelled ? std::min(left, kCancelCheck) : left;
     if (slice == absl::InfiniteDuration()) {
-      entry.done.wait();
+      done.wait();
       break;
     }
     const auto wait = absl::ToChronoMicroseconds(std::max(slice, absl::ZeroDuration()));
-    if (entry.done.wait_for(wait) == std::future_status::ready) break;
+    if (done.wait_for(wait) == std::future_status::ready) break;
     if (absl::Now() >= deadline) {
       return absl::DeadlineExceededError(absl::StrCat("async save into '", key, "' still writing"));
     }
@@ -192,7 +191,7 @@ absl::StatusOr<v1::CommandResult> BackgroundSaves::Await(const std::string& key,
   // answer may be lost (its caller's deadline passing as the write ends),
   // and the coordinator asks again. It is small (the files' names and
   // digests); the snapshot went with the write.
-  return entry.done.get();
+  return done.get();
 }
 
 }  // namespace flatshard

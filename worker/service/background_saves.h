@@ -88,9 +88,6 @@ class BackgroundSaves {
   std::optional<std::chrono::steady_clock::time_point> DrainingSince() const;
 
  private:
-  struct Entry {
-    std::shared_future<v1::CommandResult> done;
-  };
   // A write that has not returned: what it is, for the watchdog's report,
   // and since when it is watched (with the watchdog's token, if any) once an
   // abort reached it.
@@ -110,7 +107,8 @@ class BackgroundSaves {
   std::atomic<bool> aborted_{false};  // read by the writers between units
   std::atomic<uint64_t> progress_{0};
   mutable std::mutex mu_;
-  std::map<std::string, Entry> saves_;   // by key, until the next save
+  // Each save's outcome, by key, until the next save.
+  std::map<std::string, std::shared_future<v1::CommandResult>> saves_;
   std::map<uint64_t, Running> running_;  // by id
   uint64_t next_id_ = 0;
   std::optional<std::string> abort_reason_;  // set once aborted
