@@ -1,11 +1,14 @@
 #include "coordinator/async_save_await.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "rpc/status_proto.h"
 
 namespace flatshard {
 namespace {
@@ -31,6 +34,10 @@ AwaitedSave AwaitAsyncSave(WorkerClient& worker, int rank, const std::string& di
   if (stall_timeout <= absl::ZeroDuration()) return {worker.AwaitSave(directory, deadline), {}};
   StallWatch watch(stall_timeout);
   const absl::Duration interval = watch.probe_interval();
+  // A worker from before save_progress cannot say how its write goes: it is
+  // awaited unwatched, as it was then, but still in intervals, so that a
+  // failed job (or another rank's stall) ends the wait.
+  bool watched = true;
   while (true) {
     if (give_up && give_up()) {
       return {absl::CancelledError(
@@ -40,13 +47,15 @@ AwaitedSave AwaitAsyncSave(WorkerClient& worker, int rank, const std::string& di
     absl::StatusOr<v1::CommandResult> result =
         worker.AwaitSave(directory, std::min(deadline, absl::Now() + interval));
     if (!StillWriting(result) || absl::Now() >= deadline) return {std::move(result), {}};
+    if (!watched) continue;
     std::optional<uint64_t> progress;
     if (absl::StatusOr<v1::GetStatusResponse> status =
             worker.GetStatus(std::min(deadline, absl::Now() + kProbeTimeout));
         status.ok()) {
-      // A worker from before save_progress cannot say how its write goes:
-      // it is awaited unwatched, as it was then.
-      if (!status->has_save_progress()) return {worker.AwaitSave(directory, deadline), {}};
+      if (!status->has_save_progress()) {
+        watched = false;
+        continue;
+      }
       progress = status->save_progress();
     }
     const StallWatch::Clock::time_point now = StallWatch::Clock::now();
@@ -67,6 +76,75 @@ AwaitedSave AwaitAsyncSave(WorkerClient& worker, int rank, const std::string& di
           stall};
     }
   }
+}
+
+AwaitedSaves AwaitAsyncSaves(const std::vector<std::shared_ptr<WorkerClient>>& workers,
+                             const std::string& directory, absl::Time deadline,
+                             absl::Duration stall_timeout, const std::function<bool()>& give_up,
+                             const std::function<void(int rank, const AwaitedSave&)>& on_stall) {
+  AwaitedSaves awaited;
+  awaited.ranks.resize(workers.size());
+  std::atomic<int> stalled{-1};
+  const std::function<bool()> stop = [&] { return stalled.load() >= 0 || (give_up && give_up()); };
+  std::vector<std::thread> waits;
+  waits.reserve(workers.size());
+  for (size_t r = 0; r < workers.size(); ++r) {
+    waits.emplace_back([&, r] {
+      const int rank = static_cast<int>(r);
+      AwaitedSave save =
+          AwaitAsyncSave(*workers[r], rank, directory, deadline, stall_timeout, stop);
+      int none = -1;
+      // Only the first: one stuck write is enough to fail the job, and the
+      // others' waits end at once after it, some of them stalled too.
+      if (save.stall.has_value() && stalled.compare_exchange_strong(none, rank) && on_stall) {
+        on_stall(rank, save);
+      }
+      awaited.ranks[r] = std::move(save);
+    });
+  }
+  for (std::thread& t : waits) t.join();
+  if (stalled.load() >= 0) awaited.stalled = stalled.load();
+  return awaited;
+}
+
+absl::StatusOr<std::vector<v1::CommandResult>> SettleAsyncSave(AwaitedSaves awaited,
+                                                               uint64_t batch_seq,
+                                                               const absl::Status& refused,
+                                                               const absl::Status& stalled,
+                                                               const absl::Status& job_failure) {
+  std::vector<v1::CommandResult> written;
+  absl::Status unreachable, lost, reported = refused;
+  // After a stall the others' waits were given up on: their answers say
+  // nothing of their writes.
+  const size_t ranks = awaited.stalled.has_value() ? 0 : awaited.ranks.size();
+  for (size_t r = 0; r < ranks; ++r) {
+    absl::StatusOr<v1::CommandResult> result = std::move(awaited.ranks[r].result);
+    if (result.ok() && result->seq() != batch_seq) {
+      result = absl::FailedPreconditionError(
+          absl::StrCat("its answer is for batch seq ", result->seq(), ", not ", batch_seq));
+    }
+    if (!result.ok()) {
+      const bool gone = result.status().code() == absl::StatusCode::kUnavailable;
+      absl::Status& slot = gone ? unreachable : lost;
+      if (slot.ok()) {
+        slot = absl::Status(
+            result.status().code(),
+            absl::StrCat("rank ", r, " did not finish its write: ", result.status().message()));
+      }
+    } else if (absl::Status s = StatusFromProto(result->checkpoint_status()); !s.ok()) {
+      if (reported.ok()) {
+        reported = absl::Status(s.code(), absl::StrCat("rank ", r, ": ", s.message()));
+      }
+    } else {
+      written.push_back(*std::move(result));
+    }
+  }
+  const absl::Status* const blame_order[] = {&unreachable, &stalled, &job_failure, &lost,
+                                             &reported};
+  for (const absl::Status* failed : blame_order) {
+    if (!failed->ok()) return *failed;
+  }
+  return written;
 }
 
 }  // namespace flatshard

@@ -13,9 +13,12 @@
 #ifndef FLATSHARD_COORDINATOR_ASYNC_SAVE_AWAIT_H_
 #define FLATSHARD_COORDINATOR_ASYNC_SAVE_AWAIT_H_
 
+#include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -37,10 +40,46 @@ struct AwaitedSave {
 
 // Awaits `worker`'s write into `directory` (rank `rank`) until `deadline`.
 // `stall_timeout` zero: not watched, one call. `give_up`, asked before each
-// call, ends the wait as CANCELLED (the job failed meanwhile).
+// call, ends the wait as CANCELLED (the job failed meanwhile). A worker that
+// sends no save_progress (built before it) is awaited unwatched, in the
+// same intervals.
 AwaitedSave AwaitAsyncSave(WorkerClient& worker, int rank, const std::string& directory,
                            absl::Time deadline, absl::Duration stall_timeout,
                            const std::function<bool()>& give_up);
+
+// Every rank's write into `directory` at once (`workers` by rank), each in
+// a thread of its own: a stuck rank is found at the stall timeout however
+// long the others' writes take, not after them. The first write found
+// stalled is handed to `on_stall` at once, from its thread (the job fails
+// its rank there, and the recovery's abort ends the other writes), and ends
+// the other waits (CANCELLED) at their next interval.
+struct AwaitedSaves {
+  std::vector<AwaitedSave> ranks;  // by rank
+  std::optional<int> stalled;      // the rank handed to on_stall
+};
+AwaitedSaves AwaitAsyncSaves(const std::vector<std::shared_ptr<WorkerClient>>& workers,
+                             const std::string& directory, absl::Time deadline,
+                             absl::Duration stall_timeout, const std::function<bool()>& give_up,
+                             const std::function<void(int rank, const AwaitedSave&)>& on_stall);
+
+// What the ranks' answers make of the save: the results of the ranks that
+// wrote their files (all of them), or the one failure to report. A rank
+// whose process is gone (UNAVAILABLE) is blamed first; then `stalled` (the
+// stall handed on); then `job_failure` (the job failed meanwhile, naming the
+// rank it lost: a rank that only lost its save because of it is not it);
+// then a rank that answered without its write; then `refused` (a rank's
+// refusal of the save batch), else the first rank whose write failed.
+// After a stall (`awaited.stalled`) no other answer is read, a gone rank's
+// neither: the other waits were given up on, and the stalled rank is the
+// one the job failed. An answer carrying
+// another batch seq than `batch_seq` is not this save's: an outcome stays on
+// a worker until its next save, so a failed save's name taken again, on a
+// rank that refused this one's batch, finds the earlier one.
+absl::StatusOr<std::vector<v1::CommandResult>> SettleAsyncSave(AwaitedSaves awaited,
+                                                               uint64_t batch_seq,
+                                                               const absl::Status& refused,
+                                                               const absl::Status& stalled,
+                                                               const absl::Status& job_failure);
 
 }  // namespace flatshard
 

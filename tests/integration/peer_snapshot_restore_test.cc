@@ -189,12 +189,16 @@ void RestoreAndCompare(const std::string& dir, int world, const std::function<in
         CHILD_OK(runtime.status());
         PeerRestoreRequest request{kEpoch, kStep, kOldWorld, {}};
         for (int k = 0; k < kOldWorld; ++k) request.holder.push_back(holder(k));
+        const uint64_t progress = (*runtime)->progress();
         auto outcome = RestoreFromPeerSnapshots(**runtime, request, [&](int k) {
           return std::make_shared<const std::string>(ReadFile(dir + "/snap-" + std::to_string(k)));
         });
         CHILD_OK(outcome.status());
         CHILD_OK(outcome->data_status);
         CHILD_CHECK(outcome->bytes_received > 0);
+        // The apply's copy counts each unit as work (the stall detector's
+        // counter), as the capture's did.
+        CHILD_CHECK((*runtime)->progress() - progress == (*runtime)->units().size());
         auto at = Summon(**runtime);
         CHILD_OK(at.status());
         CHILD_CHECK(Encode(*at) == want_at);

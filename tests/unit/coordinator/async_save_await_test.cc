@@ -2,18 +2,24 @@
 // save counter stands still is given up on at the stall timeout even while
 // training moves the worker's main counter, one whose counter moves is
 // waited for, a worker that answers no probe is stalled too, and without a
-// stall timeout, or once the job failed, the wait is what it was.
+// stall timeout, or once the job failed, the wait is what it was. Every
+// rank's write is awaited at once: a stuck last rank is found at the stall
+// timeout while the ranks before it still write. SettleAsyncSave's verdict:
+// whom a failure blames, and an answer from another save refused.
 #include "coordinator/async_save_await.h"
 
 #include <algorithm>
 #include <atomic>
+#include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
+#include "rpc/status_proto.h"
 
 namespace flatshard {
 namespace {
@@ -128,18 +134,28 @@ TEST(AsyncSaveAwaitTest, AWriteThatEndsAsItIsFoundStillIsCollected) {
 }
 
 // A worker built before save_progress sends none: its write is awaited as
-// before, in one call to the deadline, never failed as stalled.
+// before, never failed as stalled (its counter, absent, is not read again),
+// though its write outlasts many stall timeouts; but still in intervals, so
+// that a failed job ends the wait.
 TEST(AsyncSaveAwaitTest, AWorkerThatSendsNoSaveProgressIsAwaitedUnwatched) {
   WritingWorker worker;
   worker.old_worker_ = true;
-  worker.answer_at_call_ = 2;
-  const absl::Time deadline = absl::Now() + absl::Seconds(60);
-  AwaitedSave awaited = AwaitAsyncSave(worker, 1, kDirectory, deadline, absl::Milliseconds(10), {});
+  worker.answer_at_call_ = 40;  // 40 intervals of 10 ms: forty timeouts
+  AwaitedSave awaited = AwaitAsyncSave(worker, 1, kDirectory, absl::Now() + absl::Seconds(60),
+                                       absl::Milliseconds(10), {});
   EXPECT_FALSE(awaited.stall.has_value());
   ASSERT_TRUE(awaited.result.ok()) << awaited.result.status();
-  EXPECT_EQ(worker.calls_.load(), 2);
+  EXPECT_EQ(worker.calls_.load(), 40);
   EXPECT_EQ(worker.probes_.load(), 1);
-  EXPECT_EQ(worker.last_deadline_, deadline);
+
+  WritingWorker forever;
+  forever.old_worker_ = true;
+  std::atomic<int> asked{0};
+  awaited = AwaitAsyncSave(forever, 1, kDirectory, absl::Now() + absl::Seconds(60),
+                           absl::Milliseconds(100), [&asked] { return ++asked > 3; });
+  EXPECT_FALSE(awaited.stall.has_value());
+  EXPECT_EQ(awaited.result.status().code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(forever.calls_.load(), 3);
 }
 
 TEST(AsyncSaveAwaitTest, AWorkerThatAnswersNoProbeIsStalledToo) {
@@ -195,6 +211,174 @@ TEST(AsyncSaveAwaitTest, AJobThatFailedMeanwhileEndsTheWaitBeforeTheNextCall) {
   EXPECT_FALSE(awaited.stall.has_value());
   EXPECT_EQ(awaited.result.status().code(), absl::StatusCode::kCancelled);
   EXPECT_EQ(worker.calls_.load(), 3);
+}
+
+// Ranks 0 and 1 write on (their counters move) to the deadline; rank 2's
+// write is stuck. Awaited one after another, rank 2 would be looked at only
+// after the deadline.
+TEST(AsyncSaveAwaitTest, AStuckLastRankIsFoundAtTheStallTimeoutWhileTheOthersStillWrite) {
+  std::vector<std::shared_ptr<WorkerClient>> workers;
+  for (int r = 0; r < 3; ++r) {
+    auto worker = std::make_shared<WritingWorker>();
+    worker->write_moves_ = r < 2;
+    workers.push_back(worker);
+  }
+  std::atomic<int> handed{0};
+  std::atomic<int> handed_rank{-1};
+  const absl::Time start = absl::Now();
+  AwaitedSaves awaited =
+      AwaitAsyncSaves(workers, kDirectory, start + absl::Seconds(20), absl::Milliseconds(200), {},
+                      [&](int rank, const AwaitedSave& stuck) {
+                        ++handed;
+                        handed_rank = rank;
+                        EXPECT_TRUE(stuck.stall.has_value());
+                      });
+  EXPECT_LT(absl::Now() - start, absl::Seconds(10)) << "rank 2 was looked at after the others";
+  ASSERT_TRUE(awaited.stalled.has_value());
+  EXPECT_EQ(*awaited.stalled, 2);
+  EXPECT_EQ(handed.load(), 1);
+  EXPECT_EQ(handed_rank.load(), 2);
+  ASSERT_EQ(awaited.ranks.size(), 3u);
+  EXPECT_THAT(std::string(awaited.ranks[2].result.status().message()),
+              HasSubstr("(its save progress counter stayed at 7)"));
+  // The others' waits end at their next interval, as given up on.
+  for (size_t r : {size_t{0}, size_t{1}}) {
+    EXPECT_FALSE(awaited.ranks[r].stall.has_value()) << "rank " << r;
+    EXPECT_EQ(awaited.ranks[r].result.status().code(), absl::StatusCode::kCancelled)
+        << "rank " << r;
+  }
+}
+
+TEST(AsyncSaveAwaitTest, WhenEveryWriteIsStuckOnlyOneRankIsHandedOn) {
+  std::vector<std::shared_ptr<WorkerClient>> workers(4);
+  for (std::shared_ptr<WorkerClient>& worker : workers) worker = std::make_shared<WritingWorker>();
+  std::atomic<int> handed{0};
+  std::atomic<int> handed_rank{-1};
+  AwaitedSaves awaited =
+      AwaitAsyncSaves(workers, kDirectory, absl::Now() + absl::Seconds(20), absl::Milliseconds(100),
+                      {}, [&](int rank, const AwaitedSave&) {
+                        ++handed;
+                        handed_rank = rank;
+                      });
+  EXPECT_EQ(handed.load(), 1);
+  ASSERT_TRUE(awaited.stalled.has_value());
+  EXPECT_EQ(*awaited.stalled, handed_rank.load());
+  EXPECT_TRUE(awaited.ranks[static_cast<size_t>(*awaited.stalled)].stall.has_value());
+}
+
+TEST(AsyncSaveAwaitTest, EveryRankIsCollectedAndAFailedJobEndsEveryWait) {
+  std::vector<std::shared_ptr<WorkerClient>> workers;
+  for (int r = 0; r < 2; ++r) {
+    auto worker = std::make_shared<WritingWorker>();
+    worker->write_moves_ = true;
+    worker->answer_at_call_ = r == 0 ? 3 : 0;  // rank 0 finishes, rank 1 writes on
+    workers.push_back(worker);
+  }
+  std::atomic<bool> job_failed{false};
+  std::thread failer([&] {
+    // Rank 0 answers at its third call; the job fails only after that (or,
+    // should rank 0 never get there, at 10 s, which the checks below fail).
+    const absl::Time give_up_at = absl::Now() + absl::Seconds(10);
+    while (static_cast<WritingWorker&>(*workers[0]).calls_.load() < 3 && absl::Now() < give_up_at) {
+      std::this_thread::yield();
+    }
+    job_failed = true;
+  });
+  AwaitedSaves awaited = AwaitAsyncSaves(
+      workers, kDirectory, absl::Now() + absl::Seconds(20), absl::Seconds(5),
+      [&] { return job_failed.load(); }, [](int, const AwaitedSave&) { ADD_FAILURE(); });
+  failer.join();
+  EXPECT_FALSE(awaited.stalled.has_value());
+  ASSERT_TRUE(awaited.ranks[0].result.ok()) << awaited.ranks[0].result.status();
+  EXPECT_EQ(awaited.ranks[1].result.status().code(), absl::StatusCode::kCancelled);
+}
+
+// One rank's answer: its write done (for batch `seq`), failed with
+// `checkpoint_error`, or no answer at all (`status`).
+AwaitedSave Answer(int rank, uint64_t seq, const absl::Status& checkpoint_error = {}) {
+  v1::CommandResult result;
+  result.set_rank(rank);
+  result.set_seq(seq);
+  *result.mutable_checkpoint_status() = StatusToProto(checkpoint_error);
+  return {result, {}};
+}
+AwaitedSave NoAnswer(const absl::Status& status) { return {status, {}}; }
+
+constexpr uint64_t kSeq = 9;
+
+TEST(SettleAsyncSaveTest, EveryRankWrittenIsCommittedInRankOrder) {
+  AwaitedSaves awaited;
+  for (int r = 0; r < 3; ++r) awaited.ranks.push_back(Answer(r, kSeq));
+  absl::StatusOr<std::vector<v1::CommandResult>> written =
+      SettleAsyncSave(std::move(awaited), kSeq, {}, {}, {});
+  ASSERT_TRUE(written.ok()) << written.status();
+  ASSERT_EQ(written->size(), 3u);
+  for (int r = 0; r < 3; ++r) EXPECT_EQ((*written)[static_cast<size_t>(r)].rank(), r);
+}
+
+// A failed save's name taken again: rank 1 refused this save's batch, and
+// its worker still holds the outcome of the earlier save into the directory.
+TEST(SettleAsyncSaveTest, AnAnswerForAnotherBatchIsNotThisSaves) {
+  AwaitedSaves awaited;
+  awaited.ranks = {Answer(0, kSeq), Answer(1, kSeq - 4)};
+  absl::StatusOr<std::vector<v1::CommandResult>> written = SettleAsyncSave(
+      std::move(awaited), kSeq, absl::FailedPreconditionError("rank 1 refused the batch"), {}, {});
+  ASSERT_FALSE(written.ok());
+  EXPECT_EQ(written.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_EQ(written.status().message(),
+            "rank 1 did not finish its write: its answer is for batch seq 5, not 9");
+}
+
+TEST(SettleAsyncSaveTest, AFailureBlamesTheGoneRankThenTheStallThenTheJobThenTheRest) {
+  const absl::Status job_failure = absl::AbortedError("rank 2 (w2) was lost");
+  const absl::Status stalled = absl::DeadlineExceededError("rank 0: its write is stuck");
+  const auto ranks = [] {
+    AwaitedSaves awaited;
+    awaited.ranks = {Answer(0, kSeq, absl::DataLossError("short write")),
+                     NoAnswer(absl::CancelledError("gave up")),
+                     NoAnswer(absl::UnavailableError("connection refused"))};
+    return awaited;
+  };
+  absl::StatusOr<std::vector<v1::CommandResult>> written =
+      SettleAsyncSave(ranks(), kSeq, {}, stalled, job_failure);
+  EXPECT_EQ(written.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(written.status().message(), "rank 2 did not finish its write: connection refused");
+
+  AwaitedSaves without_gone = ranks();
+  without_gone.ranks.pop_back();
+  written = SettleAsyncSave(without_gone, kSeq, {}, stalled, job_failure);
+  EXPECT_EQ(written.status(), stalled);
+  written = SettleAsyncSave(without_gone, kSeq, {}, {}, job_failure);
+  EXPECT_EQ(written.status(), job_failure);
+  written = SettleAsyncSave(without_gone, kSeq, {}, {}, {});
+  EXPECT_EQ(written.status().code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(written.status().message(), "rank 1 did not finish its write: gave up");
+  without_gone.ranks.pop_back();
+  written = SettleAsyncSave(without_gone, kSeq, {}, {}, {});
+  EXPECT_EQ(written.status().code(), absl::StatusCode::kDataLoss);
+  EXPECT_EQ(written.status().message(), "rank 0: short write");
+  // A refusal of the batch is the save's first failure: the write that
+  // failed came after it.
+  const absl::Status refused = absl::FailedPreconditionError("rank 3: refused");
+  EXPECT_EQ(SettleAsyncSave(without_gone, kSeq, refused, {}, {}).status(), refused);
+}
+
+TEST(SettleAsyncSaveTest, ARefusedBatchFailsTheSaveThoughEveryWriterFinished) {
+  AwaitedSaves awaited;
+  awaited.ranks = {Answer(0, kSeq), Answer(1, kSeq)};
+  const absl::Status refused = absl::FailedPreconditionError("rank 2: no such unit");
+  EXPECT_EQ(SettleAsyncSave(std::move(awaited), kSeq, refused, {}, {}).status(), refused);
+}
+
+// The stall's rank is the cause; the others' waits were given up on, so
+// their answers (a gone rank's too) are not read.
+TEST(SettleAsyncSaveTest, AfterAStallTheOtherAnswersAreNotRead) {
+  AwaitedSaves awaited;
+  awaited.ranks = {NoAnswer(absl::UnavailableError("connection refused")),
+                   NoAnswer(absl::DeadlineExceededError("stuck"))};
+  awaited.stalled = 1;
+  const absl::Status stalled = absl::DeadlineExceededError("rank 1: stuck");
+  EXPECT_EQ(SettleAsyncSave(std::move(awaited), kSeq, {}, stalled, {}).status(), stalled);
 }
 
 }  // namespace
