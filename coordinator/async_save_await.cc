@@ -118,7 +118,7 @@ absl::StatusOr<std::vector<v1::CommandResult>> SettleAsyncSave(AwaitedSaves awai
   // nothing of their writes.
   const size_t ranks = awaited.stalled.has_value() ? 0 : awaited.ranks.size();
   for (size_t r = 0; r < ranks; ++r) {
-    absl::StatusOr<v1::CommandResult> result = std::move(awaited.ranks[r].result);
+    absl::StatusOr<v1::CommandResult>& result = awaited.ranks[r].result;
     if (result.ok() && result->seq() != batch_seq) {
       result = absl::FailedPreconditionError(
           absl::StrCat("its answer is for batch seq ", result->seq(), ", not ", batch_seq));
