@@ -16,6 +16,9 @@ namespace {
 // How long one probe may take: a live worker answers GetStatus in
 // milliseconds, whatever its write does.
 constexpr absl::Duration kProbeTimeout = absl::Seconds(1);
+// How long one call may wait for a write nobody watches: how late a failed
+// job or another rank's stall ends the wait.
+constexpr absl::Duration kUnwatchedInterval = absl::Seconds(1);
 // How long the last look before a stall may wait (nor more than an
 // interval): a write that has just ended answers at once.
 constexpr absl::Duration kLastLook = absl::Milliseconds(100);
@@ -31,13 +34,12 @@ bool StillWriting(const absl::StatusOr<v1::CommandResult>& result) {
 AwaitedSave AwaitAsyncSave(WorkerClient& worker, int rank, const std::string& directory,
                            absl::Time deadline, absl::Duration stall_timeout,
                            const std::function<bool()>& give_up) {
-  if (stall_timeout <= absl::ZeroDuration()) return {worker.AwaitSave(directory, deadline), {}};
-  StallWatch watch(stall_timeout);
-  const absl::Duration interval = watch.probe_interval();
-  // A worker from before save_progress cannot say how its write goes: it is
-  // awaited unwatched, as it was then, but still in intervals, so that a
-  // failed job (or another rank's stall) ends the wait.
-  bool watched = true;
+  // Unwatched (the detector off, or a worker from before save_progress,
+  // which cannot say how its write goes) the write is still awaited in
+  // intervals, so that a failed job or another rank's stall ends the wait.
+  bool watched = stall_timeout > absl::ZeroDuration();
+  StallWatch watch(watched ? stall_timeout : absl::ZeroDuration());
+  const absl::Duration interval = watched ? watch.probe_interval() : kUnwatchedInterval;
   while (true) {
     if (give_up && give_up()) {
       return {absl::CancelledError(
@@ -112,12 +114,19 @@ absl::StatusOr<std::vector<v1::CommandResult>> SettleAsyncSave(AwaitedSaves awai
                                                                const absl::Status& refused,
                                                                const absl::Status& stalled,
                                                                const absl::Status& job_failure) {
+  if (awaited.stalled.has_value()) {
+    // The others' waits were given up on: their answers say nothing of
+    // their writes. The stall handed on is the cause, unless the job had
+    // failed for its own before it was found.
+    if (!stalled.ok()) return stalled;
+    if (!job_failure.ok()) return job_failure;
+    return absl::InternalError(absl::StrCat("rank ", *awaited.stalled,
+                                            "'s write stalled, and the commit says neither how "
+                                            "nor that the job failed"));
+  }
   std::vector<v1::CommandResult> written;
   absl::Status unreachable, lost, reported = refused;
-  // After a stall the others' waits were given up on: their answers say
-  // nothing of their writes.
-  const size_t ranks = awaited.stalled.has_value() ? 0 : awaited.ranks.size();
-  for (size_t r = 0; r < ranks; ++r) {
+  for (size_t r = 0; r < awaited.ranks.size(); ++r) {
     absl::StatusOr<v1::CommandResult>& result = awaited.ranks[r].result;
     if (result.ok() && result->seq() != batch_seq) {
       result = absl::FailedPreconditionError(
@@ -139,8 +148,7 @@ absl::StatusOr<std::vector<v1::CommandResult>> SettleAsyncSave(AwaitedSaves awai
       written.push_back(*std::move(result));
     }
   }
-  const absl::Status* const blame_order[] = {&unreachable, &stalled, &job_failure, &lost,
-                                             &reported};
+  const absl::Status* const blame_order[] = {&unreachable, &job_failure, &lost, &reported};
   for (const absl::Status* failed : blame_order) {
     if (!failed->ok()) return *failed;
   }

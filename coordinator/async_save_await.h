@@ -39,10 +39,10 @@ struct AwaitedSave {
 };
 
 // Awaits `worker`'s write into `directory` (rank `rank`) until `deadline`.
-// `stall_timeout` zero: not watched, one call. `give_up`, asked before each
-// call, ends the wait as CANCELLED (the job failed meanwhile). A worker that
-// sends no save_progress (built before it) is awaited unwatched, in the
-// same intervals.
+// `give_up`, asked before each call, ends the wait as CANCELLED (the job
+// failed meanwhile, another rank's write stalled). With `stall_timeout`
+// zero, or for a worker that sends no save_progress (built before it), the
+// write is not watched, only awaited, in calls of at most a second.
 AwaitedSave AwaitAsyncSave(WorkerClient& worker, int rank, const std::string& directory,
                            absl::Time deadline, absl::Duration stall_timeout,
                            const std::function<bool()>& give_up);
@@ -63,18 +63,18 @@ AwaitedSaves AwaitAsyncSaves(const std::vector<std::shared_ptr<WorkerClient>>& w
                              const std::function<void(int rank, const AwaitedSave&)>& on_stall);
 
 // What the ranks' answers make of the save: the results of the ranks that
-// wrote their files (all of them), or the one failure to report. A rank
-// whose process is gone (UNAVAILABLE) is blamed first; then `stalled` (the
-// stall handed on); then `job_failure` (the job failed meanwhile, naming the
-// rank it lost: a rank that only lost its save because of it is not it);
-// then a rank that answered without its write; then `refused` (a rank's
-// refusal of the save batch), else the first rank whose write failed.
-// After a stall (`awaited.stalled`) no other answer is read, a gone rank's
-// neither: the other waits were given up on, and the stalled rank is the
-// one the job failed. An answer carrying
-// another batch seq than `batch_seq` is not this save's: an outcome stays on
-// a worker until its next save, so a failed save's name taken again, on a
-// rank that refused this one's batch, finds the earlier one.
+// wrote their files (all of them), or the one failure to report. After a
+// stall (`awaited.stalled`) no answer is read: the other waits were given
+// up on, and the failure is `stalled` (the stall handed on), else
+// `job_failure` (the job had failed before it was found). Otherwise a rank
+// whose process is gone (UNAVAILABLE) is blamed first; then `job_failure`
+// (the job failed meanwhile, naming the rank it lost: a rank that only lost
+// its save because of it is not it); then a rank that answered without its
+// write; then `refused` (a rank's refusal of the save batch), else the
+// first rank whose write failed. An answer carrying another batch seq than
+// `batch_seq` is not this save's: an outcome stays on a worker until its
+// next save, so a failed save's name taken again, on a rank that refused
+// this one's batch, finds the earlier one.
 absl::StatusOr<std::vector<v1::CommandResult>> SettleAsyncSave(AwaitedSaves awaited,
                                                                uint64_t batch_seq,
                                                                const absl::Status& refused,

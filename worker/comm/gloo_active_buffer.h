@@ -12,6 +12,7 @@
 #include <mutex>
 #include <stdexcept>
 
+#include <gloo/context.h>
 #include <gloo/transport/unbound_buffer.h>
 
 #include "absl/time/time.h"

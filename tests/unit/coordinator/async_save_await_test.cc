@@ -179,15 +179,29 @@ TEST(AsyncSaveAwaitTest, TheDeadlineEndsTheWaitAsStillWritingNotAsAStall) {
   EXPECT_THAT(std::string(awaited.result.status().message()), HasSubstr("still writing"));
 }
 
-TEST(AsyncSaveAwaitTest, WithoutAStallTimeoutItIsOneCallToTheDeadline) {
+// The detector off: the write is only awaited, never probed, in calls of a
+// second, so that a failed job still ends the wait within one.
+TEST(AsyncSaveAwaitTest, WithoutAStallTimeoutTheWriteIsAwaitedInCallsOfASecond) {
   WritingWorker worker;
   worker.answer_at_call_ = 1;
-  const absl::Time deadline = absl::Now() + absl::Seconds(60);
-  AwaitedSave awaited = AwaitAsyncSave(worker, 1, kDirectory, deadline, absl::ZeroDuration(), {});
+  const absl::Time start = absl::Now();
+  AwaitedSave awaited =
+      AwaitAsyncSave(worker, 1, kDirectory, start + absl::Seconds(60), absl::ZeroDuration(), {});
   ASSERT_TRUE(awaited.result.ok()) << awaited.result.status();
   EXPECT_EQ(worker.calls_.load(), 1);
-  EXPECT_EQ(worker.last_deadline_, deadline);
+  EXPECT_LE(worker.last_deadline_, absl::Now() + absl::Seconds(1));
   EXPECT_EQ(worker.probes_.load(), 0);
+
+  WritingWorker forever;
+  forever.write_moves_ = true;
+  std::atomic<int> asked{0};
+  // The job fails during the second call.
+  awaited = AwaitAsyncSave(forever, 1, kDirectory, absl::Now() + absl::Seconds(60),
+                           absl::ZeroDuration(), [&asked] { return ++asked > 2; });
+  EXPECT_FALSE(awaited.stall.has_value());
+  EXPECT_EQ(awaited.result.status().code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(forever.calls_.load(), 2);
+  EXPECT_EQ(forever.probes_.load(), 0);
 }
 
 TEST(AsyncSaveAwaitTest, AnAnswerOtherThanStillWritingEndsTheWaitAtOnce) {
@@ -329,9 +343,8 @@ TEST(SettleAsyncSaveTest, AnAnswerForAnotherBatchIsNotThisSaves) {
             "rank 1 did not finish its write: its answer is for batch seq 5, not 9");
 }
 
-TEST(SettleAsyncSaveTest, AFailureBlamesTheGoneRankThenTheStallThenTheJobThenTheRest) {
+TEST(SettleAsyncSaveTest, AFailureBlamesTheGoneRankThenTheJobThenTheRest) {
   const absl::Status job_failure = absl::AbortedError("rank 2 (w2) was lost");
-  const absl::Status stalled = absl::DeadlineExceededError("rank 0: its write is stuck");
   const auto ranks = [] {
     AwaitedSaves awaited;
     awaited.ranks = {Answer(0, kSeq, absl::DataLossError("short write")),
@@ -340,14 +353,12 @@ TEST(SettleAsyncSaveTest, AFailureBlamesTheGoneRankThenTheStallThenTheJobThenThe
     return awaited;
   };
   absl::StatusOr<std::vector<v1::CommandResult>> written =
-      SettleAsyncSave(ranks(), kSeq, {}, stalled, job_failure);
+      SettleAsyncSave(ranks(), kSeq, {}, {}, job_failure);
   EXPECT_EQ(written.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(written.status().message(), "rank 2 did not finish its write: connection refused");
 
   AwaitedSaves without_gone = ranks();
   without_gone.ranks.pop_back();
-  written = SettleAsyncSave(without_gone, kSeq, {}, stalled, job_failure);
-  EXPECT_EQ(written.status(), stalled);
   written = SettleAsyncSave(without_gone, kSeq, {}, {}, job_failure);
   EXPECT_EQ(written.status(), job_failure);
   written = SettleAsyncSave(without_gone, kSeq, {}, {}, {});
@@ -373,12 +384,22 @@ TEST(SettleAsyncSaveTest, ARefusedBatchFailsTheSaveThoughEveryWriterFinished) {
 // The stall's rank is the cause; the others' waits were given up on, so
 // their answers (a gone rank's too) are not read.
 TEST(SettleAsyncSaveTest, AfterAStallTheOtherAnswersAreNotRead) {
-  AwaitedSaves awaited;
-  awaited.ranks = {NoAnswer(absl::UnavailableError("connection refused")),
-                   NoAnswer(absl::DeadlineExceededError("stuck"))};
-  awaited.stalled = 1;
+  const auto stuck = [] {
+    AwaitedSaves awaited;
+    awaited.ranks = {NoAnswer(absl::UnavailableError("connection refused")),
+                     NoAnswer(absl::DeadlineExceededError("stuck"))};
+    awaited.stalled = 1;
+    return awaited;
+  };
   const absl::Status stalled = absl::DeadlineExceededError("rank 1: stuck");
-  EXPECT_EQ(SettleAsyncSave(std::move(awaited), kSeq, {}, stalled, {}).status(), stalled);
+  const absl::Status job_failure = absl::AbortedError("rank 0 (w0) was lost");
+  EXPECT_EQ(SettleAsyncSave(stuck(), kSeq, {}, stalled, job_failure).status(), stalled);
+  // Not handed on, as the job had failed before it was found.
+  EXPECT_EQ(SettleAsyncSave(stuck(), kSeq, {}, {}, job_failure).status(), job_failure);
+  // Never a commit without the ranks' files.
+  absl::StatusOr<std::vector<v1::CommandResult>> neither =
+      SettleAsyncSave(stuck(), kSeq, {}, {}, {});
+  EXPECT_EQ(neither.status().code(), absl::StatusCode::kInternal);
 }
 
 }  // namespace
