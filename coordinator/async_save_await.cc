@@ -38,7 +38,7 @@ AwaitedSave AwaitAsyncSave(WorkerClient& worker, int rank, const std::string& di
   // which cannot say how its write goes) the write is still awaited in
   // intervals, so that a failed job or another rank's stall ends the wait.
   bool watched = stall_timeout > absl::ZeroDuration();
-  StallWatch watch(watched ? stall_timeout : absl::ZeroDuration());
+  StallWatch watch(stall_timeout);
   const absl::Duration interval = watched ? watch.probe_interval() : kUnwatchedInterval;
   while (true) {
     if (give_up && give_up()) {

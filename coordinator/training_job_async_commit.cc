@@ -22,35 +22,26 @@ absl::StatusOr<v1::CheckpointInfo> TrainingJob::CollectAsyncSave(AsyncSave save)
   // abort watches the stuck write (its daemon ends itself after its grace),
   // instead of the commit waiting out the batch timeout and the write
   // holding its snapshot until the next save stops on it.
-  absl::Status stalled;
   const absl::Time deadline = absl::Now() + options_.batch.timeout;  // one for all ranks
   const std::shared_ptr<CommandSequencer>& seq = save.seq;
   // The job failed meanwhile: its recovery re-forms the ranks (dropping
   // their snapshots); waiting on them could only hang on a stopped one.
   const auto job_failed = [&seq] { return seq != nullptr && !seq->failure().ok(); };
-  // Stall: the rank's write stood still; it is failed from its wait's
-  // thread, at once, unless the job failed meanwhile for its own cause.
-  const auto stall_reason = [&save](int rank, const AwaitedSave& awaited) {
-    return absl::Status(
-        awaited.result.status().code(),
-        absl::StrCat("its worker's (", save.workers[static_cast<size_t>(rank)]->address(), ") ",
-                     awaited.result.status().message()));
-  };
-  bool stall_blamed = false;  // written by on_stall only, read after the join
+  // A stalled write's rank is failed from its wait's thread, at once, unless
+  // the job failed meanwhile for its own cause. Written there only (once),
+  // read after the waits are joined.
+  absl::Status stalled;
   AwaitedSaves awaited = AwaitAsyncSaves(
       save.workers, save.directory, deadline, options_.batch.stall_timeout, job_failed,
       [&](int rank, const AwaitedSave& stuck) {
         if (job_failed()) return;
-        stall_blamed = true;
-        if (seq != nullptr && seq == sequencer()) {
-          (void)FailRank(rank, save.ids[static_cast<size_t>(rank)], stall_reason(rank, stuck));
-        }
+        const auto r = static_cast<size_t>(rank);
+        const absl::Status reason(stuck.result.status().code(),
+                                  absl::StrCat("its worker's (", save.workers[r]->address(), ") ",
+                                               stuck.result.status().message()));
+        stalled = PrefixStatus(absl::StrCat("rank ", rank, ": "), reason);
+        if (seq != nullptr && seq == sequencer()) (void)FailRank(rank, save.ids[r], reason);
       });
-  if (stall_blamed) {
-    const int r = *awaited.stalled;
-    stalled = PrefixStatus(absl::StrCat("rank ", r, ": "),
-                           stall_reason(r, awaited.ranks[static_cast<size_t>(r)]));
-  }
   absl::StatusOr<std::vector<v1::CommandResult>> written =
       SettleAsyncSave(std::move(awaited), save.batch_seq, save.refused, stalled,
                       seq != nullptr ? seq->failure() : absl::OkStatus());
