@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
 
 #include "core/status_macros.h"
 
@@ -30,6 +31,12 @@ class FaultyFile : public WritableFile {
         // process does (an abort, a shutdown) gets it back.
         absl::Notification never;
         never.WaitForNotification();
+      }
+      if (f.kind == FileFault::Kind::kSlow) {
+        // A disk that still takes writes, slowly (a congested network
+        // mount): each write moves the file on, so a stall watcher must not
+        // take it for a hung one.
+        absl::SleepFor(f.delay);
       }
       if (f.kind == FileFault::Kind::kDiskFull && written_ + data.size() > f.after_bytes) {
         // What a full disk does: the bytes that fit, then ENOSPC.
@@ -74,7 +81,7 @@ absl::StatusOr<std::vector<FileFault>> ParseFileFaults(const std::string& spec) 
       return absl::InvalidArgumentError(
           absl::StrCat("file fault '", part, "': ", why,
                        " (expected disk-full:SUBSTRING[:BYTES], sync-error:SUBSTRING, "
-                       "crash:SUBSTRING[:BYTES] or hang:SUBSTRING[:BYTES])"));
+                       "crash:SUBSTRING[:BYTES], hang:SUBSTRING[:BYTES] or slow:SUBSTRING:MS)"));
     };
     if (fields.size() < 2 || fields.size() > 3 || fields[1].empty()) {
       return bad("wrong number of fields");
@@ -87,10 +94,22 @@ absl::StatusOr<std::vector<FileFault>> ParseFileFaults(const std::string& spec) 
       fault.kind = FileFault::Kind::kCrash;
     } else if (fields[0] == "hang") {
       fault.kind = FileFault::Kind::kHang;
+    } else if (fields[0] == "slow") {
+      fault.kind = FileFault::Kind::kSlow;
     } else {
       return bad(absl::StrCat("unknown kind '", fields[0], "'"));
     }
     fault.path_contains = fields[1];
+    if (fault.kind == FileFault::Kind::kSlow) {
+      uint64_t ms = 0;
+      if (fields.size() != 3) return bad("slow needs MS, how much longer each write takes");
+      if (!absl::SimpleAtoi(fields[2], &ms)) {
+        return bad(absl::StrCat("MS '", fields[2], "' is not a number"));
+      }
+      fault.delay = absl::Milliseconds(ms);
+      out.push_back(std::move(fault));
+      continue;
+    }
     if (fields.size() == 3 && !absl::SimpleAtoi(fields[2], &fault.after_bytes)) {
       return bad(absl::StrCat("BYTES '", fields[2], "' is not a number"));
     }

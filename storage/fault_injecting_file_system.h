@@ -1,10 +1,11 @@
 // A FileSystem that fails on purpose (tests, the fault-injection suite, and
 // flatshard-worker --inject-file-faults): for files whose path contains a
 // given substring it fills the disk (a short write, then ENOSPC) after a number
-// of bytes, fails fsync with EIO, or kills the process (SIGKILL, no cleanup)
-// once a number of bytes were written (by this process: a file several
-// processes write counts each one's bytes). Everything else goes to the wrapped
-// file system unchanged.
+// of bytes, fails fsync with EIO, kills the process (SIGKILL, no cleanup) or
+// blocks for good once a number of bytes were written (by this process: a
+// file several processes write counts each one's bytes), or makes every write
+// take longer (a slow disk that still moves). Everything else goes to the
+// wrapped file system unchanged.
 #ifndef FLATSHARD_STORAGE_FAULT_INJECTING_FILE_SYSTEM_H_
 #define FLATSHARD_STORAGE_FAULT_INJECTING_FILE_SYSTEM_H_
 
@@ -14,20 +15,22 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 
 #include "storage/file_system.h"
 
 namespace flatshard {
 
 struct FileFault {
-  enum class Kind { kDiskFull, kSyncError, kCrash, kHang };
+  enum class Kind { kDiskFull, kSyncError, kCrash, kHang, kSlow };
   Kind kind = Kind::kDiskFull;
   std::string path_contains;  // which files
   uint64_t after_bytes = 0;   // disk full / crash / hang once this many bytes are in the file
+  absl::Duration delay = absl::ZeroDuration();  // slow: how much longer each write takes
 };
 
 // "disk-full:SUBSTRING[:BYTES]", "sync-error:SUBSTRING", "crash:SUBSTRING[:BYTES]",
-// "hang:SUBSTRING[:BYTES]";
+// "hang:SUBSTRING[:BYTES]", "slow:SUBSTRING:MS";
 // several separated by commas. INVALID_ARGUMENT naming the bad part.
 absl::StatusOr<std::vector<FileFault>> ParseFileFaults(const std::string& spec);
 

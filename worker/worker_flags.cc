@@ -29,8 +29,9 @@ void AddWorkerFlags(CLI::App& app, WorkerFlags& f) {
       ->capture_default_str();
   app.add_option("--inject-file-faults", f.inject_file_faults,
                  "Fault-injection tests only: make checkpoint writes fail, e.g. "
-                 "disk-full:NAME[:BYTES], sync-error:NAME, crash:NAME[:BYTES], hang:NAME[:BYTES] "
-                 "for files whose path contains NAME (comma-separated)");
+                 "disk-full:NAME[:BYTES], sync-error:NAME, crash:NAME[:BYTES], hang:NAME[:BYTES], "
+                 "or make them slow, slow:NAME:MS (each write MS longer), for files whose path "
+                 "contains NAME (comma-separated)");
   app.add_option("--coordinator-timeout", f.coordinator_timeout_s,
                  "Seconds without an answer from the coordinator after which a batch in flight "
                  "is aborted (a restarted coordinator then rolls back instead of waiting)")

@@ -3,10 +3,10 @@
 // and the earlier ones verify; a full disk on one rank (through the injected
 // file system, sync and async, and once for real on a small tmpfs) fails the
 // save cleanly and the job trains and saves on; a write that hangs for good
-// (in a sync save's batch, noticed at the batch timeout or by the stall
-// detector, or in an async save's background write, which the stall detector
-// or a recovery aborts) ends its worker, and the job recovers onto a spare
-// (docs/fault-tolerance.md).
+// (in a sync save's batch, noticed at the batch timeout, or in an async
+// save's background write, which a recovery aborts) ends its worker, and the
+// job recovers onto a spare (docs/fault-tolerance.md). The stall detector's
+// cases are in stalled_save_test.cc.
 #include <algorithm>
 #include <cerrno>
 #include <csignal>
@@ -23,7 +23,6 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/statvfs.h>
-#include <sys/wait.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -33,12 +32,12 @@
 #include "client/flatshard_client.h"
 #include "client/local_cluster.h"
 #include "core/job_spec_yaml.h"
-#include "core/worker_exit_codes.h"
 #include "storage/checkpoint_convert.h"
 #include "storage/checkpoint_reader.h"
 #include "storage/durable_file.h"
 #include "storage/safetensors_reader.h"
 #include "tests/integration/checkpoint_harness.h"
+#include "tests/integration/hung_write_harness.h"
 #include "tests/integration/multiprocess.h"
 #include "tests/integration/recovery_harness.h"
 #include "tests/integration/scratch_tmpfs.h"
@@ -48,6 +47,8 @@ namespace {
 
 namespace fs = std::filesystem;
 using checkpoint_testing::Dir;
+using checkpoint_testing::ExpectWedgedExitAndOneRecovery;
+using checkpoint_testing::HangCluster;
 using checkpoint_testing::kJob;
 using checkpoint_testing::Save;
 using checkpoint_testing::Spec;
@@ -160,44 +161,6 @@ void PrintTo(const HungWrite& hang, std::ostream* os) {
   *os << v1::StateDictType_Name(hang.type) << " rank " << hang.rank << " " << hang.file;
 }
 
-// A cluster of `workers` daemons checkpointing into `root` whose worker
-// `wedged` hangs for good (ignoring aborts) once 4 KiB of its file `file` of
-// checkpoint "stuck" are written: fast heartbeats, a 5 s collective timeout,
-// an 8 s abort grace, and `batch_timeout_s`.
-LocalClusterOptions HangCluster(const std::string& root, int workers, int wedged,
-                                const std::string& file, int batch_timeout_s) {
-  LocalClusterOptions options;
-  options.workers = workers;
-  options.bin_dir = checkpoint_testing::BinDir();
-  options.checkpoint_dir = root;
-  options.heartbeat_interval_s = 0.25;
-  options.heartbeat_timeout_s = 2.0;
-  options.collective_timeout_s = 5;
-  options.worker_flags = {
-      {wedged, {"--inject-file-faults", absl::StrCat("hang:stuck.partial/", file, ":4096")}}};
-  options.every_worker_flags = {"--abort-grace", "8"};
-  options.coordinator_flags = {"--batch-timeout", absl::StrCat(batch_timeout_s),
-                               "--configure-timeout", "30"};
-  return options;
-}
-
-// The wedged worker `wedged` ends itself with status 3, and the job is READY
-// again at world size 2 after exactly one restart (a try that chose the
-// wedged worker would have spent a second).
-void ExpectWedgedExitAndOneRecovery(LocalCluster& cluster, FlatshardClient& client, int wedged) {
-  const std::optional<int> exit = cluster.worker(wedged).Wait(absl::Seconds(60));
-  ASSERT_TRUE(exit.has_value()) << "the wedged worker is still running";
-  ASSERT_TRUE(WIFEXITED(*exit)) << "wait status " << *exit;
-  EXPECT_EQ(WEXITSTATUS(*exit), kWedgedExitCode);
-  absl::StatusOr<v1::JobState> ready =
-      client.WaitForState(kJob, {v1::READY}, absl::Seconds(60), {v1::RECOVERING});
-  ASSERT_TRUE(ready.ok()) << ready.status();
-  absl::StatusOr<v1::Job> job = client.GetJob(kJob);
-  ASSERT_TRUE(job.ok()) << job.status();
-  EXPECT_EQ(job->world_size(), 2);
-  EXPECT_EQ(job->restarts(), 1) << "a recovery try chose the wedged worker";
-}
-
 class HungWriteTest : public ::testing::TestWithParam<HungWrite> {};
 
 TEST_P(HungWriteTest, TheWedgedWorkerEndsItselfAndTheJobRecoversOntoTheSpare) {
@@ -251,73 +214,6 @@ INSTANTIATE_TEST_SUITE_P(ShardedAndFull, HungWriteTest,
                          [](const ::testing::TestParamInfo<HungWrite>& p) {
                            return p.param.type == v1::FULL_STATE_DICT ? "FullWriterHangs"
                                                                       : "ShardedRankHangs";
-                         });
-
-// The same hung write, noticed by the stall detector rather than the batch
-// timeout (10 minutes here); rank 1 hangs in its write, its progress
-// counter still, and the coordinator fails it after --stall-timeout (5 s:
-// it applies to every batch of the test, and a healthy fsync on a loaded
-// disk must not trip it). The save fails naming the stall, and the job
-// recovers onto the spare as above, within a minute. With the detector off
-// the save would wait out the batch timeout.
-//
-// Sync: rank 0's part of the SHARDED save is written and answered, and the
-// sequencer watches rank 1's batch. Async: the commit watches each rank's
-// background write by its own counter (training moves the worker's main
-// one) and fails rank 1 as a stalled batch's rank; the recovery's abort
-// reaches the stuck write. Before, the async commit waited out the batch
-// timeout, and the job trained on beside a worker that held the snapshot
-// until the next save stopped on it.
-class StalledRankTest : public ::testing::TestWithParam<bool> {};
-
-TEST_P(StalledRankTest, AHungWriteIsFailedAtTheStallTimeoutNotTheBatchTimeout) {
-  const bool async = GetParam();
-  const std::string root = testing::MakeTempDir("ckpt-stall") + "/checkpoints";
-  LocalClusterOptions options = HangCluster(root, 3, 1, "model-rank00001", 600);
-  options.coordinator_flags.insert(options.coordinator_flags.end(), {"--stall-timeout", "5"});
-  absl::StatusOr<std::unique_ptr<LocalCluster>> cluster = LocalCluster::Start(options);
-  ASSERT_TRUE(cluster.ok()) << cluster.status();
-  FlatshardClient client((*cluster)->address());
-  testing::CreateAndWaitReady(client, Spec(2, true));
-  ASSERT_EQ(testing::WorkerIndexOfRank(**cluster, client, kJob, 1), 1);
-  Train(client, 1);
-  ASSERT_TRUE(Save(client, "before", v1::SHARDED_STATE_DICT, async).ok());
-
-  const absl::Time start = absl::Now();
-  absl::StatusOr<v1::CheckpointProgress> stuck =
-      Save(client, "stuck", v1::SHARDED_STATE_DICT, async);
-  const absl::Duration took = absl::Now() - start;
-  ASSERT_FALSE(stuck.ok());
-  const std::string message(stuck.status().message());
-  EXPECT_THAT(message, HasSubstr("made no progress for "));
-  EXPECT_THAT(message, HasSubstr("--stall-timeout is 5s"));
-  if (async) {
-    EXPECT_THAT(message, HasSubstr("rank 1: its worker's ("));
-    EXPECT_THAT(message, HasSubstr(") async write into 'mlp-demo/stuck.partial' made no progress"));
-  } else {
-    EXPECT_THAT(message, HasSubstr("rank 1: its worker ("));
-    EXPECT_THAT(message, HasSubstr("while 1 of 2 ranks finished checkpoint batch"));
-  }
-  // A sync save returns once the recovery is done: the stall (5 s) and the
-  // wedged worker's abort grace (8 s), far from the batch timeout; an
-  // async one at the stall.
-  EXPECT_LT(took, absl::Seconds(90));
-  ASSERT_NO_FATAL_FAILURE(ExpectWedgedExitAndOneRecovery(**cluster, client, 1));
-  EXPECT_EQ(testing::WorkerIndexOfRank(**cluster, client, kJob, 1), 2) << "not on the spare";
-  EXPECT_FALSE(fs::exists(Dir(root, "stuck")));
-  EXPECT_EQ(*ReadFileToString(absl::StrCat(root, "/", kJob, "/latest")), "before\n");
-  Train(client, 1);
-  ASSERT_TRUE(Save(client, "after", v1::SHARDED_STATE_DICT, async).ok());
-  absl::StatusOr<std::unique_ptr<CheckpointReader>> after =
-      CheckpointReader::Open(Dir(root, "after"));
-  ASSERT_TRUE(after.ok()) << after.status();
-  EXPECT_TRUE((*after)->VerifyAll().ok());
-  (*cluster)->Stop();  // the wedged daemon is gone: no clean stop to assert
-}
-
-INSTANTIATE_TEST_SUITE_P(SyncAndAsync, StalledRankTest, ::testing::Bool(),
-                         [](const ::testing::TestParamInfo<bool>& p) {
-                           return p.param ? "Async" : "Sync";
                          });
 
 // An async save whose background write hangs on one rank (after 4 KiB of

@@ -1,7 +1,8 @@
 // FaultInjectingFileSystem under SafetensorsFileWriter, on real files: a full
 // disk keeps the bytes that fit and fails with ENOSPC, a failing fsync fails
-// Finish, an unfinished file is removed, other files are untouched, and a bad
-// fault spec is refused naming the part.
+// Finish, an unfinished file is removed, other files are untouched, a slow
+// disk delays each write but writes every byte, and a bad fault spec is
+// refused naming the part.
 #include "storage/fault_injecting_file_system.h"
 
 #include <filesystem>
@@ -10,6 +11,9 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 
 #include "storage/safetensors_file_writer.h"
 
@@ -70,9 +74,32 @@ TEST(FaultInjectingFileSystemTest, AFailingFsyncFailsFinish) {
   EXPECT_THAT(finished.status().message(), HasSubstr("Input/output error"));
 }
 
+// Each write into a slow file takes at least the delay longer (a lower
+// bound, so the machine's load cannot break it), and the file is whole.
+TEST(FaultInjectingFileSystemTest, ASlowFileDelaysEachWriteAndLosesNothing) {
+  const std::string dir = FreshDir("slow");
+  FaultInjectingFileSystem faulty = Faulty("slow:model:40");
+  const std::vector<float> values(100, 3.0f);
+  auto writer = SafetensorsFileWriter::Create(
+      dir + "/model.safetensors", {{"a", DType::kFloat32, {100}}, {"b", DType::kFloat32, {100}}},
+      {}, &faulty);
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  const absl::Time start = absl::Now();
+  ASSERT_TRUE((*writer)->Append("a", values).ok());
+  ASSERT_TRUE((*writer)->Append("b", values).ok());
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(80)) << "two writes, 40 ms each at least";
+  auto digest = (*writer)->Finish();
+  ASSERT_TRUE(digest.ok()) << digest.status();
+  EXPECT_EQ(digest->bytes, fs::file_size(dir + "/model.safetensors"));
+  EXPECT_GT(digest->bytes, 2 * values.size() * sizeof(float));
+  auto parsed = ParseFileFaults("slow:model:40");
+  ASSERT_TRUE(parsed.ok());
+  EXPECT_EQ((*parsed)[0].delay, absl::Milliseconds(40));
+}
+
 TEST(FaultInjectingFileSystemTest, BadSpecsAreRefusedNamingThePart) {
   for (const char* spec : {"disk-full", "melt:model", "disk-full:model:lots", "sync-error:m:3",
-                           "crash::5", "hang:m:x"}) {
+                           "crash::5", "hang:m:x", "slow:m", "slow:m:soon"}) {
     auto faults = ParseFileFaults(spec);
     ASSERT_FALSE(faults.ok()) << spec;
     EXPECT_EQ(faults.status().code(), absl::StatusCode::kInvalidArgument);
