@@ -98,9 +98,10 @@ class SimulatedWorker final : public WorkerClient {
   absl::StatusOr<v1::GetStatusResponse> GetStatus(absl::Time) override {
     return v1::GetStatusResponse();
   }
-  absl::StatusOr<v1::CommandResult> AwaitSave(const std::string&, absl::Time) override {
-    return absl::UnimplementedError("fake worker");
+  void AwaitSave(const std::string&, absl::Time, AwaitSaveDone done) override {
+    done(absl::UnimplementedError("fake worker"));
   }
+  void GetStatusAsync(absl::Time, GetStatusDone done) override { done(v1::GetStatusResponse()); }
   absl::Status Summon(const v1::CommandBatch&, absl::Time, const ChunkSink&) override {
     return absl::OkStatus();
   }

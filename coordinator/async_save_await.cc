@@ -2,9 +2,14 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
-#include <thread>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -29,84 +34,189 @@ bool StillWriting(const absl::StatusOr<v1::CommandResult>& result) {
   return !result.ok() && result.status().code() == absl::StatusCode::kDeadlineExceeded;
 }
 
+// What the waits of one AwaitAsyncSaves share: their outcomes, and the first
+// stall, which ends the other waits. The waits run in the workers' callbacks;
+// the caller's thread only waits here, and hands the stall on.
+class SaveWaits {
+ public:
+  SaveWaits(size_t ranks, std::function<bool()> give_up)
+      : give_up_(std::move(give_up)), running_(ranks), outcomes_(ranks) {}
+
+  // Asked before each call: a stall found, or the caller gave up.
+  bool Stopping() const { return stalled_.load() >= 0 || (give_up_ && give_up_()); }
+
+  // The wait in slot `slot` ended with `save`.
+  void Finish(size_t slot, AwaitedSave save) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (save.stall.has_value() && stalled_.load() < 0) stalled_.store(static_cast<int>(slot));
+    outcomes_[slot] = std::move(save);
+    --running_;
+    changed_.notify_all();
+  }
+
+  // Blocks until every wait ended. The first stall goes to `on_stall` (if
+  // set) as soon as it is found, on this thread.
+  AwaitedSaves Wait(const std::function<void(int rank, const AwaitedSave&)>& on_stall) {
+    std::unique_lock<std::mutex> lock(mu_);
+    const auto stalled_slot = [this]() -> std::optional<size_t> {
+      const int slot = stalled_.load();
+      if (slot < 0) return std::nullopt;
+      return static_cast<size_t>(slot);
+    };
+    bool handed_on = false;
+    while (true) {
+      changed_.wait(lock, [&] { return running_ == 0 || (stalled_slot() && !handed_on); });
+      if (!stalled_slot() || handed_on) break;
+      handed_on = true;
+      // Its outcome is final: only the other slots are written meanwhile.
+      const AwaitedSave& stuck = outcomes_[*stalled_slot()];
+      lock.unlock();
+      if (on_stall) on_stall(stuck.stall->rank, stuck);
+      lock.lock();
+    }
+    AwaitedSaves awaited;
+    if (std::optional<size_t> slot = stalled_slot()) {
+      awaited.stalled = outcomes_[*slot].stall->rank;
+    }
+    awaited.ranks = std::move(outcomes_);
+    return awaited;
+  }
+
+ private:
+  const std::function<bool()> give_up_;
+  std::atomic<int> stalled_{-1};  // the first stalled slot; written under mu_
+  std::mutex mu_;
+  std::condition_variable changed_;
+  size_t running_;                     // guarded by mu_
+  std::vector<AwaitedSave> outcomes_;  // by slot; guarded by mu_
+};
+
+// One rank's wait: a chain of calls, each started from the previous one's
+// callback (an AwaitSave of at most an interval, then a probe), so it holds
+// no thread between them. Only one step of a chain runs at a time, so its
+// state needs no lock: each call's start comes before its callback.
+class RankWait : public std::enable_shared_from_this<RankWait> {
+ public:
+  RankWait(std::shared_ptr<SaveWaits> waits, size_t slot, WorkerClient& worker, int rank,
+           std::string directory, absl::Time deadline, absl::Duration stall_timeout)
+      : waits_(std::move(waits)),
+        slot_(slot),
+        worker_(worker),
+        rank_(rank),
+        directory_(std::move(directory)),
+        deadline_(deadline),
+        stall_timeout_(stall_timeout),
+        // Unwatched (the detector off, or a worker from before
+        // save_progress, which cannot say how its write goes) the write is
+        // still awaited in intervals, so that a failed job or another
+        // rank's stall ends the wait.
+        watched_(stall_timeout > absl::ZeroDuration()),
+        watch_(watched_ ? stall_timeout : absl::Seconds(1)),
+        interval_(watched_ ? watch_.probe_interval() : kUnwatchedInterval) {}
+
+  // The next call, or the end of the wait when the waits stop.
+  void Call() {
+    if (waits_->Stopping()) {
+      End({absl::CancelledError(
+               absl::StrCat("the wait for the async save into '", directory_, "' gave up")),
+           {}});
+      return;
+    }
+    worker_.AwaitSave(directory_, std::min(deadline_, absl::Now() + interval_),
+                      [self = shared_from_this()](absl::StatusOr<v1::CommandResult> result) {
+                        self->Answered(std::move(result));
+                      });
+  }
+
+ private:
+  void Answered(absl::StatusOr<v1::CommandResult> result) {
+    if (!StillWriting(result) || absl::Now() >= deadline_) {
+      End({std::move(result), {}});
+    } else if (!watched_) {
+      Call();
+    } else {
+      worker_.GetStatusAsync(
+          std::min(deadline_, absl::Now() + kProbeTimeout),
+          [self = shared_from_this()](const absl::StatusOr<v1::GetStatusResponse>& status) {
+            self->Probed(status);
+          });
+    }
+  }
+
+  void Probed(const absl::StatusOr<v1::GetStatusResponse>& status) {
+    std::optional<uint64_t> progress;
+    if (status.ok()) {
+      if (!status->has_save_progress()) {
+        watched_ = false;
+        Call();
+        return;
+      }
+      progress = status->save_progress();
+    }
+    const StallWatch::Clock::time_point now = StallWatch::Clock::now();
+    watch_.Observe(rank_, progress, now);
+    std::optional<StallWatch::Stall> stall = watch_.Stalled(now);
+    if (!stall.has_value()) {
+      Call();
+      return;
+    }
+    // A last look: the write may have ended since the call before (its
+    // final fsync moves no counter), and a rank failed wrongly costs a
+    // recovery.
+    worker_.AwaitSave(
+        directory_, std::min(deadline_, absl::Now() + std::min(interval_, kLastLook)),
+        [self = shared_from_this(), stall = *stall](absl::StatusOr<v1::CommandResult> result) {
+          self->LastLooked(std::move(result), stall);
+        });
+  }
+
+  void LastLooked(absl::StatusOr<v1::CommandResult> result, const StallWatch::Stall& stall) {
+    if (!StillWriting(result)) {
+      End({std::move(result), {}});
+      return;
+    }
+    End({absl::DeadlineExceededError(absl::StrCat(
+             "async write into '", directory_, "' ", DescribeStall(stall, "save progress counter"),
+             ": the write is stuck (a hung disk or mount); the coordinator's --stall-timeout is ",
+             absl::FormatDuration(stall_timeout_))),
+         stall});
+  }
+
+  void End(AwaitedSave save) { waits_->Finish(slot_, std::move(save)); }
+
+  const std::shared_ptr<SaveWaits> waits_;
+  const size_t slot_;
+  WorkerClient& worker_;
+  const int rank_;
+  const std::string directory_;
+  const absl::Time deadline_;
+  const absl::Duration stall_timeout_;
+  bool watched_;
+  StallWatch watch_;
+  const absl::Duration interval_;
+};
+
 }  // namespace
 
 AwaitedSave AwaitAsyncSave(WorkerClient& worker, int rank, const std::string& directory,
                            absl::Time deadline, absl::Duration stall_timeout,
                            const std::function<bool()>& give_up) {
-  // Unwatched (the detector off, or a worker from before save_progress,
-  // which cannot say how its write goes) the write is still awaited in
-  // intervals, so that a failed job or another rank's stall ends the wait.
-  bool watched = stall_timeout > absl::ZeroDuration();
-  StallWatch watch(stall_timeout);
-  const absl::Duration interval = watched ? watch.probe_interval() : kUnwatchedInterval;
-  while (true) {
-    if (give_up && give_up()) {
-      return {absl::CancelledError(
-                  absl::StrCat("the wait for the async save into '", directory, "' gave up")),
-              {}};
-    }
-    absl::StatusOr<v1::CommandResult> result =
-        worker.AwaitSave(directory, std::min(deadline, absl::Now() + interval));
-    if (!StillWriting(result) || absl::Now() >= deadline) return {std::move(result), {}};
-    if (!watched) continue;
-    std::optional<uint64_t> progress;
-    if (absl::StatusOr<v1::GetStatusResponse> status =
-            worker.GetStatus(std::min(deadline, absl::Now() + kProbeTimeout));
-        status.ok()) {
-      if (!status->has_save_progress()) {
-        watched = false;
-        continue;
-      }
-      progress = status->save_progress();
-    }
-    const StallWatch::Clock::time_point now = StallWatch::Clock::now();
-    watch.Observe(rank, progress, now);
-    if (std::optional<StallWatch::Stall> stall = watch.Stalled(now)) {
-      // A last look: the write may have ended since the call above (its
-      // final fsync moves no counter), and a rank failed wrongly costs a
-      // recovery.
-      result = worker.AwaitSave(directory,
-                                std::min(deadline, absl::Now() + std::min(interval, kLastLook)));
-      if (!StillWriting(result)) return {std::move(result), {}};
-      return {
-          absl::DeadlineExceededError(absl::StrCat(
-              "async write into '", directory, "' ", DescribeStall(*stall, "save progress counter"),
-              ": the write is stuck (a hung disk or mount); the coordinator's "
-              "--stall-timeout is ",
-              absl::FormatDuration(stall_timeout))),
-          stall};
-    }
-  }
+  auto waits = std::make_shared<SaveWaits>(1, give_up);
+  std::make_shared<RankWait>(waits, 0, worker, rank, directory, deadline, stall_timeout)->Call();
+  return std::move(waits->Wait({}).ranks[0]);
 }
 
 AwaitedSaves AwaitAsyncSaves(const std::vector<std::shared_ptr<WorkerClient>>& workers,
                              const std::string& directory, absl::Time deadline,
                              absl::Duration stall_timeout, const std::function<bool()>& give_up,
                              const std::function<void(int rank, const AwaitedSave&)>& on_stall) {
-  AwaitedSaves awaited;
-  awaited.ranks.resize(workers.size());
-  std::atomic<int> stalled{-1};
-  const std::function<bool()> stop = [&] { return stalled.load() >= 0 || (give_up && give_up()); };
-  std::vector<std::thread> waits;
-  waits.reserve(workers.size());
+  auto waits = std::make_shared<SaveWaits>(workers.size(), give_up);
   for (size_t r = 0; r < workers.size(); ++r) {
-    waits.emplace_back([&, r] {
-      const int rank = static_cast<int>(r);
-      AwaitedSave save =
-          AwaitAsyncSave(*workers[r], rank, directory, deadline, stall_timeout, stop);
-      int none = -1;
-      // Only the first: one stuck write is enough to fail the job, and the
-      // others' waits end at once after it, some of them stalled too.
-      if (save.stall.has_value() && stalled.compare_exchange_strong(none, rank) && on_stall) {
-        on_stall(rank, save);
-      }
-      awaited.ranks[r] = std::move(save);
-    });
+    std::make_shared<RankWait>(waits, r, *workers[r], static_cast<int>(r), directory, deadline,
+                               stall_timeout)
+        ->Call();
   }
-  for (std::thread& t : waits) t.join();
-  if (stalled.load() >= 0) awaited.stalled = stalled.load();
-  return awaited;
+  return waits->Wait(on_stall);
 }
 
 absl::StatusOr<std::vector<v1::CommandResult>> SettleAsyncSave(AwaitedSaves awaited,

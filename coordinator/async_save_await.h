@@ -9,7 +9,10 @@
 // StallWatch's probe intervals, each an AwaitSave call of its own (the
 // worker keeps the outcome until it is collected), with one probe between
 // them: no call outlives an interval, and a healthy write costs a call and
-// a probe every interval while it runs.
+// a probe every interval while it runs. The calls are the client's
+// asynchronous ones, each started from the previous one's callback, so a
+// wait holds no thread: a world of 16,384 ranks is awaited by the caller's
+// thread and the RPC library's callback threads.
 #ifndef FLATSHARD_COORDINATOR_ASYNC_SAVE_AWAIT_H_
 #define FLATSHARD_COORDINATOR_ASYNC_SAVE_AWAIT_H_
 
@@ -47,12 +50,13 @@ AwaitedSave AwaitAsyncSave(WorkerClient& worker, int rank, const std::string& di
                            absl::Time deadline, absl::Duration stall_timeout,
                            const std::function<bool()>& give_up);
 
-// Every rank's write into `directory` at once (`workers` by rank), each in
-// a thread of its own: a stuck rank is found at the stall timeout however
-// long the others' writes take, not after them. The first write found
-// stalled is handed to `on_stall` at once, from its thread (the job fails
+// Every rank's write into `directory` at once (`workers` by rank): a stuck
+// rank is found at the stall timeout however long the others' writes take,
+// not after them. The first write found stalled is handed to `on_stall` at
+// once, on the caller's thread while the other waits run on (the job fails
 // its rank there, and the recovery's abort ends the other writes), and ends
-// the other waits (CANCELLED) at their next interval.
+// the other waits (CANCELLED) at their next interval. `give_up` is asked
+// from the clients' callback threads: it must not block.
 struct AwaitedSaves {
   std::vector<AwaitedSave> ranks;  // by rank
   std::optional<int> stalled;      // the rank handed to on_stall

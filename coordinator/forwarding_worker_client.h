@@ -34,9 +34,11 @@ class ForwardingWorkerClient : public WorkerClient {
                       const ChunkSink& sink) override {
     return inner_->Summon(batch, deadline, sink);
   }
-  absl::StatusOr<v1::CommandResult> AwaitSave(const std::string& directory,
-                                              absl::Time deadline) override {
-    return inner_->AwaitSave(directory, deadline);
+  void AwaitSave(const std::string& directory, absl::Time deadline, AwaitSaveDone done) override {
+    inner_->AwaitSave(directory, deadline, std::move(done));
+  }
+  void GetStatusAsync(absl::Time deadline, GetStatusDone done) override {
+    inner_->GetStatusAsync(deadline, std::move(done));
   }
   std::string address() const override { return inner_->address(); }
 

@@ -1,6 +1,8 @@
 #include "coordinator/grpc_worker_client.h"
 
 #include <algorithm>
+#include <cstddef>
+#include <utility>
 
 #include <grpcpp/create_channel.h>
 #include <grpcpp/security/credentials.h>
@@ -80,31 +82,67 @@ GrpcWorkerClient::~GrpcWorkerClient() {
   idle_.wait(lock, [this] { return in_flight_.empty(); });
 }
 
-void GrpcWorkerClient::Execute(const v1::CommandBatch* batch, absl::Time deadline,
-                               ExecuteDone done) {
-  auto call = std::make_shared<Call>();
+template <typename Request, typename Response>
+void GrpcWorkerClient::Start(const std::shared_ptr<UnaryCall<Request, Response>>& call,
+                             absl::Time deadline, const StartFn& start,
+                             std::function<void(absl::StatusOr<Response>)> done) {
   call->context.set_deadline(absl::ToChronoTime(deadline));
   AttachCommandToken(call->context, command_token_);
   {
     std::lock_guard<std::mutex> lock(mu_);
     in_flight_.insert(call);
   }
-  stub_->async()->Execute(&call->context, batch, &call->result,
-                          [this, call, done = std::move(done)](const grpc::Status& status) {
-                            if (status.ok()) {
-                              done(std::move(call->result));
-                            } else {
-                              done(FromGrpcStatus(status));
-                            }
-                            std::lock_guard<std::mutex> lock(mu_);
-                            in_flight_.erase(call);
-                            if (in_flight_.empty()) idle_.notify_all();
-                          });
+  start(&call->context, [this, call, done = std::move(done)](const grpc::Status& status) {
+    if (status.ok()) {
+      done(std::move(call->response));
+    } else {
+      done(FromGrpcStatus(status));
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    in_flight_.erase(call);
+    if (in_flight_.empty()) idle_.notify_all();
+  });
+}
+
+void GrpcWorkerClient::Execute(const v1::CommandBatch* batch, absl::Time deadline,
+                               ExecuteDone done) {
+  auto call = std::make_shared<UnaryCall<std::nullptr_t, v1::CommandResult>>();
+  Start<std::nullptr_t, v1::CommandResult>(
+      call, deadline,
+      [&](grpc::ClientContext* context, std::function<void(grpc::Status)> callback) {
+        stub_->async()->Execute(context, batch, &call->response, std::move(callback));
+      },
+      std::move(done));
+}
+
+void GrpcWorkerClient::AwaitSave(const std::string& directory, absl::Time deadline,
+                                 AwaitSaveDone done) {
+  auto call = std::make_shared<UnaryCall<v1::AwaitSaveRequest, v1::CommandResult>>();
+  call->request.set_directory(directory);
+  Start<v1::AwaitSaveRequest, v1::CommandResult>(
+      call, deadline,
+      [&](grpc::ClientContext* context, std::function<void(grpc::Status)> callback) {
+        stub_->async()->AwaitSave(context, &call->request, &call->response, std::move(callback));
+      },
+      std::move(done));
+}
+
+void GrpcWorkerClient::GetStatusAsync(absl::Time deadline, GetStatusDone done) {
+  auto call = std::make_shared<UnaryCall<v1::GetStatusRequest, v1::GetStatusResponse>>();
+  call->cancellable = false;  // as the blocking GetStatus: a probe is how failures are seen
+  Start<v1::GetStatusRequest, v1::GetStatusResponse>(
+      call, deadline,
+      [&](grpc::ClientContext* context, std::function<void(grpc::Status)> callback) {
+        stub_->async()->GetStatus(context, &call->request, &call->response, std::move(callback));
+      },
+      std::move(done));
 }
 
 void GrpcWorkerClient::CancelAll() {
   std::lock_guard<std::mutex> lock(mu_);
-  for (const auto& call : in_flight_) call->context.TryCancel();
+  for (const auto& call : in_flight_) {
+    if (call->cancellable) call->context.TryCancel();
+  }
   for (grpc::ClientContext* context : blocking_) context->TryCancel();
 }
 
@@ -138,17 +176,6 @@ absl::StatusOr<v1::GetStatusResponse> GrpcWorkerClient::GetStatus(absl::Time dea
   v1::GetStatusRequest request;
   v1::GetStatusResponse response;
   grpc::Status status = stub_->GetStatus(&context, request, &response);
-  if (!status.ok()) return FromGrpcStatus(status);
-  return response;
-}
-
-absl::StatusOr<v1::CommandResult> GrpcWorkerClient::AwaitSave(const std::string& directory,
-                                                              absl::Time deadline) {
-  BlockingCall call(mu_, blocking_, deadline, command_token_);
-  v1::AwaitSaveRequest request;
-  request.set_directory(directory);
-  v1::CommandResult response;
-  grpc::Status status = stub_->AwaitSave(call.context(), request, &response);
   if (!status.ok()) return FromGrpcStatus(status);
   return response;
 }

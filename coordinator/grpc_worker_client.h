@@ -1,9 +1,11 @@
-// WorkerClient over gRPC: Execute uses the callback API, so fanning a step out
-// to W workers holds no thread per worker.
+// WorkerClient over gRPC: Execute, AwaitSave and GetStatusAsync use the
+// callback API, so fanning a step out to W workers, or awaiting W async
+// writes, holds no thread per worker.
 #ifndef FLATSHARD_COORDINATOR_GRPC_WORKER_CLIENT_H_
 #define FLATSHARD_COORDINATOR_GRPC_WORKER_CLIENT_H_
 
 #include <condition_variable>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -32,17 +34,33 @@ class GrpcWorkerClient final : public WorkerClient {
   absl::Status Configure(const v1::ConfigureRequest& request, absl::Time deadline) override;
   absl::Status Abort(uint64_t epoch, const std::string& reason, absl::Time deadline) override;
   absl::StatusOr<v1::GetStatusResponse> GetStatus(absl::Time deadline) override;
-  absl::StatusOr<v1::CommandResult> AwaitSave(const std::string& directory,
-                                              absl::Time deadline) override;
+  void AwaitSave(const std::string& directory, absl::Time deadline, AwaitSaveDone done) override;
+  void GetStatusAsync(absl::Time deadline, GetStatusDone done) override;
   absl::Status Summon(const v1::CommandBatch& batch, absl::Time deadline,
                       const ChunkSink& sink) override;
   std::string address() const override { return address_; }
 
  private:
+  // A callback call in flight: its context (for CancelAll, when
+  // `cancellable`), request and response live until its callback has run.
   struct Call {
+    virtual ~Call() = default;
     grpc::ClientContext context;
-    v1::CommandResult result;
+    bool cancellable = true;
   };
+  template <typename Request, typename Response>
+  struct UnaryCall : Call {
+    Request request;  // std::nullptr_t for Execute, whose batch is the caller's
+    Response response;
+  };
+  // Starts the stub's callback method on the context, with the callback.
+  using StartFn = std::function<void(grpc::ClientContext*, std::function<void(grpc::Status)>)>;
+
+  // Registers `call` (its deadline and token set), starts it with `start`,
+  // runs `done` with `call`'s response or the call's error, and forgets it.
+  template <typename Request, typename Response>
+  void Start(const std::shared_ptr<UnaryCall<Request, Response>>& call, absl::Time deadline,
+             const StartFn& start, std::function<void(absl::StatusOr<Response>)> done);
 
   std::string address_;
   const std::string command_token_;

@@ -27,9 +27,8 @@ absl::StatusOr<v1::CheckpointInfo> TrainingJob::CollectAsyncSave(AsyncSave save)
   // The job failed meanwhile: its recovery re-forms the ranks (dropping
   // their snapshots); waiting on them could only hang on a stopped one.
   const auto job_failed = [&seq] { return seq != nullptr && !seq->failure().ok(); };
-  // A stalled write's rank is failed from its wait's thread, at once, unless
-  // the job failed meanwhile for its own cause. Written there only (once),
-  // read after the waits are joined.
+  // A stalled write's rank is failed at once (on this thread, while the
+  // other waits run on), unless the job failed meanwhile for its own cause.
   absl::Status stalled;
   AwaitedSaves awaited = AwaitAsyncSaves(
       save.workers, save.directory, deadline, options_.batch.stall_timeout, job_failed,

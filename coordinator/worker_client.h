@@ -1,7 +1,9 @@
 // The coordinator's handle on one worker. The sequencer only needs Execute
 // (asynchronous, so a step costs one concurrent round trip to every worker,
-// not W sequential ones) and Cancel; the real implementation is gRPC
-// (GrpcWorkerClient), and the scale benchmark uses light in-process fakes.
+// not W sequential ones) and Cancel; an async save's commit needs AwaitSave
+// and GetStatusAsync (asynchronous too, so awaiting every rank's write holds
+// no thread per rank). The real implementation is gRPC (GrpcWorkerClient),
+// and the scale benchmark uses light in-process fakes.
 #ifndef FLATSHARD_COORDINATOR_WORKER_CLIENT_H_
 #define FLATSHARD_COORDINATOR_WORKER_CLIENT_H_
 
@@ -20,6 +22,8 @@ namespace flatshard {
 class WorkerClient {
  public:
   using ExecuteDone = std::function<void(absl::StatusOr<v1::CommandResult>)>;
+  using AwaitSaveDone = std::function<void(absl::StatusOr<v1::CommandResult>)>;
+  using GetStatusDone = std::function<void(absl::StatusOr<v1::GetStatusResponse>)>;
   using ChunkSink = std::function<absl::Status(const v1::TensorChunk&)>;
 
   virtual ~WorkerClient() = default;
@@ -38,9 +42,14 @@ class WorkerClient {
   // Runs a summon batch; each chunk the worker streams goes to `sink`.
   virtual absl::Status Summon(const v1::CommandBatch& batch, absl::Time deadline,
                               const ChunkSink& sink) = 0;
-  // Waits for the background write of an async save into `directory`.
-  virtual absl::StatusOr<v1::CommandResult> AwaitSave(const std::string& directory,
-                                                      absl::Time deadline) = 0;
+  // Asynchronous calls: `done` runs exactly once, on any thread (also on
+  // this one, before the call returns, for a call that cannot start).
+  // Waits for the background write of an async save into `directory`; a
+  // call in flight is cancelled by CancelAll.
+  virtual void AwaitSave(const std::string& directory, absl::Time deadline, AwaitSaveDone done) = 0;
+  // GetStatus without a thread waiting on it; like GetStatus, not cancelled
+  // by CancelAll.
+  virtual void GetStatusAsync(absl::Time deadline, GetStatusDone done) = 0;
 
   virtual std::string address() const = 0;
 };

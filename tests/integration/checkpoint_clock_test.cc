@@ -68,10 +68,11 @@ class GatedSaveClient final : public ForwardingWorkerClient {
  public:
   GatedSaveClient(std::unique_ptr<WorkerClient> inner, testing::Gate* gate)
       : ForwardingWorkerClient(std::move(inner)), gate_(gate) {}
-  absl::StatusOr<v1::CommandResult> AwaitSave(const std::string& directory,
-                                              absl::Time deadline) override {
+  // Passed on the thread that starts the call (the commit's, for each
+  // rank's first call).
+  void AwaitSave(const std::string& directory, absl::Time deadline, AwaitSaveDone done) override {
     gate_->Pass();
-    return ForwardingWorkerClient::AwaitSave(directory, deadline);
+    ForwardingWorkerClient::AwaitSave(directory, deadline, std::move(done));
   }
 
  private:

@@ -10,7 +10,11 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
+#include <filesystem>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -41,6 +45,14 @@ class WritingWorker : public WorkerClient {
     return absl::OkStatus();
   }
   absl::Status Abort(uint64_t, const std::string&, absl::Time) override { return absl::OkStatus(); }
+  ~WritingWorker() override {
+    std::vector<std::thread> calls;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      calls.swap(calls_in_flight_);
+    }
+    for (std::thread& call : calls) call.join();
+  }
   absl::StatusOr<v1::GetStatusResponse> GetStatus(absl::Time) override {
     const int probe = ++probes_;
     if (dead_) return absl::UnavailableError("connection refused");
@@ -50,8 +62,16 @@ class WritingWorker : public WorkerClient {
     if (!old_worker_) response.set_save_progress(write_moves_ ? static_cast<uint64_t>(probe) : 7);
     return response;
   }
-  absl::StatusOr<v1::CommandResult> AwaitSave(const std::string& directory,
-                                              absl::Time deadline) override {
+  void GetStatusAsync(absl::Time deadline, GetStatusDone done) override {
+    done(GetStatus(deadline));  // a probe answers at once
+  }
+  // Answered on a thread of the call's own, as a call in flight is.
+  void AwaitSave(const std::string& directory, absl::Time deadline, AwaitSaveDone done) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    calls_in_flight_.emplace_back(
+        [this, directory, deadline, done = std::move(done)] { done(Answer(directory, deadline)); });
+  }
+  absl::StatusOr<v1::CommandResult> Answer(const std::string& directory, absl::Time deadline) {
     const int call = ++calls_;
     last_deadline_ = deadline;
     longest_call_ = std::max(longest_call_, deadline - absl::Now());
@@ -82,6 +102,10 @@ class WritingWorker : public WorkerClient {
   std::atomic<int> calls_{0};
   absl::Time last_deadline_;
   absl::Duration longest_call_ = absl::ZeroDuration();  // the longest deadline given
+
+ private:
+  std::mutex mu_;
+  std::vector<std::thread> calls_in_flight_;  // joined when the worker goes
 };
 
 TEST(AsyncSaveAwaitTest, AStillWriteIsGivenUpAtTheStallTimeoutWhileTrainingMovesOn) {
@@ -305,6 +329,119 @@ TEST(AsyncSaveAwaitTest, EveryRankIsCollectedAndAFailedJobEndsEveryWait) {
   EXPECT_FALSE(awaited.stalled.has_value());
   ASSERT_TRUE(awaited.ranks[0].result.ok()) << awaited.ranks[0].result.status();
   EXPECT_EQ(awaited.ranks[1].result.status().code(), absl::StatusCode::kCancelled);
+}
+
+// Many ranks, each call answered by one "network" thread at its deadline
+// (or at once when the write is done), as the RPC library's few callback
+// threads answer: the wait itself must hold no thread per rank. 1,024 ranks
+// whose writes end at their third call are all collected while the process
+// never runs more than a handful of threads. Awaited in a thread per rank,
+// as before, it ran over 1,024.
+class ScheduledWorkers {
+ public:
+  ScheduledWorkers() : network_([this] { Serve(); }) {}
+  ~ScheduledWorkers() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stopping_ = true;
+    }
+    wake_.notify_all();
+    network_.join();
+  }
+  // Queues `done` to run at `at` with `answer`.
+  void Schedule(absl::Time at, absl::StatusOr<v1::CommandResult> answer,
+                WorkerClient::AwaitSaveDone done) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      due_.emplace(at, Pending{std::move(answer), std::move(done)});
+    }
+    wake_.notify_all();
+  }
+  int most_threads() const { return most_threads_.load(); }
+
+ private:
+  struct Pending {
+    absl::StatusOr<v1::CommandResult> answer;
+    WorkerClient::AwaitSaveDone done;
+  };
+  void Serve() {
+    std::unique_lock<std::mutex> lock(mu_);
+    while (!stopping_) {
+      if (due_.empty()) {
+        wake_.wait(lock);
+        continue;
+      }
+      const absl::Time at = due_.begin()->first;
+      if (absl::Now() < at) {
+        wake_.wait_until(lock, absl::ToChronoTime(at));
+        continue;
+      }
+      Pending pending = std::move(due_.begin()->second);
+      due_.erase(due_.begin());
+      lock.unlock();
+      most_threads_ = std::max(most_threads_.load(), ThreadsNow());
+      pending.done(std::move(pending.answer));  // may schedule the next call
+      lock.lock();
+    }
+  }
+  static int ThreadsNow() {
+    int threads = 0;
+    for ([[maybe_unused]] const auto& task :
+         std::filesystem::directory_iterator("/proc/self/task")) {
+      ++threads;
+    }
+    return threads;
+  }
+
+  std::mutex mu_;
+  std::condition_variable wake_;
+  std::multimap<absl::Time, Pending> due_;  // guarded by mu_
+  bool stopping_ = false;                   // guarded by mu_
+  std::atomic<int> most_threads_{0};
+  std::thread network_;  // last: it reads the members above
+};
+
+class ScheduledWorker : public WritingWorker {
+ public:
+  explicit ScheduledWorker(ScheduledWorkers* network) : network_(network) {}
+  void AwaitSave(const std::string& directory, absl::Time deadline, AwaitSaveDone done) override {
+    const int call = ++calls_;
+    if (directory != kDirectory || call >= answer_at_call_) {
+      v1::CommandResult result;
+      result.set_rank(1);
+      network_->Schedule(absl::Now(), result, std::move(done));
+    } else {
+      network_->Schedule(deadline, absl::DeadlineExceededError("async save still writing"),
+                         std::move(done));
+    }
+  }
+
+ private:
+  ScheduledWorkers* network_;
+};
+
+TEST(AsyncSaveAwaitTest, AThousandRanksAreAwaitedWithoutAThreadEach) {
+  constexpr int kRanks = 1024;
+  ScheduledWorkers network;
+  std::vector<std::shared_ptr<WorkerClient>> workers;
+  for (int r = 0; r < kRanks; ++r) {
+    auto worker = std::make_shared<ScheduledWorker>(&network);
+    worker->write_moves_ = true;
+    worker->answer_at_call_ = 3;
+    workers.push_back(worker);
+  }
+  AwaitedSaves awaited =
+      AwaitAsyncSaves(workers, kDirectory, absl::Now() + absl::Seconds(60), absl::Seconds(1), {},
+                      [](int, const AwaitedSave&) { ADD_FAILURE(); });
+  EXPECT_FALSE(awaited.stalled.has_value());
+  ASSERT_EQ(awaited.ranks.size(), static_cast<size_t>(kRanks));
+  for (size_t r = 0; r < awaited.ranks.size(); ++r) {
+    ASSERT_TRUE(awaited.ranks[r].result.ok())
+        << "rank " << r << ": " << awaited.ranks[r].result.status();
+    EXPECT_EQ(static_cast<WritingWorker&>(*workers[r]).calls_.load(), 3) << "rank " << r;
+  }
+  EXPECT_GT(network.most_threads(), 0);
+  EXPECT_LE(network.most_threads(), 8) << "threads while 1,024 writes were awaited";
 }
 
 // One rank's answer: its write done (for batch `seq`), failed with

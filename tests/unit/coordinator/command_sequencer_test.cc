@@ -98,8 +98,11 @@ class FakeWorker : public WorkerClient {
     if (probe == answer_at_probe_) Answer();
     return response;
   }
-  absl::StatusOr<v1::CommandResult> AwaitSave(const std::string&, absl::Time) override {
-    return absl::UnimplementedError("fake worker");
+  void AwaitSave(const std::string&, absl::Time, AwaitSaveDone done) override {
+    done(absl::UnimplementedError("fake worker"));
+  }
+  void GetStatusAsync(absl::Time, GetStatusDone done) override {
+    done(absl::UnimplementedError("fake worker"));
   }
   absl::Status Summon(const v1::CommandBatch&, absl::Time, const ChunkSink&) override {
     return absl::OkStatus();

@@ -59,8 +59,11 @@ class ConfigureOnlyWorker : public WorkerClient {
   absl::Status Summon(const v1::CommandBatch&, absl::Time, const ChunkSink&) override {
     return absl::UnimplementedError("not in this test");
   }
-  absl::StatusOr<v1::CommandResult> AwaitSave(const std::string&, absl::Time) override {
-    return absl::UnimplementedError("not in this test");
+  void AwaitSave(const std::string&, absl::Time, AwaitSaveDone done) override {
+    done(absl::UnimplementedError("not in this test"));
+  }
+  void GetStatusAsync(absl::Time, GetStatusDone done) override {
+    done(absl::UnimplementedError("not in this test"));
   }
   std::string address() const override { return address_; }
 
