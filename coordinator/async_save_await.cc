@@ -93,8 +93,8 @@ class SaveWaits {
 
 // One rank's wait: a chain of calls, each started from the previous one's
 // callback (an AwaitSave of at most an interval, then a probe), so it holds
-// no thread between them. Only one step of a chain runs at a time, so its
-// state needs no lock: each call's start comes before its callback.
+// no thread between them. Its steps run one at a time, through Run, so its
+// state needs no lock of its own.
 class RankWait : public std::enable_shared_from_this<RankWait> {
  public:
   RankWait(std::shared_ptr<SaveWaits> waits, size_t slot, WorkerClient& worker, int rank,
@@ -114,6 +114,37 @@ class RankWait : public std::enable_shared_from_this<RankWait> {
         watch_(watched_ ? stall_timeout : absl::Seconds(1)),
         interval_(watched_ ? watch_.probe_interval() : kUnwatchedInterval) {}
 
+  // Starts the wait.
+  void Start() {
+    Run([self = shared_from_this()] { self->Call(); });
+  }
+
+ private:
+  // Runs `step` now, or, when a step of this chain is still running (its
+  // call answered before the step that started it returned, maybe on the
+  // same thread), right after that one on its thread: the chain loops
+  // instead of recursing however its client delivers answers. A chain has
+  // one call in flight, so at most one step waits.
+  void Run(std::function<void()> step) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (running_) {
+        queued_ = std::move(step);
+        return;
+      }
+      running_ = true;
+    }
+    while (true) {
+      step();
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!queued_) {
+        running_ = false;
+        return;
+      }
+      step = std::exchange(queued_, nullptr);
+    }
+  }
+
   // The next call, or the end of the wait when the waits stop.
   void Call() {
     if (waits_->Stopping()) {
@@ -124,11 +155,12 @@ class RankWait : public std::enable_shared_from_this<RankWait> {
     }
     worker_.AwaitSave(directory_, std::min(deadline_, absl::Now() + interval_),
                       [self = shared_from_this()](absl::StatusOr<v1::CommandResult> result) {
-                        self->Answered(std::move(result));
+                        self->Run([self, result = std::move(result)]() mutable {
+                          self->Answered(std::move(result));
+                        });
                       });
   }
 
- private:
   void Answered(absl::StatusOr<v1::CommandResult> result) {
     if (!StillWriting(result) || absl::Now() >= deadline_) {
       End({std::move(result), {}});
@@ -137,8 +169,8 @@ class RankWait : public std::enable_shared_from_this<RankWait> {
     } else {
       worker_.GetStatusAsync(
           std::min(deadline_, absl::Now() + kProbeTimeout),
-          [self = shared_from_this()](const absl::StatusOr<v1::GetStatusResponse>& status) {
-            self->Probed(status);
+          [self = shared_from_this()](absl::StatusOr<v1::GetStatusResponse> status) {
+            self->Run([self, status = std::move(status)] { self->Probed(status); });
           });
     }
   }
@@ -166,7 +198,9 @@ class RankWait : public std::enable_shared_from_this<RankWait> {
     worker_.AwaitSave(
         directory_, std::min(deadline_, absl::Now() + std::min(interval_, kLastLook)),
         [self = shared_from_this(), stall = *stall](absl::StatusOr<v1::CommandResult> result) {
-          self->LastLooked(std::move(result), stall);
+          self->Run([self, stall, result = std::move(result)]() mutable {
+            self->LastLooked(std::move(result), stall);
+          });
         });
   }
 
@@ -194,6 +228,9 @@ class RankWait : public std::enable_shared_from_this<RankWait> {
   bool watched_;
   StallWatch watch_;
   const absl::Duration interval_;
+  std::mutex mu_;
+  bool running_ = false;          // a step runs; guarded by mu_
+  std::function<void()> queued_;  // the step to run after it; guarded by mu_
 };
 
 }  // namespace
@@ -202,7 +239,7 @@ AwaitedSave AwaitAsyncSave(WorkerClient& worker, int rank, const std::string& di
                            absl::Time deadline, absl::Duration stall_timeout,
                            const std::function<bool()>& give_up) {
   auto waits = std::make_shared<SaveWaits>(1, give_up);
-  std::make_shared<RankWait>(waits, 0, worker, rank, directory, deadline, stall_timeout)->Call();
+  std::make_shared<RankWait>(waits, 0, worker, rank, directory, deadline, stall_timeout)->Start();
   return std::move(waits->Wait({}).ranks[0]);
 }
 
@@ -214,7 +251,7 @@ AwaitedSaves AwaitAsyncSaves(const std::vector<std::shared_ptr<WorkerClient>>& w
   for (size_t r = 0; r < workers.size(); ++r) {
     std::make_shared<RankWait>(waits, r, *workers[r], static_cast<int>(r), directory, deadline,
                                stall_timeout)
-        ->Call();
+        ->Start();
   }
   return waits->Wait(on_stall);
 }

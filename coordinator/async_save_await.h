@@ -11,8 +11,8 @@
 // them: no call outlives an interval, and a healthy write costs a call and
 // a probe every interval while it runs. The calls are the client's
 // asynchronous ones, each started from the previous one's callback, so a
-// wait holds no thread: a world of 16,384 ranks is awaited by the caller's
-// thread and the RPC library's callback threads.
+// wait holds no thread: every rank's is driven by the caller's thread and
+// the RPC library's callback threads.
 #ifndef FLATSHARD_COORDINATOR_ASYNC_SAVE_AWAIT_H_
 #define FLATSHARD_COORDINATOR_ASYNC_SAVE_AWAIT_H_
 
@@ -56,7 +56,8 @@ AwaitedSave AwaitAsyncSave(WorkerClient& worker, int rank, const std::string& di
 // once, on the caller's thread while the other waits run on (the job fails
 // its rank there, and the recovery's abort ends the other writes), and ends
 // the other waits (CANCELLED) at their next interval. `give_up` is asked
-// from the clients' callback threads: it must not block.
+// before each call, on the caller's thread or the clients' callback
+// threads: it must not block. The workers must outlive the call.
 struct AwaitedSaves {
   std::vector<AwaitedSave> ranks;  // by rank
   std::optional<int> stalled;      // the rank handed to on_stall

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <memory>
 #include <utility>
+#include <vector>
 
 #include <grpcpp/create_channel.h>
 #include <grpcpp/security/credentials.h>
@@ -80,67 +82,79 @@ GrpcWorkerClient::~GrpcWorkerClient() {
   // Callbacks reference this object: wait until the last one has run.
   std::unique_lock<std::mutex> lock(mu_);
   idle_.wait(lock, [this] { return in_flight_.empty(); });
+  // The calls' contexts go here, before the channel they reference.
+  finished_.clear();
 }
 
 template <typename Request, typename Response>
-void GrpcWorkerClient::Start(const std::shared_ptr<UnaryCall<Request, Response>>& call,
+void GrpcWorkerClient::Start(std::unique_ptr<UnaryCall<Request, Response>> call,
                              absl::Time deadline, const StartFn& start,
                              std::function<void(absl::StatusOr<Response>)> done) {
-  call->context.set_deadline(absl::ToChronoTime(deadline));
-  AttachCommandToken(call->context, command_token_);
+  UnaryCall<Request, Response>* const started = call.get();
+  started->context.set_deadline(absl::ToChronoTime(deadline));
+  AttachCommandToken(started->context, command_token_);
+  std::vector<std::unique_ptr<Call>> spent;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    in_flight_.insert(call);
+    spent.swap(finished_);
+    in_flight_.emplace(started, std::move(call));
   }
-  start(&call->context, [this, call, done = std::move(done)](const grpc::Status& status) {
+  spent.clear();  // here, while this client holds the channel
+  start(&started->context, [this, started, done = std::move(done)](const grpc::Status& status) {
     if (status.ok()) {
-      done(std::move(call->response));
+      done(std::move(started->response));
     } else {
       done(FromGrpcStatus(status));
     }
     std::lock_guard<std::mutex> lock(mu_);
-    in_flight_.erase(call);
+    auto node = in_flight_.extract(started);
+    finished_.push_back(std::move(node.mapped()));
     if (in_flight_.empty()) idle_.notify_all();
   });
 }
 
 void GrpcWorkerClient::Execute(const v1::CommandBatch* batch, absl::Time deadline,
                                ExecuteDone done) {
-  auto call = std::make_shared<UnaryCall<std::nullptr_t, v1::CommandResult>>();
+  auto call = std::make_unique<UnaryCall<std::nullptr_t, v1::CommandResult>>();
+  v1::CommandResult* const response = &call->response;
   Start<std::nullptr_t, v1::CommandResult>(
-      call, deadline,
+      std::move(call), deadline,
       [&](grpc::ClientContext* context, std::function<void(grpc::Status)> callback) {
-        stub_->async()->Execute(context, batch, &call->response, std::move(callback));
+        stub_->async()->Execute(context, batch, response, std::move(callback));
       },
       std::move(done));
 }
 
 void GrpcWorkerClient::AwaitSave(const std::string& directory, absl::Time deadline,
                                  AwaitSaveDone done) {
-  auto call = std::make_shared<UnaryCall<v1::AwaitSaveRequest, v1::CommandResult>>();
+  auto call = std::make_unique<UnaryCall<v1::AwaitSaveRequest, v1::CommandResult>>();
   call->request.set_directory(directory);
+  UnaryCall<v1::AwaitSaveRequest, v1::CommandResult>* const started = call.get();
   Start<v1::AwaitSaveRequest, v1::CommandResult>(
-      call, deadline,
+      std::move(call), deadline,
       [&](grpc::ClientContext* context, std::function<void(grpc::Status)> callback) {
-        stub_->async()->AwaitSave(context, &call->request, &call->response, std::move(callback));
+        stub_->async()->AwaitSave(context, &started->request, &started->response,
+                                  std::move(callback));
       },
       std::move(done));
 }
 
 void GrpcWorkerClient::GetStatusAsync(absl::Time deadline, GetStatusDone done) {
-  auto call = std::make_shared<UnaryCall<v1::GetStatusRequest, v1::GetStatusResponse>>();
+  auto call = std::make_unique<UnaryCall<v1::GetStatusRequest, v1::GetStatusResponse>>();
   call->cancellable = false;  // as the blocking GetStatus: a probe is how failures are seen
+  UnaryCall<v1::GetStatusRequest, v1::GetStatusResponse>* const started = call.get();
   Start<v1::GetStatusRequest, v1::GetStatusResponse>(
-      call, deadline,
+      std::move(call), deadline,
       [&](grpc::ClientContext* context, std::function<void(grpc::Status)> callback) {
-        stub_->async()->GetStatus(context, &call->request, &call->response, std::move(callback));
+        stub_->async()->GetStatus(context, &started->request, &started->response,
+                                  std::move(callback));
       },
       std::move(done));
 }
 
 void GrpcWorkerClient::CancelAll() {
   std::lock_guard<std::mutex> lock(mu_);
-  for (const auto& call : in_flight_) {
+  for (const auto& [key, call] : in_flight_) {
     if (call->cancellable) call->context.TryCancel();
   }
   for (grpc::ClientContext* context : blocking_) context->TryCancel();

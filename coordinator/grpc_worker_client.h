@@ -6,10 +6,12 @@
 
 #include <condition_variable>
 #include <functional>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
 #include <string>
+#include <vector>
 
 #include <grpcpp/channel.h>
 #include <grpcpp/client_context.h>
@@ -41,8 +43,13 @@ class GrpcWorkerClient final : public WorkerClient {
   std::string address() const override { return address_; }
 
  private:
-  // A callback call in flight: its context (for CancelAll, when
-  // `cancellable`), request and response live until its callback has run.
+  // A callback call: its context (for CancelAll, when `cancellable`),
+  // request and response. Owned here, never by its callback, and destroyed
+  // on a thread of the client's callers: its context holds a reference to
+  // the channel, and gRPC 1.51 must not release a channel's last reference
+  // on one of its callback threads (the shared callback queue is then shut
+  // down from its own thread, which cannot join itself, and the process
+  // aborts soon after: grpc/grpc#32584; worker_client_async_test caught it).
   struct Call {
     virtual ~Call() = default;
     grpc::ClientContext context;
@@ -57,9 +64,11 @@ class GrpcWorkerClient final : public WorkerClient {
   using StartFn = std::function<void(grpc::ClientContext*, std::function<void(grpc::Status)>)>;
 
   // Registers `call` (its deadline and token set), starts it with `start`,
-  // runs `done` with `call`'s response or the call's error, and forgets it.
+  // and runs `done` with `call`'s response or the call's error; the call is
+  // then kept among the finished, which the next Start or the destructor
+  // destroys.
   template <typename Request, typename Response>
-  void Start(const std::shared_ptr<UnaryCall<Request, Response>>& call, absl::Time deadline,
+  void Start(std::unique_ptr<UnaryCall<Request, Response>> call, absl::Time deadline,
              const StartFn& start, std::function<void(absl::StatusOr<Response>)> done);
 
   std::string address_;
@@ -68,7 +77,8 @@ class GrpcWorkerClient final : public WorkerClient {
   std::unique_ptr<v1::WorkerService::Stub> stub_;
   std::mutex mu_;
   std::condition_variable idle_;
-  std::set<std::shared_ptr<Call>> in_flight_;
+  std::map<const Call*, std::unique_ptr<Call>> in_flight_;
+  std::vector<std::unique_ptr<Call>> finished_;  // answered, not destroyed yet
   // Contexts of blocking calls, so CancelAll reaches them too.
   std::set<grpc::ClientContext*> blocking_;
 };

@@ -331,6 +331,32 @@ TEST(AsyncSaveAwaitTest, EveryRankIsCollectedAndAFailedJobEndsEveryWait) {
   EXPECT_EQ(awaited.ranks[1].result.status().code(), absl::StatusCode::kCancelled);
 }
 
+// A client may answer on the thread that starts the call (WorkerClient
+// allows it): 200,000 "still writing" answers given at once, on the same
+// thread, are awaited in a loop, not in as many nested calls, which would
+// overflow the stack.
+class InlineWorker : public WritingWorker {
+ public:
+  void AwaitSave(const std::string&, absl::Time, AwaitSaveDone done) override {
+    if (++calls_ < answer_at_call_) {
+      done(absl::DeadlineExceededError("async save still writing"));
+      return;
+    }
+    v1::CommandResult result;
+    result.set_rank(1);
+    done(result);
+  }
+};
+
+TEST(AsyncSaveAwaitTest, AnswersOnTheCallingThreadAreAwaitedInALoop) {
+  InlineWorker worker;
+  worker.answer_at_call_ = 200'000;
+  AwaitedSave awaited = AwaitAsyncSave(worker, 1, kDirectory, absl::Now() + absl::Seconds(60),
+                                       absl::ZeroDuration(), {});
+  ASSERT_TRUE(awaited.result.ok()) << awaited.result.status();
+  EXPECT_EQ(worker.calls_.load(), 200'000);
+}
+
 // Many ranks, each call answered by one "network" thread at its deadline
 // (or at once when the write is done), as the RPC library's few callback
 // threads answer: the wait itself must hold no thread per rank. 1,024 ranks
