@@ -123,9 +123,10 @@ TEST_F(WorkerClientAsyncTest, AwaitSaveCarriesItsRequestAndBringsTheAnswer) {
   client.AwaitSave(
       "job/ckpt.partial", absl::Now() + absl::Seconds(30),
       [&](absl::StatusOr<v1::CommandResult> result) { answered.set_value(std::move(result)); });
-  ASSERT_TRUE(worker_.WaitEntered(1));
+  std::future<absl::StatusOr<v1::CommandResult>> answer = answered.get_future();
+  ASSERT_TRUE(worker_.WaitEntered(1)) << "answered without the worker: " << answer.get().status();
   worker_.Release();
-  const absl::StatusOr<v1::CommandResult> result = answered.get_future().get();
+  const absl::StatusOr<v1::CommandResult> result = answer.get();
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_EQ(result->seq(), 42u);
   EXPECT_EQ(worker_.directory(), "job/ckpt.partial");
