@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cassert>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -129,6 +130,7 @@ class RankWait : public std::enable_shared_from_this<RankWait> {
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (running_) {
+        assert(!queued_ && "a chain has one call in flight, so one step waits at most");
         queued_ = std::move(step);
         return;
       }

@@ -91,6 +91,7 @@ void GrpcWorkerClient::Start(std::unique_ptr<UnaryCall<Request, Response>> call,
                              absl::Time deadline, const StartFn& start,
                              std::function<void(absl::StatusOr<Response>)> done) {
   UnaryCall<Request, Response>* const started = call.get();
+  started->done = std::move(done);
   started->context.set_deadline(absl::ToChronoTime(deadline));
   AttachCommandToken(started->context, command_token_);
   std::vector<std::unique_ptr<Call>> spent;
@@ -100,11 +101,13 @@ void GrpcWorkerClient::Start(std::unique_ptr<UnaryCall<Request, Response>> call,
     in_flight_.emplace(started, std::move(call));
   }
   spent.clear();  // here, while this client holds the channel
-  start(&started->context, [this, started, done = std::move(done)](const grpc::Status& status) {
+  // The callback captures no owner of anything: gRPC destroys it on its
+  // own thread.
+  start(&started->context, [this, started](const grpc::Status& status) {
     if (status.ok()) {
-      done(std::move(started->response));
+      started->done(std::move(started->response));
     } else {
-      done(FromGrpcStatus(status));
+      started->done(FromGrpcStatus(status));
     }
     std::lock_guard<std::mutex> lock(mu_);
     auto node = in_flight_.extract(started);

@@ -44,12 +44,15 @@ class GrpcWorkerClient final : public WorkerClient {
 
  private:
   // A callback call: its context (for CancelAll, when `cancellable`),
-  // request and response. Owned here, never by its callback, and destroyed
-  // on a thread of the client's callers: its context holds a reference to
-  // the channel, and gRPC 1.51 must not release a channel's last reference
-  // on one of its callback threads (the shared callback queue is then shut
-  // down from its own thread, which cannot join itself, and the process
-  // aborts soon after: grpc/grpc#32584; worker_client_async_test caught it).
+  // request, response and `done`. Owned here, never by its callback, and
+  // freed while this client still holds the channel (at a later Start, or
+  // in the destructor before the channel goes): its context holds a
+  // reference to the channel, and gRPC 1.51 must not drop a channel's last
+  // reference on a thread of its process-wide callback queue (the queue is
+  // then shut down from its own thread, which cannot join itself, and the
+  // process aborts soon after; grpc/grpc pull request 32584 describes it,
+  // and worker_client_async_test caught it here). `done` lives here too, so
+  // nothing it captures is released by gRPC on that thread either.
   struct Call {
     virtual ~Call() = default;
     grpc::ClientContext context;
@@ -59,6 +62,7 @@ class GrpcWorkerClient final : public WorkerClient {
   struct UnaryCall : Call {
     Request request;  // std::nullptr_t for Execute, whose batch is the caller's
     Response response;
+    std::function<void(absl::StatusOr<Response>)> done;
   };
   // Starts the stub's callback method on the context, with the callback.
   using StartFn = std::function<void(grpc::ClientContext*, std::function<void(grpc::Status)>)>;

@@ -108,18 +108,19 @@ INSTANTIATE_TEST_SUITE_P(SyncAndAsync, StalledRankTest, ::testing::Bool(),
                          });
 
 // The stuck rank found while another still writes. Rank 0's async write of
-// "stuck" is slow but moves (each write into its files takes 2 s longer, a
-// congested mount: its progress counter moves every 2 s, inside the 5 s
-// stall timeout), and rank 1's hangs after 4 KiB. The commit watches both
+// "stuck" is slow but moves (each write into its files takes 1 s longer, a
+// congested mount: its progress counter first moves once its two files'
+// headers are written, 2 s in, then every second, inside the 5 s stall
+// timeout), and rank 1's hangs after 4 KiB. The commit watches both
 // writes at once, so rank 1 is failed at the stall timeout, while rank 0's
 // write cannot have ended yet: it makes at least one write per tensor of its
-// files, each 2 s long (the bound below is counted from the same files of
+// files, each 1 s long (the bound below is counted from the same files of
 // the save before). Awaited one after another, rank 1 would be watched only
 // once rank 0's write had returned, and the save would fail after that bound.
 // Rank 0 is not blamed: its write moved.
 TEST(StalledAsyncWriteTest, AStuckRankIsFoundWhileASlowRankStillWrites) {
   const std::string root = testing::MakeTempDir("ckpt-slow-stall") + "/checkpoints";
-  constexpr absl::Duration kWriteDelay = absl::Seconds(2);
+  constexpr absl::Duration kWriteDelay = absl::Seconds(1);
   constexpr absl::Duration kStallTimeout = absl::Seconds(5);
   LocalClusterOptions options = HangCluster(root, 3, 1, "model-rank00001", 600);
   options.worker_flags[0] = {

@@ -2,8 +2,9 @@
 // loopback port chosen at run time: an AwaitSave carries its directory and
 // the command token and brings the worker's answer back; CancelAll cancels
 // an AwaitSave in flight but not a GetStatusAsync probe (a probe is how a
-// failure is seen); and the client's destructor waits for the callback of a
-// call still in flight before it returns.
+// failure is seen); the client's destructor waits for the callback of a
+// call still in flight before it returns; and calls chained from callbacks,
+// with the client dropped right after, end cleanly.
 #include <condition_variable>
 #include <future>
 #include <memory>
@@ -167,6 +168,41 @@ TEST_F(WorkerClientAsyncTest, TheDestructorWaitsForTheCallbackOfACallInFlight) {
   ASSERT_EQ(answer.wait_for(std::chrono::seconds(0)), std::future_status::ready);
   EXPECT_EQ(answer.get(), absl::StatusCode::kCancelled);
   EXPECT_TRUE(worker_.WaitLeft(1));
+}
+
+// The async commit's pattern: each call started from the last one's
+// callback (which frees the calls answered before it on gRPC's thread,
+// while the client holds the channel), and the client dropped as soon as
+// the last answer is in. Twenty clients in turn, each a chain of an
+// AwaitSave, a probe and another AwaitSave: every answer arrives, and no
+// client's teardown aborts the process.
+TEST_F(WorkerClientAsyncTest, ChainedCallsThenAClientDroppedAtOnce) {
+  worker_.Release();  // every call is answered at once
+  for (int round = 0; round < 20; ++round) {
+    auto client = std::make_unique<GrpcWorkerClient>(address_);
+    std::promise<absl::StatusOr<v1::CommandResult>> last;
+    const absl::Time deadline = absl::Now() + absl::Seconds(30);
+    client->AwaitSave("job/a", deadline, [&](const absl::StatusOr<v1::CommandResult>& first) {
+      if (!first.ok()) {
+        last.set_value(first.status());
+        return;
+      }
+      client->GetStatusAsync(deadline, [&](const absl::StatusOr<v1::GetStatusResponse>& probe) {
+        if (!probe.ok()) {
+          last.set_value(probe.status());
+          return;
+        }
+        client->AwaitSave("job/b", deadline, [&](absl::StatusOr<v1::CommandResult> second) {
+          last.set_value(std::move(second));
+        });
+      });
+    });
+    const absl::StatusOr<v1::CommandResult> result = last.get_future().get();
+    client.reset();
+    ASSERT_TRUE(result.ok()) << "round " << round << ": " << result.status();
+    EXPECT_EQ(result->seq(), 42u);
+  }
+  EXPECT_EQ(worker_.directory(), "job/b");
 }
 
 }  // namespace
