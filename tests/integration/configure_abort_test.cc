@@ -1,8 +1,10 @@
 // An abort that reaches a worker while its Configure builds the epoch's
-// runtime: the coordinator's Abort of that epoch, or the daemon's own
-// shutdown (SIGTERM). The Configure lets go of its rendezvous at once, rather
-// than at the collective timeout, and installs nothing: the worker reports
-// the epoch aborted, not ready, and a daemon told to stop exits promptly.
+// runtime: the coordinator's Abort of that epoch, the Configure of a newer
+// one, or the daemon's own shutdown (SIGTERM). The Configure lets go of its
+// rendezvous at once, rather than at the collective timeout, whether it waits
+// in the store or in Gloo for a peer to connect, and installs nothing: the
+// worker reports the epoch aborted, not ready, and a daemon told to stop
+// exits promptly.
 // Real daemons (LocalCluster), driven here as the coordinator drives them.
 #include <csignal>
 #include <iostream>
@@ -11,6 +13,8 @@
 #include <thread>
 
 #include <gmock/gmock.h>
+#include <grpcpp/create_channel.h>
+#include <grpcpp/security/credentials.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -22,6 +26,8 @@
 #include "coordinator/grpc_worker_client.h"
 #include "tests/integration/mlp_cluster.h"
 #include "tests/integration/recovery_harness.h"
+#include "tests/integration/rendezvous_test_util.h"
+#include "worker/comm/grpc_store.h"
 
 namespace flatshard {
 namespace {
@@ -32,6 +38,8 @@ using ::testing::HasSubstr;
 // Long enough that a rendezvous left to its timeout fails every bound below.
 constexpr double kCollectiveTimeoutS = 300;
 constexpr uint64_t kEpoch = 7;
+// A Configure's deadline: shorter than a rendezvous left to its timeout.
+constexpr absl::Duration kDeadline = absl::Seconds(60);
 
 class ConfigureAbortTest : public ::testing::Test {
  protected:
@@ -52,6 +60,8 @@ class ConfigureAbortTest : public ::testing::Test {
     ASSERT_TRUE(client_->DeleteJob(spec_.name()).ok());
     rank0_ = std::make_unique<GrpcWorkerClient>(cluster_->worker_addresses()[0], nullptr,
                                                 cluster_->command_token());
+    rank1_ = std::make_unique<GrpcWorkerClient>(cluster_->worker_addresses()[1], nullptr,
+                                                cluster_->command_token());
   }
   void TearDown() override {
     if (configuring_.joinable()) {
@@ -64,17 +74,23 @@ class ConfigureAbortTest : public ::testing::Test {
     }
   }
 
-  // Starts rank 0 alone into epoch kEpoch: its rendezvous waits for a rank 1
-  // nobody configures. Returns once the worker says it is configuring.
-  void StartConfiguringRank0Alone() {
+  // Rank `rank` of the job's 2 ranks in `epoch`, rendezvousing under `prefix`.
+  v1::ConfigureRequest Request(uint64_t epoch, int rank, const std::string& prefix) const {
     v1::ConfigureRequest request;
     request.set_job(spec_.name());
-    request.set_job_epoch(kEpoch);
-    request.set_rank(0);
+    request.set_job_epoch(epoch);
+    request.set_rank(rank);
     request.set_world_size(2);
     *request.mutable_spec() = job_.spec();
     *request.mutable_units() = job_.units();
-    request.set_store_prefix("test/configure-abort");
+    request.set_store_prefix(prefix);
+    return request;
+  }
+
+  // Starts rank 0 alone into epoch kEpoch: its rendezvous waits for a rank 1
+  // nobody configures. Returns once the worker says it is configuring.
+  void StartConfiguringRank0Alone(const std::string& prefix = "test/configure-abort") {
+    const v1::ConfigureRequest request = Request(kEpoch, 0, prefix);
     configuring_ = std::thread([this, request] {
       configured_ = rank0_->Configure(request, absl::Now() + absl::Seconds(120));
       returned_ = absl::Now();
@@ -95,6 +111,7 @@ class ConfigureAbortTest : public ::testing::Test {
   v1::JobSpec spec_;
   v1::Job job_;
   std::unique_ptr<GrpcWorkerClient> rank0_;
+  std::unique_ptr<GrpcWorkerClient> rank1_;
   std::thread configuring_;
   absl::Status configured_;  // written by configuring_, read after its join
   absl::Time returned_;
@@ -125,6 +142,52 @@ TEST_F(ConfigureAbortTest, AnAbortDuringTheRendezvousEndsTheConfigureAtOnceAndIn
   // The worker is free for the next formation: the job forms on both and trains.
   testing::CreateAndWaitReady(*client_, spec_);
   EXPECT_TRUE(client_->Train(spec_.name(), 1, 0, [](const v1::StepResult&) {}).ok());
+}
+
+// The coordinator's retry after a formation failed on a rank that had
+// published its Gloo addresses and then never connected (its configure
+// failed, or it was killed): rank 0 waits in Gloo for that rank to connect,
+// where no store abort reaches, five collective timeouts long, and its next
+// Configure would wait behind it. The retry's Configure, of the next epoch,
+// ends that wait, and both ranks form at once.
+TEST_F(ConfigureAbortTest, ANewEpochEndsARendezvousWaitingForAPeerThatNeverConnects) {
+  // Rank 1's record as it left it, set through a registered session as a
+  // worker sets it.
+  std::shared_ptr<grpc::Channel> channel =
+      grpc::CreateChannel(cluster_->address(), grpc::InsecureChannelCredentials());
+  absl::StatusOr<std::string> session = testing::RegisterSpare(channel, "absent-rank-1");
+  ASSERT_TRUE(session.ok()) << session.status();
+  auto credentials = std::make_shared<WorkerCallCredentials>("");
+  credentials->set_session(*session);
+  GrpcStore store(channel, credentials);
+  ASSERT_TRUE(store.Set("test/stuck/gloo/1", testing::AbsentPeerAddresses(2)).ok());
+  ASSERT_NO_FATAL_FAILURE(StartConfiguringRank0Alone("test/stuck"));
+  // Rank 0 published its own; a second later it is past the store call that
+  // follows (which a store abort would end), waiting in Gloo for rank 1 to
+  // connect: still configuring.
+  ASSERT_TRUE(store.Wait({"test/stuck/gloo/0"}, absl::Seconds(30)).ok());
+  absl::SleepFor(absl::Seconds(1));
+  absl::StatusOr<v1::GetStatusResponse> status = rank0_->GetStatus(absl::Now() + absl::Seconds(5));
+  ASSERT_TRUE(status.ok()) << status.status();
+  ASSERT_EQ(status->state(), "configuring");
+
+  const absl::Time retry = absl::Now();
+  absl::Status rank1_configured;
+  std::thread rank1([&] {
+    rank1_configured = rank1_->Configure(Request(kEpoch + 1, 1, "test/retry"), retry + kDeadline);
+  });
+  const absl::Status rank0_configured =
+      rank0_->Configure(Request(kEpoch + 1, 0, "test/retry"), retry + kDeadline);
+  rank1.join();
+  const absl::Duration took = absl::Now() - retry;
+  EXPECT_TRUE(rank0_configured.ok()) << rank0_configured;
+  EXPECT_TRUE(rank1_configured.ok()) << rank1_configured;
+  EXPECT_LT(took, absl::Seconds(30)) << "the old rendezvous ran on toward its timeout";
+  std::cout << "the next epoch formed " << absl::FormatDuration(took) << " after its Configure\n";
+  configuring_.join();
+  EXPECT_EQ(configured_.code(), absl::StatusCode::kAborted) << configured_;
+  EXPECT_THAT(configured_.message(),
+              HasSubstr(absl::StrCat("re-configured for epoch ", kEpoch + 1)));
 }
 
 TEST_F(ConfigureAbortTest, AnAbortOfAnOlderEpochLeavesTheConfigureAlone) {

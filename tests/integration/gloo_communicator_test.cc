@@ -1,6 +1,7 @@
 // Collectives between real processes over Gloo/TCP on loopback, rendezvous through
 // a FileStore: W in {2, 3, 4}, element counts not divisible by W, float32 /
-// float64 / bfloat16, sub-groups, and a timeout when a peer never arrives.
+// float64 / bfloat16, sub-groups, a timeout when a peer never arrives, and
+// an abort that ends a rendezvous waiting for a peer that never connects.
 #include "worker/comm/gloo_communicator.h"
 
 #include <cmath>
@@ -12,14 +13,17 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 
 #include "tests/integration/multiprocess.h"
+#include "tests/integration/rendezvous_test_util.h"
 #include "worker/comm/file_store.h"
 
 namespace flatshard {
 namespace {
 
+using testing::AbsentPeerAddresses;
 using testing::AllRanksSucceeded;
 using testing::MakeTempDir;
 using testing::RunRanks;
@@ -227,6 +231,57 @@ TEST(GlooCommunicatorTest, AbortWakesABlockedCollective) {
         return 0;
       },
       absl::Seconds(60));
+  EXPECT_TRUE(AllRanksSucceeded(results));
+}
+
+// The worker's case (a formation abandoned because one rank failed after it
+// had published its addresses): the others wait in Gloo for it to connect,
+// five rendezvous timeouts long, and hold their next configure back. Aborting
+// the group's AbortSignal ends the wait at once with ABORTED naming the
+// reason, on every rank, and before its rendezvous began on a rank that had
+// not started it.
+TEST(GlooCommunicatorTest, AbortEndsARendezvousWaitingForAPeerThatNeverConnects) {
+  const std::string dir = MakeTempDir("gloo-abort-rendezvous");
+  constexpr int kWorld = 3;  // ranks 0 and 1 are real; rank 2 published and left
+  {
+    auto store = FileStore::Open(dir);
+    ASSERT_TRUE(store.ok());
+    ASSERT_TRUE((*store)->Set("gloo/2", AbsentPeerAddresses(kWorld)).ok());
+  }
+  auto results = RunRanks(
+      2,
+      [&](int rank) {
+        auto store = FileStore::Open(dir);
+        CHILD_OK(store.status());
+        GlooOptions options;
+        options.timeout = absl::Seconds(60);  // Gloo waits five of these to connect
+        options.abort = std::make_shared<AbortSignal>();
+        absl::StatusOr<std::unique_ptr<GlooCommunicator>> comm;
+        absl::Notification returned;
+        std::thread rendezvous([&] {
+          comm = GlooCommunicator::Create(*store, rank, kWorld, options);
+          returned.Notify();
+        });
+        // Both real ranks have published: each is past the store, connecting.
+        CHILD_OK((*store)->Wait({"gloo/0", "gloo/1"}, absl::Seconds(30)));
+        // Still waiting for rank 2 a second later (it waits 300 s without an abort).
+        CHILD_CHECK(!returned.WaitForNotificationWithTimeout(absl::Seconds(1)));
+        const absl::Time begin = absl::Now();
+        options.abort->Abort("rank 2's configure failed");
+        rendezvous.join();
+        const absl::Duration took = absl::Now() - begin;
+        std::cerr << "rank " << rank << ": " << comm.status() << " " << took
+                  << " after the abort\n";
+        CHILD_CHECK(comm.status().code() == absl::StatusCode::kAborted);
+        CHILD_CHECK(std::string(comm.status().message()).find("rank 2's configure failed") !=
+                    std::string::npos);
+        CHILD_CHECK(took < absl::Seconds(10));
+        // A group created with an aborted signal fails before it connects anything.
+        auto late = GlooCommunicator::Create(*store, rank, kWorld, options);
+        CHILD_CHECK(late.status().code() == absl::StatusCode::kAborted);
+        return 0;
+      },
+      absl::Seconds(90));
   EXPECT_TRUE(AllRanksSucceeded(results));
 }
 

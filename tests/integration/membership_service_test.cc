@@ -18,6 +18,7 @@
 
 #include "proto/grpc_status.h"
 #include "tests/integration/multiprocess.h"
+#include "tests/integration/rendezvous_test_util.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/comm/grpc_store.h"
 
@@ -25,6 +26,7 @@ namespace flatshard {
 namespace {
 
 using testing::AllRanksSucceeded;
+using testing::RegisterSpare;
 using testing::RunRanks;
 
 int WorkerBody(int read_fd, int index, int world) {
@@ -51,22 +53,6 @@ int WorkerBody(int read_fd, int index, int world) {
   CHILD_OK((*comm)->AllReduce(&value, 1, DType::kFloat32, ReduceOp::kSum));
   CHILD_CHECK(value == static_cast<float>(world) * static_cast<float>(world + 1) / 2.0f);
   return 0;
-}
-
-// Registers `worker_id` as a spare (no job rank asked for); its session,
-// which store calls carry.
-absl::StatusOr<std::string> RegisterSpare(const std::shared_ptr<grpc::Channel>& channel,
-                                          const std::string& worker_id) {
-  grpc::ClientContext context;
-  v1::RegisterRequest request;
-  request.set_worker_id(worker_id);
-  request.set_address("127.0.0.1:1");
-  request.set_requested_rank(-1);
-  v1::RegisterResponse response;
-  const grpc::Status registered =
-      v1::Membership::NewStub(channel)->Register(&context, request, &response);
-  if (!registered.ok()) return FromGrpcStatus(registered);
-  return response.session();
 }
 
 struct Coordinator {

@@ -5,7 +5,6 @@
 #include <exception>
 #include <optional>
 
-#include <gloo/rendezvous/context.h>
 #include <gloo/transport/pair.h>
 #include <gloo/transport/tcp/device.h>
 #include <gloo/transport/unbound_buffer.h>
@@ -14,6 +13,7 @@
 #include "absl/strings/str_join.h"
 
 #include "worker/comm/gloo_active_buffer.h"
+#include "worker/comm/gloo_mesh_context.h"
 #include "worker/comm/gloo_store_adapter.h"
 #include "worker/comm/reduce_kernels.h"
 
@@ -74,23 +74,41 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
         absl::StrCat("gloo: rank ", rank, " is outside a group of size ", size));
   }
   std::shared_ptr<gloo::transport::Device> device;
-  std::shared_ptr<gloo::rendezvous::Context> context;
+  std::shared_ptr<GlooMeshContext> context;
   absl::Status status = RendezvousGuard(rank, size, [&] {
     gloo::transport::tcp::attr attr(options.hostname.c_str());
     device = gloo::transport::tcp::CreateDevice(attr);
-    context = std::make_shared<gloo::rendezvous::Context>(rank, size);
+    context = std::make_shared<GlooMeshContext>(rank, size);
     context->setTimeout(Millis(options.timeout));
+    std::unique_ptr<AbortSignal::Registration> watch;
+    if (options.abort != nullptr) {
+      watch = options.abort->OnAbort(
+          [mesh = context.get()](const std::string& reason) { mesh->Abort(reason); });
+    }
     GlooStoreAdapter adapter(store, options.prefix, options.timeout);
-    context->connectFullMesh(adapter, device);
+    context->ConnectFullMesh(adapter, device);
   });
-  if (!status.ok()) return status;
+  if (!status.ok()) {
+    if (context != nullptr && context->aborted() && options.abort != nullptr) {
+      return absl::AbortedError(absl::StrCat("gloo rendezvous on rank ", rank, " of ", size,
+                                             " aborted: ", options.abort->reason()));
+    }
+    return status;
+  }
   std::unique_ptr<GlooCommunicator> comm(
       new GlooCommunicator(std::move(store), device, context, rank, size, options));
+  // For the communicator's life: the barrier below, and whatever its owner
+  // still runs before it can be aborted otherwise (a runtime being built).
+  if (options.abort != nullptr) {
+    comm->abort_watch_ = options.abort->OnAbort(
+        [raw = comm.get()](const std::string& reason) { raw->Abort(reason); });
+  }
   // connectFullMesh returns on a rank once its own pairs are up, while a peer
   // may still be reading the handshake; a rank that then aborted or exited
   // would close the pair under that peer's rendezvous, which then waits out
   // its whole timeout. After this barrier every member is connected.
   if (absl::Status ready = comm->Barrier(); !ready.ok()) {
+    if (ready.code() == absl::StatusCode::kAborted) return ready;
     return absl::UnavailableError(
         absl::StrCat("gloo rendezvous failed on rank ", rank, " of ", size, ": ", ready.message()));
   }

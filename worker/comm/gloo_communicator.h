@@ -18,6 +18,7 @@
 
 #include "absl/time/time.h"
 
+#include "worker/comm/abort_signal.h"
 #include "worker/comm/communicator.h"
 #include "worker/comm/same_host_options.h"
 #include "worker/comm/store.h"
@@ -40,6 +41,10 @@ struct GlooOptions {
   // instead of over loopback TCP, when every rank's probe allows it
   // (SameHostCommunicator, applied by ConnectRuntimeGroups).
   SameHostOptions same_host;
+  // When set, aborting it ends this group's rendezvous in progress and then
+  // aborts the communicator, as Abort() does: the one handle a worker
+  // holds for the groups a configure is still building.
+  std::shared_ptr<AbortSignal> abort;
 };
 
 class GlooCommunicator : public Communicator {
@@ -100,6 +105,9 @@ class GlooCommunicator : public Communicator {
   bool aborted_ = false;
   std::string abort_reason_;
   std::vector<gloo::transport::UnboundBuffer*> active_;
+
+  // Last: it goes first, so its hook never runs on a half-destroyed object.
+  std::unique_ptr<AbortSignal::Registration> abort_watch_;
 };
 
 }  // namespace flatshard

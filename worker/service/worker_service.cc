@@ -135,7 +135,7 @@ WorkerSnapshot WorkerServiceImpl::Snapshot() const {
 
 void WorkerServiceImpl::AbortJob(const std::string& reason, uint64_t epoch) {
   std::shared_ptr<ActiveJob> job;
-  std::shared_ptr<Store> rendezvous;
+  std::shared_ptr<AbortSignal> configuring;
   {
     std::lock_guard<std::mutex> lock(state_mu_);
     // The batch in flight must return now; if it does not (it is blocked
@@ -146,13 +146,13 @@ void WorkerServiceImpl::AbortJob(const std::string& reason, uint64_t epoch) {
     // builds (as it names job_'s otherwise); the abort is recorded there, and
     // the Configure installs nothing.
     job = job_;
-    rendezvous = rendezvous_;
-    if (job == nullptr && rendezvous == nullptr) return;
+    configuring = configuring_;
+    if (job == nullptr && configuring == nullptr) return;
     if (epoch != 0 && status_.job_epoch > epoch) return;
     status_.state = "aborted";
     status_.abort_reason = reason;
   }
-  if (rendezvous != nullptr) rendezvous->Abort(reason);
+  if (configuring != nullptr) configuring->Abort(reason);
   if (job != nullptr) {
     job->runtime->Abort(reason);
     job->saves.Abort(reason);
@@ -224,6 +224,9 @@ grpc::Status WorkerServiceImpl::Configure(grpc::ServerContext* context,
     peer_snapshots_.Quiesce();
     peer_snapshots_.Configuring(job->config.name, job->epoch);
     std::shared_ptr<Store> store = options_.store_for_prefix(request->store_prefix());
+    auto configuring = std::make_shared<AbortSignal>();
+    const std::unique_ptr<AbortSignal::Registration> store_abort =
+        configuring->OnAbort([store](const std::string& reason) { store->Abort(reason); });
     std::shared_ptr<ActiveJob> old;
     {
       std::lock_guard<std::mutex> lock(state_mu_);
@@ -231,7 +234,7 @@ grpc::Status WorkerServiceImpl::Configure(grpc::ServerContext* context,
       // shutdown after this point aborts its rendezvous.
       RETURN_IF_ERROR(stopping());
       old = std::move(job_);
-      rendezvous_ = store;
+      configuring_ = configuring;
       retiring_ = old;
       status_ = WorkerStatus{job->rank, job->epoch, 0, "configuring", "", absl::ZeroDuration()};
     }
@@ -258,6 +261,7 @@ grpc::Status WorkerServiceImpl::Configure(grpc::ServerContext* context,
       RuntimeOptions runtime = RuntimeOptionsFromJob(job->config);
       runtime.loss = job->data->loss();
       runtime.gloo = options_.gloo;
+      runtime.gloo.abort = configuring;
       runtime.device = options_.device;
       runtime.comm = options_.comm;
       runtime.file_system = options_.file_system;
@@ -273,7 +277,7 @@ grpc::Status WorkerServiceImpl::Configure(grpc::ServerContext* context,
     absl::Status outcome;
     {
       std::lock_guard<std::mutex> lock(state_mu_);
-      rendezvous_.reset();
+      configuring_.reset();
       if (status_.state == "aborted") {
         outcome = absl::AbortedError(absl::StrCat(
             "configure for epoch ", job->epoch, " was aborted while it built (",

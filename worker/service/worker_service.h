@@ -20,6 +20,7 @@
 
 #include "flatshard/v1/worker.grpc.pb.h"
 #include "storage/file_system.h"
+#include "worker/comm/abort_signal.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/comm/store.h"
 #include "worker/device/device.h"
@@ -156,7 +157,7 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
   // One batch (or configuration) at a time: a worker's runtime is single-use
   // per step, and ordering is the executor's job.
   std::mutex run_mu_;
-  // Guards job_, retiring_, rendezvous_, shutting_down_, status_, batch_ and
+  // Guards job_, retiring_, configuring_, shutting_down_, status_, batch_ and
   // batch_end_observer_.
   mutable std::mutex state_mu_;
   std::function<void()> batch_end_observer_;
@@ -165,9 +166,10 @@ class WorkerServiceImpl final : public v1::WorkerService::Service {
   // background writes: GetStatus reports them draining, so a recovery's
   // probe meanwhile waits for the watchdog's verdict too.
   std::shared_ptr<ActiveJob> retiring_;
-  // The store of the epoch a Configure builds, so an abort reaches its
-  // rendezvous; null between configurations.
-  std::shared_ptr<Store> rendezvous_;
+  // The abort of the epoch a Configure builds, so an abort reaches its
+  // rendezvous: the store's waits, and the Gloo groups' connections (which
+  // a store abort cannot wake); null between configurations.
+  std::shared_ptr<AbortSignal> configuring_;
   bool shutting_down_ = false;
   // After job_: destroyed first, it waits for an exchange that still uses
   // the job's (by then aborted) snapshot communicator.

@@ -1,0 +1,62 @@
+// A gloo::Context whose full-mesh connection another thread can abort.
+//
+// It connects as gloo::rendezvous::Context::connectFullMesh does, with the
+// same store keys and values: each rank sets its pairs' listening addresses
+// under its rank, then connects to every peer in rank order. Gloo's own keeps
+// the pairs in a local until all are up, where nothing can reach them: a rank
+// whose peer will never connect (it failed, or its formation was abandoned
+// and it moved on) sleeps in Gloo for five rendezvous timeouts, and holds its
+// worker's next configure back that long. Here Abort closes the pairs that
+// wait, and ConnectFullMesh throws.
+#ifndef FLATSHARD_WORKER_COMM_GLOO_MESH_CONTEXT_H_
+#define FLATSHARD_WORKER_COMM_GLOO_MESH_CONTEXT_H_
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <gloo/context.h>
+#include <gloo/rendezvous/store.h>
+#include <gloo/transport/device.h>
+
+namespace flatshard {
+
+class GlooMeshContext : public gloo::Context {
+ public:
+  GlooMeshContext(int group_rank, int group_size) : gloo::Context(group_rank, group_size) {}
+
+  // Connects a pair to every other rank. Throws as Gloo does
+  // (gloo::IoException and its kin); once aborted, gloo::IoException naming
+  // the reason. Called once.
+  void ConnectFullMesh(gloo::rendezvous::Store& store,
+                       const std::shared_ptr<gloo::transport::Device>& device);
+
+  // Ends a ConnectFullMesh in progress soon, or one not yet begun at its
+  // start. Thread-safe; the first reason stands. A wait in the store is the
+  // store's to abort (Store::Abort).
+  void Abort(const std::string& reason);
+
+  bool aborted() const;
+
+ private:
+  // Where each pair is. Closing a pair is safe once its connect() is on the
+  // listening side (it returns when the pair closes, even closed before the
+  // call) or done; on the connecting side, a pair closed before connect()
+  // has taken its lock makes connect() move the pair backwards, which Gloo
+  // answers with std::terminate. That connect() is not waited for: it ends
+  // as soon as the kernel accepts or refuses the connection.
+  enum class Phase { kNotYet, kListening, kConnecting, kDone };
+
+  void ThrowIfAbortedLocked() const;
+
+  mutable std::mutex mu_;  // guards all below
+  bool aborted_ = false;
+  std::string reason_;
+  std::shared_ptr<gloo::transport::Context> connecting_;  // its pairs, while they connect
+  std::vector<Phase> phases_;                             // by peer rank
+};
+
+}  // namespace flatshard
+
+#endif  // FLATSHARD_WORKER_COMM_GLOO_MESH_CONTEXT_H_
