@@ -285,6 +285,57 @@ TEST(GlooCommunicatorTest, AbortEndsARendezvousWaitingForAPeerThatNeverConnects)
   EXPECT_TRUE(AllRanksSucceeded(results));
 }
 
+// An abort may land anywhere in a rendezvous of live ranks: before it, in the
+// store, while a pair listens or connects, in the barrier. Every rank is
+// aborted at once, as a worker's abort does (store and Gloo), after a delay
+// swept over the rounds (0-38 ms, the time a W=3 rendezvous takes here).
+// Whatever the abort catches, Create returns (OK once done, else ABORTED, or
+// UNAVAILABLE where a peer's abort closed a pair first) and never takes the
+// process down, as a connecting pair closed before Gloo's connect() would.
+TEST(GlooCommunicatorTest, AnAbortAnywhereInTheRendezvousEndsItCleanly) {
+  const std::string dir = MakeTempDir("gloo-abort-sweep");
+  constexpr int kRounds = 20;
+  auto results = RunRanks(
+      3,
+      [&](int rank) {
+        for (int round = 0; round < kRounds; ++round) {
+          auto store = FileStore::Open(dir);  // one per round: an aborted store stays aborted
+          CHILD_OK(store.status());
+          GlooOptions options;
+          options.timeout = absl::Seconds(60);
+          options.prefix = absl::StrCat("round", round);
+          options.abort = std::make_shared<AbortSignal>();
+          auto store_abort =
+              options.abort->OnAbort([s = *store](const std::string& reason) { s->Abort(reason); });
+          std::thread aborter([&, round] {
+            absl::SleepFor(absl::Milliseconds(2 * round));  // where the abort lands
+            options.abort->Abort("swept");
+          });
+          const absl::Time begin = absl::Now();
+          auto comm = GlooCommunicator::Create(*store, rank, 3, options);
+          aborter.join();
+          const absl::StatusCode code = comm.status().code();
+          if (code != absl::StatusCode::kOk)
+            std::cerr << "round " << round << ": " << comm.status() << "\n";
+          CHILD_CHECK(code == absl::StatusCode::kOk || code == absl::StatusCode::kAborted ||
+                      code == absl::StatusCode::kUnavailable);
+          CHILD_CHECK(absl::Now() - begin < absl::Seconds(20));
+          // Rounds start together, so that a rank still in the last one does
+          // not hold the others' pairs open.
+          auto rounds = FileStore::Open(dir);
+          CHILD_OK(rounds.status());
+          CHILD_OK((*rounds)->Set(absl::StrCat("round", round, "-done-", rank), "1"));
+          CHILD_OK((*rounds)->Wait(
+              {absl::StrCat("round", round, "-done-0"), absl::StrCat("round", round, "-done-1"),
+               absl::StrCat("round", round, "-done-2")},
+              absl::Seconds(60)));
+        }
+        return 0;
+      },
+      absl::Seconds(120));
+  EXPECT_TRUE(AllRanksSucceeded(results));
+}
+
 TEST(GlooCommunicatorTest, RejectsBadRank) {
   auto store = FileStore::Open(MakeTempDir("gloo-bad"));
   ASSERT_TRUE(store.ok());

@@ -14,16 +14,18 @@ void AbortSignal::Abort(const std::string& reason) {
   // Hooks run outside mu_ (they close sockets, take their owners' locks, and
   // a hook may end another registration). Each is looked up again after the
   // last one ran: a registration ended meanwhile is skipped.
-  for (auto it = hooks_.begin(); it != hooks_.end(); it = hooks_.upper_bound(running_)) {
+  for (auto it = hooks_.begin(); it != hooks_.end();) {
     running_ = it->first;
     Hook hook = it->second;
     lock.unlock();
     hook(reason);
     lock.lock();
+    // Done before the next starts: ending this registration now must not
+    // wait for the next hook too.
+    const uint64_t ran = std::exchange(running_, 0);
     hook_done_.notify_all();
+    it = hooks_.upper_bound(ran);
   }
-  running_ = 0;
-  hook_done_.notify_all();
 }
 
 std::unique_ptr<AbortSignal::Registration> AbortSignal::OnAbort(Hook hook) {

@@ -64,7 +64,19 @@ std::string FileStore::PathOf(const std::string& key) const {
   return directory_ + "/" + name;
 }
 
+void FileStore::Abort(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!aborted_.has_value()) aborted_ = reason;
+}
+
+absl::Status FileStore::AbortedStatus() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!aborted_.has_value()) return absl::OkStatus();
+  return absl::AbortedError(absl::StrCat("rendezvous store aborted: ", *aborted_));
+}
+
 absl::Status FileStore::Set(const std::string& key, const std::string& value) {
+  if (absl::Status aborted = AbortedStatus(); !aborted.ok()) return aborted;
   const std::string path = PathOf(key);
   const std::string temp = absl::StrCat(path, ".tmp.", getpid(), ".", temp_counter++);
   {
@@ -91,6 +103,7 @@ absl::Status FileStore::Wait(const std::vector<std::string>& keys, absl::Duratio
   const absl::Time deadline = absl::Now() + timeout;
   absl::Duration poll = kFirstPoll;
   while (true) {
+    if (absl::Status aborted = AbortedStatus(); !aborted.ok()) return aborted;
     std::vector<std::string> missing;
     for (const std::string& key : keys) {
       if (!std::filesystem::exists(PathOf(key))) missing.push_back(key);
@@ -107,6 +120,7 @@ absl::Status FileStore::Wait(const std::vector<std::string>& keys, absl::Duratio
 }
 
 absl::StatusOr<int64_t> FileStore::Add(const std::string& key, int64_t delta) {
+  if (absl::Status aborted = AbortedStatus(); !aborted.ok()) return aborted;
   const std::string lock_path = PathOf(key) + ".lock";
   const int fd = ::open(lock_path.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0644);
   if (fd < 0) return ErrnoStatus(absl::StrCat("file store: open '", lock_path, "'"));

@@ -89,7 +89,8 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
     context->ConnectFullMesh(adapter, device);
   });
   if (!status.ok()) {
-    if (context != nullptr && context->aborted() && options.abort != nullptr) {
+    // Aborted in the store (its hook may run before the mesh's) or in Gloo.
+    if (options.abort != nullptr && options.abort->aborted()) {
       return absl::AbortedError(absl::StrCat("gloo rendezvous on rank ", rank, " of ", size,
                                              " aborted: ", options.abort->reason()));
     }

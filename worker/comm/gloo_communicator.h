@@ -41,9 +41,10 @@ struct GlooOptions {
   // instead of over loopback TCP, when every rank's probe allows it
   // (SameHostCommunicator, applied by ConnectRuntimeGroups).
   SameHostOptions same_host;
-  // When set, aborting it ends this group's rendezvous in progress and then
-  // aborts the communicator, as Abort() does: the one handle a worker
-  // holds for the groups a configure is still building.
+  // When set, aborting it ends this group's Gloo connection in progress and
+  // then aborts the communicator, as Abort() does: the one handle a worker
+  // holds for the groups a configure is still building. A wait in the
+  // store is ended by aborting the store (the worker's signal does both).
   std::shared_ptr<AbortSignal> abort;
 };
 

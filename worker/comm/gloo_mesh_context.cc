@@ -90,6 +90,8 @@ void GlooMeshContext::ConnectFullMesh(gloo::rendezvous::Store& store,
     ThrowIfAbortedLocked();
   }
   std::lock_guard<std::mutex> lock(mu_);
+  // Aborted after the last pair's check: its pairs may be closed.
+  ThrowIfAbortedLocked();
   // From here the communicator's Abort closes the pairs (gloo::Context).
   connecting_.reset();
   device_ = device;

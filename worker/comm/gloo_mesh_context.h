@@ -44,8 +44,9 @@ class GlooMeshContext : public gloo::Context {
   // listening side (it returns when the pair closes, even closed before the
   // call) or done; on the connecting side, a pair closed before connect()
   // has taken its lock makes connect() move the pair backwards, which Gloo
-  // answers with std::terminate. That connect() is not waited for: it ends
-  // as soon as the kernel accepts or refuses the connection.
+  // answers with std::terminate. That connect() is left to end: at once when
+  // the peer's host answers (it accepts or refuses), after the kernel's SYN
+  // retries (about 2 minutes) when the host is gone or cut off.
   enum class Phase { kNotYet, kListening, kConnecting, kDone };
 
   void ThrowIfAbortedLocked() const;

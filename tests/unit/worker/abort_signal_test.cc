@@ -88,5 +88,29 @@ TEST(AbortSignalTest, EndingARegistrationWaitsForItsRunningHook) {
   EXPECT_TRUE(finished_when_ended);
 }
 
+// Ending a registration whose hook has run returns at once, while the abort
+// still runs a later hook (one that may wait for what the ender holds).
+TEST(AbortSignalTest, EndingARegistrationDoesNotWaitForTheNextHook) {
+  auto signal = std::make_shared<AbortSignal>();
+  absl::Notification second_entered, release;
+  auto first = signal->OnAbort([](const std::string&) {});
+  auto second = signal->OnAbort([&](const std::string&) {
+    second_entered.Notify();
+    release.WaitForNotification();
+  });
+  std::thread aborter([&] { signal->Abort("x"); });
+  second_entered.WaitForNotification();
+  absl::Notification ended;
+  std::thread owner([&] {
+    first.reset();
+    ended.Notify();
+  });
+  const bool ended_while_second_ran = ended.WaitForNotificationWithTimeout(absl::Seconds(10));
+  release.Notify();
+  owner.join();
+  aborter.join();
+  EXPECT_TRUE(ended_while_second_ran);
+}
+
 }  // namespace
 }  // namespace flatshard
