@@ -315,8 +315,9 @@ TEST(GlooCommunicatorTest, AnAbortAnywhereInTheRendezvousEndsItCleanly) {
           auto comm = GlooCommunicator::Create(*store, rank, 3, options);
           aborter.join();
           const absl::StatusCode code = comm.status().code();
-          if (code != absl::StatusCode::kOk)
+          if (code != absl::StatusCode::kOk) {
             std::cerr << "round " << round << ": " << comm.status() << "\n";
+          }
           CHILD_CHECK(code == absl::StatusCode::kOk || code == absl::StatusCode::kAborted ||
                       code == absl::StatusCode::kUnavailable);
           CHILD_CHECK(absl::Now() - begin < absl::Seconds(20));
