@@ -47,6 +47,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using checkpoint_testing::Dir;
+using checkpoint_testing::ExpectTheJobTrainsAndSavesOn;
 using checkpoint_testing::ExpectWedgedExitAndOneRecovery;
 using checkpoint_testing::HangCluster;
 using checkpoint_testing::kJob;
@@ -123,12 +124,7 @@ TEST_P(DiskFullTest, TheSaveFailsCleanlyAndTheJobGoesOn) {
   EXPECT_FALSE(fs::exists(Dir(root, "no-space.partial")));
   EXPECT_EQ(*ReadFileToString(absl::StrCat(root, "/", kJob, "/latest")), "before\n");
   // The job is unharmed: it trains, and a save elsewhere commits.
-  Train(client, 1);
-  ASSERT_TRUE(Save(client, "after", v1::SHARDED_STATE_DICT).ok());
-  absl::StatusOr<std::unique_ptr<CheckpointReader>> after =
-      CheckpointReader::Open(Dir(root, "after"));
-  ASSERT_TRUE(after.ok()) << after.status();
-  EXPECT_TRUE((*after)->VerifyAll().ok());
+  ASSERT_NO_FATAL_FAILURE(ExpectTheJobTrainsAndSavesOn(client, root, v1::SHARDED_STATE_DICT));
 }
 
 INSTANTIATE_TEST_SUITE_P(SyncAndAsync, DiskFullTest, ::testing::Bool(),
@@ -188,12 +184,7 @@ TEST_P(HungWriteTest, TheWedgedWorkerEndsItselfAndTheJobRecoversOntoTheSpare) {
   EXPECT_FALSE(fs::exists(Dir(root, "stuck")));
   EXPECT_EQ(*ReadFileToString(absl::StrCat(root, "/", kJob, "/latest")), "before\n");
   // The job goes on: it trains, and a save commits.
-  Train(client, 1);
-  ASSERT_TRUE(Save(client, "after", hang.type).ok());
-  absl::StatusOr<std::unique_ptr<CheckpointReader>> after =
-      CheckpointReader::Open(Dir(root, "after"));
-  ASSERT_TRUE(after.ok()) << after.status();
-  EXPECT_TRUE((*after)->VerifyAll().ok());
+  ASSERT_NO_FATAL_FAILURE(ExpectTheJobTrainsAndSavesOn(client, root, hang.type));
   // What `flatshard up` does as the daemons' supervisor: the wedged worker,
   // and only it, is started again under its id and registers (a spare now).
   absl::StatusOr<std::vector<int>> restarted = (*cluster)->RestartWedgedWorkers();
@@ -258,12 +249,8 @@ TEST(AsyncHungWriteTest, ARecoveryEndsTheWorkerWhoseBackgroundWriteIsStuck) {
   EXPECT_FALSE(fs::exists(Dir(root, "stuck")));
   EXPECT_EQ(*ReadFileToString(absl::StrCat(root, "/", kJob, "/latest")), "before\n");
   // The job goes on: it trains, and an async save commits.
-  Train(client, 1);
-  ASSERT_TRUE(Save(client, "after", v1::SHARDED_STATE_DICT, /*async_save=*/true).ok());
-  absl::StatusOr<std::unique_ptr<CheckpointReader>> after =
-      CheckpointReader::Open(Dir(root, "after"));
-  ASSERT_TRUE(after.ok()) << after.status();
-  EXPECT_TRUE((*after)->VerifyAll().ok());
+  ASSERT_NO_FATAL_FAILURE(
+      ExpectTheJobTrainsAndSavesOn(client, root, v1::SHARDED_STATE_DICT, /*async_save=*/true));
   (*cluster)->Stop();  // two daemons are gone: no clean stop to assert
 }
 
@@ -311,12 +298,7 @@ TEST(RealDiskFullTest, ASaveOnAFullTmpfsFailsCleanlyAndTheJobGoesOn) {
   EXPECT_TRUE((*before)->VerifyAll().ok());
   // Space freed, the job saves again.
   fs::remove(filler);
-  Train(client, 1);
-  ASSERT_TRUE(Save(client, "after", v1::SHARDED_STATE_DICT).ok());
-  absl::StatusOr<std::unique_ptr<CheckpointReader>> after =
-      CheckpointReader::Open(Dir(root, "after"));
-  ASSERT_TRUE(after.ok()) << after.status();
-  EXPECT_TRUE((*after)->VerifyAll().ok());
+  ASSERT_NO_FATAL_FAILURE(ExpectTheJobTrainsAndSavesOn(client, root, v1::SHARDED_STATE_DICT));
 }
 
 }  // namespace

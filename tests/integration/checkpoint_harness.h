@@ -18,6 +18,7 @@
 #include "client/flatshard_client.h"
 #include "client/local_cluster.h"
 #include "core/job_spec_yaml.h"
+#include "storage/checkpoint_reader.h"
 #include "storage/durable_file.h"
 #include "storage/safetensors_reader.h"
 #include "storage/spec_files.h"
@@ -130,6 +131,18 @@ inline void ExpectSameTensors(const std::string& a, const std::string& b) {
 
 inline std::string Dir(const std::string& root, const std::string& name) {
   return absl::StrCat(root, "/", kJob, "/", name);
+}
+
+// The job goes on after a fault: it trains a step, and a save named "after"
+// (of `type`, in the background if `async_save`) commits whole under `root`.
+inline void ExpectTheJobTrainsAndSavesOn(FlatshardClient& client, const std::string& root,
+                                         v1::StateDictType type, bool async_save = false) {
+  Train(client, 1);
+  ASSERT_TRUE(Save(client, "after", type, async_save).ok());
+  absl::StatusOr<std::unique_ptr<CheckpointReader>> after =
+      CheckpointReader::Open(Dir(root, "after"));
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_TRUE((*after)->VerifyAll().ok());
 }
 
 // docs/fsdp-semantics.md §5.3–5.4, §6.3–6.4.

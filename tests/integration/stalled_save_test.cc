@@ -18,7 +18,6 @@
 
 #include "client/flatshard_client.h"
 #include "client/local_cluster.h"
-#include "storage/checkpoint_reader.h"
 #include "storage/durable_file.h"
 #include "tests/integration/checkpoint_harness.h"
 #include "tests/integration/hung_write_harness.h"
@@ -30,6 +29,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using checkpoint_testing::Dir;
+using checkpoint_testing::ExpectTheJobTrainsAndSavesOn;
 using checkpoint_testing::ExpectWedgedExitAndOneRecovery;
 using checkpoint_testing::HangCluster;
 using checkpoint_testing::kJob;
@@ -93,12 +93,8 @@ TEST_P(StalledRankTest, AHungWriteIsFailedAtTheStallTimeoutNotTheBatchTimeout) {
   EXPECT_EQ(testing::WorkerIndexOfRank(**cluster, client, kJob, 1), 2) << "not on the spare";
   EXPECT_FALSE(fs::exists(Dir(root, "stuck")));
   EXPECT_EQ(*ReadFileToString(absl::StrCat(root, "/", kJob, "/latest")), "before\n");
-  Train(client, 1);
-  ASSERT_TRUE(Save(client, "after", v1::SHARDED_STATE_DICT, async).ok());
-  absl::StatusOr<std::unique_ptr<CheckpointReader>> after =
-      CheckpointReader::Open(Dir(root, "after"));
-  ASSERT_TRUE(after.ok()) << after.status();
-  EXPECT_TRUE((*after)->VerifyAll().ok());
+  ASSERT_NO_FATAL_FAILURE(
+      ExpectTheJobTrainsAndSavesOn(client, root, v1::SHARDED_STATE_DICT, async));
   (*cluster)->Stop();  // the wedged daemon is gone: no clean stop to assert
 }
 
@@ -162,12 +158,8 @@ TEST(StalledAsyncWriteTest, AStuckRankIsFoundWhileASlowRankStillWrites) {
   ASSERT_NO_FATAL_FAILURE(ExpectWedgedExitAndOneRecovery(**cluster, client, 1));
   EXPECT_FALSE(fs::exists(Dir(root, "stuck")));
   EXPECT_EQ(*ReadFileToString(absl::StrCat(root, "/", kJob, "/latest")), "before\n");
-  Train(client, 1);
-  ASSERT_TRUE(Save(client, "after", v1::SHARDED_STATE_DICT, /*async_save=*/true).ok());
-  absl::StatusOr<std::unique_ptr<CheckpointReader>> after =
-      CheckpointReader::Open(Dir(root, "after"));
-  ASSERT_TRUE(after.ok()) << after.status();
-  EXPECT_TRUE((*after)->VerifyAll().ok());
+  ASSERT_NO_FATAL_FAILURE(
+      ExpectTheJobTrainsAndSavesOn(client, root, v1::SHARDED_STATE_DICT, /*async_save=*/true));
   (*cluster)->Stop();  // the wedged daemon is gone: no clean stop to assert
 }
 
