@@ -49,12 +49,42 @@ std::string JobStateMachine::failure() const {
   return failure_;
 }
 
-absl::Status JobStateMachine::TransitionLocked(v1::JobState to, const std::string& message) {
+JobStateMachine::Recorded JobStateMachine::ForRecord() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (recording_.has_value()) return *recording_;
+  return Recorded{state_, failure_};
+}
+
+absl::Status JobStateMachine::CheckLocked(std::optional<v1::JobState> from, v1::JobState to) const {
+  if (from.has_value() && state_ != *from) {
+    return absl::FailedPreconditionError(absl::StrCat("job '", job_name_, "' is ",
+                                                      v1::JobState_Name(state_), ", not ",
+                                                      v1::JobState_Name(*from)));
+  }
   if (!Allowed(state_, to)) {
     return absl::FailedPreconditionError(absl::StrCat("job '", job_name_, "' is ",
                                                       v1::JobState_Name(state_), ", cannot go to ",
                                                       v1::JobState_Name(to)));
   }
+  return absl::OkStatus();
+}
+
+absl::Status JobStateMachine::TransitionChecked(std::optional<v1::JobState> from, v1::JobState to,
+                                                const std::string& message) {
+  std::lock_guard<std::mutex> serial(transition_mu_);
+  std::function<void()> observer;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (absl::Status allowed = CheckLocked(from, to); !allowed.ok()) return allowed;
+    observer = on_transition_;
+    recording_ = Recorded{to, to == v1::FAILED ? message : failure_};
+  }
+  // Recorded first, outside the lock (the observer reads the job, which
+  // reads the state); the state cannot change meanwhile: transitions are
+  // serialized, and Restore runs before any.
+  if (observer) observer();
+  std::lock_guard<std::mutex> lock(mu_);
+  recording_.reset();
   state_ = to;
   if (to == v1::FAILED) failure_ = message;
   events_.push_back({to, message, absl::Now()});
@@ -63,34 +93,12 @@ absl::Status JobStateMachine::TransitionLocked(v1::JobState to, const std::strin
 }
 
 absl::Status JobStateMachine::Transition(v1::JobState to, const std::string& message) {
-  absl::Status status;
-  std::function<void()> observer;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    status = TransitionLocked(to, message);
-    observer = on_transition_;
-  }
-  // Outside the lock: the observer reads the job, which reads the state.
-  if (status.ok() && observer) observer();
-  return status;
+  return TransitionChecked(std::nullopt, to, message);
 }
 
 absl::Status JobStateMachine::TransitionFrom(v1::JobState from, v1::JobState to,
                                              const std::string& message) {
-  absl::Status status;
-  std::function<void()> observer;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (state_ != from) {
-      return absl::FailedPreconditionError(absl::StrCat("job '", job_name_, "' is ",
-                                                        v1::JobState_Name(state_), ", not ",
-                                                        v1::JobState_Name(from)));
-    }
-    status = TransitionLocked(to, message);
-    observer = on_transition_;
-  }
-  if (status.ok() && observer) observer();
-  return status;
+  return TransitionChecked(from, to, message);
 }
 
 void JobStateMachine::Restore(v1::JobState state, const std::string& failure,

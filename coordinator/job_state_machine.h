@@ -10,7 +10,10 @@
 //
 // Every transition is an event with a message, kept in order so WatchEvents
 // can replay them and then wait for more. An illegal transition is refused
-// (FAILED_PRECONDITION) rather than silently applied. Thread-safe.
+// (FAILED_PRECONDITION) rather than silently applied. A transition is
+// recorded (the observer: the job persists itself) before anyone can see it,
+// so a state a client saw survives a crash of the coordinator right after.
+// Thread-safe; transitions are serialized.
 #ifndef FLATSHARD_COORDINATOR_JOB_STATE_MACHINE_H_
 #define FLATSHARD_COORDINATOR_JOB_STATE_MACHINE_H_
 
@@ -18,6 +21,7 @@
 #include <cstdint>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -41,6 +45,15 @@ class JobStateMachine {
   v1::JobState state() const;
   // The message of the last FAILED transition ("" if never failed).
   std::string failure() const;
+
+  // What a record of the job holds: the state and failure of a transition
+  // being recorded (the observer runs before the state is visible), else
+  // the current ones. For the job's Persist, whoever calls it.
+  struct Recorded {
+    v1::JobState state = v1::PENDING;
+    std::string failure;
+  };
+  Recorded ForRecord() const;
 
   absl::Status Transition(v1::JobState to, const std::string& message);
   // Moves to `to` only if the state is `from`; FAILED_PRECONDITION otherwise,
@@ -69,13 +82,20 @@ class JobStateMachine {
   // holds; the event saying so starts the job's history (no transition
   // check: nothing came before in this process).
   void Restore(v1::JobState state, const std::string& failure, const std::string& message);
-  // Called after every transition, outside the lock (the job persists itself).
+  // Called for every transition before it is visible, outside the state's
+  // lock (the job persists itself, reading ForRecord()).
   void set_on_transition(std::function<void()> observer);
 
  private:
-  absl::Status TransitionLocked(v1::JobState to, const std::string& message);
+  // Transition and TransitionFrom (`from` unset: any state).
+  absl::Status TransitionChecked(std::optional<v1::JobState> from, v1::JobState to,
+                                 const std::string& message);
+  absl::Status CheckLocked(std::optional<v1::JobState> from, v1::JobState to) const;
 
   const std::string job_name_;
+  // One transition at a time, from its check to its publication: a record
+  // written for one must not be overtaken by another's.
+  std::mutex transition_mu_;
   mutable std::mutex mu_;
   mutable std::condition_variable changed_;
   v1::JobState state_ = v1::PENDING;
@@ -85,6 +105,7 @@ class JobStateMachine {
   size_t watchable_ = 0;  // events_ a watcher sees once closed
   absl::Status end_;
   std::function<void()> on_transition_;
+  std::optional<Recorded> recording_;  // the transition being recorded
 };
 
 }  // namespace flatshard

@@ -53,9 +53,11 @@ void TrainingJob::Persist() {
   std::lock_guard<std::mutex> persist(persist_mu_);
   if (state_store_ == nullptr) return;
   JobRecord record;
-  // Read under persist_mu_: of two writers, the second sees the newer state.
-  record.state = states_.state();
-  record.failure = states_.failure();
+  // Read under persist_mu_: of two writers, the second sees the newer state
+  // (a transition's, while it is being recorded).
+  const JobStateMachine::Recorded recorded = states_.ForRecord();
+  record.state = recorded.state;
+  record.failure = recorded.failure;
   {
     std::lock_guard<std::mutex> lock(mu_);
     record.spec = spec_;

@@ -2,16 +2,22 @@
 // refused one changes nothing, and that watchers see every event in order.
 #include "coordinator/job_state_machine.h"
 
+#include <atomic>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 
 namespace flatshard {
 namespace {
 
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
 TEST(JobStateMachineTest, TheHappyPathAndItsEvents) {
@@ -31,6 +37,55 @@ TEST(JobStateMachineTest, TheHappyPathAndItsEvents) {
                                v1::IDLE,    v1::TRAINING, v1::FAILED, v1::STOPPED};
   for (size_t i = 0; i < events.size(); ++i) EXPECT_EQ(events[i].state, want[i]) << i;
   EXPECT_EQ(events[6].message, "rank 2 died");
+}
+
+// The observer (the job persisting itself) records a transition before it is
+// visible: a client that saw a state finds it in the store after a crash of
+// the coordinator right after (PeerSnapshotRecoveryTest's restart saw the
+// recovery's READY, then restarted from the FORMING before it).
+TEST(JobStateMachineTest, ATransitionIsRecordedBeforeItIsVisible) {
+  JobStateMachine m("j");
+  std::vector<std::string> seen;
+  m.set_on_transition([&] {
+    const JobStateMachine::Recorded r = m.ForRecord();
+    seen.push_back(absl::StrCat(v1::JobState_Name(r.state), " '", r.failure, "' recorded while ",
+                                v1::JobState_Name(m.state()), " shows, ",
+                                m.EventsFrom(0, absl::Now()).size(), " events"));
+  });
+  ASSERT_TRUE(m.Transition(v1::FORMING, "configuring").ok());
+  ASSERT_TRUE(m.Transition(v1::FAILED, "rank 1 could not be configured").ok());
+  EXPECT_THAT(seen,
+              ElementsAre("FORMING '' recorded while PENDING shows, 1 events",
+                          "FAILED 'rank 1 could not be configured' recorded while FORMING shows, 2 "
+                          "events"));
+  EXPECT_EQ(m.ForRecord().state, v1::FAILED);
+  EXPECT_EQ(m.ForRecord().failure, "rank 1 could not be configured");
+  // A refused transition records nothing.
+  EXPECT_FALSE(m.Transition(v1::TRAINING, "x").ok());
+  EXPECT_EQ(seen.size(), 2u);
+}
+
+// A watcher woken by a transition finds it recorded: the record is written
+// before the event is published, however long the write takes.
+TEST(JobStateMachineTest, AWatcherWakesOnlyOnceTheTransitionIsRecorded) {
+  JobStateMachine m("j");
+  std::atomic<bool> recorded{false};
+  absl::Notification woke;
+  m.set_on_transition([&] {
+    // A slow write: what a watcher woken meanwhile would see.
+    (void)woke.WaitForNotificationWithTimeout(absl::Milliseconds(300));
+    recorded = true;
+  });
+  bool recorded_when_woken = false;
+  std::thread watcher([&] {
+    const std::vector<JobEventRecord> events = m.EventsFrom(1, absl::Now() + absl::Seconds(30));
+    recorded_when_woken = recorded;
+    woke.Notify();
+    EXPECT_EQ(events.size(), 1u);
+  });
+  ASSERT_TRUE(m.Transition(v1::FORMING, "configuring").ok());
+  watcher.join();
+  EXPECT_TRUE(recorded_when_woken);
 }
 
 TEST(JobStateMachineTest, IllegalTransitionsAreRefusedAndChangeNothing) {
