@@ -71,6 +71,13 @@ GrpcWorkerClient::GrpcWorkerClient(const std::string& address,
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  // Idle a second after its last call, the channel stops reconnecting. Left
+  // busy, a channel to a worker that died redials its address every backoff
+  // for the client's life; the kernel hands that freed port to the next
+  // socket bound on the host (a survivor's Gloo pair listener), and a dial
+  // then takes the one accept that pair waits for from its peer. A call
+  // after the idle second reconnects first (a handshake, a few ms).
+  args.SetInt(GRPC_ARG_CLIENT_IDLE_TIMEOUT_MS, 1000);
   ApplyClientKeepalive(args);
   channel_ = grpc::CreateCustomChannel(
       address, credentials != nullptr ? credentials : grpc::InsecureChannelCredentials(), args);

@@ -2,9 +2,11 @@
 // worker that is not accepting connections yet: it keeps reconnecting for its
 // connect grace instead of failing the job at the first refused connection,
 // and fails UNAVAILABLE within that grace, not the configure timeout, when
-// nothing ever answers. A real gRPC server on a loopback port chosen at run
-// time stands in for the worker's service.
+// nothing ever answers. And a client whose worker is gone stops dialing its
+// address soon after its last call. A real gRPC server on a loopback port
+// chosen at run time stands in for the worker's service.
 #include <future>
+#include <iostream>
 #include <memory>
 #include <string>
 
@@ -14,6 +16,7 @@
 #include <grpcpp/server_builder.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -102,6 +105,49 @@ TEST(WorkerClientConnectTest, ConfigureOfAnAddressNothingListensOnFailsWithinThe
   EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
   EXPECT_THAT(std::string(status.message()), HasSubstr("cannot connect to " + address));
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+}
+
+// A dead worker's port is free for the kernel to hand to the next socket
+// bound on that host, as a survivor's new Gloo pair listener (CI, 2026-12-01:
+// a worker's port reused 130 ms after it was killed). Gloo's listening pair
+// accepts whatever connects first; a coordinator still dialing the dead
+// worker's address takes that accept from the peer the pair waits for. The
+// client's channel goes idle a second after its last call, and idle, it
+// dials no more: here, nothing connects to the port from 2 s to 4 s after a
+// failed call (before the idle timeout: a dial every 0.7 s, for as long as
+// the client lived).
+TEST(WorkerClientConnectTest, AClientOfAGoneWorkerStopsDialingItsAddress) {
+  const int port = UnusedPort();
+  GrpcWorkerClient client(absl::StrCat("127.0.0.1:", port));
+  const absl::Time called = absl::Now();
+  EXPECT_EQ(client.GetStatus(called + absl::Seconds(1)).status().code(),
+            absl::StatusCode::kUnavailable);
+  // Another process's listener on the freed port.
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  int on = 1;
+  ASSERT_EQ(setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on)), 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(fd, 16), 0);
+  int dials = 0;
+  int late_dials = 0;  // from 2 s after the call on
+  const absl::Time end = called + absl::Seconds(4);
+  for (absl::Time now = absl::Now(); now < end; now = absl::Now()) {
+    pollfd ready{fd, POLLIN, 0};
+    if (poll(&ready, 1, static_cast<int>(absl::ToInt64Milliseconds(end - now))) <= 0) continue;
+    const int conn = accept(fd, nullptr, nullptr);
+    if (conn < 0) continue;
+    close(conn);
+    ++dials;
+    if (absl::Now() - called >= absl::Seconds(2)) ++late_dials;
+  }
+  close(fd);
+  std::cout << dials << " dial(s) in 4 s after the failed call, " << late_dials << " after 2 s\n";
+  EXPECT_EQ(late_dials, 0);
 }
 
 }  // namespace
