@@ -103,6 +103,7 @@ absl::Status JobStateMachine::TransitionFrom(v1::JobState from, v1::JobState to,
 
 void JobStateMachine::Restore(v1::JobState state, const std::string& failure,
                               const std::string& message) {
+  std::lock_guard<std::mutex> serial(transition_mu_);
   std::lock_guard<std::mutex> lock(mu_);
   state_ = state;
   failure_ = failure;

@@ -29,7 +29,10 @@ namespace flatshard {
 
 bool TrainingJob::FailRank(int rank, const std::string& worker_id, const absl::Status& reason,
                            const std::string& incarnation) {
-  const v1::JobState state = states_.state();
+  // The state being recorded, if a transition is: a recovery that has
+  // decided READY (and writes it) will not try again, so a failure now is a
+  // READY job's, recovered as one.
+  const v1::JobState state = states_.ForRecord().state;
   // A recovery's (or growth's) epoch stays FORMING until it has restored.
   const bool recovering = state == v1::RECOVERING || state == v1::FORMING;
   if (!recovering && state != v1::READY && state != v1::TRAINING && state != v1::IDLE) {
