@@ -12,8 +12,8 @@
 #include "rpc/command_batch.h"
 #include "spdlog/spdlog.h"
 
-#include "coordinator/failed_rank.h"
 #include "core/status_macros.h"
+#include "core/status_payloads.h"
 
 namespace flatshard {
 namespace {

@@ -17,9 +17,9 @@
 #include "spdlog/spdlog.h"
 
 #include "coordinator/coordinator.h"
-#include "coordinator/failed_rank.h"
 #include "core/job_config.h"
 #include "core/status_macros.h"
+#include "core/status_payloads.h"
 
 namespace flatshard {
 

@@ -25,6 +25,7 @@
 #include "coordinator/checkpoint_history.h"
 #include "coordinator/command_sequencer.h"
 #include "coordinator/job_state_machine.h"
+#include "coordinator/link_failures.h"
 #include "coordinator/membership.h"
 #include "coordinator/peer_snapshot_plan.h"
 #include "coordinator/state_store.h"
@@ -190,11 +191,12 @@ class TrainingJob {
   absl::Status RunControl(const StepProgram& commands);
   void FailWith(const absl::Status& status);
   // Form's work with the operation slot held, at the world size of `config`.
-  // On failure `*failed_worker` (when given) names the worker whose failure
-  // ended the formation (empty: none did, e.g. the job was stopped).
+  // On failure `*blamed` (when given) names the workers blamed for it: the
+  // one whose own failure ended the formation, the ends of a link that
+  // failed once too often (LinkFailures), or none (the job was stopped).
   absl::Status FormLocked(const std::vector<WorkerRecord>& members, const v1::JobSpec& spec,
                           std::shared_ptr<const JobConfig> config,
-                          std::string* failed_worker = nullptr);
+                          std::vector<std::string>* blamed = nullptr);
   // Ends the formation in progress for `why` (the first cause stands): its
   // Configure calls are cancelled and its rendezvous abandoned, so the ranks
   // waiting there are free at once. `rank`: whose failure it is, or -1. mu_ held.
@@ -410,6 +412,7 @@ class TrainingJob {
   // (a restarted daemon, say once its node is fixed), so that one broken node
   // cannot spend a restart at every try or checkpoint.
   std::map<std::string, std::string> refused_joiners_;
+  LinkFailures link_failures_;     // the formations' failed connections
   bool recovery_pending_ = false;  // recoverer_ has not finished
   std::thread recoverer_;          // recovers a failure FailRank saw outside operations
   // A failure FailRank saw while recoverer_ was pending, and the epoch it

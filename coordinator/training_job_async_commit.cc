@@ -9,8 +9,8 @@
 #include "spdlog/spdlog.h"
 
 #include "coordinator/async_save_await.h"
-#include "coordinator/failed_rank.h"
 #include "coordinator/training_job.h"
+#include "core/status_payloads.h"
 
 namespace flatshard {
 

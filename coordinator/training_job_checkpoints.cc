@@ -13,10 +13,10 @@
 #include "rpc/status_proto.h"
 #include "spdlog/spdlog.h"
 
-#include "coordinator/failed_rank.h"
 #include "coordinator/training_job.h"
 #include "core/optimizer.h"
 #include "core/status_macros.h"
+#include "core/status_payloads.h"
 
 namespace flatshard {
 

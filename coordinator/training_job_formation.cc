@@ -5,6 +5,8 @@
 // at its Configure deadline.
 #include <algorithm>
 #include <map>
+#include <optional>
+#include <string>
 #include <thread>
 #include <utility>
 
@@ -14,6 +16,7 @@
 
 #include "coordinator/training_job.h"
 #include "core/status_macros.h"
+#include "core/status_payloads.h"
 
 namespace flatshard {
 
@@ -55,7 +58,7 @@ absl::Status TrainingJob::Form(const std::vector<WorkerRecord>& members) {
 absl::Status TrainingJob::FormLocked(const std::vector<WorkerRecord>& members,
                                      const v1::JobSpec& spec,
                                      std::shared_ptr<const JobConfig> config,
-                                     std::string* failed_worker) {
+                                     std::vector<std::string>* blamed) {
   if (static_cast<int>(members.size()) != config->world_size) {
     return absl::InternalError(
         absl::StrCat("forming with ", members.size(), " workers, need ", config->world_size));
@@ -116,15 +119,24 @@ absl::Status TrainingJob::FormLocked(const std::vector<WorkerRecord>& members,
       // A call cancelled by Stop or by another rank's failure comes after
       // that cause and is ignored; one cancelled first was cancelled by the
       // worker (its server shutting down), which is this rank's failure.
-      const absl::StatusCode code = status.code() == absl::StatusCode::kCancelled
-                                        ? absl::StatusCode::kUnavailable
-                                        : status.code();
+      // A peer it could not connect to is named for people too (the
+      // payload, UnreachablePeer, is for the code).
+      std::string peer_named;
+      if (const std::optional<int> peer = UnreachablePeer(status);
+          peer.has_value() && static_cast<size_t>(*peer) < members.size()) {
+        const WorkerRecord& other = members[static_cast<size_t>(*peer)];
+        peer_named = absl::StrCat(" (its peer rank ", *peer, " is worker ", other.worker_id, " at ",
+                                  other.address, ")");
+      }
+      const std::string failed_prefix =
+          absl::StrCat("rank ", r, " (worker ", members[r].worker_id, " at ", members[r].address,
+                       ") could not be configured", peer_named, ": ");
+      const absl::Status failure =
+          status.code() == absl::StatusCode::kCancelled
+              ? absl::UnavailableError(absl::StrCat(failed_prefix, status.message()))
+              : PrefixStatus(failed_prefix, status);
       std::lock_guard<std::mutex> lock(mu_);
-      AbandonFormationLocked(
-          static_cast<int>(r),
-          absl::Status(code, absl::StrCat("rank ", r, " (worker ", members[r].worker_id, " at ",
-                                          members[r].address,
-                                          ") could not be configured: ", status.message())));
+      AbandonFormationLocked(static_cast<int>(r), failure);
     });
   }
   for (std::thread& t : threads) t.join();
@@ -135,15 +147,29 @@ absl::Status TrainingJob::FormLocked(const std::vector<WorkerRecord>& members,
     if (stopping_) return absl::CancelledError("the job was stopped while it was being formed");
   }
   if (!formed.failure.ok()) {
+    if (formed.failed_rank < 0) return formed.failure;
+    const WorkerRecord& failed = members[static_cast<size_t>(formed.failed_rank)];
+    // A link that did not connect: the reporting rank answered, and whom
+    // it blames is LinkFailures' to say.
+    if (const std::optional<int> peer = UnreachablePeer(formed.failure);
+        peer.has_value() && static_cast<size_t>(*peer) < members.size() &&
+        *peer != formed.failed_rank) {
+      std::vector<std::string> ends;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        ends =
+            link_failures_.Record(failed.worker_id, members[static_cast<size_t>(*peer)].worker_id);
+      }
+      if (blamed != nullptr) *blamed = std::move(ends);
+      return formed.failure;
+    }
     // Not a candidate for the next try (a recovery retries; Form fails the job).
     const absl::StatusCode code = formed.failure.code();
-    if (options_.mark_unreachable && formed.failed_rank >= 0 &&
+    if (options_.mark_unreachable &&
         (code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kDeadlineExceeded)) {
-      options_.mark_unreachable(members[static_cast<size_t>(formed.failed_rank)]);
+      options_.mark_unreachable(failed);
     }
-    if (failed_worker != nullptr && formed.failed_rank >= 0) {
-      *failed_worker = members[static_cast<size_t>(formed.failed_rank)].worker_id;
-    }
+    if (blamed != nullptr) *blamed = {failed.worker_id};
     return formed.failure;
   }
   {
@@ -152,6 +178,7 @@ absl::Status TrainingJob::FormLocked(const std::vector<WorkerRecord>& members,
     std::vector<std::shared_ptr<WorkerClient>> old_clients =
         std::exchange(clients_, std::move(clients));
     sequencer_ = MakeSequencerLocked(epoch);
+    link_failures_.Formed(ids);
     worker_ids_ = std::move(ids);
     members_ = members;
     epoch_config_ = std::move(config);

@@ -5,6 +5,7 @@
 // lost. A worker that fails to join is passed over until it registers again
 // (RefuseJoiner, here; a recovery's spares are passed over the same way).
 // Runs with the operation slot held, as a recovery does.
+#include <algorithm>
 #include <set>
 #include <string>
 #include <vector>
@@ -99,7 +100,7 @@ absl::Status TrainingJob::MaybeGrow() {
   }
   spec.clear_rank_by_worker_id();
   absl::Status grown;
-  std::string failed_worker;
+  std::vector<std::string> blamed;
   {
     // Like a recovery's own load: a batch that fails in it is recovered from
     // once, below, not also by the batch's caller (RunCheckpointBatch).
@@ -107,16 +108,18 @@ absl::Status TrainingJob::MaybeGrow() {
       std::lock_guard<std::mutex> lock(mu_);
       recovering_ = true;
     }
-    grown = FormLocked(members, spec, std::make_shared<const JobConfig>(config_), &failed_worker);
+    grown = FormLocked(members, spec, std::make_shared<const JobConfig>(config_), &blamed);
     if (grown.ok()) {
       grown = LoadLocked(*checkpoint, /*starts_history=*/false).status();
-      if (!grown.ok()) failed_worker = BlamedMember(grown);
+      if (!grown.ok()) blamed = {BlamedMember(grown)};
     }
     std::lock_guard<std::mutex> lock(mu_);
     recovering_ = false;
   }
   for (const WorkerRecord& w : joining) {
-    if (!grown.ok() && w.worker_id == failed_worker) RefuseJoiner(w, grown.message());
+    if (!grown.ok() && std::find(blamed.begin(), blamed.end(), w.worker_id) != blamed.end()) {
+      RefuseJoiner(w, grown.message());
+    }
   }
   if (!grown.ok()) {
     // A joining worker failed: recover as from any failure (it shrinks

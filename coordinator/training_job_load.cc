@@ -14,9 +14,9 @@
 #include "spdlog/spdlog.h"
 
 #include "coordinator/checkpoint_catalog.h"
-#include "coordinator/failed_rank.h"
 #include "coordinator/training_job.h"
 #include "core/status_macros.h"
+#include "core/status_payloads.h"
 #include "storage/checkpoint_manifest.h"
 
 namespace flatshard {

@@ -20,10 +20,10 @@
 #include "spdlog/spdlog.h"
 
 #include "coordinator/checkpoint_history.h"
-#include "coordinator/failed_rank.h"
 #include "coordinator/recovery_plan.h"
 #include "coordinator/training_job.h"
 #include "core/status_macros.h"
+#include "core/status_payloads.h"
 
 namespace flatshard {
 
@@ -301,12 +301,13 @@ absl::Status TrainingJob::RecoverOnce(const absl::Status& cause, std::vector<int
         false);
   }
   const int world = choice->config.world_size;
-  std::string failed_worker;
+  std::vector<std::string> blamed;
   // A spare that fails the new epoch's Configure or restore (its node lacks
   // the data set or cannot read the shared checkpoint storage, say) would
   // fail every try it is chosen for, and every grow-back after: refused. So
   // is a member readmitted after the probe lost it (a daemon restarted on
-  // such a node).
+  // such a node). A connection between two ranks that failed is blamed on
+  // neither at first: a spare is refused for its second (LinkFailures).
   const auto refuse_spare = [&](const std::string& worker_id, const absl::Status& why) {
     if (worker_id.empty()) return;
     if (old_ids.contains(worker_id) && !readmitted.contains(worker_id)) return;
@@ -314,11 +315,10 @@ absl::Status TrainingJob::RecoverOnce(const absl::Status& cause, std::vector<int
       if (w.worker_id == worker_id) RefuseJoiner(w, why.message());
     }
   };
-  if (absl::Status formed =
-          FormLocked(choice->members, choice->spec,
-                     std::make_shared<const JobConfig>(choice->config), &failed_worker);
+  if (absl::Status formed = FormLocked(choice->members, choice->spec,
+                                       std::make_shared<const JobConfig>(choice->config), &blamed);
       !formed.ok()) {
-    refuse_spare(failed_worker, formed);
+    for (const std::string& worker_id : blamed) refuse_spare(worker_id, formed);
     return fail(formed, true);  // FormLocked named the rank
   }
   const auto fail_batch = [&](const absl::Status& why) {

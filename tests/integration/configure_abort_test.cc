@@ -4,7 +4,8 @@
 // rendezvous at once, rather than at the collective timeout, whether it waits
 // in the store or in Gloo for a peer to connect, and installs nothing: the
 // worker reports the epoch aborted, not ready, and a daemon told to stop
-// exits promptly.
+// exits promptly. And a Configure whose rank could not connect to a peer
+// says which, over the call, for the coordinator to blame.
 // Real daemons (LocalCluster), driven here as the coordinator drives them.
 #include <csignal>
 #include <iostream>
@@ -24,6 +25,7 @@
 #include "client/flatshard_client.h"
 #include "client/local_cluster.h"
 #include "coordinator/grpc_worker_client.h"
+#include "core/status_payloads.h"
 #include "tests/integration/mlp_cluster.h"
 #include "tests/integration/recovery_harness.h"
 #include "tests/integration/rendezvous_test_util.h"
@@ -188,6 +190,31 @@ TEST_F(ConfigureAbortTest, ANewEpochEndsARendezvousWaitingForAPeerThatNeverConne
   EXPECT_EQ(configured_.code(), absl::StatusCode::kAborted) << configured_;
   EXPECT_THAT(configured_.message(),
               HasSubstr(absl::StrCat("re-configured for epoch ", kEpoch + 1)));
+}
+
+// A rank whose connection to a peer is refused fails its Configure at once,
+// UNAVAILABLE, and names that peer in a payload that crosses the call: the
+// coordinator then blames the link (coordinator/link_failures.h), where the
+// failed Configure alone would blame the rank that reported it.
+TEST_F(ConfigureAbortTest, ARankThatCannotReachAPeerSaysWhichOverTheCall) {
+  std::shared_ptr<grpc::Channel> channel =
+      grpc::CreateChannel(cluster_->address(), grpc::InsecureChannelCredentials());
+  absl::StatusOr<std::string> session = testing::RegisterSpare(channel, "refusing-rank-1");
+  ASSERT_TRUE(session.ok()) << session.status();
+  auto credentials = std::make_shared<WorkerCallCredentials>("");
+  credentials->set_session(*session);
+  GrpcStore store(channel, credentials);
+  ASSERT_TRUE(store.Set("test/refused/gloo/1", testing::RefusingPeerAddresses(2)).ok());
+  const absl::Time begin = absl::Now();
+  const absl::Status configured =
+      rank0_->Configure(Request(kEpoch, 0, "test/refused"), begin + kDeadline);
+  EXPECT_EQ(configured.code(), absl::StatusCode::kUnavailable) << configured;
+  EXPECT_EQ(UnreachablePeer(configured), std::optional<int>(1)) << configured;
+  EXPECT_THAT(configured.message(), HasSubstr("its pair to world rank 1 did not connect"));
+  EXPECT_LT(absl::Now() - begin, absl::Seconds(30)) << "a refused connection is not a timeout";
+  absl::StatusOr<v1::GetStatusResponse> status = rank0_->GetStatus(absl::Now() + absl::Seconds(5));
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_EQ(status->state(), "failed");
 }
 
 TEST_F(ConfigureAbortTest, AnAbortOfAnOlderEpochLeavesTheConfigureAlone) {

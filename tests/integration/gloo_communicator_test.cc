@@ -7,15 +7,18 @@
 #include <cmath>
 #include <future>
 #include <iostream>
+#include <optional>
 #include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 
+#include "core/status_payloads.h"
 #include "tests/integration/multiprocess.h"
 #include "tests/integration/rendezvous_test_util.h"
 #include "worker/comm/file_store.h"
@@ -26,6 +29,7 @@ namespace {
 using testing::AbsentPeerAddresses;
 using testing::AllRanksSucceeded;
 using testing::MakeTempDir;
+using testing::RefusingPeerAddresses;
 using testing::RunRanks;
 
 // Distinct, exactly representable in bf16 for small magnitudes.
@@ -279,6 +283,40 @@ TEST(GlooCommunicatorTest, AbortEndsARendezvousWaitingForAPeerThatNeverConnects)
         // A group created with an aborted signal fails before it connects anything.
         auto late = GlooCommunicator::Create(*store, rank, kWorld, options);
         CHILD_CHECK(late.status().code() == absl::StatusCode::kAborted);
+        return 0;
+      },
+      absl::Seconds(90));
+  EXPECT_TRUE(AllRanksSucceeded(results));
+}
+
+// A pair whose connection is refused fails the rendezvous at once, naming the
+// peer it could not reach in the job's world ranks, which the coordinator
+// blames as a link, not as the reporting rank's own failure.
+TEST(GlooCommunicatorTest, ARefusedConnectionNamesThePeerItCouldNotReach) {
+  const std::string dir = MakeTempDir("gloo-refused");
+  auto results = RunRanks(
+      1,
+      [&](int) {
+        auto store = FileStore::Open(dir);
+        CHILD_OK(store.status());
+        CHILD_OK((*store)->Set("world/1", RefusingPeerAddresses(2)));
+        CHILD_OK((*store)->Set("sub/1", RefusingPeerAddresses(2)));
+        GlooOptions options;
+        options.timeout = absl::Seconds(60);
+        options.prefix = "world";
+        const absl::Time begin = absl::Now();
+        auto comm = GlooCommunicator::Create(*store, 0, 2, options);
+        std::cerr << comm.status() << " after " << absl::Now() - begin << "\n";
+        CHILD_CHECK(comm.status().code() == absl::StatusCode::kUnavailable);
+        CHILD_CHECK(UnreachablePeer(comm.status()) == std::optional<int>(1));
+        CHILD_CHECK(
+            absl::StrContains(comm.status().message(), "its pair to world rank 1 did not connect"));
+        CHILD_CHECK(absl::Now() - begin < absl::Seconds(30));  // not a timeout
+        // A sub-group names the peer by its rank in the world.
+        options.prefix = "sub";
+        options.world_ranks = {4, 9};
+        auto sub = GlooCommunicator::Create(*store, 0, 2, options);
+        CHILD_CHECK(UnreachablePeer(sub.status()) == std::optional<int>(9));
         return 0;
       },
       absl::Seconds(90));

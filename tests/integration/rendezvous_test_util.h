@@ -4,6 +4,7 @@
 #ifndef FLATSHARD_TESTS_INTEGRATION_RENDEZVOUS_TEST_UTIL_H_
 #define FLATSHARD_TESTS_INTEGRATION_RENDEZVOUS_TEST_UTIL_H_
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
@@ -42,16 +43,28 @@ inline absl::StatusOr<std::string> RegisterSpare(const std::shared_ptr<grpc::Cha
 // address per other rank, on the highest IPv4 address a rank could have, so
 // that every real rank takes the listening side of its pair and waits for it
 // (Gloo's lower address listens).
-inline std::string AbsentPeerAddresses(int world) {
+inline std::string PeerAddresses(int world, uint32_t ip, uint16_t port_as_stored) {
   sockaddr_storage storage{};
   auto* in = reinterpret_cast<sockaddr_in*>(&storage);
   in->sin_family = AF_INET;
-  in->sin_port = htons(9);
-  in->sin_addr.s_addr = htonl(0xfffffffe);  // 255.255.255.254
+  in->sin_port = port_as_stored;
+  in->sin_addr.s_addr = htonl(ip);
   const std::vector<char> one = gloo::transport::tcp::Address(storage).bytes();
   std::string all;
   for (int i = 0; i < world - 1; ++i) all.append(one.begin(), one.end());
   return all;
+}
+
+inline std::string AbsentPeerAddresses(int world) {
+  return PeerAddresses(world, 0xfffffffe, htons(9));  // 255.255.255.254
+}
+
+// The value a rank leaves whose every pair listens on 127.0.0.1:256, where
+// nothing listens: a real rank on 127.0.0.1 takes the connecting side (the
+// port as stored, 1, is below any other) and its connection is refused, as
+// when a rank's port was handed to another listener or its process is gone.
+inline std::string RefusingPeerAddresses(int world) {
+  return PeerAddresses(world, 0x7f000001, 1);  // stored 1: port 256 in network order
 }
 
 }  // namespace flatshard::testing

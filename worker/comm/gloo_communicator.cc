@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
+#include "core/status_payloads.h"
 #include "worker/comm/gloo_active_buffer.h"
 #include "worker/comm/gloo_mesh_context.h"
 #include "worker/comm/gloo_store_adapter.h"
@@ -93,6 +94,16 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
     if (options.abort != nullptr && options.abort->aborted()) {
       return absl::AbortedError(absl::StrCat("gloo rendezvous on rank ", rank, " of ", size,
                                              " aborted: ", options.abort->reason()));
+    }
+    // A pair that could not connect names its peer, in the world's ranks:
+    // the coordinator decides whom that blames (either end, or neither).
+    if (const std::optional<int> peer = context->unreachable_peer(); peer.has_value()) {
+      const int world_peer =
+          options.world_ranks.empty() ? *peer : options.world_ranks[static_cast<size_t>(*peer)];
+      return WithUnreachablePeer(
+          absl::UnavailableError(absl::StrCat(status.message(), " (its pair to world rank ",
+                                              world_peer, " did not connect)")),
+          world_peer);
     }
     return status;
   }
@@ -288,6 +299,11 @@ absl::StatusOr<std::unique_ptr<Communicator>> GlooCommunicator::CreateSubgroup(
   }
   GlooOptions options = options_;
   options.prefix = absl::StrCat(options_.prefix, "/", name);
+  options.world_ranks.clear();
+  for (const int r : ranks) {
+    options.world_ranks.push_back(
+        options_.world_ranks.empty() ? r : options_.world_ranks[static_cast<size_t>(r)]);
+  }
   absl::StatusOr<std::unique_ptr<GlooCommunicator>> sub =
       Create(store_, static_cast<int>(me - ranks.begin()), static_cast<int>(ranks.size()), options);
   if (!sub.ok()) return sub.status();

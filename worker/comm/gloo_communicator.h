@@ -46,6 +46,9 @@ struct GlooOptions {
   // holds for the groups a configure is still building. A wait in the
   // store is ended by aborting the store (the worker's signal does both).
   std::shared_ptr<AbortSignal> abort;
+  // The members' ranks in the job's world, by group rank; empty for the
+  // world itself. Failures name peers by these (UnreachablePeer).
+  std::vector<int> world_ranks;
 };
 
 class GlooCommunicator : public Communicator {

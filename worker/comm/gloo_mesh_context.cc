@@ -1,6 +1,8 @@
 #include "worker/comm/gloo_mesh_context.h"
 
 #include <cstring>
+#include <exception>
+#include <optional>
 #include <string>
 
 #include <gloo/common/error.h>
@@ -83,7 +85,14 @@ void GlooMeshContext::ConnectFullMesh(gloo::rendezvous::Store& store,
                                                ? Phase::kListening
                                                : Phase::kConnecting;
     }
-    transport->getPair(peer)->connect(address);
+    try {
+      transport->getPair(peer)->connect(address);
+    } catch (const std::exception&) {
+      std::lock_guard<std::mutex> lock(mu_);
+      ThrowIfAbortedLocked();  // an abort's closed pair is not the peer's failure
+      unreachable_peer_ = peer;
+      throw;
+    }
     std::lock_guard<std::mutex> lock(mu_);
     phases_[static_cast<size_t>(peer)] = Phase::kDone;
     // A pair closed by Abort returns from connect() as if connected.
@@ -111,6 +120,11 @@ void GlooMeshContext::Abort(const std::string& reason) {
     // waits; the wait then ends.
     connecting_->getPair(peer)->close();
   }
+}
+
+std::optional<int> GlooMeshContext::unreachable_peer() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return unreachable_peer_;
 }
 
 bool GlooMeshContext::aborted() const {

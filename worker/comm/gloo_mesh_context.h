@@ -13,6 +13,7 @@
 
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -38,6 +39,10 @@ class GlooMeshContext : public gloo::Context {
   void Abort(const std::string& reason);
 
   bool aborted() const;
+  // The peer (group rank) whose pair failed to connect, once ConnectFullMesh
+  // has thrown for that: the connection was refused, timed out, or broke in
+  // the handshake. Not set by an abort, nor by a wait in the store.
+  std::optional<int> unreachable_peer() const;
 
  private:
   // Where each pair is. Closing a pair is safe once its connect() is on the
@@ -56,6 +61,7 @@ class GlooMeshContext : public gloo::Context {
   std::string reason_;
   std::shared_ptr<gloo::transport::Context> connecting_;  // its pairs, while they connect
   std::vector<Phase> phases_;                             // by peer rank
+  std::optional<int> unreachable_peer_;
 };
 
 }  // namespace flatshard

@@ -19,7 +19,7 @@
 
 #include "rpc/command_batch.h"
 
-#include "coordinator/failed_rank.h"
+#include "core/status_payloads.h"
 #include "core/step_program.h"
 
 namespace flatshard {

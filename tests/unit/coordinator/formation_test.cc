@@ -18,12 +18,15 @@
 #include "coordinator/kv_store.h"
 #include "coordinator/training_job.h"
 #include "core/job_config.h"
+#include "core/status_payloads.h"
 #include "storage/spec_files.h"
 
 namespace flatshard {
 namespace {
 
+using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::IsEmpty;
 
 // Configure answers `answer` at once, or (unset) blocks until CancelAll.
 class ConfigureOnlyWorker : public WorkerClient {
@@ -89,6 +92,10 @@ class FormationTest : public ::testing::Test {
     TrainingJobOptions options;
     options.rendezvous = &store_;
     options.checkpoint_root = ::testing::TempDir() + "/formation-test-checkpoints";
+    options.mark_unreachable = [this](const WorkerRecord& w) {
+      std::lock_guard<std::mutex> lock(mu_);
+      marked_unreachable_.push_back(w.worker_id);
+    };
     options.connect = [this, b_answer](const WorkerRecord& w) -> std::unique_ptr<WorkerClient> {
       return std::make_unique<ConfigureOnlyWorker>(
           w.address, w.worker_id == "w-b" ? b_answer : std::nullopt, &entered_, &mu_, &cv_);
@@ -118,6 +125,7 @@ class FormationTest : public ::testing::Test {
   std::mutex mu_;
   std::condition_variable cv_;
   int entered_ = 0;
+  std::vector<std::string> marked_unreachable_;  // guarded by mu_
 };
 
 TEST_F(FormationTest, AMemberSilentForATimeoutWithinTheFormationEndsIt) {
@@ -162,6 +170,25 @@ TEST_F(FormationTest, ACallTheWorkerCancelledFailsTheFormationNamingThatRank) {
               HasSubstr("rank 1 (worker w-b at b:1) could not be configured: server shutting "
                         "down"));
   EXPECT_EQ(job->states().state(), v1::FAILED);
+  std::lock_guard<std::mutex> lock(mu_);
+  EXPECT_THAT(marked_unreachable_, ElementsAre("w-b"));  // its call failed: maybe gone
+}
+
+// A rank that could not connect to a peer answered its call: it is not marked
+// unreachable, and the failure keeps the peer (UnreachablePeer) for the
+// recovery's LinkFailures, and names its worker.
+TEST_F(FormationTest, ARankThatCouldNotReachAPeerNamesItAndIsNotMarkedUnreachable) {
+  std::unique_ptr<TrainingJob> job = MakeJob(WithUnreachablePeer(
+      absl::UnavailableError("gloo rendezvous failed: connect: Connection refused"), 0));
+  ASSERT_NE(job, nullptr);
+  const absl::Status formed = job->Form(Members());
+  EXPECT_EQ(formed.code(), absl::StatusCode::kUnavailable) << formed;
+  EXPECT_THAT(std::string(formed.message()),
+              HasSubstr("rank 1 (worker w-b at b:1) could not be configured (its peer rank 0 is "
+                        "worker w-a at a:1): gloo rendezvous failed: connect: Connection refused"));
+  EXPECT_EQ(UnreachablePeer(formed), std::optional<int>(0));
+  std::lock_guard<std::mutex> lock(mu_);
+  EXPECT_THAT(marked_unreachable_, IsEmpty());
 }
 
 }  // namespace
