@@ -6,14 +6,10 @@ std::vector<std::string> LinkFailures::Record(const std::string& reporter,
                                               const std::string& peer) {
   std::vector<std::string> blamed;
   for (const std::string* end : {&reporter, &peer}) {
-    if (end->empty() || (end == &peer && peer == reporter)) continue;
+    if (end->empty() || (end == &peer && peer == reporter)) continue;  // counted once
     if (++failed_[*end] > kForgiven) blamed.push_back(*end);
   }
   return blamed;
-}
-
-void LinkFailures::Formed(const std::vector<std::string>& workers) {
-  for (const std::string& id : workers) failed_.erase(id);
 }
 
 }  // namespace flatshard

@@ -7,8 +7,8 @@
 // handed from a dead worker to a survivor's new listener, which something
 // else dialled first, refuses the spare's connection once; blaming the spare
 // for it cost the job its spare, and a shrink. So a failed link blames no
-// one the first time; an end of a second failed link, before it has formed
-// an epoch again, is blamed (a spare that can reach no one is refused after
+// one the first time; an end of a second failed link, before any epoch has
+// formed again, is blamed (a spare that can reach no one is refused after
 // two tries, not one). A peer that is dead is the recovery's probe's to
 // find, not this.
 #ifndef FLATSHARD_COORDINATOR_LINK_FAILURES_H_
@@ -27,12 +27,14 @@ class LinkFailures {
 
   // `reporter` (a worker id) could not connect to `peer` in a formation.
   // Returns the ends blamed for it: those an end of more than kForgiven
-  // failed links since they last formed an epoch, this one counted.
+  // failed links since an epoch last formed, this one counted.
   std::vector<std::string> Record(const std::string& reporter, const std::string& peer);
 
-  // `workers` formed an epoch together: their links work, and their counts
-  // start over.
-  void Formed(const std::vector<std::string>& workers);
+  // An epoch formed: every count starts over. Not only its members': a
+  // worker left out of it (a spare passed over, one refused until it
+  // registers again) would otherwise carry an old failure into a later
+  // recovery and be blamed for its first.
+  void Formed() { failed_.clear(); }
 
  private:
   std::map<std::string, int> failed_;  // by worker id; absent: none

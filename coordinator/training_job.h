@@ -207,11 +207,13 @@ class TrainingJob {
   // restores the checkpoint RecoveryCheckpoint chooses. OK when the job is
   // READY again; otherwise the job is FAILED and the status says why.
   absl::Status RecoverLocked(const absl::Status& cause, std::vector<int> failed_ranks);
-  // One try of it; `*retryable` says whether a failure of the try may be
-  // recovered from again (a rank lost meanwhile) or is final. A spare that
+  // Whether a failed try may be followed by another: never (final), within
+  // recovery.max_restarts, or without spending one (a failed link forgiven
+  // by LinkFailures: the try blamed no one and cost nothing of the job's).
+  enum class Retry { kNo, kCounted, kFree };
+  // One try of it; `*retry` says what may follow its failure. A spare that
   // fails the try's Configure or restore is refused (RefuseJoiner).
-  absl::Status RecoverOnce(const absl::Status& cause, std::vector<int> failed_ranks,
-                           bool* retryable);
+  absl::Status RecoverOnce(const absl::Status& cause, std::vector<int> failed_ranks, Retry* retry);
   // A batch failed under an operation: recovers when the policy allows, and
   // returns the status the operation ends with (OK: recovered, go on).
   absl::Status OnBatchFailure(const absl::Status& cause);

@@ -178,7 +178,7 @@ absl::Status TrainingJob::FormLocked(const std::vector<WorkerRecord>& members,
     std::vector<std::shared_ptr<WorkerClient>> old_clients =
         std::exchange(clients_, std::move(clients));
     sequencer_ = MakeSequencerLocked(epoch);
-    link_failures_.Formed(ids);
+    link_failures_.Formed();
     worker_ids_ = std::move(ids);
     members_ = members;
     epoch_config_ = std::move(config);

@@ -175,14 +175,22 @@ absl::Status TrainingJob::RecoverLocked(const absl::Status& cause, std::vector<i
   // A spare whose Configure or restore failed in a try (a node without the
   // data set or the checkpoint storage, say) is refused (refused_joiners_):
   // the next try takes another or shrinks.
+  // Tries that failed on a link LinkFailures forgave: bounded anyway (each
+  // leaves its two ends one failure from blame), and here once more.
+  constexpr int kMaxFreeRetries = 2;
+  int free_retries = 0;
   while (true) {
-    bool retryable = false;
-    absl::Status attempt = RecoverOnce(why, failed_ranks, &retryable);
+    Retry retry = Retry::kNo;
+    absl::Status attempt = RecoverOnce(why, failed_ranks, &retry);
     if (attempt.ok()) return attempt;
     int restarts = 0;
     bool stopping = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
+      if (retry == Retry::kFree && free_retries < kMaxFreeRetries) {
+        ++free_retries;
+        --restarts_;  // the try is not one of recovery.max_restarts
+      }
       restarts = restarts_;
       stopping = stopping_;
     }
@@ -191,6 +199,7 @@ absl::Status TrainingJob::RecoverLocked(const absl::Status& cause, std::vector<i
     // RECOVERING with nothing recovering it.
     if (stopping) return attempt;
     const int max = config_.recovery.max_restarts;
+    const bool retryable = retry != Retry::kNo;
     if (!retryable || restarts >= max) {
       absl::Status final_status =
           retryable ? absl::Status(attempt.code(), absl::StrCat(attempt.message(),
@@ -208,7 +217,7 @@ absl::Status TrainingJob::RecoverLocked(const absl::Status& cause, std::vector<i
 }
 
 absl::Status TrainingJob::RecoverOnce(const absl::Status& cause, std::vector<int> failed_ranks,
-                                      bool* retryable) {
+                                      Retry* retry) {
   const absl::Time began = absl::Now();
   int64_t failed_step = 0;
   int restart = 0;
@@ -225,8 +234,8 @@ absl::Status TrainingJob::RecoverOnce(const absl::Status& cause, std::vector<int
     if (at == epoch_ids.end()) return std::nullopt;
     return static_cast<int>(at - epoch_ids.begin());
   };
-  const auto fail = [&](const absl::Status& why, bool retry) {
-    *retryable = retry;
+  const auto fail = [&](const absl::Status& why, Retry what_follows) {
+    *retry = what_follows;
     return absl::Status(why.code(),
                         absl::StrCat(cause.message(), "; recovery failed: ", why.message()));
   };
@@ -298,7 +307,7 @@ absl::Status TrainingJob::RecoverOnce(const absl::Status& cause, std::vector<int
         ", recovery.min_world_wait_s ", config_.recovery.min_world_wait_s, "): ");
     return fail(
         absl::Status(choice.status().code(), absl::StrCat(waited, choice.status().message())),
-        false);
+        Retry::kNo);
   }
   const int world = choice->config.world_size;
   std::vector<std::string> blamed;
@@ -319,11 +328,13 @@ absl::Status TrainingJob::RecoverOnce(const absl::Status& cause, std::vector<int
                                        std::make_shared<const JobConfig>(choice->config), &blamed);
       !formed.ok()) {
     for (const std::string& worker_id : blamed) refuse_spare(worker_id, formed);
-    return fail(formed, true);  // FormLocked named the rank
+    // FormLocked named the rank. A link it blamed no one for is retried free.
+    const bool forgiven = blamed.empty() && UnreachablePeer(formed).has_value();
+    return fail(formed, forgiven ? Retry::kFree : Retry::kCounted);
   }
   const auto fail_batch = [&](const absl::Status& why) {
     refuse_spare(BlamedMember(why), why);
-    return fail(why, true);
+    return fail(why, Retry::kCounted);
   };
   std::optional<std::string> checkpoint;
   const std::optional<v1::CheckpointInfo> newest = RecoveryCheckpoint(world);

@@ -1,5 +1,6 @@
 #include "proto/grpc_status.h"
 
+#include <cstdint>
 #include <string>
 
 #include "absl/strings/cord.h"
@@ -12,6 +13,8 @@ namespace flatshard {
 grpc::Status ToGrpcStatus(const absl::Status& status) {
   if (status.ok()) return grpc::Status::OK;
   v1::StatusDetails details;
+  details.set_code(static_cast<int32_t>(status.code()));
+  details.set_message(std::string(status.message()));
   status.ForEachPayload([&details](absl::string_view type_url, const absl::Cord& value) {
     v1::StatusPayload* payload = details.add_payloads();
     payload->set_type_url(std::string(type_url));

@@ -16,7 +16,8 @@ void AddWorkerFlags(CLI::App& app, WorkerFlags& f) {
   app.add_option("--listen", f.listen, "Address WorkerService listens on (port 0: any free one)")
       ->capture_default_str();
   app.add_option("--advertise-host", f.advertise_host,
-                 "Host the coordinator and peers reach this worker at (also Gloo's)")
+                 "Host the coordinator and peers reach this worker at (also Gloo's; an IPv6 "
+                 "address bare or in brackets)")
       ->capture_default_str();
   app.add_option("--worker-id", f.worker_id,
                  "Stable id; a restarted daemon with the same id keeps its rank (default: the id "

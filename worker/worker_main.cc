@@ -27,6 +27,7 @@
 #include "prometheus/registry.h"
 #include "rpc/call_metadata.h"
 #include "rpc/grpc_server.h"
+#include "rpc/host_port.h"
 #include "rpc/keepalive.h"
 #include "rpc/listen_policy.h"
 #include "rpc/log_flags.h"
@@ -181,7 +182,7 @@ int Run(const WorkerFlags& f) {
   options.file_system = faulty_files.get();
   options.data_dir = f.data_dir;
   options.checkpoint_dir = f.checkpoint_dir;
-  options.gloo.hostname = f.advertise_host;
+  options.gloo.hostname = BareHost(f.advertise_host);  // getaddrinfo takes no brackets
   options.gloo.timeout = absl::Seconds(f.collective_timeout_s);
   options.abort_grace = absl::Seconds(f.abort_grace_s);
   if (f.abort_grace_s > 0 && f.abort_grace_s <= f.collective_timeout_s) {
@@ -233,7 +234,7 @@ int Run(const WorkerFlags& f) {
     std::cerr << "flatshard-worker: --listen: " << server.status().message() << "\n";
     return 1;
   }
-  const std::string address = absl::StrCat(f.advertise_host, ":", (*server)->port());
+  const std::string address = JoinHostPort(f.advertise_host, (*server)->port());
   std::unique_ptr<MetricsServer> metrics_server;
   std::string metrics_address;
   if (!f.metrics_listen.empty()) {
@@ -246,7 +247,7 @@ int Run(const WorkerFlags& f) {
     metrics_server->Serve(registry);
     metrics_server->Serve(std::make_shared<ScrapeCollector>(
         [&service](ScrapedGauges& g) { WorkerMetrics::AddSnapshotGauges(service.Snapshot(), g); }));
-    metrics_address = absl::StrCat(f.advertise_host, ":", metrics_server->port());
+    metrics_address = JoinHostPort(f.advertise_host, metrics_server->port());
     const bool loopback_only = absl::StartsWith(f.metrics_listen, "127.") ||
                                absl::StartsWith(f.metrics_listen, "localhost:");
     if (loopback_only && !absl::StartsWith(f.advertise_host, "127.") &&

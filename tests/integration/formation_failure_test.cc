@@ -10,7 +10,8 @@
 // below the timeout it would otherwise wait out. A worker that cannot be
 // configured to grow back onto, or cannot load the checkpoint it grows from,
 // costs one restart, not one per checkpoint; and a spare that cannot read the
-// checkpoints is passed over by the recovery's next try.
+// checkpoints is passed over by the recovery's next try; a spare no rank can
+// connect to is forgiven one try, without spending a restart, then passed over.
 #include <cerrno>
 #include <csignal>
 #include <cstddef>
@@ -25,7 +26,10 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "absl/strings/str_cat.h"
 
@@ -55,7 +59,8 @@ constexpr double kRecoveryBoundS = 25;
 std::unique_ptr<LocalCluster> StartCluster(
     int workers, const std::string& checkpoint_dir, const std::string& data_dir,
     std::map<int, std::vector<std::string>> command_prefix = {},
-    std::map<int, std::string> worker_checkpoint_dirs = {}) {
+    std::map<int, std::string> worker_checkpoint_dirs = {},
+    std::map<int, std::vector<std::string>> worker_flags = {}) {
   LocalClusterOptions options;
   options.workers = workers;
   options.bin_dir = FLATSHARD_BIN_DIR;
@@ -68,6 +73,7 @@ std::unique_ptr<LocalCluster> StartCluster(
                                "--batch-timeout", std::to_string(kBatchTimeoutS)};
   options.worker_command_prefix = std::move(command_prefix);
   options.worker_checkpoint_dirs = std::move(worker_checkpoint_dirs);
+  options.worker_flags = std::move(worker_flags);
   auto cluster = LocalCluster::Start(options);
   EXPECT_TRUE(cluster.ok()) << cluster.status();
   return cluster.ok() ? *std::move(cluster) : nullptr;
@@ -171,6 +177,64 @@ TEST(FormationFailureTest, ASpareWithoutTheDataIsPassedOverAndTheSurvivorIsRelea
   EXPECT_LT(r.seconds(), kRecoveryBoundS) << r.ShortDebugString();
   const std::map<std::string, int> rank_of = RanksByWorker(client, spec.name());
   EXPECT_EQ(rank_of, (std::map<std::string, int>{{"worker-0", 0}, {"worker-3", 1}}));
+}
+
+bool CanListenOnIpv6Loopback() {
+  const int fd = ::socket(AF_INET6, SOCK_STREAM, 0);
+  if (fd < 0) return false;
+  sockaddr_in6 address{};
+  address.sin6_family = AF_INET6;
+  address.sin6_addr = in6addr_loopback;
+  const bool bound = ::bind(fd, reinterpret_cast<const sockaddr*>(&address), sizeof(address)) == 0;
+  ::close(fd);
+  return bound;
+}
+
+int Occurrences(const std::string& text, const std::string& what) {
+  int n = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+// A spare that no rank can connect to, and that can connect to none: its
+// Gloo pairs are IPv6 (--advertise-host ::1), the ranks' IPv4, and a pair
+// between them fails at once on both ends, each naming the other
+// (UnreachablePeer, across the Configure call). A failed link is blamed on
+// neither end the first time (a port the kernel handed to another listener
+// fails a try that way once): the next try seats the same spare without
+// spending a restart, and its second failed link passes it over; the third
+// try shrinks. With recovery.max_restarts 2 the job trains on: had the
+// forgiven try spent a restart, the second would have failed the job.
+TEST(FormationFailureTest, ASpareNoRankCanConnectToIsForgivenOnceThenPassedOver) {
+  if (!CanListenOnIpv6Loopback()) GTEST_SKIP() << "no IPv6 loopback (::1) on this machine";
+  const std::string dir = testing::MakeTempDir("formation-link");
+  // Ranks 0 and 1 on workers 0 and 1; worker 2, the spare, on IPv6.
+  std::unique_ptr<LocalCluster> cluster =
+      StartCluster(3, dir + "/checkpoints", ".", {}, {},
+                   {{2, {"--listen", "[::1]:0", "--advertise-host", "::1"}}});
+  ASSERT_NE(cluster, nullptr);
+  FlatshardClient client(cluster->address());
+  v1::JobSpec spec = Job();
+  spec.mutable_recovery()->set_max_restarts(2);
+  spec.mutable_recovery()->set_spare_wait_s(0.5);
+  testing::CreateAndWaitReady(client, spec);
+
+  testing::TrainRun run = testing::TrainAndKill(*cluster, client, spec.name(), 6,
+                                                /*kill_after=*/2, {1});
+  ASSERT_TRUE(run.status.ok()) << run.status;
+  auto job = client.GetJob(spec.name());
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->step(), 6);
+  EXPECT_EQ(job->world_size(), 1);
+  EXPECT_EQ(job->restarts(), 2);  // the forgiven try not among them
+  const v1::Recovery& r = job->last_recovery();
+  EXPECT_FALSE(r.spare_used());
+  // The last try's cause carries the two tries before it: each failed on
+  // the link between the spare and rank 0, named by whichever end failed first.
+  EXPECT_EQ(Occurrences(r.cause(), "could not be configured (its peer rank "), 2) << r.cause();
+  EXPECT_EQ(Occurrences(r.cause(), "did not connect)"), 2) << r.cause();
+  EXPECT_THAT(r.cause(), HasSubstr("worker-2 at [::1]:"));
+  EXPECT_EQ(RanksByWorker(client, spec.name()), (std::map<std::string, int>{{"worker-0", 0}}));
 }
 
 TEST(FormationFailureTest, AWorkerThatStopsWhileBeingConfiguredFailsItAtTheHeartbeatTimeout) {

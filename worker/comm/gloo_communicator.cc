@@ -97,7 +97,11 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
     }
     // A pair that could not connect names its peer, in the world's ranks:
     // the coordinator decides whom that blames (either end, or neither).
-    if (const std::optional<int> peer = context->unreachable_peer(); peer.has_value()) {
+    // (No context: the device could not be created, a hostname that does
+    // not resolve, say.)
+    if (const std::optional<int> peer =
+            context != nullptr ? context->unreachable_peer() : std::nullopt;
+        peer.has_value()) {
       const int world_peer =
           options.world_ranks.empty() ? *peer : options.world_ranks[static_cast<size_t>(*peer)];
       return WithUnreachablePeer(
