@@ -14,8 +14,6 @@
 #include <thread>
 
 #include <gmock/gmock.h>
-#include <grpcpp/create_channel.h>
-#include <grpcpp/security/credentials.h>
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -155,13 +153,10 @@ TEST_F(ConfigureAbortTest, AnAbortDuringTheRendezvousEndsTheConfigureAtOnceAndIn
 TEST_F(ConfigureAbortTest, ANewEpochEndsARendezvousWaitingForAPeerThatNeverConnects) {
   // Rank 1's record as it left it, set through a registered session as a
   // worker sets it.
-  std::shared_ptr<grpc::Channel> channel =
-      grpc::CreateChannel(cluster_->address(), grpc::InsecureChannelCredentials());
-  absl::StatusOr<std::string> session = testing::RegisterSpare(channel, "absent-rank-1");
-  ASSERT_TRUE(session.ok()) << session.status();
-  auto credentials = std::make_shared<WorkerCallCredentials>("");
-  credentials->set_session(*session);
-  GrpcStore store(channel, credentials);
+  absl::StatusOr<std::unique_ptr<GrpcStore>> spare =
+      testing::StoreAsSpare(cluster_->address(), "absent-rank-1");
+  ASSERT_TRUE(spare.ok()) << spare.status();
+  GrpcStore& store = **spare;
   ASSERT_TRUE(store.Set("test/stuck/gloo/1", testing::AbsentPeerAddresses(2)).ok());
   ASSERT_NO_FATAL_FAILURE(StartConfiguringRank0Alone("test/stuck"));
   // Rank 0 published its own; a second later it is past the store call that
@@ -197,13 +192,10 @@ TEST_F(ConfigureAbortTest, ANewEpochEndsARendezvousWaitingForAPeerThatNeverConne
 // coordinator then blames the link (coordinator/link_failures.h), where the
 // failed Configure alone would blame the rank that reported it.
 TEST_F(ConfigureAbortTest, ARankThatCannotReachAPeerSaysWhichOverTheCall) {
-  std::shared_ptr<grpc::Channel> channel =
-      grpc::CreateChannel(cluster_->address(), grpc::InsecureChannelCredentials());
-  absl::StatusOr<std::string> session = testing::RegisterSpare(channel, "refusing-rank-1");
-  ASSERT_TRUE(session.ok()) << session.status();
-  auto credentials = std::make_shared<WorkerCallCredentials>("");
-  credentials->set_session(*session);
-  GrpcStore store(channel, credentials);
+  absl::StatusOr<std::unique_ptr<GrpcStore>> spare =
+      testing::StoreAsSpare(cluster_->address(), "refusing-rank-1");
+  ASSERT_TRUE(spare.ok()) << spare.status();
+  GrpcStore& store = **spare;
   ASSERT_TRUE(store.Set("test/refused/gloo/1", testing::RefusingPeerAddresses(2)).ok());
   const absl::Time begin = absl::Now();
   const absl::Status configured =

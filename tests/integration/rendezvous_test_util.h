@@ -13,12 +13,16 @@
 #include <gloo/transport/tcp/address.h>
 #include <grpcpp/channel.h>
 #include <grpcpp/client_context.h>
+#include <grpcpp/create_channel.h>
+#include <grpcpp/security/credentials.h>
 #include <netinet/in.h>
 
 #include "absl/status/statusor.h"
+#include "rpc/call_metadata.h"
 
 #include "flatshard/v1/membership.grpc.pb.h"
 #include "proto/grpc_status.h"
+#include "worker/comm/grpc_store.h"
 
 namespace flatshard::testing {
 
@@ -36,6 +40,19 @@ inline absl::StatusOr<std::string> RegisterSpare(const std::shared_ptr<grpc::Cha
       v1::Membership::NewStub(channel)->Register(&context, request, &response);
   if (!registered.ok()) return FromGrpcStatus(registered);
   return response.session();
+}
+
+// The coordinator's store at `address` as a worker registered as spare
+// `worker_id` sees it: what a test sets there, a rank reads.
+inline absl::StatusOr<std::unique_ptr<GrpcStore>> StoreAsSpare(const std::string& address,
+                                                               const std::string& worker_id) {
+  std::shared_ptr<grpc::Channel> channel =
+      grpc::CreateChannel(address, grpc::InsecureChannelCredentials());
+  absl::StatusOr<std::string> session = RegisterSpare(channel, worker_id);
+  if (!session.ok()) return session.status();
+  auto credentials = std::make_shared<WorkerCallCredentials>("");
+  credentials->set_session(*session);
+  return std::make_unique<GrpcStore>(channel, credentials);
 }
 
 // The value a rank of a `world`-rank Gloo group that published its addresses
