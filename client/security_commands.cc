@@ -27,7 +27,7 @@ void SecurityCommands::Add(CLI::App& app) {
   certs_init_
       ->add_option("--hosts", hosts_,
                    "Names and addresses the coordinator and workers are dialed at "
-                   "(comma-separated; localhost and 127.0.0.1 are always included)")
+                   "(comma-separated; localhost, 127.0.0.1 and ::1 are always included)")
       ->delimiter(',');
   certs_init_->add_option("--days", days_, "Validity of every certificate")
       ->capture_default_str()

@@ -236,8 +236,11 @@ absl::Status TrainingJob::RecoverOnce(const absl::Status& cause, std::vector<int
   };
   const auto fail = [&](const absl::Status& why, Retry what_follows) {
     *retry = what_follows;
+    // The next try repeats this restart's number: say why.
+    const absl::string_view free =
+        what_follows == Retry::kFree ? " (a failed link, forgiven once: not counted)" : "";
     return absl::Status(why.code(),
-                        absl::StrCat(cause.message(), "; recovery failed: ", why.message()));
+                        absl::StrCat(cause.message(), "; recovery failed: ", why.message(), free));
   };
   RETURN_IF_ERROR(states_.Transition(
       v1::RECOVERING, absl::StrCat(cause.message(), "; recovering (restart ", restart, " of ",

@@ -22,6 +22,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "rpc/host_port.h"
 #include "rpc/tls_credentials.h"
 
 #include "core/status_macros.h"
@@ -166,7 +167,8 @@ absl::StatusOr<PemCertificate> IssueCertificate(const CertificateRequest& reques
   if (!request.hosts.empty()) {
     std::vector<std::string> names;
     for (const std::string& host : request.hosts) {
-      names.push_back(absl::StrCat(IsIpAddress(host) ? "IP:" : "DNS:", host));
+      const std::string bare = BareHost(host);  // "[::1]" is the IP ::1
+      names.push_back(absl::StrCat(IsIpAddress(bare) ? "IP:" : "DNS:", bare));
     }
     RETURN_IF_ERROR(
         AddExtension(cert.get(), signer, NID_subject_alt_name, absl::StrJoin(names, ",")));
@@ -193,7 +195,7 @@ absl::StatusOr<std::vector<std::string>> WriteClusterCertificates(
   std::error_code ec;
   fs::create_directories(directory, ec);
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", directory, ": ", ec.message()));
-  std::vector<std::string> all_hosts = {"localhost", "127.0.0.1"};
+  std::vector<std::string> all_hosts = {"localhost", "127.0.0.1", "::1"};
   for (const std::string& host : hosts) {
     if (std::find(all_hosts.begin(), all_hosts.end(), host) == all_hosts.end()) {
       all_hosts.push_back(host);

@@ -34,7 +34,7 @@ absl::StatusOr<PemCertificate> IssueCertificate(const CertificateRequest& reques
 
 // The files of a cluster: ca.pem (and ca-key.pem, to issue more later),
 // coordinator.pem/-key.pem, worker.pem/-key.pem, admin.pem/-key.pem, with
-// `hosts` (plus localhost and 127.0.0.1) in the coordinator's and workers'
+// `hosts` (plus localhost, 127.0.0.1 and ::1) in the coordinator's and workers'
 // subjectAltNames. Keys are written mode 0600. ALREADY_EXISTS, writing
 // nothing, when `directory` already holds a CA: reissuing would orphan every
 // certificate made from it. The paths written.

@@ -5,6 +5,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "metrics/metrics_server.h"
+#include "rpc/host_port.h"
 
 namespace flatshard {
 
@@ -109,6 +110,9 @@ void AddWorkerFlags(CLI::App& app, WorkerFlags& f) {
 
 void FinishWorkerFlags(const CLI::App& app, WorkerFlags& f) {
   f.state_dir_given = app.get_option("--state-dir")->count() > 0;
+  // One spelling of an IPv6 host: "[::1]" and "::1" name the same worker
+  // (its id, its registered host); addresses add the brackets back.
+  f.advertise_host = BareHost(f.advertise_host);
   if (app.get_option("--metrics-listen")->count() == 0) {
     f.metrics_listen = MetricsServer::DefaultAddress(f.listen);
   }

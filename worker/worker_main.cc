@@ -16,7 +16,6 @@
 #include <unistd.h>
 
 #include "CLI/CLI.hpp"
-#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -182,7 +181,8 @@ int Run(const WorkerFlags& f) {
   options.file_system = faulty_files.get();
   options.data_dir = f.data_dir;
   options.checkpoint_dir = f.checkpoint_dir;
-  options.gloo.hostname = BareHost(f.advertise_host);  // getaddrinfo takes no brackets
+  options.gloo.hostname =
+      f.advertise_host;  // bare (FinishWorkerFlags): getaddrinfo takes no brackets
   options.gloo.timeout = absl::Seconds(f.collective_timeout_s);
   options.abort_grace = absl::Seconds(f.abort_grace_s);
   if (f.abort_grace_s > 0 && f.abort_grace_s <= f.collective_timeout_s) {
@@ -248,10 +248,7 @@ int Run(const WorkerFlags& f) {
     metrics_server->Serve(std::make_shared<ScrapeCollector>(
         [&service](ScrapedGauges& g) { WorkerMetrics::AddSnapshotGauges(service.Snapshot(), g); }));
     metrics_address = JoinHostPort(f.advertise_host, metrics_server->port());
-    const bool loopback_only = absl::StartsWith(f.metrics_listen, "127.") ||
-                               absl::StartsWith(f.metrics_listen, "localhost:");
-    if (loopback_only && !absl::StartsWith(f.advertise_host, "127.") &&
-        f.advertise_host != "localhost") {
+    if (IsLoopbackAddress(f.metrics_listen) && !IsLoopbackAddress(address)) {
       spdlog::warn(
           "--metrics-listen {} accepts loopback connections only, but this worker advertises "
           "{}: a Prometheus on another host cannot scrape it (listen on 0.0.0.0 instead)",

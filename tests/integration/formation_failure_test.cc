@@ -233,6 +233,7 @@ TEST(FormationFailureTest, ASpareNoRankCanConnectToIsForgivenOnceThenPassedOver)
   // the link between the spare and rank 0, named by whichever end failed first.
   EXPECT_EQ(Occurrences(r.cause(), "could not be configured (its peer rank "), 2) << r.cause();
   EXPECT_EQ(Occurrences(r.cause(), "did not connect)"), 2) << r.cause();
+  EXPECT_EQ(Occurrences(r.cause(), "(a failed link, forgiven once: not counted)"), 1) << r.cause();
   EXPECT_THAT(r.cause(), HasSubstr("worker-2 at [::1]:"));
   EXPECT_EQ(RanksByWorker(client, spec.name()), (std::map<std::string, int>{{"worker-0", 0}}));
 }

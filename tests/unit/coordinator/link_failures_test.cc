@@ -39,5 +39,15 @@ TEST(LinkFailuresTest, AnEpochFormingStartsEveryCountOver) {
   EXPECT_THAT(links.Record("survivor-c", "spare-2"), IsEmpty());
 }
 
+TEST(LinkFailuresTest, AnEndIsCountedOnceALinkAndAnEmptyEndNotAtAll) {
+  LinkFailures links;
+  // A worker named as both ends (FormLocked never records that; the guard
+  // holds anyway) counts once, not twice: still forgiven.
+  EXPECT_THAT(links.Record("w", "w"), IsEmpty());
+  LinkFailures unnamed;
+  EXPECT_THAT(unnamed.Record("w", ""), IsEmpty());
+  EXPECT_THAT(unnamed.Record("", "w"), ElementsAre("w"));  // "" is no one's count
+}
+
 }  // namespace
 }  // namespace flatshard
