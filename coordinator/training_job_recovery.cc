@@ -190,6 +190,10 @@ absl::Status TrainingJob::RecoverLocked(const absl::Status& cause, std::vector<i
       if (retry == Retry::kFree && free_retries < kMaxFreeRetries) {
         ++free_retries;
         --restarts_;  // the try is not one of recovery.max_restarts
+        // The next try repeats this restart's number: its cause says why.
+        attempt = absl::Status(attempt.code(), absl::StrCat(attempt.message(),
+                                                            " (a failed link, forgiven once: "
+                                                            "not counted)"));
       }
       restarts = restarts_;
       stopping = stopping_;
@@ -236,11 +240,8 @@ absl::Status TrainingJob::RecoverOnce(const absl::Status& cause, std::vector<int
   };
   const auto fail = [&](const absl::Status& why, Retry what_follows) {
     *retry = what_follows;
-    // The next try repeats this restart's number: say why.
-    const absl::string_view free =
-        what_follows == Retry::kFree ? " (a failed link, forgiven once: not counted)" : "";
     return absl::Status(why.code(),
-                        absl::StrCat(cause.message(), "; recovery failed: ", why.message(), free));
+                        absl::StrCat(cause.message(), "; recovery failed: ", why.message()));
   };
   RETURN_IF_ERROR(states_.Transition(
       v1::RECOVERING, absl::StrCat(cause.message(), "; recovering (restart ", restart, " of ",
