@@ -1,5 +1,5 @@
-// A host and a port as one address, and back, for hosts given as names,
-// IPv4 or IPv6 addresses. An IPv6 address goes in brackets in an address
+// A host and a port as one address, and a host without its brackets, for
+// hosts given as names, IPv4 or IPv6 addresses. An IPv6 address goes in brackets in an address
 // ("[::1]:7000", as gRPC and URLs want it) and without them where a bare
 // host is wanted (getaddrinfo, which Gloo resolves its hostname with).
 #ifndef FLATSHARD_RPC_HOST_PORT_H_

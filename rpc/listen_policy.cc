@@ -2,15 +2,13 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "rpc/host_port.h"
 #include "spdlog/spdlog.h"
 
 namespace flatshard {
 
 bool IsLoopbackAddress(const std::string& address) {
-  std::string host = address.substr(0, address.rfind(':'));
-  if (absl::StartsWith(host, "[") && absl::EndsWith(host, "]")) {
-    host = host.substr(1, host.size() - 2);
-  }
+  const std::string host = BareHost(address.substr(0, address.rfind(':')));
   return absl::StartsWith(host, "127.") || host == "::1" || host == "localhost";
 }
 
