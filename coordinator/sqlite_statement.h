@@ -1,15 +1,20 @@
-// One prepared SQLite statement, finalized on scope exit, whose binds and
-// steps carry the first failure to status() instead of each call returning
-// one: a statement is built, run and checked once (StateStore's queries).
+// One prepared SQLite statement whose binds and steps carry the first failure
+// to status() instead of each call returning one: a statement is built, run
+// and checked once (StateStore's queries). Statements come from a
+// SqliteStatementCache, which prepares each SQL text once per connection: a
+// statement run on every training step (the batch journal) is then not parsed
+// and planned again each time, which cost more than its commit.
 #ifndef FLATSHARD_COORDINATOR_SQLITE_STATEMENT_H_
 #define FLATSHARD_COORDINATOR_SQLITE_STATEMENT_H_
 
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include <sqlite3.h>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
@@ -35,10 +40,14 @@ inline absl::Status SqliteStatus(int rc, absl::string_view where, const char* me
 
 class SqliteStatement {
  public:
-  SqliteStatement(sqlite3* db, const char* sql) : db_(db) {
-    rc_ = sqlite3_prepare_v2(db, sql, -1, &stmt_, nullptr);
+  // Borrows `stmt` (a cache's, prepared with result `rc`): reset and unbound,
+  // not finalized, on scope exit, so the next use starts clean.
+  SqliteStatement(sqlite3* db, sqlite3_stmt* stmt, int rc) : db_(db), stmt_(stmt), rc_(rc) {}
+  ~SqliteStatement() {
+    if (stmt_ == nullptr) return;  // it did not prepare
+    sqlite3_reset(stmt_);
+    sqlite3_clear_bindings(stmt_);
   }
-  ~SqliteStatement() { sqlite3_finalize(stmt_); }
   SqliteStatement(const SqliteStatement&) = delete;
   SqliteStatement& operator=(const SqliteStatement&) = delete;
 
@@ -91,8 +100,37 @@ class SqliteStatement {
     if (rc_ == SQLITE_OK) rc_ = rc;
   }
   sqlite3* db_;
-  sqlite3_stmt* stmt_ = nullptr;
+  sqlite3_stmt* stmt_;
   int rc_;
+};
+
+// The prepared statements of one connection, by SQL text, kept until the
+// cache is destroyed (which must happen before sqlite3_close: a connection
+// with statements left refuses to close). Not thread-safe, and one statement
+// is in use at a time per text: its owner serializes (StateStore's mu_).
+class SqliteStatementCache {
+ public:
+  explicit SqliteStatementCache(sqlite3* db) : db_(db) {}
+  ~SqliteStatementCache() {
+    for (auto& [sql, stmt] : statements_) sqlite3_finalize(stmt);
+  }
+  SqliteStatementCache(const SqliteStatementCache&) = delete;
+  SqliteStatementCache& operator=(const SqliteStatementCache&) = delete;
+
+  // `sql` prepared (once) for this use. A text that does not prepare is not
+  // kept: the statement carries the failure to its status().
+  SqliteStatement Get(const char* sql) {
+    auto it = statements_.find(sql);
+    if (it != statements_.end()) return SqliteStatement(db_, it->second, SQLITE_OK);
+    sqlite3_stmt* stmt = nullptr;
+    const int rc = sqlite3_prepare_v3(db_, sql, -1, SQLITE_PREPARE_PERSISTENT, &stmt, nullptr);
+    if (rc == SQLITE_OK && stmt != nullptr) statements_.emplace(sql, stmt);
+    return SqliteStatement(db_, stmt, rc);
+  }
+
+ private:
+  sqlite3* db_;
+  absl::flat_hash_map<std::string, sqlite3_stmt*> statements_;
 };
 
 }  // namespace flatshard

@@ -66,17 +66,21 @@ absl::StatusOr<std::unique_ptr<StateStore>> StateStore::Open(const std::string& 
   std::unique_ptr<StateStore> store(new StateStore(dir, db, fd));
   {
     std::lock_guard<std::mutex> lock(store->mu_);
-    RETURN_IF_ERROR(store->ExecLocked(
-        "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL; PRAGMA foreign_keys=ON;"));
+    RETURN_IF_ERROR(store->ExecLocked("PRAGMA journal_mode=WAL; PRAGMA foreign_keys=ON;"));
+    RETURN_IF_ERROR(store->SynchronousLocked(Synchronous::kFull));
   }
   RETURN_IF_ERROR(store->Migrate());
   return store;
 }
 
 StateStore::StateStore(std::string dir, sqlite3* db, int lock_fd)
-    : dir_(std::move(dir)), db_(db), lock_fd_(lock_fd) {}
+    : dir_(std::move(dir)),
+      db_(db),
+      statements_(std::make_unique<SqliteStatementCache>(db)),
+      lock_fd_(lock_fd) {}
 
 StateStore::~StateStore() {
+  statements_.reset();  // a connection with prepared statements left does not close
   sqlite3_close(db_);
   ::close(lock_fd_);
 }
@@ -88,6 +92,17 @@ absl::Status StateStore::ExecLocked(const std::string& sql) {
     sqlite3_free(message);
     return status;
   }
+  return absl::OkStatus();
+}
+
+SqliteStatement StateStore::StatementLocked(const char* sql) const { return statements_->Get(sql); }
+
+absl::Status StateStore::SynchronousLocked(Synchronous mode) {
+  if (mode == synchronous_) return absl::OkStatus();
+  synchronous_ = Synchronous::kUnknown;  // until the PRAGMA succeeded
+  RETURN_IF_ERROR(ExecLocked(mode == Synchronous::kFull ? "PRAGMA synchronous=FULL"
+                                                        : "PRAGMA synchronous=NORMAL"));
+  synchronous_ = mode;
   return absl::OkStatus();
 }
 
@@ -107,10 +122,10 @@ absl::Status StateStore::EndTransactionLocked(const absl::Status& body) {
 absl::Status StateStore::PutJob(const JobRecord& job) {
   std::lock_guard<std::mutex> lock(mu_);
   const std::string& name = job.spec.name();
-  RETURN_IF_ERROR(ExecLocked("PRAGMA synchronous=FULL; BEGIN IMMEDIATE"));
+  RETURN_IF_ERROR(SynchronousLocked(Synchronous::kFull));
+  RETURN_IF_ERROR(ExecLocked("BEGIN IMMEDIATE"));
   absl::Status status = [&]() -> absl::Status {
-    SqliteStatement put(
-        db_,
+    SqliteStatement put = StatementLocked(
         "INSERT INTO jobs(name, spec, state, failure, epoch, step, data_position, "
         "last_seq, restarts, world_size, last_recovery, updated_at, state_checkpoint, "
         "history_loaded, history_loaded_created_micros, history_since_micros, "
@@ -142,11 +157,10 @@ absl::Status StateStore::PutJob(const JobRecord& job) {
       put.Null(11);
     }
     RETURN_IF_ERROR(put.Run());
-    RETURN_IF_ERROR(
-        SqliteStatement(db_, "DELETE FROM job_members WHERE job=?1").Text(1, name).Run());
+    RETURN_IF_ERROR(StatementLocked("DELETE FROM job_members WHERE job=?1").Text(1, name).Run());
     for (size_t r = 0; r < job.worker_ids.size(); ++r) {
       RETURN_IF_ERROR(
-          SqliteStatement(db_, "INSERT INTO job_members(job, rank, worker_id) VALUES (?1,?2,?3)")
+          StatementLocked("INSERT INTO job_members(job, rank, worker_id) VALUES (?1,?2,?3)")
               .Text(1, name)
               .Int(2, static_cast<int64_t>(r))
               .Text(3, job.worker_ids[r])
@@ -160,32 +174,28 @@ absl::Status StateStore::PutJob(const JobRecord& job) {
 absl::Status StateStore::PutProgress(const std::string& job, int64_t step, int64_t data_position,
                                      uint64_t last_seq) {
   std::lock_guard<std::mutex> lock(mu_);
-  RETURN_IF_ERROR(ExecLocked("PRAGMA synchronous=NORMAL"));
-  absl::Status status =
-      SqliteStatement(db_,
-                      "UPDATE jobs SET step=?2, data_position=?3, last_seq=?4, updated_at=?5 "
-                      "WHERE name=?1")
-          .Text(1, job)
-          .Int(2, step)
-          .Int(3, data_position)
-          .Int(4, static_cast<int64_t>(last_seq))
-          .Real(5, Seconds(absl::Now()))
-          .Run();
-  RETURN_IF_ERROR(ExecLocked("PRAGMA synchronous=FULL"));
-  return status;
+  RETURN_IF_ERROR(SynchronousLocked(Synchronous::kNormal));
+  return StatementLocked(
+             "UPDATE jobs SET step=?2, data_position=?3, last_seq=?4, updated_at=?5 "
+             "WHERE name=?1")
+      .Text(1, job)
+      .Int(2, step)
+      .Int(3, data_position)
+      .Int(4, static_cast<int64_t>(last_seq))
+      .Real(5, Seconds(absl::Now()))
+      .Run();
 }
 
 absl::Status StateStore::DeleteJob(const std::string& job) {
   std::lock_guard<std::mutex> lock(mu_);
-  RETURN_IF_ERROR(ExecLocked("PRAGMA synchronous=FULL"));
-  return SqliteStatement(db_, "DELETE FROM jobs WHERE name=?1").Text(1, job).Run();
+  RETURN_IF_ERROR(SynchronousLocked(Synchronous::kFull));
+  return StatementLocked("DELETE FROM jobs WHERE name=?1").Text(1, job).Run();
 }
 
 absl::StatusOr<std::vector<JobRecord>> StateStore::LoadJobs() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<JobRecord> jobs;
-  SqliteStatement s(
-      db_,
+  SqliteStatement s = StatementLocked(
       "SELECT name, spec, state, failure, epoch, step, data_position, last_seq, "
       "restarts, world_size, last_recovery, state_checkpoint, history_loaded, "
       "history_loaded_created_micros, history_since_micros, history_loaded_step FROM jobs "
@@ -220,7 +230,8 @@ absl::StatusOr<std::vector<JobRecord>> StateStore::LoadJobs() const {
   }
   RETURN_IF_ERROR(s.status());
   for (JobRecord& job : jobs) {
-    SqliteStatement m(db_, "SELECT worker_id FROM job_members WHERE job=?1 ORDER BY rank");
+    SqliteStatement m =
+        StatementLocked("SELECT worker_id FROM job_members WHERE job=?1 ORDER BY rank");
     m.Text(1, job.spec.name());
     while (m.Next()) job.worker_ids.push_back(m.ColumnString(0));
     RETURN_IF_ERROR(m.status());
@@ -231,12 +242,16 @@ absl::StatusOr<std::vector<JobRecord>> StateStore::LoadJobs() const {
 absl::Status StateStore::PutLastBatch(const std::string& job, const BatchRecord& batch,
                                       bool clears_state_checkpoint) {
   std::lock_guard<std::mutex> lock(mu_);
-  RETURN_IF_ERROR(ExecLocked(clears_state_checkpoint ? "PRAGMA synchronous=NORMAL; BEGIN IMMEDIATE"
-                                                     : "PRAGMA synchronous=NORMAL"));
+  RETURN_IF_ERROR(SynchronousLocked(Synchronous::kNormal));
+  if (clears_state_checkpoint) RETURN_IF_ERROR(ExecLocked("BEGIN IMMEDIATE"));
+  // An upsert, not INSERT OR REPLACE: the row is updated in place, one page
+  // in the commit, where a replace deletes and reinserts it and its key.
   absl::Status status =
-      SqliteStatement(db_,
-                      "INSERT OR REPLACE INTO last_batches(job, epoch, seq, batch, step_after, "
-                      "data_position_after, mid_step_before) VALUES (?1,?2,?3,?4,?5,?6,?7)")
+      StatementLocked(
+          "INSERT INTO last_batches(job, epoch, seq, batch, step_after, data_position_after, "
+          "mid_step_before) VALUES (?1,?2,?3,?4,?5,?6,?7) ON CONFLICT(job) DO UPDATE SET "
+          "epoch=?2, seq=?3, batch=?4, step_after=?5, data_position_after=?6, "
+          "mid_step_before=?7")
           .Text(1, job)
           .Int(2, static_cast<int64_t>(batch.batch.job_epoch()))
           .Int(3, static_cast<int64_t>(batch.batch.seq()))
@@ -249,34 +264,30 @@ absl::Status StateStore::PutLastBatch(const std::string& job, const BatchRecord&
     // In the batch's transaction: no restart finds the batch journaled (and
     // so perhaps run) with the state still named as a checkpoint.
     if (status.ok()) {
-      status = SqliteStatement(db_, "UPDATE jobs SET state_checkpoint='' WHERE name=?1")
-                   .Text(1, job)
-                   .Run();
+      status =
+          StatementLocked("UPDATE jobs SET state_checkpoint='' WHERE name=?1").Text(1, job).Run();
     }
     status = EndTransactionLocked(status);
   }
-  const absl::Status full = ExecLocked("PRAGMA synchronous=FULL");
-  return status.ok() ? full : status;
+  return status;
 }
 
 absl::Status StateStore::PutStateCheckpoint(const std::string& job, const std::string& checkpoint) {
   std::lock_guard<std::mutex> lock(mu_);
   // Not fsynced: lost on power loss, a restart does not know the state and
   // saves once more (never the other way: a clear is in its batch's commit).
-  RETURN_IF_ERROR(ExecLocked("PRAGMA synchronous=NORMAL"));
-  absl::Status status = SqliteStatement(db_, "UPDATE jobs SET state_checkpoint=?2 WHERE name=?1")
-                            .Text(1, job)
-                            .Text(2, checkpoint)
-                            .Run();
-  RETURN_IF_ERROR(ExecLocked("PRAGMA synchronous=FULL"));
-  return status;
+  RETURN_IF_ERROR(SynchronousLocked(Synchronous::kNormal));
+  return StatementLocked("UPDATE jobs SET state_checkpoint=?2 WHERE name=?1")
+      .Text(1, job)
+      .Text(2, checkpoint)
+      .Run();
 }
 
 absl::StatusOr<std::optional<BatchRecord>> StateStore::LoadLastBatch(const std::string& job) const {
   std::lock_guard<std::mutex> lock(mu_);
-  SqliteStatement s(db_,
-                    "SELECT batch, step_after, data_position_after, mid_step_before FROM "
-                    "last_batches WHERE job=?1");
+  SqliteStatement s = StatementLocked(
+      "SELECT batch, step_after, data_position_after, mid_step_before FROM "
+      "last_batches WHERE job=?1");
   s.Text(1, job);
   if (!s.Next()) {
     RETURN_IF_ERROR(s.status());
@@ -294,12 +305,11 @@ absl::StatusOr<std::optional<BatchRecord>> StateStore::LoadLastBatch(const std::
 absl::Status StateStore::PutOperation(const std::string& job,
                                       const std::optional<v1::TrainingOperation>& op) {
   std::lock_guard<std::mutex> lock(mu_);
-  RETURN_IF_ERROR(ExecLocked("PRAGMA synchronous=FULL"));
+  RETURN_IF_ERROR(SynchronousLocked(Synchronous::kFull));
   if (!op.has_value()) {
-    return SqliteStatement(db_, "DELETE FROM operations WHERE job=?1").Text(1, job).Run();
+    return StatementLocked("DELETE FROM operations WHERE job=?1").Text(1, job).Run();
   }
-  return SqliteStatement(
-             db_,
+  return StatementLocked(
              "INSERT OR REPLACE INTO operations(job, target_step, micro_steps, started_by, "
              "started_at) VALUES (?1,?2,?3,?4,?5)")
       .Text(1, job)
@@ -313,9 +323,9 @@ absl::Status StateStore::PutOperation(const std::string& job,
 absl::StatusOr<std::optional<v1::TrainingOperation>> StateStore::LoadOperation(
     const std::string& job) const {
   std::lock_guard<std::mutex> lock(mu_);
-  SqliteStatement s(db_,
-                    "SELECT target_step, micro_steps, started_by, started_at FROM operations "
-                    "WHERE job=?1");
+  SqliteStatement s = StatementLocked(
+      "SELECT target_step, micro_steps, started_by, started_at FROM operations "
+      "WHERE job=?1");
   s.Text(1, job);
   if (!s.Next()) {
     RETURN_IF_ERROR(s.status());
@@ -332,9 +342,8 @@ absl::StatusOr<std::optional<v1::TrainingOperation>> StateStore::LoadOperation(
 
 absl::Status StateStore::PutWorker(const WorkerRecord& worker) {
   std::lock_guard<std::mutex> lock(mu_);
-  RETURN_IF_ERROR(ExecLocked("PRAGMA synchronous=FULL"));
-  return SqliteStatement(
-             db_,
+  RETURN_IF_ERROR(SynchronousLocked(Synchronous::kFull));
+  return StatementLocked(
              "INSERT OR REPLACE INTO workers(worker_id, host, device, device_name, address, "
              "rank, metrics_address, identity_sha256) VALUES (?1,?2,?3,?4,?5,?6,?7,?8)")
       .Text(1, worker.worker_id)
@@ -351,9 +360,9 @@ absl::Status StateStore::PutWorker(const WorkerRecord& worker) {
 absl::StatusOr<std::vector<WorkerRecord>> StateStore::LoadWorkers() const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<WorkerRecord> workers;
-  SqliteStatement s(db_,
-                    "SELECT worker_id, host, device, device_name, address, rank, metrics_address, "
-                    "identity_sha256 FROM workers ORDER BY rank");
+  SqliteStatement s = StatementLocked(
+      "SELECT worker_id, host, device, device_name, address, rank, metrics_address, "
+      "identity_sha256 FROM workers ORDER BY rank");
   while (s.Next()) {
     WorkerRecord w;
     w.worker_id = s.ColumnString(0);
@@ -373,13 +382,12 @@ absl::StatusOr<std::vector<WorkerRecord>> StateStore::LoadWorkers() const {
 absl::Status StateStore::PutCheckpoints(const std::string& job,
                                         const std::vector<v1::CheckpointInfo>& checkpoints) {
   std::lock_guard<std::mutex> lock(mu_);
-  RETURN_IF_ERROR(ExecLocked("PRAGMA synchronous=FULL; BEGIN IMMEDIATE"));
+  RETURN_IF_ERROR(SynchronousLocked(Synchronous::kFull));
+  RETURN_IF_ERROR(ExecLocked("BEGIN IMMEDIATE"));
   absl::Status status = [&]() -> absl::Status {
-    RETURN_IF_ERROR(
-        SqliteStatement(db_, "DELETE FROM checkpoints WHERE job=?1").Text(1, job).Run());
+    RETURN_IF_ERROR(StatementLocked("DELETE FROM checkpoints WHERE job=?1").Text(1, job).Run());
     for (const v1::CheckpointInfo& c : checkpoints) {
-      RETURN_IF_ERROR(SqliteStatement(db_,
-                                      "INSERT INTO checkpoints(job, name, step, state_dict_type, "
+      RETURN_IF_ERROR(StatementLocked("INSERT INTO checkpoints(job, name, step, state_dict_type, "
                                       "world_size, bytes, latest) VALUES (?1,?2,?3,?4,?5,?6,?7)")
                           .Text(1, job)
                           .Text(2, c.name())
@@ -399,8 +407,7 @@ absl::StatusOr<std::vector<v1::CheckpointInfo>> StateStore::LoadCheckpoints(
     const std::string& job) const {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<v1::CheckpointInfo> out;
-  SqliteStatement s(
-      db_,
+  SqliteStatement s = StatementLocked(
       "SELECT name, step, state_dict_type, world_size, bytes, latest FROM checkpoints "
       "WHERE job=?1 ORDER BY step, name");
   s.Text(1, job);

@@ -41,6 +41,9 @@ struct sqlite3;
 
 namespace flatshard {
 
+class SqliteStatement;
+class SqliteStatementCache;
+
 // A job as the coordinator last saw it.
 struct JobRecord {
   v1::JobSpec spec;
@@ -122,6 +125,14 @@ class StateStore {
   absl::Status Migrate();
   // Runs `sql` (no results) on the connection; the caller holds mu_.
   absl::Status ExecLocked(const std::string& sql);
+  // `sql` prepared once for the connection's life; the caller holds mu_.
+  SqliteStatement StatementLocked(const char* sql) const;
+  // How the next commits reach the disk: kFull fsyncs a commit before it
+  // returns (state transitions), kNormal leaves it in the page cache (the
+  // per-step journal and progress). Set only when it changes, so a training
+  // step's commit runs no PRAGMA; the caller holds mu_.
+  enum class Synchronous { kUnknown, kNormal, kFull };
+  absl::Status SynchronousLocked(Synchronous mode);
   // Commits the open transaction when `body` (its statements) succeeded,
   // rolls it back otherwise; the first failure. The caller holds mu_.
   absl::Status EndTransactionLocked(const absl::Status& body);
@@ -129,6 +140,9 @@ class StateStore {
   const std::string dir_;
   mutable std::mutex mu_;
   sqlite3* db_;
+  // Finalized before db_ is closed (the destructor resets it first).
+  std::unique_ptr<SqliteStatementCache> statements_;
+  Synchronous synchronous_ = Synchronous::kUnknown;
   int lock_fd_;
 };
 

@@ -99,7 +99,7 @@ static_assert(kNumMigrations == StateStore::kSchemaVersion);
 
 int StateStore::schema_version() const {
   std::lock_guard<std::mutex> lock(mu_);
-  SqliteStatement s(db_, "PRAGMA user_version");
+  SqliteStatement s = StatementLocked("PRAGMA user_version");
   return s.Next() ? static_cast<int>(s.ColumnInt(0)) : -1;
 }
 

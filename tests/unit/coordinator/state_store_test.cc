@@ -209,6 +209,45 @@ TEST(StateStoreTest, TheStateCheckpointIsNamedAndClearedWithItsBatch) {
   EXPECT_EQ(stored(), "step-00000050");
 }
 
+// The store keeps its statements prepared between calls (the journal runs on
+// every step): none of them may keep a read open once its call returned, or an
+// operator's backup or checkpoint of the database would wait on the coordinator.
+TEST(StateStoreTest, AReadLeavesNothingOpenForOtherConnections) {
+  const std::string dir = FreshDir("no-open-read");
+  auto store = StateStore::Open(dir);
+  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_TRUE((*store)->PutJob(SomeJob()).ok());
+  BatchRecord batch;
+  batch.batch.set_job_epoch(3);
+  for (uint64_t seq = 1; seq <= 3; ++seq) {
+    batch.batch.set_seq(seq);
+    ASSERT_TRUE((*store)->PutLastBatch("gpt", batch).ok());
+  }
+  // Each of these stops at its first row, or reads all of them.
+  ASSERT_TRUE((*store)->LoadLastBatch("gpt").ok());
+  ASSERT_TRUE((*store)->LoadJobs().ok());
+  ASSERT_TRUE((*store)->LoadOperation("gpt").ok());
+
+  sqlite3* other = nullptr;
+  ASSERT_EQ(sqlite3_open((dir + "/coordinator.db").c_str(), &other), SQLITE_OK);
+  sqlite3_stmt* checkpoint = nullptr;
+  ASSERT_EQ(sqlite3_prepare_v2(other, "PRAGMA wal_checkpoint(TRUNCATE)", -1, &checkpoint, nullptr),
+            SQLITE_OK);
+  ASSERT_EQ(sqlite3_step(checkpoint), SQLITE_ROW);
+  // busy 0: no reader held it back; the log was copied and truncated.
+  EXPECT_EQ(sqlite3_column_int(checkpoint, 0), 0);
+  EXPECT_EQ(sqlite3_column_int(checkpoint, 1), 0);
+  sqlite3_finalize(checkpoint);
+  sqlite3_close(other);
+
+  // And the statements still run on the checkpointed database; one row a job.
+  batch.batch.set_seq(4);
+  ASSERT_TRUE((*store)->PutLastBatch("gpt", batch).ok());
+  auto last = (*store)->LoadLastBatch("gpt");
+  ASSERT_TRUE(last.ok() && last->has_value()) << last.status();
+  EXPECT_EQ((*last)->batch.seq(), 4u);
+}
+
 // A state dir an earlier flatshard wrote (schema 2: no mid_step_before, no
 // state_checkpoint) is migrated in place; its journaled batch reads as sent
 // at a step boundary, its state as no known checkpoint.
