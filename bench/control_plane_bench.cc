@@ -94,9 +94,8 @@ class SimulatedWorker final : public WorkerClient {
   absl::Status Configure(const v1::ConfigureRequest&, absl::Time) override {
     return absl::OkStatus();
   }
-  absl::Status Abort(uint64_t, const std::string&, absl::Time) override { return absl::OkStatus(); }
-  absl::StatusOr<v1::GetStatusResponse> GetStatus(absl::Time) override {
-    return v1::GetStatusResponse();
+  void AbortAsync(uint64_t, const std::string&, absl::Time, AbortDone done) override {
+    done(absl::OkStatus());
   }
   void AwaitSave(const std::string&, absl::Time, AwaitSaveDone done) override {
     done(absl::UnimplementedError("fake worker"));

@@ -12,6 +12,7 @@
 #include "rpc/command_batch.h"
 #include "spdlog/spdlog.h"
 
+#include "coordinator/worker_fan_out.h"
 #include "core/status_macros.h"
 #include "core/status_payloads.h"
 
@@ -22,11 +23,19 @@ namespace {
 // workers answer in milliseconds; a hung one must not delay the verdict much.
 constexpr absl::Duration kProbeTimeout = absl::Seconds(1);
 
+std::vector<WorkerClient*> RawPointers(const std::vector<std::shared_ptr<WorkerClient>>& workers) {
+  std::vector<WorkerClient*> raw;
+  raw.reserve(workers.size());
+  for (const std::shared_ptr<WorkerClient>& w : workers) raw.push_back(w.get());
+  return raw;
+}
+
 }  // namespace
 
 CommandSequencer::CommandSequencer(std::vector<std::shared_ptr<WorkerClient>> workers,
                                    uint64_t epoch, BatchLimits limits, BatchObserver on_batch)
     : workers_(std::move(workers)),
+      clients_(RawPointers(workers_)),
       epoch_(epoch),
       limits_(limits),
       on_batch_(std::move(on_batch)) {}
@@ -88,40 +97,26 @@ void CommandSequencer::Fail(int rank, const absl::Status& reason) {
 }
 
 void CommandSequencer::AbortAll(const std::string& reason) {
-  // In parallel: a dead worker's Abort takes its whole timeout.
-  std::vector<std::thread> aborts;
-  aborts.reserve(workers_.size());
-  const absl::Time deadline = absl::Now() + kProbeTimeout;
-  for (const std::shared_ptr<WorkerClient>& worker : workers_) {
-    aborts.emplace_back(
-        [this, worker, &reason, deadline] { (void)worker->Abort(epoch_, reason, deadline); });
-  }
-  for (std::thread& t : aborts) t.join();
+  // All at once (worker_fan_out.h): a dead worker's Abort takes its whole
+  // timeout, and no other worker's waits behind it.
+  (void)flatshard::AbortAll(clients_, epoch_, reason, absl::Now() + kProbeTimeout);
 }
 
 std::optional<StallWatch::Stall> CommandSequencer::ProbeStragglers(const std::vector<int>& running,
                                                                    StallWatch& watch) {
-  // In parallel, as the aborts (a frozen worker's probe takes its timeout),
-  // in waves of at most kMaxProbesAtOnce threads.
-  constexpr size_t kMaxProbesAtOnce = 64;
-  std::vector<std::optional<uint64_t>> progress(running.size());
-  for (size_t begin = 0; begin < running.size(); begin += kMaxProbesAtOnce) {
-    const size_t end = std::min(running.size(), begin + kMaxProbesAtOnce);
-    std::vector<std::thread> probes;
-    probes.reserve(end - begin);
-    const absl::Time deadline = absl::Now() + kProbeTimeout;
-    for (size_t i = begin; i < end; ++i) {
-      probes.emplace_back([this, &running, &progress, i, deadline] {
-        absl::StatusOr<v1::GetStatusResponse> answer =
-            workers_[static_cast<size_t>(running[i])]->GetStatus(deadline);
-        if (answer.ok()) progress[i] = answer->progress();
-      });
-    }
-    for (std::thread& t : probes) t.join();
-  }
+  // All at once, as the aborts: a frozen worker's probe takes its timeout.
+  std::vector<WorkerClient*> probed;
+  probed.reserve(running.size());
+  for (int r : running) probed.push_back(clients_[static_cast<size_t>(r)]);
+  const std::vector<absl::StatusOr<v1::GetStatusResponse>> answers =
+      GetStatusAll(probed, absl::Now() + kProbeTimeout);
   const StallWatch::Clock::time_point now = StallWatch::Clock::now();
   watch.Retain(running);
-  for (size_t i = 0; i < running.size(); ++i) watch.Observe(running[i], progress[i], now);
+  for (size_t i = 0; i < running.size(); ++i) {
+    watch.Observe(running[i],
+                  answers[i].ok() ? std::optional<uint64_t>(answers[i]->progress()) : std::nullopt,
+                  now);
+  }
   return watch.Stalled(now);
 }
 
@@ -160,9 +155,15 @@ absl::Status CommandSequencer::Settle(const std::vector<absl::Status>& statuses,
   // others were aborted for it, or lost it in a collective.
   int blamed = failed.front();
   bool unreachable = false;
-  for (int r : failed) {
-    if (!workers_[static_cast<size_t>(r)]->GetStatus(absl::Now() + kProbeTimeout).ok()) {
-      blamed = r;
+  std::vector<WorkerClient*> probed;
+  probed.reserve(failed.size());
+  for (int r : failed) probed.push_back(clients_[static_cast<size_t>(r)]);
+  // All at once: the first in `failed` that does not answer is the cause.
+  const std::vector<absl::StatusOr<v1::GetStatusResponse>> answers =
+      GetStatusAll(probed, absl::Now() + kProbeTimeout);
+  for (size_t i = 0; i < failed.size(); ++i) {
+    if (!answers[i].ok()) {
+      blamed = failed[i];
       unreachable = true;
       break;
     }

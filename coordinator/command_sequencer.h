@@ -95,6 +95,7 @@ class CommandSequencer {
                             size_t finished, absl::Duration timeout) const;
 
   std::vector<std::shared_ptr<WorkerClient>> workers_;
+  std::vector<WorkerClient*> clients_;  // workers_'s, for the fan-outs
   const uint64_t epoch_;
   const BatchLimits limits_;
   const BatchObserver on_batch_;

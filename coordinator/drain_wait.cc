@@ -11,12 +11,16 @@
 
 namespace flatshard {
 
+bool WaitsForDrain(const absl::StatusOr<v1::GetStatusResponse>& answer) {
+  return answer.ok() && answer->draining_ms() > 0 && answer->abort_grace_ms() > 0;
+}
+
 absl::StatusOr<v1::GetStatusResponse> AwaitDrained(absl::StatusOr<v1::GetStatusResponse> first,
                                                    const StatusProbe& probe,
                                                    const std::function<bool()>& stopping,
                                                    absl::string_view who,
                                                    const DrainWaitOptions& options) {
-  if (!first.ok() || first->draining_ms() <= 0 || first->abort_grace_ms() <= 0) return first;
+  if (!WaitsForDrain(first)) return first;
   const absl::Duration left =
       std::clamp(absl::Milliseconds(first->abort_grace_ms() - first->draining_ms()),
                  absl::ZeroDuration(), options.cap);

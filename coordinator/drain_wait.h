@@ -31,6 +31,11 @@ struct DrainWaitOptions {
 
 using StatusProbe = std::function<absl::StatusOr<v1::GetStatusResponse>()>;
 
+// Whether AwaitDrained would wait on `answer`: it drains, and its worker
+// reported a grace after which it ends itself. A probe of many members asks
+// them all at once and gives a thread only to those.
+bool WaitsForDrain(const absl::StatusOr<v1::GetStatusResponse>& answer);
+
 // `first` (a member's probe answer) if nothing drains, or the worker reports
 // no grace (it never ends itself); else the answer once its work has let go,
 // or the failed probe of a worker that ended itself. UNAVAILABLE naming `who`

@@ -24,12 +24,6 @@ class ForwardingWorkerClient : public WorkerClient {
   absl::Status Configure(const v1::ConfigureRequest& request, absl::Time deadline) override {
     return inner_->Configure(request, deadline);
   }
-  absl::Status Abort(uint64_t epoch, const std::string& reason, absl::Time deadline) override {
-    return inner_->Abort(epoch, reason, deadline);
-  }
-  absl::StatusOr<v1::GetStatusResponse> GetStatus(absl::Time deadline) override {
-    return inner_->GetStatus(deadline);
-  }
   absl::Status Summon(const v1::CommandBatch& batch, absl::Time deadline,
                       const ChunkSink& sink) override {
     return inner_->Summon(batch, deadline, sink);
@@ -39,6 +33,10 @@ class ForwardingWorkerClient : public WorkerClient {
   }
   void GetStatusAsync(absl::Time deadline, GetStatusDone done) override {
     inner_->GetStatusAsync(deadline, std::move(done));
+  }
+  void AbortAsync(uint64_t epoch, const std::string& reason, absl::Time deadline,
+                  AbortDone done) override {
+    inner_->AbortAsync(epoch, reason, deadline, std::move(done));
   }
   std::string address() const override { return inner_->address(); }
 

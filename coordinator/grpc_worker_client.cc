@@ -162,6 +162,23 @@ void GrpcWorkerClient::GetStatusAsync(absl::Time deadline, GetStatusDone done) {
       std::move(done));
 }
 
+void GrpcWorkerClient::AbortAsync(uint64_t epoch, const std::string& reason, absl::Time deadline,
+                                  AbortDone done) {
+  auto call = std::make_unique<UnaryCall<v1::AbortRequest, v1::AbortResponse>>();
+  call->cancellable = false;  // it is how failures end
+  call->request.set_reason(reason);
+  call->request.set_job_epoch(epoch);
+  UnaryCall<v1::AbortRequest, v1::AbortResponse>* const started = call.get();
+  Start<v1::AbortRequest, v1::AbortResponse>(
+      std::move(call), deadline,
+      [&](grpc::ClientContext* context, std::function<void(grpc::Status)> callback) {
+        stub_->async()->Abort(context, &started->request, &started->response, std::move(callback));
+      },
+      [done = std::move(done)](const absl::StatusOr<v1::AbortResponse>& answer) {
+        done(answer.status());
+      });
+}
+
 void GrpcWorkerClient::CancelAll() {
   std::lock_guard<std::mutex> lock(mu_);
   for (const auto& [key, call] : in_flight_) {
@@ -179,29 +196,6 @@ absl::Status GrpcWorkerClient::Configure(const v1::ConfigureRequest& request, ab
   BlockingCall call(mu_, blocking_, deadline, command_token_);
   v1::ConfigureResponse response;
   return FromGrpcStatus(stub_->Configure(call.context(), request, &response));
-}
-
-absl::Status GrpcWorkerClient::Abort(uint64_t epoch, const std::string& reason,
-                                     absl::Time deadline) {
-  grpc::ClientContext context;  // not cancellable: it is how failures end
-  context.set_deadline(absl::ToChronoTime(deadline));
-  AttachCommandToken(context, command_token_);
-  v1::AbortRequest request;
-  request.set_reason(reason);
-  request.set_job_epoch(epoch);
-  v1::AbortResponse response;
-  return FromGrpcStatus(stub_->Abort(&context, request, &response));
-}
-
-absl::StatusOr<v1::GetStatusResponse> GrpcWorkerClient::GetStatus(absl::Time deadline) {
-  grpc::ClientContext context;
-  context.set_deadline(absl::ToChronoTime(deadline));
-  AttachCommandToken(context, command_token_);
-  v1::GetStatusRequest request;
-  v1::GetStatusResponse response;
-  grpc::Status status = stub_->GetStatus(&context, request, &response);
-  if (!status.ok()) return FromGrpcStatus(status);
-  return response;
 }
 
 absl::Status GrpcWorkerClient::Summon(const v1::CommandBatch& batch, absl::Time deadline,

@@ -1,6 +1,6 @@
-// WorkerClient over gRPC: Execute, AwaitSave and GetStatusAsync use the
-// callback API, so fanning a step out to W workers, or awaiting W async
-// writes, holds no thread per worker.
+// WorkerClient over gRPC: Execute, AwaitSave, GetStatusAsync and AbortAsync
+// use the callback API, so fanning a step, a probe or an abort out to W
+// workers, or awaiting W async writes, holds no thread per worker.
 #ifndef FLATSHARD_COORDINATOR_GRPC_WORKER_CLIENT_H_
 #define FLATSHARD_COORDINATOR_GRPC_WORKER_CLIENT_H_
 
@@ -34,10 +34,10 @@ class GrpcWorkerClient final : public WorkerClient {
   void Execute(const v1::CommandBatch* batch, absl::Time deadline, ExecuteDone done) override;
   void CancelAll() override;
   absl::Status Configure(const v1::ConfigureRequest& request, absl::Time deadline) override;
-  absl::Status Abort(uint64_t epoch, const std::string& reason, absl::Time deadline) override;
-  absl::StatusOr<v1::GetStatusResponse> GetStatus(absl::Time deadline) override;
   void AwaitSave(const std::string& directory, absl::Time deadline, AwaitSaveDone done) override;
   void GetStatusAsync(absl::Time deadline, GetStatusDone done) override;
+  void AbortAsync(uint64_t epoch, const std::string& reason, absl::Time deadline,
+                  AbortDone done) override;
   absl::Status Summon(const v1::CommandBatch& batch, absl::Time deadline,
                       const ChunkSink& sink) override;
   std::string address() const override { return address_; }

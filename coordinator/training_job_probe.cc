@@ -21,6 +21,7 @@
 #include "coordinator/drain_wait.h"
 #include "coordinator/recovery_plan.h"
 #include "coordinator/training_job.h"
+#include "coordinator/worker_fan_out.h"
 #include "core/status_macros.h"
 
 namespace flatshard {
@@ -35,20 +36,22 @@ std::vector<int> TrainingJob::ProbeMembers(
     for (const auto& client : clients_) clients.push_back(client.get());
     members = members_;
   }
-  // In parallel: a stopped (SIGSTOP) worker costs one probe timeout, not one per rank.
-  std::vector<absl::StatusOr<v1::GetStatusResponse>> answers(clients.size());
-  std::vector<std::thread> probes;
-  probes.reserve(clients.size());
-  const absl::Time deadline = absl::Now() + options_.probe_timeout;
+  // All at once (worker_fan_out.h): a stopped (SIGSTOP) worker costs one
+  // probe timeout, not one per rank.
+  std::vector<absl::StatusOr<v1::GetStatusResponse>> answers =
+      GetStatusAll(clients, absl::Now() + options_.probe_timeout);
   // A member whose aborted work has not let go yet (a write into a hung
   // mount) is not a survivor until it does: if it never does, it ends itself
   // at its abort grace, and a try that seated it would fail then and spend
-  // a restart. So the probe waits for the verdict, bounded by that grace.
+  // a restart. So the probe waits for the verdict, bounded by that grace;
+  // only such members get a thread, to poll their own.
+  std::vector<std::thread> drains;
   for (size_t r = 0; r < clients.size(); ++r) {
-    probes.emplace_back([&, r] {
+    if (!WaitsForDrain(answers[r])) continue;
+    drains.emplace_back([&, r] {
       WorkerClient& client = *clients[r];
       answers[r] = AwaitDrained(
-          client.GetStatus(deadline),
+          std::move(answers[r]),
           [&] { return client.GetStatus(absl::Now() + options_.probe_timeout); },
           [this] {
             std::lock_guard<std::mutex> lock(mu_);
@@ -57,7 +60,7 @@ std::vector<int> TrainingJob::ProbeMembers(
           absl::StrCat("job ", config_.name, ": rank ", r, " (", client.address(), ")"));
     });
   }
-  for (std::thread& t : probes) t.join();
+  for (std::thread& t : drains) t.join();
   std::vector<int> failed;
   for (size_t r = 0; r < clients.size() && r < members.size(); ++r) {
     if (answers[r].ok()) {
@@ -102,24 +105,31 @@ std::vector<std::string> TrainingJob::ReadmitReturning(
     returning.push_back({rank, *back, options_.connect(*back)});
   }
   if (returning.empty()) return {};
-  // In parallel, as ProbeMembers: the spare wait overruns `until` by one
+  // All at once, as ProbeMembers: the spare wait overruns `until` by one
   // probe at most, and a draining member's verdict is not awaited past it.
   DrainWaitOptions drain;
   drain.cap = std::clamp(until - absl::Now(), absl::ZeroDuration(), drain.cap);
-  std::vector<std::thread> probes;
-  probes.reserve(returning.size());
-  for (Returning& r : returning) {
-    probes.emplace_back([&] {
-      WorkerClient& client = *r.client;
-      r.answer = AwaitDrained(
-          client.GetStatus(absl::Now() + options_.probe_timeout),
+  std::vector<WorkerClient*> clients;
+  clients.reserve(returning.size());
+  for (const Returning& r : returning) clients.push_back(r.client.get());
+  std::vector<absl::StatusOr<v1::GetStatusResponse>> answers =
+      GetStatusAll(clients, absl::Now() + options_.probe_timeout);
+  std::vector<std::thread> drains;
+  for (size_t i = 0; i < returning.size(); ++i) {
+    Returning& r = returning[i];
+    r.answer = std::move(answers[i]);
+    if (!WaitsForDrain(r.answer)) continue;
+    drains.emplace_back([&, p = &r] {
+      WorkerClient& client = *p->client;
+      p->answer = AwaitDrained(
+          std::move(p->answer),
           [&] { return client.GetStatus(absl::Now() + options_.probe_timeout); }, stopping,
-          absl::StrCat("job ", config_.name, ": rank ", r.rank, " (", r.worker.address,
+          absl::StrCat("job ", config_.name, ": rank ", p->rank, " (", p->worker.address,
                        "), heartbeating again"),
           drain);
     });
   }
-  for (std::thread& t : probes) t.join();
+  for (std::thread& t : drains) t.join();
   std::vector<std::string> readmitted;
   for (Returning& r : returning) {
     if (!r.answer.ok()) {

@@ -10,7 +10,6 @@
 // all at the batch's seq (it ran everywhere), all at the seq before it (it
 // ran nowhere), or anything else (it ran on some ranks: roll back).
 #include <algorithm>
-#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -20,6 +19,7 @@
 
 #include "coordinator/readoption.h"
 #include "coordinator/training_job.h"
+#include "coordinator/worker_fan_out.h"
 #include "core/status_macros.h"
 
 namespace flatshard {
@@ -275,14 +275,7 @@ absl::StatusOr<TrainingJob::Progress> TrainingJob::AgreedProgress(
   const absl::Time settle_by = absl::Now() + kReadoptSettleTime;
   const absl::Time answer_by = absl::Now() + kReadoptAnswerTime;
   while (true) {
-    reports.assign(clients.size(), absl::UnavailableError("not asked"));
-    std::vector<std::thread> probes;
-    probes.reserve(clients.size());
-    const absl::Time deadline = absl::Now() + options_.probe_timeout;
-    for (size_t r = 0; r < clients.size(); ++r) {
-      probes.emplace_back([&, r] { reports[r] = clients[r]->GetStatus(deadline); });
-    }
-    for (std::thread& t : probes) t.join();
+    reports = GetStatusAll(clients, absl::Now() + options_.probe_timeout);
     bool running = false, unanswered = false;
     for (const auto& report : reports) {
       running |= report.ok() && report->state() == "running";

@@ -2,8 +2,11 @@
 // (asynchronous, so a step costs one concurrent round trip to every worker,
 // not W sequential ones) and Cancel; an async save's commit needs AwaitSave
 // and GetStatusAsync (asynchronous too, so awaiting every rank's write holds
-// no thread per rank). The real implementation is gRPC (GrpcWorkerClient),
-// and the scale benchmark uses light in-process fakes.
+// no thread per rank). Aborts and probes go to every worker at once
+// (worker_fan_out.h), so they are asynchronous as well: a thread per worker
+// was 16,384 threads for one abort at that scale. Their blocking forms wait
+// for the asynchronous call. The real implementation is gRPC
+// (GrpcWorkerClient), and the scale benchmark uses light in-process fakes.
 #ifndef FLATSHARD_COORDINATOR_WORKER_CLIENT_H_
 #define FLATSHARD_COORDINATOR_WORKER_CLIENT_H_
 
@@ -24,6 +27,7 @@ class WorkerClient {
   using ExecuteDone = std::function<void(absl::StatusOr<v1::CommandResult>)>;
   using AwaitSaveDone = std::function<void(absl::StatusOr<v1::CommandResult>)>;
   using GetStatusDone = std::function<void(absl::StatusOr<v1::GetStatusResponse>)>;
+  using AbortDone = std::function<void(absl::Status)>;
   using ChunkSink = std::function<absl::Status(const v1::TensorChunk&)>;
 
   virtual ~WorkerClient() = default;
@@ -36,9 +40,6 @@ class WorkerClient {
 
   // Blocking calls, used outside the per-step path.
   virtual absl::Status Configure(const v1::ConfigureRequest& request, absl::Time deadline) = 0;
-  // Aborts `epoch` (the worker refuses an epoch older than its own).
-  virtual absl::Status Abort(uint64_t epoch, const std::string& reason, absl::Time deadline) = 0;
-  virtual absl::StatusOr<v1::GetStatusResponse> GetStatus(absl::Time deadline) = 0;
   // Runs a summon batch; each chunk the worker streams goes to `sink`.
   virtual absl::Status Summon(const v1::CommandBatch& batch, absl::Time deadline,
                               const ChunkSink& sink) = 0;
@@ -50,6 +51,15 @@ class WorkerClient {
   // GetStatus without a thread waiting on it; like GetStatus, not cancelled
   // by CancelAll.
   virtual void GetStatusAsync(absl::Time deadline, GetStatusDone done) = 0;
+  // Aborts `epoch` (the worker refuses an epoch older than its own). Not
+  // cancelled by CancelAll: it is how a failure ends.
+  virtual void AbortAsync(uint64_t epoch, const std::string& reason, absl::Time deadline,
+                          AbortDone done) = 0;
+
+  // The blocking forms of GetStatusAsync and AbortAsync: each waits for its
+  // call's `done`. Not on a gRPC callback thread (the answer may need it).
+  absl::StatusOr<v1::GetStatusResponse> GetStatus(absl::Time deadline);
+  absl::Status Abort(uint64_t epoch, const std::string& reason, absl::Time deadline);
 
   virtual std::string address() const = 0;
 };

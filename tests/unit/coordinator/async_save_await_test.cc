@@ -44,7 +44,9 @@ class WritingWorker : public WorkerClient {
   absl::Status Configure(const v1::ConfigureRequest&, absl::Time) override {
     return absl::OkStatus();
   }
-  absl::Status Abort(uint64_t, const std::string&, absl::Time) override { return absl::OkStatus(); }
+  void AbortAsync(uint64_t, const std::string&, absl::Time, AbortDone done) override {
+    done(absl::OkStatus());
+  }
   ~WritingWorker() override {
     std::vector<std::thread> calls;
     {
@@ -53,17 +55,18 @@ class WritingWorker : public WorkerClient {
     }
     for (std::thread& call : calls) call.join();
   }
-  absl::StatusOr<v1::GetStatusResponse> GetStatus(absl::Time) override {
+  // A probe answers at once.
+  void GetStatusAsync(absl::Time, GetStatusDone done) override {
     const int probe = ++probes_;
-    if (dead_) return absl::UnavailableError("connection refused");
+    if (dead_) {
+      done(absl::UnavailableError("connection refused"));
+      return;
+    }
     if (probe == finish_at_probe_) finished_ = true;  // its final fsync ends now
     v1::GetStatusResponse response;
     response.set_progress(static_cast<uint64_t>(probe));  // training moves on
     if (!old_worker_) response.set_save_progress(write_moves_ ? static_cast<uint64_t>(probe) : 7);
-    return response;
-  }
-  void GetStatusAsync(absl::Time deadline, GetStatusDone done) override {
-    done(GetStatus(deadline));  // a probe answers at once
+    done(response);
   }
   // Answered on a thread of the call's own, as a call in flight is.
   void AwaitSave(const std::string& directory, absl::Time deadline, AwaitSaveDone done) override {

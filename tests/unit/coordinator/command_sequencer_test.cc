@@ -78,7 +78,7 @@ class FakeWorker : public WorkerClient {
   absl::Status Configure(const v1::ConfigureRequest&, absl::Time) override {
     return absl::OkStatus();
   }
-  absl::Status Abort(uint64_t, const std::string& reason, absl::Time) override {
+  void AbortAsync(uint64_t, const std::string& reason, absl::Time, AbortDone answer) override {
     ExecuteDone done;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -87,21 +87,21 @@ class FakeWorker : public WorkerClient {
     }
     // A worker's collective fails when it is aborted: the batch's answer.
     if (done) done(absl::AbortedError("gloo all_gather aborted: " + reason));
-    return absl::OkStatus();
+    answer(absl::OkStatus());
   }
-  absl::StatusOr<v1::GetStatusResponse> GetStatus(absl::Time) override {
-    if (dead_) return absl::UnavailableError("connection refused");
+  void GetStatusAsync(absl::Time, GetStatusDone done) override {
+    if (dead_) {
+      done(absl::UnavailableError("connection refused"));
+      return;
+    }
     const int probe = ++probes_;
     v1::GetStatusResponse response;
     // A working rank's counter moves between probes; a stuck one's stays.
     response.set_progress(progressing_ ? static_cast<uint64_t>(probe) : 7);
     if (probe == answer_at_probe_) Answer();
-    return response;
+    done(response);
   }
   void AwaitSave(const std::string&, absl::Time, AwaitSaveDone done) override {
-    done(absl::UnimplementedError("fake worker"));
-  }
-  void GetStatusAsync(absl::Time, GetStatusDone done) override {
     done(absl::UnimplementedError("fake worker"));
   }
   absl::Status Summon(const v1::CommandBatch&, absl::Time, const ChunkSink&) override {

@@ -55,9 +55,8 @@ class ConfigureOnlyWorker : public WorkerClient {
   void Execute(const v1::CommandBatch*, absl::Time, ExecuteDone done) override {
     done(absl::UnimplementedError("not in this test"));
   }
-  absl::Status Abort(uint64_t, const std::string&, absl::Time) override { return absl::OkStatus(); }
-  absl::StatusOr<v1::GetStatusResponse> GetStatus(absl::Time) override {
-    return absl::UnimplementedError("not in this test");
+  void AbortAsync(uint64_t, const std::string&, absl::Time, AbortDone done) override {
+    done(absl::OkStatus());
   }
   absl::Status Summon(const v1::CommandBatch&, absl::Time, const ChunkSink&) override {
     return absl::UnimplementedError("not in this test");

@@ -1,0 +1,212 @@
+// The fan-outs put every call in flight at once and hold one thread for all
+// of them: with 2,000 workers none of which has answered, the process has
+// gained no threads, and each answer, whatever thread brings it and in
+// whatever order, lands in its worker's place.
+#include "coordinator/worker_fan_out.h"
+
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+
+namespace flatshard {
+namespace {
+
+// The threads this process runs now.
+int Threads() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("Threads:", 0) == 0) return std::stoi(line.substr(8));
+  }
+  return -1;
+}
+
+// Every call's answer is held until the test gives it.
+struct Pending {
+  absl::Mutex mu;
+  std::vector<std::function<void()>> answers ABSL_GUARDED_BY(mu);
+};
+
+class HeldWorker : public WorkerClient {
+ public:
+  HeldWorker(int index, Pending* pending) : index_(index), pending_(pending) {}
+
+  void GetStatusAsync(absl::Time, GetStatusDone done) override {
+    absl::MutexLock lock(&pending_->mu);
+    pending_->answers.emplace_back([this, done = std::move(done)] {
+      if (index_ % 7 == 0) {
+        done(absl::UnavailableError("connection refused"));
+        return;
+      }
+      v1::GetStatusResponse response;
+      response.set_progress(static_cast<uint64_t>(index_));
+      done(response);
+    });
+  }
+  void AbortAsync(uint64_t epoch, const std::string& reason, absl::Time, AbortDone done) override {
+    absl::MutexLock lock(&pending_->mu);
+    pending_->answers.emplace_back([this, epoch, reason, done = std::move(done)] {
+      done(index_ % 5 == 0 ? absl::FailedPreconditionError(reason + " " + std::to_string(epoch))
+                           : absl::OkStatus());
+    });
+  }
+  void Execute(const v1::CommandBatch*, absl::Time, ExecuteDone done) override {
+    done(absl::UnimplementedError("not in this test"));
+  }
+  void CancelAll() override {}
+  absl::Status Configure(const v1::ConfigureRequest&, absl::Time) override {
+    return absl::UnimplementedError("not in this test");
+  }
+  absl::Status Summon(const v1::CommandBatch&, absl::Time, const ChunkSink&) override {
+    return absl::UnimplementedError("not in this test");
+  }
+  void AwaitSave(const std::string&, absl::Time, AwaitSaveDone done) override {
+    done(absl::UnimplementedError("not in this test"));
+  }
+  std::string address() const override { return "held:" + std::to_string(index_); }
+
+ private:
+  const int index_;
+  Pending* const pending_;
+};
+
+constexpr int kWorkers = 2000;
+
+class WorkerFanOutTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    for (int i = 0; i < kWorkers; ++i) {
+      owned_.push_back(std::make_unique<HeldWorker>(i, &pending_));
+      workers_.push_back(owned_.back().get());
+    }
+  }
+
+  // Waits until all kWorkers calls are in flight, notes the threads then,
+  // and answers them from two threads, back to front.
+  int AnswerAllOnceInFlight() {
+    {
+      absl::MutexLock lock(&pending_.mu);
+      pending_.mu.Await(absl::Condition(
+          +[](std::vector<std::function<void()>>* a) { return a->size() == kWorkers; },
+          &pending_.answers));
+    }
+    const int threads = Threads();
+    std::vector<std::function<void()>> answers;
+    {
+      absl::MutexLock lock(&pending_.mu);
+      answers.swap(pending_.answers);
+    }
+    std::thread odd([&] {
+      for (size_t i = answers.size(); i-- > 0;) {
+        if (i % 2 == 1) answers[i]();
+      }
+    });
+    for (size_t i = answers.size(); i-- > 0;) {
+      if (i % 2 == 0) answers[i]();
+    }
+    odd.join();
+    return threads;
+  }
+
+  Pending pending_;
+  std::vector<std::unique_ptr<HeldWorker>> owned_;
+  std::vector<WorkerClient*> workers_;
+};
+
+TEST_F(WorkerFanOutTest, EveryProbeIsInFlightAtOnceOnOneThread) {
+  const int before = Threads();
+  std::vector<absl::StatusOr<v1::GetStatusResponse>> answers;
+  std::thread prober([&] { answers = GetStatusAll(workers_, absl::Now() + absl::Seconds(1)); });
+  const int during = AnswerAllOnceInFlight();
+  prober.join();
+  // The prober and nothing else (a thread each would be 2,000 more).
+  EXPECT_LE(during, before + 1);
+  ASSERT_EQ(answers.size(), static_cast<size_t>(kWorkers));
+  for (int i = 0; i < kWorkers; ++i) {
+    if (i % 7 == 0) {
+      EXPECT_EQ(answers[static_cast<size_t>(i)].status().code(), absl::StatusCode::kUnavailable)
+          << i;
+    } else {
+      ASSERT_TRUE(answers[static_cast<size_t>(i)].ok()) << i;
+      EXPECT_EQ(answers[static_cast<size_t>(i)]->progress(), static_cast<uint64_t>(i));
+    }
+  }
+}
+
+TEST_F(WorkerFanOutTest, EveryAbortIsInFlightAtOnceOnOneThread) {
+  const int before = Threads();
+  std::vector<absl::Status> outcomes;
+  std::thread aborter(
+      [&] { outcomes = AbortAll(workers_, 9, "rank 3 died", absl::Now() + absl::Seconds(1)); });
+  const int during = AnswerAllOnceInFlight();
+  aborter.join();
+  EXPECT_LE(during, before + 1);
+  ASSERT_EQ(outcomes.size(), static_cast<size_t>(kWorkers));
+  for (int i = 0; i < kWorkers; ++i) {
+    const absl::Status& s = outcomes[static_cast<size_t>(i)];
+    if (i % 5 == 0) {
+      EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << i;
+      EXPECT_EQ(s.message(), "rank 3 died 9") << i;
+    } else {
+      EXPECT_TRUE(s.ok()) << i << ": " << s;
+    }
+  }
+}
+
+// One that answers on the caller's thread, before its call returns (as a
+// client does for a call that cannot start).
+class InlineWorker final : public HeldWorker {
+ public:
+  using HeldWorker::HeldWorker;
+  void GetStatusAsync(absl::Time, GetStatusDone done) override {
+    done(absl::UnavailableError("cannot start"));
+  }
+};
+
+TEST_F(WorkerFanOutTest, AnswersBeforeTheCallReturnsAndNoWorkersAtAll) {
+  EXPECT_TRUE(GetStatusAll({}, absl::Now()).empty());
+  EXPECT_TRUE(AbortAll({}, 1, "none", absl::Now()).empty());
+
+  InlineWorker inline_worker(1, &pending_);
+  std::vector<WorkerClient*> mixed = {workers_[3], &inline_worker, workers_[4]};
+  // Answers the next `n` calls once they are all in flight.
+  const auto answer = [&](size_t n) {
+    return std::thread([this, n] {
+      std::vector<std::function<void()>> answers;
+      {
+        absl::MutexLock lock(&pending_.mu);
+        const auto there = [&] { return pending_.answers.size() == n; };
+        pending_.mu.Await(absl::Condition(&there));
+        answers.swap(pending_.answers);
+      }
+      for (auto& a : answers) a();
+    });
+  };
+  // The blocking GetStatus waits for the same asynchronous call.
+  std::thread answerer = answer(1);
+  absl::StatusOr<v1::GetStatusResponse> one = workers_[5]->GetStatus(absl::Now());
+  answerer.join();
+  answerer = answer(2);  // the inline one is answered already
+  const std::vector<absl::StatusOr<v1::GetStatusResponse>> answers =
+      GetStatusAll(mixed, absl::Now());
+  answerer.join();
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(one->progress(), 5u);
+  ASSERT_EQ(answers.size(), 3u);
+  EXPECT_EQ(answers[0]->progress(), 3u);
+  EXPECT_EQ(answers[1].status().message(), "cannot start");
+  EXPECT_EQ(answers[2]->progress(), 4u);
+}
+
+}  // namespace
+}  // namespace flatshard
