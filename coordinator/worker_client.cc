@@ -2,30 +2,19 @@
 
 #include <utility>
 
-#include "absl/synchronization/notification.h"
+#include "coordinator/worker_fan_out.h"
 
 namespace flatshard {
 
+// A fan-out to one worker: the same wait, the same hand-off.
 absl::StatusOr<v1::GetStatusResponse> WorkerClient::GetStatus(absl::Time deadline) {
-  absl::StatusOr<v1::GetStatusResponse> answer;
-  absl::Notification answered;
-  GetStatusAsync(deadline, [&](absl::StatusOr<v1::GetStatusResponse> a) {
-    answer = std::move(a);
-    answered.Notify();
-  });
-  answered.WaitForNotification();
-  return answer;
+  WorkerClient* const self = this;
+  return std::move(GetStatusAll({&self, 1}, deadline).front());
 }
 
 absl::Status WorkerClient::Abort(uint64_t epoch, const std::string& reason, absl::Time deadline) {
-  absl::Status status;
-  absl::Notification answered;
-  AbortAsync(epoch, reason, deadline, [&](absl::Status s) {
-    status = std::move(s);
-    answered.Notify();
-  });
-  answered.WaitForNotification();
-  return status;
+  WorkerClient* const self = this;
+  return AbortAll({&self, 1}, epoch, reason, deadline).front();
 }
 
 }  // namespace flatshard

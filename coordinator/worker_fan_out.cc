@@ -1,40 +1,66 @@
 #include "coordinator/worker_fan_out.h"
 
+#include <condition_variable>
 #include <cstddef>
+#include <memory>
+#include <mutex>
 #include <utility>
 
-#include "absl/synchronization/blocking_counter.h"
-
 namespace flatshard {
+namespace {
+
+// The answers of one fan-out as they come in. Shared with every callback, so
+// a callback that runs after the waiter has returned (it cannot, but a client
+// that calls `done` and then touches its closure could) finds it alive. Plain
+// std::mutex, not Abseil's synchronization: ThreadSanitizer sees through the
+// former only (Debian's Abseil is not instrumented), and the hand-off of
+// every answer to the waiter is what it must check here.
+template <typename T>
+class Collected {
+ public:
+  explicit Collected(size_t n) : values_(n), missing_(n) {}
+
+  void Put(size_t i, T value) {
+    std::lock_guard<std::mutex> lock(mu_);
+    values_[i] = std::move(value);
+    // Under the lock: the waiter cannot return (and drop its reference)
+    // before this notify is done.
+    if (--missing_ == 0) all_in_.notify_all();
+  }
+  std::vector<T> Wait() {
+    std::unique_lock<std::mutex> lock(mu_);
+    all_in_.wait(lock, [this] { return missing_ == 0; });
+    return std::move(values_);
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable all_in_;
+  std::vector<T> values_;
+  size_t missing_;
+};
+
+}  // namespace
 
 std::vector<absl::StatusOr<v1::GetStatusResponse>> GetStatusAll(
     absl::Span<WorkerClient* const> workers, absl::Time deadline) {
-  std::vector<absl::StatusOr<v1::GetStatusResponse>> answers(workers.size());
-  // Each answer writes its own element; the counter orders the writes
-  // before the wait returns.
-  absl::BlockingCounter answered(static_cast<int>(workers.size()));
+  auto answers = std::make_shared<Collected<absl::StatusOr<v1::GetStatusResponse>>>(workers.size());
   for (size_t i = 0; i < workers.size(); ++i) {
-    workers[i]->GetStatusAsync(deadline, [&answers, &answered, i](auto answer) {
-      answers[i] = std::move(answer);
-      answered.DecrementCount();
+    workers[i]->GetStatusAsync(deadline, [answers, i](absl::StatusOr<v1::GetStatusResponse> a) {
+      answers->Put(i, std::move(a));
     });
   }
-  answered.Wait();
-  return answers;
+  return answers->Wait();
 }
 
 std::vector<absl::Status> AbortAll(absl::Span<WorkerClient* const> workers, uint64_t epoch,
                                    const std::string& reason, absl::Time deadline) {
-  std::vector<absl::Status> outcomes(workers.size());
-  absl::BlockingCounter answered(static_cast<int>(workers.size()));
+  auto outcomes = std::make_shared<Collected<absl::Status>>(workers.size());
   for (size_t i = 0; i < workers.size(); ++i) {
-    workers[i]->AbortAsync(epoch, reason, deadline, [&outcomes, &answered, i](absl::Status s) {
-      outcomes[i] = std::move(s);
-      answered.DecrementCount();
-    });
+    workers[i]->AbortAsync(epoch, reason, deadline,
+                           [outcomes, i](absl::Status s) { outcomes->Put(i, std::move(s)); });
   }
-  answered.Wait();
-  return outcomes;
+  return outcomes->Wait();
 }
 
 }  // namespace flatshard

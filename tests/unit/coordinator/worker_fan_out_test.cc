@@ -1,9 +1,10 @@
 // The fan-outs put every call in flight at once and hold one thread for all
 // of them: with 2,000 workers none of which has answered, the process has
-// gained no threads, and each answer, whatever thread brings it and in
+// gained only the caller's thread, and each answer, whatever thread brings it and in
 // whatever order, lands in its worker's place.
 #include "coordinator/worker_fan_out.h"
 
+#include <condition_variable>
 #include <fstream>
 #include <functional>
 #include <memory>
@@ -15,7 +16,6 @@
 
 #include <gtest/gtest.h>
 
-#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 
 namespace flatshard {
@@ -31,10 +31,24 @@ int Threads() {
   return -1;
 }
 
-// Every call's answer is held until the test gives it.
+// Every call's answer is held until the test gives it. (std::mutex: TSan
+// does not see Debian's Abseil synchronize.)
 struct Pending {
-  absl::Mutex mu;
-  std::vector<std::function<void()>> answers ABSL_GUARDED_BY(mu);
+  std::mutex mu;
+  std::condition_variable added;
+  std::vector<std::function<void()>> answers;  // guarded by mu
+
+  void Add(std::function<void()> answer) {
+    std::lock_guard<std::mutex> lock(mu);
+    answers.push_back(std::move(answer));
+    added.notify_all();
+  }
+  // The first `n` held answers, once there are that many.
+  std::vector<std::function<void()>> Take(size_t n) {
+    std::unique_lock<std::mutex> lock(mu);
+    added.wait(lock, [&] { return answers.size() == n; });
+    return std::exchange(answers, {});
+  }
 };
 
 class HeldWorker : public WorkerClient {
@@ -42,8 +56,7 @@ class HeldWorker : public WorkerClient {
   HeldWorker(int index, Pending* pending) : index_(index), pending_(pending) {}
 
   void GetStatusAsync(absl::Time, GetStatusDone done) override {
-    absl::MutexLock lock(&pending_->mu);
-    pending_->answers.emplace_back([this, done = std::move(done)] {
+    pending_->Add([this, done = std::move(done)] {
       if (index_ % 7 == 0) {
         done(absl::UnavailableError("connection refused"));
         return;
@@ -54,8 +67,7 @@ class HeldWorker : public WorkerClient {
     });
   }
   void AbortAsync(uint64_t epoch, const std::string& reason, absl::Time, AbortDone done) override {
-    absl::MutexLock lock(&pending_->mu);
-    pending_->answers.emplace_back([this, epoch, reason, done = std::move(done)] {
+    pending_->Add([this, epoch, reason, done = std::move(done)] {
       done(index_ % 5 == 0 ? absl::FailedPreconditionError(reason + " " + std::to_string(epoch))
                            : absl::OkStatus());
     });
@@ -94,18 +106,8 @@ class WorkerFanOutTest : public ::testing::Test {
   // Waits until all kWorkers calls are in flight, notes the threads then,
   // and answers them from two threads, back to front.
   int AnswerAllOnceInFlight() {
-    {
-      absl::MutexLock lock(&pending_.mu);
-      pending_.mu.Await(absl::Condition(
-          +[](std::vector<std::function<void()>>* a) { return a->size() == kWorkers; },
-          &pending_.answers));
-    }
+    std::vector<std::function<void()>> answers = pending_.Take(kWorkers);
     const int threads = Threads();
-    std::vector<std::function<void()>> answers;
-    {
-      absl::MutexLock lock(&pending_.mu);
-      answers.swap(pending_.answers);
-    }
     std::thread odd([&] {
       for (size_t i = answers.size(); i-- > 0;) {
         if (i % 2 == 1) answers[i]();
@@ -129,8 +131,9 @@ TEST_F(WorkerFanOutTest, EveryProbeIsInFlightAtOnceOnOneThread) {
   std::thread prober([&] { answers = GetStatusAll(workers_, absl::Now() + absl::Seconds(1)); });
   const int during = AnswerAllOnceInFlight();
   prober.join();
-  // The prober and nothing else (a thread each would be 2,000 more).
-  EXPECT_LE(during, before + 1);
+  // The prober (and, under ThreadSanitizer, its runtime's own thread, which
+  // starts when the first thread does): a thread each would be 2,000 more.
+  EXPECT_LE(during, before + 2);
   ASSERT_EQ(answers.size(), static_cast<size_t>(kWorkers));
   for (int i = 0; i < kWorkers; ++i) {
     if (i % 7 == 0) {
@@ -150,7 +153,7 @@ TEST_F(WorkerFanOutTest, EveryAbortIsInFlightAtOnceOnOneThread) {
       [&] { outcomes = AbortAll(workers_, 9, "rank 3 died", absl::Now() + absl::Seconds(1)); });
   const int during = AnswerAllOnceInFlight();
   aborter.join();
-  EXPECT_LE(during, before + 1);
+  EXPECT_LE(during, before + 2);
   ASSERT_EQ(outcomes.size(), static_cast<size_t>(kWorkers));
   for (int i = 0; i < kWorkers; ++i) {
     const absl::Status& s = outcomes[static_cast<size_t>(i)];
@@ -182,14 +185,7 @@ TEST_F(WorkerFanOutTest, AnswersBeforeTheCallReturnsAndNoWorkersAtAll) {
   // Answers the next `n` calls once they are all in flight.
   const auto answer = [&](size_t n) {
     return std::thread([this, n] {
-      std::vector<std::function<void()>> answers;
-      {
-        absl::MutexLock lock(&pending_.mu);
-        const auto there = [&] { return pending_.answers.size() == n; };
-        pending_.mu.Await(absl::Condition(&there));
-        answers.swap(pending_.answers);
-      }
-      for (auto& a : answers) a();
+      for (auto& a : pending_.Take(n)) a();
     });
   };
   // The blocking GetStatus waits for the same asynchronous call.
