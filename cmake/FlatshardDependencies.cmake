@@ -11,7 +11,7 @@ find_package(spdlog CONFIG REQUIRED)
 find_package(prometheus-cpp CONFIG REQUIRED)
 find_package(CURL REQUIRED)
 find_package(OpenSSL REQUIRED)  # TLS files, certificates, secrets (rpc/)
-find_package(SQLite3 REQUIRED)  # the coordinator's state (coordinator/state_store.h)
+find_package(SQLite3 3.24 REQUIRED)  # the coordinator's state (state_store.h: upserts need 3.24)
 find_package(PkgConfig REQUIRED)
 pkg_check_modules(XXHASH REQUIRED IMPORTED_TARGET libxxhash)
 

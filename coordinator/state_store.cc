@@ -29,9 +29,18 @@ absl::Status ParseProto(const std::string& bytes, google::protobuf::Message* out
 
 double Seconds(absl::Time t) { return absl::ToDoubleSeconds(t - absl::UnixEpoch()); }
 
+constexpr int kMinSqliteVersion = 3024000;  // INSERT ... ON CONFLICT DO UPDATE
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<StateStore>> StateStore::Open(const std::string& dir) {
+  // The build asks for 3.24 (CMake), but the library loaded at run time may
+  // be older: its journal upsert would then fail on every step.
+  if (sqlite3_libversion_number() < kMinSqliteVersion) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("--state-dir ", dir, ": SQLite ", sqlite3_libversion(),
+                     " is too old; the state store needs 3.24 or later (upserts)"));
+  }
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) {
@@ -245,7 +254,8 @@ absl::Status StateStore::PutLastBatch(const std::string& job, const BatchRecord&
   RETURN_IF_ERROR(SynchronousLocked(Synchronous::kNormal));
   if (clears_state_checkpoint) RETURN_IF_ERROR(ExecLocked("BEGIN IMMEDIATE"));
   // An upsert, not INSERT OR REPLACE: the row is updated in place, one page
-  // in the commit, where a replace deletes and reinserts it and its key.
+  // in the commit (while the batch fits in one), where a replace deletes and
+  // reinserts it and its key.
   absl::Status status =
       StatementLocked(
           "INSERT INTO last_batches(job, epoch, seq, batch, step_after, data_position_after, "

@@ -107,13 +107,13 @@ std::vector<std::string> TrainingJob::ReadmitReturning(
   if (returning.empty()) return {};
   // All at once, as ProbeMembers: the spare wait overruns `until` by one
   // probe at most, and a draining member's verdict is not awaited past it.
-  DrainWaitOptions drain;
-  drain.cap = std::clamp(until - absl::Now(), absl::ZeroDuration(), drain.cap);
   std::vector<WorkerClient*> clients;
   clients.reserve(returning.size());
   for (const Returning& r : returning) clients.push_back(r.client.get());
   std::vector<absl::StatusOr<v1::GetStatusResponse>> answers =
       GetStatusAll(clients, absl::Now() + options_.probe_timeout);
+  DrainWaitOptions drain;  // what is left of the wait once every first answer is in
+  drain.cap = std::clamp(until - absl::Now(), absl::ZeroDuration(), drain.cap);
   std::vector<std::thread> drains;
   for (size_t i = 0; i < returning.size(); ++i) {
     Returning& r = returning[i];
