@@ -6,7 +6,8 @@
 //    at once), with the MLP job's real step program as the payload. p50/p99 of
 //    one step, next to a bare unary gRPC round trip for scale.
 // 2. Scale: the same path with 256 and 1,024 simulated workers (in-process
-//    WorkerClients that answer inline): the coordinator's own per-step cost.
+//    WorkerClients that answer inline): the coordinator's own per-step cost;
+//    and a failure's abort and probe of 1,024 and 16,384 of them at once.
 // 3. The coordinator against a bare fan-out (issue #14 §2: <= 1.1x), to echo
 //    workers in 8 separate processes: per round, a step through the real path
 //    and the same CommandBatch sent with the bare gRPC callback API to every
@@ -25,6 +26,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <grpcpp/create_channel.h>
@@ -44,6 +46,7 @@
 #include "coordinator/grpc_worker_client.h"
 #include "coordinator/state_store.h"
 #include "coordinator/training_job.h"
+#include "coordinator/worker_fan_out.h"
 #include "core/job_config.h"
 #include "core/job_spec_yaml.h"
 #include "flatshard/v1/worker.grpc.pb.h"
@@ -370,6 +373,32 @@ int Main(int argc, char** argv) {
         {}, limits));
     std::printf("| %d | simulated (in-process) | %d | %.0f us | %.0f us | %.0f us | %.2f us |\n",
                 world, sim_steps, p.p50_us, p.p99_us, p.mean_us, p.mean_us / world);
+  }
+  // 2b. A failure's fan-outs at scale: one abort, then one probe, of every
+  // worker at once (worker_fan_out.h) on the calling thread.
+  std::printf("\n| workers | fan-out (simulated, in-process) | reps | p50 | p99 | per worker |\n");
+  std::printf("|---|---|---|---|---|---|\n");
+  for (int world : {1024, 16384}) {
+    std::vector<std::unique_ptr<SimulatedWorker>> owned;
+    std::vector<WorkerClient*> clients;
+    for (int r = 0; r < world; ++r) {
+      owned.push_back(std::make_unique<SimulatedWorker>(r));
+      clients.push_back(owned.back().get());
+    }
+    std::vector<double> aborts, probes;
+    for (int rep = 0; rep < sim_steps; ++rep) {
+      absl::Time start = absl::Now();
+      (void)AbortAll(clients, 1, "the bench aborts", start + absl::Seconds(1));
+      aborts.push_back(absl::ToDoubleSeconds(absl::Now() - start));
+      start = absl::Now();
+      (void)GetStatusAll(clients, start + absl::Seconds(1));
+      probes.push_back(absl::ToDoubleSeconds(absl::Now() - start));
+    }
+    for (const auto& [what, times] : {std::pair{"AbortAll", &aborts}, {"GetStatusAll", &probes}}) {
+      const Percentiles p = Summarize(*times);
+      std::printf("| %d | %s | %d | %.0f us | %.0f us | %.2f us |\n", world, what, sim_steps,
+                  p.p50_us, p.p99_us, p.p50_us / world);
+    }
   }
 
   // 3. Coordinator vs bare fan-out to `processes` separate processes.
