@@ -94,8 +94,8 @@ class SimulatedWorker final : public WorkerClient {
     done(std::move(result));
   }
   void CancelAll() override {}
-  absl::Status Configure(const v1::ConfigureRequest&, absl::Time) override {
-    return absl::OkStatus();
+  void ConfigureAsync(v1::ConfigureRequest, absl::Time, ConfigureDone done) override {
+    done(absl::OkStatus());
   }
   void AbortAsync(uint64_t, const std::string&, absl::Time, AbortDone done) override {
     done(absl::OkStatus());

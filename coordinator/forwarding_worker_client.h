@@ -21,8 +21,9 @@ class ForwardingWorkerClient : public WorkerClient {
     inner_->Execute(batch, deadline, std::move(done));
   }
   void CancelAll() override { inner_->CancelAll(); }
-  absl::Status Configure(const v1::ConfigureRequest& request, absl::Time deadline) override {
-    return inner_->Configure(request, deadline);
+  void ConfigureAsync(v1::ConfigureRequest request, absl::Time deadline,
+                      ConfigureDone done) override {
+    inner_->ConfigureAsync(std::move(request), deadline, std::move(done));
   }
   absl::Status Summon(const v1::CommandBatch& batch, absl::Time deadline,
                       const ChunkSink& sink) override {

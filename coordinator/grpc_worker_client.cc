@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstddef>
 #include <memory>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -21,7 +22,7 @@ namespace flatshard {
 namespace {
 
 constexpr int kMaxMessageBytes = 64 << 20;
-// How long Configure, an epoch's first call, lets the channel connect. A worker
+// How long ConfigureAsync, an epoch's first call, lets the channel connect. A worker
 // that has just registered can miss its first connection attempt on a busy
 // host, and a fail-fast call would turn that into a failed job; a dead worker
 // costs this much, not the configure timeout.
@@ -96,31 +97,54 @@ GrpcWorkerClient::~GrpcWorkerClient() {
 template <typename Request, typename Response>
 void GrpcWorkerClient::Start(std::unique_ptr<UnaryCall<Request, Response>> call,
                              absl::Time deadline, const StartFn& start,
-                             std::function<void(absl::StatusOr<Response>)> done) {
+                             std::function<void(absl::StatusOr<Response>)> done,
+                             std::optional<uint64_t> cancellations_seen) {
   UnaryCall<Request, Response>* const started = call.get();
   started->done = std::move(done);
   started->context.set_deadline(absl::ToChronoTime(deadline));
   AttachCommandToken(started->context, command_token_);
   std::vector<std::unique_ptr<Call>> spent;
+  // Cancelled before it started: its context holds no channel, so it may go
+  // on any thread.
+  std::unique_ptr<Call> refused;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    spent.swap(finished_);
-    in_flight_.emplace(started, std::move(call));
+    if (cancellations_seen.has_value() && *cancellations_seen != cancellations_) {
+      refused = std::move(call);
+    } else {
+      spent.swap(finished_);
+      in_flight_.emplace(started, std::move(call));
+    }
   }
   spent.clear();  // here, while this client holds the channel
+  if (refused != nullptr) {
+    started->done(absl::CancelledError("cancelled before it was sent"));
+    return;
+  }
   // The callback captures no owner of anything: gRPC destroys it on its
   // own thread.
-  start(&started->context, [this, started](const grpc::Status& status) {
+  start(&started->context, [this, started = started](const grpc::Status& status) {
     if (status.ok()) {
       started->done(std::move(started->response));
     } else {
       started->done(FromGrpcStatus(status));
     }
     std::lock_guard<std::mutex> lock(mu_);
-    auto node = in_flight_.extract(started);
-    finished_.push_back(std::move(node.mapped()));
-    if (in_flight_.empty()) idle_.notify_all();
+    ReleaseLocked(started);
   });
+  // The answer can come (and another thread's Start sweep the finished)
+  // while `start` is still reading the context: the call is finished only
+  // when both its callback and `start` are done with it.
+  std::lock_guard<std::mutex> lock(mu_);
+  ReleaseLocked(started);
+}
+
+void GrpcWorkerClient::ReleaseLocked(const Call* call) {
+  const auto it = in_flight_.find(call);
+  if (--it->second->holders > 0) return;
+  finished_.push_back(std::move(it->second));
+  in_flight_.erase(it);
+  if (in_flight_.empty()) idle_.notify_all();
 }
 
 void GrpcWorkerClient::Execute(const v1::CommandBatch* batch, absl::Time deadline,
@@ -181,21 +205,61 @@ void GrpcWorkerClient::AbortAsync(uint64_t epoch, const std::string& reason, abs
 
 void GrpcWorkerClient::CancelAll() {
   std::lock_guard<std::mutex> lock(mu_);
+  ++cancellations_;
   for (const auto& [key, call] : in_flight_) {
     if (call->cancellable) call->context.TryCancel();
   }
   for (grpc::ClientContext* context : blocking_) context->TryCancel();
 }
 
-absl::Status GrpcWorkerClient::Configure(const v1::ConfigureRequest& request, absl::Time deadline) {
-  if (!channel_->WaitForConnected(
-          absl::ToChronoTime(std::min(deadline, absl::Now() + kConnectGrace)))) {
-    return absl::UnavailableError(absl::StrCat("cannot connect to ", address_, " (tried for ",
-                                               absl::FormatDuration(kConnectGrace), ")"));
+void GrpcWorkerClient::ConfigureAsync(v1::ConfigureRequest request, absl::Time deadline,
+                                      ConfigureDone done) {
+  // The connect grace, without a thread waiting on the channel: a GetStatus
+  // that waits for the channel to be ready (not fail-fast) for as long as the
+  // grace. Any answer, even a refusal, means the worker's server is there;
+  // Configure's own answer then says the rest.
+  const absl::Time now = absl::Now();
+  const absl::Time connect_by = std::min(deadline, now + kConnectGrace);
+  uint64_t cancellations = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    cancellations = cancellations_;
   }
-  BlockingCall call(mu_, blocking_, deadline, command_token_);
-  v1::ConfigureResponse response;
-  return FromGrpcStatus(stub_->Configure(call.context(), request, &response));
+  auto probe = std::make_unique<UnaryCall<v1::GetStatusRequest, v1::GetStatusResponse>>();
+  probe->context.set_wait_for_ready(true);
+  UnaryCall<v1::GetStatusRequest, v1::GetStatusResponse>* const probing = probe.get();
+  Start<v1::GetStatusRequest, v1::GetStatusResponse>(
+      std::move(probe), connect_by,
+      [&](grpc::ClientContext* context, std::function<void(grpc::Status)> callback) {
+        stub_->async()->GetStatus(context, &probing->request, &probing->response,
+                                  std::move(callback));
+      },
+      [this, request = std::move(request), deadline, tried = connect_by - now, cancellations,
+       done = std::move(done)](const absl::StatusOr<v1::GetStatusResponse>& answer) mutable {
+        const absl::StatusCode code = answer.status().code();
+        if (code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kDeadlineExceeded) {
+          done(absl::UnavailableError(absl::StrCat("cannot connect to ", address_, " (tried for ",
+                                                   absl::FormatDuration(tried), ")")));
+          return;
+        }
+        if (code == absl::StatusCode::kCancelled) {
+          done(answer.status());
+          return;
+        }
+        auto call = std::make_unique<UnaryCall<v1::ConfigureRequest, v1::ConfigureResponse>>();
+        call->request = std::move(request);
+        UnaryCall<v1::ConfigureRequest, v1::ConfigureResponse>* const started = call.get();
+        Start<v1::ConfigureRequest, v1::ConfigureResponse>(
+            std::move(call), deadline,
+            [&](grpc::ClientContext* context, std::function<void(grpc::Status)> callback) {
+              stub_->async()->Configure(context, &started->request, &started->response,
+                                        std::move(callback));
+            },
+            [done = std::move(done)](const absl::StatusOr<v1::ConfigureResponse>& configured) {
+              done(configured.status());
+            },
+            cancellations);  // a CancelAll since the probe began cancels it too
+      });
 }
 
 absl::Status GrpcWorkerClient::Summon(const v1::CommandBatch& batch, absl::Time deadline,

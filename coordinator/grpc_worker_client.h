@@ -1,6 +1,6 @@
-// WorkerClient over gRPC: Execute, AwaitSave, GetStatusAsync and AbortAsync
-// use the callback API, so fanning a step, a probe or an abort out to W
-// workers, or awaiting W async writes, holds no thread per worker.
+// WorkerClient over gRPC: every call but Summon uses the callback API, so
+// fanning a configure, a step, a probe or an abort out to W workers, or
+// awaiting W async writes, holds no thread per worker.
 #ifndef FLATSHARD_COORDINATOR_GRPC_WORKER_CLIENT_H_
 #define FLATSHARD_COORDINATOR_GRPC_WORKER_CLIENT_H_
 
@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -33,7 +34,8 @@ class GrpcWorkerClient final : public WorkerClient {
 
   void Execute(const v1::CommandBatch* batch, absl::Time deadline, ExecuteDone done) override;
   void CancelAll() override;
-  absl::Status Configure(const v1::ConfigureRequest& request, absl::Time deadline) override;
+  void ConfigureAsync(v1::ConfigureRequest request, absl::Time deadline,
+                      ConfigureDone done) override;
   void AwaitSave(const std::string& directory, absl::Time deadline, AwaitSaveDone done) override;
   void GetStatusAsync(absl::Time deadline, GetStatusDone done) override;
   void AbortAsync(uint64_t epoch, const std::string& reason, absl::Time deadline,
@@ -57,6 +59,7 @@ class GrpcWorkerClient final : public WorkerClient {
     virtual ~Call() = default;
     grpc::ClientContext context;
     bool cancellable = true;
+    int holders = 2;  // Start and the callback; guarded by mu_
   };
   template <typename Request, typename Response>
   struct UnaryCall : Call {
@@ -70,10 +73,17 @@ class GrpcWorkerClient final : public WorkerClient {
   // Registers `call` (its deadline and token set), starts it with `start`,
   // and runs `done` with `call`'s response or the call's error; the call is
   // then kept among the finished, which the next Start or the destructor
-  // destroys.
+  // destroys. With `cancellations_seen`, a CancelAll since that count was
+  // read cancels the call before it starts (a call chained after another,
+  // which CancelAll could not reach in between).
   template <typename Request, typename Response>
   void Start(std::unique_ptr<UnaryCall<Request, Response>> call, absl::Time deadline,
-             const StartFn& start, std::function<void(absl::StatusOr<Response>)> done);
+             const StartFn& start, std::function<void(absl::StatusOr<Response>)> done,
+             std::optional<uint64_t> cancellations_seen = std::nullopt);
+
+  // One of a call's two holders is done with it; the last one moves it
+  // from the in-flight calls to the finished.
+  void ReleaseLocked(const Call* call);
 
   std::string address_;
   const std::string command_token_;
@@ -85,6 +95,9 @@ class GrpcWorkerClient final : public WorkerClient {
   std::vector<std::unique_ptr<Call>> finished_;  // answered, not destroyed yet
   // Contexts of blocking calls, so CancelAll reaches them too.
   std::set<grpc::ClientContext*> blocking_;
+  // Counts CancelAll calls: a configure between its connect probe and its
+  // Configure call has nothing in flight to cancel, and Start reads this.
+  uint64_t cancellations_ = 0;
 };
 
 }  // namespace flatshard

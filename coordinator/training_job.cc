@@ -281,13 +281,15 @@ void TrainingJob::Stop(const std::string& reason) {
   if (const std::shared_ptr<CommandSequencer> seq = sequencer(); seq != nullptr) {
     seq->Fail(-1, absl::CancelledError(reason));
   }
+  std::vector<std::shared_ptr<WorkerClient>> forming;
   {
     // Also wakes a background commit waiting on AwaitSave, even when the
     // sequencer had already failed (and so cancelled nothing above).
     std::lock_guard<std::mutex> lock(mu_);
     for (const auto& client : clients_) client->CancelAll();
-    AbandonFormationLocked(-1, absl::CancelledError(reason));  // when one is in progress
+    forming = AbandonFormationLocked(-1, absl::CancelledError(reason));  // when one is in progress
   }
+  CancelFormation(forming);
   (void)states_.Transition(v1::STOPPED, reason);
   states_.Close();
   // A recovery thread sees stopping_ and ends; none may outlive the stop (it

@@ -198,9 +198,15 @@ class TrainingJob {
                           std::shared_ptr<const JobConfig> config,
                           std::vector<std::string>* blamed = nullptr);
   // Ends the formation in progress for `why` (the first cause stands): its
-  // Configure calls are cancelled and its rendezvous abandoned, so the ranks
-  // waiting there are free at once. `rank`: whose failure it is, or -1. mu_ held.
-  void AbandonFormationLocked(int rank, const absl::Status& why);
+  // rendezvous is abandoned, so the ranks waiting there are free at once, and
+  // the clients whose Configure calls to cancel are returned (none if the
+  // formation had ended already). `rank`: whose failure it is, or -1. mu_
+  // held; the caller cancels after releasing it (CancelFormation): a
+  // cancelled call's answer can run on the cancelling thread, and a
+  // formation's answers take mu_.
+  [[nodiscard]] std::vector<std::shared_ptr<WorkerClient>> AbandonFormationLocked(
+      int rank, const absl::Status& why);
+  static void CancelFormation(const std::vector<std::shared_ptr<WorkerClient>>& clients);
 
   // Recovery (training_job_recovery.cc), with the operation slot held: after
   // `cause` failed a batch, re-forms (spares, else a smaller world) and
@@ -392,7 +398,7 @@ class TrainingJob {
   struct Formation {
     std::string prefix;            // the epoch's rendezvous keys
     std::vector<std::string> ids;  // worker ids by rank
-    std::vector<WorkerClient*> clients;
+    std::vector<std::shared_ptr<WorkerClient>> clients;
     absl::Time started;
     absl::Status failure;  // the first cause that ended it
     int failed_rank = -1;

@@ -7,7 +7,6 @@
 #include <map>
 #include <optional>
 #include <string>
-#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -15,6 +14,7 @@
 #include "absl/time/clock.h"
 
 #include "coordinator/training_job.h"
+#include "coordinator/worker_fan_out.h"
 #include "core/status_macros.h"
 #include "core/status_payloads.h"
 
@@ -97,49 +97,54 @@ absl::Status TrainingJob::FormLocked(const std::vector<WorkerRecord>& members,
   for (const Unit& unit : units_) *request.add_units() = UnitToProto(unit);
   const std::string prefix = absl::StrCat("job/", config_.name, "/epoch/", epoch);
   request.set_store_prefix(prefix + "/");
-  // Configure is a collective (the ranks rendezvous), so all in parallel.
+  // Configure is a collective (the ranks rendezvous), so all at once.
   {
     // Stop (SIGTERM, delete) and the heartbeat monitor cancel these calls
     // rather than wait for the configure timeout.
     std::lock_guard<std::mutex> lock(mu_);
     if (stopping_) return absl::CancelledError("the job was stopped before it was formed");
-    forming_ = Formation{prefix, ids, {}, absl::Now(), absl::OkStatus(), -1};
-    for (auto& client : clients) forming_.clients.push_back(client.get());
+    forming_ = Formation{prefix, ids, clients, absl::Now(), absl::OkStatus(), -1};
   }
-  std::vector<std::thread> threads;
-  threads.reserve(members.size());
-  const absl::Time deadline = absl::Now() + options_.configure_timeout;
+  std::vector<WorkerClient*> configured;
+  std::vector<v1::ConfigureRequest> requests;
+  configured.reserve(members.size());
+  requests.reserve(members.size());
   for (size_t r = 0; r < members.size(); ++r) {
-    threads.emplace_back([&, r] {
-      v1::ConfigureRequest mine = request;
-      mine.set_rank(static_cast<int>(r));
-      const absl::Status status = clients[r]->Configure(mine, deadline);
-      if (status.ok()) return;
-      // The others would wait for this rank until their rendezvous timeout.
-      // A call cancelled by Stop or by another rank's failure comes after
-      // that cause and is ignored; one cancelled first was cancelled by the
-      // worker (its server shutting down), which is this rank's failure.
-      // A peer it could not connect to is named for people too (the
-      // payload, UnreachablePeer, is for the code).
-      std::string peer_named;
-      if (const std::optional<int> peer = UnreachablePeer(status);
-          peer.has_value() && static_cast<size_t>(*peer) < members.size()) {
-        const WorkerRecord& other = members[static_cast<size_t>(*peer)];
-        peer_named = absl::StrCat(" (its peer rank ", *peer, " is worker ", other.worker_id, " at ",
-                                  other.address, ")");
-      }
-      const std::string failed_prefix =
-          absl::StrCat("rank ", r, " (worker ", members[r].worker_id, " at ", members[r].address,
-                       ") could not be configured", peer_named, ": ");
-      const absl::Status failure =
-          status.code() == absl::StatusCode::kCancelled
-              ? absl::UnavailableError(absl::StrCat(failed_prefix, status.message()))
-              : PrefixStatus(failed_prefix, status);
-      std::lock_guard<std::mutex> lock(mu_);
-      AbandonFormationLocked(static_cast<int>(r), failure);
-    });
+    configured.push_back(clients[r].get());
+    requests.push_back(request);
+    requests.back().set_rank(static_cast<int>(r));
   }
-  for (std::thread& t : threads) t.join();
+  // The others would wait for a failed rank until their rendezvous timeout:
+  // its failure abandons the formation as it comes in. A call cancelled by
+  // Stop or by another rank's failure comes after that cause and is ignored;
+  // one cancelled first was cancelled by the worker (its server shutting
+  // down), which is this rank's failure.
+  (void)ConfigureAll(
+      configured, std::move(requests), absl::Now() + options_.configure_timeout,
+      [&](size_t r, const absl::Status& status) {
+        // A peer it could not connect to is named for people too (the
+        // payload, UnreachablePeer, is for the code).
+        std::string peer_named;
+        if (const std::optional<int> peer = UnreachablePeer(status);
+            peer.has_value() && static_cast<size_t>(*peer) < members.size()) {
+          const WorkerRecord& other = members[static_cast<size_t>(*peer)];
+          peer_named = absl::StrCat(" (its peer rank ", *peer, " is worker ", other.worker_id,
+                                    " at ", other.address, ")");
+        }
+        const std::string failed_prefix =
+            absl::StrCat("rank ", r, " (worker ", members[r].worker_id, " at ", members[r].address,
+                         ") could not be configured", peer_named, ": ");
+        const absl::Status failure =
+            status.code() == absl::StatusCode::kCancelled
+                ? absl::UnavailableError(absl::StrCat(failed_prefix, status.message()))
+                : PrefixStatus(failed_prefix, status);
+        std::vector<std::shared_ptr<WorkerClient>> forming;
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          forming = AbandonFormationLocked(static_cast<int>(r), failure);
+        }
+        CancelFormation(forming);
+      });
   Formation formed;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -199,31 +204,43 @@ absl::Status TrainingJob::FormLocked(const std::vector<WorkerRecord>& members,
   return absl::OkStatus();
 }
 
-void TrainingJob::AbandonFormationLocked(int rank, const absl::Status& why) {
-  if (forming_.prefix.empty() || !forming_.failure.ok()) return;  // the first cause stands
+std::vector<std::shared_ptr<WorkerClient>> TrainingJob::AbandonFormationLocked(
+    int rank, const absl::Status& why) {
+  if (forming_.prefix.empty() || !forming_.failure.ok()) return {};  // the first cause stands
   forming_.failure = why;
   forming_.failed_rank = rank;
-  for (WorkerClient* client : forming_.clients) client->CancelAll();
   if (options_.rendezvous != nullptr) {
     options_.rendezvous->Abandon(forming_.prefix, std::string(why.message()));
   }
+  return forming_.clients;
+}
+
+// The shared references keep each client alive for its CancelAll even if the
+// formation has returned meanwhile. They are never a client's last on a gRPC
+// thread: FormLocked holds its clients until every answer is in.
+void TrainingJob::CancelFormation(const std::vector<std::shared_ptr<WorkerClient>>& clients) {
+  for (const std::shared_ptr<WorkerClient>& client : clients) client->CancelAll();
 }
 
 bool TrainingJob::FailFormingWorker(const std::string& worker_id, absl::Time silent_since,
                                     absl::Duration timeout, absl::Time now,
                                     const absl::Status& reason) {
-  std::lock_guard<std::mutex> lock(mu_);
-  const auto it = std::find(forming_.ids.begin(), forming_.ids.end(), worker_id);
-  if (it == forming_.ids.end() || !forming_.failure.ok()) return false;
-  // Silent for a whole timeout within this formation: a worker marked
-  // unreachable by the try before (it counts as stale until it heartbeats
-  // again) that answered the probe and was seated again is given its chance.
-  if (now - std::max(silent_since, forming_.started) <= timeout) return false;
-  const int rank = static_cast<int>(it - forming_.ids.begin());
-  AbandonFormationLocked(
-      rank,
-      absl::Status(reason.code(), absl::StrCat("rank ", rank, " (worker ", worker_id,
-                                               ") could not be configured: ", reason.message())));
+  std::vector<std::shared_ptr<WorkerClient>> forming;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto it = std::find(forming_.ids.begin(), forming_.ids.end(), worker_id);
+    if (it == forming_.ids.end() || !forming_.failure.ok()) return false;
+    // Silent for a whole timeout within this formation: a worker marked
+    // unreachable by the try before (it counts as stale until it heartbeats
+    // again) that answered the probe and was seated again is given its chance.
+    if (now - std::max(silent_since, forming_.started) <= timeout) return false;
+    const int rank = static_cast<int>(it - forming_.ids.begin());
+    forming = AbandonFormationLocked(
+        rank,
+        absl::Status(reason.code(), absl::StrCat("rank ", rank, " (worker ", worker_id,
+                                                 ") could not be configured: ", reason.message())));
+  }
+  CancelFormation(forming);
   return true;
 }
 

@@ -28,6 +28,7 @@ class WorkerClient {
   using AwaitSaveDone = std::function<void(absl::StatusOr<v1::CommandResult>)>;
   using GetStatusDone = std::function<void(absl::StatusOr<v1::GetStatusResponse>)>;
   using AbortDone = std::function<void(absl::Status)>;
+  using ConfigureDone = std::function<void(absl::Status)>;
   using ChunkSink = std::function<absl::Status(const v1::TensorChunk&)>;
 
   virtual ~WorkerClient() = default;
@@ -38,13 +39,18 @@ class WorkerClient {
   // Cancels every call in flight (their `done` sees CANCELLED).
   virtual void CancelAll() = 0;
 
-  // Blocking calls, used outside the per-step path.
-  virtual absl::Status Configure(const v1::ConfigureRequest& request, absl::Time deadline) = 0;
-  // Runs a summon batch; each chunk the worker streams goes to `sink`.
+  // A blocking call, used outside the per-step path: runs a summon batch; each chunk the worker
+  // streams goes to `sink`.
   virtual absl::Status Summon(const v1::CommandBatch& batch, absl::Time deadline,
                               const ChunkSink& sink) = 0;
   // Asynchronous calls: `done` runs exactly once, on any thread (also on
   // this one, before the call returns, for a call that cannot start).
+  // Configures the worker for an epoch: its first call, so a worker whose
+  // server is not accepting connections yet is given a short grace to. The
+  // call is held until every rank has arrived at the epoch's rendezvous;
+  // CancelAll cancels it.
+  virtual void ConfigureAsync(v1::ConfigureRequest request, absl::Time deadline,
+                              ConfigureDone done) = 0;
   // Waits for the background write of an async save into `directory`; a
   // call in flight is cancelled by CancelAll.
   virtual void AwaitSave(const std::string& directory, absl::Time deadline, AwaitSaveDone done) = 0;
@@ -56,8 +62,10 @@ class WorkerClient {
   virtual void AbortAsync(uint64_t epoch, const std::string& reason, absl::Time deadline,
                           AbortDone done) = 0;
 
-  // The blocking forms of GetStatusAsync and AbortAsync: each waits for its
-  // call's `done`. Not on a gRPC callback thread (the answer may need it).
+  // The blocking forms of ConfigureAsync, GetStatusAsync and AbortAsync:
+  // each waits for its call's `done`. Not on a gRPC callback thread (the
+  // answer may need it).
+  absl::Status Configure(const v1::ConfigureRequest& request, absl::Time deadline);
   absl::StatusOr<v1::GetStatusResponse> GetStatus(absl::Time deadline);
   absl::Status Abort(uint64_t epoch, const std::string& reason, absl::Time deadline);
 

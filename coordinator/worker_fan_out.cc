@@ -1,5 +1,7 @@
 #include "coordinator/worker_fan_out.h"
 
+#include <atomic>
+#include <cassert>
 #include <condition_variable>
 #include <cstddef>
 #include <memory>
@@ -41,6 +43,31 @@ class Collected {
 };
 
 }  // namespace
+
+std::vector<absl::Status> ConfigureAll(
+    absl::Span<WorkerClient* const> workers, std::vector<v1::ConfigureRequest> requests,
+    absl::Time deadline, const std::function<void(size_t, const absl::Status&)>& failed) {
+  assert(requests.size() == workers.size() && "one request a worker");
+  auto outcomes = std::make_shared<Collected<absl::Status>>(workers.size());
+  auto any_failed = std::make_shared<std::atomic<bool>>(false);
+  for (size_t i = 0; i < workers.size(); ++i) {
+    if (any_failed->load()) {
+      outcomes->Put(i, absl::CancelledError("not configured: another rank failed first"));
+      continue;
+    }
+    // `failed` is the caller's, alive until Wait returns, and every call runs
+    // it before its Put.
+    workers[i]->ConfigureAsync(std::move(requests[i]), deadline,
+                               [outcomes, any_failed, &failed, i](absl::Status s) {
+                                 if (!s.ok()) {
+                                   any_failed->store(true);
+                                   if (failed) failed(i, s);
+                                 }
+                                 outcomes->Put(i, std::move(s));
+                               });
+  }
+  return outcomes->Wait();
+}
 
 std::vector<absl::StatusOr<v1::GetStatusResponse>> GetStatusAll(
     absl::Span<WorkerClient* const> workers, absl::Time deadline) {

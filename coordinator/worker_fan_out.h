@@ -7,7 +7,9 @@
 #ifndef FLATSHARD_COORDINATOR_WORKER_FAN_OUT_H_
 #define FLATSHARD_COORDINATOR_WORKER_FAN_OUT_H_
 
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -19,6 +21,17 @@
 #include "flatshard/v1/worker.pb.h"
 
 namespace flatshard {
+
+// Configures worker i with requests[i], all at once: the ranks rendezvous, so
+// every call is held until the last rank has arrived. `failed`, when set,
+// runs for each failure as it comes in (on any thread, this one included,
+// with nothing of the fan-out's locked), so that the caller can cancel the
+// others at once instead of letting them wait for the rank that will never
+// arrive; a worker not yet started by then is not started at all, and reads
+// CANCELLED. Each one's outcome, by position.
+std::vector<absl::Status> ConfigureAll(
+    absl::Span<WorkerClient* const> workers, std::vector<v1::ConfigureRequest> requests,
+    absl::Time deadline, const std::function<void(size_t, const absl::Status&)>& failed);
 
 // Every worker's GetStatus answer (or its error), by position in `workers`.
 std::vector<absl::StatusOr<v1::GetStatusResponse>> GetStatusAll(

@@ -2,9 +2,9 @@
 // worker that is not accepting connections yet: it keeps reconnecting for its
 // connect grace instead of failing the job at the first refused connection,
 // and fails UNAVAILABLE within that grace, not the configure timeout, when
-// nothing ever answers. And a client whose worker is gone stops dialing its
-// address soon after its last call. A real gRPC server on a loopback port
-// chosen at run time stands in for the worker's service.
+// nothing ever answers; a cancel ends that grace at once. And a client whose worker is gone stops
+// dialing its address soon after its last call. A real gRPC server on a loopback port chosen at run
+// time stands in for the worker's service.
 #include <future>
 #include <iostream>
 #include <memory>
@@ -105,6 +105,19 @@ TEST(WorkerClientConnectTest, ConfigureOfAnAddressNothingListensOnFailsWithinThe
   EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
   EXPECT_THAT(std::string(status.message()), HasSubstr("cannot connect to " + address));
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+}
+
+// The connect grace is a call in flight like any other: CancelAll (a
+// formation that another rank failed, a Stop) ends it at once, CANCELLED,
+// rather than after the grace as UNAVAILABLE.
+TEST(WorkerClientConnectTest, ACancelledConfigureEndsWhileStillConnecting) {
+  GrpcWorkerClient client(absl::StrCat("127.0.0.1:", UnusedPort()));
+  std::promise<absl::Status> answered;
+  client.ConfigureAsync(Request(), absl::Now() + absl::Minutes(2),
+                        [&](absl::Status s) { answered.set_value(std::move(s)); });
+  client.CancelAll();
+  const absl::Status status = answered.get_future().get();
+  EXPECT_EQ(status.code(), absl::StatusCode::kCancelled) << status;
 }
 
 // A dead worker's port is free for the kernel to hand to the next socket

@@ -75,8 +75,8 @@ class FakeWorker : public WorkerClient {
     }
     if (done) done(absl::CancelledError("cancelled"));
   }
-  absl::Status Configure(const v1::ConfigureRequest&, absl::Time) override {
-    return absl::OkStatus();
+  void ConfigureAsync(v1::ConfigureRequest, absl::Time, ConfigureDone done) override {
+    done(absl::OkStatus());
   }
   void AbortAsync(uint64_t, const std::string& reason, absl::Time, AbortDone answer) override {
     ExecuteDone done;

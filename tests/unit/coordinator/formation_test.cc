@@ -1,5 +1,5 @@
 // Tests TrainingJob's formation logic (coordinator/training_job_formation.cc) with
-// in-process workers whose Configure blocks until cancelled: which failure
+// in-process workers whose Configure is held until cancelled: which failure
 // ends a formation, when the heartbeat monitor may end it, and that the
 // epoch's rendezvous is abandoned. The behaviour with real processes is
 // tests/integration/formation_failure_test.cc.
@@ -28,7 +28,8 @@ using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
 
-// Configure answers `answer` at once, or (unset) blocks until CancelAll.
+// Configure answers `answer` at once, or (unset) is held until CancelAll,
+// as at a rendezvous that a rank never reaches.
 class ConfigureOnlyWorker : public WorkerClient {
  public:
   ConfigureOnlyWorker(std::string address, std::optional<absl::Status> answer, int* entered,
@@ -39,18 +40,27 @@ class ConfigureOnlyWorker : public WorkerClient {
         mu_(mu),
         cv_(cv) {}
 
-  absl::Status Configure(const v1::ConfigureRequest&, absl::Time) override {
-    std::unique_lock<std::mutex> lock(*mu_);
-    ++*entered_;
-    cv_->notify_all();
-    if (answer_.has_value()) return *answer_;
-    cv_->wait(lock, [&] { return cancelled_; });
-    return absl::CancelledError("cancelled by the coordinator");
+  void ConfigureAsync(v1::ConfigureRequest, absl::Time, ConfigureDone done) override {
+    {
+      std::lock_guard<std::mutex> lock(*mu_);
+      ++*entered_;
+      cv_->notify_all();
+      if (!answer_.has_value() && !cancelled_) {
+        held_ = std::move(done);
+        return;
+      }
+    }
+    // Outside the lock: a failure's formation cancels every worker's calls.
+    done(answer_.has_value() ? *answer_ : absl::CancelledError("cancelled by the coordinator"));
   }
   void CancelAll() override {
-    std::lock_guard<std::mutex> lock(*mu_);
-    cancelled_ = true;
-    cv_->notify_all();
+    ConfigureDone held;
+    {
+      std::lock_guard<std::mutex> lock(*mu_);
+      cancelled_ = true;
+      held = std::exchange(held_, nullptr);
+    }
+    if (held) held(absl::CancelledError("cancelled by the coordinator"));
   }
   void Execute(const v1::CommandBatch*, absl::Time, ExecuteDone done) override {
     done(absl::UnimplementedError("not in this test"));
@@ -76,6 +86,7 @@ class ConfigureOnlyWorker : public WorkerClient {
   std::mutex* mu_;
   std::condition_variable* cv_;
   bool cancelled_ = false;  // guarded by *mu_
+  ConfigureDone held_;      // guarded by *mu_
 };
 
 class FormationTest : public ::testing::Test {

@@ -1,7 +1,8 @@
 // The fan-outs put every call in flight at once and hold one thread for all
 // of them: with 2,000 workers none of which has answered, the process has
-// gained only the caller's thread, and each answer, whatever thread brings it and in
-// whatever order, lands in its worker's place.
+// gained only the caller's thread, and each answer, whatever thread brings it
+// and in whatever order, lands in its worker's place. A configure's failure
+// is reported as it comes in, and no rank after it is started.
 #include "coordinator/worker_fan_out.h"
 
 #include <condition_variable>
@@ -14,12 +15,15 @@
 #include <utility>
 #include <vector>
 
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
 #include "absl/time/clock.h"
 
 namespace flatshard {
 namespace {
+
+using ::testing::ElementsAre;
 
 // The threads this process runs now.
 int Threads() {
@@ -76,8 +80,12 @@ class HeldWorker : public WorkerClient {
     done(absl::UnimplementedError("not in this test"));
   }
   void CancelAll() override {}
-  absl::Status Configure(const v1::ConfigureRequest&, absl::Time) override {
-    return absl::UnimplementedError("not in this test");
+  void ConfigureAsync(v1::ConfigureRequest request, absl::Time, ConfigureDone done) override {
+    pending_->Add([this, request = std::move(request), done = std::move(done)] {
+      done(request.rank() == index_ && request.job() == "fan-out"
+               ? absl::OkStatus()
+               : absl::InvalidArgumentError("rank " + std::to_string(request.rank())));
+    });
   }
   absl::Status Summon(const v1::CommandBatch&, absl::Time, const ChunkSink&) override {
     return absl::UnimplementedError("not in this test");
@@ -166,6 +174,77 @@ TEST_F(WorkerFanOutTest, EveryAbortIsInFlightAtOnceOnOneThread) {
   }
 }
 
+TEST_F(WorkerFanOutTest, EveryConfigureIsInFlightAtOnceOnOneThreadWithItsOwnRequest) {
+  std::vector<v1::ConfigureRequest> requests(kWorkers);
+  for (int i = 0; i < kWorkers; ++i) {
+    requests[static_cast<size_t>(i)].set_job("fan-out");
+    requests[static_cast<size_t>(i)].set_rank(i);
+  }
+  const int before = Threads();
+  std::vector<absl::Status> outcomes;
+  std::thread configurer([&] {
+    outcomes = ConfigureAll(workers_, std::move(requests), absl::Now() + absl::Seconds(1), {});
+  });
+  const int during = AnswerAllOnceInFlight();
+  configurer.join();
+  EXPECT_LE(during, before + 2);
+  ASSERT_EQ(outcomes.size(), static_cast<size_t>(kWorkers));
+  for (int i = 0; i < kWorkers; ++i) EXPECT_TRUE(outcomes[static_cast<size_t>(i)].ok()) << i;
+}
+
+// A rendezvous: a rank's Configure is held until every rank has arrived, so
+// here until it is cancelled; one rank refuses as its call starts.
+class RendezvousWorker final : public HeldWorker {
+ public:
+  RendezvousWorker(int index, bool refuses, int* started)
+      : HeldWorker(index, nullptr), refuses_(refuses), started_(started) {}
+  void ConfigureAsync(v1::ConfigureRequest, absl::Time, ConfigureDone done) override {
+    ++*started_;
+    if (refuses_) {
+      done(absl::InvalidArgumentError("no such device"));
+      return;
+    }
+    held_ = std::move(done);
+  }
+  void CancelAll() override {
+    if (held_) std::exchange(held_, nullptr)(absl::CancelledError("cancelled"));
+  }
+
+ private:
+  const bool refuses_;
+  int* const started_;
+  ConfigureDone held_;
+};
+
+TEST_F(WorkerFanOutTest, AFailedConfigureIsReportedAsItComesInAndStartsNoMoreRanks) {
+  int started = 0;
+  std::vector<std::unique_ptr<RendezvousWorker>> owned;
+  std::vector<WorkerClient*> ranks;
+  for (int i = 0; i < 4; ++i) {
+    owned.push_back(std::make_unique<RendezvousWorker>(i, /*refuses=*/i == 2, &started));
+    ranks.push_back(owned.back().get());
+  }
+  std::vector<std::string> reported;
+  // As a formation does: the first failure cancels the ranks waiting at the
+  // rendezvous (reentrantly here: the cancelled answer comes on this thread).
+  const std::vector<absl::Status> outcomes = ConfigureAll(
+      ranks, std::vector<v1::ConfigureRequest>(4), absl::Now() + absl::Seconds(1),
+      [&](size_t rank, const absl::Status& status) {
+        reported.push_back(std::to_string(rank) + ": " + std::string(status.message()));
+        if (reported.size() == 1) {
+          for (WorkerClient* other : ranks) other->CancelAll();
+        }
+      });
+  EXPECT_EQ(started, 3);  // rank 3 came after the failure
+  EXPECT_THAT(reported, ElementsAre("2: no such device", "0: cancelled", "1: cancelled"));
+  ASSERT_EQ(outcomes.size(), 4u);
+  EXPECT_EQ(outcomes[0].code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(outcomes[1].code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(outcomes[2].code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(outcomes[3].code(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(outcomes[3].message(), "not configured: another rank failed first");
+}
+
 // One that answers on the caller's thread, before its call returns (as a
 // client does for a call that cannot start).
 class InlineWorker final : public HeldWorker {
@@ -179,6 +258,7 @@ class InlineWorker final : public HeldWorker {
 TEST_F(WorkerFanOutTest, AnswersBeforeTheCallReturnsAndNoWorkersAtAll) {
   EXPECT_TRUE(GetStatusAll({}, absl::Now()).empty());
   EXPECT_TRUE(AbortAll({}, 1, "none", absl::Now()).empty());
+  EXPECT_TRUE(ConfigureAll({}, {}, absl::Now(), {}).empty());
 
   InlineWorker inline_worker(1, &pending_);
   std::vector<WorkerClient*> mixed = {workers_[3], &inline_worker, workers_[4]};
