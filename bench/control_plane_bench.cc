@@ -94,7 +94,7 @@ class SimulatedWorker final : public WorkerClient {
     done(std::move(result));
   }
   void CancelAll() override {}
-  void ConfigureAsync(v1::ConfigureRequest, absl::Time, ConfigureDone done) override {
+  void ConfigureAsync(v1::ConfigureRequest, absl::Time, absl::Time, ConfigureDone done) override {
     done(absl::OkStatus());
   }
   void AbortAsync(uint64_t, const std::string&, absl::Time, AbortDone done) override {

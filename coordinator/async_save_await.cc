@@ -16,11 +16,14 @@
 #include "absl/time/clock.h"
 #include "rpc/status_proto.h"
 
+#include "coordinator/worker_fan_out.h"
+
 namespace flatshard {
 namespace {
 
 // How long one probe may take: a live worker answers GetStatus in
-// milliseconds, whatever its write does.
+// milliseconds, whatever its write does (every rank's chain probes at about
+// the same time, so each is given FanOutTimeout's more).
 constexpr absl::Duration kProbeTimeout = absl::Seconds(1);
 // How long one call may wait for a write nobody watches: how late a failed
 // job or another rank's stall ends the wait.
@@ -98,8 +101,9 @@ class SaveWaits {
 // state needs no lock of its own.
 class RankWait : public std::enable_shared_from_this<RankWait> {
  public:
+  // `ranks`: how many chains probe at about the same time (FanOutTimeout).
   RankWait(std::shared_ptr<SaveWaits> waits, size_t slot, WorkerClient& worker, int rank,
-           std::string directory, absl::Time deadline, absl::Duration stall_timeout)
+           std::string directory, absl::Time deadline, absl::Duration stall_timeout, size_t ranks)
       : waits_(std::move(waits)),
         slot_(slot),
         worker_(worker),
@@ -113,7 +117,8 @@ class RankWait : public std::enable_shared_from_this<RankWait> {
         // rank's stall ends the wait.
         watched_(stall_timeout > absl::ZeroDuration()),
         watch_(watched_ ? stall_timeout : absl::Seconds(1)),
-        interval_(watched_ ? watch_.probe_interval() : kUnwatchedInterval) {}
+        interval_(watched_ ? watch_.probe_interval() : kUnwatchedInterval),
+        probe_timeout_(FanOutTimeout(kProbeTimeout, ranks)) {}
 
   // Starts the wait.
   void Start() {
@@ -170,7 +175,7 @@ class RankWait : public std::enable_shared_from_this<RankWait> {
       Call();
     } else {
       worker_.GetStatusAsync(
-          std::min(deadline_, absl::Now() + kProbeTimeout),
+          std::min(deadline_, absl::Now() + probe_timeout_),
           [self = shared_from_this()](absl::StatusOr<v1::GetStatusResponse> status) {
             self->Run([self, status = std::move(status)] { self->Probed(status); });
           });
@@ -230,6 +235,7 @@ class RankWait : public std::enable_shared_from_this<RankWait> {
   bool watched_;
   StallWatch watch_;
   const absl::Duration interval_;
+  const absl::Duration probe_timeout_;
   std::mutex mu_;
   bool running_ = false;          // a step runs; guarded by mu_
   std::function<void()> queued_;  // the step to run after it; guarded by mu_
@@ -241,7 +247,8 @@ AwaitedSave AwaitAsyncSave(WorkerClient& worker, int rank, const std::string& di
                            absl::Time deadline, absl::Duration stall_timeout,
                            const std::function<bool()>& give_up) {
   auto waits = std::make_shared<SaveWaits>(1, give_up);
-  std::make_shared<RankWait>(waits, 0, worker, rank, directory, deadline, stall_timeout)->Start();
+  std::make_shared<RankWait>(waits, 0, worker, rank, directory, deadline, stall_timeout, 1)
+      ->Start();
   return std::move(waits->Wait({}).ranks[0]);
 }
 
@@ -252,7 +259,7 @@ AwaitedSaves AwaitAsyncSaves(const std::vector<std::shared_ptr<WorkerClient>>& w
   auto waits = std::make_shared<SaveWaits>(workers.size(), give_up);
   for (size_t r = 0; r < workers.size(); ++r) {
     std::make_shared<RankWait>(waits, r, *workers[r], static_cast<int>(r), directory, deadline,
-                               stall_timeout)
+                               stall_timeout, workers.size())
         ->Start();
   }
   return waits->Wait(on_stall);

@@ -19,8 +19,9 @@
 namespace flatshard {
 namespace {
 
-// How long the post-mortem probes and aborts may take per worker: live
-// workers answer in milliseconds; a hung one must not delay the verdict much.
+// How long the post-mortem probes and aborts may take for one worker (a
+// fan-out to many is given FanOutTimeout's more): live workers answer in
+// milliseconds; a hung one must not delay the verdict much.
 constexpr absl::Duration kProbeTimeout = absl::Seconds(1);
 
 std::vector<WorkerClient*> RawPointers(const std::vector<std::shared_ptr<WorkerClient>>& workers) {
@@ -99,7 +100,8 @@ void CommandSequencer::Fail(int rank, const absl::Status& reason) {
 void CommandSequencer::AbortAll(const std::string& reason) {
   // All at once (worker_fan_out.h): a dead worker's Abort takes its whole
   // timeout, and no other worker's waits behind it.
-  (void)flatshard::AbortAll(clients_, epoch_, reason, absl::Now() + kProbeTimeout);
+  (void)flatshard::AbortAll(clients_, epoch_, reason,
+                            absl::Now() + FanOutTimeout(kProbeTimeout, clients_.size()));
 }
 
 std::optional<StallWatch::Stall> CommandSequencer::ProbeStragglers(const std::vector<int>& running,
@@ -109,7 +111,7 @@ std::optional<StallWatch::Stall> CommandSequencer::ProbeStragglers(const std::ve
   probed.reserve(running.size());
   for (int r : running) probed.push_back(clients_[static_cast<size_t>(r)]);
   const std::vector<absl::StatusOr<v1::GetStatusResponse>> answers =
-      GetStatusAll(probed, absl::Now() + kProbeTimeout);
+      GetStatusAll(probed, absl::Now() + FanOutTimeout(kProbeTimeout, probed.size()));
   const StallWatch::Clock::time_point now = StallWatch::Clock::now();
   watch.Retain(running);
   for (size_t i = 0; i < running.size(); ++i) {
@@ -160,7 +162,7 @@ absl::Status CommandSequencer::Settle(const std::vector<absl::Status>& statuses,
   for (int r : failed) probed.push_back(clients_[static_cast<size_t>(r)]);
   // All at once: the first in `failed` that does not answer is the cause.
   const std::vector<absl::StatusOr<v1::GetStatusResponse>> answers =
-      GetStatusAll(probed, absl::Now() + kProbeTimeout);
+      GetStatusAll(probed, absl::Now() + FanOutTimeout(kProbeTimeout, probed.size()));
   for (size_t i = 0; i < failed.size(); ++i) {
     if (!answers[i].ok()) {
       blamed = failed[i];

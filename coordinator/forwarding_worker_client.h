@@ -21,9 +21,9 @@ class ForwardingWorkerClient : public WorkerClient {
     inner_->Execute(batch, deadline, std::move(done));
   }
   void CancelAll() override { inner_->CancelAll(); }
-  void ConfigureAsync(v1::ConfigureRequest request, absl::Time deadline,
+  void ConfigureAsync(v1::ConfigureRequest request, absl::Time connect_by, absl::Time deadline,
                       ConfigureDone done) override {
-    inner_->ConfigureAsync(std::move(request), deadline, std::move(done));
+    inner_->ConfigureAsync(std::move(request), connect_by, deadline, std::move(done));
   }
   absl::Status Summon(const v1::CommandBatch& batch, absl::Time deadline,
                       const ChunkSink& sink) override {

@@ -22,11 +22,6 @@ namespace flatshard {
 namespace {
 
 constexpr int kMaxMessageBytes = 64 << 20;
-// How long ConfigureAsync, an epoch's first call, lets the channel connect. A worker
-// that has just registered can miss its first connection attempt on a busy
-// host, and a fail-fast call would turn that into a failed job; a dead worker
-// costs this much, not the configure timeout.
-constexpr absl::Duration kConnectGrace = absl::Seconds(2);
 
 // The command token, when there is one: a worker without one accepts a call
 // without the header (MetadataValue reads it as empty), so an insecure
@@ -212,14 +207,14 @@ void GrpcWorkerClient::CancelAll() {
   for (grpc::ClientContext* context : blocking_) context->TryCancel();
 }
 
-void GrpcWorkerClient::ConfigureAsync(v1::ConfigureRequest request, absl::Time deadline,
-                                      ConfigureDone done) {
+void GrpcWorkerClient::ConfigureAsync(v1::ConfigureRequest request, absl::Time connect_by,
+                                      absl::Time deadline, ConfigureDone done) {
   // The connect grace, without a thread waiting on the channel: a GetStatus
   // that waits for the channel to be ready (not fail-fast) for as long as the
   // grace. Any answer, even a refusal, means the worker's server is there;
   // Configure's own answer then says the rest.
   const absl::Time now = absl::Now();
-  const absl::Time connect_by = std::min(deadline, now + kConnectGrace);
+  connect_by = std::min(deadline, connect_by);
   uint64_t cancellations = 0;
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -34,7 +34,7 @@ class GrpcWorkerClient final : public WorkerClient {
 
   void Execute(const v1::CommandBatch* batch, absl::Time deadline, ExecuteDone done) override;
   void CancelAll() override;
-  void ConfigureAsync(v1::ConfigureRequest request, absl::Time deadline,
+  void ConfigureAsync(v1::ConfigureRequest request, absl::Time connect_by, absl::Time deadline,
                       ConfigureDone done) override;
   void AwaitSave(const std::string& directory, absl::Time deadline, AwaitSaveDone done) override;
   void GetStatusAsync(absl::Time deadline, GetStatusDone done) override;

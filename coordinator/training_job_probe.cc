@@ -39,7 +39,7 @@ std::vector<int> TrainingJob::ProbeMembers(
   // All at once (worker_fan_out.h): a stopped (SIGSTOP) worker costs one
   // probe timeout, not one per rank.
   std::vector<absl::StatusOr<v1::GetStatusResponse>> answers =
-      GetStatusAll(clients, absl::Now() + options_.probe_timeout);
+      GetStatusAll(clients, absl::Now() + FanOutTimeout(options_.probe_timeout, clients.size()));
   // A member whose aborted work has not let go yet (a write into a hung
   // mount) is not a survivor until it does: if it never does, it ends itself
   // at its abort grace, and a try that seated it would fail then and spend
@@ -111,7 +111,7 @@ std::vector<std::string> TrainingJob::ReadmitReturning(
   clients.reserve(returning.size());
   for (const Returning& r : returning) clients.push_back(r.client.get());
   std::vector<absl::StatusOr<v1::GetStatusResponse>> answers =
-      GetStatusAll(clients, absl::Now() + options_.probe_timeout);
+      GetStatusAll(clients, absl::Now() + FanOutTimeout(options_.probe_timeout, clients.size()));
   DrainWaitOptions drain;  // what is left of the wait once every first answer is in
   drain.cap = std::clamp(until - absl::Now(), absl::ZeroDuration(), drain.cap);
   std::vector<std::thread> drains;

@@ -275,7 +275,8 @@ absl::StatusOr<TrainingJob::Progress> TrainingJob::AgreedProgress(
   const absl::Time settle_by = absl::Now() + kReadoptSettleTime;
   const absl::Time answer_by = absl::Now() + kReadoptAnswerTime;
   while (true) {
-    reports = GetStatusAll(clients, absl::Now() + options_.probe_timeout);
+    reports =
+        GetStatusAll(clients, absl::Now() + FanOutTimeout(options_.probe_timeout, clients.size()));
     bool running = false, unanswered = false;
     for (const auto& report : reports) {
       running |= report.ok() && report->state() == "running";

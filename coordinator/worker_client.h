@@ -46,11 +46,11 @@ class WorkerClient {
   // Asynchronous calls: `done` runs exactly once, on any thread (also on
   // this one, before the call returns, for a call that cannot start).
   // Configures the worker for an epoch: its first call, so a worker whose
-  // server is not accepting connections yet is given a short grace to. The
-  // call is held until every rank has arrived at the epoch's rendezvous;
-  // CancelAll cancels it.
-  virtual void ConfigureAsync(v1::ConfigureRequest request, absl::Time deadline,
-                              ConfigureDone done) = 0;
+  // server is not accepting connections yet may connect until `connect_by`
+  // (UNAVAILABLE after that). The call is held until every rank has arrived
+  // at the epoch's rendezvous; CancelAll cancels it.
+  virtual void ConfigureAsync(v1::ConfigureRequest request, absl::Time connect_by,
+                              absl::Time deadline, ConfigureDone done) = 0;
   // Waits for the background write of an async save into `directory`; a
   // call in flight is cancelled by CancelAll.
   virtual void AwaitSave(const std::string& directory, absl::Time deadline, AwaitSaveDone done) = 0;

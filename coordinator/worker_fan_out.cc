@@ -1,5 +1,6 @@
 #include "coordinator/worker_fan_out.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cassert>
 #include <condition_variable>
@@ -44,12 +45,18 @@ class Collected {
 
 }  // namespace
 
+absl::Duration FanOutTimeout(absl::Duration one, size_t calls) {
+  return calls <= 1 ? one : one + kFanOutAllowancePerCall * static_cast<int64_t>(calls - 1);
+}
+
 std::vector<absl::Status> ConfigureAll(
     absl::Span<WorkerClient* const> workers, std::vector<v1::ConfigureRequest> requests,
     absl::Time deadline, const std::function<void(size_t, const absl::Status&)>& failed) {
   assert(requests.size() == workers.size() && "one request a worker");
   auto outcomes = std::make_shared<Collected<absl::Status>>(workers.size());
   auto any_failed = std::make_shared<std::atomic<bool>>(false);
+  const absl::Time connect_by =
+      std::min(deadline, absl::Now() + FanOutTimeout(kConnectGrace, workers.size()));
   for (size_t i = 0; i < workers.size(); ++i) {
     if (any_failed->load()) {
       outcomes->Put(i, absl::CancelledError("not configured: another rank failed first"));
@@ -57,7 +64,7 @@ std::vector<absl::Status> ConfigureAll(
     }
     // `failed` is the caller's, alive until Wait returns, and every call runs
     // it before its Put.
-    workers[i]->ConfigureAsync(std::move(requests[i]), deadline,
+    workers[i]->ConfigureAsync(std::move(requests[i]), connect_by, deadline,
                                [outcomes, any_failed, &failed, i](absl::Status s) {
                                  if (!s.ok()) {
                                    any_failed->store(true);

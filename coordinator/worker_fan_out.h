@@ -22,8 +22,29 @@
 
 namespace flatshard {
 
+// How long an epoch's first call gives a worker's channel to connect: a
+// worker that has just registered can miss its first connection attempt on a
+// busy host, and a fail-fast call would turn that into a failed job; a dead
+// worker costs this much, not the configure timeout.
+inline constexpr absl::Duration kConnectGrace = absl::Seconds(2);
+
+// What each call of a fan-out adds to the time the whole burst needs: the
+// coordinator makes, sends, receives and retires every call, one per worker,
+// before the last answer can be read. bench/fan_out_bench.cc measured up to
+// 0.35 ms of the coordinator's CPU a call on connected channels and 1.6 ms on
+// channels that must connect first (4,096 workers, 2 cores shared with the
+// servers; bench/RESULTS.md, 2026-12-01). A fixed deadline therefore read
+// healthy workers as unreachable at scale: the connect grace failed 13,821 of
+// 16,384 configures there.
+inline constexpr absl::Duration kFanOutAllowancePerCall = absl::Milliseconds(2);
+
+// The time to give a fan-out of `calls` calls whose single call is given
+// `one`: `one` plus the allowance for every call after the first.
+absl::Duration FanOutTimeout(absl::Duration one, size_t calls);
+
 // Configures worker i with requests[i], all at once: the ranks rendezvous, so
-// every call is held until the last rank has arrived. `failed`, when set,
+// every call is held until the last rank has arrived. Each channel may take
+// FanOutTimeout(kConnectGrace, workers) to connect. `failed`, when set,
 // runs for each failure as it comes in (on any thread, this one included,
 // with nothing of the fan-out's locked), so that the caller can cancel the
 // others at once instead of letting them wait for the rank that will never

@@ -24,6 +24,7 @@
 #include "absl/time/clock.h"
 
 #include "coordinator/grpc_worker_client.h"
+#include "coordinator/worker_fan_out.h"
 
 namespace flatshard {
 namespace {
@@ -113,7 +114,7 @@ TEST(WorkerClientConnectTest, ConfigureOfAnAddressNothingListensOnFailsWithinThe
 TEST(WorkerClientConnectTest, ACancelledConfigureEndsWhileStillConnecting) {
   GrpcWorkerClient client(absl::StrCat("127.0.0.1:", UnusedPort()));
   std::promise<absl::Status> answered;
-  client.ConfigureAsync(Request(), absl::Now() + absl::Minutes(2),
+  client.ConfigureAsync(Request(), absl::Now() + kConnectGrace, absl::Now() + absl::Minutes(2),
                         [&](absl::Status s) { answered.set_value(std::move(s)); });
   client.CancelAll();
   const absl::Status status = answered.get_future().get();

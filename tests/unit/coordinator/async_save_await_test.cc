@@ -41,7 +41,7 @@ class WritingWorker : public WorkerClient {
     done(absl::UnimplementedError("fake worker"));
   }
   void CancelAll() override {}
-  void ConfigureAsync(v1::ConfigureRequest, absl::Time, ConfigureDone done) override {
+  void ConfigureAsync(v1::ConfigureRequest, absl::Time, absl::Time, ConfigureDone done) override {
     done(absl::OkStatus());
   }
   void AbortAsync(uint64_t, const std::string&, absl::Time, AbortDone done) override {

@@ -75,7 +75,7 @@ class FakeWorker : public WorkerClient {
     }
     if (done) done(absl::CancelledError("cancelled"));
   }
-  void ConfigureAsync(v1::ConfigureRequest, absl::Time, ConfigureDone done) override {
+  void ConfigureAsync(v1::ConfigureRequest, absl::Time, absl::Time, ConfigureDone done) override {
     done(absl::OkStatus());
   }
   void AbortAsync(uint64_t, const std::string& reason, absl::Time, AbortDone answer) override {

@@ -40,7 +40,7 @@ class ConfigureOnlyWorker : public WorkerClient {
         mu_(mu),
         cv_(cv) {}
 
-  void ConfigureAsync(v1::ConfigureRequest, absl::Time, ConfigureDone done) override {
+  void ConfigureAsync(v1::ConfigureRequest, absl::Time, absl::Time, ConfigureDone done) override {
     {
       std::lock_guard<std::mutex> lock(*mu_);
       ++*entered_;

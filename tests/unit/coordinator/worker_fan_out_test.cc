@@ -80,7 +80,9 @@ class HeldWorker : public WorkerClient {
     done(absl::UnimplementedError("not in this test"));
   }
   void CancelAll() override {}
-  void ConfigureAsync(v1::ConfigureRequest request, absl::Time, ConfigureDone done) override {
+  void ConfigureAsync(v1::ConfigureRequest request, absl::Time connect_by, absl::Time,
+                      ConfigureDone done) override {
+    connect_by_ = connect_by;
     pending_->Add([this, request = std::move(request), done = std::move(done)] {
       done(request.rank() == index_ && request.job() == "fan-out"
                ? absl::OkStatus()
@@ -94,8 +96,10 @@ class HeldWorker : public WorkerClient {
     done(absl::UnimplementedError("not in this test"));
   }
   std::string address() const override { return "held:" + std::to_string(index_); }
+  absl::Time connect_by() const { return connect_by_; }
 
  private:
+  absl::Time connect_by_;
   const int index_;
   Pending* const pending_;
 };
@@ -182,12 +186,18 @@ TEST_F(WorkerFanOutTest, EveryConfigureIsInFlightAtOnceOnOneThreadWithItsOwnRequ
   }
   const int before = Threads();
   std::vector<absl::Status> outcomes;
-  std::thread configurer([&] {
-    outcomes = ConfigureAll(workers_, std::move(requests), absl::Now() + absl::Seconds(1), {});
-  });
+  const absl::Time start = absl::Now();
+  std::thread configurer(
+      [&] { outcomes = ConfigureAll(workers_, std::move(requests), start + absl::Hours(1), {}); });
   const int during = AnswerAllOnceInFlight();
   configurer.join();
   EXPECT_LE(during, before + 2);
+  // The connect grace grows with the burst: 2,000 calls are not all made,
+  // sent and answered within the grace one call is given.
+  const absl::Duration grace = FanOutTimeout(kConnectGrace, kWorkers);
+  EXPECT_EQ(grace, kConnectGrace + (kWorkers - 1) * kFanOutAllowancePerCall);
+  EXPECT_GE(owned_.back()->connect_by(), start + grace);
+  EXPECT_LE(owned_.back()->connect_by(), absl::Now() + grace);
   ASSERT_EQ(outcomes.size(), static_cast<size_t>(kWorkers));
   for (int i = 0; i < kWorkers; ++i) EXPECT_TRUE(outcomes[static_cast<size_t>(i)].ok()) << i;
 }
@@ -198,7 +208,7 @@ class RendezvousWorker final : public HeldWorker {
  public:
   RendezvousWorker(int index, bool refuses, int* started)
       : HeldWorker(index, nullptr), refuses_(refuses), started_(started) {}
-  void ConfigureAsync(v1::ConfigureRequest, absl::Time, ConfigureDone done) override {
+  void ConfigureAsync(v1::ConfigureRequest, absl::Time, absl::Time, ConfigureDone done) override {
     ++*started_;
     if (refuses_) {
       done(absl::InvalidArgumentError("no such device"));
@@ -259,6 +269,8 @@ TEST_F(WorkerFanOutTest, AnswersBeforeTheCallReturnsAndNoWorkersAtAll) {
   EXPECT_TRUE(GetStatusAll({}, absl::Now()).empty());
   EXPECT_TRUE(AbortAll({}, 1, "none", absl::Now()).empty());
   EXPECT_TRUE(ConfigureAll({}, {}, absl::Now(), {}).empty());
+  EXPECT_EQ(FanOutTimeout(absl::Seconds(1), 0), absl::Seconds(1));
+  EXPECT_EQ(FanOutTimeout(absl::Seconds(1), 1), absl::Seconds(1));
 
   InlineWorker inline_worker(1, &pending_);
   std::vector<WorkerClient*> mixed = {workers_[3], &inline_worker, workers_[4]};
