@@ -112,7 +112,7 @@ struct EchoProcesses {
       for (absl::string_view port : absl::StrSplit(line, ' ', absl::SkipEmpty())) {
         p.addresses.push_back(absl::StrCat("127.0.0.1:", port));
       }
-      if (p.addresses.size() != static_cast<size_t>((i + 1) * ports)) {
+      if (p.addresses.size() != static_cast<size_t>(i + 1) * static_cast<size_t>(ports)) {
         std::fprintf(stderr, "echo server %d did not start\n", i);
         std::exit(1);
       }
