@@ -19,7 +19,6 @@
 //                       [--rounds 5] [--stall-timeout 300]
 #include <algorithm>
 #include <condition_variable>
-#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -31,8 +30,6 @@
 
 #include <grpcpp/create_channel.h>
 #include <grpcpp/security/credentials.h>
-#include <sys/prctl.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "CLI/CLI.hpp"
@@ -41,6 +38,7 @@
 #include "rpc/grpc_server.h"
 
 #include "bench/bench_flags.h"
+#include "bench/forked_servers.h"
 #include "coordinator/command_sequencer.h"
 #include "coordinator/forwarding_worker_client.h"
 #include "coordinator/grpc_worker_client.h"
@@ -129,57 +127,6 @@ class CapturingClient final : public ForwardingWorkerClient {
   v1::CommandBatch* last_;
 };
 
-// Echo workers in processes of their own, forked before this process touches
-// gRPC. Each prints its address on a pipe and serves until its stdin pipe
-// closes (or this process dies).
-struct EchoProcesses {
-  std::vector<pid_t> pids;
-  std::vector<int> keepalive;  // write ends; closing one stops its worker
-  std::vector<std::string> addresses;
-
-  static EchoProcesses Start(int n) {
-    EchoProcesses p;
-    for (int i = 0; i < n; ++i) {
-      int out[2], in[2];
-      if (::pipe(out) != 0 || ::pipe(in) != 0) std::exit(1);
-      const pid_t pid = ::fork();
-      if (pid == 0) {
-        ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-        ::close(out[0]);
-        ::close(in[1]);
-        EchoWorker service;
-        auto server = GrpcServer::Start("127.0.0.1:0", {&service});
-        if (!server.ok()) ::_exit(1);
-        const std::string line = (*server)->address() + "\n";
-        if (::write(out[1], line.data(), line.size()) != static_cast<ssize_t>(line.size())) {
-          ::_exit(1);
-        }
-        char byte = 0;
-        while (::read(in[0], &byte, 1) > 0) {
-        }
-        (*server)->Shutdown();
-        ::_exit(0);
-      }
-      ::close(out[1]);
-      ::close(in[0]);
-      std::string address;
-      char c = 0;
-      while (::read(out[0], &c, 1) == 1 && c != '\n') address.push_back(c);
-      ::close(out[0]);
-      if (address.empty()) std::exit(1);
-      p.pids.push_back(pid);
-      p.keepalive.push_back(in[1]);
-      p.addresses.push_back(address);
-    }
-    return p;
-  }
-
-  void Stop() {
-    for (int fd : keepalive) ::close(fd);
-    for (pid_t pid : pids) ::waitpid(pid, nullptr, 0);
-  }
-};
-
 // One bare fan-out: `batch` to every stub at once with the callback API,
 // waiting for every answer. Timed whole, as a coordinator's step is: its
 // call contexts and results made and freed (they were outside the timing
@@ -253,10 +200,10 @@ v1::JobSpec Spec(int world) {
 // Steps through TrainingJob with `connect` (and `state`, a state store, when
 // not null: every step journals its batch and progress as a coordinator with
 // --state-dir does) under `limits`; per-step wall times.
-std::vector<double> TimeSteps(
-    int world, int steps, std::function<std::unique_ptr<WorkerClient>(const WorkerRecord&)> connect,
-    const std::vector<std::string>& addresses, const BatchLimits& limits,
-    StateStore* state = nullptr, const std::function<void()>& between = nullptr) {
+std::vector<double> TimeSteps(int world, int steps, WorkerConnector connect,
+                              const std::vector<std::string>& addresses, const BatchLimits& limits,
+                              StateStore* state = nullptr,
+                              const std::function<void()>& between = nullptr) {
   const v1::JobSpec spec = Spec(world);
   absl::StatusOr<JobConfig> config = JobConfigFromProto(spec);
   TrainingJobOptions options;
@@ -336,7 +283,15 @@ int Main(int argc, char** argv) {
   BatchLimits limits;
   limits.stall_timeout = absl::Seconds(stall_timeout_s);
   // Forked first: a process must not fork once gRPC's threads exist.
-  EchoProcesses echo = EchoProcesses::Start(processes);
+  bench::ForkedServers echo =
+      bench::ForkedServers::Start(processes, [](int, const auto& report, const auto& serve) {
+        EchoWorker service;
+        auto server = GrpcServer::Start("127.0.0.1:0", {&service});
+        if (!server.ok()) ::_exit(1);
+        report((*server)->address());
+        serve();
+        (*server)->Shutdown();
+      });
   const v1::JobSpec spec = Spec(1);
   absl::StatusOr<JobConfig> config = JobConfigFromProto(spec);
   auto units = JobUnits(*config);
@@ -359,7 +314,10 @@ int Main(int argc, char** argv) {
   for (int world : {1, 4, 8}) {
     const Percentiles p = Summarize(TimeSteps(
         world, steps,
-        [](const WorkerRecord& w) { return std::make_unique<GrpcWorkerClient>(w.address); },
+        [](const WorkerRecord& w, size_t world_size) {
+          return std::make_unique<GrpcWorkerClient>(w.address, nullptr, "",
+                                                    WorkerChannelIdle(world_size));
+        },
         addresses, limits));
     std::printf("| %d | gRPC loopback | %d | %.0f us | %.0f us | %.0f us | %.1f us |\n", world,
                 steps, p.p50_us, p.p99_us, p.mean_us, p.mean_us / world);
@@ -367,7 +325,7 @@ int Main(int argc, char** argv) {
   for (int world : {256, 1024}) {
     const Percentiles p = Summarize(TimeSteps(
         world, sim_steps,
-        [](const WorkerRecord& w) {
+        [](const WorkerRecord& w, size_t) {
           return std::make_unique<SimulatedWorker>(std::atoi(w.worker_id.c_str() + 1));
         },
         {}, limits));
@@ -416,13 +374,14 @@ int Main(int argc, char** argv) {
   }
   v1::CommandBatch last;
   std::vector<std::unique_ptr<v1::WorkerService::Stub>> stubs;
-  for (const std::string& address : echo.addresses) {
+  for (const std::string& address : echo.lines()) {
     stubs.push_back(v1::WorkerService::NewStub(
         grpc::CreateChannel(address, grpc::InsecureChannelCredentials())));
   }
-  auto connect = [&last](const WorkerRecord& w) {
-    return std::make_unique<CapturingClient>(std::make_unique<GrpcWorkerClient>(w.address),
-                                             w.rank == 0 ? &last : nullptr);
+  auto connect = [&last](const WorkerRecord& w, size_t world_size) {
+    return std::make_unique<CapturingClient>(
+        std::make_unique<GrpcWorkerClient>(w.address, nullptr, "", WorkerChannelIdle(world_size)),
+        w.rank == 0 ? &last : nullptr);
   };
   // Interleaved step by step: after each coordinator step, one bare fan-out
   // of the batch it sent (A B A B ...), so both see the same machine.
@@ -433,11 +392,11 @@ int Main(int argc, char** argv) {
       if (last.has_step()) bare.push_back(BareFanOutSeconds(stubs, last));
     };
     const Percentiles coordinator =
-        Summarize(TimeSteps(processes, steps, connect, echo.addresses, limits, nullptr, fan_out));
+        Summarize(TimeSteps(processes, steps, connect, echo.lines(), limits, nullptr, fan_out));
     const Percentiles b = Summarize(bare);
     bare.clear();
     const Percentiles durable = Summarize(
-        TimeSteps(processes, steps, connect, echo.addresses, limits, store->get(), fan_out));
+        TimeSteps(processes, steps, connect, echo.lines(), limits, store->get(), fan_out));
     const Percentiles b2 = Summarize(bare);
     coordinator_ratios.push_back(coordinator.p50_us / b.p50_us);
     durable_ratios.push_back(durable.p50_us / b2.p50_us);
@@ -460,7 +419,7 @@ int Main(int argc, char** argv) {
   // TrainingJob's own (building the batch, the step's result).
   {
     std::vector<std::shared_ptr<WorkerClient>> clients;
-    for (const std::string& address : echo.addresses) {
+    for (const std::string& address : echo.lines()) {
       clients.push_back(std::make_shared<GrpcWorkerClient>(address));
     }
     CommandSequencer sequencer(clients, 1, limits);

@@ -5,16 +5,17 @@
 //   - making the clients (a channel each);
 //   - the first probe (GetStatusAll), which connects every channel;
 //   - probes and aborts (AbortAll) of the connected world;
-//   - a formation's ConfigureAll (each call a wait-for-ready GetStatus, then
-//     the Configure; the echo answers at once, so no rendezvous wait).
+//   - ConfigureAll (each call a wait-for-ready GetStatus, then the
+//     Configure; the echo answers at once, so no rendezvous wait), over the
+//     connected channels and, as a formation does, over new ones.
 // The servers answer inline, and on this machine share its cores with the
 // coordinator: each number is an upper bound on what the coordinator's side
-// costs. A fan-out's deadline must cover the whole burst (FanOutTimeout,
-// coordinator/worker_fan_out.h, is sized from these numbers).
+// costs. Every fan-out runs under the coordinator's own deadlines, grown with
+// the burst (FanOutTimeout, coordinator/worker_fan_out.h, sized from these
+// numbers), and the calls that outran them are counted.
 //
 //   fan_out_bench [--worlds 1024,4096,16384] [--processes 8] [--reps 5]
 #include <algorithm>
-#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -27,19 +28,20 @@
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server.h>
 #include <grpcpp/server_builder.h>
-#include <sys/prctl.h>
 #include <sys/resource.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 
 #include "bench/bench_flags.h"
+#include "bench/forked_servers.h"
 #include "coordinator/grpc_worker_client.h"
+#include "coordinator/training_job_options.h"
 #include "coordinator/worker_fan_out.h"
 #include "flatshard/v1/worker.grpc.pb.h"
 
@@ -63,75 +65,8 @@ class EchoWorker final : public v1::WorkerService::Service {
   }
 };
 
-// Echo servers in processes of their own, forked before this process touches
-// gRPC, each listening on `ports` loopback ports (a worker's address each).
-// Each prints its ports on a pipe and serves until its stdin pipe closes (or
-// this process dies).
-struct EchoProcesses {
-  std::vector<pid_t> pids;
-  std::vector<int> keepalive;  // write ends; closing one stops its server
-  std::vector<std::string> addresses;
-
-  static EchoProcesses Start(int processes, int ports) {
-    EchoProcesses p;
-    for (int i = 0; i < processes; ++i) {
-      int out[2], in[2];
-      if (::pipe(out) != 0 || ::pipe(in) != 0) std::exit(1);
-      const pid_t pid = ::fork();
-      if (pid == 0) {
-        ::prctl(PR_SET_PDEATHSIG, SIGKILL);
-        ::close(out[0]);
-        ::close(in[1]);
-        EchoWorker service;
-        grpc::ServerBuilder builder;
-        std::vector<int> bound(static_cast<size_t>(ports));
-        for (int& port : bound) {
-          builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
-        }
-        builder.RegisterService(&service);
-        std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
-        if (server == nullptr) ::_exit(1);
-        std::string line;
-        for (int port : bound) absl::StrAppend(&line, port, " ");
-        line.back() = '\n';
-        if (::write(out[1], line.data(), line.size()) != static_cast<ssize_t>(line.size())) {
-          ::_exit(1);
-        }
-        char byte = 0;
-        while (::read(in[0], &byte, 1) > 0) {
-        }
-        server->Shutdown();
-        ::_exit(0);
-      }
-      ::close(out[1]);
-      ::close(in[0]);
-      std::string line;
-      char c = 0;
-      while (::read(out[0], &c, 1) == 1 && c != '\n') line.push_back(c);
-      ::close(out[0]);
-      for (absl::string_view port : absl::StrSplit(line, ' ', absl::SkipEmpty())) {
-        p.addresses.push_back(absl::StrCat("127.0.0.1:", port));
-      }
-      if (p.addresses.size() != static_cast<size_t>(i + 1) * static_cast<size_t>(ports)) {
-        std::fprintf(stderr, "echo server %d did not start\n", i);
-        std::exit(1);
-      }
-      p.pids.push_back(pid);
-      p.keepalive.push_back(in[1]);
-    }
-    return p;
-  }
-
-  void Stop() {
-    for (int fd : keepalive) ::close(fd);
-    for (pid_t pid : pids) ::waitpid(pid, nullptr, 0);
-  }
-};
-
 double Ms(absl::Duration d) { return absl::ToDoubleMilliseconds(d); }
 
-// Runs `fan_out` and returns how long it took, exiting if any call failed:
-// a failed call ends early and would flatter the time.
 // This process's CPU time (every thread's: gRPC's do the sending and
 // receiving), apart from the servers'.
 absl::Duration CpuTime() {
@@ -143,15 +78,18 @@ absl::Duration CpuTime() {
 struct Took {
   absl::Duration wall;
   absl::Duration cpu;  // the coordinator's side alone
+  size_t failed = 0;   // calls that did not succeed within the deadline
 };
 
+// Runs `fan_out` under the coordinator's own deadlines and returns how long
+// it took and how many calls failed: the servers are all up, so a failure is
+// a deadline the burst outran (the first is printed).
 template <typename Statuses>
 Took Timed(const char* what, const std::function<Statuses()>& fan_out) {
   const absl::Duration cpu = CpuTime();
   const absl::Time start = absl::Now();
   const Statuses outcomes = fan_out();
-  const Took took{absl::Now() - start, CpuTime() - cpu};
-  size_t failed = 0;
+  Took took{absl::Now() - start, CpuTime() - cpu};
   std::string first;
   for (const auto& outcome : outcomes) {
     absl::Status s;
@@ -160,12 +98,11 @@ Took Timed(const char* what, const std::function<Statuses()>& fan_out) {
     } else {
       s = outcome.status();
     }
-    if (!s.ok() && failed++ == 0) first = std::string(s.message());
+    if (!s.ok() && took.failed++ == 0) first = std::string(s.message());
   }
-  if (failed > 0) {
-    std::fprintf(stderr, "%s: %zu of %zu calls failed, the first: %s\n", what, failed,
+  if (took.failed > 0) {
+    std::fprintf(stderr, "%s: %zu of %zu calls failed, the first: %s\n", what, took.failed,
                  outcomes.size(), first.c_str());
-    std::exit(1);  // the echo processes die with this one (PR_SET_PDEATHSIG)
   }
   return took;
 }
@@ -199,58 +136,112 @@ int Main(int argc, char** argv) {
   }
   // Forked first: a process must not fork once gRPC's threads exist.
   const int ports = (largest + processes - 1) / processes;
-  EchoProcesses echo = EchoProcesses::Start(processes, ports);
+  // Each server listens on `ports` loopback ports (a worker's address each).
+  bench::ForkedServers echo =
+      bench::ForkedServers::Start(processes, [ports](int, const auto& report, const auto& serve) {
+        EchoWorker service;
+        grpc::ServerBuilder builder;
+        std::vector<int> bound(static_cast<size_t>(ports));
+        for (int& port : bound) {
+          builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+        }
+        builder.RegisterService(&service);
+        std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+        if (server == nullptr) ::_exit(1);
+        report(absl::StrJoin(bound, " "));
+        serve();
+        server->Shutdown();
+      });
+  std::vector<std::string> addresses;
+  for (const std::string& line : echo.lines()) {
+    for (absl::string_view port : absl::StrSplit(line, ' ', absl::SkipEmpty())) {
+      addresses.push_back(absl::StrCat("127.0.0.1:", port));
+    }
+  }
+  if (addresses.size() != static_cast<size_t>(processes) * static_cast<size_t>(ports)) {
+    std::fprintf(stderr, "the echo servers bound %zu ports, not %d\n", addresses.size(),
+                 processes * ports);
+    return 1;
+  }
   std::printf(
       "%d echo server processes, %d ports each; %d reps a row. Each cell: wall ms, p50 (max); "
-      "the coordinator process's CPU time per worker\n\n",
+      "the coordinator process's CPU time per worker; calls failed (deadline)\n\n",
       processes, ports, reps);
   std::printf(
-      "| workers | make clients (ms) | first probe (connects) | probe | abort | configure "
-      "|\n|---|---|---|---|---|---|\n");
+      "| workers | deadlines: connecting, connected | make clients (ms) | first probe (connects) | "
+      "formation (connects) | probe | abort | configure |\n|---|---|---|---|---|---|---|---|\n");
   for (const int world : worlds) {
-    absl::Time start = absl::Now();
+    const size_t n = static_cast<size_t>(world);
     std::vector<std::unique_ptr<GrpcWorkerClient>> owned;
     std::vector<WorkerClient*> clients;
-    for (int r = 0; r < world; ++r) {
-      // Spread over the processes, as workers over hosts.
-      const size_t process = static_cast<size_t>(r % processes);
-      const size_t port = static_cast<size_t>(r / processes);
-      owned.push_back(std::make_unique<GrpcWorkerClient>(
-          echo.addresses[process * static_cast<size_t>(ports) + port]));
-      clients.push_back(owned.back().get());
-    }
+    // New clients, spread over the processes as workers over hosts; each
+    // channel stays connected as the coordinator's do (WorkerChannelIdle).
+    const auto make_clients = [&] {
+      owned.clear();
+      clients.clear();
+      for (size_t r = 0; r < n; ++r) {
+        const size_t process = r % static_cast<size_t>(processes);
+        const size_t port = r / static_cast<size_t>(processes);
+        owned.push_back(std::make_unique<GrpcWorkerClient>(
+            addresses[process * static_cast<size_t>(ports) + port], nullptr, "",
+            WorkerChannelIdle(n)));
+        clients.push_back(owned.back().get());
+      }
+    };
+    absl::Time start = absl::Now();
+    make_clients();
     const absl::Duration make = absl::Now() - start;
-    const auto deadline = [] { return absl::Now() + absl::Minutes(2); };
+    // The coordinator's deadlines: a recovery's probe (TrainingJobOptions'
+    // probe_timeout, the longer of the two; the sequencer's is 1 s) grown by
+    // FanOutTimeout, for new channels (a restarted coordinator's probe) and
+    // connected ones (a stall's probe, an abort); a formation's connect
+    // grace is ConfigureAll's own.
+    const absl::Duration one = TrainingJobOptions().probe_timeout;
+    const absl::Duration connecting = FanOutTimeout(one, n, FanOutChannels::kConnecting);
+    const absl::Duration connected = FanOutTimeout(one, n);
+    const auto within = [](absl::Duration d) { return [d] { return absl::Now() + d; }; };
+    const auto configure_deadline = within(absl::Minutes(2));
     using Probes = std::vector<absl::StatusOr<v1::GetStatusResponse>>;
     using Outcomes = std::vector<absl::Status>;
+    const auto configure = [&] {
+      std::vector<v1::ConfigureRequest> requests(n);
+      for (size_t r = 0; r < n; ++r) requests[r].set_rank(static_cast<int>(r));
+      return ConfigureAll(clients, std::move(requests), configure_deadline(), {});
+    };
     const Took first =
-        Timed<Probes>("first probe", [&] { return GetStatusAll(clients, deadline()); });
+        Timed<Probes>("first probe", [&] { return GetStatusAll(clients, within(connecting)()); });
     std::vector<Took> probes, aborts, configures;
     for (int rep = 0; rep < reps; ++rep) {
-      probes.push_back(Timed<Probes>("probe", [&] { return GetStatusAll(clients, deadline()); }));
+      probes.push_back(
+          Timed<Probes>("probe", [&] { return GetStatusAll(clients, within(connected)()); }));
       aborts.push_back(Timed<Outcomes>(
-          "abort", [&] { return AbortAll(clients, 1, "the bench aborts", deadline()); }));
-      configures.push_back(Timed<Outcomes>("configure", [&] {
-        std::vector<v1::ConfigureRequest> requests(static_cast<size_t>(world));
-        for (int r = 0; r < world; ++r) requests[static_cast<size_t>(r)].set_rank(r);
-        return ConfigureAll(clients, std::move(requests), deadline(), {});
-      }));
+          "abort", [&] { return AbortAll(clients, 1, "the bench aborts", within(connected)()); }));
+      configures.push_back(Timed<Outcomes>("configure", configure));
     }
-    // The median's wall time (the slowest's), and the median's coordinator
-    // CPU time per worker.
-    const auto cell = [world](std::vector<Took> v) {
-      std::sort(v.begin(), v.end(), [](const Took& a, const Took& b) { return a.wall < b.wall; });
-      const Took& median = v[v.size() / 2];
-      return absl::StrFormat("%.0f (%.0f); %.0f us", Ms(median.wall), Ms(v.back().wall),
-                             absl::ToDoubleMicroseconds(median.cpu) / world);
-    };
-    std::printf("| %d | %.0f | %.0f; %.0f us | %s | %s | %s |\n", world, Ms(make), Ms(first.wall),
-                absl::ToDoubleMicroseconds(first.cpu) / world, cell(probes).c_str(),
-                cell(aborts).c_str(), cell(configures).c_str());
-    std::fflush(stdout);
     start = absl::Now();
     owned.clear();
-    std::printf("  (%d clients closed in %.1f ms)\n", world, Ms(absl::Now() - start));
+    const absl::Duration closed = absl::Now() - start;
+    // A formation as it happens: every channel new, each call waiting for
+    // its connection within the connect grace.
+    make_clients();
+    const Took formation = Timed<Outcomes>("formation", configure);
+    // The median's wall time (the slowest's), the median's coordinator CPU
+    // time per worker, and the failed calls of all reps.
+    const auto cell = [world](std::vector<Took> v) {
+      size_t failed = 0;
+      for (const Took& t : v) failed += t.failed;
+      std::sort(v.begin(), v.end(), [](const Took& a, const Took& b) { return a.wall < b.wall; });
+      const Took& median = v[v.size() / 2];
+      return absl::StrFormat("%.0f (%.0f); %.0f us; %zu failed", Ms(median.wall), Ms(v.back().wall),
+                             absl::ToDoubleMicroseconds(median.cpu) / world, failed);
+    };
+    std::printf("| %d | %.1f s, %.1f s | %.0f | %s | %s | %s | %s | %s |\n", world,
+                absl::ToDoubleSeconds(connecting), absl::ToDoubleSeconds(connected), Ms(make),
+                cell({first}).c_str(), cell({formation}).c_str(), cell(probes).c_str(),
+                cell(aborts).c_str(), cell(configures).c_str());
+    std::printf("  (%d clients closed in %.1f ms)\n", world, Ms(closed));
+    std::fflush(stdout);
+    owned.clear();
   }
   echo.Stop();
   return 0;

@@ -168,10 +168,10 @@ int Run(const Flags& f) {
   options.job.checkpoint_root = f.checkpoint_root;
   options.job.observer = &metrics;
   std::shared_ptr<grpc::ChannelCredentials> worker_credentials = ChannelCredentials(tls_material);
-  options.job.connect =
-      [worker_credentials](const WorkerRecord& worker) -> std::unique_ptr<WorkerClient> {
+  options.job.connect = [worker_credentials](const WorkerRecord& worker,
+                                             size_t world_size) -> std::unique_ptr<WorkerClient> {
     return std::make_unique<GrpcWorkerClient>(worker.address, worker_credentials,
-                                              worker.command_token);
+                                              worker.command_token, WorkerChannelIdle(world_size));
   };
   auto coordinator = std::make_unique<Coordinator>(options);
   if (absl::Status restored = coordinator->RestoreState(); !restored.ok()) {

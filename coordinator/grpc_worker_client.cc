@@ -16,6 +16,7 @@
 #include "rpc/call_metadata.h"
 #include "rpc/keepalive.h"
 
+#include "coordinator/worker_fan_out.h"
 #include "proto/grpc_status.h"
 
 namespace flatshard {
@@ -57,9 +58,13 @@ class BlockingCall {
 
 }  // namespace
 
+absl::Duration WorkerChannelIdle(size_t world_size) {
+  return FanOutTimeout(kWorkerChannelIdle, world_size, FanOutChannels::kConnecting);
+}
+
 GrpcWorkerClient::GrpcWorkerClient(const std::string& address,
                                    const std::shared_ptr<grpc::ChannelCredentials>& credentials,
-                                   std::string command_token)
+                                   std::string command_token, absl::Duration idle_timeout)
     : address_(address), command_token_(std::move(command_token)) {
   grpc::ChannelArguments args;
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
@@ -67,13 +72,9 @@ GrpcWorkerClient::GrpcWorkerClient(const std::string& address,
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  // Idle a second after its last call, the channel stops reconnecting. Left
-  // busy, a channel to a worker that died redials its address every backoff
-  // for the client's life; the kernel hands that freed port to the next
-  // socket bound on the host (a survivor's Gloo pair listener), and a dial
-  // then takes the one accept that pair waits for from its peer. A call
-  // after the idle second reconnects first (a handshake, a few ms).
-  args.SetInt(GRPC_ARG_CLIENT_IDLE_TIMEOUT_MS, 1000);
+  // kWorkerChannelIdle says why a channel idles at all.
+  args.SetInt(GRPC_ARG_CLIENT_IDLE_TIMEOUT_MS,
+              static_cast<int>(absl::ToInt64Milliseconds(idle_timeout)));
   ApplyClientKeepalive(args);
   channel_ = grpc::CreateCustomChannel(
       address, credentials != nullptr ? credentials : grpc::InsecureChannelCredentials(), args);
@@ -232,6 +233,14 @@ void GrpcWorkerClient::ConfigureAsync(v1::ConfigureRequest request, absl::Time c
       [this, request = std::move(request), deadline, tried = connect_by - now, cancellations,
        done = std::move(done)](const absl::StatusOr<v1::GetStatusResponse>& answer) mutable {
         const absl::StatusCode code = answer.status().code();
+        // A connected channel whose probe ran out of time: the worker (or,
+        // in a burst of thousands, this coordinator) was slow, not gone.
+        if (code == absl::StatusCode::kDeadlineExceeded &&
+            channel_->GetState(/*try_to_connect=*/false) == GRPC_CHANNEL_READY) {
+          done(absl::DeadlineExceededError(absl::StrCat(
+              address_, " is connected but did not answer within ", absl::FormatDuration(tried))));
+          return;
+        }
         if (code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kDeadlineExceeded) {
           done(absl::UnavailableError(absl::StrCat("cannot connect to ", address_, " (tried for ",
                                                    absl::FormatDuration(tried), ")")));
@@ -254,7 +263,8 @@ void GrpcWorkerClient::ConfigureAsync(v1::ConfigureRequest request, absl::Time c
               done(configured.status());
             },
             cancellations);  // a CancelAll since the probe began cancels it too
-      });
+      },
+      cancellations);  // and one since the count was read, the probe
 }
 
 absl::Status GrpcWorkerClient::Summon(const v1::CommandBatch& batch, absl::Time deadline,

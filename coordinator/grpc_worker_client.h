@@ -18,18 +18,38 @@
 #include <grpcpp/client_context.h>
 #include <grpcpp/security/credentials.h>
 
+#include "absl/time/time.h"
+
 #include "coordinator/worker_client.h"
 #include "flatshard/v1/worker.grpc.pb.h"
 
 namespace flatshard {
 
+// A second after its last call, a worker's channel lets its connection go
+// and stops reconnecting. Left busy, a channel to a worker that died redials
+// its address every backoff for the client's life; the kernel hands that
+// freed port to the next socket bound on the host (a survivor's Gloo pair
+// listener), and a dial then takes the one accept that pair waits for from
+// its peer. A call after the idle time reconnects first (a handshake).
+inline constexpr absl::Duration kWorkerChannelIdle = absl::Seconds(1);
+
+// The idle time for a channel to one of `world_size` ranks: the second, plus
+// the longest a fan-out to all of them may take (FanOutTimeout, connecting).
+// A fan-out to 16,384 workers takes seconds, and a channel answered early in
+// one must still be connected for the next; with a fixed second, probes at
+// that scale reconnected the channels answered first, and one took 37 s
+// where the others took 9 (bench/RESULTS.md, 2026-12-01). A dead worker's
+// channel redials for this long at most after the coordinator's last call.
+absl::Duration WorkerChannelIdle(size_t world_size);
+
 class GrpcWorkerClient final : public WorkerClient {
  public:
   // `credentials` null: plaintext. `command_token`: what the worker sent in its
-  // registration; every call carries it.
+  // registration; every call carries it. `idle_timeout`: WorkerChannelIdle.
   explicit GrpcWorkerClient(const std::string& address,
                             const std::shared_ptr<grpc::ChannelCredentials>& credentials = nullptr,
-                            std::string command_token = "");
+                            std::string command_token = "",
+                            absl::Duration idle_timeout = kWorkerChannelIdle);
   ~GrpcWorkerClient() override;
 
   void Execute(const v1::CommandBatch* batch, absl::Time deadline, ExecuteDone done) override;

@@ -81,7 +81,7 @@ absl::Status TrainingJob::FormLocked(const std::vector<WorkerRecord>& members,
   std::vector<std::shared_ptr<WorkerClient>> clients;
   std::vector<std::string> ids;
   for (const WorkerRecord& member : members) {
-    clients.push_back(options_.connect(member));
+    clients.push_back(options_.connect(member, members.size()));
     ids.push_back(member.worker_id);
   }
   uint64_t epoch = 0;
@@ -144,6 +144,11 @@ absl::Status TrainingJob::FormLocked(const std::vector<WorkerRecord>& members,
           forming = AbandonFormationLocked(static_cast<int>(r), failure);
         }
         CancelFormation(forming);
+      },
+      // Stop or a silent worker (FailFormingWorker) ended it meanwhile.
+      [this] {
+        std::lock_guard<std::mutex> lock(mu_);
+        return !forming_.failure.ok();
       });
   Formation formed;
   {

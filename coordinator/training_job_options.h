@@ -21,12 +21,17 @@
 
 namespace flatshard {
 
+// A client for `worker`, one of `world_size` ranks: its channel must stay
+// connected through a fan-out to all of them (WorkerChannelIdle).
+using WorkerConnector =
+    std::function<std::unique_ptr<WorkerClient>(const WorkerRecord& worker, size_t world_size)>;
+
 struct TrainingJobOptions {
   absl::Duration configure_timeout = absl::Minutes(2);
   // Each batch's end-to-end timeout and its stall timeout (--batch-timeout,
   // --stall-timeout).
   BatchLimits batch;
-  std::function<std::unique_ptr<WorkerClient>(const WorkerRecord&)> connect;
+  WorkerConnector connect;
   // Checkpoints live in <checkpoint_root>/<job>/, which the workers reach as
   // their --checkpoint-dir (a shared directory).
   std::string checkpoint_root = "./checkpoints";

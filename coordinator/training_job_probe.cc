@@ -102,7 +102,8 @@ std::vector<std::string> TrainingJob::ReadmitReturning(
     // Restarted under its id with another device: not of this job's kind.
     if (!device.empty() && back->device != device) continue;
     // At the address it heartbeats from: a restarted daemon listens anew.
-    returning.push_back({rank, *back, options_.connect(*back)});
+    returning.push_back(
+        {rank, *back, options_.connect(*back, static_cast<size_t>(config_.world_size))});
   }
   if (returning.empty()) return {};
   // All at once, as ProbeMembers: the spare wait overruns `until` by one
@@ -110,8 +111,10 @@ std::vector<std::string> TrainingJob::ReadmitReturning(
   std::vector<WorkerClient*> clients;
   clients.reserve(returning.size());
   for (const Returning& r : returning) clients.push_back(r.client.get());
+  // Each returning worker's channel is new and connects first.
   std::vector<absl::StatusOr<v1::GetStatusResponse>> answers =
-      GetStatusAll(clients, absl::Now() + FanOutTimeout(options_.probe_timeout, clients.size()));
+      GetStatusAll(clients, absl::Now() + FanOutTimeout(options_.probe_timeout, clients.size(),
+                                                        FanOutChannels::kConnecting));
   DrainWaitOptions drain;  // what is left of the wait once every first answer is in
   drain.cap = std::clamp(until - absl::Now(), absl::ZeroDuration(), drain.cap);
   std::vector<std::thread> drains;

@@ -275,8 +275,10 @@ absl::StatusOr<TrainingJob::Progress> TrainingJob::AgreedProgress(
   const absl::Time settle_by = absl::Now() + kReadoptSettleTime;
   const absl::Time answer_by = absl::Now() + kReadoptAnswerTime;
   while (true) {
+    // New channels, each connecting first (the answers keep them connected).
     reports =
-        GetStatusAll(clients, absl::Now() + FanOutTimeout(options_.probe_timeout, clients.size()));
+        GetStatusAll(clients, absl::Now() + FanOutTimeout(options_.probe_timeout, clients.size(),
+                                                          FanOutChannels::kConnecting));
     bool running = false, unanswered = false;
     for (const auto& report : reports) {
       running |= report.ok() && report->state() == "running";
@@ -347,7 +349,7 @@ absl::Status TrainingJob::ReadoptLocked() {
     WorkerRecord member = known.value_or(WorkerRecord{});
     member.worker_id = id;
     members.push_back(member);
-    clients.push_back(options_.connect(member));
+    clients.push_back(options_.connect(member, record.worker_ids.size()));
   }
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -45,21 +45,26 @@ class Collected {
 
 }  // namespace
 
-absl::Duration FanOutTimeout(absl::Duration one, size_t calls) {
-  return calls <= 1 ? one : one + kFanOutAllowancePerCall * static_cast<int64_t>(calls - 1);
+absl::Duration FanOutTimeout(absl::Duration one, size_t calls, FanOutChannels channels) {
+  const absl::Duration each =
+      channels == FanOutChannels::kConnecting ? kConnectAllowancePerCall : kFanOutAllowancePerCall;
+  return calls <= 1 ? one : one + each * static_cast<int64_t>(calls - 1);
 }
 
 std::vector<absl::Status> ConfigureAll(
     absl::Span<WorkerClient* const> workers, std::vector<v1::ConfigureRequest> requests,
-    absl::Time deadline, const std::function<void(size_t, const absl::Status&)>& failed) {
+    absl::Time deadline, const std::function<void(size_t, const absl::Status&)>& failed,
+    const std::function<bool()>& abandoned) {
   assert(requests.size() == workers.size() && "one request a worker");
   auto outcomes = std::make_shared<Collected<absl::Status>>(workers.size());
   auto any_failed = std::make_shared<std::atomic<bool>>(false);
-  const absl::Time connect_by =
-      std::min(deadline, absl::Now() + FanOutTimeout(kConnectGrace, workers.size()));
+  const absl::Time connect_by = std::min(
+      deadline,
+      absl::Now() + FanOutTimeout(kConnectGrace, workers.size(), FanOutChannels::kConnecting));
+  const auto given_up = [&] { return any_failed->load() || (abandoned && abandoned()); };
   for (size_t i = 0; i < workers.size(); ++i) {
-    if (any_failed->load()) {
-      outcomes->Put(i, absl::CancelledError("not configured: another rank failed first"));
+    if (given_up()) {
+      outcomes->Put(i, absl::CancelledError("not configured: the formation ended first"));
       continue;
     }
     // `failed` is the caller's, alive until Wait returns, and every call runs
@@ -72,6 +77,8 @@ std::vector<absl::Status> ConfigureAll(
                                  }
                                  outcomes->Put(i, std::move(s));
                                });
+    // Its call is registered now: a cancel that came before is redone.
+    if (given_up()) workers[i]->CancelAll();
   }
   return outcomes->Wait();
 }

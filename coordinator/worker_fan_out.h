@@ -31,28 +31,40 @@ inline constexpr absl::Duration kConnectGrace = absl::Seconds(2);
 // What each call of a fan-out adds to the time the whole burst needs: the
 // coordinator makes, sends, receives and retires every call, one per worker,
 // before the last answer can be read. bench/fan_out_bench.cc measured up to
-// 0.35 ms of the coordinator's CPU a call on connected channels and 1.6 ms on
-// channels that must connect first (4,096 workers, 2 cores shared with the
+// 0.62 ms of the coordinator's CPU a call on connected channels, and 2.4 ms on
+// channels that must connect first (16,384 workers, 2 cores shared with the
 // servers; bench/RESULTS.md, 2026-12-01). A fixed deadline therefore read
-// healthy workers as unreachable at scale: the connect grace failed 13,821 of
-// 16,384 configures there.
+// healthy workers as unreachable at scale: a fixed 2 s connect grace failed
+// 13,821 of 16,384 configures there, and the connected allowance alone failed
+// 1,904 of 16,384 first probes.
 inline constexpr absl::Duration kFanOutAllowancePerCall = absl::Milliseconds(2);
+inline constexpr absl::Duration kConnectAllowancePerCall = absl::Milliseconds(4);
+
+// Whether a fan-out's channels are connected already (the sequencer's, a
+// save's), or new and must connect first (a formation's, a restarted
+// coordinator's, a returning worker's): a connect costs about 4x a call.
+enum class FanOutChannels { kConnected, kConnecting };
 
 // The time to give a fan-out of `calls` calls whose single call is given
 // `one`: `one` plus the allowance for every call after the first.
-absl::Duration FanOutTimeout(absl::Duration one, size_t calls);
+absl::Duration FanOutTimeout(absl::Duration one, size_t calls,
+                             FanOutChannels channels = FanOutChannels::kConnected);
 
 // Configures worker i with requests[i], all at once: the ranks rendezvous, so
 // every call is held until the last rank has arrived. Each channel may take
-// FanOutTimeout(kConnectGrace, workers) to connect. `failed`, when set,
+// FanOutTimeout(kConnectGrace, workers, kConnecting) to connect. `failed`, when set,
 // runs for each failure as it comes in (on any thread, this one included,
 // with nothing of the fan-out's locked), so that the caller can cancel the
 // others at once instead of letting them wait for the rank that will never
-// arrive; a worker not yet started by then is not started at all, and reads
-// CANCELLED. Each one's outcome, by position.
+// arrive. `abandoned`, when set, says the caller has given up for another
+// cause (a stop, a silent worker). After either, a worker not yet started is
+// not started at all, and reads CANCELLED; one started while the caller gave
+// up is cancelled here (the caller's cancel may have come before its call
+// was registered). Each one's outcome, by position.
 std::vector<absl::Status> ConfigureAll(
     absl::Span<WorkerClient* const> workers, std::vector<v1::ConfigureRequest> requests,
-    absl::Time deadline, const std::function<void(size_t, const absl::Status&)>& failed);
+    absl::Time deadline, const std::function<void(size_t, const absl::Status&)>& failed,
+    const std::function<bool()>& abandoned = {});
 
 // Every worker's GetStatus answer (or its error), by position in `workers`.
 std::vector<absl::StatusOr<v1::GetStatusResponse>> GetStatusAll(

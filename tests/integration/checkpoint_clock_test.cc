@@ -88,9 +88,12 @@ class CheckpointClockTest : public ::testing::Test {
     CoordinatorOptions options;
     options.job.checkpoint_root = checkpoints;
     options.job.checkpoint_clock = [this] { return clock_.Now(); };
-    options.job.connect = [this](const WorkerRecord& w) -> std::unique_ptr<WorkerClient> {
+    options.job.connect = [this](const WorkerRecord& w,
+                                 size_t world_size) -> std::unique_ptr<WorkerClient> {
       return std::make_unique<GatedSaveClient>(
-          std::make_unique<GrpcWorkerClient>(w.address, nullptr, w.command_token), &commit_gate_);
+          std::make_unique<GrpcWorkerClient>(w.address, nullptr, w.command_token,
+                                             WorkerChannelIdle(world_size)),
+          &commit_gate_);
     };
     auto coordinator = testing::InProcessCoordinator::Start(options);
     ASSERT_TRUE(coordinator.ok()) << coordinator.status();

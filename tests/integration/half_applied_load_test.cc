@@ -82,8 +82,10 @@ TEST(HalfAppliedLoadTest, TheJobRecoversToItsRecoveryCheckpointAndReportsTheRefu
   std::atomic<bool> armed{false};
   CoordinatorOptions options;
   options.job.checkpoint_root = checkpoints;
-  options.job.connect = [&armed](const WorkerRecord& w) -> std::unique_ptr<WorkerClient> {
-    auto grpc = std::make_unique<GrpcWorkerClient>(w.address, nullptr, w.command_token);
+  options.job.connect = [&armed](const WorkerRecord& w,
+                                 size_t world_size) -> std::unique_ptr<WorkerClient> {
+    auto grpc = std::make_unique<GrpcWorkerClient>(w.address, nullptr, w.command_token,
+                                                   WorkerChannelIdle(world_size));
     if (w.rank != 1) return grpc;
     return std::make_unique<MisreportedStageClient>(std::move(grpc), &armed);
   };

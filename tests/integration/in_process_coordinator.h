@@ -29,8 +29,10 @@ class InProcessCoordinator {
   // worker's command token.
   static absl::StatusOr<std::unique_ptr<InProcessCoordinator>> Start(CoordinatorOptions options) {
     if (!options.job.connect) {
-      options.job.connect = [](const WorkerRecord& w) -> std::unique_ptr<WorkerClient> {
-        return std::make_unique<GrpcWorkerClient>(w.address, nullptr, w.command_token);
+      options.job.connect = [](const WorkerRecord& w,
+                               size_t world_size) -> std::unique_ptr<WorkerClient> {
+        return std::make_unique<GrpcWorkerClient>(w.address, nullptr, w.command_token,
+                                                  WorkerChannelIdle(world_size));
       };
     }
     std::unique_ptr<InProcessCoordinator> c(new InProcessCoordinator);

@@ -4,6 +4,7 @@
 // epoch's rendezvous is abandoned. The behaviour with real processes is
 // tests/integration/formation_failure_test.cc.
 #include <condition_variable>
+#include <cstddef>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -106,7 +107,12 @@ class FormationTest : public ::testing::Test {
       std::lock_guard<std::mutex> lock(mu_);
       marked_unreachable_.push_back(w.worker_id);
     };
-    options.connect = [this, b_answer](const WorkerRecord& w) -> std::unique_ptr<WorkerClient> {
+    options.connect = [this, b_answer](const WorkerRecord& w,
+                                       size_t world_size) -> std::unique_ptr<WorkerClient> {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        connected_.emplace_back(w.worker_id, world_size);
+      }
       return std::make_unique<ConfigureOnlyWorker>(
           w.address, w.worker_id == "w-b" ? b_answer : std::nullopt, &entered_, &mu_, &cv_);
     };
@@ -136,6 +142,8 @@ class FormationTest : public ::testing::Test {
   std::condition_variable cv_;
   int entered_ = 0;
   std::vector<std::string> marked_unreachable_;  // guarded by mu_
+  // Each client made: its worker and the world size it was made for.
+  std::vector<std::pair<std::string, size_t>> connected_;  // guarded by mu_
 };
 
 TEST_F(FormationTest, AMemberSilentForATimeoutWithinTheFormationEndsIt) {
@@ -182,6 +190,9 @@ TEST_F(FormationTest, ACallTheWorkerCancelledFailsTheFormationNamingThatRank) {
   EXPECT_EQ(job->states().state(), v1::FAILED);
   std::lock_guard<std::mutex> lock(mu_);
   EXPECT_THAT(marked_unreachable_, ElementsAre("w-b"));  // its call failed: maybe gone
+  // Each rank's client knows the world it fans out over (WorkerChannelIdle).
+  EXPECT_THAT(connected_, ElementsAre(std::pair<std::string, size_t>("w-a", 2),
+                                      std::pair<std::string, size_t>("w-b", 2)));
 }
 
 // A rank that could not connect to a peer answered its call: it is not marked

@@ -5,9 +5,12 @@
 // is reported as it comes in, and no rank after it is started.
 #include "coordinator/worker_fan_out.h"
 
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <fstream>
 #include <functional>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -19,6 +22,8 @@
 #include <gtest/gtest.h>
 
 #include "absl/time/clock.h"
+
+#include "coordinator/grpc_worker_client.h"
 
 namespace flatshard {
 namespace {
@@ -192,10 +197,11 @@ TEST_F(WorkerFanOutTest, EveryConfigureIsInFlightAtOnceOnOneThreadWithItsOwnRequ
   const int during = AnswerAllOnceInFlight();
   configurer.join();
   EXPECT_LE(during, before + 2);
-  // The connect grace grows with the burst: 2,000 calls are not all made,
-  // sent and answered within the grace one call is given.
-  const absl::Duration grace = FanOutTimeout(kConnectGrace, kWorkers);
-  EXPECT_EQ(grace, kConnectGrace + (kWorkers - 1) * kFanOutAllowancePerCall);
+  // The connect grace grows with the burst: 2,000 channels are not all
+  // connected, and their calls made, sent and answered, within the grace one
+  // call is given.
+  const absl::Duration grace = FanOutTimeout(kConnectGrace, kWorkers, FanOutChannels::kConnecting);
+  EXPECT_EQ(grace, kConnectGrace + (kWorkers - 1) * kConnectAllowancePerCall);
   EXPECT_GE(owned_.back()->connect_by(), start + grace);
   EXPECT_LE(owned_.back()->connect_by(), absl::Now() + grace);
   ASSERT_EQ(outcomes.size(), static_cast<size_t>(kWorkers));
@@ -203,26 +209,39 @@ TEST_F(WorkerFanOutTest, EveryConfigureIsInFlightAtOnceOnOneThreadWithItsOwnRequ
 }
 
 // A rendezvous: a rank's Configure is held until every rank has arrived, so
-// here until it is cancelled; one rank refuses as its call starts.
+// here until it is cancelled; one rank refuses as its call starts. A sticky
+// cancel also answers a call started after it (so that a rank started when
+// it should not have been is counted, not left waiting); GrpcWorkerClient's
+// is not sticky: it cancels the calls in flight.
 class RendezvousWorker final : public HeldWorker {
  public:
-  RendezvousWorker(int index, bool refuses, int* started)
-      : HeldWorker(index, nullptr), refuses_(refuses), started_(started) {}
+  RendezvousWorker(int index, bool refuses, bool sticky, int* started)
+      : HeldWorker(index, nullptr), refuses_(refuses), sticky_(sticky), started_(started) {}
   void ConfigureAsync(v1::ConfigureRequest, absl::Time, absl::Time, ConfigureDone done) override {
     ++*started_;
+    if (before_registering) before_registering();
     if (refuses_) {
       done(absl::InvalidArgumentError("no such device"));
+      return;
+    }
+    if (cancelled_) {
+      done(absl::CancelledError("cancelled"));
       return;
     }
     held_ = std::move(done);
   }
   void CancelAll() override {
+    cancelled_ = sticky_;
     if (held_) std::exchange(held_, nullptr)(absl::CancelledError("cancelled"));
   }
 
+  std::function<void()> before_registering;
+
  private:
   const bool refuses_;
+  const bool sticky_;
   int* const started_;
+  bool cancelled_ = false;
   ConfigureDone held_;
 };
 
@@ -231,7 +250,8 @@ TEST_F(WorkerFanOutTest, AFailedConfigureIsReportedAsItComesInAndStartsNoMoreRan
   std::vector<std::unique_ptr<RendezvousWorker>> owned;
   std::vector<WorkerClient*> ranks;
   for (int i = 0; i < 4; ++i) {
-    owned.push_back(std::make_unique<RendezvousWorker>(i, /*refuses=*/i == 2, &started));
+    owned.push_back(
+        std::make_unique<RendezvousWorker>(i, /*refuses=*/i == 2, /*sticky=*/true, &started));
     ranks.push_back(owned.back().get());
   }
   std::vector<std::string> reported;
@@ -252,7 +272,42 @@ TEST_F(WorkerFanOutTest, AFailedConfigureIsReportedAsItComesInAndStartsNoMoreRan
   EXPECT_EQ(outcomes[1].code(), absl::StatusCode::kCancelled);
   EXPECT_EQ(outcomes[2].code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(outcomes[3].code(), absl::StatusCode::kCancelled);
-  EXPECT_EQ(outcomes[3].message(), "not configured: another rank failed first");
+  EXPECT_EQ(outcomes[3].message(), "not configured: the formation ended first");
+}
+
+// A formation ended by another cause (Stop, a silent worker) while its calls
+// are being started: the caller cancels every client, but a call registered
+// just after that cancel is not reached by it, and ConfigureAll cancels it.
+TEST_F(WorkerFanOutTest, AFormationAbandonedMeanwhileCancelsTheRankBeingStartedAndStartsNoMore) {
+  int started = 0;
+  std::vector<std::unique_ptr<RendezvousWorker>> owned;
+  std::vector<WorkerClient*> ranks;
+  for (int i = 0; i < 4; ++i) {
+    owned.push_back(
+        std::make_unique<RendezvousWorker>(i, /*refuses=*/false, /*sticky=*/false, &started));
+    ranks.push_back(owned.back().get());
+  }
+  std::atomic<bool> abandoned{false};
+  // The stop comes while rank 1's call is being started, before it is
+  // registered: it abandons, then cancels every client.
+  owned[1]->before_registering = [&] {
+    abandoned = true;
+    for (WorkerClient* rank : ranks) rank->CancelAll();
+  };
+  std::future<std::vector<absl::Status>> configured = std::async(std::launch::async, [&] {
+    return ConfigureAll(
+        ranks, std::vector<v1::ConfigureRequest>(4), absl::Now() + absl::Seconds(1),
+        [](size_t, const absl::Status&) {}, [&] { return abandoned.load(); });
+  });
+  if (configured.wait_for(std::chrono::seconds(30)) != std::future_status::ready) {
+    ADD_FAILURE() << "rank 1's call was left waiting after the formation was abandoned";
+    for (WorkerClient* rank : ranks) rank->CancelAll();
+  }
+  const std::vector<absl::Status> outcomes = configured.get();
+  EXPECT_EQ(started, 2);
+  ASSERT_EQ(outcomes.size(), 4u);
+  for (const absl::Status& s : outcomes) EXPECT_EQ(s.code(), absl::StatusCode::kCancelled) << s;
+  EXPECT_EQ(outcomes[2].message(), "not configured: the formation ended first");
 }
 
 // One that answers on the caller's thread, before its call returns (as a
@@ -271,6 +326,14 @@ TEST_F(WorkerFanOutTest, AnswersBeforeTheCallReturnsAndNoWorkersAtAll) {
   EXPECT_TRUE(ConfigureAll({}, {}, absl::Now(), {}).empty());
   EXPECT_EQ(FanOutTimeout(absl::Seconds(1), 0), absl::Seconds(1));
   EXPECT_EQ(FanOutTimeout(absl::Seconds(1), 1), absl::Seconds(1));
+  EXPECT_EQ(FanOutTimeout(absl::Seconds(1), 3), absl::Seconds(1) + 2 * kFanOutAllowancePerCall);
+  EXPECT_EQ(FanOutTimeout(absl::Seconds(1), 3, FanOutChannels::kConnecting),
+            absl::Seconds(1) + 2 * kConnectAllowancePerCall);
+  EXPECT_GT(kConnectAllowancePerCall, kFanOutAllowancePerCall);
+  // A channel stays connected through a fan-out over its whole job.
+  EXPECT_EQ(WorkerChannelIdle(1), kWorkerChannelIdle);
+  EXPECT_EQ(WorkerChannelIdle(16384),
+            FanOutTimeout(kWorkerChannelIdle, 16384, FanOutChannels::kConnecting));
 
   InlineWorker inline_worker(1, &pending_);
   std::vector<WorkerClient*> mixed = {workers_[3], &inline_worker, workers_[4]};
