@@ -105,6 +105,9 @@ class SimulatedWorker final : public WorkerClient {
   absl::Status Summon(const v1::CommandBatch&, absl::Time, const ChunkSink&) override {
     return absl::OkStatus();
   }
+  void JoinSummonAsync(const v1::CommandBatch*, absl::Time, JoinSummonDone done) override {
+    done(absl::OkStatus());
+  }
   std::string address() const override { return absl::StrCat("sim-", rank_); }
 
  private:

@@ -4,7 +4,6 @@
 #include <chrono>
 #include <condition_variable>
 #include <optional>
-#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -306,21 +305,22 @@ absl::Status CommandSequencer::Summon(v1::CommandBatch batch, const WorkerClient
   std::vector<absl::Status> statuses(world);
   const absl::Time deadline = absl::Now() + limits_.timeout;
   std::mutex mu;
-  int first_failed = -1;
+  std::condition_variable joined;
+  size_t joining = world - 1;  // guarded by mu
+  int first_failed = -1;       // guarded by mu
   const auto note = [&](size_t r, absl::Status status) {
     std::lock_guard<std::mutex> lock(mu);
     if (!status.ok() && first_failed < 0) first_failed = static_cast<int>(r);
     statuses[r] = std::move(status);
   };
-  std::vector<std::thread> others;
-  others.reserve(world);
+  // Every other rank takes part in the gathers and streams nothing: its
+  // call goes out asynchronously, all at once, with no thread of its own
+  // (16,384 threads for one summon at that scale, before 2026-12-01).
   for (size_t r = 1; r < world; ++r) {
-    others.emplace_back([&, r] {
-      note(r, workers_[r]->Summon(batch, deadline, [r](const v1::TensorChunk&) {
-        return absl::InternalError(absl::StrCat("rank ", r,
-                                                " streamed parameters; only rank 0 "
-                                                "should"));
-      }));
+    workers_[r]->JoinSummonAsync(&batch, deadline, [&, r](absl::Status status) {
+      note(r, std::move(status));
+      std::lock_guard<std::mutex> lock(mu);
+      if (--joining == 0) joined.notify_all();
     });
   }
   // A sink error (the client went away) is not the workers' failure: rank 0
@@ -331,7 +331,11 @@ absl::Status CommandSequencer::Summon(v1::CommandBatch batch, const WorkerClient
     return sink_status;
   });
   note(0, sink_status.ok() ? std::move(mine) : absl::OkStatus());
-  for (std::thread& t : others) t.join();
+  {
+    // Each call ends by its deadline at the latest.
+    std::unique_lock<std::mutex> lock(mu);
+    joined.wait(lock, [&] { return joining == 0; });
+  }
   if (absl::Status s = Settle(statuses, first_failed); !s.ok()) return s;
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -29,6 +29,10 @@ class ForwardingWorkerClient : public WorkerClient {
                       const ChunkSink& sink) override {
     return inner_->Summon(batch, deadline, sink);
   }
+  void JoinSummonAsync(const v1::CommandBatch* batch, absl::Time deadline,
+                       JoinSummonDone done) override {
+    inner_->JoinSummonAsync(batch, deadline, std::move(done));
+  }
   void AwaitSave(const std::string& directory, absl::Time deadline, AwaitSaveDone done) override {
     inner_->AwaitSave(directory, deadline, std::move(done));
   }

@@ -1,15 +1,18 @@
 #include "coordinator/grpc_worker_client.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstddef>
 #include <memory>
 #include <optional>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include <grpcpp/create_channel.h>
 #include <grpcpp/security/credentials.h>
 #include <grpcpp/support/channel_arguments.h>
+#include <grpcpp/support/client_callback.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
@@ -54,6 +57,51 @@ class BlockingCall {
   std::mutex& mu_;
   std::set<grpc::ClientContext*>& set_;
   grpc::ClientContext context_;
+};
+
+// Reads a joined summon's stream (JoinSummonAsync), which should end with
+// the worker's status and no chunk: a chunk cancels the call and is its
+// error. gRPC runs OnDone last, after any OnReadDone.
+class JoinedSummonReader final : public grpc::ClientReadReactor<v1::TensorChunk> {
+ public:
+  // Starts the call; `finished` runs once, from OnDone, with its outcome.
+  void Begin(v1::WorkerService::Stub* stub, grpc::ClientContext* context,
+             const v1::CommandBatch* batch, std::string address,
+             std::function<void(grpc::Status)> finished) {
+    context_ = context;
+    address_ = std::move(address);
+    finished_ = std::move(finished);
+    stub->async()->Summon(context, batch, this);
+    StartRead(&chunk_);
+    StartCall();
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) return;  // the stream ended: OnDone brings its status
+    streamed_.store(true);
+    context_->TryCancel();
+  }
+  void OnDone(const grpc::Status& status) override {
+    // A local: `finished` may end in this reader's destruction (the call it
+    // belongs to is then finished, and another thread's Start frees it).
+    std::function<void(grpc::Status)> finished = std::move(finished_);
+    if (streamed_.load()) {
+      finished(grpc::Status(grpc::StatusCode::INTERNAL,
+                            absl::StrCat(address_, " streamed parameters to a summon it only ",
+                                         "joins (only rank 0 streams)")));
+    } else {
+      finished(status);
+    }
+  }
+
+ private:
+  grpc::ClientContext* context_ = nullptr;
+  std::string address_;
+  std::function<void(grpc::Status)> finished_;
+  v1::TensorChunk chunk_;
+  // Written in OnReadDone, read in OnDone: ordered by gRPC, whose own
+  // synchronization ThreadSanitizer does not see.
+  std::atomic<bool> streamed_{false};
 };
 
 }  // namespace
@@ -265,6 +313,20 @@ void GrpcWorkerClient::ConfigureAsync(v1::ConfigureRequest request, absl::Time c
             cancellations);  // a CancelAll since the probe began cancels it too
       },
       cancellations);  // and one since the count was read, the probe
+}
+
+void GrpcWorkerClient::JoinSummonAsync(const v1::CommandBatch* batch, absl::Time deadline,
+                                       JoinSummonDone done) {
+  auto call = std::make_unique<UnaryCall<JoinedSummonReader, std::nullptr_t>>();
+  JoinedSummonReader* const reader = &call->request;
+  Start<JoinedSummonReader, std::nullptr_t>(
+      std::move(call), deadline,
+      [&](grpc::ClientContext* context, std::function<void(grpc::Status)> callback) {
+        reader->Begin(stub_.get(), context, batch, address_, std::move(callback));
+      },
+      [done = std::move(done)](const absl::StatusOr<std::nullptr_t>& answer) {
+        done(answer.status());
+      });
 }
 
 absl::Status GrpcWorkerClient::Summon(const v1::CommandBatch& batch, absl::Time deadline,

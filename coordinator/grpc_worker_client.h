@@ -1,6 +1,7 @@
-// WorkerClient over gRPC: every call but Summon uses the callback API, so
-// fanning a configure, a step, a probe or an abort out to W workers, or
-// awaiting W async writes, holds no thread per worker.
+// WorkerClient over gRPC: every call but rank 0's Summon (whose chunks go to
+// a blocking sink) uses the callback API, so fanning a configure, a step, a
+// probe, an abort or a summon out to W workers, or awaiting W async writes,
+// holds no thread per worker.
 #ifndef FLATSHARD_COORDINATOR_GRPC_WORKER_CLIENT_H_
 #define FLATSHARD_COORDINATOR_GRPC_WORKER_CLIENT_H_
 
@@ -62,6 +63,8 @@ class GrpcWorkerClient final : public WorkerClient {
                   AbortDone done) override;
   absl::Status Summon(const v1::CommandBatch& batch, absl::Time deadline,
                       const ChunkSink& sink) override;
+  void JoinSummonAsync(const v1::CommandBatch* batch, absl::Time deadline,
+                       JoinSummonDone done) override;
   std::string address() const override { return address_; }
 
  private:
@@ -81,6 +84,8 @@ class GrpcWorkerClient final : public WorkerClient {
     bool cancellable = true;
     int holders = 2;  // Start and the callback; guarded by mu_
   };
+  // A callback call with one answer. For a joined summon, whose stream
+  // should bring nothing, `request` is the reader of that stream.
   template <typename Request, typename Response>
   struct UnaryCall : Call {
     Request request;  // std::nullptr_t for Execute, whose batch is the caller's

@@ -5,7 +5,9 @@
 // no thread per rank). Aborts and probes go to every worker at once
 // (worker_fan_out.h), so they are asynchronous as well: a thread per worker
 // was 16,384 threads for one abort at that scale. Their blocking forms wait
-// for the asynchronous call. The real implementation is gRPC
+// for the asynchronous call. A summon streams from rank 0 alone, into a
+// blocking sink on the caller's thread; every other rank only joins it, with
+// an asynchronous call. The real implementation is gRPC
 // (GrpcWorkerClient), and the scale benchmark uses light in-process fakes.
 #ifndef FLATSHARD_COORDINATOR_WORKER_CLIENT_H_
 #define FLATSHARD_COORDINATOR_WORKER_CLIENT_H_
@@ -30,6 +32,7 @@ class WorkerClient {
   using AbortDone = std::function<void(absl::Status)>;
   using ConfigureDone = std::function<void(absl::Status)>;
   using ChunkSink = std::function<absl::Status(const v1::TensorChunk&)>;
+  using JoinSummonDone = std::function<void(absl::Status)>;
 
   virtual ~WorkerClient() = default;
 
@@ -43,6 +46,13 @@ class WorkerClient {
   // streams goes to `sink`.
   virtual absl::Status Summon(const v1::CommandBatch& batch, absl::Time deadline,
                               const ChunkSink& sink) = 0;
+  // Runs a summon batch on a rank that streams nothing back (every rank but
+  // 0): it takes part in the summon's collectives, and its answer is the
+  // outcome. A chunk from it fails the call (INTERNAL) and cancels it.
+  // `batch` must stay alive until `done` has run; `done` runs exactly once,
+  // on any thread. CancelAll cancels it.
+  virtual void JoinSummonAsync(const v1::CommandBatch* batch, absl::Time deadline,
+                               JoinSummonDone done) = 0;
   // Asynchronous calls: `done` runs exactly once, on any thread (also on
   // this one, before the call returns, for a call that cannot start).
   // Configures the worker for an epoch: its first call, so a worker whose

@@ -3,15 +3,19 @@
 // the command token and brings the worker's answer back; CancelAll cancels
 // an AwaitSave in flight but not a GetStatusAsync probe (a probe is how a
 // failure is seen); the client's destructor waits for the callback of a
-// call still in flight before it returns; and calls chained from callbacks,
-// with the client dropped right after, end cleanly.
+// call still in flight before it returns; calls chained from callbacks,
+// with the client dropped right after, end cleanly; and a joined summon
+// (a rank that streams nothing) brings the worker's answer, is cancelled by
+// CancelAll, and fails, cancelled, on a chunk.
 #include <condition_variable>
+#include <cstdint>
 #include <future>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <utility>
 
+#include <gmock/gmock.h>
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/server_builder.h>
 #include <grpcpp/server_context.h>
@@ -28,10 +32,36 @@ namespace {
 
 constexpr char kToken[] = "command-token-1";
 
-// A worker whose AwaitSave and GetStatus are held until the test releases
-// them (AwaitSave also ends when its caller cancels it).
+// A worker whose AwaitSave, Summon and GetStatus are held until the test
+// releases them (AwaitSave and Summon also end when their caller cancels).
 class HeldWorker final : public v1::WorkerService::Service {
  public:
+  // Streams a chunk first when `stream_a_chunk`; answers `answer` once
+  // released.
+  grpc::Status Summon(grpc::ServerContext* context, const v1::CommandBatch* batch,
+                      grpc::ServerWriter<v1::TensorChunk>* writer) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    summoned_seq_ = batch->seq();
+    const auto token = context->client_metadata().find(kCommandTokenKey);
+    if (token != context->client_metadata().end()) {
+      token_ = std::string(token->second.data(), token->second.size());
+    }
+    if (stream_a_chunk_) {
+      v1::TensorChunk chunk;
+      chunk.set_fqn("net.0.weight");
+      chunk.set_data("abcd");
+      writer->Write(chunk);
+    }
+    ++entered_;
+    changed_.notify_all();
+    while (!released_ && !context->IsCancelled()) {
+      changed_.wait_for(lock, std::chrono::milliseconds(10));
+    }
+    ++left_;
+    changed_.notify_all();
+    if (context->IsCancelled()) return grpc::Status::CANCELLED;
+    return answer_;
+  }
   grpc::Status AwaitSave(grpc::ServerContext* context, const v1::AwaitSaveRequest* request,
                          v1::CommandResult* response) override {
     std::unique_lock<std::mutex> lock(mu_);
@@ -85,6 +115,18 @@ class HeldWorker final : public v1::WorkerService::Service {
     std::lock_guard<std::mutex> lock(mu_);
     return token_;
   }
+  uint64_t summoned_seq() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return summoned_seq_;
+  }
+  void StreamAChunk() {
+    std::lock_guard<std::mutex> lock(mu_);
+    stream_a_chunk_ = true;
+  }
+  void AnswerSummonWith(grpc::Status answer) {
+    std::lock_guard<std::mutex> lock(mu_);
+    answer_ = std::move(answer);
+  }
 
  private:
   std::mutex mu_;
@@ -94,6 +136,9 @@ class HeldWorker final : public v1::WorkerService::Service {
   bool released_ = false;
   std::string directory_;
   std::string token_;
+  uint64_t summoned_seq_ = 0;
+  bool stream_a_chunk_ = false;
+  grpc::Status answer_;
 };
 
 class WorkerClientAsyncTest : public ::testing::Test {
@@ -203,6 +248,59 @@ TEST_F(WorkerClientAsyncTest, ChainedCallsThenAClientDroppedAtOnce) {
     EXPECT_EQ(result->seq(), 42u);
   }
   EXPECT_EQ(worker_.directory(), "job/b");
+}
+
+TEST_F(WorkerClientAsyncTest, AJoinedSummonCarriesItsBatchAndBringsTheWorkersAnswer) {
+  GrpcWorkerClient client(address_, nullptr, kToken);
+  v1::CommandBatch batch;
+  batch.set_seq(17);
+  worker_.AnswerSummonWith(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "not unsharded"));
+  std::promise<absl::Status> answered;
+  client.JoinSummonAsync(&batch, absl::Now() + absl::Seconds(30),
+                         [&](absl::Status status) { answered.set_value(std::move(status)); });
+  std::future<absl::Status> answer = answered.get_future();
+  ASSERT_TRUE(worker_.WaitEntered(1)) << "answered without the worker: " << answer.get();
+  worker_.Release();
+  const absl::Status status = answer.get();
+  EXPECT_EQ(status.code(), absl::StatusCode::kFailedPrecondition) << status;
+  EXPECT_EQ(status.message(), "not unsharded");
+  EXPECT_EQ(worker_.summoned_seq(), 17u);
+  EXPECT_EQ(worker_.token(), kToken);
+
+  // And a worker's plain success is the call's.
+  worker_.AnswerSummonWith(grpc::Status::OK);
+  std::promise<absl::Status> again;
+  client.JoinSummonAsync(&batch, absl::Now() + absl::Seconds(30),
+                         [&](absl::Status s) { again.set_value(std::move(s)); });
+  const absl::Status ok = again.get_future().get();
+  EXPECT_TRUE(ok.ok()) << ok;
+}
+
+TEST_F(WorkerClientAsyncTest, AJoinedSummonThatStreamsAChunkIsCancelledAndFailsNamingTheWorker) {
+  GrpcWorkerClient client(address_);
+  v1::CommandBatch batch;
+  worker_.StreamAChunk();  // and then holds the call until it is cancelled
+  std::promise<absl::Status> answered;
+  client.JoinSummonAsync(&batch, absl::Now() + absl::Seconds(30),
+                         [&](absl::Status status) { answered.set_value(std::move(status)); });
+  const absl::Status status = answered.get_future().get();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInternal) << status;
+  EXPECT_THAT(std::string(status.message()),
+              ::testing::HasSubstr(address_ + " streamed parameters to a summon it only joins"));
+  EXPECT_TRUE(worker_.WaitLeft(1));  // the worker saw the cancellation
+}
+
+TEST_F(WorkerClientAsyncTest, CancelAllCancelsAJoinedSummon) {
+  GrpcWorkerClient client(address_);
+  v1::CommandBatch batch;
+  std::promise<absl::Status> answered;
+  client.JoinSummonAsync(&batch, absl::Now() + absl::Seconds(30),
+                         [&](absl::Status status) { answered.set_value(std::move(status)); });
+  ASSERT_TRUE(worker_.WaitEntered(1));
+  client.CancelAll();
+  const absl::Status status = answered.get_future().get();
+  EXPECT_EQ(status.code(), absl::StatusCode::kCancelled) << status;
+  EXPECT_TRUE(worker_.WaitLeft(1));
 }
 
 }  // namespace

@@ -92,6 +92,9 @@ class WritingWorker : public WorkerClient {
   absl::Status Summon(const v1::CommandBatch&, absl::Time, const ChunkSink&) override {
     return absl::OkStatus();
   }
+  void JoinSummonAsync(const v1::CommandBatch*, absl::Time, JoinSummonDone done) override {
+    done(absl::OkStatus());
+  }
   std::string address() const override { return "fake:1"; }
 
   bool write_moves_ = false;

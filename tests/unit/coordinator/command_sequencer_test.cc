@@ -107,6 +107,9 @@ class FakeWorker : public WorkerClient {
   absl::Status Summon(const v1::CommandBatch&, absl::Time, const ChunkSink&) override {
     return absl::OkStatus();
   }
+  void JoinSummonAsync(const v1::CommandBatch*, absl::Time, JoinSummonDone done) override {
+    done(absl::OkStatus());
+  }
   std::string address() const override { return "fake:" + std::to_string(rank_); }
 
   int rank_;

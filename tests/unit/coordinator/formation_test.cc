@@ -72,6 +72,9 @@ class ConfigureOnlyWorker : public WorkerClient {
   absl::Status Summon(const v1::CommandBatch&, absl::Time, const ChunkSink&) override {
     return absl::UnimplementedError("not in this test");
   }
+  void JoinSummonAsync(const v1::CommandBatch*, absl::Time, JoinSummonDone done) override {
+    done(absl::UnimplementedError("not in this test"));
+  }
   void AwaitSave(const std::string&, absl::Time, AwaitSaveDone done) override {
     done(absl::UnimplementedError("not in this test"));
   }
