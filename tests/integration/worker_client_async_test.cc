@@ -42,43 +42,22 @@ class HeldWorker final : public v1::WorkerService::Service {
                       grpc::ServerWriter<v1::TensorChunk>* writer) override {
     std::unique_lock<std::mutex> lock(mu_);
     summoned_seq_ = batch->seq();
-    const auto token = context->client_metadata().find(kCommandTokenKey);
-    if (token != context->client_metadata().end()) {
-      token_ = std::string(token->second.data(), token->second.size());
-    }
+    NoteTokenLocked(*context);
     if (stream_a_chunk_) {
       v1::TensorChunk chunk;
       chunk.set_fqn("net.0.weight");
       chunk.set_data("abcd");
       writer->Write(chunk);
     }
-    ++entered_;
-    changed_.notify_all();
-    while (!released_ && !context->IsCancelled()) {
-      changed_.wait_for(lock, std::chrono::milliseconds(10));
-    }
-    ++left_;
-    changed_.notify_all();
-    if (context->IsCancelled()) return grpc::Status::CANCELLED;
+    if (HeldUntilCancelled(*context, lock)) return grpc::Status::CANCELLED;
     return answer_;
   }
   grpc::Status AwaitSave(grpc::ServerContext* context, const v1::AwaitSaveRequest* request,
                          v1::CommandResult* response) override {
     std::unique_lock<std::mutex> lock(mu_);
     directory_ = request->directory();
-    const auto token = context->client_metadata().find(kCommandTokenKey);
-    if (token != context->client_metadata().end()) {
-      token_ = std::string(token->second.data(), token->second.size());
-    }
-    ++entered_;
-    changed_.notify_all();
-    // Re-checked every 10 ms: a cancelled call has no notification of its own here.
-    while (!released_ && !context->IsCancelled()) {
-      changed_.wait_for(lock, std::chrono::milliseconds(10));
-    }
-    ++left_;
-    changed_.notify_all();
-    if (context->IsCancelled()) return grpc::Status::CANCELLED;
+    NoteTokenLocked(*context);
+    if (HeldUntilCancelled(*context, lock)) return grpc::Status::CANCELLED;
     response->set_seq(42);
     return grpc::Status::OK;
   }
@@ -129,6 +108,26 @@ class HeldWorker final : public v1::WorkerService::Service {
   }
 
  private:
+  void NoteTokenLocked(const grpc::ServerContext& context) {
+    const auto token = context.client_metadata().find(kCommandTokenKey);
+    if (token != context.client_metadata().end()) {
+      token_ = std::string(token->second.data(), token->second.size());
+    }
+  }
+  // Counts the call in, holds it until the test releases it or its caller
+  // cancels it, and counts it out; true when it was cancelled. Re-checked
+  // every 10 ms: a cancelled call has no notification of its own here.
+  bool HeldUntilCancelled(const grpc::ServerContext& context, std::unique_lock<std::mutex>& lock) {
+    ++entered_;
+    changed_.notify_all();
+    while (!released_ && !context.IsCancelled()) {
+      changed_.wait_for(lock, std::chrono::milliseconds(10));
+    }
+    ++left_;
+    changed_.notify_all();
+    return context.IsCancelled();
+  }
+
   std::mutex mu_;
   std::condition_variable changed_;
   int entered_ = 0;
