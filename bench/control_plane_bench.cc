@@ -108,6 +108,7 @@ class SimulatedWorker final : public WorkerClient {
   void JoinSummonAsync(const v1::CommandBatch*, absl::Time, JoinSummonDone done) override {
     done(absl::OkStatus());
   }
+  void Disconnect() override {}  // no connection of its own
   std::string address() const override { return absl::StrCat("sim-", rank_); }
 
  private:

@@ -43,6 +43,7 @@ class ForwardingWorkerClient : public WorkerClient {
                   AbortDone done) override {
     inner_->AbortAsync(epoch, reason, deadline, std::move(done));
   }
+  void Disconnect() override { inner_->Disconnect(); }
   std::string address() const override { return inner_->address(); }
 
  private:

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <cstddef>
 #include <memory>
 #include <optional>
@@ -34,29 +35,36 @@ void AttachCommandToken(grpc::ClientContext& context, const std::string& token) 
   if (!token.empty()) context.AddMetadata(kCommandTokenKey, token);
 }
 
-// Registers a blocking call's context for CancelAll while it runs.
+// Registers a blocking call's context for CancelAll and Disconnect while it
+// runs; refused (registering nothing) once the client is disconnected.
 class BlockingCall {
  public:
-  BlockingCall(std::mutex& mu, std::set<grpc::ClientContext*>& set, absl::Time deadline,
-               const std::string& command_token)
-      : mu_(mu), set_(set) {
+  BlockingCall(std::mutex& mu, std::condition_variable& idle, std::set<grpc::ClientContext*>& set,
+               const bool& disconnected, absl::Time deadline, const std::string& command_token)
+      : mu_(mu), idle_(idle), set_(set) {
     context_.set_deadline(absl::ToChronoTime(deadline));
     AttachCommandToken(context_, command_token);
     std::lock_guard<std::mutex> lock(mu_);
-    set_.insert(&context_);
+    refused_ = disconnected;
+    if (!refused_) set_.insert(&context_);
   }
   ~BlockingCall() {
     std::lock_guard<std::mutex> lock(mu_);
+    if (refused_) return;
     set_.erase(&context_);
+    idle_.notify_all();
   }
   BlockingCall(const BlockingCall&) = delete;
   BlockingCall& operator=(const BlockingCall&) = delete;
   grpc::ClientContext* context() { return &context_; }
+  bool refused() const { return refused_; }
 
  private:
   std::mutex& mu_;
+  std::condition_variable& idle_;
   std::set<grpc::ClientContext*>& set_;
   grpc::ClientContext context_;
+  bool refused_ = false;
 };
 
 // Reads a joined summon's stream (JoinSummonAsync), which should end with
@@ -148,13 +156,18 @@ void GrpcWorkerClient::Start(std::unique_ptr<UnaryCall<Request, Response>> call,
   started->context.set_deadline(absl::ToChronoTime(deadline));
   AttachCommandToken(started->context, command_token_);
   std::vector<std::unique_ptr<Call>> spent;
-  // Cancelled before it started: its context holds no channel, so it may go
-  // on any thread.
+  // Cancelled or disconnected before it started: its context holds no
+  // channel, so it may go on any thread.
   std::unique_ptr<Call> refused;
+  absl::Status refusal;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (cancellations_seen.has_value() && *cancellations_seen != cancellations_) {
+    if (disconnected_) {
       refused = std::move(call);
+      refusal = DisconnectedError();
+    } else if (cancellations_seen.has_value() && *cancellations_seen != cancellations_) {
+      refused = std::move(call);
+      refusal = absl::CancelledError("cancelled before it was sent");
     } else {
       spent.swap(finished_);
       in_flight_.emplace(started, std::move(call));
@@ -162,7 +175,7 @@ void GrpcWorkerClient::Start(std::unique_ptr<UnaryCall<Request, Response>> call,
   }
   spent.clear();  // here, while this client holds the channel
   if (refused != nullptr) {
-    started->done(absl::CancelledError("cancelled before it was sent"));
+    started->done(std::move(refusal));
     return;
   }
   // The callback captures no owner of anything: gRPC destroys it on its
@@ -256,6 +269,37 @@ void GrpcWorkerClient::CancelAll() {
   for (grpc::ClientContext* context : blocking_) context->TryCancel();
 }
 
+void GrpcWorkerClient::Disconnect() {
+  std::shared_ptr<grpc::Channel> channel;
+  std::unique_ptr<v1::WorkerService::Stub> stub;
+  std::vector<std::unique_ptr<Call>> spent;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    if (disconnected_) return;
+    disconnected_ = true;  // from here on no call starts
+    ++cancellations_;
+    // Probes and aborts too: nothing this worker could answer matters now.
+    for (const auto& [key, call] : in_flight_) call->context.TryCancel();
+    for (grpc::ClientContext* context : blocking_) context->TryCancel();
+    idle_.wait(lock, [this] { return in_flight_.empty() && blocking_.empty(); });
+    spent.swap(finished_);
+    stub = std::move(stub_);
+    channel = std::move(channel_);
+  }
+  // The calls' contexts first (each holds the channel), then the stub and
+  // the channel: the last reference goes here, on this thread (the Call
+  // comment in the header says why that matters), and with it the channel's
+  // connection and its reconnection timer.
+  spent.clear();
+  stub.reset();
+  channel.reset();
+}
+
+absl::Status GrpcWorkerClient::DisconnectedError() const {
+  return absl::UnavailableError(
+      absl::StrCat(address_, " was disconnected: the coordinator gave this worker up"));
+}
+
 void GrpcWorkerClient::ConfigureAsync(v1::ConfigureRequest request, absl::Time connect_by,
                                       absl::Time deadline, ConfigureDone done) {
   // The connect grace, without a thread waiting on the channel: a GetStatus
@@ -331,7 +375,8 @@ void GrpcWorkerClient::JoinSummonAsync(const v1::CommandBatch* batch, absl::Time
 
 absl::Status GrpcWorkerClient::Summon(const v1::CommandBatch& batch, absl::Time deadline,
                                       const ChunkSink& sink) {
-  BlockingCall call(mu_, blocking_, deadline, command_token_);
+  BlockingCall call(mu_, idle_, blocking_, disconnected_, deadline, command_token_);
+  if (call.refused()) return DisconnectedError();
   std::unique_ptr<grpc::ClientReader<v1::TensorChunk>> reader =
       stub_->Summon(call.context(), batch);
   v1::TensorChunk chunk;

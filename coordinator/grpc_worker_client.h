@@ -27,11 +27,13 @@
 namespace flatshard {
 
 // A second after its last call, a worker's channel lets its connection go
-// and stops reconnecting. Left busy, a channel to a worker that died redials
-// its address every backoff for the client's life; the kernel hands that
-// freed port to the next socket bound on the host (a survivor's Gloo pair
-// listener), and a dial then takes the one accept that pair waits for from
-// its peer. A call after the idle time reconnects first (a handshake).
+// and stops reconnecting (a recovery's probe that finds a worker gone lets
+// its channel go at once: WorkerClient::Disconnect). Left busy, a channel
+// to a worker that died redials its address every backoff for the client's
+// life; the kernel hands that freed port to the next socket bound on the
+// host (a survivor's Gloo pair listener), and a dial then takes the one
+// accept that pair waits for from its peer. A call after the idle time
+// reconnects first (a handshake).
 inline constexpr absl::Duration kWorkerChannelIdle = absl::Seconds(1);
 
 // The idle time for a channel to one of `world_size` ranks: the second, plus
@@ -65,19 +67,21 @@ class GrpcWorkerClient final : public WorkerClient {
                       const ChunkSink& sink) override;
   void JoinSummonAsync(const v1::CommandBatch* batch, absl::Time deadline,
                        JoinSummonDone done) override;
+  void Disconnect() override;
   std::string address() const override { return address_; }
 
  private:
   // A callback call: its context (for CancelAll, when `cancellable`),
   // request, response and `done`. Owned here, never by its callback, and
-  // freed while this client still holds the channel (at a later Start, or
-  // in the destructor before the channel goes): its context holds a
-  // reference to the channel, and gRPC 1.51 must not drop a channel's last
-  // reference on a thread of its process-wide callback queue (the queue is
-  // then shut down from its own thread, which cannot join itself, and the
-  // process aborts soon after; grpc/grpc pull request 32584 describes it,
-  // and worker_client_async_test caught it here). `done` lives here too, so
-  // nothing it captures is released by gRPC on that thread either.
+  // freed while this client still holds the channel (at a later Start, in
+  // Disconnect, or in the destructor, before the channel goes): its context
+  // holds a reference to the channel, and gRPC 1.51 must not drop a
+  // channel's last reference on a thread of its process-wide callback queue
+  // (the queue is then shut down from its own thread, which cannot join
+  // itself, and the process aborts soon after; grpc/grpc pull request 32584
+  // describes it, and worker_client_async_test caught it here). `done`
+  // lives here too, so nothing it captures is released by gRPC on that
+  // thread either.
   struct Call {
     virtual ~Call() = default;
     grpc::ClientContext context;
@@ -106,16 +110,21 @@ class GrpcWorkerClient final : public WorkerClient {
              const StartFn& start, std::function<void(absl::StatusOr<Response>)> done,
              std::optional<uint64_t> cancellations_seen = std::nullopt);
 
+  // The error of a call refused after Disconnect.
+  absl::Status DisconnectedError() const;
   // One of a call's two holders is done with it; the last one moves it
   // from the in-flight calls to the finished.
   void ReleaseLocked(const Call* call);
 
   std::string address_;
   const std::string command_token_;
+  // Both null once Disconnect has run; a call reads them only while it is
+  // in flight, which Disconnect waits out before it lets them go.
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::WorkerService::Stub> stub_;
   std::mutex mu_;
-  std::condition_variable idle_;
+  std::condition_variable idle_;  // no call in flight, no blocking call
+  bool disconnected_ = false;     // guarded by mu_
   std::map<const Call*, std::unique_ptr<Call>> in_flight_;
   std::vector<std::unique_ptr<Call>> finished_;  // answered, not destroyed yet
   // Contexts of blocking calls, so CancelAll reaches them too.

@@ -74,6 +74,13 @@ std::vector<int> TrainingJob::ProbeMembers(
       if (options_.mark_unreachable) options_.mark_unreachable(members[r]);
     }
   }
+  // Given up: a lost member is reached again, if it comes back, through a
+  // client of its new registration (ReadmitReturning, the next formation).
+  // Its channel would redial the address until it idles (up to a minute at
+  // scale) while the re-formation's Gloo pairs bind their listeners, and the
+  // kernel of the dead worker's host may hand one of them its port
+  // (grpc_worker_client.h).
+  for (int r : failed) clients[static_cast<size_t>(r)]->Disconnect();
   return failed;
 }
 

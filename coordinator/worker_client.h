@@ -79,6 +79,16 @@ class WorkerClient {
   absl::StatusOr<v1::GetStatusResponse> GetStatus(absl::Time deadline);
   absl::Status Abort(uint64_t epoch, const std::string& reason, absl::Time deadline);
 
+  // The coordinator has given this worker up (a recovery's probe could not
+  // reach it): every call in flight is cancelled, even those CancelAll
+  // leaves (their `done` sees CANCELLED), and waited for; the client lets
+  // its connection go and dials the address no more; every later call fails
+  // at once, UNAVAILABLE. Left to its idle timeout, a channel to a dead
+  // worker redials its address for up to a minute at scale
+  // (grpc_worker_client.h says why that matters). Not on a gRPC callback
+  // thread (it waits for the calls' callbacks).
+  virtual void Disconnect() = 0;
+
   virtual std::string address() const = 0;
 };
 

@@ -6,7 +6,8 @@
 // call still in flight before it returns; calls chained from callbacks,
 // with the client dropped right after, end cleanly; and a joined summon
 // (a rank that streams nothing) brings the worker's answer, is cancelled by
-// CancelAll, and fails, cancelled, on a chunk.
+// CancelAll, and fails, cancelled, on a chunk. Disconnect cancels every
+// call in flight and refuses every later one.
 #include <condition_variable>
 #include <cstdint>
 #include <future>
@@ -71,10 +72,10 @@ class HeldWorker final : public v1::WorkerService::Service {
     return grpc::Status::OK;
   }
 
-  // True once `calls` calls are held (within 30 s).
-  bool WaitEntered(int calls) {
+  // True once `calls` calls are held (within `within`).
+  bool WaitEntered(int calls, std::chrono::milliseconds within = std::chrono::seconds(30)) {
     std::unique_lock<std::mutex> lock(mu_);
-    return changed_.wait_for(lock, std::chrono::seconds(30), [&] { return entered_ >= calls; });
+    return changed_.wait_for(lock, within, [&] { return entered_ >= calls; });
   }
   // True once `calls` AwaitSave calls have returned (within 30 s).
   bool WaitLeft(int calls) {
@@ -300,6 +301,53 @@ TEST_F(WorkerClientAsyncTest, CancelAllCancelsAJoinedSummon) {
   const absl::Status status = answered.get_future().get();
   EXPECT_EQ(status.code(), absl::StatusCode::kCancelled) << status;
   EXPECT_TRUE(worker_.WaitLeft(1));
+}
+
+// A recovery gives a gone worker up (Disconnect): every call in flight is
+// cancelled, the probe CancelAll leaves too, and each callback has run when
+// Disconnect returns; every call after it fails at once, UNAVAILABLE,
+// naming the worker, and reaches no server.
+TEST_F(WorkerClientAsyncTest, DisconnectCancelsEveryCallAndRefusesTheNext) {
+  GrpcWorkerClient client(address_);
+  std::promise<absl::StatusCode> awaited;
+  std::promise<absl::StatusCode> probed;
+  client.AwaitSave("job/ckpt.partial", absl::Now() + absl::Seconds(30),
+                   [&](const absl::StatusOr<v1::CommandResult>& result) {
+                     awaited.set_value(result.status().code());
+                   });
+  client.GetStatusAsync(absl::Now() + absl::Seconds(30),
+                        [&](const absl::StatusOr<v1::GetStatusResponse>& status) {
+                          probed.set_value(status.status().code());
+                        });
+  ASSERT_TRUE(worker_.WaitEntered(2));
+  client.Disconnect();
+  std::future<absl::StatusCode> awaited_code = awaited.get_future();
+  std::future<absl::StatusCode> probed_code = probed.get_future();
+  ASSERT_EQ(awaited_code.wait_for(std::chrono::seconds(0)), std::future_status::ready);
+  ASSERT_EQ(probed_code.wait_for(std::chrono::seconds(0)), std::future_status::ready);
+  EXPECT_EQ(awaited_code.get(), absl::StatusCode::kCancelled);
+  EXPECT_EQ(probed_code.get(), absl::StatusCode::kCancelled);
+
+  const std::string refusal = address_ + " was disconnected";
+  const absl::StatusOr<v1::GetStatusResponse> status =
+      client.GetStatus(absl::Now() + absl::Seconds(30));
+  EXPECT_EQ(status.status().code(), absl::StatusCode::kUnavailable) << status.status();
+  EXPECT_THAT(std::string(status.status().message()), ::testing::HasSubstr(refusal));
+  v1::CommandBatch batch;
+  const absl::Status summoned =
+      client.Summon(batch, absl::Now() + absl::Seconds(30),
+                    [](const v1::TensorChunk&) { return absl::OkStatus(); });
+  EXPECT_EQ(summoned.code(), absl::StatusCode::kUnavailable) << summoned;
+  EXPECT_THAT(std::string(summoned.message()), ::testing::HasSubstr(refusal));
+  std::promise<absl::Status> joined;
+  client.JoinSummonAsync(&batch, absl::Now() + absl::Seconds(30),
+                         [&](absl::Status s) { joined.set_value(std::move(s)); });
+  EXPECT_EQ(joined.get_future().get().code(), absl::StatusCode::kUnavailable);
+  client.Disconnect();  // a second time: nothing left to do
+  // Only the two calls made before Disconnect reached the worker.
+  worker_.Release();
+  EXPECT_TRUE(worker_.WaitLeft(1));  // the AwaitSave, cancelled
+  EXPECT_FALSE(worker_.WaitEntered(3, std::chrono::milliseconds(0)));
 }
 
 }  // namespace

@@ -2,13 +2,16 @@
 // worker that is not accepting connections yet: it keeps reconnecting for its
 // connect grace instead of failing the job at the first refused connection,
 // and fails UNAVAILABLE within that grace, not the configure timeout, when
-// nothing ever answers; a cancel ends that grace at once. And a client whose worker is gone stops
-// dialing its address soon after its last call. A real gRPC server on a loopback port chosen at run
-// time stands in for the worker's service.
+// nothing ever answers; a cancel ends that grace at once. And a client whose
+// worker is gone stops dialing its address soon after its last call, and at
+// once when it is disconnected. A real gRPC server on a loopback port chosen
+// at run time stands in for the worker's service.
+#include <algorithm>
 #include <future>
 #include <iostream>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <gmock/gmock.h>
 #include <grpcpp/create_channel.h>
@@ -16,7 +19,6 @@
 #include <grpcpp/server_builder.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
-#include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -25,6 +27,7 @@
 
 #include "coordinator/grpc_worker_client.h"
 #include "coordinator/worker_fan_out.h"
+#include "tests/integration/port_dials.h"
 
 namespace flatshard {
 namespace {
@@ -138,32 +141,51 @@ TEST(WorkerClientConnectTest, AClientOfAGoneWorkerStopsDialingItsAddress) {
   const absl::Time called = absl::Now();
   EXPECT_EQ(client.GetStatus(called + absl::Seconds(1)).status().code(),
             absl::StatusCode::kUnavailable);
-  // Another process's listener on the freed port.
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  ASSERT_GE(fd, 0);
-  int on = 1;
-  ASSERT_EQ(setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof(on)), 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
-  ASSERT_EQ(listen(fd, 16), 0);
-  int dials = 0;
-  int late_dials = 0;  // from 3 s after the call on
-  const absl::Time end = called + absl::Seconds(5);
-  for (absl::Time now = absl::Now(); now < end; now = absl::Now()) {
-    pollfd ready{fd, POLLIN, 0};
-    if (poll(&ready, 1, static_cast<int>(absl::ToInt64Milliseconds(end - now))) <= 0) continue;
-    const int conn = accept(fd, nullptr, nullptr);
-    if (conn < 0) continue;
-    close(conn);
-    ++dials;
-    if (absl::Now() - called >= absl::Seconds(3)) ++late_dials;
-  }
-  close(fd);
-  std::cout << dials << " dial(s) in 5 s after the failed call, " << late_dials << " after 3 s\n";
+  const absl::StatusOr<std::vector<std::vector<absl::Duration>>> listened =
+      testing::DialsUntil({port}, called, called + absl::Seconds(5));
+  ASSERT_TRUE(listened.ok()) << listened.status();
+  const std::vector<absl::Duration>& dials = (*listened)[0];
+  const auto late_dials = std::count_if(dials.begin(), dials.end(),
+                                        [](absl::Duration at) { return at >= absl::Seconds(3); });
+  std::cout << dials.size() << " dial(s) in 5 s after the failed call, " << late_dials
+            << " after 3 s\n";
   EXPECT_EQ(late_dials, 0);
+}
+
+// At scale the idle timeout is long (a minute at 16,384 workers,
+// WorkerChannelIdle), so a recovery's probe that finds a worker gone lets
+// its channel go at once (Disconnect). Two clients of gone workers with
+// that idle timeout, side by side: the one left as it is redials its
+// address through the next 3 s; the disconnected one dials no more, and a
+// call to it fails at once.
+TEST(WorkerClientConnectTest, ADisconnectedClientDialsItsAddressNoMore) {
+  const int kept_port = UnusedPort();
+  const int gone_port = UnusedPort();
+  const std::string gone_address = absl::StrCat("127.0.0.1:", gone_port);
+  const absl::Duration idle = WorkerChannelIdle(16384);
+  GrpcWorkerClient kept(absl::StrCat("127.0.0.1:", kept_port), nullptr, "", idle);
+  GrpcWorkerClient gone(gone_address, nullptr, "", idle);
+  EXPECT_EQ(kept.GetStatus(absl::Now() + absl::Seconds(1)).status().code(),
+            absl::StatusCode::kUnavailable);
+  EXPECT_EQ(gone.GetStatus(absl::Now() + absl::Seconds(1)).status().code(),
+            absl::StatusCode::kUnavailable);
+  gone.Disconnect();
+  const absl::Time disconnected = absl::Now();
+  const absl::StatusOr<std::vector<std::vector<absl::Duration>>> listened =
+      testing::DialsUntil({kept_port, gone_port}, disconnected, disconnected + absl::Seconds(3));
+  ASSERT_TRUE(listened.ok()) << listened.status();
+  const std::vector<std::vector<absl::Duration>>& dials = *listened;
+  std::cout << dials[0].size() << " dial(s) of the kept client's address in 3 s, "
+            << dials[1].size() << " of the disconnected one's\n";
+  EXPECT_GE(dials[0].size(), 1u);
+  EXPECT_EQ(dials[1].size(), 0u);
+
+  const absl::Time asked = absl::Now();
+  const absl::StatusOr<v1::GetStatusResponse> status = gone.GetStatus(asked + absl::Seconds(30));
+  EXPECT_EQ(status.status().code(), absl::StatusCode::kUnavailable) << status.status();
+  EXPECT_THAT(std::string(status.status().message()),
+              HasSubstr(gone_address + " was disconnected"));
+  EXPECT_LT(absl::Now() - asked, absl::Seconds(1));
 }
 
 }  // namespace

@@ -95,6 +95,7 @@ class WritingWorker : public WorkerClient {
   void JoinSummonAsync(const v1::CommandBatch*, absl::Time, JoinSummonDone done) override {
     done(absl::OkStatus());
   }
+  void Disconnect() override {}  // no connection of its own
   std::string address() const override { return "fake:1"; }
 
   bool write_moves_ = false;

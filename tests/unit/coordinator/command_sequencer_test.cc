@@ -110,6 +110,7 @@ class FakeWorker : public WorkerClient {
   void JoinSummonAsync(const v1::CommandBatch*, absl::Time, JoinSummonDone done) override {
     done(absl::OkStatus());
   }
+  void Disconnect() override {}  // no connection of its own
   std::string address() const override { return "fake:" + std::to_string(rank_); }
 
   int rank_;

@@ -81,6 +81,7 @@ class ConfigureOnlyWorker : public WorkerClient {
   void GetStatusAsync(absl::Time, GetStatusDone done) override {
     done(absl::UnimplementedError("not in this test"));
   }
+  void Disconnect() override {}  // no connection of its own
   std::string address() const override { return address_; }
 
  private:

@@ -103,6 +103,7 @@ class HeldWorker : public WorkerClient {
   void AwaitSave(const std::string&, absl::Time, AwaitSaveDone done) override {
     done(absl::UnimplementedError("not in this test"));
   }
+  void Disconnect() override {}  // no connection of its own
   std::string address() const override { return "held:" + std::to_string(index_); }
   absl::Time connect_by() const { return connect_by_; }
 
