@@ -275,13 +275,15 @@ void GrpcWorkerClient::Disconnect() {
   std::vector<std::unique_ptr<Call>> spent;
   {
     std::unique_lock<std::mutex> lock(mu_);
-    if (disconnected_) return;
+    const bool first = !disconnected_;
     disconnected_ = true;  // from here on no call starts
     ++cancellations_;
     // Probes and aborts too: nothing this worker could answer matters now.
     for (const auto& [key, call] : in_flight_) call->context.TryCancel();
     for (grpc::ClientContext* context : blocking_) context->TryCancel();
+    // A second caller returns once the callbacks have run, too.
     idle_.wait(lock, [this] { return in_flight_.empty() && blocking_.empty(); });
+    if (!first) return;
     spent.swap(finished_);
     stub = std::move(stub_);
     channel = std::move(channel_);
@@ -309,9 +311,15 @@ void GrpcWorkerClient::ConfigureAsync(v1::ConfigureRequest request, absl::Time c
   const absl::Time now = absl::Now();
   connect_by = std::min(deadline, connect_by);
   uint64_t cancellations = 0;
+  bool disconnected = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     cancellations = cancellations_;
+    disconnected = disconnected_;
+  }
+  if (disconnected) {  // not "cannot connect": nothing was tried
+    done(DisconnectedError());
+    return;
   }
   auto probe = std::make_unique<UnaryCall<v1::GetStatusRequest, v1::GetStatusResponse>>();
   probe->context.set_wait_for_ready(true);

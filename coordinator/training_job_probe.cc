@@ -29,17 +29,41 @@ namespace flatshard {
 std::vector<int> TrainingJob::ProbeMembers(
     std::vector<WorkerRecord>* alive,
     std::map<std::string, std::vector<v1::PeerSnapshotHeld>>* held) {
+  std::vector<std::shared_ptr<WorkerClient>> owned;  // by rank
   std::vector<WorkerClient*> clients;
   std::vector<WorkerRecord> members;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    for (const auto& client : clients_) clients.push_back(client.get());
+    owned = clients_;
     members = members_;
   }
+  clients.reserve(owned.size());
+  for (const auto& client : owned) clients.push_back(client.get());
+  // A member that did not answer is given up: its client is disconnected,
+  // for its channel would redial the address until it idles (up to a minute
+  // at scale) while the re-formation's Gloo pairs bind their listeners, and
+  // the kernel of the dead worker's host may hand one of them its port
+  // (grpc_worker_client.h). A new client, which dials nothing before its
+  // first call, takes its place: a later try of this recovery probes the
+  // member again (one lost only to a slow probe may answer then).
+  std::vector<bool> given_up(clients.size(), false);
+  const auto give_up = [&](size_t r) {
+    if (given_up[r]) return;
+    given_up[r] = true;
+    owned[r]->Disconnect();
+    if (!options_.connect || r >= members.size()) return;
+    std::shared_ptr<WorkerClient> fresh = options_.connect(members[r], clients.size());
+    std::lock_guard<std::mutex> lock(mu_);
+    if (r < clients_.size() && clients_[r] == owned[r]) clients_[r].swap(fresh);
+  };  // `fresh` (the old client, when swapped) goes outside the lock
   // All at once (worker_fan_out.h): a stopped (SIGSTOP) worker costs one
   // probe timeout, not one per rank.
   std::vector<absl::StatusOr<v1::GetStatusResponse>> answers =
       GetStatusAll(clients, absl::Now() + FanOutTimeout(options_.probe_timeout, clients.size()));
+  // Before the drain waits below, which may last a worker's abort grace.
+  for (size_t r = 0; r < clients.size(); ++r) {
+    if (!answers[r].ok()) give_up(r);
+  }
   // A member whose aborted work has not let go yet (a write into a hung
   // mount) is not a survivor until it does: if it never does, it ends itself
   // at its abort grace, and a try that seated it would fail then and spend
@@ -72,15 +96,9 @@ std::vector<int> TrainingJob::ProbeMembers(
     } else {
       failed.push_back(static_cast<int>(r));
       if (options_.mark_unreachable) options_.mark_unreachable(members[r]);
+      give_up(r);  // one whose drain ended in its exit
     }
   }
-  // Given up: a lost member is reached again, if it comes back, through a
-  // client of its new registration (ReadmitReturning, the next formation).
-  // Its channel would redial the address until it idles (up to a minute at
-  // scale) while the re-formation's Gloo pairs bind their listeners, and the
-  // kernel of the dead worker's host may hand one of them its port
-  // (grpc_worker_client.h).
-  for (int r : failed) clients[static_cast<size_t>(r)]->Disconnect();
   return failed;
 }
 

@@ -160,7 +160,9 @@ TEST(WorkerClientConnectTest, AClientOfAGoneWorkerStopsDialingItsAddress) {
 // call to it fails at once.
 TEST(WorkerClientConnectTest, ADisconnectedClientDialsItsAddressNoMore) {
   const int kept_port = UnusedPort();
-  const int gone_port = UnusedPort();
+  int gone_port = UnusedPort();
+  for (int tries = 0; gone_port == kept_port && tries < 10; ++tries) gone_port = UnusedPort();
+  ASSERT_NE(gone_port, kept_port);
   const std::string gone_address = absl::StrCat("127.0.0.1:", gone_port);
   const absl::Duration idle = WorkerChannelIdle(16384);
   GrpcWorkerClient kept(absl::StrCat("127.0.0.1:", kept_port), nullptr, "", idle);
