@@ -126,8 +126,15 @@ GrpcWorkerClient::GrpcWorkerClient(const std::string& address,
   args.SetMaxReceiveMessageSize(kMaxMessageBytes);
   // Reconnect within the connect grace (gRPC's default first backoff is 1 s).
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  // Despite its name, the least time one connection attempt is given to
+  // finish its handshake (gRPC's MIN_CONNECT_TIMEOUT, doc/connection-
+  // backoff.md: an attempt's deadline is the later of the next backoff and
+  // this). It was set to 100 ms with the backoff above: a handshake slower
+  // than that, or than the backoff, was abandoned and redone, which a
+  // coordinator connecting to thousands of workers at once, or one
+  // symbolizing a ThreadSanitizer report, is. gRPC's default, kept.
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 20000);
   // kWorkerChannelIdle says why a channel idles at all.
   args.SetInt(GRPC_ARG_CLIENT_IDLE_TIMEOUT_MS,
               static_cast<int>(absl::ToInt64Milliseconds(idle_timeout)));

@@ -27,6 +27,7 @@
 
 #include "coordinator/grpc_worker_client.h"
 #include "coordinator/worker_fan_out.h"
+#include "tests/integration/delaying_proxy.h"
 #include "tests/integration/port_dials.h"
 
 namespace flatshard {
@@ -40,6 +41,11 @@ class ConfiguredWorker final : public v1::WorkerService::Service {
                          v1::ConfigureResponse* /*response*/) override {
     std::lock_guard<std::mutex> lock(mu_);
     job_ = request->job();
+    return grpc::Status::OK;
+  }
+  grpc::Status GetStatus(grpc::ServerContext* /*context*/, const v1::GetStatusRequest* /*request*/,
+                         v1::GetStatusResponse* response) override {
+    response->set_save_progress(7);
     return grpc::Status::OK;
   }
   std::string job() {
@@ -109,6 +115,37 @@ TEST(WorkerClientConnectTest, ConfigureOfAnAddressNothingListensOnFailsWithinThe
   EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable) << status;
   EXPECT_THAT(std::string(status.message()), HasSubstr("cannot connect to " + address));
   EXPECT_LT(absl::Now() - start, absl::Seconds(10));
+}
+
+// A worker (or a coordinator with thousands of connections to make) can be
+// slower to finish a connection's handshake than the channel's reconnect
+// backoff (at most 1 s here): the attempt must be given the time, not
+// abandoned and redone at every backoff until the call's deadline. Behind a
+// proxy that holds the server's SETTINGS back for 2 s, one connection is
+// made and the probe answered (with gRPC's minimum connect timeout set to
+// the 100 ms backoff, as it was: the first attempt abandoned, and the probe,
+// which does not wait for a channel that failed to connect, UNAVAILABLE).
+TEST(WorkerClientConnectTest, AHandshakeSlowerThanTheBackoffIsWaitedFor) {
+  ConfiguredWorker worker;
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&worker);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  testing::DelayingProxy proxy(port, absl::Seconds(2));
+  ASSERT_GT(proxy.port(), 0);
+  {
+    GrpcWorkerClient client(proxy.address());
+    const absl::Time asked = absl::Now();
+    const absl::StatusOr<v1::GetStatusResponse> status =
+        client.GetStatus(asked + absl::Seconds(10));
+    ASSERT_TRUE(status.ok()) << status.status();
+    EXPECT_EQ(status->save_progress(), 7u);
+    EXPECT_GE(absl::Now() - asked, absl::Seconds(2));  // it did wait for the proxy
+  }
+  EXPECT_EQ(proxy.accepted(), 1);
+  server->Shutdown();
 }
 
 // The connect grace is a call in flight like any other: CancelAll (a
