@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "CLI/CLI.hpp"
+#include "rpc/mutex_deadlock_detection.h"
 
 namespace flatshard::bench {
 
@@ -36,6 +37,8 @@ CLI::Validator ParsedBy(Parse parse, std::string what) {
 // but still ends with a message and exit status 1, not std::terminate.
 template <typename Body>
 int RunMain(const char* name, Body&& body) noexcept {
+  // Measured as the daemons run: without Abseil's deadlock detector.
+  TurnOffMutexDeadlockDetection();
   try {
     return body();
   } catch (const std::exception& e) {

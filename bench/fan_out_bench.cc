@@ -15,6 +15,7 @@
 // numbers), and the calls that outran them are counted.
 //
 //   fan_out_bench [--worlds 1024,4096,16384] [--processes 8] [--reps 5]
+//                 [--abseil-deadlock-detection]
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -36,6 +37,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 
 #include "bench/bench_flags.h"
@@ -122,7 +124,14 @@ int Main(int argc, char** argv) {
   app.add_option("--reps", reps, "Probes, aborts and configures timed per world")
       ->check(bench::AtLeastOne())
       ->capture_default_str();
+  bool deadlock_detection = false;
+  app.add_flag("--abseil-deadlock-detection", deadlock_detection,
+               "Run absl::Mutex with Debian's default, its deadlock detector on, as every "
+               "program did before rpc/mutex_deadlock_detection.h (both sides: the servers are "
+               "forked from this process)");
   CLI11_PARSE(app, argc, argv);
+  // Set before any thread starts (the echo servers are forked below).
+  if (deadlock_detection) absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kAbort);
   // A socket per worker here, and one per worker on the servers' side.
   rlimit files{};
   ::getrlimit(RLIMIT_NOFILE, &files);

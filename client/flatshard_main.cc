@@ -2,6 +2,7 @@
 #include <iostream>
 
 #include "CLI/CLI.hpp"
+#include "rpc/mutex_deadlock_detection.h"
 
 #include "client/checkpoint_commands.h"
 #include "client/cluster_commands.h"
@@ -50,6 +51,7 @@ int Run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  flatshard::TurnOffMutexDeadlockDetection();
   // CLI11 reports through exceptions; nothing else here throws on purpose, but a
   // failed allocation must still end with a message rather than std::terminate.
   try {

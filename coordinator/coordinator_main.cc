@@ -23,6 +23,7 @@
 #include "rpc/grpc_server.h"
 #include "rpc/listen_policy.h"
 #include "rpc/log_flags.h"
+#include "rpc/mutex_deadlock_detection.h"
 #include "rpc/stop_signals.h"
 #include "rpc/tls_credentials.h"
 #include "rpc/tls_flags.h"
@@ -328,6 +329,7 @@ int Main(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  flatshard::TurnOffMutexDeadlockDetection();
   // CLI11 reports through exceptions and parsing handles them; anything else
   // (a failed allocation) still ends with a message, not std::terminate.
   try {

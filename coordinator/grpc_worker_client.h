@@ -38,10 +38,11 @@ inline constexpr absl::Duration kWorkerChannelIdle = absl::Seconds(1);
 
 // The idle time for a channel to one of `world_size` ranks: the second, plus
 // the longest a fan-out to all of them may take (FanOutTimeout, connecting).
-// A fan-out to 16,384 workers takes seconds, and a channel answered early in
-// one must still be connected for the next; with a fixed second, probes at
-// that scale reconnected the channels answered first, and one took 37 s
-// where the others took 9 (bench/RESULTS.md, 2026-12-01). A dead worker's
+// A fan-out to 16,384 workers takes seconds (33.8 s of idle time there),
+// and a channel answered early in one must still be connected for the next;
+// with a fixed second, probes at that scale reconnected the channels answered
+// first, and one took 37 s where the others took 9 (bench/RESULTS.md,
+// 2026-12-01). A dead worker's
 // channel redials for this long at most after the coordinator's last call.
 absl::Duration WorkerChannelIdle(size_t world_size);
 

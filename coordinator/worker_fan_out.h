@@ -31,14 +31,17 @@ inline constexpr absl::Duration kConnectGrace = absl::Seconds(2);
 // What each call of a fan-out adds to the time the whole burst needs: the
 // coordinator makes, sends, receives and retires every call, one per worker,
 // before the last answer can be read. bench/fan_out_bench.cc measured up to
-// 0.62 ms of the coordinator's CPU a call on connected channels, and 2.4 ms on
-// channels that must connect first (16,384 workers, 2 cores shared with the
-// servers; bench/RESULTS.md, 2026-12-01). A fixed deadline therefore read
-// healthy workers as unreachable at scale: a fixed 2 s connect grace failed
-// 13,821 of 16,384 configures there, and the connected allowance alone failed
-// 1,904 of 16,384 first probes.
-inline constexpr absl::Duration kFanOutAllowancePerCall = absl::Milliseconds(2);
-inline constexpr absl::Duration kConnectAllowancePerCall = absl::Milliseconds(4);
+// 0.18 ms of the coordinator's CPU a call on connected channels, and 0.7 ms on
+// channels that must connect first, at 1,024 to 16,384 workers (2 cores
+// shared with the servers; bench/RESULTS.md, "Abseil's deadlock detector at
+// 16,384 channels"); the slowest fan-out of 16,384 took 29 % of its deadline.
+// A fixed deadline read healthy workers as unreachable at scale: a fixed 2 s
+// connect grace failed 13,821 of 16,384 configures there. The allowances were
+// twice these until Abseil's deadlock detector, left on by Debian's build,
+// was found to be most of that CPU (rpc/mutex_deadlock_detection.h); a dead
+// worker's verdict at 16,384 now takes 18 s, not 35.
+inline constexpr absl::Duration kFanOutAllowancePerCall = absl::Milliseconds(1);
+inline constexpr absl::Duration kConnectAllowancePerCall = absl::Milliseconds(2);
 
 // Whether a fan-out's channels are connected already (the sequencer's, a
 // save's), or new and must connect first (a formation's, a restarted

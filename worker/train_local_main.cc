@@ -17,6 +17,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "rpc/mutex_deadlock_detection.h"
 
 #include "core/model_spec_yaml.h"
 #include "storage/spec_files.h"
@@ -320,6 +321,7 @@ int Main(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  flatshard::TurnOffMutexDeadlockDetection();
   // CLI11 reports through exceptions; anything else escaping is a bug, but it
   // still ends with a message rather than std::terminate.
   try {

@@ -30,6 +30,7 @@
 #include "rpc/keepalive.h"
 #include "rpc/listen_policy.h"
 #include "rpc/log_flags.h"
+#include "rpc/mutex_deadlock_detection.h"
 #include "rpc/secrets.h"
 #include "rpc/stop_signals.h"
 #include "rpc/tls_credentials.h"
@@ -318,6 +319,7 @@ int Main(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  flatshard::TurnOffMutexDeadlockDetection();
   // Gloo writes to its pairs with writev, without MSG_NOSIGNAL: a write to a
   // peer that aborted or died would kill this daemon with SIGPIPE, where the
   // write's EPIPE fails the collective (found by

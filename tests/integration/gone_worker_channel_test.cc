@@ -4,7 +4,7 @@
 // its host, a survivor's Gloo pair listener among them, and a coordinator
 // still dialing the address takes the one accept that pair waits for from
 // its peer (docs/fault-tolerance.md). At 16,384 workers a channel idles only
-// after 67.5 s (WorkerChannelIdle), so without Disconnect it redials the
+// after 33.8 s (WorkerChannelIdle), so without Disconnect it redials the
 // dead address through the whole re-formation.
 //
 // A coordinator in this process, its channels idling as a 16,384-worker

@@ -189,7 +189,7 @@ TEST(WorkerClientConnectTest, AClientOfAGoneWorkerStopsDialingItsAddress) {
   EXPECT_EQ(late_dials, 0);
 }
 
-// At scale the idle timeout is long (a minute at 16,384 workers,
+// At scale the idle timeout is long (34 s at 16,384 workers,
 // WorkerChannelIdle), so a recovery's probe that finds a worker gone lets
 // its channel go at once (Disconnect). Two clients of gone workers with
 // that idle timeout, side by side: the one left as it is redials its
