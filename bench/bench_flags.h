@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "CLI/CLI.hpp"
+#include "absl/synchronization/mutex.h"
 #include "rpc/mutex_deadlock_detection.h"
 
 namespace flatshard::bench {
@@ -30,6 +31,20 @@ CLI::Validator ParsedBy(Parse parse, std::string what) {
         return parsed.ok() ? std::string() : std::string(parsed.status().message());
       },
       std::move(what));
+}
+
+// --abseil-deadlock-detection: runs absl::Mutex as Debian's Abseil does by
+// default, its deadlock detector on (RunMain turns it off, as every flatshard
+// program does; rpc/mutex_deadlock_detection.h), so that a bench can show
+// what the detector costs. Call ApplyAbseilDeadlockDetection after parsing,
+// before any thread starts or server process is forked.
+inline void AddAbseilDeadlockDetectionFlag(CLI::App& app, bool& on) {
+  app.add_flag("--abseil-deadlock-detection", on,
+               "Keep Debian's Abseil default, absl::Mutex's deadlock detector on (in this "
+               "process and the servers it forks), to measure what it costs");
+}
+inline void ApplyAbseilDeadlockDetection(bool on) {
+  if (on) absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kAbort);
 }
 
 // A benchmark's main: `body` parses with CLI11_PARSE, which catches its own

@@ -283,7 +283,10 @@ int Main(int argc, char** argv) {
                  "The coordinator's --stall-timeout (0: no stall watching)")
       ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
+  bool deadlock_detection = false;
+  bench::AddAbseilDeadlockDetectionFlag(app, deadlock_detection);
   CLI11_PARSE(app, argc, argv);
+  bench::ApplyAbseilDeadlockDetection(deadlock_detection);
   BatchLimits limits;
   limits.stall_timeout = absl::Seconds(stall_timeout_s);
   // Forked first: a process must not fork once gRPC's threads exist.

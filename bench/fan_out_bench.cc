@@ -37,7 +37,6 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 
 #include "bench/bench_flags.h"
@@ -125,13 +124,9 @@ int Main(int argc, char** argv) {
       ->check(bench::AtLeastOne())
       ->capture_default_str();
   bool deadlock_detection = false;
-  app.add_flag("--abseil-deadlock-detection", deadlock_detection,
-               "Run absl::Mutex with Debian's default, its deadlock detector on, as every "
-               "program did before rpc/mutex_deadlock_detection.h (both sides: the servers are "
-               "forked from this process)");
+  bench::AddAbseilDeadlockDetectionFlag(app, deadlock_detection);
   CLI11_PARSE(app, argc, argv);
-  // Set before any thread starts (the echo servers are forked below).
-  if (deadlock_detection) absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kAbort);
+  bench::ApplyAbseilDeadlockDetection(deadlock_detection);
   // A socket per worker here, and one per worker on the servers' side.
   rlimit files{};
   ::getrlimit(RLIMIT_NOFILE, &files);
