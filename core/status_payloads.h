@@ -8,7 +8,8 @@
 //   grows back onto) broke the new epoch's first batches, so that its next
 //   try can pass that worker over.
 // - UnreachablePeer: the rank (of the job's world) that a rank could not
-//   connect to while its communicator formed. Such a failure is not the
+//   connect to while its communicator formed, or whose connection to it
+//   failed later (closed, reset: the peer exited). Such a failure is not the
 //   reporting rank's own: either end may be at fault, or neither (a port
 //   the kernel handed to another listener), and the coordinator blames it
 //   accordingly (coordinator/link_failures.h).
@@ -27,7 +28,8 @@ absl::Status WithFailedRank(absl::Status status, int rank);
 // The rank `status` is blamed on, if any.
 std::optional<int> FailedRank(const absl::Status& status);
 
-// `status` (not OK) of a rank that could not connect to world rank `peer`.
+// `status` (not OK) of a rank whose link to world rank `peer` did not
+// connect or failed.
 absl::Status WithUnreachablePeer(absl::Status status, int peer);
 // The world rank `status` says could not be reached, if any.
 std::optional<int> UnreachablePeer(const absl::Status& status);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -321,6 +322,57 @@ TEST(GlooCommunicatorTest, ARefusedConnectionNamesThePeerItCouldNotReach) {
       },
       absl::Seconds(90));
   EXPECT_TRUE(AllRanksSucceeded(results));
+}
+
+// A pair that fails after its group connected (the peer's process ended,
+// its sockets closed by the kernel, as at a SIGKILL) names that peer, in the
+// job's world ranks, as a pair that did not connect does: in a formation
+// the coordinator then blames the link, not the rank that reported it
+// (coordinator/link_failures.h). Without the name, the reporting rank was
+// blamed, and marked unreachable, for its peer's exit. Each rank leaves
+// once. The one left behind is the pair's connecting side (its error names
+// the address the peer published) or its accepting side (the peer's host
+// and a port no one published), as the two ranks' ports fall
+// (worker/comm/gloo_error_peer.h; both rules are tests/unit's too).
+TEST(GlooCommunicatorTest, ALinkThatFailsAfterConnectingNamesItsPeer) {
+  constexpr int kWorldRanks[] = {4, 9};  // a sub-group of the world
+  for (const int leaving : {1, 0}) {
+    const int staying = 1 - leaving;
+    const std::string dir = MakeTempDir("gloo-link-failed");
+    auto results = RunRanks(
+        2,
+        [&](int rank) {
+          auto store = FileStore::Open(dir);
+          CHILD_OK(store.status());
+          GlooOptions options;
+          options.timeout = absl::Seconds(60);
+          options.world_ranks = {kWorldRanks[0], kWorldRanks[1]};
+          auto comm = GlooCommunicator::Create(*store, rank, 2, options);
+          CHILD_OK(comm.status());
+          if (rank == leaving) {
+            // Once the other is past the group's barrier too: nothing unread.
+            CHILD_OK((*store)->Wait({"connected"}, absl::Seconds(30)));
+            ::_exit(0);
+          }
+          CHILD_OK((*store)->Set("connected", "1"));
+          std::vector<float> data(size_t{1} << 16, 1.0f);
+          const absl::Time begin = absl::Now();
+          const absl::Status failed =
+              (*comm)->AllReduce(data.data(), data.size(), DType::kFloat32, ReduceOp::kSum);
+          std::cerr << "rank " << rank << ": " << failed << " after " << absl::Now() - begin
+                    << "\n";
+          CHILD_CHECK(failed.code() == absl::StatusCode::kUnavailable);
+          CHILD_CHECK(UnreachablePeer(failed) == std::optional<int>(kWorldRanks[leaving]));
+          CHILD_CHECK(absl::StrContains(
+              failed.message(),
+              absl::StrCat("its link to world rank ", kWorldRanks[leaving], " failed")));
+          CHILD_CHECK(absl::Now() - begin < absl::Seconds(30));  // not the timeout
+          return 0;
+        },
+        absl::Seconds(90));
+    EXPECT_TRUE(AllRanksSucceeded(results))
+        << "rank " << leaving << " left, rank " << staying << " stayed";
+  }
 }
 
 // An abort may land anywhere in a rendezvous of live ranks: before it, in the

@@ -18,6 +18,7 @@
 #include "absl/time/time.h"
 
 #include "worker/comm/gloo_communicator.h"
+#include "worker/comm/gloo_mesh_context.h"
 
 namespace flatshard {
 namespace gloo_internal {

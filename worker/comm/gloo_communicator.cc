@@ -4,6 +4,7 @@
 #include <cstring>
 #include <exception>
 #include <optional>
+#include <string>
 
 #include <gloo/transport/pair.h>
 #include <gloo/transport/tcp/device.h>
@@ -34,30 +35,47 @@ absl::Status RendezvousGuard(int rank, int size, Fn&& fn) {
   }
 }
 
+// Group rank `peer`'s rank in the job's world.
+int WorldRank(const GlooOptions& options, int peer) {
+  return options.world_ranks.empty() ? peer : options.world_ranks[static_cast<size_t>(peer)];
+}
+
 }  // namespace
 
 // Gloo reports failures (a peer gone, a timeout, a bad argument) by throwing.
 // After Abort() whatever a collective throws (an interrupted wait, a socket
-// the abort closed under it) is the abort.
+// the abort closed under it) is the abort. A pair that failed (its peer
+// closed, reset or left it) names its peer, in the world's ranks, as a pair
+// that did not connect does: either end may be at fault, and the
+// coordinator blames the link accordingly (UnreachablePeer).
 template <typename Fn>
 absl::Status GlooCommunicator::Guard(absl::string_view op, Fn&& fn) {
   try {
     fn();
     return absl::OkStatus();
   } catch (const std::exception& e) {
-    std::lock_guard<std::mutex> lock(abort_mu_);
-    if (aborted_) {
-      return absl::AbortedError(absl::StrCat("gloo ", op, " on rank ", rank_, " of ", size_,
-                                             " aborted: ", abort_reason_));
+    {
+      std::lock_guard<std::mutex> lock(abort_mu_);
+      if (aborted_) {
+        return absl::AbortedError(absl::StrCat("gloo ", op, " on rank ", rank_, " of ", size_,
+                                               " aborted: ", abort_reason_));
+      }
     }
-    return absl::UnavailableError(
-        absl::StrCat("gloo ", op, " failed on rank ", rank_, " of ", size_, ": ", e.what()));
+    const std::string failed =
+        absl::StrCat("gloo ", op, " failed on rank ", rank_, " of ", size_, ": ", e.what());
+    if (const std::optional<int> peer = context_->PeerNamedIn(e.what()); peer.has_value()) {
+      const int world_peer = WorldRank(options_, *peer);
+      return WithUnreachablePeer(absl::UnavailableError(absl::StrCat(
+                                     failed, " (its link to world rank ", world_peer, " failed)")),
+                                 world_peer);
+    }
+    return absl::UnavailableError(failed);
   }
 }
 
 GlooCommunicator::GlooCommunicator(std::shared_ptr<Store> store,
                                    std::shared_ptr<gloo::transport::Device> device,
-                                   std::shared_ptr<gloo::Context> context, int rank, int size,
+                                   std::shared_ptr<GlooMeshContext> context, int rank, int size,
                                    GlooOptions options)
     : store_(std::move(store)),
       device_(std::move(device)),
@@ -102,8 +120,7 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
     if (const std::optional<int> peer =
             context != nullptr ? context->unreachable_peer() : std::nullopt;
         peer.has_value()) {
-      const int world_peer =
-          options.world_ranks.empty() ? *peer : options.world_ranks[static_cast<size_t>(*peer)];
+      const int world_peer = WorldRank(options, *peer);
       return WithUnreachablePeer(
           absl::UnavailableError(absl::StrCat(status.message(), " (its pair to world rank ",
                                               world_peer, " did not connect)")),
@@ -125,8 +142,9 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
   // its whole timeout. After this barrier every member is connected.
   if (absl::Status ready = comm->Barrier(); !ready.ok()) {
     if (ready.code() == absl::StatusCode::kAborted) return ready;
-    return absl::UnavailableError(
-        absl::StrCat("gloo rendezvous failed on rank ", rank, " of ", size, ": ", ready.message()));
+    // UNAVAILABLE, and the peer it names (if any) kept.
+    return PrefixStatus(absl::StrCat("gloo rendezvous failed on rank ", rank, " of ", size, ": "),
+                        ready);
   }
   return comm;
 }

@@ -24,7 +24,6 @@
 #include "worker/comm/store.h"
 
 namespace gloo {
-class Context;
 namespace transport {
 class Device;
 class UnboundBuffer;
@@ -32,6 +31,8 @@ class UnboundBuffer;
 }  // namespace gloo
 
 namespace flatshard {
+
+class GlooMeshContext;
 
 struct GlooOptions {
   std::string hostname = "127.0.0.1";          // address peers connect to
@@ -47,7 +48,8 @@ struct GlooOptions {
   // store is ended by aborting the store (the worker's signal does both).
   std::shared_ptr<AbortSignal> abort;
   // The members' ranks in the job's world, by group rank; empty for the
-  // world itself. Failures name peers by these (UnreachablePeer).
+  // world itself. Failures name peers by these (UnreachablePeer): a pair
+  // that did not connect, and one that failed after connecting.
   std::vector<int> world_ranks;
 };
 
@@ -79,7 +81,8 @@ class GlooCommunicator : public Communicator {
 
  private:
   GlooCommunicator(std::shared_ptr<Store> store, std::shared_ptr<gloo::transport::Device> device,
-                   std::shared_ptr<gloo::Context> context, int rank, int size, GlooOptions options);
+                   std::shared_ptr<GlooMeshContext> context, int rank, int size,
+                   GlooOptions options);
 
   class ActiveBuffer;
 
@@ -97,7 +100,7 @@ class GlooCommunicator : public Communicator {
 
   std::shared_ptr<Store> store_;
   std::shared_ptr<gloo::transport::Device> device_;
-  std::shared_ptr<gloo::Context> context_;
+  std::shared_ptr<GlooMeshContext> context_;
   int rank_;
   int size_;
   GlooOptions options_;

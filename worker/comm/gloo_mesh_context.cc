@@ -4,11 +4,14 @@
 #include <exception>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include <gloo/common/error.h>
 #include <gloo/transport/context.h>
 #include <gloo/transport/tcp/address.h>
 #include <netinet/in.h>
+
+#include "worker/comm/gloo_error_peer.h"
 
 namespace flatshard {
 namespace {
@@ -61,6 +64,7 @@ void GlooMeshContext::ConnectFullMesh(gloo::rendezvous::Store& store,
     ThrowIfAbortedLocked();
     connecting_ = transport;
     phases_.assign(static_cast<size_t>(size), Phase::kNotYet);
+    peer_addresses_.assign(static_cast<size_t>(size), std::string());
   }
   store.set(std::to_string(rank), published);
   for (int peer = 0; peer < size; ++peer) {
@@ -84,6 +88,8 @@ void GlooMeshContext::ConnectFullMesh(gloo::rendezvous::Store& store,
       phases_[static_cast<size_t>(peer)] = Listens(own[static_cast<size_t>(peer)], Address(address))
                                                ? Phase::kListening
                                                : Phase::kConnecting;
+      // The pair's errors name its peer by this address (tcp::Pair::peer_).
+      peer_addresses_[static_cast<size_t>(peer)] = Address(address).str();
     }
     try {
       transport->getPair(peer)->connect(address);
@@ -125,6 +131,11 @@ void GlooMeshContext::Abort(const std::string& reason) {
 std::optional<int> GlooMeshContext::unreachable_peer() const {
   std::lock_guard<std::mutex> lock(mu_);
   return unreachable_peer_;
+}
+
+std::optional<int> GlooMeshContext::PeerNamedIn(std::string_view message) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return PeerNamedInGlooError(message, peer_addresses_);
 }
 
 bool GlooMeshContext::aborted() const {

@@ -15,6 +15,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <gloo/context.h>
@@ -43,6 +44,11 @@ class GlooMeshContext : public gloo::Context {
   // has thrown for that: the connection was refused, timed out, or broke in
   // the handshake. Not set by an abort, nor by a wait in the store.
   std::optional<int> unreachable_peer() const;
+  // The peer (group rank) whose pair a Gloo error `message` names, once
+  // ConnectFullMesh has connected: a pair that fails later (its peer closed
+  // it, exited, or reset it) names the peer by address
+  // (PeerNamedInGlooError says when that identifies it).
+  std::optional<int> PeerNamedIn(std::string_view message) const;
 
  private:
   // Where each pair is. Closing a pair is safe once its connect() is on the
@@ -62,6 +68,7 @@ class GlooMeshContext : public gloo::Context {
   std::shared_ptr<gloo::transport::Context> connecting_;  // its pairs, while they connect
   std::vector<Phase> phases_;                             // by peer rank
   std::optional<int> unreachable_peer_;
+  std::vector<std::string> peer_addresses_;  // by peer rank, as Gloo writes them
 };
 
 }  // namespace flatshard
