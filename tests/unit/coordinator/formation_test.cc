@@ -21,6 +21,7 @@
 #include "core/job_config.h"
 #include "core/status_payloads.h"
 #include "storage/spec_files.h"
+#include "tests/unit/coordinator/unused_worker_client.h"
 
 namespace flatshard {
 namespace {
@@ -31,7 +32,7 @@ using ::testing::IsEmpty;
 
 // Configure answers `answer` at once, or (unset) is held until CancelAll,
 // as at a rendezvous that a rank never reaches.
-class ConfigureOnlyWorker : public WorkerClient {
+class ConfigureOnlyWorker : public testing::UnusedWorkerClient {
  public:
   ConfigureOnlyWorker(std::string address, std::optional<absl::Status> answer, int* entered,
                       std::mutex* mu, std::condition_variable* cv)
@@ -63,25 +64,9 @@ class ConfigureOnlyWorker : public WorkerClient {
     }
     if (held) held(absl::CancelledError("cancelled by the coordinator"));
   }
-  void Execute(const v1::CommandBatch*, absl::Time, ExecuteDone done) override {
-    done(absl::UnimplementedError("not in this test"));
-  }
   void AbortAsync(uint64_t, const std::string&, absl::Time, AbortDone done) override {
     done(absl::OkStatus());
   }
-  absl::Status Summon(const v1::CommandBatch&, absl::Time, const ChunkSink&) override {
-    return absl::UnimplementedError("not in this test");
-  }
-  void JoinSummonAsync(const v1::CommandBatch*, absl::Time, JoinSummonDone done) override {
-    done(absl::UnimplementedError("not in this test"));
-  }
-  void AwaitSave(const std::string&, absl::Time, AwaitSaveDone done) override {
-    done(absl::UnimplementedError("not in this test"));
-  }
-  void GetStatusAsync(absl::Time, GetStatusDone done) override {
-    done(absl::UnimplementedError("not in this test"));
-  }
-  void Disconnect() override {}  // no connection of its own
   std::string address() const override { return address_; }
 
  private:

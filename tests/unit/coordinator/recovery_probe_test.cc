@@ -18,6 +18,7 @@
 #include "coordinator/training_job.h"
 #include "core/job_config.h"
 #include "storage/spec_files.h"
+#include "tests/unit/coordinator/unused_worker_client.h"
 
 namespace flatshard {
 namespace {
@@ -36,7 +37,7 @@ struct WorkerLog {
 // Configure answers at once (OK, or FAILED_PRECONDITION for a worker that
 // cannot join); GetStatus answers OK, except through `lost`'s first client,
 // which answers as a probe that ran out of time does.
-class ScriptedWorker : public WorkerClient {
+class ScriptedWorker : public testing::UnusedWorkerClient {
  public:
   ScriptedWorker(std::string id, std::string address, int generation, WorkerLog* log,
                  bool cannot_join, bool probe_lost)
@@ -66,21 +67,8 @@ class ScriptedWorker : public WorkerClient {
     std::lock_guard<std::mutex> lock(log_->mu);
     log_->disconnected.emplace_back(id_, generation_);
   }
-  void CancelAll() override {}
   void AbortAsync(uint64_t, const std::string&, absl::Time, AbortDone done) override {
     done(absl::OkStatus());
-  }
-  void Execute(const v1::CommandBatch*, absl::Time, ExecuteDone done) override {
-    done(absl::UnimplementedError("not in this test"));
-  }
-  absl::Status Summon(const v1::CommandBatch&, absl::Time, const ChunkSink&) override {
-    return absl::UnimplementedError("not in this test");
-  }
-  void JoinSummonAsync(const v1::CommandBatch*, absl::Time, JoinSummonDone done) override {
-    done(absl::UnimplementedError("not in this test"));
-  }
-  void AwaitSave(const std::string&, absl::Time, AwaitSaveDone done) override {
-    done(absl::UnimplementedError("not in this test"));
   }
   std::string address() const override { return address_; }
 

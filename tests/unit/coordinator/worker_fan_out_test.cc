@@ -24,6 +24,7 @@
 #include "absl/time/clock.h"
 
 #include "coordinator/grpc_worker_client.h"
+#include "tests/unit/coordinator/unused_worker_client.h"
 
 namespace flatshard {
 namespace {
@@ -60,7 +61,7 @@ struct Pending {
   }
 };
 
-class HeldWorker : public WorkerClient {
+class HeldWorker : public testing::UnusedWorkerClient {
  public:
   HeldWorker(int index, Pending* pending) : index_(index), pending_(pending) {}
 
@@ -81,10 +82,6 @@ class HeldWorker : public WorkerClient {
                            : absl::OkStatus());
     });
   }
-  void Execute(const v1::CommandBatch*, absl::Time, ExecuteDone done) override {
-    done(absl::UnimplementedError("not in this test"));
-  }
-  void CancelAll() override {}
   void ConfigureAsync(v1::ConfigureRequest request, absl::Time connect_by, absl::Time,
                       ConfigureDone done) override {
     connect_by_ = connect_by;
@@ -94,16 +91,6 @@ class HeldWorker : public WorkerClient {
                : absl::InvalidArgumentError("rank " + std::to_string(request.rank())));
     });
   }
-  absl::Status Summon(const v1::CommandBatch&, absl::Time, const ChunkSink&) override {
-    return absl::UnimplementedError("not in this test");
-  }
-  void JoinSummonAsync(const v1::CommandBatch*, absl::Time, JoinSummonDone done) override {
-    done(absl::UnimplementedError("not in this test"));
-  }
-  void AwaitSave(const std::string&, absl::Time, AwaitSaveDone done) override {
-    done(absl::UnimplementedError("not in this test"));
-  }
-  void Disconnect() override {}  // no connection of its own
   std::string address() const override { return "held:" + std::to_string(index_); }
   absl::Time connect_by() const { return connect_by_; }
 
