@@ -181,7 +181,7 @@ class TrainingJob {
   // formation or the first batches of an epoch it joined, `why`); takes mu_.
   void RefuseJoiner(const WorkerRecord& worker, absl::string_view why);
   // The worker (id) of the current epoch's rank that `failure` is blamed on
-  // (BlamedRank: none for a failed link), or empty. Takes mu_.
+  // (FailedRank), or empty. Takes mu_.
   std::string BlamedMember(const absl::Status& failure) const;
   // Records that `what` holds the operation slot now; mu_ held.
   void NoteOperationLocked(const char* what);

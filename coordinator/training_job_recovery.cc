@@ -414,7 +414,7 @@ absl::Status TrainingJob::RecoverOnce(const absl::Status& cause, std::vector<int
 }
 
 std::string TrainingJob::BlamedMember(const absl::Status& failure) const {
-  const std::optional<int> rank = BlamedRank(failure);
+  const std::optional<int> rank = FailedRank(failure);
   std::lock_guard<std::mutex> lock(mu_);
   if (!rank.has_value() || static_cast<size_t>(*rank) >= members_.size()) return "";
   return members_[static_cast<size_t>(*rank)].worker_id;

@@ -35,11 +35,6 @@ absl::Status WithFailedRank(absl::Status status, int rank) {
 
 std::optional<int> FailedRank(const absl::Status& status) { return RankOf(status, kFailedRankUrl); }
 
-std::optional<int> BlamedRank(const absl::Status& status) {
-  if (UnreachablePeer(status).has_value()) return std::nullopt;
-  return FailedRank(status);
-}
-
 absl::Status WithUnreachablePeer(absl::Status status, int peer) {
   return WithRank(std::move(status), kUnreachablePeerUrl, peer);
 }

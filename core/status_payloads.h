@@ -28,13 +28,6 @@ absl::Status WithFailedRank(absl::Status status, int rank);
 // The rank `status` is blamed on, if any.
 std::optional<int> FailedRank(const absl::Status& status);
 
-// The rank a failed batch blames: its FailedRank, unless the failure was on
-// a link (UnreachablePeer). A rank whose collective failed because its
-// peer's connection closed under it (the peer died, or aborted for a
-// failure of its own) is not at fault for that; a dead peer is the next
-// probe's to find.
-std::optional<int> BlamedRank(const absl::Status& status);
-
 // `status` (not OK) of a rank whose link to world rank `peer` did not
 // connect or failed.
 absl::Status WithUnreachablePeer(absl::Status status, int peer);
