@@ -34,7 +34,7 @@ inline constexpr absl::Duration kConnectGrace = absl::Seconds(2);
 // 0.18 ms of the coordinator's CPU a call on connected channels, and 0.7 ms on
 // channels that must connect first, at 1,024 to 16,384 workers (2 cores
 // shared with the servers; bench/RESULTS.md, "Abseil's deadlock detector at
-// 16,384 channels"); the slowest fan-out of 16,384 took 29 % of its deadline.
+// 16,384 channels"); the slowest fan-out of 16,384 took 38 % of its deadline.
 // A fixed deadline read healthy workers as unreachable at scale: a fixed 2 s
 // connect grace failed 13,821 of 16,384 configures there. The allowances were
 // twice these until Abseil's deadlock detector, left on by Debian's build,

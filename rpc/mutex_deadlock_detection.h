@@ -9,7 +9,7 @@
 // lock the thread holds. A coordinator holding 16,384 worker channels has
 // hundreds of thousands of mutexes, so the chains grow long: that lookup was
 // a quarter of the coordinator's CPU, and a probe of every worker cost
-// 3.1x the time it takes without it (bench/RESULTS.md, "Abseil's deadlock
+// 2.9x the time it takes without it (bench/RESULTS.md, "Abseil's deadlock
 // detector at 16,384 channels").
 //
 // Test programs (tests/test_main.cc) keep Abseil's default, so the lock

@@ -37,20 +37,19 @@ std::optional<int> TheOne(const std::vector<int>& peers) {
 }  // namespace
 
 std::optional<int> PeerNamedInGlooError(std::string_view message,
-                                        absl::Span<const std::string> peer_addresses) {
+                                        absl::Span<const GlooPairPeer> peers) {
   std::vector<int> by_address;
-  for (size_t peer = 0; peer < peer_addresses.size(); ++peer) {
-    if (!peer_addresses[peer].empty() && Names(message, peer_addresses[peer])) {
+  for (size_t peer = 0; peer < peers.size(); ++peer) {
+    const GlooPairPeer& p = peers[peer];
+    if (!p.accepted && !p.address.empty() && Names(message, p.address)) {
       by_address.push_back(static_cast<int>(peer));
     }
   }
   if (!by_address.empty()) return TheOne(by_address);
-  // A host followed by a port no one published: the peer that connected to
-  // this rank, if it is alone on that host.
   std::vector<int> by_host;
-  for (size_t peer = 0; peer < peer_addresses.size(); ++peer) {
-    const std::string_view host = HostOf(peer_addresses[peer]);
-    if (!host.empty() && message.find(host) != std::string_view::npos) {
+  for (size_t peer = 0; peer < peers.size(); ++peer) {
+    const std::string_view host = HostOf(peers[peer].address);
+    if (peers[peer].accepted && !host.empty() && message.find(host) != std::string_view::npos) {
       by_host.push_back(static_cast<int>(peer));
     }
   }

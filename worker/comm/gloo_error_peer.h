@@ -3,15 +3,16 @@
 // A tcp::Pair that fails after it connected (its peer closed or reset it, or
 // exited) throws an error naming the peer by address, "Read error
 // [10.0.0.2]:41234: Connection reset by peer", and nothing else: the pair's
-// peer rank is not on the exception, and Pair::peer() is protected. The
-// address is the one the peer published in the rendezvous when this rank
-// connected to it; when the peer connected to this rank, it is the peer's
-// side of the accepted socket, whose port no one published. So:
-// - a peer whose published address appears in full is the one;
-// - otherwise a peer whose host appears is the one, when no other peer is
-//   on that host (a job with one worker a host; ranks of one host that
-//   accepted from each other stay unnamed);
-// - none when the message names no peer, or names it ambiguously.
+// peer rank is not on the exception, and Pair::peer() is protected. What
+// address that is depends on which side connected:
+// - this rank connected to the peer: the address the peer published in the
+//   rendezvous, matched in full;
+// - the peer connected to this rank: the peer's side of the accepted
+//   socket, its host and a port no one published (which may even be one
+//   another peer of that host published and closed since). Only the host is
+//   matched, and only among the peers that connected to this rank: the
+//   peer is named when it is the only one of them on that host.
+// None when the message names no peer, or names it ambiguously.
 #ifndef FLATSHARD_WORKER_COMM_GLOO_ERROR_PEER_H_
 #define FLATSHARD_WORKER_COMM_GLOO_ERROR_PEER_H_
 
@@ -23,10 +24,16 @@
 
 namespace flatshard {
 
-// `peer_addresses`: by peer rank, as Gloo's tcp::Address::str() writes them
-// ("[127.0.0.1]:41234", "[::1]:41234"); empty for this rank itself.
+// One peer's pair, by peer rank.
+struct GlooPairPeer {
+  // What the peer published, as Gloo's tcp::Address::str() writes it
+  // ("[127.0.0.1]:41234", "[::1]:41234"); empty for this rank itself.
+  std::string address;
+  bool accepted = false;  // the peer connected to this rank
+};
+
 std::optional<int> PeerNamedInGlooError(std::string_view message,
-                                        absl::Span<const std::string> peer_addresses);
+                                        absl::Span<const GlooPairPeer> peers);
 
 }  // namespace flatshard
 

@@ -11,8 +11,6 @@
 #include <gloo/transport/tcp/address.h>
 #include <netinet/in.h>
 
-#include "worker/comm/gloo_error_peer.h"
-
 namespace flatshard {
 namespace {
 
@@ -64,7 +62,7 @@ void GlooMeshContext::ConnectFullMesh(gloo::rendezvous::Store& store,
     ThrowIfAbortedLocked();
     connecting_ = transport;
     phases_.assign(static_cast<size_t>(size), Phase::kNotYet);
-    peer_addresses_.assign(static_cast<size_t>(size), std::string());
+    pair_peers_.assign(static_cast<size_t>(size), GlooPairPeer());
   }
   store.set(std::to_string(rank), published);
   for (int peer = 0; peer < size; ++peer) {
@@ -85,11 +83,11 @@ void GlooMeshContext::ConnectFullMesh(gloo::rendezvous::Store& store,
     {
       std::lock_guard<std::mutex> lock(mu_);
       ThrowIfAbortedLocked();
-      phases_[static_cast<size_t>(peer)] = Listens(own[static_cast<size_t>(peer)], Address(address))
-                                               ? Phase::kListening
-                                               : Phase::kConnecting;
-      // The pair's errors name its peer by this address (tcp::Pair::peer_).
-      peer_addresses_[static_cast<size_t>(peer)] = Address(address).str();
+      const bool listens = Listens(own[static_cast<size_t>(peer)], Address(address));
+      phases_[static_cast<size_t>(peer)] = listens ? Phase::kListening : Phase::kConnecting;
+      // The pair's errors name its peer by this address when this rank
+      // connects to it; by the peer's host when it accepts (gloo_error_peer.h).
+      pair_peers_[static_cast<size_t>(peer)] = {Address(address).str(), listens};
     }
     try {
       transport->getPair(peer)->connect(address);
@@ -135,7 +133,7 @@ std::optional<int> GlooMeshContext::unreachable_peer() const {
 
 std::optional<int> GlooMeshContext::PeerNamedIn(std::string_view message) const {
   std::lock_guard<std::mutex> lock(mu_);
-  return PeerNamedInGlooError(message, peer_addresses_);
+  return PeerNamedInGlooError(message, pair_peers_);
 }
 
 bool GlooMeshContext::aborted() const {

@@ -22,6 +22,8 @@
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/device.h>
 
+#include "worker/comm/gloo_error_peer.h"
+
 namespace flatshard {
 
 class GlooMeshContext : public gloo::Context {
@@ -68,7 +70,7 @@ class GlooMeshContext : public gloo::Context {
   std::shared_ptr<gloo::transport::Context> connecting_;  // its pairs, while they connect
   std::vector<Phase> phases_;                             // by peer rank
   std::optional<int> unreachable_peer_;
-  std::vector<std::string> peer_addresses_;  // by peer rank, as Gloo writes them
+  std::vector<GlooPairPeer> pair_peers_;  // by peer rank
 };
 
 }  // namespace flatshard
