@@ -42,8 +42,8 @@ inline constexpr absl::Duration kWorkerChannelIdle = absl::Seconds(1);
 // and a channel answered early in one must still be connected for the next;
 // with a fixed second, probes at that scale reconnected the channels answered
 // first, and one took 37 s where the others took 9 (bench/RESULTS.md,
-// 2026-12-01). A dead worker's
-// channel redials for this long at most after the coordinator's last call.
+// 2026-12-01). A dead worker's channel redials for this long at most after
+// the coordinator's last call.
 absl::Duration WorkerChannelIdle(size_t world_size);
 
 class GrpcWorkerClient final : public WorkerClient {
