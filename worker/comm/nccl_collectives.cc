@@ -3,12 +3,16 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <optional>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 
 #include "core/status_macros.h"
+#include "core/status_payloads.h"
 #include "worker/device/cuda/cuda_status.h"
 #include "worker/device/cuda/cuda_stream.h"
 
@@ -45,6 +49,19 @@ absl::StatusOr<cuda::CudaStream*> CudaStreamOf(Stream& stream, absl::string_view
         op, ": NCCL collectives run on CUDA streams; stream '", stream.name(), "' is not one"));
   }
   return cuda_stream;
+}
+
+// A failed NCCL call's code: an abort that ended its wait stays ABORTED and
+// a wait that ran out of time DEADLINE_EXCEEDED (neither is this rank's own
+// failure); anything else lost a peer.
+absl::StatusCode WaitFailureCode(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kAborted:
+    case absl::StatusCode::kDeadlineExceeded:
+      return status.code();
+    default:
+      return absl::StatusCode::kUnavailable;
+  }
 }
 
 }  // namespace
@@ -94,9 +111,54 @@ absl::StatusOr<std::unique_ptr<NcclCollectives>> NcclCollectives::Create(
     }
     std::memcpy(id.internal, value.data(), sizeof(id.internal));
   }
-  ncclComm_t comm;
-  RETURN_IF_ERROR(cuda::NcclStatus(ncclCommInitRank(&comm, size, id, rank), "ncclCommInitRank"));
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;
+  ncclComm_t comm = nullptr;
+  const ncclResult_t started = ncclCommInitRankConfig(&comm, size, id, rank, &config);
+  NcclWait wait;
+  wait.deadline = absl::Now() + options.timeout;
+  wait.poll = options.poll_interval;
+  wait.aborted = [signal = options.abort.get()]() -> std::optional<std::string> {
+    if (signal != nullptr && signal->aborted()) return signal->reason();
+    return std::nullopt;
+  };
+  const std::string waiting_for =
+      absl::StrCat("the group's other ", size - 1, " ranks to join: one died or never started");
+  wait.waiting_for = waiting_for;
+  absl::Status joined = comm != nullptr
+                            ? NcclCallStatus(comm, started, "ncclCommInitRankConfig", wait)
+                            : cuda::NcclStatus(started, "ncclCommInitRankConfig");
+  if (joined.ok() && comm == nullptr) {
+    joined = absl::InternalError("ncclCommInitRankConfig returned no communicator");
+  }
+  if (!joined.ok()) {
+    // Ends NCCL's initialization thread and frees what it made.
+    if (comm != nullptr) ncclCommAbort(comm);
+    return PrefixStatus(absl::StrCat("nccl rank ", rank, " of ", size, ": "), joined);
+  }
   return std::unique_ptr<NcclCollectives>(new NcclCollectives(comm, rank, size, options));
+}
+
+std::optional<std::string> NcclCollectives::AbortReason() const {
+  {
+    std::lock_guard<std::mutex> lock(abort_mu_);
+    if (abort_reason_.has_value()) return abort_reason_;
+  }
+  if (options_.abort != nullptr && options_.abort->aborted()) return options_.abort->reason();
+  return std::nullopt;
+}
+
+NcclWait NcclCollectives::Waiting(absl::string_view waiting_for) const {
+  NcclWait wait;
+  wait.deadline = absl::Now() + options_.timeout;
+  wait.poll = options_.poll_interval;
+  wait.aborted = [this] { return AbortReason(); };
+  wait.waiting_for = waiting_for;
+  return wait;
+}
+
+absl::Status NcclCollectives::Call(ncclResult_t result, const char* what) const {
+  return NcclCallStatus(comm_, result, what, Waiting("a peer: one died or hangs"));
 }
 
 template <typename Enqueue>
@@ -104,7 +166,7 @@ absl::Status NcclCollectives::Issue(Stream& stream, const char* op, Enqueue&& en
   ASSIGN_OR_RETURN(cuda::CudaStream * cuda_stream, CudaStreamOf(stream, op));
   std::lock_guard<std::mutex> lock(mu_);
   if (!failure_.ok()) return failure_;
-  absl::Status status = cuda::NcclStatus(enqueue(cuda_stream->raw()), op);
+  absl::Status status = enqueue(cuda_stream->raw());
   InFlight flight;
   if (status.ok()) {
     status = cuda::CudaStatus(cudaEventCreateWithFlags(&flight.done, cudaEventDisableTiming),
@@ -115,8 +177,8 @@ absl::Status NcclCollectives::Issue(Stream& stream, const char* op, Enqueue&& en
   }
   if (!status.ok()) {
     if (flight.done != nullptr) cudaEventDestroy(flight.done);
-    absl::Status failed = absl::UnavailableError(
-        absl::StrCat("nccl rank ", rank_, " of ", size_, ": ", status.message()));
+    absl::Status failed(WaitFailureCode(status),
+                        absl::StrCat("nccl rank ", rank_, " of ", size_, ": ", status.message()));
     FailLocked(failed);
     cuda_stream->Fail(failed);
     return failed;
@@ -185,7 +247,8 @@ absl::Status NcclCollectives::AllGather(Stream& stream, DeviceSpan<const std::by
   RETURN_IF_ERROR(CheckCollectiveSizes("AllGather", input.size(), count, output.size(),
                                        count * static_cast<size_t>(size_), dtype));
   return Issue(stream, "ncclAllGather", [&](cudaStream_t s) {
-    return ncclAllGather(input.address(), output.address(), count, NcclType(dtype), comm_, s);
+    return Call(ncclAllGather(input.address(), output.address(), count, NcclType(dtype), comm_, s),
+                "ncclAllGather");
   });
 }
 
@@ -196,8 +259,9 @@ absl::Status NcclCollectives::ReduceScatter(Stream& stream, DeviceSpan<const std
                                        count * static_cast<size_t>(size_), output.size(), count,
                                        dtype));
   return Issue(stream, "ncclReduceScatter", [&](cudaStream_t s) {
-    return ncclReduceScatter(input.address(), output.address(), count, NcclType(dtype), ncclSum,
-                             comm_, s);
+    return Call(ncclReduceScatter(input.address(), output.address(), count, NcclType(dtype),
+                                  ncclSum, comm_, s),
+                "ncclReduceScatter");
   });
 }
 
@@ -210,8 +274,9 @@ absl::Status NcclCollectives::ReduceScatterInPlace(Stream& stream, DeviceSpan<st
   const size_t chunk = count * DTypeSize(dtype);
   DeviceSpan<std::byte> mine = buffer.subspan(chunk * static_cast<size_t>(rank_), chunk);
   return Issue(stream, "ncclReduceScatter", [&](cudaStream_t s) {
-    return ncclReduceScatter(buffer.address(), mine.address(), count, NcclType(dtype), ncclSum,
-                             comm_, s);
+    return Call(ncclReduceScatter(buffer.address(), mine.address(), count, NcclType(dtype), ncclSum,
+                                  comm_, s),
+                "ncclReduceScatter");
   });
 }
 
@@ -239,13 +304,16 @@ absl::Status NcclCollectives::ReduceGradient(Stream& stream, const GradientReduc
     ncclRedOp_t op = ncclSum;
     float scalar = static_cast<float>(scale);
     if (scale != 1.0) {
-      const ncclResult_t created =
-          ncclRedOpCreatePreMulSum(&op, &scalar, ncclFloat32, ncclScalarHostImmediate, comm_);
-      if (created != ncclSuccess) return created;
+      absl::Status created =
+          Call(ncclRedOpCreatePreMulSum(&op, &scalar, ncclFloat32, ncclScalarHostImmediate, comm_),
+               "ncclRedOpCreatePreMulSum");
+      if (!created.ok()) return created;
     }
-    const ncclResult_t issued =
-        ncclReduceScatter(r.grad.address(), out.address(), r.count, ncclFloat32, op, comm_, s);
-    // NCCL allows destroying an operator once the calls given it have returned.
+    absl::Status issued =
+        Call(ncclReduceScatter(r.grad.address(), out.address(), r.count, ncclFloat32, op, comm_, s),
+             "ncclReduceScatter");
+    // NCCL allows destroying an operator once the calls given it have
+    // returned: on this non-blocking communicator, once Call has waited.
     if (op != ncclSum) ncclRedOpDestroy(op, comm_);
     return issued;
   }));
@@ -259,8 +327,9 @@ absl::Status NcclCollectives::AllReduce(Stream& stream, DeviceSpan<std::byte> bu
   RETURN_IF_ERROR(
       CheckCollectiveSizes("AllReduce", buffer.size(), count, buffer.size(), count, dtype));
   return Issue(stream, "ncclAllReduce", [&](cudaStream_t s) {
-    return ncclAllReduce(buffer.address(), buffer.address(), count, NcclType(dtype),
-                         op == ReduceOp::kSum ? ncclSum : ncclMax, comm_, s);
+    return Call(ncclAllReduce(buffer.address(), buffer.address(), count, NcclType(dtype),
+                              op == ReduceOp::kSum ? ncclSum : ncclMax, comm_, s),
+                "ncclAllReduce");
   });
 }
 
@@ -273,12 +342,19 @@ absl::Status NcclCollectives::Broadcast(Stream& stream, DeviceSpan<std::byte> bu
   RETURN_IF_ERROR(
       CheckCollectiveSizes("Broadcast", buffer.size(), count, buffer.size(), count, dtype));
   return Issue(stream, "ncclBroadcast", [&](cudaStream_t s) {
-    return ncclBroadcast(buffer.address(), buffer.address(), count, NcclType(dtype), root, comm_,
-                         s);
+    return Call(
+        ncclBroadcast(buffer.address(), buffer.address(), count, NcclType(dtype), root, comm_, s),
+        "ncclBroadcast");
   });
 }
 
 void NcclCollectives::Abort(const std::string& reason) {
+  {
+    // First, outside mu_: a call waiting on NCCL holds mu_ and ends its wait
+    // for this.
+    std::lock_guard<std::mutex> lock(abort_mu_);
+    if (!abort_reason_.has_value()) abort_reason_ = reason;
+  }
   std::lock_guard<std::mutex> lock(mu_);
   FailLocked(absl::AbortedError(absl::StrCat("nccl rank ", rank_, " aborted: ", reason)));
 }
@@ -292,10 +368,29 @@ absl::StatusOr<std::unique_ptr<Collectives>> NcclCollectives::CreateSubgroup(
   }
   std::lock_guard<std::mutex> lock(mu_);
   if (!failure_.ok()) return failure_;
-  ncclComm_t sub;
-  RETURN_IF_ERROR(cuda::NcclStatus(
-      ncclCommSplit(comm_, ranks.front(), static_cast<int>(me - ranks.begin()), &sub, nullptr),
-      "ncclCommSplit"));
+  // A null config: the new communicator is non-blocking as its parent is.
+  // NCCL runs the split as a job of the parent's, whose state follows it,
+  // and writes `sub` from that job when the split completes: `sub` must
+  // outlive the job, which only the parent's abort (below) ends early.
+  ncclComm_t sub = nullptr;
+  const ncclResult_t started =
+      ncclCommSplit(comm_, ranks.front(), static_cast<int>(me - ranks.begin()), &sub, nullptr);
+  const NcclWait wait = Waiting("every rank of the group to split: one died or hangs");
+  absl::Status split = NcclCallStatus(comm_, started, "ncclCommSplit", wait);
+  if (split.ok()) {
+    split = sub != nullptr ? WaitForNccl(sub, "ncclCommSplit", wait)
+                           : absl::InternalError("ncclCommSplit returned no communicator");
+  }
+  if (!split.ok()) {
+    absl::Status failed(WaitFailureCode(split),
+                        absl::StrCat("nccl rank ", rank_, " of ", size_, ": subgroup '", name,
+                                     "': ", split.message()));
+    // Aborting the parent ends the split's job and waits for it (it is
+    // never used again); only then is `sub` final.
+    FailLocked(failed);
+    if (sub != nullptr) ncclCommAbort(sub);
+    return failed;
+  }
   NcclOptions options = options_;
   options.prefix = absl::StrCat(options_.prefix, "/", name);
   return std::unique_ptr<Collectives>(new NcclCollectives(sub, static_cast<int>(me - ranks.begin()),

@@ -13,6 +13,13 @@
 // After an abort every call is refused with the reason; the communicator is never
 // touched again (ncclCommAbort frees it).
 //
+// Nor may a dead peer hang a host thread inside NCCL: an initialization waits
+// for every rank to join, a split for every rank of the parent, and a
+// collective's first enqueue connects to its peers. So every communicator is
+// non-blocking (`blocking = 0`): those calls return at once and are waited for
+// here (worker/comm/nccl_wait.h), up to the timeout, and no longer than an
+// abort (NcclOptions::abort during a Configure, Abort() later).
+//
 // Threading: collectives are issued from one thread at a time (the runtime's);
 // Abort may come from any thread. NCCL forbids using one communicator from two
 // threads at once, so nothing else (background checkpoint writes) uses it.
@@ -24,6 +31,7 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -33,7 +41,9 @@
 
 #include "absl/time/time.h"
 
+#include "worker/comm/abort_signal.h"
 #include "worker/comm/collectives.h"
+#include "worker/comm/nccl_wait.h"
 #include "worker/comm/store.h"
 
 namespace flatshard {
@@ -45,6 +55,9 @@ struct NcclOptions {
   absl::Duration timeout = absl::Seconds(60);
   absl::Duration poll_interval = absl::Milliseconds(20);  // the watchdog's
   std::string prefix = "nccl";                            // store namespace
+  // The worker's Configure signal: aborting it ends an initialization or a
+  // split still waiting for its peers (ABORTED), as Abort() does later.
+  std::shared_ptr<AbortSignal> abort;
 };
 
 class NcclCollectives : public Collectives {
@@ -89,9 +102,17 @@ class NcclCollectives : public Collectives {
 
   NcclCollectives(ncclComm_t comm, int rank, int size, NcclOptions options);
   // Refuses after an abort or a failure; otherwise runs `enqueue` (the nccl
-  // call) on the stream and hands the collective to the watchdog.
+  // calls, each through Call) on the stream and hands the collective to the
+  // watchdog.
   template <typename Enqueue>
   absl::Status Issue(Stream& stream, const char* op, Enqueue&& enqueue);
+  // The status of one NCCL call on comm_, waited for while NCCL finishes it
+  // (ncclInProgress). mu_ held.
+  absl::Status Call(ncclResult_t result, const char* what) const;
+  // How a call on comm_ waits: up to the timeout, or until an abort.
+  NcclWait Waiting(absl::string_view waiting_for) const;
+  // Abort()'s reason, or the Configure signal's; nullopt while neither came.
+  std::optional<std::string> AbortReason() const;
   void Watch();
   // Marks the streams of everything in flight failed, then aborts. mu_ held.
   void FailLocked(const absl::Status& status);
@@ -100,6 +121,10 @@ class NcclCollectives : public Collectives {
   int rank_;
   int size_;
   NcclOptions options_;
+
+  // Set by Abort() before it takes mu_, which a call waiting on NCCL holds.
+  mutable std::mutex abort_mu_;
+  std::optional<std::string> abort_reason_;
 
   std::mutex mu_;
   std::condition_variable cv_;

@@ -153,6 +153,7 @@ absl::StatusOr<RuntimeGroups> ConnectRuntimeGroups(Device& device,
   nccl.device = cuda_device->ordinal();
   nccl.timeout = options.gloo.timeout;
   nccl.prefix = absl::StrCat(options.gloo.prefix, "/nccl");
+  nccl.abort = options.gloo.abort;
   ASSIGN_OR_RETURN(std::unique_ptr<NcclCollectives> nccl_world,
                    NcclCollectives::Create(store, rank, world_size, nccl));
   std::unique_ptr<Collectives> shard, replicate;

@@ -1,15 +1,21 @@
 // Tests worker/comm/nccl_collectives.h on a GPU (skips without one): one-rank
-// NCCL collectives on a CUDA stream, and that an aborted communicator refuses
-// every later call with the reason instead of touching the freed communicator.
+// NCCL collectives on a CUDA stream, that an aborted communicator refuses
+// every later call with the reason instead of touching the freed communicator,
+// and that an initialization waiting for a rank that never joins ends on an
+// abort or at the timeout (non-blocking NCCL, worker/comm/nccl_wait.h).
 #include "worker/comm/nccl_collectives.h"
 
 #include <bit>
 #include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "worker/comm/abort_signal.h"
 #include "worker/comm/file_store.h"
 #include "worker/device/cuda/cuda_device.h"
 #include "worker/device/cuda/cuda_status.h"
@@ -150,6 +156,40 @@ TEST_F(NcclCollectivesTest, EveryCallAfterAnAbortIsRefusedWithTheReason) {
   EXPECT_EQ(status.code(), absl::StatusCode::kAborted);
   EXPECT_THAT(std::string(status.message()), HasSubstr("a peer died"));
   EXPECT_EQ(nccl_->CreateSubgroup({0}, "x").status().code(), absl::StatusCode::kAborted);
+}
+
+// A rank whose peers never join (they died before their Configure reached
+// NCCL) must not hold its worker inside ncclCommInitRank forever: rank 0 of
+// two waits alone here. The store holding the unique id says rank 0 has
+// reached NCCL's initialization; aborting the Configure's signal then ends it.
+TEST(NcclInitializationTest, WaitingForARankThatNeverJoinsEndsWhenAborted) {
+  if (cuda::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device on this machine";
+  auto store = FileStore::Open(::testing::TempDir() + "/nccl-abort-" + std::to_string(getpid()));
+  ASSERT_TRUE(store.ok()) << store.status();
+  NcclOptions options;
+  options.timeout = absl::Seconds(300);  // far past the test's: only the abort ends it
+  options.abort = std::make_shared<AbortSignal>();
+  absl::StatusOr<std::unique_ptr<NcclCollectives>> created;
+  std::thread rank0([&] { created = NcclCollectives::Create(*store, 0, 2, options); });
+  ASSERT_TRUE((*store)->Get("nccl/unique_id", absl::Seconds(60)).ok());
+  options.abort->Abort("the test aborts the configure");
+  rank0.join();
+  ASSERT_FALSE(created.ok());
+  EXPECT_EQ(created.status().code(), absl::StatusCode::kAborted) << created.status();
+  EXPECT_THAT(std::string(created.status().message()), HasSubstr("the test aborts the configure"));
+  EXPECT_THAT(std::string(created.status().message()), HasSubstr("nccl rank 0 of 2"));
+}
+
+TEST(NcclInitializationTest, WaitingForARankThatNeverJoinsEndsAtTheTimeout) {
+  if (cuda::CudaDeviceCount() == 0) GTEST_SKIP() << "no CUDA device on this machine";
+  auto store = FileStore::Open(::testing::TempDir() + "/nccl-late-" + std::to_string(getpid()));
+  ASSERT_TRUE(store.ok()) << store.status();
+  NcclOptions options;
+  options.timeout = absl::Seconds(2);
+  auto created = NcclCollectives::Create(*store, 0, 2, options);
+  ASSERT_FALSE(created.ok());
+  EXPECT_EQ(created.status().code(), absl::StatusCode::kDeadlineExceeded) << created.status();
+  EXPECT_THAT(std::string(created.status().message()), HasSubstr("other 1 ranks to join"));
 }
 
 TEST(NcclWithoutGpuTest, CreateSaysTheDeviceIsMissing) {
