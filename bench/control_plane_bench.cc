@@ -12,6 +12,9 @@
 //    workers in 8 separate processes: per round, a step through the real path
 //    and the same CommandBatch sent with the bare gRPC callback API to every
 //    process at once (wait for all), interleaved; the ratio of their medians.
+//    Then the same with a state dir (SQLite), its journal records written
+//    ahead (TrainingJobOptions::journal_ahead, the default), and again with
+//    each written on its step's path, as before 2026-12-02.
 // 4. Where part 3's ratio goes: the same batch through GrpcWorkerClient alone
 //    and through CommandSequencer::Run, interleaved with the bare fan-out.
 //
@@ -207,12 +210,14 @@ v1::JobSpec Spec(int world) {
 std::vector<double> TimeSteps(int world, int steps, WorkerConnector connect,
                               const std::vector<std::string>& addresses, const BatchLimits& limits,
                               StateStore* state = nullptr,
-                              const std::function<void()>& between = nullptr) {
+                              const std::function<void()>& between = nullptr,
+                              bool journal_ahead = true) {
   const v1::JobSpec spec = Spec(world);
   absl::StatusOr<JobConfig> config = JobConfigFromProto(spec);
   TrainingJobOptions options;
   options.connect = std::move(connect);
   options.state = state;
+  options.journal_ahead = journal_ahead;
   options.batch = limits;
   auto job = TrainingJob::Create(spec, *config, options);
   std::vector<WorkerRecord> members(static_cast<size_t>(world));
@@ -371,7 +376,8 @@ int Main(int argc, char** argv) {
               processes, rounds, steps);
   std::printf(
       "| round | bare fan-out p50 | coordinator step p50 | ratio | bare fan-out p50 | coordinator "
-      "with a state dir (SQLite) p50 | ratio |\n|---|---|---|---|---|---|---|\n");
+      "with a state dir (SQLite) p50 | ratio | bare fan-out p50 | state dir, each step journaled "
+      "on its path p50 | ratio |\n|---|---|---|---|---|---|---|---|---|---|\n");
   char state_dir[] = "/tmp/control-plane-bench.XXXXXX";
   if (::mkdtemp(state_dir) == nullptr) return 1;
   absl::StatusOr<std::unique_ptr<StateStore>> store = StateStore::Open(state_dir);
@@ -392,7 +398,7 @@ int Main(int argc, char** argv) {
   };
   // Interleaved step by step: after each coordinator step, one bare fan-out
   // of the batch it sent (A B A B ...), so both see the same machine.
-  std::vector<double> coordinator_ratios, durable_ratios;
+  std::vector<double> coordinator_ratios, durable_ratios, on_path_ratios;
   for (int round = 0; round < rounds; ++round) {
     std::vector<double> bare;
     const auto fan_out = [&] {
@@ -405,20 +411,30 @@ int Main(int argc, char** argv) {
     const Percentiles durable = Summarize(
         TimeSteps(processes, steps, connect, echo.lines(), limits, store->get(), fan_out));
     const Percentiles b2 = Summarize(bare);
+    bare.clear();
+    // The journal as it was before 2026-12-02: each step's record written
+    // on its own path, before it is sent.
+    const Percentiles on_path = Summarize(
+        TimeSteps(processes, steps, connect, echo.lines(), limits, store->get(), fan_out, false));
+    const Percentiles b3 = Summarize(bare);
     coordinator_ratios.push_back(coordinator.p50_us / b.p50_us);
     durable_ratios.push_back(durable.p50_us / b2.p50_us);
-    std::printf("| %d | %.0f us | %.0f us | %.2f | %.0f us | %.0f us | %.2f |\n", round, b.p50_us,
-                coordinator.p50_us, coordinator_ratios.back(), b2.p50_us, durable.p50_us,
-                durable_ratios.back());
+    on_path_ratios.push_back(on_path.p50_us / b3.p50_us);
+    std::printf(
+        "| %d | %.0f us | %.0f us | %.2f | %.0f us | %.0f us | %.2f | %.0f us | %.0f us | "
+        "%.2f |\n",
+        round, b.p50_us, coordinator.p50_us, coordinator_ratios.back(), b2.p50_us, durable.p50_us,
+        durable_ratios.back(), b3.p50_us, on_path.p50_us, on_path_ratios.back());
   }
   const auto median = [](std::vector<double> v) {
     std::sort(v.begin(), v.end());
     return v[v.size() / 2];
   };
   std::printf(
-      "\nmedian ratio to the bare fan-out: coordinator %.2f, with a state dir %.2f (payload %zu "
-      "bytes)\n",
-      median(coordinator_ratios), median(durable_ratios), last.ByteSizeLong());
+      "\nmedian ratio to the bare fan-out: coordinator %.2f, with a state dir %.2f, with each "
+      "step journaled on its path %.2f (payload %zu bytes)\n",
+      median(coordinator_ratios), median(durable_ratios), median(on_path_ratios),
+      last.ByteSizeLong());
 
   // 4. Where the coordinator's step goes: the same step batch (carrying its
   // digest, as TrainingJob's do) to the same processes through each layer in

@@ -198,7 +198,8 @@ absl::Status CommandSequencer::Settle(const std::vector<absl::Status>& statuses,
   return failure;
 }
 
-absl::StatusOr<std::vector<v1::CommandResult>> CommandSequencer::Run(v1::CommandBatch batch) {
+absl::StatusOr<std::vector<v1::CommandResult>> CommandSequencer::Run(
+    v1::CommandBatch batch, const WhileRunning& while_running) {
   if (absl::Status s = Begin(batch); !s.ok()) return s;
   const size_t world = workers_.size();
   std::vector<absl::Status> statuses(world);
@@ -241,6 +242,9 @@ absl::StatusOr<std::vector<v1::CommandResult>> CommandSequencer::Run(v1::Command
       if (pending == 0 || !ok) all_done.notify_all();
     });
   }
+  // Answers that come meanwhile are counted as ever; a failure among them
+  // is acted on once it returns.
+  if (while_running) while_running(batch);
   {
     std::unique_lock<std::mutex> lock(mu);
     while (pending > 0) {

@@ -55,7 +55,14 @@ class CommandSequencer {
   // fails the batch as DEADLINE_EXCEEDED, blamed on it. A batch without a
   // kind, or without a digest and with malformed content, is
   // INVALID_ARGUMENT before anything is sent.
-  absl::StatusOr<std::vector<v1::CommandResult>> Run(v1::CommandBatch batch);
+  //
+  // `while_running`, when set, is called with the batch as sent, on this
+  // thread, once its calls to every rank are out and before the answers
+  // are waited for: work for after this batch (the next step's journal
+  // record) done in the time the ranks take anyway.
+  using WhileRunning = std::function<void(const v1::CommandBatch& sent)>;
+  absl::StatusOr<std::vector<v1::CommandResult>> Run(v1::CommandBatch batch,
+                                                     const WhileRunning& while_running = {});
 
   // A summon batch: rank 0's chunks go to `sink`; the other ranks join the
   // collective and stream nothing.

@@ -280,6 +280,11 @@ class TrainingJob {
   // From now on nothing is written to the state store (StopForShutdown).
   void DetachState();
   void JournalBatch(const v1::CommandBatch& batch);
+  // Journals `next`, the step batch after `sent` (a step batch the ranks are
+  // running), as JournalBatch will record it once `sent` ran everywhere;
+  // JournalBatch then finds it written. A restarted coordinator that finds
+  // the ranks one seq short of it takes it as a batch that ran nowhere.
+  void JournalAhead(const v1::CommandBatch& sent, v1::CommandBatch next);
   // A save committed as `checkpoint` from a snapshot taken at `generation`:
   // it is the state, and is stored as it, unless the state changed since.
   void NameTheState(const std::string& checkpoint, uint64_t generation);
@@ -454,6 +459,9 @@ class TrainingJob {
   // The epoch whose last journaled batch was a no_sync micro-batch (0: none);
   // guarded by mu_ (JournalBatch).
   uint64_t journaled_micro_epoch_ = 0;
+  // What JournalAhead wrote, while the store holds it (until the next
+  // JournalBatch); guarded by persist_mu_.
+  std::optional<BatchRecord> journaled_ahead_;
 
   CheckpointCatalog catalog_;
   // The async save being written and committed; joined (under the operation

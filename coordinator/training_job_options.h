@@ -54,6 +54,10 @@ struct TrainingJobOptions {
   // Where the job keeps its state across coordinator restarts; null: memory
   // only. Must outlive the job.
   StateStore* state = nullptr;
+  // With a state store: a training step's batch is journaled while the
+  // batch before it runs (TrainingJob::JournalAhead), not on the step's
+  // path. Off only to measure what that saves (control_plane_bench).
+  bool journal_ahead = true;
   // The wall clock that stamps saves (created_unix_micros) and starts a
   // loaded history; null: absl::Now. Only tests set it, to step it back.
   std::function<absl::Time()> checkpoint_clock;

@@ -31,6 +31,15 @@ constexpr absl::Duration kReadoptSettleTime = absl::Seconds(15);
 // coordinator's channels are new, and a first connection can fail under load.
 constexpr absl::Duration kReadoptAnswerTime = absl::Seconds(2);
 
+// The same journal row: the same batch (its epoch, seq and digest, which
+// covers its content) leading to the same place.
+bool SameRecord(const BatchRecord& a, const BatchRecord& b) {
+  return a.batch.job_epoch() == b.batch.job_epoch() && a.batch.seq() == b.batch.seq() &&
+         a.batch.kind_case() == b.batch.kind_case() && a.batch.digest() == b.batch.digest() &&
+         a.step_after == b.step_after && a.data_position_after == b.data_position_after &&
+         a.mid_step_before == b.mid_step_before;
+}
+
 }  // namespace
 
 void TrainingJob::WatchState() {
@@ -140,11 +149,41 @@ void TrainingJob::JournalBatch(const v1::CommandBatch& batch) {
   // Only while the store may name a checkpoint: a step's commit stays one
   // row's write.
   const bool clears = changes_state && stored_state_checkpoint_;
+  // Written already, while the batch before it ran (JournalAhead).
+  const std::optional<BatchRecord> ahead = std::exchange(journaled_ahead_, std::nullopt);
+  if (!clears && ahead.has_value() && SameRecord(*ahead, record)) return;
   if (absl::Status s = state_store_->PutLastBatch(config_.name, record, clears); !s.ok()) {
     spdlog::error("job {}: {}", config_.name, std::string(s.message()));
   } else if (clears) {
     stored_state_checkpoint_ = false;
   }
+}
+
+void TrainingJob::JournalAhead(const v1::CommandBatch& sent, v1::CommandBatch next) {
+  if (!sent.has_step() || !next.has_step()) return;
+  next.set_job_epoch(sent.job_epoch());
+  next.set_seq(sent.seq() + 1);
+  std::lock_guard<std::mutex> persist(persist_mu_);
+  BatchRecord record;
+  {
+    // `sent` has not moved step_ and data_position_ yet: JournalBatch's
+    // record of `next`, counted from the state `sent` leaves.
+    std::lock_guard<std::mutex> lock(mu_);
+    if (state_store_ == nullptr) return;
+    const int sent_sync = sent.step().sync_gradients() ? 1 : 0;
+    record.step_after = step_ + sent_sync + (next.step().sync_gradients() ? 1 : 0);
+    record.data_position_after = data_position_ + 2;
+    record.mid_step_before = sent_sync == 0;
+  }
+  record.batch = std::move(next);
+  journaled_ahead_.reset();
+  if (absl::Status s =
+          state_store_->PutLastBatch(config_.name, record, /*clears_state_checkpoint=*/false);
+      !s.ok()) {
+    spdlog::error("job {}: {}", config_.name, std::string(s.message()));
+    return;
+  }
+  journaled_ahead_ = std::move(record);
 }
 
 void TrainingJob::NameTheState(const std::string& checkpoint, uint64_t generation) {

@@ -79,9 +79,19 @@ absl::Status TrainingJob::Train(int64_t steps, int micro_steps,
     int world = 0;
     StepProgram synced, micro;
   } programs;
+  // With a state store, each step batch's journal record is written while
+  // the batch before it runs (JournalAhead), and the batch itself built
+  // then: `ahead`, used when it is what comes next.
+  bool journal_ahead = false;
+  {
+    std::lock_guard<std::mutex> persist(persist_mu_);
+    journal_ahead = state_store_ != nullptr && options_.journal_ahead;
+  }
+  std::optional<v1::CommandBatch> ahead;
   const auto compile = [&] {
     const int world = world_size();
     if (programs.world == world) return;
+    ahead.reset();
     const auto program = [&](bool sync_gradients) {
       return CompileStepProgram(
           index_, units_,
@@ -127,8 +137,26 @@ absl::Status TrainingJob::Train(int64_t steps, int micro_steps,
         std::lock_guard<std::mutex> lock(mu_);
         data_position = data_position_;
       }
-      absl::StatusOr<std::vector<v1::CommandResult>> results = sequencer()->Run(
-          MakeStepBatch(sync ? programs.synced : programs.micro, data_position, sync));
+      const StepProgram& program = sync ? programs.synced : programs.micro;
+      // Built from the same programs (compile() drops it when they change),
+      // so the same when it is for the same position and sync.
+      std::optional<v1::CommandBatch> built = std::exchange(ahead, std::nullopt);
+      v1::CommandBatch batch = built.has_value() && built->step().step() == data_position &&
+                                       built->step().sync_gradients() == sync
+                                   ? *std::move(built)
+                                   : MakeStepBatch(program, data_position, sync);
+      // The batch after this one, unless this is the last of the operation.
+      CommandSequencer::WhileRunning while_running;
+      if (journal_ahead && !(sync && current_step() + 1 >= target)) {
+        const bool next_sync = sync ? micro_steps == 0 : k + 1 == micro_steps;
+        while_running = [&, next_sync, data_position](const v1::CommandBatch& sent) {
+          ahead = MakeStepBatch(next_sync ? programs.synced : programs.micro, data_position + 1,
+                                next_sync);
+          JournalAhead(sent, *ahead);
+        };
+      }
+      absl::StatusOr<std::vector<v1::CommandResult>> results =
+          sequencer()->Run(std::move(batch), while_running);
       if (!results.ok()) {
         failed = results.status();
         break;

@@ -170,6 +170,31 @@ TEST(CommandSequencerTest, StampsEpochSeqAndDigestAndReturnsResultsByRank) {
   EXPECT_EQ(sent.digest(), ProgramDigest({StepCommand::OptimStep()}, 4, true));
 }
 
+// The work a caller does while a batch runs (the next step's journal
+// record) starts once every rank has been sent the batch, and the answers
+// that come meanwhile are not lost: here they all come during it.
+TEST(CommandSequencerTest, WorkWhileABatchRunsStartsOnceEveryRankHasItAndLosesNoAnswer) {
+  Fixture f(3);
+  for (auto& w : f.workers) w->hang_ = true;
+  int calls = 0;
+  auto results = f.sequencer->Run(Batch(), [&](const v1::CommandBatch& sent) {
+    ++calls;
+    EXPECT_EQ(sent.job_epoch(), 3u);
+    EXPECT_EQ(sent.seq(), 1u);
+    for (auto& w : f.workers) {
+      ASSERT_EQ(w->seen_.size(), 1u);
+      EXPECT_EQ(w->seen_[0].seq(), 1u);
+    }
+    EXPECT_EQ(f.sequencer->last_seq(), 0u);  // not done yet
+    for (auto& w : f.workers) w->Answer();
+  });
+  ASSERT_TRUE(results.ok()) << results.status();
+  EXPECT_EQ(calls, 1);
+  ASSERT_EQ(results->size(), 3u);
+  for (int r = 0; r < 3; ++r) EXPECT_EQ((*results)[static_cast<size_t>(r)].rank(), r);
+  EXPECT_EQ(f.sequencer->last_seq(), 1u);
+}
+
 TEST(CommandSequencerTest, RefusesABatchWithoutAKindBeforeSendingIt) {
   Fixture f(2);
   auto results = f.sequencer->Run(v1::CommandBatch());
