@@ -1,6 +1,7 @@
 #include "worker/comm/nccl_collectives.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <optional>
@@ -148,9 +149,10 @@ std::optional<std::string> NcclCollectives::AbortReason() const {
   return std::nullopt;
 }
 
-NcclWait NcclCollectives::Waiting(absl::string_view waiting_for) const {
+NcclWait NcclCollectives::Waiting(absl::string_view waiting_for, absl::Duration yield_for) const {
   NcclWait wait;
   wait.deadline = absl::Now() + options_.timeout;
+  wait.yield_for = yield_for;
   wait.poll = options_.poll_interval;
   wait.aborted = [this] { return AbortReason(); };
   wait.waiting_for = waiting_for;
@@ -158,7 +160,10 @@ NcclWait NcclCollectives::Waiting(absl::string_view waiting_for) const {
 }
 
 absl::Status NcclCollectives::Call(ncclResult_t result, const char* what) const {
-  return NcclCallStatus(comm_, result, what, Waiting("a peer: one died or hangs"));
+  // A collective's enqueue ends within microseconds unless it connects to
+  // its peers: yielded for, not slept for (PyTorch's short wait, #142291).
+  return NcclCallStatus(comm_, result, what,
+                        Waiting("a peer: one died or hangs", absl::Milliseconds(1)));
 }
 
 template <typename Enqueue>
@@ -313,8 +318,9 @@ absl::Status NcclCollectives::ReduceGradient(Stream& stream, const GradientReduc
         Call(ncclReduceScatter(r.grad.address(), out.address(), r.count, ncclFloat32, op, comm_, s),
              "ncclReduceScatter");
     // NCCL allows destroying an operator once the calls given it have
-    // returned: on this non-blocking communicator, once Call has waited.
-    if (op != ncclSum) ncclRedOpDestroy(op, comm_);
+    // returned: on this non-blocking communicator, once Call has waited. A
+    // failed call leaves the communicator to be aborted, which frees it.
+    if (op != ncclSum && issued.ok()) ncclRedOpDestroy(op, comm_);
     return issued;
   }));
   if (into_shard) return absl::OkStatus();
@@ -370,17 +376,26 @@ absl::StatusOr<std::unique_ptr<Collectives>> NcclCollectives::CreateSubgroup(
   if (!failure_.ok()) return failure_;
   // A null config: the new communicator is non-blocking as its parent is.
   // NCCL runs the split as a job of the parent's, whose state follows it,
-  // and writes `sub` from that job when the split completes: `sub` must
-  // outlive the job, which only the parent's abort (below) ends early.
+  // returns ncclSuccess while it runs, and writes `sub` from that job when
+  // the split completes (read atomically here): `sub` must outlive the job,
+  // which only the parent's abort (below) ends early. Then the new
+  // communicator's own state.
   ncclComm_t sub = nullptr;
+  const std::atomic_ref<ncclComm_t> written(sub);
   const ncclResult_t started =
       ncclCommSplit(comm_, ranks.front(), static_cast<int>(me - ranks.begin()), &sub, nullptr);
-  const NcclWait wait = Waiting("every rank of the group to split: one died or hangs");
+  const NcclWait wait =
+      Waiting("every rank of the group to split: one died or hangs", absl::ZeroDuration());
   absl::Status split = NcclCallStatus(comm_, started, "ncclCommSplit", wait);
   if (split.ok()) {
-    split = sub != nullptr ? WaitForNccl(sub, "ncclCommSplit", wait)
-                           : absl::InternalError("ncclCommSplit returned no communicator");
+    split = WaitUntil(
+        [&]() -> std::optional<absl::Status> {
+          if (written.load(std::memory_order_acquire) == nullptr) return std::nullopt;
+          return absl::OkStatus();
+        },
+        "ncclCommSplit", wait);
   }
+  if (split.ok()) split = WaitForNccl(sub, "ncclCommSplit", wait);
   if (!split.ok()) {
     absl::Status failed(WaitFailureCode(split),
                         absl::StrCat("nccl rank ", rank_, " of ", size_, ": subgroup '", name,
@@ -388,7 +403,9 @@ absl::StatusOr<std::unique_ptr<Collectives>> NcclCollectives::CreateSubgroup(
     // Aborting the parent ends the split's job and waits for it (it is
     // never used again); only then is `sub` final.
     FailLocked(failed);
-    if (sub != nullptr) ncclCommAbort(sub);
+    if (ncclComm_t made = written.load(std::memory_order_acquire); made != nullptr) {
+      ncclCommAbort(made);
+    }
     return failed;
   }
   NcclOptions options = options_;

@@ -109,8 +109,9 @@ class NcclCollectives : public Collectives {
   // The status of one NCCL call on comm_, waited for while NCCL finishes it
   // (ncclInProgress). mu_ held.
   absl::Status Call(ncclResult_t result, const char* what) const;
-  // How a call on comm_ waits: up to the timeout, or until an abort.
-  NcclWait Waiting(absl::string_view waiting_for) const;
+  // How a call on comm_ waits: up to the timeout, or until an abort;
+  // yielding, not sleeping, for `yield_for` (nccl_wait.h).
+  NcclWait Waiting(absl::string_view waiting_for, absl::Duration yield_for) const;
   // Abort()'s reason, or the Configure signal's; nullopt while neither came.
   std::optional<std::string> AbortReason() const;
   void Watch();

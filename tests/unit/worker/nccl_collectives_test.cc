@@ -148,6 +148,23 @@ TEST_F(NcclCollectivesTest, ReduceGradientMatchesTheSeparatePassesBitForBit) {
   EXPECT_THAT(std::string(refused.message()), HasSubstr("grad_shard"));
 }
 
+// A split on the non-blocking communicator: NCCL returns from ncclCommSplit
+// before the split has run, and hands the new communicator over only when it
+// has; the subgroup must come back whole and run a collective.
+TEST_F(NcclCollectivesTest, ASplitReturnsTheSubgroupOnceNcclHasMadeIt) {
+  auto solo = nccl_->CreateSubgroup({0}, "solo");
+  ASSERT_TRUE(solo.ok()) << solo.status();
+  EXPECT_EQ((*solo)->size(), 1);
+  std::vector<float> host = {1, 2, 3, 4};
+  DeviceBuffer a = *device_->Allocate(16, *stream_, MemoryKind::kActivations, nullptr);
+  ASSERT_TRUE(stream_->CopyToDevice(a.byte_span(), std::as_bytes(std::span(host))).ok());
+  ASSERT_TRUE((*solo)->AllReduce(*stream_, a.byte_span(), 4, DType::kFloat32, ReduceOp::kSum).ok());
+  std::vector<float> back(4);
+  ASSERT_TRUE(stream_->CopyToHost(std::as_writable_bytes(std::span(back)), a.byte_span()).ok());
+  ASSERT_TRUE(stream_->Synchronize().ok());
+  EXPECT_EQ(back, host);
+}
+
 TEST_F(NcclCollectivesTest, EveryCallAfterAnAbortIsRefusedWithTheReason) {
   DeviceBuffer a = *device_->Allocate(16, *stream_, MemoryKind::kActivations, nullptr);
   nccl_->Abort("a peer died");
@@ -171,9 +188,10 @@ TEST(NcclInitializationTest, WaitingForARankThatNeverJoinsEndsWhenAborted) {
   options.abort = std::make_shared<AbortSignal>();
   absl::StatusOr<std::unique_ptr<NcclCollectives>> created;
   std::thread rank0([&] { created = NcclCollectives::Create(*store, 0, 2, options); });
-  ASSERT_TRUE((*store)->Get("nccl/unique_id", absl::Seconds(60)).ok());
+  const absl::Status published = (*store)->Get("nccl/unique_id", absl::Seconds(60)).status();
   options.abort->Abort("the test aborts the configure");
   rank0.join();
+  ASSERT_TRUE(published.ok()) << published;
   ASSERT_FALSE(created.ok());
   EXPECT_EQ(created.status().code(), absl::StatusCode::kAborted) << created.status();
   EXPECT_THAT(std::string(created.status().message()), HasSubstr("the test aborts the configure"));
