@@ -56,6 +56,18 @@ absl::StatusOr<ReadoptionPoint> ReadoptionPointAt(const JobRecord& record,
     point.data_position = last->data_position_after - (batch.has_step() ? 1 : 0);
     return point;
   }
+  if (last->written_ahead && agreed + 2 == batch.seq()) {
+    // Journaled while the step batch before it ran, which then reached no
+    // rank (the coordinator died sending it): the state before that one. It
+    // was a synced step batch exactly when this one was not sent mid-step.
+    if (last->previous_mid_step_before) {
+      return absl::FailedPreconditionError(kMidStep);
+    }
+    const int previous_sync = last->mid_step_before ? 0 : 1;
+    point.step = last->step_after - (batch.step().sync_gradients() ? 1 : 0) - previous_sync;
+    point.data_position = last->data_position_after - 2;
+    return point;
+  }
   return absl::FailedPreconditionError(
       "the ranks are at another seq than the coordinator's last batch");
 }

@@ -23,12 +23,12 @@ struct ReadoptionPoint {
 
 // `agreed`: the seq every rank of `record.epoch` reports as its last
 // completed. The last batch ran everywhere (agreed == its seq) or nowhere
-// (one less); either way the ranks must be at a step boundary, since the
-// coordinator restarts a step from its first micro-batch and a rank keeps
-// the gradients of the micro-batches it ran. FAILED_PRECONDITION saying why
-// otherwise: the ranks are between a step's micro-batches, a checkpoint load
-// moved them to a step the journal does not know, or they are at a seq
-// neither the journal nor the record explains.
+// (one less), or, when it was written ahead (BatchRecord::written_ahead), the
+// step batch before it reached no rank either (two less); either way the ranks must be at a step
+// boundary, since the coordinator restarts a step from its first micro-batch and a rank keeps the
+// gradients of the micro-batches it ran. FAILED_PRECONDITION saying why otherwise: the ranks are
+// between a step's micro-batches, a checkpoint load moved them to a step the journal does not know,
+// or they are at a seq neither the journal nor the record explains.
 absl::StatusOr<ReadoptionPoint> ReadoptionPointAt(const JobRecord& record,
                                                   const std::optional<BatchRecord>& last,
                                                   uint64_t agreed);

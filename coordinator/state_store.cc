@@ -259,9 +259,10 @@ absl::Status StateStore::PutLastBatch(const std::string& job, const BatchRecord&
   absl::Status status =
       StatementLocked(
           "INSERT INTO last_batches(job, epoch, seq, batch, step_after, data_position_after, "
-          "mid_step_before) VALUES (?1,?2,?3,?4,?5,?6,?7) ON CONFLICT(job) DO UPDATE SET "
-          "epoch=?2, seq=?3, batch=?4, step_after=?5, data_position_after=?6, "
-          "mid_step_before=?7")
+          "mid_step_before, written_ahead, previous_mid_step_before) VALUES "
+          "(?1,?2,?3,?4,?5,?6,?7,?8,?9) ON CONFLICT(job) DO UPDATE SET epoch=?2, seq=?3, "
+          "batch=?4, step_after=?5, data_position_after=?6, mid_step_before=?7, "
+          "written_ahead=?8, previous_mid_step_before=?9")
           .Text(1, job)
           .Int(2, static_cast<int64_t>(batch.batch.job_epoch()))
           .Int(3, static_cast<int64_t>(batch.batch.seq()))
@@ -269,6 +270,8 @@ absl::Status StateStore::PutLastBatch(const std::string& job, const BatchRecord&
           .Int(5, batch.step_after)
           .Int(6, batch.data_position_after)
           .Int(7, batch.mid_step_before ? 1 : 0)
+          .Int(8, batch.written_ahead ? 1 : 0)
+          .Int(9, batch.previous_mid_step_before ? 1 : 0)
           .Run();
   if (clears_state_checkpoint) {
     // In the batch's transaction: no restart finds the batch journaled (and
@@ -296,8 +299,8 @@ absl::Status StateStore::PutStateCheckpoint(const std::string& job, const std::s
 absl::StatusOr<std::optional<BatchRecord>> StateStore::LoadLastBatch(const std::string& job) const {
   std::lock_guard<std::mutex> lock(mu_);
   SqliteStatement s = StatementLocked(
-      "SELECT batch, step_after, data_position_after, mid_step_before FROM "
-      "last_batches WHERE job=?1");
+      "SELECT batch, step_after, data_position_after, mid_step_before, written_ahead, "
+      "previous_mid_step_before FROM last_batches WHERE job=?1");
   s.Text(1, job);
   if (!s.Next()) {
     RETURN_IF_ERROR(s.status());
@@ -309,6 +312,8 @@ absl::StatusOr<std::optional<BatchRecord>> StateStore::LoadLastBatch(const std::
   record.step_after = s.ColumnInt(1);
   record.data_position_after = s.ColumnInt(2);
   record.mid_step_before = s.ColumnInt(3) != 0;
+  record.written_ahead = s.ColumnInt(4) != 0;
+  record.previous_mid_step_before = s.ColumnInt(5) != 0;
   return record;
 }
 

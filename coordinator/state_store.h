@@ -72,11 +72,16 @@ struct BatchRecord {
   // Sent while the ranks held gradients of the step's earlier no_sync
   // micro-batches (the batch before it, in its epoch, was one).
   bool mid_step_before = false;
+  // A step batch written while the step batch before it (seq - 1) ran
+  // (TrainingJob::JournalAhead): that one may not have reached every rank.
+  // Then `previous_mid_step_before` is that one's mid_step_before.
+  bool written_ahead = false;
+  bool previous_mid_step_before = false;
 };
 
 class StateStore {
  public:
-  static constexpr int kSchemaVersion = 5;
+  static constexpr int kSchemaVersion = 6;
 
   // Creates `dir` if needed and opens (or creates) its database.
   // FAILED_PRECONDITION when another process holds the directory, or when its

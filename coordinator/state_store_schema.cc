@@ -91,6 +91,14 @@ ALTER TABLE jobs ADD COLUMN history_loaded_step INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE jobs ADD COLUMN history_loaded_created_micros INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE jobs ADD COLUMN history_since_micros INTEGER NOT NULL DEFAULT 0;
 )sql",
+    // 6: a step batch journaled while the batch before it ran
+    // (TrainingJob::JournalAhead), and whether that one was sent mid-step, so
+    // a restart that finds the ranks two seqs short of it knows where they
+    // are (none for rows written before: each was written before its send).
+    R"sql(
+ALTER TABLE last_batches ADD COLUMN written_ahead INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE last_batches ADD COLUMN previous_mid_step_before INTEGER NOT NULL DEFAULT 0;
+)sql",
 };
 constexpr int kNumMigrations = static_cast<int>(std::size(kMigrations));
 static_assert(kNumMigrations == StateStore::kSchemaVersion);

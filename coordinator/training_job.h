@@ -459,6 +459,8 @@ class TrainingJob {
   // The epoch whose last journaled batch was a no_sync micro-batch (0: none);
   // guarded by mu_ (JournalBatch).
   uint64_t journaled_micro_epoch_ = 0;
+  // The last journaled batch's mid_step_before; guarded by mu_.
+  bool journaled_mid_step_before_ = false;
   // What JournalAhead wrote, while the store holds it (until the next
   // JournalBatch); guarded by persist_mu_.
   std::optional<BatchRecord> journaled_ahead_;

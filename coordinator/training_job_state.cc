@@ -144,6 +144,7 @@ void TrainingJob::JournalBatch(const v1::CommandBatch& batch) {
     // rank; a failed one ends the epoch. So within an epoch, the ranks hold a
     // step's micro-batch gradients exactly when the last batch was one.
     record.mid_step_before = journaled_micro_epoch_ == batch.job_epoch();
+    journaled_mid_step_before_ = record.mid_step_before;
     journaled_micro_epoch_ = step && !batch.step().sync_gradients() ? batch.job_epoch() : 0;
   }
   // Only while the store may name a checkpoint: a step's commit stays one
@@ -174,7 +175,10 @@ void TrainingJob::JournalAhead(const v1::CommandBatch& sent, v1::CommandBatch ne
     record.step_after = step_ + sent_sync + (next.step().sync_gradients() ? 1 : 0);
     record.data_position_after = data_position_ + 2;
     record.mid_step_before = sent_sync == 0;
+    // JournalBatch's of `sent`, which it ran just before.
+    record.previous_mid_step_before = journaled_mid_step_before_;
   }
+  record.written_ahead = true;
   record.batch = std::move(next);
   journaled_ahead_.reset();
   if (absl::Status s =
@@ -232,7 +236,9 @@ absl::StatusOr<std::unique_ptr<TrainingJob>> TrainingJob::Restore(
   if (last_batch.has_value() && last_batch->batch.job_epoch() == record.epoch &&
       last_batch->batch.has_step()) {
     const bool sync = last_batch->batch.step().sync_gradients();
-    step = std::max(step, last_batch->step_after - (sync ? 1 : 0));
+    // Written ahead, it may not have begun: the one before it had.
+    const bool previous_sync = last_batch->written_ahead && !last_batch->mid_step_before;
+    step = std::max(step, last_batch->step_after - (sync ? 1 : 0) - (previous_sync ? 1 : 0));
   }
   {
     std::lock_guard<std::mutex> lock(job->mu_);

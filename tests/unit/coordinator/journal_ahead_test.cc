@@ -151,12 +151,22 @@ TEST(JournalAheadTest, AStepIsJournaledWhileTheStepBeforeItRuns) {
   EXPECT_EQ(last.step_after, 4);
   EXPECT_EQ(last.data_position_after, 4);
   EXPECT_FALSE(last.mid_step_before);
+  EXPECT_TRUE(last.written_ahead);
+  EXPECT_FALSE(last.previous_mid_step_before);
 
   const JobRecord before = RecordAt(ahead.epoch, 2, 2);
   absl::StatusOr<ReadoptionPoint> ran_nowhere = ReadoptionPointAt(before, last, failed_seq);
   ASSERT_TRUE(ran_nowhere.ok()) << ran_nowhere.status();
   EXPECT_EQ(ran_nowhere->step, 3);
   EXPECT_EQ(ran_nowhere->data_position, 3);
+  // The coordinator died sending the failed step: no rank has it either.
+  absl::StatusOr<ReadoptionPoint> sent_nowhere = ReadoptionPointAt(before, last, failed_seq - 1);
+  ASSERT_TRUE(sent_nowhere.ok()) << sent_nowhere.status();
+  EXPECT_EQ(sent_nowhere->step, 2);
+  EXPECT_EQ(sent_nowhere->data_position, 2);
+  // Further back, no journal explains it.
+  EXPECT_EQ(ReadoptionPointAt(before, last, failed_seq - 2).status().code(),
+            absl::StatusCode::kFailedPrecondition);
 
   // Journaled on its path instead, the store holds the failed batch itself.
   const Outcome on_path = TrainUntilABatchFails(0, 3, false);
@@ -164,7 +174,12 @@ TEST(JournalAheadTest, AStepIsJournaledWhileTheStepBeforeItRuns) {
   EXPECT_EQ(on_path.last->batch.seq(), failed_seq);
   EXPECT_EQ(on_path.last->step_after, 3);
   EXPECT_EQ(on_path.last->data_position_after, 3);
+  EXPECT_FALSE(on_path.last->written_ahead);
   EXPECT_EQ(on_path.journaled, ahead.journaled);
+  // Written before its send, the failed step's record says nothing of the
+  // step before it: ranks two seqs short are not re-adopted.
+  EXPECT_EQ(ReadoptionPointAt(before, on_path.last, failed_seq - 2).status().code(),
+            absl::StatusCode::kFailedPrecondition);
 }
 
 // With a no_sync micro-batch before each synced one: the micro-batch of step
@@ -180,9 +195,16 @@ TEST(JournalAheadTest, AMicroBatchsSuccessorIsJournaledAsSentMidStep) {
   EXPECT_EQ(mid.last->step_after, 2);
   EXPECT_EQ(mid.last->data_position_after, 4);
   EXPECT_TRUE(mid.last->mid_step_before);
+  EXPECT_FALSE(mid.last->previous_mid_step_before);  // the failed micro-batch began step 2
   const absl::StatusOr<ReadoptionPoint> between =
       ReadoptionPointAt(RecordAt(mid.epoch, 1, 2), mid.last, mid.last->batch.seq() - 1);
   EXPECT_EQ(between.status().code(), absl::StatusCode::kFailedPrecondition) << between.status();
+  // Had the micro-batch reached no rank, they would be after step 1.
+  const absl::StatusOr<ReadoptionPoint> after_step_1 =
+      ReadoptionPointAt(RecordAt(mid.epoch, 1, 2), mid.last, mid.last->batch.seq() - 2);
+  ASSERT_TRUE(after_step_1.ok()) << after_step_1.status();
+  EXPECT_EQ(after_step_1->step, 1);
+  EXPECT_EQ(after_step_1->data_position, 2);
 
   const Outcome boundary = TrainUntilABatchFails(1, 4, true);
   ASSERT_TRUE(boundary.last.has_value());
@@ -191,6 +213,13 @@ TEST(JournalAheadTest, AMicroBatchsSuccessorIsJournaledAsSentMidStep) {
   EXPECT_EQ(boundary.last->step_after, 2);
   EXPECT_EQ(boundary.last->data_position_after, 5);
   EXPECT_FALSE(boundary.last->mid_step_before);
+  EXPECT_TRUE(boundary.last->previous_mid_step_before);  // the failed synced batch's
+  // Had the synced batch reached no rank, they would be mid-step.
+  EXPECT_EQ(ReadoptionPointAt(RecordAt(boundary.epoch, 1, 3), boundary.last,
+                              boundary.last->batch.seq() - 2)
+                .status()
+                .code(),
+            absl::StatusCode::kFailedPrecondition);
   const absl::StatusOr<ReadoptionPoint> after_step_2 = ReadoptionPointAt(
       RecordAt(boundary.epoch, 1, 3), boundary.last, boundary.last->batch.seq() - 1);
   ASSERT_TRUE(after_step_2.ok()) << after_step_2.status();

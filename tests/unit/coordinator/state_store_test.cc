@@ -55,12 +55,14 @@ void RewindSchema(const std::string& dir, const std::string& sql, int version) {
   sqlite3_close(db);
 }
 
-// Migration 5's columns.
-constexpr char kDropHistory[] =
+// Migrations 5 and 6 add these columns.
+constexpr char kDropSince5[] =
     "ALTER TABLE jobs DROP COLUMN history_loaded; "
     "ALTER TABLE jobs DROP COLUMN history_loaded_step; "
     "ALTER TABLE jobs DROP COLUMN history_loaded_created_micros; "
-    "ALTER TABLE jobs DROP COLUMN history_since_micros;";
+    "ALTER TABLE jobs DROP COLUMN history_since_micros; "
+    "ALTER TABLE last_batches DROP COLUMN written_ahead; "
+    "ALTER TABLE last_batches DROP COLUMN previous_mid_step_before;";
 
 TEST(StateStoreTest, WhatIsPutSurvivesReopening) {
   const std::string dir = FreshDir("reopen");
@@ -77,6 +79,8 @@ TEST(StateStoreTest, WhatIsPutSurvivesReopening) {
     batch.step_after = 43;
     batch.data_position_after = 85;
     batch.mid_step_before = true;
+    batch.written_ahead = true;
+    batch.previous_mid_step_before = true;
     ASSERT_TRUE((*store)->PutLastBatch("gpt", batch).ok());
     v1::TrainingOperation op;
     op.set_target_step(100);
@@ -128,6 +132,8 @@ TEST(StateStoreTest, WhatIsPutSurvivesReopening) {
   EXPECT_EQ((*batch)->batch.step().step(), 84);
   EXPECT_EQ((*batch)->step_after, 43);
   EXPECT_TRUE((*batch)->mid_step_before);
+  EXPECT_TRUE((*batch)->written_ahead);
+  EXPECT_TRUE((*batch)->previous_mid_step_before);
   auto op = (*store)->LoadOperation("gpt");
   ASSERT_TRUE(op.ok() && op->has_value());
   EXPECT_EQ((*op)->target_step(), 100);
@@ -261,13 +267,14 @@ TEST(StateStoreTest, AnOlderSchemaIsMigrated) {
     batch.batch.set_job_epoch(1);
     batch.batch.set_seq(5);
     batch.mid_step_before = true;
+    batch.written_ahead = true;
     ASSERT_TRUE((*store)->PutLastBatch("gpt", batch).ok());
   }
   ASSERT_NO_FATAL_FAILURE(RewindSchema(dir,
                                        std::string("ALTER TABLE last_batches DROP COLUMN "
                                                    "mid_step_before; ALTER TABLE jobs DROP COLUMN "
                                                    "state_checkpoint; ") +
-                                           kDropHistory,
+                                           kDropSince5,
                                        2));
   auto store = StateStore::Open(dir);
   ASSERT_TRUE(store.ok()) << store.status();
@@ -276,6 +283,7 @@ TEST(StateStoreTest, AnOlderSchemaIsMigrated) {
   ASSERT_TRUE(batch.ok() && batch->has_value());
   EXPECT_EQ((*batch)->batch.seq(), 5u);
   EXPECT_FALSE((*batch)->mid_step_before);
+  EXPECT_FALSE((*batch)->written_ahead);  // written before its send, as every row then
   auto jobs = (*store)->LoadJobs();
   ASSERT_TRUE(jobs.ok() && jobs->size() == 1) << jobs.status();
   EXPECT_EQ((*jobs)[0].state_checkpoint, "");
@@ -292,7 +300,7 @@ TEST(StateStoreTest, ASchema4DirKeepsItsStateCheckpoint) {
     ASSERT_TRUE(store.ok()) << store.status();
     ASSERT_TRUE((*store)->PutJob(SomeJob()).ok());
   }
-  ASSERT_NO_FATAL_FAILURE(RewindSchema(dir, kDropHistory, 4));
+  ASSERT_NO_FATAL_FAILURE(RewindSchema(dir, kDropSince5, 4));
   auto store = StateStore::Open(dir);
   ASSERT_TRUE(store.ok()) << store.status();
   EXPECT_EQ((*store)->schema_version(), StateStore::kSchemaVersion);
