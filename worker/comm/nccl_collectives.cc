@@ -116,7 +116,7 @@ absl::StatusOr<std::unique_ptr<NcclCollectives>> NcclCollectives::Create(
   config.blocking = 0;
   ncclComm_t comm = nullptr;
   const ncclResult_t started = ncclCommInitRankConfig(&comm, size, id, rank, &config);
-  NcclWait wait;
+  PollingWait wait;
   wait.deadline = absl::Now() + options.timeout;
   wait.poll = options.poll_interval;
   wait.aborted = [signal = options.abort.get()]() -> std::optional<std::string> {
@@ -149,8 +149,9 @@ std::optional<std::string> NcclCollectives::AbortReason() const {
   return std::nullopt;
 }
 
-NcclWait NcclCollectives::Waiting(absl::string_view waiting_for, absl::Duration yield_for) const {
-  NcclWait wait;
+PollingWait NcclCollectives::Waiting(absl::string_view waiting_for,
+                                     absl::Duration yield_for) const {
+  PollingWait wait;
   wait.deadline = absl::Now() + options_.timeout;
   wait.yield_for = yield_for;
   wait.poll = options_.poll_interval;
@@ -384,7 +385,7 @@ absl::StatusOr<std::unique_ptr<Collectives>> NcclCollectives::CreateSubgroup(
   const std::atomic_ref<ncclComm_t> written(sub);
   const ncclResult_t started =
       ncclCommSplit(comm_, ranks.front(), static_cast<int>(me - ranks.begin()), &sub, nullptr);
-  const NcclWait wait =
+  const PollingWait wait =
       Waiting("every rank of the group to split: one died or hangs", absl::ZeroDuration());
   absl::Status split = NcclCallStatus(comm_, started, "ncclCommSplit", wait);
   if (split.ok()) {

@@ -111,7 +111,7 @@ class NcclCollectives : public Collectives {
   absl::Status Call(ncclResult_t result, const char* what) const;
   // How a call on comm_ waits: up to the timeout, or until an abort;
   // yielding, not sleeping, for `yield_for` (nccl_wait.h).
-  NcclWait Waiting(absl::string_view waiting_for, absl::Duration yield_for) const;
+  PollingWait Waiting(absl::string_view waiting_for, absl::Duration yield_for) const;
   // Abort()'s reason, or the Configure signal's; nullopt while neither came.
   std::optional<std::string> AbortReason() const;
   void Watch();

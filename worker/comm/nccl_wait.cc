@@ -1,41 +1,15 @@
 #include "worker/comm/nccl_wait.h"
 
-#include <algorithm>
-#include <thread>
+#include <optional>
+#include <string>
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
 
 #include "worker/device/cuda/cuda_status.h"
 
 namespace flatshard {
 
-absl::Status WaitUntil(const std::function<std::optional<absl::Status>()>& done,
-                       absl::string_view what, const NcclWait& wait) {
-  const absl::Time yield_until = absl::Now() + wait.yield_for;
-  absl::Duration pause = absl::Microseconds(50);
-  while (true) {
-    if (std::optional<absl::Status> outcome = done(); outcome.has_value()) return *outcome;
-    if (wait.aborted) {
-      if (std::optional<std::string> reason = wait.aborted(); reason.has_value()) {
-        return absl::AbortedError(absl::StrCat(what, " aborted: ", *reason));
-      }
-    }
-    const absl::Time now = absl::Now();
-    if (now >= wait.deadline) {
-      return absl::DeadlineExceededError(
-          absl::StrCat(what, " did not complete in time (waiting for ", wait.waiting_for, ")"));
-    }
-    if (now < yield_until) {
-      std::this_thread::yield();
-      continue;
-    }
-    absl::SleepFor(std::min(pause, wait.deadline - now));
-    pause = std::min(pause * 2, wait.poll);
-  }
-}
-
-absl::Status WaitForNccl(ncclComm_t comm, absl::string_view what, const NcclWait& wait) {
+absl::Status WaitForNccl(ncclComm_t comm, absl::string_view what, const PollingWait& wait) {
   return WaitUntil(
       [&]() -> std::optional<absl::Status> {
         ncclResult_t state = ncclInProgress;
@@ -54,7 +28,7 @@ absl::Status WaitForNccl(ncclComm_t comm, absl::string_view what, const NcclWait
 }
 
 absl::Status NcclCallStatus(ncclComm_t comm, ncclResult_t result, absl::string_view what,
-                            const NcclWait& wait) {
+                            const PollingWait& wait) {
   if (result != ncclSuccess && result != ncclInProgress) {
     return cuda::NcclStatus(result, std::string(what).c_str());
   }
