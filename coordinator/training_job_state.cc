@@ -236,9 +236,10 @@ absl::StatusOr<std::unique_ptr<TrainingJob>> TrainingJob::Restore(
   if (last_batch.has_value() && last_batch->batch.job_epoch() == record.epoch &&
       last_batch->batch.has_step()) {
     const bool sync = last_batch->batch.step().sync_gradients();
-    // Written ahead, it may not have begun: the one before it had.
-    const bool previous_sync = last_batch->written_ahead && !last_batch->mid_step_before;
-    step = std::max(step, last_batch->step_after - (sync ? 1 : 0) - (previous_sync ? 1 : 0));
+    // A row written ahead (written_ahead) keeps its mark once its batch is
+    // sent, so whether that batch began is not known here: counted as begun.
+    // A rollback after one that never began counts one step more than lost.
+    step = std::max(step, last_batch->step_after - (sync ? 1 : 0));
   }
   {
     std::lock_guard<std::mutex> lock(job->mu_);
