@@ -11,6 +11,38 @@ namespace {
 
 constexpr int64_t kMaxRepeat = 100000;
 
+// What one document may expand to, modules and parameters counted together.
+// The text alone does not bound it: `repeat` nests (a 150-byte document of
+// two nested repeats is 10^10 modules), and so do YAML aliases of a module
+// listed many times. Counted as the tree is built, so such a document fails
+// before it allocates. A million is ~9x the tree of DeepSeek-V3 (~60k
+// modules, ~47k parameters); a document at the bound takes ~270 MB and ~5 s
+// to read (ModelSpecTest.AliasedModulesPastTheBoundFailAsTheyAreRead).
+constexpr int64_t kMaxSpecEntries = 1000000;
+
+// Entries (modules and parameters) still allowed in the document being read.
+struct SpecBudget {
+  int64_t left = kMaxSpecEntries;
+
+  // Spends `n` entries for what `field` reads, or says the document is too big.
+  absl::Status Spend(const YamlField& field, int64_t n) {
+    if (n > left) {
+      return field.Error(absl::StrCat("the model expands to more than ", kMaxSpecEntries,
+                                      " modules and parameters (counting every copy a "
+                                      "'repeat' or a YAML alias makes)"));
+    }
+    left -= n;
+    return absl::OkStatus();
+  }
+};
+
+// Modules and parameters in `module`'s tree, itself included.
+int64_t SpecEntries(const ModuleSpec& module) {
+  int64_t n = 1 + static_cast<int64_t>(module.params.size());
+  for (const ModuleSpec& child : module.children) n += SpecEntries(child);
+  return n;
+}
+
 absl::StatusOr<DType> ReadDType(const YamlField& field) {
   ASSIGN_OR_RETURN(std::string name, field.AsString());
   absl::StatusOr<DType> dtype = ParseDType(name);
@@ -88,19 +120,24 @@ absl::StatusOr<ParamSpec> ReadParam(const YamlField& field, DType default_dtype,
   return param;
 }
 
-absl::StatusOr<ModuleSpec> ReadModule(const YamlField& field, DType default_dtype, bool is_root);
+// `needs_name`: false for the root and a repeat's template (named by the caller).
+absl::StatusOr<ModuleSpec> ReadModule(const YamlField& field, DType default_dtype, bool needs_name,
+                                      SpecBudget& budget);
 
-absl::Status ReadChildren(const YamlField& field, DType dtype, ModuleSpec& module) {
+absl::Status ReadChildren(const YamlField& field, DType dtype, ModuleSpec& module,
+                          SpecBudget& budget) {
   RETURN_IF_ERROR(field.ExpectSequence());
   for (size_t i = 0; i < field.size(); ++i) {
-    ASSIGN_OR_RETURN(ModuleSpec child, ReadModule(field.Element(i), dtype, false));
+    ASSIGN_OR_RETURN(ModuleSpec child, ReadModule(field.Element(i), dtype, true, budget));
     module.children.push_back(std::move(child));
   }
   return absl::OkStatus();
 }
 
-absl::StatusOr<ModuleSpec> ReadModule(const YamlField& field, DType default_dtype, bool is_root) {
+absl::StatusOr<ModuleSpec> ReadModule(const YamlField& field, DType default_dtype, bool needs_name,
+                                      SpecBudget& budget) {
   RETURN_IF_ERROR(field.ExpectMap());
+  RETURN_IF_ERROR(budget.Spend(field, 1));
   ModuleSpec module;
   module.source_line = field.line();
   if (!field.Has("type")) {
@@ -121,7 +158,7 @@ absl::StatusOr<ModuleSpec> ReadModule(const YamlField& field, DType default_dtyp
 
   if (field.Has("name")) {
     ASSIGN_OR_RETURN(module.name, field.Child("name").AsString());
-  } else if (!is_root) {
+  } else if (needs_name) {
     return field.Error("'name' is required");
   }
   DType dtype = default_dtype;
@@ -164,6 +201,7 @@ absl::StatusOr<ModuleSpec> ReadModule(const YamlField& field, DType default_dtyp
     }
     YamlField params = field.Child("params");
     RETURN_IF_ERROR(params.ExpectSequence());
+    RETURN_IF_ERROR(budget.Spend(params, static_cast<int64_t>(params.size())));
     for (size_t i = 0; i < params.size(); ++i) {
       ASSIGN_OR_RETURN(ParamSpec param, ReadParam(params.Element(i), dtype, frozen));
       module.params.push_back(std::move(param));
@@ -172,6 +210,7 @@ absl::StatusOr<ModuleSpec> ReadModule(const YamlField& field, DType default_dtyp
     if (absl::Status s = ExpandShorthand(*type, settings, dtype, module); !s.ok()) {
       return field.Error(s.message());
     }
+    RETURN_IF_ERROR(budget.Spend(field, SpecEntries(module) - 1));
     for (ParamSpec& param : module.params) {
       param.source_line = module.source_line;
       param.requires_grad = !frozen;
@@ -196,15 +235,23 @@ absl::StatusOr<ModuleSpec> ReadModule(const YamlField& field, DType default_dtyp
           absl::StrCat("must be between 1 and ", kMaxRepeat, ", got ", repeat));
     }
     YamlField tmpl = field.Child("template");
-    // Before the subscript below, which yaml-cpp throws for on a scalar.
+    // Before Has, which yaml-cpp throws for on a scalar.
     RETURN_IF_ERROR(tmpl.ExpectMap());
     if (tmpl.Has("name")) {
       return tmpl.Child("name").Error("a template has no name; copies are named 0..N-1");
     }
-    YAML::Node named = YAML::Clone(tmpl.node);
-    named["name"] = "0";
-    ASSIGN_OR_RETURN(ModuleSpec first,
-                     ReadModule(YamlField{named, tmpl.path, tmpl.source}, dtype, false));
+    // Read as it stands (no YAML::Clone to name it: a clone copies every
+    // alias the template holds, before the budget could count them).
+    ASSIGN_OR_RETURN(ModuleSpec first, ReadModule(tmpl, dtype, false, budget));
+    first.name = "0";
+    // The other copies, before they are made.
+    const int64_t template_entries = SpecEntries(first);
+    if (repeat - 1 > budget.left / template_entries) {
+      return field.Child("repeat").Error(absl::StrCat(
+          repeat, " copies of a template of ", template_entries,
+          " modules and parameters make more than ", kMaxSpecEntries, " in the model"));
+    }
+    budget.left -= (repeat - 1) * template_entries;
     for (int64_t i = 0; i < repeat; ++i) {
       ModuleSpec copy = first;
       copy.name = std::to_string(i);
@@ -212,7 +259,7 @@ absl::StatusOr<ModuleSpec> ReadModule(const YamlField& field, DType default_dtyp
     }
   }
   if (field.Has("children")) {
-    RETURN_IF_ERROR(ReadChildren(field.Child("children"), dtype, module));
+    RETURN_IF_ERROR(ReadChildren(field.Child("children"), dtype, module, budget));
   }
   return module;
 }
@@ -229,7 +276,8 @@ absl::StatusOr<ModelSpec> ReadModel(const YamlField& field) {
     ASSIGN_OR_RETURN(dtype, ReadDType(field.Child("dtype")));
   }
   if (!field.Has("root")) return field.Error("'root' (the top module) is required");
-  ASSIGN_OR_RETURN(spec.root, ReadModule(field.Child("root"), dtype, true));
+  SpecBudget budget;
+  ASSIGN_OR_RETURN(spec.root, ReadModule(field.Child("root"), dtype, false, budget));
   spec.root.name.clear();
   if (field.Has("tied")) {
     YamlField tied = field.Child("tied");

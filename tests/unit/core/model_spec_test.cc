@@ -7,6 +7,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
+
 #include "core/model_spec_proto.h"
 #include "core/model_spec_yaml.h"
 #include "storage/spec_files.h"
@@ -15,6 +17,7 @@
 namespace flatshard {
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::StartsWith;
 
@@ -256,6 +259,51 @@ TEST(ModelSpecTest, RepeatMakesPyTorchStyleIndexedChildren) {
   auto index = IndexModel(*spec);
   ASSERT_TRUE(index.ok());
   EXPECT_TRUE(index->param_by_fqn.contains("layers.2.bias"));
+}
+
+// A document's size does not bound what it expands to: it is counted as the
+// tree is built, and one past the bound fails before it is allocated (10^10
+// modules here, which would take the coordinator's memory long before).
+TEST(ModelSpecTest, NestedRepeatsPastTheBoundFailBeforeTheyAreBuilt) {
+  auto spec = ParseModelSpec(
+      "root: {repeat: 100000, template: {repeat: 100000, template: {type: ReLU}}}\n", "r.yaml");
+  ASSERT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument) << spec.status();
+  EXPECT_THAT(std::string(spec.status().message()),
+              AllOf(StartsWith("r.yaml:1"), HasSubstr("root.repeat"),
+                    HasSubstr("100000 copies of a template of 100001 modules and parameters")));
+}
+
+// YAML aliases multiply the same way: each level lists the one before ten
+// times, so seven levels are 10^7 modules from a few hundred bytes.
+TEST(ModelSpecTest, AliasedModulesPastTheBoundFailAsTheyAreRead) {
+  std::string text = "root:\n  type: Sequential\n  children:\n    - &l0 {name: r, type: ReLU}\n";
+  for (int level = 1; level <= 7; ++level) {
+    text += absl::StrCat("    - &l", level, " {name: s", level, ", type: Sequential, children: [");
+    for (int i = 0; i < 10; ++i) text += absl::StrCat(i == 0 ? "" : ", ", "*l", level - 1);
+    text += "]}\n";
+  }
+  auto spec = ParseModelSpec(text, "a.yaml");
+  ASSERT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument) << spec.status();
+  EXPECT_THAT(std::string(spec.status().message()),
+              HasSubstr("the model expands to more than 1000000 modules and parameters"));
+}
+
+// Within the bound, a repeat of a repeat is read as before.
+TEST(ModelSpecTest, NestedRepeatsWithinTheBoundAreRead) {
+  auto spec = ParseModelSpec(
+      "root:\n  type: Sequential\n  children:\n    - name: blocks\n      repeat: 300\n"
+      "      template:\n        repeat: 3\n"
+      "        template: {type: Linear, in_features: 2, out_features: 2}\n",
+      "r.yaml");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  const ModuleSpec& blocks = spec->root.children[0];
+  ASSERT_EQ(blocks.children.size(), 300u);
+  EXPECT_EQ(blocks.children[299].name, "299");
+  ASSERT_EQ(blocks.children[299].children.size(), 3u);
+  EXPECT_EQ(blocks.children[299].children[2].name, "2");
+  auto index = IndexModel(*spec);
+  ASSERT_TRUE(index.ok()) << index.status();
+  EXPECT_TRUE(index->param_by_fqn.contains("blocks.299.2.weight"));
 }
 
 }  // namespace
