@@ -12,6 +12,8 @@
 
 #include "absl/strings/str_cat.h"
 
+#include "core/status_macros.h"
+
 namespace flatshard {
 namespace {
 
@@ -41,7 +43,7 @@ class PosixWritableFile : public WritableFile {
       if (wrote < 0) return OsError("write", path_, errno);
       data.remove_prefix(static_cast<size_t>(wrote));
       at_ += wrote;
-      if (at_ - writeback_from_ >= kWritebackBytes) StartWriteback();
+      if (at_ - writeback_from_ >= kWritebackBytes) RETURN_IF_ERROR(StartWriteback());
     }
     return absl::OkStatus();
   }
@@ -50,12 +52,15 @@ class PosixWritableFile : public WritableFile {
     // of what it wrote since it last started one starts now, so the range
     // never spans the other writers' bytes (their own writers start them).
     if (static_cast<off_t>(offset) == at_) return absl::OkStatus();
-    StartWriteback();  // does nothing when nothing is unstarted
+    RETURN_IF_ERROR(StartWriteback());  // does nothing when nothing is unstarted
     at_ = static_cast<off_t>(offset);
     writeback_from_ = at_;
     return absl::OkStatus();
   }
   absl::Status Sync() override {
+    // A writeback error seen while pacing is reported once, to whoever asked
+    // then; it stays the file's error for a caller that went on regardless.
+    if (!write_error_.ok()) return write_error_;
     return ::fsync(fd_) == 0 ? absl::OkStatus() : OsError("fsync", path_, errno);
   }
   absl::Status Close() override {
@@ -68,30 +73,46 @@ class PosixWritableFile : public WritableFile {
   // Asks the kernel to start writing [writeback_from_, at_) and returns
   // without waiting for that; first, while more than kMaxWritebackInFlight
   // would be in writeback, waits for the oldest started range to be
-  // written. A pacing hint only: Sync's fsync is what makes the file durable
-  // and reports any write error, so a failure here is not one.
-  void StartWriteback() {
+  // written.
+  //
+  // A pacing hint, but not one whose errors may be dropped: the wait reports
+  // a failed writeback of the range (EIO, ENOSPC on a thin or network
+  // volume) and, since Linux 4.13, marks it reported to this descriptor
+  // (errseq), and the failed pages are left clean. The final fsync then
+  // finds nothing to write and returns 0: a file that lost bytes would be
+  // committed as durable (PostgreSQL's "fsyncgate"). So a failure here is
+  // the file's write error, returned now and by Sync.
+  absl::Status StartWriteback() {
+    if (!write_error_.ok()) return write_error_;
     const off_t length = at_ - writeback_from_;
     // Never a zero length: to sync_file_range that means "to the end of the
     // file", another writer's regions of a shared file included.
-    if (length <= 0) return;
+    if (length <= 0) return absl::OkStatus();
     while (!in_flight_.empty() && in_flight_bytes_ + length > kMaxWritebackInFlight) {
       const auto [from, started] = in_flight_.front();
       // Range by range: a shared file's other writers' regions lie between.
-#ifdef __linux__
-      (void)::sync_file_range(
-          fd_, from, started,
-          SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER);
-#endif
+      RETURN_IF_ERROR(SyncFileRange(
+          from, started,
+          SYNC_FILE_RANGE_WAIT_BEFORE | SYNC_FILE_RANGE_WRITE | SYNC_FILE_RANGE_WAIT_AFTER));
       in_flight_bytes_ -= started;
       in_flight_.pop_front();
     }
-#ifdef __linux__
-    (void)::sync_file_range(fd_, writeback_from_, length, SYNC_FILE_RANGE_WRITE);
-#endif
+    RETURN_IF_ERROR(SyncFileRange(writeback_from_, length, SYNC_FILE_RANGE_WRITE));
     in_flight_.emplace_back(writeback_from_, length);
     in_flight_bytes_ += length;
     writeback_from_ = at_;
+    return absl::OkStatus();
+  }
+
+  // sync_file_range(2) over [from, from + length), its error kept as the
+  // file's. A file system that does not do it (EINVAL, ENOSYS, ESPIPE) is
+  // not paced, and that is no error: fsync alone then reports them.
+  absl::Status SyncFileRange(off_t from, off_t length, unsigned int flags) {
+    if (::sync_file_range(fd_, from, length, flags) == 0) return absl::OkStatus();
+    const int err = errno;
+    if (err == EINVAL || err == ENOSYS || err == ESPIPE) return absl::OkStatus();
+    write_error_ = OsError("write back", path_, err);
+    return write_error_;
   }
 
   std::string path_;
@@ -102,6 +123,7 @@ class PosixWritableFile : public WritableFile {
   // first (offset, length), and their bytes.
   std::deque<std::pair<off_t, off_t>> in_flight_;
   off_t in_flight_bytes_ = 0;
+  absl::Status write_error_;  // the first writeback error (StartWriteback)
 };
 
 class PosixFileSystem : public FileSystem {
