@@ -36,10 +36,14 @@ absl::Status CheckpointCatalog::BeginSave(const std::string& name) {
   std::lock_guard<std::recursive_mutex> lock(mu_);
   RETURN_IF_ERROR(ValidateCheckpointName(name));
   std::error_code ec;
-  fs::create_directories(job_dir_, ec);
+  const bool created = fs::create_directories(job_dir_, ec);
   if (ec) {
     return absl::UnavailableError(absl::StrCat("cannot create ", job_dir_, ": ", ec.message()));
   }
+  // The job's first save: its directory's entry is made durable too, or a
+  // power loss could take the job directory, and the checkpoint in it, with
+  // it (the commit fsyncs only the job directory and the checkpoint's).
+  if (created) RETURN_IF_ERROR(FsyncPath(fs::path(job_dir_).parent_path().string()));
   if (fs::exists(Path(name), ec)) {
     return absl::AlreadyExistsError(absl::StrCat("checkpoint '", name, "' of job '", job_,
                                                  "' already exists; pick another name or "
@@ -48,6 +52,12 @@ absl::Status CheckpointCatalog::BeginSave(const std::string& name) {
   }
   const std::string partial = Path(name) + std::string(kPartialSuffix);
   fs::remove_all(partial, ec);  // a save that crashed before committing
+  if (ec) {
+    // Not into a directory holding that save's files (create_directory
+    // below would find it there and say nothing).
+    return absl::UnavailableError(
+        absl::StrCat("cannot remove the earlier ", partial, ": ", ec.message()));
+  }
   fs::create_directory(partial, ec);
   if (ec) {
     return absl::UnavailableError(absl::StrCat("cannot create ", partial, ": ", ec.message()));

@@ -154,9 +154,17 @@ struct Entry {
   std::vector<int64_t> shape;
 };
 
-absl::StatusOr<CheckpointManifest> WriteConverted(TensorSource& source, const std::string& out_dir,
+// Writes the files of `m` (the manifest's `files` filled in as they are
+// written) into `partial`.
+absl::Status WriteConvertedFiles(TensorSource& source, const std::string& partial,
+                                 const std::vector<Entry>& entries, CheckpointManifest& m,
+                                 const ConvertProgress& progress);
+
+absl::StatusOr<CheckpointManifest> WriteConverted(TensorSource& source, std::string out_dir,
                                                   v1::StateDictType type, int world_size,
                                                   const ConvertProgress& progress) {
+  // `-o out/` names `out`, as the source path does.
+  while (out_dir.size() > 1 && out_dir.back() == '/') out_dir.pop_back();
   CheckpointManifest m = source.manifest();
   m.name = fs::path(out_dir).filename().string();
   RETURN_IF_ERROR(ValidateCheckpointName(m.name));
@@ -195,11 +203,40 @@ absl::StatusOr<CheckpointManifest> WriteConverted(TensorSource& source, const st
     return absl::AlreadyExistsError(absl::StrCat(out_dir, " already exists"));
   }
   const std::string partial = out_dir + std::string(kPartialSuffix);
-  fs::remove_all(partial, ec);
+  fs::remove_all(partial, ec);  // a conversion that was killed
+  if (ec) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot remove the earlier ", partial, ": ", ec.message()));
+  }
   fs::create_directories(partial, ec);
   if (ec) {
     return absl::UnavailableError(absl::StrCat("cannot create ", partial, ": ", ec.message()));
   }
+  absl::Status written = WriteConvertedFiles(source, partial, entries, m, progress);
+  if (written.ok()) written = FsyncPath(partial);
+  if (written.ok()) {
+    fs::rename(partial, out_dir, ec);
+    if (ec) {
+      written = absl::UnavailableError(
+          absl::StrCat("cannot rename ", partial, " to ", out_dir, ": ", ec.message()));
+    }
+  }
+  if (!written.ok()) {
+    // Nothing of a failed conversion stays behind: its finished files would
+    // hold the space (a full disk is a likely cause) until someone found them.
+    fs::remove_all(partial, ec);
+    return written;
+  }
+  const std::string parent = fs::path(out_dir).parent_path().string();
+  RETURN_IF_ERROR(FsyncPath(parent.empty() ? "." : parent));
+  return m;
+}
+
+absl::Status WriteConvertedFiles(TensorSource& source, const std::string& partial,
+                                 const std::vector<Entry>& entries, CheckpointManifest& m,
+                                 const ConvertProgress& progress) {
+  const v1::StateDictType type = m.state_dict_type;
+  const int world_size = m.world_size;
   const bool full = type == v1::FULL_STATE_DICT;
   const int files_per_kind = full ? 1 : world_size;
   for (const char* kind : {"model", "optim"}) {
@@ -266,16 +303,7 @@ absl::StatusOr<CheckpointManifest> WriteConverted(TensorSource& source, const st
       }
     }
   }
-  RETURN_IF_ERROR(
-      WriteFileDurably(absl::StrCat(partial, "/", kManifestFileName), ManifestToJson(m)));
-  RETURN_IF_ERROR(FsyncPath(partial));
-  fs::rename(partial, out_dir, ec);
-  if (ec) {
-    return absl::UnavailableError(absl::StrCat("cannot rename ", partial, ": ", ec.message()));
-  }
-  const std::string parent = fs::path(out_dir).parent_path().string();
-  RETURN_IF_ERROR(FsyncPath(parent.empty() ? "." : parent));
-  return m;
+  return WriteFileDurably(absl::StrCat(partial, "/", kManifestFileName), ManifestToJson(m));
 }
 
 }  // namespace

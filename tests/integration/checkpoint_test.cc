@@ -7,6 +7,7 @@
 // worker killed mid-save, a full disk): checkpoint_faults_test.cc.
 #include <algorithm>
 #include <cerrno>
+#include <csignal>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -22,6 +23,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <sys/mount.h>
+#include <sys/resource.h>
 #include <sys/statvfs.h>
 #include <sys/wait.h>
 
@@ -96,6 +98,30 @@ class CheckpointTest : public ::testing::TestWithParam<std::string> {
     }
   }
 };
+
+// A conversion whose writes fail part way (here past `model_bytes`, the
+// file-size limit's EFBIG standing in for a full disk: the model file is
+// written, the optimizer file fails) fails naming why, and leaves neither
+// the output nor its partial directory, whose finished files would hold the
+// space.
+void ExpectFailedConversionLeavesNothing(const std::string& source, const std::string& out,
+                                         uint64_t model_bytes) {
+  struct rlimit before = {};
+  ASSERT_EQ(::getrlimit(RLIMIT_FSIZE, &before), 0);
+  struct rlimit limited = before;
+  limited.rlim_cur = model_bytes + 4096;
+  // EFBIG rather than the signal that would end this test.
+  void (*const sigxfsz)(int) = std::signal(SIGXFSZ, SIG_IGN);
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &limited), 0);
+  absl::StatusOr<CheckpointManifest> written = ConsolidateCheckpoint(source, out);
+  ASSERT_EQ(::setrlimit(RLIMIT_FSIZE, &before), 0);
+  std::signal(SIGXFSZ, sigxfsz);
+  ASSERT_FALSE(written.ok());
+  EXPECT_EQ(written.status().code(), absl::StatusCode::kUnavailable) << written.status();
+  EXPECT_THAT(std::string(written.status().message()), HasSubstr(std::strerror(EFBIG)));
+  EXPECT_FALSE(fs::exists(out));
+  EXPECT_FALSE(fs::exists(out + ".partial"));
+}
 
 TEST_P(CheckpointTest, ShardedReloadsAtOtherWorldSizesBitForBitAndLocalDoesNot) {
   const std::string root = testing::MakeTempDir("ckpt-reshard") + "/checkpoints";
@@ -172,6 +198,14 @@ TEST_P(CheckpointTest, ShardedReloadsAtOtherWorldSizesBitForBitAndLocalDoesNot) 
             absl::StatusCode::kAlreadyExists);
   EXPECT_EQ(ReshardCheckpoint(Dir(root, "full4"), offline + "/w0", 0).status().code(),
             absl::StatusCode::kInvalidArgument);
+  // `-o dir/` names `dir`, as the source path may end in a slash too.
+  absl::StatusOr<CheckpointManifest> slashed =
+      ReshardCheckpoint(Dir(root, "full4") + "/", offline + "/w2/", 2);
+  ASSERT_TRUE(slashed.ok()) << slashed.status();
+  EXPECT_EQ(slashed->name, "w2");
+  EXPECT_TRUE(fs::exists(offline + "/w2/manifest.json"));
+  ExpectFailedConversionLeavesNothing(Dir(root, "sharded4"), offline + "/too-big",
+                                      fs::file_size(Dir(root, "full4") + "/model.safetensors"));
 }
 
 // Under HYBRID_SHARD the two replicas of a shard hold the same elements and
