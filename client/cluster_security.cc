@@ -1,12 +1,6 @@
 #include "client/cluster_security.h"
 
-#include <cerrno>
-#include <cstdio>
-#include <cstring>
 #include <filesystem>
-
-#include <fcntl.h>
-#include <unistd.h>
 
 #include "absl/strings/str_cat.h"
 #include "rpc/cluster_certificates.h"
@@ -14,24 +8,9 @@
 
 #include "coordinator/service/access_policy.h"
 #include "core/status_macros.h"
+#include "storage/durable_file.h"
 
 namespace flatshard {
-
-absl::Status WritePrivateFile(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) {
-    return absl::InternalError(absl::StrCat("cannot create ", tmp, ": ", strerror(errno)));
-  }
-  const bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size()) &&
-                  ::fsync(fd) == 0;
-  ::close(fd);
-  if (!ok || std::rename(tmp.c_str(), path.c_str()) != 0) {
-    ::unlink(tmp.c_str());
-    return absl::InternalError(absl::StrCat("cannot write ", path, ": ", strerror(errno)));
-  }
-  return absl::OkStatus();
-}
 
 absl::StatusOr<ClusterSecurity> PrepareClusterSecurity(const std::string& dir,
                                                        const std::vector<std::string>& hosts) {
@@ -51,13 +30,14 @@ absl::StatusOr<ClusterSecurity> PrepareClusterSecurity(const std::string& dir,
   s.join_token = RandomSecret();
   s.tokens_file = file("tokens");
   s.admin_token_file = file("admin.token");
-  RETURN_IF_ERROR(WritePrivateFile(
+  RETURN_IF_ERROR(WriteFileDurably(
       s.tokens_file,
       absl::StrCat("# made by flatshard for a local cluster: <sha256> <name> <role>\n",
                    TokenTable::Line(s.admin_token, "local-admin", Role::kAdmin), "\n",
-                   TokenTable::Line(s.join_token, "local-workers", Role::kWorker), "\n")));
-  RETURN_IF_ERROR(WritePrivateFile(s.admin_token_file, s.admin_token + "\n"));
-  RETURN_IF_ERROR(WritePrivateFile(file("join.token"), s.join_token + "\n"));
+                   TokenTable::Line(s.join_token, "local-workers", Role::kWorker), "\n"),
+      0600));
+  RETURN_IF_ERROR(WriteFileDurably(s.admin_token_file, s.admin_token + "\n", 0600));
+  RETURN_IF_ERROR(WriteFileDurably(file("join.token"), s.join_token + "\n", 0600));
   return s;
 }
 

@@ -38,9 +38,6 @@ struct ClusterSecurity {
 absl::StatusOr<ClusterSecurity> PrepareClusterSecurity(const std::string& dir,
                                                        const std::vector<std::string>& hosts = {});
 
-// Writes `text` to `path` readable by the owner only.
-absl::Status WritePrivateFile(const std::string& path, const std::string& text);
-
 }  // namespace flatshard
 
 #endif  // FLATSHARD_CLIENT_CLUSTER_SECURITY_H_

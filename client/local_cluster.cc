@@ -22,6 +22,7 @@
 #include "client/cluster_security.h"
 #include "core/status_macros.h"
 #include "core/worker_exit_codes.h"
+#include "storage/durable_file.h"
 
 namespace flatshard {
 namespace {
@@ -88,7 +89,7 @@ absl::StatusOr<std::unique_ptr<LocalCluster>> LocalCluster::Start(
   RETURN_IF_ERROR(killed_if_cancelled(cluster->StartCoordinator(options.listen)));
   cluster->command_token_ = RandomSecret();
   const std::string command_token_file = cluster->state_dir_ + "/command.token";
-  RETURN_IF_ERROR(WritePrivateFile(command_token_file, cluster->command_token_ + "\n"));
+  RETURN_IF_ERROR(WriteFileDurably(command_token_file, cluster->command_token_ + "\n", 0600));
   std::error_code ec;
   std::filesystem::create_directories(options.checkpoint_dir, ec);
   int compute_threads = options.compute_threads;

@@ -26,6 +26,7 @@
 #include "rpc/tls_credentials.h"
 
 #include "core/status_macros.h"
+#include "storage/durable_file.h"
 
 namespace flatshard {
 namespace {
@@ -99,24 +100,6 @@ absl::StatusOr<std::pair<X509Ptr, KeyPtr>> ParseIssuer(const PemCertificate& iss
   KeyPtr key(PEM_read_bio_PrivateKey(key_bio.get(), nullptr, nullptr, nullptr));
   if (cert == nullptr || key == nullptr) return OpenSslFailure("reading the issuer");
   return std::make_pair(std::move(cert), std::move(key));
-}
-
-// Written through a fresh file of the given mode, then renamed into place, so
-// a key is never readable by others even for a moment.
-absl::Status WriteFile(const std::string& path, const std::string& text, mode_t mode) {
-  const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, mode);
-  if (fd < 0) {
-    return absl::InternalError(absl::StrCat("cannot create ", tmp, ": ", strerror(errno)));
-  }
-  const bool written = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
-  const bool synced = ::fsync(fd) == 0;
-  ::close(fd);
-  if (!written || !synced || std::rename(tmp.c_str(), path.c_str()) != 0) {
-    ::unlink(tmp.c_str());
-    return absl::InternalError(absl::StrCat("cannot write ", path, ": ", strerror(errno)));
-  }
-  return absl::OkStatus();
 }
 
 }  // namespace
@@ -223,8 +206,8 @@ absl::StatusOr<std::vector<std::string>> WriteClusterCertificates(
     const Issued& i = *it;
     const std::string cert = (fs::path(directory) / absl::StrCat(i.file, ".pem")).string();
     const std::string key = (fs::path(directory) / absl::StrCat(i.file, "-key.pem")).string();
-    RETURN_IF_ERROR(WriteFile(key, i.pem.key_pem, 0600));
-    RETURN_IF_ERROR(WriteFile(cert, i.pem.cert_pem, 0644));
+    RETURN_IF_ERROR(WriteFileDurably(key, i.pem.key_pem, 0600));
+    RETURN_IF_ERROR(WriteFileDurably(cert, i.pem.cert_pem, 0644));
     written.push_back(cert);
     written.push_back(key);
   }

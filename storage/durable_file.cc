@@ -10,6 +10,7 @@
 #include <vector>
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <xxhash.h>
 
@@ -109,9 +110,45 @@ absl::Status FsyncPath(const std::string& path) {
   return status;
 }
 
-absl::Status WriteFileDurably(const std::string& path, absl::string_view contents) {
+namespace {
+
+// A directory a private file may be written into: its owner's (or root's),
+// and no one else may add or replace files in it (a sticky directory, /tmp,
+// lets them add but neither replace nor remove ours).
+absl::Status CheckPrivateDirectory(const std::string& dir, const std::string& path) {
+  struct stat info = {};
+  if (::stat(dir.c_str(), &info) != 0) return Errno("stat", dir);
+  if (info.st_uid != ::geteuid() && info.st_uid != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("will not write ", path, ": its directory ", dir, " belongs to uid ",
+                     info.st_uid, ", not to this process's uid ", ::geteuid(),
+                     ", who could read or replace the secret it keeps"));
+  }
+  if ((info.st_mode & (S_IWGRP | S_IWOTH)) != 0 && (info.st_mode & S_ISVTX) == 0) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "will not write %s: its directory %s is writable by others (mode %04o), who could "
+        "replace the secret it keeps; make it 0700 or 0755",
+        path, dir, info.st_mode & 07777));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status WriteFileDurably(const std::string& path, absl::string_view contents, mode_t mode) {
+  std::string parent = std::filesystem::path(path).parent_path().string();
+  if (parent.empty()) parent = ".";
+  if ((mode & 077) == 0) RETURN_IF_ERROR(CheckPrivateDirectory(parent, path));
   const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  // A new file, never an existing one or through a link: a file already
+  // there (left by a crash, or made by someone else to keep its own owner
+  // and mode, or linking elsewhere) is removed first.
+  constexpr int kCreateNew = O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC;
+  int fd = ::open(tmp.c_str(), kCreateNew, mode);
+  if (fd < 0 && errno == EEXIST) {
+    if (::unlink(tmp.c_str()) != 0 && errno != ENOENT) return Errno("remove the stale", tmp);
+    fd = ::open(tmp.c_str(), kCreateNew, mode);
+  }
   if (fd < 0) return Errno("create", tmp);
   const char* data = contents.data();
   size_t left = contents.size();
@@ -139,8 +176,7 @@ absl::Status WriteFileDurably(const std::string& path, absl::string_view content
     ::unlink(tmp.c_str());
     return status;
   }
-  std::string parent = std::filesystem::path(path).parent_path().string();
-  return FsyncPath(parent.empty() ? "." : parent);
+  return FsyncPath(parent);
 }
 
 absl::StatusOr<std::string> ReadFileToString(const std::string& path) {

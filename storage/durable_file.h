@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include <sys/types.h>
+
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 
@@ -44,8 +46,15 @@ absl::StatusOr<std::vector<FileDigest>> DigestEachRange(const std::string& path,
 absl::Status FsyncPath(const std::string& path);
 
 // Writes `contents` to `path` atomically: `path`.tmp, fsync, rename, fsync of
-// the parent directory.
-absl::Status WriteFileDurably(const std::string& path, absl::string_view contents);
+// the parent directory. The file gets `mode` (less the umask) from its
+// creation on. `path`.tmp is always created new (O_EXCL, not through a
+// link; one already there is removed first), so a file someone else left
+// there cannot keep its owner and mode for the contents. A private file (no
+// group or other bits in `mode`: keys, tokens) is written only into a
+// directory of this user's (or root's) that no one else may write to:
+// FAILED_PRECONDITION naming it otherwise.
+absl::Status WriteFileDurably(const std::string& path, absl::string_view contents,
+                              mode_t mode = 0644);
 
 absl::StatusOr<std::string> ReadFileToString(const std::string& path);
 
