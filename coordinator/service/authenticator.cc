@@ -78,8 +78,14 @@ std::string AuditField(absl::string_view value) {
 void Authenticator::Audit(const grpc::ServerContext& context, const Principal& who,
                           absl::string_view call, absl::string_view target,
                           const grpc::Status& result) {
-  WriteAudit(context, who, call, target,
-             absl::StatusCodeToString(static_cast<absl::StatusCode>(result.error_code())));
+  const auto code = static_cast<absl::StatusCode>(result.error_code());
+  int64_t not_logged = 0;
+  if (code == absl::StatusCode::kUnauthenticated || code == absl::StatusCode::kPermissionDenied) {
+    const std::optional<int64_t> admitted = refusals_.Admit(absl::Now());
+    if (!admitted.has_value()) return;
+    not_logged = *admitted;
+  }
+  WriteAudit(context, who, call, target, absl::StatusCodeToString(code), not_logged);
 }
 
 void Authenticator::AuditStarted(const grpc::ServerContext& context, const Principal& who,
@@ -89,11 +95,12 @@ void Authenticator::AuditStarted(const grpc::ServerContext& context, const Princ
 
 void Authenticator::WriteAudit(const grpc::ServerContext& context, const Principal& who,
                                absl::string_view call, absl::string_view target,
-                               absl::string_view result) {
-  const std::string line = absl::StrCat(
+                               absl::string_view result, int64_t refusals_not_logged) {
+  std::string line = absl::StrCat(
       "audit time=", absl::FormatTime(absl::RFC3339_full, absl::Now(), absl::UTCTimeZone()),
       " who=", who.name, " role=", RoleName(who.role), " peer=", context.peer(), " call=", call,
       " target=", AuditField(target), " result=", result);
+  if (refusals_not_logged > 0) absl::StrAppend(&line, " refusals_not_logged=", refusals_not_logged);
   spdlog::info("{}", line);
   if (audit_file_.is_open()) {
     std::lock_guard<std::mutex> lock(audit_mu_);

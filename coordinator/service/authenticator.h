@@ -20,6 +20,7 @@
 #include "absl/strings/string_view.h"
 
 #include "coordinator/service/access_policy.h"
+#include "coordinator/service/audit_rate_limit.h"
 
 namespace flatshard {
 
@@ -51,7 +52,10 @@ class Authenticator {
                                       Role needed) const;
 
   // One line per state-changing call: when, who (name, role, peer), the call,
-  // its target and its result.
+  // its target and its result. Refusals (UNAUTHENTICATED, PERMISSION_DENIED)
+  // get a line each up to a burst of kRefusalBurst, then kRefusalsPerSecond;
+  // the next line written after some were not says how many
+  // (refusals_not_logged=N).
   void Audit(const grpc::ServerContext& context, const Principal& who, absl::string_view call,
              absl::string_view target, const grpc::Status& result);
   // The line of an admitted streaming call when it starts (result=STARTED):
@@ -63,9 +67,14 @@ class Authenticator {
  private:
   explicit Authenticator(AuthenticatorOptions options) : options_(std::move(options)) {}
   void WriteAudit(const grpc::ServerContext& context, const Principal& who, absl::string_view call,
-                  absl::string_view target, absl::string_view result);
+                  absl::string_view target, absl::string_view result,
+                  int64_t refusals_not_logged = 0);
+
+  static constexpr double kRefusalBurst = 100;
+  static constexpr double kRefusalsPerSecond = 10;
 
   AuthenticatorOptions options_;
+  AuditRateLimit refusals_{kRefusalsPerSecond, kRefusalBurst};
   std::mutex audit_mu_;
   std::ofstream audit_file_;
 };

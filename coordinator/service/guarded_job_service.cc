@@ -130,17 +130,17 @@ grpc::Status GuardedJobService::Guard(grpc::ServerContext& context, const char* 
   if (admitted.ok() && policy->audited && policy->streaming) {
     auth_->AuditStarted(context, *who, method, Target(request));
   }
-  result = admitted.ok() ? call() : ToGrpcStatus(admitted);
+  result = admitted.ok() ? call(*who) : ToGrpcStatus(admitted);
   if (policy->audited) auth_->Audit(context, *who, method, Target(request), result);
   return result;
 }
 
 // NOLINTBEGIN(bugprone-macro-parentheses): the arguments are a name and types.
-#define FLATSHARD_GUARDED_CALL(Method, Request, Response)                                      \
-  grpc::Status GuardedJobService::Method(grpc::ServerContext* context, const Request* request, \
-                                         Response* response) {                                 \
-    return Guard(*context, #Method, *request,                                                  \
-                 [&] { return inner_->Method(context, request, response); });                  \
+#define FLATSHARD_GUARDED_CALL(Method, Request, Response)                                       \
+  grpc::Status GuardedJobService::Method(grpc::ServerContext* context, const Request* request,  \
+                                         Response* response) {                                  \
+    return Guard(*context, #Method, *request,                                                   \
+                 [&](const Principal&) { return inner_->Method(context, request, response); }); \
   }
 
 FLATSHARD_GUARDED_CALL(CreateJob, v1::CreateJobRequest, v1::CreateJobResponse)
@@ -149,7 +149,21 @@ FLATSHARD_GUARDED_CALL(ListJobs, v1::ListJobsRequest, v1::ListJobsResponse)
 FLATSHARD_GUARDED_CALL(DeleteJob, v1::DeleteJobRequest, v1::DeleteJobResponse)
 FLATSHARD_GUARDED_CALL(Plan, v1::PlanRequest, v1::PlanResponse)
 FLATSHARD_GUARDED_CALL(ListWorkers, v1::ListWorkersRequest, v1::ListWorkersResponse)
-FLATSHARD_GUARDED_CALL(Train, v1::TrainRequest, grpc::ServerWriter<v1::StepResult>)
+// A training is started by whom the call proved to be; what the client says
+// of itself (user@host) only follows, so no caller can put another's name
+// on a training.
+grpc::Status GuardedJobService::Train(grpc::ServerContext* context, const v1::TrainRequest* request,
+                                      grpc::ServerWriter<v1::StepResult>* writer) {
+  return Guard(*context, "Train", *request, [&](const Principal& who) {
+    if (auth_->open() || request->attach()) return inner_->Train(context, request, writer);
+    v1::TrainRequest attributed = *request;
+    attributed.set_started_by(request->started_by().empty()
+                                  ? who.name
+                                  : absl::StrCat(who.name, " (", request->started_by(), ")"));
+    return inner_->Train(context, &attributed, writer);
+  });
+}
+
 FLATSHARD_GUARDED_CALL(StopTraining, v1::StopTrainingRequest, v1::StopTrainingResponse)
 FLATSHARD_GUARDED_CALL(Unshard, v1::UnshardRequest, v1::UnshardResponse)
 FLATSHARD_GUARDED_CALL(Reshard, v1::ReshardRequest, v1::ReshardResponse)

@@ -2,6 +2,7 @@
 
 #include <vector>
 
+#include "absl/strings/escaping.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 
@@ -127,8 +128,14 @@ grpc::Status JobServiceImpl::Train(grpc::ServerContext* context, const v1::Train
     }
     cursor = run->published();  // from the current step on
   } else {
+    // The caller's words, shown in logs, events and refusals to other
+    // clients: escaped, so a newline cannot forge a log line, and capped.
+    constexpr size_t kMaxStartedByBytes = 256;
     const std::string started_by =
-        request->started_by().empty() ? context->peer() : request->started_by();
+        request->started_by().empty()
+            ? context->peer()
+            : absl::CHexEscape(
+                  absl::string_view(request->started_by()).substr(0, kMaxStartedByBytes));
     absl::StatusOr<std::shared_ptr<TrainingRun>> started =
         (*job)->StartTraining(request->steps(), request->no_sync_micro_steps(), started_by);
     if (!started.ok()) return ToGrpcStatus(started.status());

@@ -14,7 +14,10 @@
 #include <grpcpp/create_channel.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/match.h"
 #include "absl/synchronization/notification.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "rpc/call_metadata.h"
 #include "rpc/cluster_certificates.h"
 #include "rpc/secrets.h"
@@ -122,7 +125,15 @@ TEST_F(SecurityTest, AMutualTlsClusterTrainsAndCheckpointsAndAuditsIt) {
   ASSERT_TRUE(saved.ok()) << saved.status();
   // An operator may train, too.
   FlatshardClient op = ClientWithToken(operator_token_);
-  ASSERT_TRUE(op.Train(job_, 1, 0, [](const v1::StepResult&) {}).ok());
+  // Named by the token it proved, whatever it says of itself; its own words
+  // follow, escaped (no forged log line).
+  v1::TrainRequest train;
+  train.set_job(job_);
+  train.set_steps(1);
+  train.set_started_by("vic@laptop\naudit who=local-admin");
+  ASSERT_TRUE(op.Train(train, [](const v1::StepResult&) {}).ok());
+  EXPECT_EQ(admin_->GetJob(job_)->training().started_by(),
+            "otto (vic@laptop\\naudit who=local-admin)");
   const std::string audit = ReadFile(security_.dir + "/audit.log");
   EXPECT_THAT(audit, HasSubstr("who=local-admin role=admin"));
   EXPECT_THAT(audit, HasSubstr("call=CreateJob target=mlp-demo result=OK"));
@@ -206,6 +217,36 @@ TEST_F(SecurityTest, ClientsWithoutTheRightCredentialsAreRefusedWithTheRightCode
   EXPECT_THAT(audit, HasSubstr("who=vic role=viewer"));
   EXPECT_THAT(audit, HasSubstr("call=DeleteJob target=mlp-demo result=PERMISSION_DENIED"));
   EXPECT_THAT(audit, HasSubstr("call=DeleteJob target=mlp-demo result=UNAUTHENTICATED"));
+
+  // A caller without a token cannot fill the disk with refusals either: a
+  // burst of 100 lines, then 10 a second, and a count of the rest.
+  const auto refusal_lines = [this] {
+    const std::string text = ReadFile(security_.dir + "/audit.log");
+    size_t n = 0;
+    for (size_t at = text.find("who=unidentified"); at != std::string::npos;
+         at = text.find("who=unidentified", at + 1)) {
+      ++n;
+    }
+    return n;
+  };
+  const size_t lines_before = refusal_lines();
+  const absl::Time flood_began = absl::Now();
+  constexpr int kFlood = 400;
+  for (int i = 0; i < kFlood; ++i) {
+    ASSERT_EQ(ClientWithToken("").DeleteJob(job_).code(), absl::StatusCode::kUnauthenticated);
+  }
+  const double flood_s = absl::ToDoubleSeconds(absl::Now() - flood_began);
+  const size_t written = refusal_lines() - lines_before;
+  EXPECT_LE(static_cast<double>(written), 100 + 10 * flood_s + 1) << "in " << flood_s << " s";
+  EXPECT_LT(written, static_cast<size_t>(kFlood));
+  // The next line written says how many were not (bounded: a refusal every
+  // call, a line every 100 ms).
+  bool counted = false;
+  for (int i = 0; i < 1000 && !counted && absl::Now() - flood_began < absl::Seconds(60); ++i) {
+    ASSERT_EQ(ClientWithToken("").DeleteJob(job_).code(), absl::StatusCode::kUnauthenticated);
+    counted = absl::StrContains(ReadFile(security_.dir + "/audit.log"), "refusals_not_logged=");
+  }
+  EXPECT_TRUE(counted);
 }
 
 TEST_F(SecurityTest, WorkersJoinOnlyWithProofAndOnlyTheCoordinatorCommandsThem) {
