@@ -8,8 +8,11 @@ from __future__ import annotations
 import getpass
 import json
 import os
+import signal
 import socket
+import threading
 import time
+import warnings
 from typing import Any, Dict, Iterator, List, Optional, Union
 
 import grpc
@@ -61,6 +64,47 @@ def _read(path: Optional[str]) -> Optional[bytes]:
         return f.read()
 
 
+def _started_by() -> str:
+    """Who starts a training, as the client says it (user@host)."""
+    try:
+        user = getpass.getuser()
+    except Exception:  # noqa: BLE001 (no passwd entry for the uid, no $USER: containers)
+        user = "unknown"
+    return f"{user}@{socket.gethostname()} (python)"
+
+
+# How long a Ctrl-C waits for the coordinator to take the stop.
+_STOP_ON_INTERRUPT_TIMEOUT_S = 10.0
+
+
+class _InterruptWatch:
+    """While entered, on the main thread: notes a SIGINT (Ctrl-C, a Jupyter
+    kernel's interrupt) before the handler that was there handles it (Python's
+    own raises KeyboardInterrupt). Elsewhere, or with SIGINT ignored or left
+    to the system, it changes nothing and notes nothing."""
+
+    def __init__(self) -> None:
+        self.seen = False
+        self._previous: Any = None
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        self.seen = True
+        self._previous(signum, frame)
+
+    def __enter__(self) -> "_InterruptWatch":
+        if threading.current_thread() is threading.main_thread():
+            previous = signal.getsignal(signal.SIGINT)
+            if callable(previous):
+                self._previous = previous
+                signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        # Only its own handler is put back: another set since stays.
+        if self._previous is not None and signal.getsignal(signal.SIGINT) == self._handle:
+            signal.signal(signal.SIGINT, self._previous)
+
+
 def _token_from_file(path: Optional[str]) -> Optional[str]:
     if not path:
         return None
@@ -90,10 +134,13 @@ class Cluster:
         self.timeout = timeout
         if isinstance(tls, dict):
             tls = TlsConfig(**tls)
-        if tls is None and os.environ.get("FLATSHARD_TLS_CA"):
-            tls = TlsConfig(ca=os.environ["FLATSHARD_TLS_CA"],
-                            cert=os.environ.get("FLATSHARD_TLS_CERT"),
-                            key=os.environ.get("FLATSHARD_TLS_KEY"))
+        # Any of the three turns TLS on, as in the CLI: a client certificate
+        # without a CA is checked against the system's roots, never sent (with
+        # the token) over plaintext.
+        if tls is None and any(os.environ.get(f"FLATSHARD_TLS_{v}") for v in ("CA", "CERT", "KEY")):
+            tls = TlsConfig(ca=os.environ.get("FLATSHARD_TLS_CA") or None,
+                            cert=os.environ.get("FLATSHARD_TLS_CERT") or None,
+                            key=os.environ.get("FLATSHARD_TLS_KEY") or None)
         if tls is None:
             self._channel = grpc.insecure_channel(self.address, options=_CHANNEL_OPTIONS)
         else:
@@ -253,7 +300,7 @@ class Job:
         """
         request = job_pb2.TrainRequest(job=self.name, steps=steps,
                                        no_sync_micro_steps=no_sync_micro_steps, detach=detach,
-                                       started_by=f"{getpass.getuser()}@{socket.gethostname()} (python)")
+                                       started_by=_started_by())
         responses = self.cluster._stream("Train", request)
         if detach:
             for _ in responses:  # the coordinator ends the stream once it started
@@ -267,16 +314,35 @@ class Job:
                                                  job_pb2.TrainRequest(job=self.name, attach=True)))
 
     def _follow(self, responses: Iterator[Any]) -> Iterator[StepResult]:
+        # Ctrl-C most often lands in the loop's body, not in this generator:
+        # the loop then drops it (GeneratorExit), which alone cannot be told
+        # from a `break`. The watch notes the signal wherever it lands.
+        watch = _InterruptWatch()
         try:
-            for result in responses:
-                yield _convert.step_result(result)
+            with watch:
+                for result in responses:
+                    yield _convert.step_result(result)
         except KeyboardInterrupt:
-            self.stop()
+            self._stop_after_interrupt()
+            raise
+        except GeneratorExit:
+            if watch.seen:
+                self._stop_after_interrupt()
             raise
 
-    def stop(self) -> StopResult:
+    def _stop_after_interrupt(self) -> None:
+        # The interrupt is what the caller gets, whatever the stop says (the
+        # training ended meanwhile, the coordinator is gone): as in the CLI.
+        try:
+            self.stop(timeout=_STOP_ON_INTERRUPT_TIMEOUT_S)
+        except FlatshardError as error:
+            warnings.warn(f"flatshard: could not stop the training of job '{self.name}': "
+                          f"{error}", RuntimeWarning, stacklevel=3)
+
+    def stop(self, timeout: Optional[float] = None) -> StopResult:
         """Asks the running training to stop after the step in flight."""
-        response = self.cluster._unary("StopTraining", job_pb2.StopTrainingRequest(job=self.name))
+        response = self.cluster._unary("StopTraining", job_pb2.StopTrainingRequest(job=self.name),
+                                       timeout=timeout)
         return StopResult(was_running=response.was_running, step=response.step)
 
     def unshard(self, units: Optional[List[int]] = None) -> None:
