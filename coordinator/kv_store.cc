@@ -22,20 +22,37 @@ std::string JobNamespace(const std::string& key) {
 
 absl::Status KvStore::PutLocked(const std::string& key, std::string value) {
   const std::string ns = JobNamespace(key);
-  Usage& usage = usage_[ns];
+  // Made only for a put that succeeds: a refused one leaves no entry behind.
+  const auto found = usage_.find(ns);
+  Usage usage = found == usage_.end() ? Usage{} : found->second;
   auto it = values_.find(key);
   const size_t old_bytes = it == values_.end() ? 0 : it->first.size() + it->second.size();
   const size_t new_bytes = key.size() + value.size();
-  if (it == values_.end() && usage.keys + 1 > max_keys_per_job_) {
+  const bool added = it == values_.end();
+  if (added && usage.keys + 1 > limits_.keys_per_job) {
     return absl::ResourceExhaustedError(absl::StrCat(
-        "rendezvous store limit keys_per_job (", max_keys_per_job_, ") reached for '", ns, "'"));
+        "rendezvous store limit keys_per_job (", limits_.keys_per_job, ") reached for '", ns, "'"));
   }
-  if (usage.bytes - old_bytes + new_bytes > max_bytes_per_job_) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "rendezvous store limit bytes_per_job (", max_bytes_per_job_, ") reached for '", ns, "'"));
+  if (usage.bytes - old_bytes + new_bytes > limits_.bytes_per_job) {
+    return absl::ResourceExhaustedError(absl::StrCat("rendezvous store limit bytes_per_job (",
+                                                     limits_.bytes_per_job, ") reached for '", ns,
+                                                     "'"));
   }
-  if (it == values_.end()) ++usage.keys;
+  if (added && total_.keys + 1 > limits_.keys_total) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("rendezvous store limit keys_total (", limits_.keys_total, ") reached"));
+  }
+  if (total_.bytes - old_bytes + new_bytes > limits_.bytes_total) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("rendezvous store limit bytes_total (", limits_.bytes_total, ") reached"));
+  }
+  if (added) {
+    ++usage.keys;
+    ++total_.keys;
+  }
   usage.bytes = usage.bytes - old_bytes + new_bytes;
+  total_.bytes = total_.bytes - old_bytes + new_bytes;
+  usage_[ns] = usage;
   values_[key] = std::move(value);
   return absl::OkStatus();
 }
@@ -150,6 +167,8 @@ void KvStore::DeletePrefix(const std::string& prefix) {
   std::lock_guard<std::mutex> lock(mu_);
   const std::string start = prefix + "/";
   for (auto it = values_.lower_bound(start); it != values_.end() && it->first.starts_with(start);) {
+    total_.keys -= 1;
+    total_.bytes -= it->first.size() + it->second.size();
     auto usage = usage_.find(JobNamespace(it->first));
     if (usage != usage_.end()) {
       usage->second.keys -= 1;

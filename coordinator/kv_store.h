@@ -30,13 +30,23 @@ class KvStore {
   // path component): a rendezvous needs a few keys per rank and communicator.
   static constexpr size_t kDefaultMaxKeysPerJob = 1 << 16;
   static constexpr size_t kDefaultMaxBytesPerJob = size_t{256} << 20;
+  // Over every namespace: a session holder choosing keys in namespaces of
+  // their own ("a1", "a2", ...) gets a per-job budget for each, and would
+  // otherwise take the coordinator's memory.
+  static constexpr size_t kDefaultMaxKeysTotal = 1 << 20;
+  static constexpr size_t kDefaultMaxBytesTotal = size_t{512} << 20;
 
-  explicit KvStore(size_t max_keys_per_job = kDefaultMaxKeysPerJob,
-                   size_t max_bytes_per_job = kDefaultMaxBytesPerJob)
-      : max_keys_per_job_(max_keys_per_job), max_bytes_per_job_(max_bytes_per_job) {}
+  struct Limits {
+    size_t keys_per_job = kDefaultMaxKeysPerJob;
+    size_t bytes_per_job = kDefaultMaxBytesPerJob;
+    size_t keys_total = kDefaultMaxKeysTotal;
+    size_t bytes_total = kDefaultMaxBytesTotal;
+  };
+  KvStore() : KvStore(Limits{}) {}
+  explicit KvStore(const Limits& limits) : limits_(limits) {}
 
-  // RESOURCE_EXHAUSTED naming the limit when the job's keys or bytes would
-  // exceed it.
+  // RESOURCE_EXHAUSTED naming the limit when the job's keys or bytes, or
+  // the whole store's, would exceed it.
   absl::Status Set(const std::string& key, std::string value);
   // NOT_FOUND when absent (no waiting: use Wait first).
   absl::StatusOr<std::string> Get(const std::string& key) const;
@@ -74,10 +84,10 @@ class KvStore {
   // ABORTED when `key` is under an abandoned prefix. Holds mu_.
   absl::Status CheckNotAbandonedLocked(const std::string& key) const;
 
-  const size_t max_keys_per_job_;
-  const size_t max_bytes_per_job_;
+  const Limits limits_;
   mutable std::mutex mu_;
   std::map<std::string, Usage> usage_;  // by job namespace
+  Usage total_;                         // of every namespace
   mutable std::condition_variable changed_;
   std::map<std::string, std::string> values_;
   std::map<std::string, std::string> abandoned_;  // prefix -> why; a few per job

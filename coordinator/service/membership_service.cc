@@ -129,8 +129,25 @@ grpc::Status MembershipService::StoreWait(grpc::ServerContext* context,
     return ToGrpcStatus(absl::ResourceExhaustedError(absl::StrCat(
         "store_wait.keys has ", request->keys().size(), " keys; the limit is ", kMaxWaitKeys)));
   }
+  const std::string session(MetadataValue(*context, kSessionKey));
+  {
+    std::lock_guard<std::mutex> lock(waits_mu_);
+    int& in_flight = waits_by_session_[session];
+    if (in_flight >= kMaxWaitsPerSession) {
+      return ToGrpcStatus(absl::ResourceExhaustedError(
+          absl::StrCat("store_wait: this session has ", in_flight,
+                       " waits in flight; the limit is ", kMaxWaitsPerSession)));
+    }
+    ++in_flight;
+  }
   const std::vector<std::string> keys(request->keys().begin(), request->keys().end());
-  return ToGrpcStatus(store_->Wait(keys, timeout, [context] { return context->IsCancelled(); }));
+  const absl::Status waited =
+      store_->Wait(keys, timeout, [context] { return context->IsCancelled(); });
+  {
+    std::lock_guard<std::mutex> lock(waits_mu_);
+    if (--waits_by_session_[session] == 0) waits_by_session_.erase(session);
+  }
+  return ToGrpcStatus(waited);
 }
 
 grpc::Status MembershipService::StoreAdd(grpc::ServerContext* context,

@@ -9,6 +9,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <utility>
@@ -54,6 +56,9 @@ class MembershipService final : public v1::Membership::Service {
   static constexpr absl::Duration kMaxWait = absl::Minutes(10);
   // Most keys one StoreWait may name.
   static constexpr int kMaxWaitKeys = 4096;
+  // Most StoreWaits one session may have in flight: each holds a server
+  // thread for up to kMaxWait. A rank waits on one rendezvous at a time.
+  static constexpr int kMaxWaitsPerSession = 16;
 
  private:
   // UNAUTHENTICATED unless the call carries a current registration's session.
@@ -64,6 +69,8 @@ class MembershipService final : public v1::Membership::Service {
   absl::Duration heartbeat_interval_;
   Authenticator* auth_;
   AbortQuery abort_query_;
+  std::mutex waits_mu_;
+  std::map<std::string, int> waits_by_session_;  // in flight; guarded by waits_mu_
 };
 
 }  // namespace flatshard

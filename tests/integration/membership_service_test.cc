@@ -7,6 +7,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <grpcpp/create_channel.h>
 #include <grpcpp/security/credentials.h>
@@ -196,6 +197,60 @@ TEST(MembershipServiceTest, AnAbortedGrpcStoreLetsGoOfItsWaitAtOnceAndRefusesLat
   // Another store of the same worker (the next epoch's) is not affected.
   GrpcStore next(channel, credentials);
   EXPECT_EQ(*next.Get("job/x/1/rank0", absl::Seconds(5)), "here");
+}
+
+// Each StoreWait holds a server thread for up to 10 minutes: one session has
+// at most kMaxWaitsPerSession in flight, another session is not held back by
+// it, and a wait that ends frees its slot.
+TEST(MembershipServiceTest, ASessionsWaitsInFlightAreBounded) {
+  Coordinator coordinator;
+  auto server = GrpcServer::Start("127.0.0.1:0", {&coordinator.service});
+  ASSERT_TRUE(server.ok()) << server.status();
+  auto channel = grpc::CreateChannel((*server)->address(), grpc::InsecureChannelCredentials());
+  auto stub = v1::Membership::NewStub(channel);
+  const auto session_of = [&](const std::string& id) {
+    auto credentials = std::make_shared<WorkerCallCredentials>("");
+    absl::StatusOr<std::string> session = RegisterSpare(channel, id);
+    EXPECT_TRUE(session.ok()) << session.status();
+    credentials->set_session(session.value_or(""));
+    return credentials;
+  };
+  const auto wait = [&](WorkerCallCredentials& credentials, const std::string& key,
+                        int timeout_ms) {
+    grpc::ClientContext context;
+    credentials.AttachSession(context);
+    v1::StoreWaitRequest request;
+    request.add_keys(key);
+    request.set_timeout_ms(timeout_ms);
+    v1::StoreWaitResponse response;
+    return stub->StoreWait(&context, request, &response);
+  };
+  std::shared_ptr<WorkerCallCredentials> waiter = session_of("waiter");
+  constexpr size_t kLimit = MembershipService::kMaxWaitsPerSession;
+  std::vector<grpc::Status> waited(kLimit);
+  std::vector<std::thread> waiters;
+  for (size_t i = 0; i < kLimit; ++i) {
+    waiters.emplace_back([&, i] { waited[i] = wait(*waiter, "job/x/1/late", 120000); });
+  }
+  // Bounded: the waits reach the coordinator's store within a few seconds.
+  const absl::Time started = absl::Now();
+  while (coordinator.store.waiting() < kLimit && absl::Now() - started < absl::Seconds(30)) {
+  }
+  ASSERT_EQ(coordinator.store.waiting(), kLimit);
+  const grpc::Status refused = wait(*waiter, "job/x/1/late", 1000);
+  EXPECT_EQ(refused.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_NE(refused.error_message().find(absl::StrCat("the limit is ", kLimit)), std::string::npos)
+      << refused.error_message();
+  // Another worker's session waits as ever.
+  std::shared_ptr<WorkerCallCredentials> other = session_of("other");
+  EXPECT_EQ(wait(*other, "job/x/1/never", 50).error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  ASSERT_TRUE(coordinator.store.Set("job/x/1/late", "here").ok());
+  for (std::thread& t : waiters) t.join();
+  for (size_t i = 0; i < kLimit; ++i) {
+    EXPECT_TRUE(waited[i].ok()) << i << ": " << waited[i].error_message();
+  }
+  // Their slots are free again.
+  EXPECT_TRUE(wait(*waiter, "job/x/1/late", 1000).ok());
 }
 
 }  // namespace

@@ -9,6 +9,8 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
+
 namespace flatshard {
 namespace {
 
@@ -51,7 +53,7 @@ TEST(KvStoreTest, WaitWakesOnSetAndTimesOutNamingTheKeys) {
 }
 
 TEST(KvStoreTest, KeysAndBytesPerJobAreLimited) {
-  KvStore store(/*max_keys_per_job=*/3, /*max_bytes_per_job=*/64);
+  KvStore store(KvStore::Limits{.keys_per_job = 3, .bytes_per_job = 64});
   ASSERT_TRUE(store.Set("job/a/epoch/1/k1", "v").ok());
   ASSERT_TRUE(store.Set("job/a/epoch/1/k2", "v").ok());
   ASSERT_TRUE(store.Set("job/a/epoch/1/k2", "w").ok());  // replacing is not a new key
@@ -69,6 +71,32 @@ TEST(KvStoreTest, KeysAndBytesPerJobAreLimited) {
   EXPECT_EQ(store.Add("job/b/k3", std::numeric_limits<int64_t>::max()).value_or(0),
             std::numeric_limits<int64_t>::max());
   EXPECT_EQ(store.Add("job/b/k3", 1).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Keys in namespaces a caller makes up ("a1", "a2", ...) each have a job's
+// budget: the store's own bound holds over all of them.
+TEST(KvStoreTest, KeysAndBytesOfTheWholeStoreAreLimited) {
+  KvStore store(KvStore::Limits{.keys_total = 4, .bytes_total = 100});
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(store.Set(absl::StrCat("a", i), "v").ok()) << i;
+  const absl::Status keys = store.Set("a4", "v");
+  EXPECT_EQ(keys.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(keys.message()), HasSubstr("keys_total (4) reached"));
+  EXPECT_EQ(store.Add("a5", 1).status().code(), absl::StatusCode::kResourceExhausted);
+  ASSERT_TRUE(store.Set("a3", std::string(40, 'x')).ok());  // a replacement, within 100 bytes
+  const absl::Status bytes = store.Set("a2", std::string(60, 'x'));
+  EXPECT_EQ(bytes.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(bytes.message()), HasSubstr("bytes_total (100) reached"));
+  EXPECT_EQ(store.Get("a2").value_or(""), "v");  // unchanged by the refused call
+  EXPECT_EQ(store.size(), 4u);
+  store.DeletePrefix("a3");  // only keys under "a3/": none
+  EXPECT_EQ(store.size(), 4u);
+  // A job's epoch ends: what it held returns to the whole store's budget.
+  KvStore jobs(KvStore::Limits{.keys_total = 2});
+  ASSERT_TRUE(jobs.Set("job/a/epoch/1/k1", "v").ok());
+  ASSERT_TRUE(jobs.Set("job/b/epoch/1/k1", "v").ok());
+  EXPECT_FALSE(jobs.Set("job/c/epoch/1/k1", "v").ok());
+  jobs.DeletePrefix("job/a/epoch/1");
+  EXPECT_TRUE(jobs.Set("job/c/epoch/1/k1", "v").ok());
 }
 
 TEST(KvStoreTest, AWaitWhoseCallerGaveUpReturnsWithinACheckAndIsCounted) {
