@@ -201,6 +201,23 @@ class TorchInteropTest(ClusterTestCase):
         from_torch.model_spec(torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Dropout(0.0)))
         self.assertEqual(torch_modules.build({"root": {"type": "Dropout"}}).p, 0.0)
 
+    def test_a_subclass_of_a_composite_must_keep_its_forward(self) -> None:
+        class PostNormBlock(torch_modules.TransformerBlock):
+            def forward(self, x: torch.Tensor) -> torch.Tensor:
+                return self.ln_2(x + self.mlp(self.ln_1(x + self.attn(x))))
+
+        class NamedBlock(torch_modules.TransformerBlock):
+            def __init__(self) -> None:  # its own construction, the same computation
+                super().__init__(n_embd=8, num_heads=2)
+
+        with self.assertRaises(from_torch.UnsupportedModule) as caught:
+            from_torch.model_spec(torch.nn.Sequential(PostNormBlock(n_embd=8, num_heads=2)))
+        self.assertIn("0: ", str(caught.exception))
+        self.assertIn("PostNormBlock overrides forward of flatshard.torch_modules.TransformerBlock",
+                      str(caught.exception))
+        spec = from_torch.model_spec(torch.nn.Sequential(NamedBlock()))
+        self.assertEqual(spec["root"]["children"][0]["type"], "TransformerBlock")
+
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)

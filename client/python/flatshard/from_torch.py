@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import inspect
 import os
 import sys
 from typing import Any, Dict, List, Optional
@@ -34,7 +35,8 @@ _CONTAINERS = [(nn.Sequential, "Sequential"), (nn.ModuleList, "ModuleList"),
                (torch_modules.ModuleList, "ModuleList"), (nn.ModuleDict, "ModuleDict")]
 SUPPORTED = ("Linear, LayerNorm, Embedding, MultiheadAttention, GELU, ReLU, Dropout, Identity, "
              "Sequential, ModuleList, ModuleDict and flatshard.torch_modules' ModuleList, "
-             "Residual, MLP, CausalSelfAttention, TransformerBlock, GPT (or subclasses of them)")
+             "Residual, MLP, CausalSelfAttention, TransformerBlock, GPT (or subclasses of them "
+             "that change only their construction)")
 
 
 class UnsupportedModule(ValueError):
@@ -70,9 +72,26 @@ def _dtype_name(dtype: torch.dtype, fqn: str) -> str:
     return _DTYPE_NAMES[dtype]
 
 
+def _overridden(subclass: type, cls: type) -> List[str]:
+    """The methods `cls` defines (forward and the helpers it may call; not
+    dunders such as __init__) that `subclass` replaces."""
+    return [name for name, method in vars(cls).items()
+            if not name.startswith("__") and (callable(method) or
+                                               isinstance(method, (staticmethod, classmethod)))
+            and inspect.getattr_static(subclass, name, None) is not method]
+
+
 def _type_of(module: nn.Module, fqn: str) -> str:
     for cls, kind in _COMPOSITES:
         if isinstance(module, cls):
+            # The workers run `cls`'s computation: a subclass may add to its
+            # construction, not change what forward (or a method it calls) does.
+            changed = _overridden(type(module), cls)
+            if changed:
+                raise UnsupportedModule(
+                    f"{fqn or '<root>'}: {_qualname(module)} overrides {', '.join(changed)} of "
+                    f"flatshard.torch_modules.{cls.__name__}; the cluster runs {kind}'s own, "
+                    f"so it would train another model than this one")
             return kind
     exact = {nn.Linear: "Linear", nn.LayerNorm: "LayerNorm", nn.Embedding: "Embedding",
              nn.GELU: "GELU", nn.ReLU: "ReLU", nn.Dropout: "Dropout", nn.Identity: "Identity",
