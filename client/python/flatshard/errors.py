@@ -21,7 +21,8 @@ class FlatshardError(Exception):
 
 
 class JobFailed(FlatshardError):
-    """The job reached FAILED while the client waited on it."""
+    """The job reached FAILED, or was stopped (deleted: STOPPED), while the client
+    waited on it; the message says which."""
 
 
 def from_rpc_error(error: grpc.RpcError, call: str) -> FlatshardError:
