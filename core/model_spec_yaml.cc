@@ -11,34 +11,54 @@ namespace {
 
 constexpr int64_t kMaxRepeat = 100000;
 
-// What one document may expand to, modules and parameters counted together.
-// The text alone does not bound it: `repeat` nests (a 150-byte document of
-// two nested repeats is 10^10 modules), and so do YAML aliases of a module
-// listed many times. Counted as the tree is built, so such a document fails
+// What one document may expand to, in entries: a module, a parameter, a
+// dimension of a shape, an attribute, and each 64 bytes of a name, a type
+// or an attribute's key or value. The text alone does not bound it:
+// `repeat` nests (a 150-byte document of two nested repeats is 10^10
+// modules), a repeated template copies its attributes' strings, and YAML
+// aliases list a module (or a parameter) many times. Counted as the tree is
+// read and before a repeat's copies are made, so such a document fails
 // before it allocates. A million is ~9x the tree of DeepSeek-V3 (~60k
 // modules, ~47k parameters); a document at the bound takes ~270 MB and ~5 s
 // to read (ModelSpecTest.AliasedModulesPastTheBoundFailAsTheyAreRead).
 constexpr int64_t kMaxSpecEntries = 1000000;
 
-// Entries (modules and parameters) still allowed in the document being read.
+// Entries still allowed in the document being read.
 struct SpecBudget {
   int64_t left = kMaxSpecEntries;
 
   // Spends `n` entries for what `field` reads, or says the document is too big.
   absl::Status Spend(const YamlField& field, int64_t n) {
     if (n > left) {
-      return field.Error(absl::StrCat("the model expands to more than ", kMaxSpecEntries,
-                                      " modules and parameters (counting every copy a "
-                                      "'repeat' or a YAML alias makes)"));
+      return field.Error(absl::StrCat(
+          "the model expands to more than ", kMaxSpecEntries,
+          " entries (modules, parameters, dimensions, attributes, and 64 bytes of names and "
+          "values each), counting every copy a 'repeat' or a YAML alias makes"));
     }
     left -= n;
     return absl::OkStatus();
   }
 };
 
-// Modules and parameters in `module`'s tree, itself included.
+int64_t StringEntries(const std::string& text) { return static_cast<int64_t>(text.size() / 64); }
+
+// A parameter's own entries: itself, its dimensions, its name.
+int64_t OwnEntries(const ParamSpec& param) {
+  return 1 + static_cast<int64_t>(param.shape.size()) + StringEntries(param.name);
+}
+
+// A module's own entries (no parameters, no children): itself, its name and
+// type, its attributes.
+int64_t OwnEntries(const ModuleSpec& module) {
+  int64_t n = 1 + StringEntries(module.name) + StringEntries(module.type);
+  for (const auto& [key, value] : module.attrs) n += 1 + StringEntries(key) + StringEntries(value);
+  return n;
+}
+
+// The entries of `module`'s tree, itself included.
 int64_t SpecEntries(const ModuleSpec& module) {
-  int64_t n = 1 + static_cast<int64_t>(module.params.size());
+  int64_t n = OwnEntries(module);
+  for (const ParamSpec& param : module.params) n += OwnEntries(param);
   for (const ModuleSpec& child : module.children) n += SpecEntries(child);
   return n;
 }
@@ -181,6 +201,9 @@ absl::StatusOr<ModuleSpec> ReadModule(const YamlField& field, DType default_dtyp
       ASSIGN_OR_RETURN(module.attrs[key], value.AsString());
     }
   }
+  // Its own entries but the one spent on entry: the attributes and strings.
+  int64_t spent = OwnEntries(module);
+  RETURN_IF_ERROR(budget.Spend(field, spent - 1));
 
   ShorthandSettings settings;
   for (absl::string_view key : type->shorthand_keys) {
@@ -201,16 +224,17 @@ absl::StatusOr<ModuleSpec> ReadModule(const YamlField& field, DType default_dtyp
     }
     YamlField params = field.Child("params");
     RETURN_IF_ERROR(params.ExpectSequence());
-    RETURN_IF_ERROR(budget.Spend(params, static_cast<int64_t>(params.size())));
     for (size_t i = 0; i < params.size(); ++i) {
       ASSIGN_OR_RETURN(ParamSpec param, ReadParam(params.Element(i), dtype, frozen));
+      RETURN_IF_ERROR(budget.Spend(params.Element(i), OwnEntries(param)));
+      spent += OwnEntries(param);
       module.params.push_back(std::move(param));
     }
   } else if (!settings.empty()) {
     if (absl::Status s = ExpandShorthand(*type, settings, dtype, module); !s.ok()) {
       return field.Error(s.message());
     }
-    RETURN_IF_ERROR(budget.Spend(field, SpecEntries(module) - 1));
+    RETURN_IF_ERROR(budget.Spend(field, SpecEntries(module) - spent));
     for (ParamSpec& param : module.params) {
       param.source_line = module.source_line;
       param.requires_grad = !frozen;
@@ -247,9 +271,9 @@ absl::StatusOr<ModuleSpec> ReadModule(const YamlField& field, DType default_dtyp
     // The other copies, before they are made.
     const int64_t template_entries = SpecEntries(first);
     if (repeat - 1 > budget.left / template_entries) {
-      return field.Child("repeat").Error(absl::StrCat(
-          repeat, " copies of a template of ", template_entries,
-          " modules and parameters make more than ", kMaxSpecEntries, " in the model"));
+      return field.Child("repeat").Error(absl::StrCat(repeat, " copies of a template of ",
+                                                      template_entries, " entries make more than ",
+                                                      kMaxSpecEntries, " in the model"));
     }
     budget.left -= (repeat - 1) * template_entries;
     for (int64_t i = 0; i < repeat; ++i) {

@@ -176,7 +176,10 @@ absl::StatusOr<std::vector<std::string>> WriteClusterCertificates(
                      "stop working if it were replaced: choose another directory"));
   }
   std::error_code ec;
-  fs::create_directories(directory, ec);
+  // Made only its owner's: it holds the CA's key.
+  if (fs::create_directories(directory, ec)) {
+    fs::permissions(directory, fs::perms::owner_all, ec);
+  }
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", directory, ": ", ec.message()));
   std::vector<std::string> all_hosts = {"localhost", "127.0.0.1", "::1"};
   for (const std::string& host : hosts) {

@@ -113,8 +113,10 @@ absl::Status FsyncPath(const std::string& path) {
 namespace {
 
 // A directory a private file may be written into: its owner's (or root's),
-// and no one else may add or replace files in it (a sticky directory, /tmp,
-// lets them add but neither replace nor remove ours).
+// and not one every user may add or replace files in (a sticky directory,
+// /tmp, lets them add but neither replace nor remove ours). Writable by its
+// group is allowed: umask 002 makes every directory so where each user has
+// a group of their own (Debian, Ubuntu, Fedora).
 absl::Status CheckPrivateDirectory(const std::string& dir, const std::string& path) {
   struct stat info = {};
   if (::stat(dir.c_str(), &info) != 0) return Errno("stat", dir);
@@ -124,9 +126,9 @@ absl::Status CheckPrivateDirectory(const std::string& dir, const std::string& pa
                      info.st_uid, ", not to this process's uid ", ::geteuid(),
                      ", who could read or replace the secret it keeps"));
   }
-  if ((info.st_mode & (S_IWGRP | S_IWOTH)) != 0 && (info.st_mode & S_ISVTX) == 0) {
+  if ((info.st_mode & S_IWOTH) != 0 && (info.st_mode & S_ISVTX) == 0) {
     return absl::FailedPreconditionError(absl::StrFormat(
-        "will not write %s: its directory %s is writable by others (mode %04o), who could "
+        "will not write %s: its directory %s is writable by every user (mode %04o), who could "
         "replace the secret it keeps; make it 0700 or 0755",
         path, dir, info.st_mode & 07777));
   }

@@ -51,7 +51,7 @@ absl::Status FsyncPath(const std::string& path);
 // link; one already there is removed first), so a file someone else left
 // there cannot keep its owner and mode for the contents. A private file (no
 // group or other bits in `mode`: keys, tokens) is written only into a
-// directory of this user's (or root's) that no one else may write to:
+// directory of this user's (or root's) that not every user may write to:
 // FAILED_PRECONDITION naming it otherwise.
 absl::Status WriteFileDurably(const std::string& path, absl::string_view contents,
                               mode_t mode = 0644);

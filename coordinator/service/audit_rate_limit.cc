@@ -23,4 +23,11 @@ std::optional<int64_t> AuditRateLimit::Admit(absl::Time now) {
   return before;
 }
 
+int64_t AuditRateLimit::TakeNotWritten() {
+  std::lock_guard<std::mutex> lock(mu_);
+  const int64_t before = not_written_;
+  not_written_ = 0;
+  return before;
+}
+
 }  // namespace flatshard

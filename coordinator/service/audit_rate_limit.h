@@ -22,6 +22,9 @@ class AuditRateLimit {
   // Whether a refusal at `now` gets its line. If so: how many refusals were
   // not written since the last one that was (0 when none).
   std::optional<int64_t> Admit(absl::Time now);
+  // The refusals not written since the last line that said so, for another
+  // line (an allowed call's) to say; 0 after.
+  int64_t TakeNotWritten();
 
  private:
   const double lines_per_second_;

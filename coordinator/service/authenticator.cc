@@ -79,18 +79,25 @@ void Authenticator::Audit(const grpc::ServerContext& context, const Principal& w
                           absl::string_view call, absl::string_view target,
                           const grpc::Status& result) {
   const auto code = static_cast<absl::StatusCode>(result.error_code());
+  // Callers that proved no identity and those that did have a budget each,
+  // so a flood of the first does not hide the refusals of the second.
   int64_t not_logged = 0;
   if (code == absl::StatusCode::kUnauthenticated || code == absl::StatusCode::kPermissionDenied) {
-    const std::optional<int64_t> admitted = refusals_.Admit(absl::Now());
+    AuditRateLimit& budget =
+        code == absl::StatusCode::kUnauthenticated ? unidentified_refusals_ : denials_;
+    const std::optional<int64_t> admitted = budget.Admit(absl::Now());
     if (!admitted.has_value()) return;
     not_logged = *admitted;
   }
+  // Any line says what went unwritten, so a flood that stopped is counted.
+  not_logged += unidentified_refusals_.TakeNotWritten() + denials_.TakeNotWritten();
   WriteAudit(context, who, call, target, absl::StatusCodeToString(code), not_logged);
 }
 
 void Authenticator::AuditStarted(const grpc::ServerContext& context, const Principal& who,
                                  absl::string_view call, absl::string_view target) {
-  WriteAudit(context, who, call, target, "STARTED");
+  WriteAudit(context, who, call, target, "STARTED",
+             unidentified_refusals_.TakeNotWritten() + denials_.TakeNotWritten());
 }
 
 void Authenticator::WriteAudit(const grpc::ServerContext& context, const Principal& who,

@@ -52,10 +52,10 @@ class Authenticator {
                                       Role needed) const;
 
   // One line per state-changing call: when, who (name, role, peer), the call,
-  // its target and its result. Refusals (UNAUTHENTICATED, PERMISSION_DENIED)
-  // get a line each up to a burst of kRefusalBurst, then kRefusalsPerSecond;
-  // the next line written after some were not says how many
-  // (refusals_not_logged=N).
+  // its target and its result. Refusals get a line each up to a burst of
+  // kRefusalBurst, then kRefusalsPerSecond, the unidentified
+  // (UNAUTHENTICATED) and the identified (PERMISSION_DENIED) each; the next
+  // line written after some were not says how many (refusals_not_logged=N).
   void Audit(const grpc::ServerContext& context, const Principal& who, absl::string_view call,
              absl::string_view target, const grpc::Status& result);
   // The line of an admitted streaming call when it starts (result=STARTED):
@@ -74,7 +74,8 @@ class Authenticator {
   static constexpr double kRefusalsPerSecond = 10;
 
   AuthenticatorOptions options_;
-  AuditRateLimit refusals_{kRefusalsPerSecond, kRefusalBurst};
+  AuditRateLimit unidentified_refusals_{kRefusalsPerSecond, kRefusalBurst};  // UNAUTHENTICATED
+  AuditRateLimit denials_{kRefusalsPerSecond, kRefusalBurst};                // PERMISSION_DENIED
   std::mutex audit_mu_;
   std::ofstream audit_file_;
 };

@@ -218,6 +218,16 @@ class TorchInteropTest(ClusterTestCase):
         spec = from_torch.model_spec(torch.nn.Sequential(NamedBlock()))
         self.assertEqual(spec["root"]["children"][0]["type"], "TransformerBlock")
 
+        # MLP's forward is nn.Sequential's: replacing it is caught too.
+        class GatedMLP(torch_modules.MLP):
+            def forward(self, x: torch.Tensor) -> torch.Tensor:
+                return x * torch.sigmoid(super().forward(x))
+
+        with self.assertRaises(from_torch.UnsupportedModule) as caught:
+            from_torch.model_spec(torch.nn.Sequential(GatedMLP(torch.nn.Linear(8, 8))))
+        self.assertIn("GatedMLP overrides forward of flatshard.torch_modules.MLP",
+                      str(caught.exception))
+
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)

@@ -100,9 +100,15 @@ class _InterruptWatch:
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        # Only its own handler is put back: another set since stays.
+        # Only its own handler is put back: another set since stays. (A
+        # generator dropped on another thread cannot: Python allows signal
+        # handlers to be set on the main thread only; the watch then chains
+        # to the handler before it, as it did.)
         if self._previous is not None and signal.getsignal(signal.SIGINT) == self._handle:
-            signal.signal(signal.SIGINT, self._previous)
+            try:
+                signal.signal(signal.SIGINT, self._previous)
+            except ValueError:
+                pass
 
 
 def _token_from_file(path: Optional[str]) -> Optional[str]:
@@ -322,6 +328,9 @@ class Job:
             with watch:
                 for result in responses:
                     yield _convert.step_result(result)
+                    # Asked for the next step: an interrupt in between was
+                    # handled by the loop, which goes on.
+                    watch.seen = False
         except KeyboardInterrupt:
             self._stop_after_interrupt()
             raise

@@ -73,12 +73,19 @@ def _dtype_name(dtype: torch.dtype, fqn: str) -> str:
 
 
 def _overridden(subclass: type, cls: type) -> List[str]:
-    """The methods `cls` defines (forward and the helpers it may call; not
-    dunders such as __init__) that `subclass` replaces."""
-    return [name for name, method in vars(cls).items()
-            if not name.startswith("__") and (callable(method) or
-                                               isinstance(method, (staticmethod, classmethod)))
-            and inspect.getattr_static(subclass, name, None) is not method]
+    """The methods `cls` runs with (its own and those it inherits below
+    nn.Module, forward among them, and __call__; not construction) that
+    `subclass` replaces."""
+    names = {"__call__"}
+    for base in cls.__mro__:
+        if base is nn.Module:
+            break
+        names.update(name for name, method in vars(base).items()
+                     if not name.startswith("__") and (
+                         callable(method) or isinstance(method, (staticmethod, classmethod))))
+    return sorted(name for name in names
+                  if inspect.getattr_static(subclass, name, None)
+                  is not inspect.getattr_static(cls, name, None))
 
 
 def _type_of(module: nn.Module, fqn: str) -> str:

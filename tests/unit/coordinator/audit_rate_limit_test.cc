@@ -25,6 +25,18 @@ TEST(AuditRateLimitTest, ABurstThenTheRateAndTheLinesNotWrittenCounted) {
   EXPECT_EQ(limit.Admit(later), std::nullopt);
 }
 
+// A flood that stops is still counted: the next line of any kind takes the
+// count, once.
+TEST(AuditRateLimitTest, TheCountIsTakenByAnotherLineOnce) {
+  AuditRateLimit limit(/*lines_per_second=*/1, /*burst=*/1);
+  const absl::Time start = absl::FromUnixSeconds(1000);
+  EXPECT_EQ(limit.Admit(start), std::optional<int64_t>(0));
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(limit.Admit(start), std::nullopt);
+  EXPECT_EQ(limit.TakeNotWritten(), 4);
+  EXPECT_EQ(limit.TakeNotWritten(), 0);
+  EXPECT_EQ(limit.Admit(start + absl::Seconds(1)), std::optional<int64_t>(0));
+}
+
 // A clock that steps back (another thread's earlier reading) refills nothing.
 TEST(AuditRateLimitTest, AnEarlierTimeRefillsNothing) {
   AuditRateLimit limit(/*lines_per_second=*/1, /*burst=*/1);

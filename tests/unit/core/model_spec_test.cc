@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 
 #include "core/model_spec_proto.h"
 #include "core/model_spec_yaml.h"
@@ -270,7 +271,27 @@ TEST(ModelSpecTest, NestedRepeatsPastTheBoundFailBeforeTheyAreBuilt) {
   ASSERT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument) << spec.status();
   EXPECT_THAT(std::string(spec.status().message()),
               AllOf(StartsWith("r.yaml:1"), HasSubstr("root.repeat"),
-                    HasSubstr("100000 copies of a template of 100001 modules and parameters")));
+                    HasSubstr("100000 copies of a template of 100001 entries")));
+}
+
+// A repeated template copies its attributes' strings (and its parameters'
+// shapes): they count by size, so a few KB repeated 100,000 times fail too.
+TEST(ModelSpecTest, RepeatedAttributesCountByTheirSize) {
+  auto spec = ParseModelSpec(absl::StrCat("root: {repeat: 100000, template: {type: ReLU, attrs: "
+                                          "{note: '",
+                                          std::string(2000, 'x'), "'}}}\n"),
+                             "r.yaml");
+  ASSERT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument) << spec.status();
+  // The module, its attribute, and 31 pieces of 64 bytes of its value.
+  EXPECT_THAT(std::string(spec.status().message()),
+              HasSubstr("100000 copies of a template of 33 entries"));
+  auto shapes = ParseModelSpec(
+      absl::StrCat("root: {repeat: 100000, template: {type: Linear, params: [{name: w, shape: [",
+                   absl::StrJoin(std::vector<int>(20, 1), ", "), "]}]}}\n"),
+      "s.yaml");
+  ASSERT_EQ(shapes.status().code(), absl::StatusCode::kInvalidArgument) << shapes.status();
+  EXPECT_THAT(std::string(shapes.status().message()),
+              HasSubstr("100000 copies of a template of 22 entries"));
 }
 
 // YAML aliases multiply the same way: each level lists the one before ten
@@ -285,7 +306,7 @@ TEST(ModelSpecTest, AliasedModulesPastTheBoundFailAsTheyAreRead) {
   auto spec = ParseModelSpec(text, "a.yaml");
   ASSERT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument) << spec.status();
   EXPECT_THAT(std::string(spec.status().message()),
-              HasSubstr("the model expands to more than 1000000 modules and parameters"));
+              HasSubstr("the model expands to more than 1000000 entries"));
 }
 
 // Within the bound, a repeat of a repeat is read as before.

@@ -86,6 +86,23 @@ TEST_F(TlsFilesTest, TheClusterCertificatesLoadWithTheirIdentities) {
   EXPECT_EQ(Read("ca.pem"), ca_.cert_pem);
 }
 
+// Under umask 002 (a group of one's own, as Debian and Fedora set up users) a
+// new directory would be group-writable; the one made for the CA's key is
+// its owner's only, and the keys are written.
+TEST_F(TlsFilesTest, TheDirectoryMadeForTheKeysIsTheOwnersUnderAnyUmask) {
+  const std::string fresh = dir_ + "-umask002/security";
+  const mode_t before = ::umask(002);
+  const auto written = WriteClusterCertificates(fresh, {});
+  ::umask(before);
+  ASSERT_TRUE(written.ok()) << written.status();
+  struct stat info {};
+  ASSERT_EQ(::stat(fresh.c_str(), &info), 0);
+  EXPECT_EQ(info.st_mode & 0777, 0700u);
+  ASSERT_EQ(::stat((fresh + "/ca-key.pem").c_str(), &info), 0);
+  EXPECT_EQ(info.st_mode & 0777, 0600u);
+  std::filesystem::remove_all(dir_ + "-umask002");
+}
+
 TEST_F(TlsFilesTest, BadFilesAreRefusedNamingTheFlagAndTheFile) {
   const TlsFiles good{Path("worker.pem"), Path("worker-key.pem"), Path("ca.pem")};
   auto expect = [&](const TlsFiles& files, const std::string& message,

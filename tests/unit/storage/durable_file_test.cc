@@ -87,12 +87,19 @@ TEST_F(DurableFileTest, APrivateFileIsNotWrittenWhereOthersMayReplaceIt) {
   const absl::Status refused = WriteFileDurably(key, "secret\n", 0600);
   EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
   EXPECT_THAT(std::string(refused.message()), HasSubstr(dir_));
-  EXPECT_THAT(std::string(refused.message()), HasSubstr("writable by others (mode 0777)"));
+  EXPECT_THAT(std::string(refused.message()), HasSubstr("writable by every user (mode 0777)"));
   EXPECT_FALSE(fs::exists(key));
   EXPECT_FALSE(fs::exists(key + ".tmp"));
   // A public file (a certificate) may go there.
   EXPECT_TRUE(WriteFileDurably(dir_ + "/worker.pem", "cert\n", 0644).ok());
+  // Writable by its group only (umask 002, a group of one's own): written.
+  fs::permissions(dir_, fs::perms::owner_all | fs::perms::group_all | fs::perms::others_read |
+                            fs::perms::others_exec);
+  EXPECT_TRUE(WriteFileDurably(key, "secret\n", 0600).ok());
+  EXPECT_EQ(ModeOf(key), 0600u);
+  fs::remove(key);
   // A sticky directory (/tmp's kind) lets no one replace another's file.
+  fs::permissions(dir_, fs::perms::all);
   fs::permissions(dir_, fs::perms::sticky_bit, fs::perm_options::add);
   EXPECT_TRUE(WriteFileDurably(key, "secret\n", 0600).ok());
   EXPECT_EQ(ModeOf(key), 0600u);
