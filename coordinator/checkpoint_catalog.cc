@@ -36,14 +36,18 @@ absl::Status CheckpointCatalog::BeginSave(const std::string& name) {
   std::lock_guard<std::recursive_mutex> lock(mu_);
   RETURN_IF_ERROR(ValidateCheckpointName(name));
   std::error_code ec;
-  const bool created = fs::create_directories(job_dir_, ec);
+  fs::create_directories(job_dir_, ec);
   if (ec) {
     return absl::UnavailableError(absl::StrCat("cannot create ", job_dir_, ": ", ec.message()));
   }
-  // The job's first save: its directory's entry is made durable too, or a
-  // power loss could take the job directory, and the checkpoint in it, with
-  // it (the commit fsyncs only the job directory and the checkpoint's).
-  if (created) RETURN_IF_ERROR(FsyncPath(fs::path(job_dir_).parent_path().string()));
+  // The job directory's entry in the root is made durable too (once: by the
+  // first save that succeeds at it), or a power loss could take the job
+  // directory, and the checkpoint in it, with it: the commit fsyncs only the
+  // job directory and the checkpoint's.
+  if (!job_dir_durable_) {
+    RETURN_IF_ERROR(FsyncPath(fs::path(job_dir_).parent_path().string()));
+    job_dir_durable_ = true;
+  }
   if (fs::exists(Path(name), ec)) {
     return absl::AlreadyExistsError(absl::StrCat("checkpoint '", name, "' of job '", job_,
                                                  "' already exists; pick another name or "

@@ -89,6 +89,9 @@ class CheckpointCatalog {
   // Commits run on the background committer while clients list, read and
   // delete: one directory operation at a time (Commit reads through List).
   mutable std::recursive_mutex mu_;
+  // The root's entry for job_dir_ is known durable (fsynced since this
+  // catalog made, or first saw, the directory); guarded by mu_.
+  bool job_dir_durable_ = false;
   std::function<void(const std::vector<v1::CheckpointInfo>&)> on_change_;
   std::map<std::string, int> pinned_;  // names being loaded, with counts
 };
