@@ -15,10 +15,14 @@ namespace flatshard {
 absl::StatusOr<ClusterSecurity> PrepareClusterSecurity(const std::string& dir,
                                                        const std::vector<std::string>& hosts) {
   namespace fs = std::filesystem;
+  ClusterSecurity s;
   if (!fs::exists(fs::path(dir) / "ca.pem")) {
     RETURN_IF_ERROR(WriteClusterCertificates(dir, hosts).status());
+  } else {
+    RenewalOptions renewal;
+    renewal.hosts = hosts;
+    ASSIGN_OR_RETURN(s.renewed, RenewClusterCertificates(dir, renewal));
   }
-  ClusterSecurity s;
   s.dir = dir;
   auto file = [&](const std::string& name) { return (fs::path(dir) / name).string(); };
   for (auto [tls, name] : {std::pair{&s.coordinator, "coordinator"}, std::pair{&s.worker, "worker"},

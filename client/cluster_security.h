@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "rpc/certificate_renewal.h"
 #include "rpc/tls_credentials.h"
 
 #include "client/flatshard_client.h"
@@ -24,6 +25,8 @@ struct ClusterSecurity {
   TlsFiles coordinator;
   TlsFiles worker;
   TlsFiles admin;
+  // The certificates renewed this start, and why.
+  std::vector<RenewedCertificate> renewed;
 
   // Mutual TLS, the tokens file and an audit log for the coordinator.
   std::vector<std::string> CoordinatorFlags() const;
@@ -34,7 +37,9 @@ struct ClusterSecurity {
 };
 
 // Certificates are created in `dir` when it holds none (for `hosts` besides
-// localhost and 127.0.0.1), else reused; tokens are made fresh every time.
+// localhost and 127.0.0.1), else reused, renewed from the same CA where they
+// need it (rpc/certificate_renewal.h: expiring within 30 days, other hosts,
+// no role name); tokens are made fresh every time.
 absl::StatusOr<ClusterSecurity> PrepareClusterSecurity(const std::string& dir,
                                                        const std::vector<std::string>& hosts = {});
 

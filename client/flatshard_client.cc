@@ -52,8 +52,8 @@ FlatshardClient::FlatshardClient(const CoordinatorTarget& target) : address_(tar
   // A read after a coordinator restart does not fail on the dead connection.
   ApplyReadRetries(args);
   const TlsMaterial* material = tls.ok() && tls->has_value() ? &**tls : nullptr;
-  stub_ = v1::JobService::NewStub(
-      grpc::CreateCustomChannel(target.address, ChannelCredentials(material), args));
+  stub_ = v1::JobService::NewStub(grpc::CreateCustomChannel(
+      target.address, ChannelCredentials(material, kCoordinatorIdentity), args));
 }
 
 absl::Status FlatshardClient::Prepare(grpc::ClientContext& context) const {
@@ -70,6 +70,12 @@ absl::Status FlatshardClient::Error(const grpc::Status& status) const {
   // without a client certificate, before any call: say that, not "no
   // coordinator".
   if (message.find("failed to connect") == std::string::npos) return s;  // from the server
+  // Our own check of the server's certificate (rpc/tls_credentials.cc): a
+  // server answered, but not as the coordinator.
+  if (message.find("Custom verification check failed") != std::string::npos) {
+    return absl::UnavailableError(
+        absl::StrCat("the server at ", address_, " is not the coordinator (", message, ")"));
+  }
   if (message.find("Socket closed") != std::string::npos ||
       message.find("andshake") != std::string::npos || message.find("SSL") != std::string::npos ||
       message.find("ssl") != std::string::npos) {

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "rpc/certificate_renewal.h"
 #include "rpc/cluster_certificates.h"
 #include "rpc/secrets.h"
 
@@ -33,6 +34,29 @@ void SecurityCommands::Add(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::Range(1, 3650));
 
+  certs_renew_ = certs->add_subcommand(
+      "renew",
+      "Issue the coordinator's, workers' and admin's certificates in DIR again from its CA (every "
+      "certificate the CA signed stays valid), each that expires within --within-days, names "
+      "other hosts than --hosts, or lacks its role's name; then copy them to where they are "
+      "used and restart the daemons");
+  certs_renew_->add_option("dir", certs_dir_, "Directory `certs init` made")->required();
+  certs_renew_
+      ->add_option(
+          "--hosts", hosts_,
+          "Names and addresses the coordinator and workers are dialed at (comma-separated; "
+          "default: those their certificates name now)")
+      ->delimiter(',');
+  certs_renew_->add_option("--days", days_, "Validity of each renewed certificate")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 3650));
+  certs_renew_
+      ->add_option("--within-days", renew_within_days_,
+                   "Renew a certificate that expires within this many days")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 3650));
+  certs_renew_->add_flag("--all", renew_all_, "Renew every certificate, whatever it says");
+
   CLI::App* token = app.add_subcommand("token", "Bearer tokens for the coordinator");
   token->require_subcommand(1);
   token_create_ = token->add_subcommand(
@@ -49,6 +73,7 @@ void SecurityCommands::Add(CLI::App& app) {
 
 int SecurityCommands::Run(std::ostream& out, std::ostream& err) {
   if (certs_init_ != nullptr && certs_init_->parsed()) return CertsInit(out, err);
+  if (certs_renew_ != nullptr && certs_renew_->parsed()) return CertsRenew(out, err);
   if (token_create_ != nullptr && token_create_->parsed()) return TokenCreate(out, err);
   return -1;
 }
@@ -62,6 +87,26 @@ int SecurityCommands::CertsInit(std::ostream& out, std::ostream& err) {
       << certs_dir_ << "/coordinator-key.pem --tls-ca " << certs_dir_
       << "/ca.pem, each worker with worker.pem the same way, and clients with admin.pem.\n"
       << "Keep ca-key.pem offline: whoever holds it can mint any identity.\n";
+  return kExitOk;
+}
+
+int SecurityCommands::CertsRenew(std::ostream& out, std::ostream& err) {
+  RenewalOptions options;
+  options.hosts = hosts_;
+  options.valid_for = absl::Hours(24) * days_;
+  options.expiring_within = absl::Hours(24) * renew_within_days_;
+  options.all = renew_all_;
+  absl::StatusOr<std::vector<RenewedCertificate>> renewed =
+      RenewClusterCertificates(certs_dir_, options);
+  if (!renewed.ok()) return ReportError("certs renew", renewed.status(), err);
+  for (const RenewedCertificate& r : *renewed) {
+    out << "renewed " << certs_dir_ << "/" << r.file << ".pem and its key: it " << r.why << "\n";
+  }
+  if (renewed->empty()) {
+    out << "nothing to renew in " << certs_dir_ << " (--all renews every certificate)\n";
+  } else {
+    out << "Copy them to where they are used and restart those daemons; the CA is unchanged.\n";
+  }
   return kExitOk;
 }
 

@@ -151,6 +151,9 @@ int RunUpCommand(const UpCommandOptions& o, std::ostream& out, std::ostream& err
     absl::StatusOr<ClusterSecurity> prepared = PrepareClusterSecurity(dir);
     if (!prepared.ok()) return ReportError("up --tls", prepared.status(), err);
     security = *std::move(prepared);
+    for (const RenewedCertificate& renewed : security->renewed) {
+      out << "renewed " << dir << "/" << renewed.file << ".pem: it " << renewed.why << std::endl;
+    }
     const std::vector<std::string> c = security->CoordinatorFlags();
     const std::vector<std::string> w = security->WorkerFlags();
     cluster_options.coordinator_flags.insert(cluster_options.coordinator_flags.end(), c.begin(),

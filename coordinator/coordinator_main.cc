@@ -168,7 +168,8 @@ int Run(const Flags& f) {
   options.job.batch.stall_timeout = absl::Seconds(f.stall_timeout_s);
   options.job.checkpoint_root = f.checkpoint_root;
   options.job.observer = &metrics;
-  std::shared_ptr<grpc::ChannelCredentials> worker_credentials = ChannelCredentials(tls_material);
+  std::shared_ptr<grpc::ChannelCredentials> worker_credentials =
+      ChannelCredentials(tls_material, kWorkerIdentity);
   options.job.connect = [worker_credentials](const WorkerRecord& worker,
                                              size_t world_size) -> std::unique_ptr<WorkerClient> {
     return std::make_unique<GrpcWorkerClient>(worker.address, worker_credentials,

@@ -5,7 +5,6 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
-#include <tuple>
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -20,6 +19,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "rpc/host_port.h"
@@ -166,6 +166,39 @@ absl::StatusOr<PemCertificate> IssueCertificate(const CertificateRequest& reques
   return out;
 }
 
+absl::StatusOr<PemCertificate> IssueRoleCertificate(const char* identity,
+                                                    const std::vector<std::string>& hosts,
+                                                    absl::Duration valid_for,
+                                                    const PemCertificate& ca) {
+  CertificateRequest request{identity, {}};
+  request.not_after = valid_for;
+  if (absl::string_view(identity) == kAdminIdentity) return IssueCertificate(request, &ca);
+  request.hosts = {"localhost", "127.0.0.1", "::1", RoleHostName(identity)};
+  for (const std::string& host : hosts) {
+    if (absl::EndsWithIgnoreCase(BareHost(host), ".invalid")) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--hosts: '", host, "' is in the reserved domain .invalid, which names roles"));
+    }
+    if (std::find(request.hosts.begin(), request.hosts.end(), host) == request.hosts.end()) {
+      request.hosts.push_back(host);
+    }
+  }
+  return IssueCertificate(request, &ca);
+}
+
+absl::Status WriteCertificatePair(const std::string& directory, const std::string& file,
+                                  const PemCertificate& pem, std::vector<std::string>* written) {
+  namespace fs = std::filesystem;
+  const std::string cert = (fs::path(directory) / absl::StrCat(file, ".pem")).string();
+  const std::string key = (fs::path(directory) / absl::StrCat(file, "-key.pem")).string();
+  // The key first: a certificate is never on disk beside another's key.
+  RETURN_IF_ERROR(WriteFileDurably(key, pem.key_pem, 0600));
+  RETURN_IF_ERROR(WriteFileDurably(cert, pem.cert_pem, 0644));
+  written->push_back(cert);
+  written->push_back(key);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::vector<std::string>> WriteClusterCertificates(
     const std::string& directory, const std::vector<std::string>& hosts, absl::Duration valid_for) {
   namespace fs = std::filesystem;
@@ -181,39 +214,20 @@ absl::StatusOr<std::vector<std::string>> WriteClusterCertificates(
     fs::permissions(directory, fs::perms::owner_all, ec);
   }
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", directory, ": ", ec.message()));
-  std::vector<std::string> all_hosts = {"localhost", "127.0.0.1", "::1"};
-  for (const std::string& host : hosts) {
-    if (std::find(all_hosts.begin(), all_hosts.end(), host) == all_hosts.end()) {
-      all_hosts.push_back(host);
-    }
-  }
   CertificateRequest ca_request{"flatshard cluster CA", {}, true};
   ca_request.not_after = valid_for;
   ASSIGN_OR_RETURN(PemCertificate ca, IssueCertificate(ca_request, nullptr));
-  struct Issued {
-    const char* file;
-    PemCertificate pem;
-  };
-  std::vector<Issued> issued = {{"ca", ca}};
-  for (const auto& [file, common_name, with_hosts] :
-       {std::tuple{"coordinator", kCoordinatorIdentity, true},
-        std::tuple{"worker", kWorkerIdentity, true}, std::tuple{"admin", kAdminIdentity, false}}) {
-    CertificateRequest request{common_name, with_hosts ? all_hosts : std::vector<std::string>{}};
-    request.not_after = valid_for;
-    ASSIGN_OR_RETURN(PemCertificate pem, IssueCertificate(request, &ca));
-    issued.push_back({file, std::move(pem)});
-  }
+  ASSIGN_OR_RETURN(PemCertificate admin, IssueRoleCertificate(kAdminIdentity, {}, valid_for, ca));
+  ASSIGN_OR_RETURN(PemCertificate coordinator,
+                   IssueRoleCertificate(kCoordinatorIdentity, hosts, valid_for, ca));
+  ASSIGN_OR_RETURN(PemCertificate worker,
+                   IssueRoleCertificate(kWorkerIdentity, hosts, valid_for, ca));
   // The CA last: a run that fails halfway leaves no ca.pem, so it can be rerun.
   std::vector<std::string> written;
-  for (auto it = issued.rbegin(); it != issued.rend(); ++it) {
-    const Issued& i = *it;
-    const std::string cert = (fs::path(directory) / absl::StrCat(i.file, ".pem")).string();
-    const std::string key = (fs::path(directory) / absl::StrCat(i.file, "-key.pem")).string();
-    RETURN_IF_ERROR(WriteFileDurably(key, i.pem.key_pem, 0600));
-    RETURN_IF_ERROR(WriteFileDurably(cert, i.pem.cert_pem, 0644));
-    written.push_back(cert);
-    written.push_back(key);
-  }
+  RETURN_IF_ERROR(WriteCertificatePair(directory, "admin", admin, &written));
+  RETURN_IF_ERROR(WriteCertificatePair(directory, "worker", worker, &written));
+  RETURN_IF_ERROR(WriteCertificatePair(directory, "coordinator", coordinator, &written));
+  RETURN_IF_ERROR(WriteCertificatePair(directory, "ca", ca, &written));
   return written;
 }
 

@@ -34,13 +34,29 @@ absl::StatusOr<PemCertificate> IssueCertificate(const CertificateRequest& reques
 
 // The files of a cluster: ca.pem (and ca-key.pem, to issue more later),
 // coordinator.pem/-key.pem, worker.pem/-key.pem, admin.pem/-key.pem, with
-// `hosts` (plus localhost, 127.0.0.1 and ::1) in the coordinator's and workers'
-// subjectAltNames. Keys are written mode 0600. ALREADY_EXISTS, writing
-// nothing, when `directory` already holds a CA: reissuing would orphan every
-// certificate made from it. The paths written.
+// `hosts` (plus localhost, 127.0.0.1 and ::1) and the role's name
+// (RoleHostName) in the coordinator's and workers' subjectAltNames. Keys are written mode 0600.
+// ALREADY_EXISTS, writing nothing, when `directory` already holds a CA: reissuing would orphan
+// every certificate made from it. The paths written.
 absl::StatusOr<std::vector<std::string>> WriteClusterCertificates(
     const std::string& directory, const std::vector<std::string>& hosts,
     absl::Duration valid_for = absl::Hours(24 * 365));
+
+// The certificate `flatshard certs init` issues for a role (an identity of
+// rpc/tls_credentials.h): the admin's names no host (a client); the
+// coordinator's and the workers' name localhost, 127.0.0.1, ::1, `hosts` and
+// RoleHostName(identity), which a Python client dials them by (grpcio cannot
+// check a server's common name as the C++ clients do). INVALID_ARGUMENT for a
+// host in .invalid, the roles' domain.
+absl::StatusOr<PemCertificate> IssueRoleCertificate(const char* identity,
+                                                    const std::vector<std::string>& hosts,
+                                                    absl::Duration valid_for,
+                                                    const PemCertificate& ca);
+
+// Writes `file`.pem and `file`-key.pem (mode 0600) in `directory` durably and
+// appends their paths to `written`.
+absl::Status WriteCertificatePair(const std::string& directory, const std::string& file,
+                                  const PemCertificate& pem, std::vector<std::string>* written);
 
 }  // namespace flatshard
 

@@ -14,6 +14,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include <grpcpp/security/credentials.h>
 #include <grpcpp/security/server_credentials.h>
@@ -30,6 +31,13 @@ namespace flatshard {
 inline constexpr char kCoordinatorIdentity[] = "flatshard-coordinator";
 inline constexpr char kWorkerIdentity[] = "flatshard-worker";
 inline constexpr char kAdminIdentity[] = "flatshard-admin";
+
+// The DNS name the coordinator's and the workers' certificates carry beside
+// their hosts: the identity in the reserved domain .invalid (RFC 2606), so
+// that it is never a host anyone dials or names in --hosts. A Python client,
+// which cannot read a server's common name, dials the coordinator by it
+// (client/python/flatshard/cluster.py).
+std::string RoleHostName(std::string_view identity);
 
 // The three flags, as given (paths; empty: not given).
 struct TlsFiles {
@@ -60,7 +68,16 @@ absl::StatusOr<std::optional<TlsMaterial>> LoadTls(const TlsFiles& files, TlsRol
 
 // Plaintext credentials for nullptr.
 std::shared_ptr<grpc::ServerCredentials> ServerCredentials(const TlsMaterial* tls);
-std::shared_ptr<grpc::ChannelCredentials> ChannelCredentials(const TlsMaterial* tls);
+
+// A client's credentials for dialing the part whose identity (above) is
+// `server_identity`: kCoordinatorIdentity for clients and workers,
+// kWorkerIdentity for the coordinator. With a cluster CA (tls->ca_pem) the
+// server's certificate must carry that common name and cover the host dialed;
+// a server of another role fails the handshake (the call: UNAVAILABLE) before
+// any call, and so any token, is sent. Against the system's roots (no CA) only
+// the host is checked: such CAs name hosts, not flatshard's roles.
+std::shared_ptr<grpc::ChannelCredentials> ChannelCredentials(const TlsMaterial* tls,
+                                                             std::string_view server_identity);
 
 // The common name of the verified client certificate of a call; empty for a
 // plaintext call or one without a client certificate.

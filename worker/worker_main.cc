@@ -155,8 +155,8 @@ int Run(const WorkerFlags& f) {
   const std::string identity_secret = identity != nullptr ? identity->secret() : RandomSecret();
   grpc::ChannelArguments channel_args;
   ApplyClientKeepalive(channel_args);  // a StoreWait notices a coordinator that vanished
-  std::shared_ptr<grpc::Channel> channel =
-      grpc::CreateCustomChannel(f.coordinator, ChannelCredentials(tls_material), channel_args);
+  std::shared_ptr<grpc::Channel> channel = grpc::CreateCustomChannel(
+      f.coordinator, ChannelCredentials(tls_material, kCoordinatorIdentity), channel_args);
   auto call_credentials = std::make_shared<WorkerCallCredentials>(*join_token);
   // Declared before the service they observe, so they outlive it.
   auto registry = std::make_shared<prometheus::Registry>();

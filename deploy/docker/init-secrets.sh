@@ -3,22 +3,20 @@
 # token, each role's copy in a volume of its own, so that a worker never holds
 # the coordinator's key and no running service holds the CA's.
 #   FLATSHARD_CERT_HOSTS=coordinator,worker-0,... init-secrets.sh
-# Idempotent: a later `docker compose up` keeps the CA and the token; a changed
-# host list issues a new CA (certs init refuses to overwrite one, and a
-# certificate's hosts are fixed), after which every service must be recreated.
+# Idempotent: a later `docker compose up` keeps the CA and the token, and
+# renews from that CA a certificate that expires within 30 days, names other
+# hosts than FLATSHARD_CERT_HOSTS, or lacks its role's name (`flatshard certs
+# renew`); the services then need recreating (docker compose up -d
+# --force-recreate) to take it.
 set -eu
 umask 077
 hosts=${FLATSHARD_CERT_HOSTS:?set FLATSHARD_CERT_HOSTS to the names the daemons are dialed at}
 tls=/var/lib/flatshard/tls
 
-if [ -f "$tls/ca/ca.pem" ] && [ "$(cat "$tls/ca/hosts" 2>/dev/null || true)" != "$hosts" ]; then
-  echo "init-secrets: the hosts changed to $hosts: issuing a new CA" \
-    "(run: docker compose up -d --force-recreate)"
-  rm -f "$tls"/ca/*
-fi
 if [ ! -f "$tls/ca/ca.pem" ]; then
   flatshard certs init "$tls/ca" --hosts "$hosts"
-  printf '%s\n' "$hosts" >"$tls/ca/hosts"
+else
+  flatshard certs renew "$tls/ca" --hosts "$hosts"
 fi
 
 cp "$tls/ca/ca.pem" "$tls/ca/coordinator.pem" "$tls/ca/coordinator-key.pem" "$tls/coordinator/"

@@ -187,8 +187,13 @@ def compose():
     stop_daemons()
     r = run(init, {**certs["environment"],
                    "FLATSHARD_CERT_HOSTS": certs["environment"]["FLATSHARD_CERT_HOSTS"] + ",extra"})
-    check("compose: a changed host list issues a new CA",
-          r.returncode == 0 and sha(f"{root}/tls/ca/ca.pem") != ca, r.stdout + r.stderr)
+    worker_names = subprocess.run(
+        ["openssl", "x509", "-in", f"{root}/tls/worker/worker.pem", "-noout", "-ext",
+         "subjectAltName"], capture_output=True, text=True).stdout
+    check("compose: a changed host list renews the coordinator's and workers' certificates "
+          "from the same CA",
+          r.returncode == 0 and sha(f"{root}/tls/ca/ca.pem") == ca and
+          "DNS:extra" in worker_names and "renewed" in r.stdout, r.stdout + r.stderr + worker_names)
 
 
 # ---------------------------------------------------------------- Kubernetes

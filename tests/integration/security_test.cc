@@ -48,10 +48,11 @@ std::string ReadFile(const std::string& path) {
 
 void WriteFile(const std::string& path, const std::string& text) { std::ofstream(path) << text; }
 
-std::shared_ptr<grpc::ChannelCredentials> Credentials(const TlsFiles& files) {
+std::shared_ptr<grpc::ChannelCredentials> Credentials(const TlsFiles& files,
+                                                      std::string_view server_identity) {
   absl::StatusOr<std::optional<TlsMaterial>> tls = LoadTls(files, TlsRole::kClient);
   EXPECT_TRUE(tls.ok()) << tls.status();
-  return ChannelCredentials(tls.ok() && tls->has_value() ? &**tls : nullptr);
+  return ChannelCredentials(tls.ok() && tls->has_value() ? &**tls : nullptr, server_identity);
 }
 
 class SecurityTest : public ::testing::Test {
@@ -262,8 +263,8 @@ TEST_F(SecurityTest, WorkersJoinOnlyWithProofAndOnlyTheCoordinatorCommandsThem) 
 
   // Register over a TLS channel with a certificate that is not a worker's:
   // a join token is needed, and a viewer's is not one.
-  auto membership =
-      v1::Membership::NewStub(grpc::CreateChannel(cluster_->address(), Credentials(client_tls_)));
+  auto membership = v1::Membership::NewStub(
+      grpc::CreateChannel(cluster_->address(), Credentials(client_tls_, kCoordinatorIdentity)));
   auto register_as = [&](const std::string& id, const std::string& token,
                          const std::string& secret) {
     grpc::ClientContext context;
@@ -295,7 +296,8 @@ TEST_F(SecurityTest, WorkersJoinOnlyWithProofAndOnlyTheCoordinatorCommandsThem) 
   // Only the coordinator commands a worker: a CA-signed certificate that is
   // not the coordinator's is refused even with the command token, and the
   // coordinator's certificate without the token is refused too.
-  GrpcWorkerClient impostor(worker0, Credentials(security_.admin), cluster_->command_token());
+  GrpcWorkerClient impostor(worker0, Credentials(security_.admin, kWorkerIdentity),
+                            cluster_->command_token());
   const absl::Time deadline = absl::Now() + absl::Seconds(10);
   absl::Status s = impostor.Abort(0, "forged", deadline);
   EXPECT_EQ(s.code(), absl::StatusCode::kPermissionDenied);
@@ -304,7 +306,8 @@ TEST_F(SecurityTest, WorkersJoinOnlyWithProofAndOnlyTheCoordinatorCommandsThem) 
   configure.set_job("evil");
   configure.set_job_epoch(99);
   EXPECT_EQ(impostor.Configure(configure, deadline).code(), absl::StatusCode::kPermissionDenied);
-  GrpcWorkerClient no_token(worker0, Credentials(security_.coordinator), RandomSecret());
+  GrpcWorkerClient no_token(worker0, Credentials(security_.coordinator, kWorkerIdentity),
+                            RandomSecret());
   EXPECT_EQ(no_token.Abort(0, "forged", deadline).code(), absl::StatusCode::kUnauthenticated);
   EXPECT_EQ(no_token.GetStatus(deadline).status().code(), absl::StatusCode::kUnauthenticated);
   v1::CommandBatch batch;
@@ -320,7 +323,7 @@ TEST_F(SecurityTest, WorkersJoinOnlyWithProofAndOnlyTheCoordinatorCommandsThem) 
   done.WaitForNotification();
   EXPECT_EQ(executed.code(), absl::StatusCode::kUnauthenticated);
   // The worker is as it was: ready, and the job trains on.
-  GrpcWorkerClient coordinator(worker0, Credentials(security_.coordinator),
+  GrpcWorkerClient coordinator(worker0, Credentials(security_.coordinator, kWorkerIdentity),
                                cluster_->command_token());
   auto status = coordinator.GetStatus(deadline);
   ASSERT_TRUE(status.ok());

@@ -9,6 +9,8 @@ real gRPC server that answers with crafted responses.
 - A user without a passwd entry (a container's arbitrary uid) can train.
 - A client certificate without a CA turns TLS on: the token never goes out
   over plaintext.
+- With the cluster's CA the coordinator is known by its role: a server with a
+  worker's certificate (same CA, same hosts) gets no call, so no token.
 """
 from __future__ import annotations
 
@@ -154,6 +156,61 @@ class TlsFromTheEnvironmentTest(unittest.TestCase):
             self.assertEqual(servicer.get_jobs, 0)
         finally:
             server.stop(grace=None).wait()
+
+
+class CoordinatorIdentityTest(unittest.TestCase):
+    """The cluster's CA signs the workers' certificates too: a Python client
+    must not take a worker's for the coordinator's."""
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls.certs = os.path.join(WORK, "identity-certs")
+        # The hosts as docs/deploy.md's Kubernetes recipe gives them: the
+        # coordinator's Service is called flatshard-coordinator, so the
+        # workers' certificate carries that host name too.
+        subprocess.run([os.path.join(BIN, "flatshard"), "certs", "init", cls.certs,
+                        "--hosts", "flatshard-coordinator,flatshard-coordinator.flatshard.svc"],
+                       check=True, capture_output=True, timeout=_WAIT_S)
+
+    def _serve_and_ask(self, role: str, **tls: str) -> tuple:
+        """One GetJob with a token to a mutual-TLS server holding `role`'s
+        certificate; the call's error code (None: answered) and the calls the
+        server saw."""
+        def read(name: str) -> bytes:
+            with open(os.path.join(self.certs, name), "rb") as f:
+                return f.read()
+        servicer = _TrainingServer()
+        server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        job_pb2_grpc.add_JobServiceServicer_to_server(servicer, server)
+        credentials = grpc.ssl_server_credentials(
+            [(read(f"{role}-key.pem"), read(f"{role}.pem"))],
+            root_certificates=read("ca.pem"), require_client_auth=True)
+        port = server.add_secure_port("127.0.0.1:0", credentials)
+        server.start()
+        config = {"ca": os.path.join(self.certs, "ca.pem"),
+                  "cert": os.path.join(self.certs, "admin.pem"),
+                  "key": os.path.join(self.certs, "admin-key.pem"), **tls}
+        code = None
+        try:
+            with flatshard.Cluster(f"127.0.0.1:{port}", token="secret-token", tls=config,
+                                   timeout=5) as cluster:
+                try:
+                    cluster.job("j")
+                except flatshard.FlatshardError as e:
+                    code = e.code
+        finally:
+            server.stop(grace=None).wait()
+        return code, servicer.get_jobs
+
+    def test_the_coordinators_certificate_is_accepted(self) -> None:
+        self.assertEqual(self._serve_and_ask("coordinator"), (None, 1))
+
+    def test_a_workers_certificate_is_refused_before_any_call(self) -> None:
+        self.assertEqual(self._serve_and_ask("worker"), (grpc.StatusCode.UNAVAILABLE, 0))
+
+    def test_a_server_name_given_is_the_name_checked(self) -> None:
+        # The name the user gives replaces the role's: here a host both carry.
+        self.assertEqual(self._serve_and_ask("worker", server_name="localhost"), (None, 1))
 
 
 if __name__ == "__main__":

@@ -56,6 +56,11 @@ _CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 64 << 20),
                     ("grpc.http2.max_pings_without_data", 0),
                     ("grpc.enable_retries", 1), ("grpc.service_config", _READ_RETRY_SERVICE_CONFIG)]
 
+# The name in the coordinator's certificate that only the coordinator's
+# carries, in the reserved domain .invalid so that no host is ever called so
+# (rpc/tls_credentials.h RoleHostName).
+COORDINATOR_NAME = "flatshard-coordinator.invalid"
+
 
 def _read(path: Optional[str]) -> Optional[bytes]:
     if path is None:
@@ -156,8 +161,15 @@ class Cluster:
                 root_certificates=_read(tls.ca), private_key=_read(tls.key),
                 certificate_chain=_read(tls.cert))
             options = list(_CHANNEL_OPTIONS)
-            if tls.server_name:
-                options.append(("grpc.ssl_target_name_override", tls.server_name))
+            # With the cluster's CA, which signs the workers' certificates
+            # too, the coordinator is known by its role's name (which `flatshard
+            # certs init` puts in its certificate), not by its host: a
+            # worker's key cannot serve as the coordinator's. grpcio cannot
+            # check the common name as the C++ client does, so the name
+            # dialed is the check. Against the system's roots, the host.
+            server_name = tls.server_name or (COORDINATOR_NAME if tls.ca else None)
+            if server_name:
+                options.append(("grpc.ssl_target_name_override", server_name))
             self._channel = grpc.secure_channel(self.address, credentials, options=options)
         self._stub = job_pb2_grpc.JobServiceStub(self._channel)
 

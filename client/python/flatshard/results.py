@@ -122,8 +122,12 @@ class TlsConfig:
 
     ``ca`` alone: TLS, the coordinator checked against it. With ``cert`` and
     ``key`` too: mutual TLS (the client's certificate, e.g. the `admin` one
-    `flatshard certs init` writes). ``server_name`` overrides the name checked
-    in the coordinator's certificate (default: the host of the address).
+    `flatshard certs init` writes). ``server_name`` is the name the
+    coordinator's certificate must carry. Its default with ``ca``:
+    ``flatshard-coordinator.invalid``, the role's name, which `flatshard certs
+    init` puts in the coordinator's certificate and not in the workers' (the
+    same CA signs both); without ``ca``: the host of the address, checked
+    against the system's roots.
     """
     ca: Optional[str] = None
     cert: Optional[str] = None

@@ -1,0 +1,212 @@
+// Tests rpc/certificate_renewal.h on real certificate directories made by
+// WriteClusterCertificates: what is renewed and why, that the CA and what
+// needs nothing stay byte for byte, that renewed certificates load and verify
+// against the same CA, and that a failure writes nothing.
+#include "rpc/certificate_renewal.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "rpc/cluster_certificates.h"
+#include "rpc/tls_credentials.h"
+
+namespace flatshard {
+namespace {
+
+using ::testing::Contains;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::Not;
+using ::testing::UnorderedElementsAre;
+
+class CertificateRenewalTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = (std::filesystem::temp_directory_path() /
+            ("renewal-test-" + std::to_string(::getpid()) + "-" +
+             ::testing::UnitTest::GetInstance()->current_test_info()->name()))
+               .string();
+    std::filesystem::remove_all(dir_);
+    auto written = WriteClusterCertificates(dir_, {"node-a", "10.1.2.3"});
+    ASSERT_TRUE(written.ok()) << written.status();
+    ca_ = PemCertificate{Read("ca.pem"), Read("ca-key.pem")};
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  std::string Path(const std::string& name) const { return dir_ + "/" + name; }
+  std::string Read(const std::string& name) const {
+    std::ifstream in(Path(name));
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+  void Write(const std::string& name, const std::string& text) const {
+    std::ofstream(Path(name)) << text;
+  }
+  // Replaces `file`'s certificate and key by `request`'s, from the same CA.
+  void Replace(const std::string& file, const CertificateRequest& request) {
+    auto pem = IssueCertificate(request, &ca_);
+    ASSERT_TRUE(pem.ok()) << pem.status();
+    Write(file + ".pem", pem->cert_pem);
+    Write(file + "-key.pem", pem->key_pem);
+  }
+  CertificateFacts Facts(const std::string& file) const {
+    auto facts = ReadCertificateFacts(Read(file + ".pem"));
+    EXPECT_TRUE(facts.ok()) << facts.status();
+    return facts.ok() ? *facts : CertificateFacts{};
+  }
+  std::vector<std::string> Renewed(const RenewalOptions& options) const {
+    auto renewed = RenewClusterCertificates(dir_, options);
+    EXPECT_TRUE(renewed.ok()) << renewed.status();
+    std::vector<std::string> files;
+    for (const RenewedCertificate& r :
+         renewed.ok() ? *renewed : std::vector<RenewedCertificate>{}) {
+      files.push_back(r.file);
+    }
+    return files;
+  }
+  void ExpectLoadsAgainstTheCa(const std::string& file) const {
+    auto tls =
+        LoadTls({Path(file + ".pem"), Path(file + "-key.pem"), Path("ca.pem")}, TlsRole::kServer);
+    EXPECT_TRUE(tls.ok()) << file << ": " << tls.status();
+    struct stat key {};
+    ASSERT_EQ(::stat(Path(file + "-key.pem").c_str(), &key), 0);
+    EXPECT_EQ(key.st_mode & 0777, 0600u) << file;
+  }
+
+  std::string dir_;
+  PemCertificate ca_;
+};
+
+TEST_F(CertificateRenewalTest, EachServerCertificateNamesItsRoleAndHostsAndNothingNeedsRenewal) {
+  EXPECT_EQ(Facts("coordinator").common_name, kCoordinatorIdentity);
+  EXPECT_THAT(Facts("coordinator").names,
+              UnorderedElementsAre("localhost", "127.0.0.1", "::1",
+                                   RoleHostName(kCoordinatorIdentity), "node-a", "10.1.2.3"));
+  EXPECT_THAT(Facts("worker").names, Contains(RoleHostName(kWorkerIdentity)));
+  EXPECT_THAT(Facts("worker").names, Not(Contains(RoleHostName(kCoordinatorIdentity))));
+  EXPECT_THAT(Facts("admin").names, IsEmpty());
+  const absl::Duration left = Facts("admin").not_after - absl::Now();
+  EXPECT_GT(left, absl::Hours(24 * 364));
+  EXPECT_LT(left, absl::Hours(24 * 366));
+
+  // The roles' domain is no host's: a certificate for it would be a role's.
+  const auto reserved =
+      WriteClusterCertificates(dir_ + "-reserved", {"FLATSHARD-COORDINATOR.invalid"});
+  EXPECT_EQ(reserved.status().code(), absl::StatusCode::kInvalidArgument) << reserved.status();
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "-reserved/ca.pem"));
+  std::filesystem::remove_all(dir_ + "-reserved");
+
+  const std::string coordinator = Read("coordinator.pem");
+  EXPECT_THAT(Renewed({}), IsEmpty());
+  // The same hosts, written another way, are the same hosts.
+  RenewalOptions same;
+  same.hosts = {"node-a", "10.1.2.3", "[::1]", "0:0::1"};
+  EXPECT_THAT(Renewed(same), IsEmpty());
+  EXPECT_EQ(Read("coordinator.pem"), coordinator);
+}
+
+// `flatshard up --tls` reuses its directory: one made before the role's name
+// went into the server certificates gets them again, with their hosts.
+TEST_F(CertificateRenewalTest, ACertificateWithoutItsRolesNameIsRenewedWithItsHosts) {
+  Replace("coordinator", {kCoordinatorIdentity, {"localhost", "127.0.0.1", "::1", "node-a"}});
+  const std::string worker = Read("worker.pem");
+  const std::string admin = Read("admin.pem");
+
+  auto renewed = RenewClusterCertificates(dir_, {});
+  ASSERT_TRUE(renewed.ok()) << renewed.status();
+  ASSERT_EQ(renewed->size(), 1u);
+  EXPECT_EQ((*renewed)[0].file, "coordinator");
+  EXPECT_EQ((*renewed)[0].why, "lacks the name flatshard-coordinator.invalid");
+  EXPECT_THAT(Facts("coordinator").names,
+              UnorderedElementsAre("localhost", "127.0.0.1", "::1",
+                                   RoleHostName(kCoordinatorIdentity), "node-a"));
+  ExpectLoadsAgainstTheCa("coordinator");
+  EXPECT_EQ(Read("ca.pem"), ca_.cert_pem);
+  EXPECT_EQ(Read("ca-key.pem"), ca_.key_pem);
+  EXPECT_EQ(Read("worker.pem"), worker);
+  EXPECT_EQ(Read("admin.pem"), admin);
+  EXPECT_THAT(Renewed({}), IsEmpty());
+}
+
+TEST_F(CertificateRenewalTest, ACertificateThatExpiresSoonIsRenewed) {
+  CertificateRequest soon{kAdminIdentity, {}};
+  soon.not_after = absl::Hours(24 * 10);
+  Replace("admin", soon);
+  RenewalOptions within_five_days;
+  within_five_days.expiring_within = absl::Hours(24 * 5);
+  EXPECT_THAT(Renewed(within_five_days), IsEmpty());
+
+  auto renewed = RenewClusterCertificates(dir_, {});
+  ASSERT_TRUE(renewed.ok()) << renewed.status();
+  ASSERT_EQ(renewed->size(), 1u);
+  EXPECT_EQ((*renewed)[0].file, "admin");
+  EXPECT_THAT((*renewed)[0].why, HasSubstr("expires "));
+  EXPECT_GT(Facts("admin").not_after - absl::Now(), absl::Hours(24 * 364));
+  EXPECT_EQ(Facts("admin").common_name, kAdminIdentity);
+  ExpectLoadsAgainstTheCa("admin");
+
+  CertificateRequest expired{kWorkerIdentity,
+                             {"localhost", "127.0.0.1", "::1", RoleHostName(kWorkerIdentity)}};
+  expired.not_before = absl::Hours(-48);
+  expired.not_after = absl::Hours(-24);
+  Replace("worker", expired);
+  renewed = RenewClusterCertificates(dir_, {});
+  ASSERT_TRUE(renewed.ok()) << renewed.status();
+  ASSERT_EQ(renewed->size(), 1u);
+  EXPECT_THAT((*renewed)[0].why, HasSubstr("expired "));
+  ExpectLoadsAgainstTheCa("worker");
+}
+
+TEST_F(CertificateRenewalTest, OtherHostsRenewTheServersCertificatesAndAllRenewsEveryOne) {
+  RenewalOptions moved;
+  moved.hosts = {"node-b"};
+  EXPECT_THAT(Renewed(moved), ElementsAre("coordinator", "worker"));
+  EXPECT_THAT(Facts("worker").names, Contains("node-b"));
+  EXPECT_THAT(Facts("worker").names, Not(Contains("node-a")));
+  EXPECT_THAT(Facts("worker").names, Contains(RoleHostName(kWorkerIdentity)));
+  // Renewed without --hosts again: they keep node-b.
+  EXPECT_THAT(Renewed({}), IsEmpty());
+
+  RenewalOptions all;
+  all.all = true;
+  all.valid_for = absl::Hours(24 * 7);
+  EXPECT_THAT(Renewed(all), ElementsAre("coordinator", "worker", "admin"));
+  EXPECT_LT(Facts("coordinator").not_after - absl::Now(), absl::Hours(24 * 8));
+  EXPECT_THAT(Facts("coordinator").names, Contains("node-b"));
+  for (const char* file : {"coordinator", "worker", "admin"}) ExpectLoadsAgainstTheCa(file);
+}
+
+TEST_F(CertificateRenewalTest, WithoutTheCasKeyOrWithAnExpiredCaNothingIsWritten) {
+  Replace("coordinator", {kCoordinatorIdentity, {"localhost"}});
+  const std::string coordinator = Read("coordinator.pem");
+  std::filesystem::rename(Path("ca-key.pem"), Path("ca-key.pem.away"));
+  auto renewed = RenewClusterCertificates(dir_, {});
+  EXPECT_EQ(renewed.status().code(), absl::StatusCode::kNotFound) << renewed.status();
+  EXPECT_THAT(std::string(renewed.status().message()), HasSubstr("ca-key.pem"));
+  EXPECT_EQ(Read("coordinator.pem"), coordinator);
+  std::filesystem::rename(Path("ca-key.pem.away"), Path("ca-key.pem"));
+
+  CertificateRequest old_ca{"flatshard cluster CA", {}, true};
+  old_ca.not_before = absl::Hours(-48);
+  old_ca.not_after = absl::Hours(-1);
+  auto expired = IssueCertificate(old_ca, nullptr);
+  ASSERT_TRUE(expired.ok()) << expired.status();
+  Write("ca.pem", expired->cert_pem);
+  Write("ca-key.pem", expired->key_pem);
+  renewed = RenewClusterCertificates(dir_, {});
+  EXPECT_EQ(renewed.status().code(), absl::StatusCode::kFailedPrecondition) << renewed.status();
+  EXPECT_THAT(std::string(renewed.status().message()), HasSubstr("certs init"));
+  EXPECT_EQ(Read("coordinator.pem"), coordinator);
+}
+
+}  // namespace
+}  // namespace flatshard
