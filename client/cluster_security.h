@@ -25,7 +25,8 @@ struct ClusterSecurity {
   TlsFiles coordinator;
   TlsFiles worker;
   TlsFiles admin;
-  // The certificates renewed this start, and why.
+  // The certificates renewed this start, and why ("ca": a new CA, and every
+  // certificate with it).
   std::vector<RenewedCertificate> renewed;
 
   // Mutual TLS, the tokens file and an audit log for the coordinator.

@@ -70,9 +70,9 @@ absl::Status FlatshardClient::Error(const grpc::Status& status) const {
   // without a client certificate, before any call: say that, not "no
   // coordinator".
   if (message.find("failed to connect") == std::string::npos) return s;  // from the server
-  // Our own check of the server's certificate (rpc/tls_credentials.cc): a
-  // server answered, but not as the coordinator.
-  if (message.find("Custom verification check failed") != std::string::npos) {
+  // Our own check of the server's role (rpc/tls_credentials.cc): a server
+  // answered, but not as the coordinator.
+  if (message.find("presented the certificate of") != std::string::npos) {
     return absl::UnavailableError(
         absl::StrCat("the server at ", address_, " is not the coordinator (", message, ")"));
   }

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "rpc/certificate_renewal.h"
 #include "rpc/cluster_certificates.h"
@@ -30,9 +31,14 @@ void SecurityCommands::Add(CLI::App& app) {
                    "Names and addresses the coordinator and workers are dialed at "
                    "(comma-separated; localhost, 127.0.0.1 and ::1 are always included)")
       ->delimiter(',');
-  certs_init_->add_option("--days", days_, "Validity of every certificate")
+  certs_init_->add_option("--days", days_, "Validity of the certificates but the CA's")
       ->capture_default_str()
       ->check(CLI::Range(1, 3650));
+  certs_init_
+      ->add_option("--ca-days", ca_days_,
+                   "Validity of the CA: no certificate it signs, renewed or not, outlasts it")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 36500));
 
   certs_renew_ = certs->add_subcommand(
       "renew",
@@ -79,8 +85,8 @@ int SecurityCommands::Run(std::ostream& out, std::ostream& err) {
 }
 
 int SecurityCommands::CertsInit(std::ostream& out, std::ostream& err) {
-  absl::StatusOr<std::vector<std::string>> written =
-      WriteClusterCertificates(certs_dir_, hosts_, absl::Hours(24) * days_);
+  absl::StatusOr<std::vector<std::string>> written = WriteClusterCertificates(
+      certs_dir_, hosts_, absl::Hours(24) * days_, absl::Hours(24) * ca_days_);
   if (!written.ok()) return ReportError("certs init", written.status(), err);
   for (const std::string& path : *written) out << "wrote " << path << "\n";
   out << "Start the coordinator with --tls-cert " << certs_dir_ << "/coordinator.pem --tls-key "
@@ -96,16 +102,24 @@ int SecurityCommands::CertsRenew(std::ostream& out, std::ostream& err) {
   options.valid_for = absl::Hours(24) * days_;
   options.expiring_within = absl::Hours(24) * renew_within_days_;
   options.all = renew_all_;
-  absl::StatusOr<std::vector<RenewedCertificate>> renewed =
-      RenewClusterCertificates(certs_dir_, options);
-  if (!renewed.ok()) return ReportError("certs renew", renewed.status(), err);
-  for (const RenewedCertificate& r : *renewed) {
+  absl::StatusOr<RenewalReport> report = RenewClusterCertificates(certs_dir_, options);
+  if (!report.ok()) return ReportError("certs renew", report.status(), err);
+  for (const RenewedCertificate& r : report->renewed) {
     out << "renewed " << certs_dir_ << "/" << r.file << ".pem and its key: it " << r.why << "\n";
   }
-  if (renewed->empty()) {
+  if (report->renewed.empty()) {
     out << "nothing to renew in " << certs_dir_ << " (--all renews every certificate)\n";
   } else {
     out << "Copy them to where they are used and restart those daemons; the CA is unchanged.\n";
+  }
+  const std::string ca_end =
+      absl::FormatTime("%Y-%m-%d %H:%M UTC", report->ca_not_after, absl::UTCTimeZone());
+  if (report->ca_not_after - absl::Now() < options.expiring_within) {
+    err << "warning: the CA in " << certs_dir_ << " expires " << ca_end
+        << " and no certificate it signs lasts longer: make a new CA (`flatshard certs init` in "
+           "another directory) and move every daemon and client to it before then\n";
+  } else {
+    out << "The CA is valid until " << ca_end << ".\n";
   }
   return kExitOk;
 }

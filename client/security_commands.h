@@ -29,6 +29,7 @@ class SecurityCommands {
   std::string certs_dir_;
   std::vector<std::string> hosts_;
   int days_ = 365;
+  int ca_days_ = 3650;
   int renew_within_days_ = 30;
   bool renew_all_ = false;
   std::string token_name_;

@@ -7,6 +7,8 @@
 #include <arpa/inet.h>
 #include <openssl/asn1.h>
 #include <openssl/bio.h>
+#include <openssl/err.h>
+#include <openssl/evp.h>
 #include <openssl/pem.h>
 #include <openssl/x509.h>
 #include <openssl/x509v3.h>
@@ -30,24 +32,12 @@ struct X509Free {
 struct BioFree {
   void operator()(BIO* b) const { BIO_free(b); }
 };
+struct KeyFree {
+  void operator()(EVP_PKEY* k) const { EVP_PKEY_free(k); }
+};
 struct NamesFree {
   void operator()(GENERAL_NAMES* n) const { GENERAL_NAMES_free(n); }
 };
-
-// An IP address as inet_ntop writes it ("::1", not "0:0:...:1"); any other
-// host as given, without IPv6 brackets.
-std::string CanonicalHost(const std::string& host) {
-  std::string bare = BareHost(host);
-  unsigned char bytes[16];
-  char text[INET6_ADDRSTRLEN];
-  if (inet_pton(AF_INET, bare.c_str(), bytes) == 1) {
-    return inet_ntop(AF_INET, bytes, text, sizeof(text));
-  }
-  if (inet_pton(AF_INET6, bare.c_str(), bytes) == 1) {
-    return inet_ntop(AF_INET6, bytes, text, sizeof(text));
-  }
-  return bare;
-}
 
 std::vector<std::string> SortedUnique(std::vector<std::string> names) {
   std::sort(names.begin(), names.end());
@@ -55,11 +45,39 @@ std::vector<std::string> SortedUnique(std::vector<std::string> names) {
   return names;
 }
 
+// A name as CertificateHost writes it, or as it is when it is not one (a
+// role's name, or what another tool wrote): compared, never issued.
+std::string ComparableName(const std::string& name) {
+  absl::StatusOr<std::string> host = CertificateHost(name);
+  return host.ok() ? *std::move(host) : name;
+}
+
 // The names a role's certificate carries for `hosts` (IssueRoleCertificate).
 std::vector<std::string> NamesFor(const char* identity, const std::vector<std::string>& hosts) {
   std::vector<std::string> names = {"localhost", "127.0.0.1", "::1", RoleHostName(identity)};
-  for (const std::string& host : hosts) names.push_back(CanonicalHost(host));
+  for (const std::string& host : hosts) names.push_back(ComparableName(host));
   return SortedUnique(std::move(names));
+}
+
+// Whether `key_pem` is the private key of `cert_pem` (false when either does
+// not parse).
+bool IsKeyOf(const std::string& cert_pem, const std::string& key_pem) {
+  std::unique_ptr<BIO, BioFree> cert_bio(
+      BIO_new_mem_buf(cert_pem.data(), static_cast<int>(cert_pem.size())));
+  std::unique_ptr<BIO, BioFree> key_bio(
+      BIO_new_mem_buf(key_pem.data(), static_cast<int>(key_pem.size())));
+  std::unique_ptr<X509, X509Free> cert(
+      PEM_read_bio_X509(cert_bio.get(), nullptr, nullptr, nullptr));
+  std::unique_ptr<EVP_PKEY, KeyFree> key(
+      PEM_read_bio_PrivateKey(key_bio.get(), nullptr, nullptr, nullptr));
+  const bool matches =
+      cert != nullptr && key != nullptr && X509_check_private_key(cert.get(), key.get()) == 1;
+  ERR_clear_error();
+  return matches;
+}
+
+std::string Day(absl::Time t) {
+  return absl::FormatTime("%Y-%m-%d %H:%M UTC", t, absl::UTCTimeZone());
 }
 
 }  // namespace
@@ -105,20 +123,38 @@ absl::StatusOr<CertificateFacts> ReadCertificateFacts(const std::string& cert_pe
   return facts;
 }
 
-absl::StatusOr<std::vector<RenewedCertificate>> RenewClusterCertificates(
-    const std::string& directory, const RenewalOptions& options) {
+absl::StatusOr<RenewalReport> RenewClusterCertificates(const std::string& directory,
+                                                       const RenewalOptions& options) {
   namespace fs = std::filesystem;
+  if (!options.all && options.valid_for <= options.expiring_within) {
+    return absl::InvalidArgumentError(
+        "--days must be more than --within-days: a certificate renewed for less would be renewed "
+        "again at every run");
+  }
   const auto path = [&](const std::string& name) { return (fs::path(directory) / name).string(); };
   PemCertificate ca;
   ASSIGN_OR_RETURN(ca.cert_pem, ReadFileToString(path("ca.pem")));
   ASSIGN_OR_RETURN(ca.key_pem, ReadFileToString(path("ca-key.pem")));
   ASSIGN_OR_RETURN(const CertificateFacts ca_facts, ReadCertificateFacts(ca.cert_pem));
+  RenewalReport report;
+  report.ca_not_after = ca_facts.not_after;
   const absl::Time now = absl::Now();
   if (ca_facts.not_after <= now) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(path("ca.pem"), " expired at ", absl::FormatTime(ca_facts.not_after),
-                     ": nothing it signs is accepted; make a new CA with `flatshard certs init`"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        path("ca.pem"), " expired ", Day(ca_facts.not_after),
+        ": nothing it signed is accepted any more; make a new CA with `flatshard certs init` in "
+        "another directory"));
   }
+  if (!IsKeyOf(ca.cert_pem, ca.key_pem)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(path("ca-key.pem"), " is not the key of ", path("ca.pem"),
+                     ": what it signed would not verify against the CA"));
+  }
+  // No certificate outlives its CA: one that ends with it is as renewed as it can be.
+  const absl::Duration valid_for = std::min(options.valid_for, ca_facts.not_after - now);
+  const auto renewable = [&](absl::Time not_after) {
+    return not_after < ca_facts.not_after - absl::Hours(1);
+  };
   struct Pending {
     const char* file;
     PemCertificate pem;
@@ -129,43 +165,51 @@ absl::StatusOr<std::vector<RenewedCertificate>> RenewClusterCertificates(
        {std::pair{"coordinator", kCoordinatorIdentity}, std::pair{"worker", kWorkerIdentity},
         std::pair{"admin", kAdminIdentity}}) {
     ASSIGN_OR_RETURN(const std::string pem, ReadFileToString(path(absl::StrCat(file, ".pem"))));
+    ASSIGN_OR_RETURN(const std::string key, ReadFileToString(path(absl::StrCat(file, "-key.pem"))));
     ASSIGN_OR_RETURN(const CertificateFacts facts, ReadCertificateFacts(pem));
     const bool server = absl::string_view(identity) != kAdminIdentity;
-    // Its hosts now are its names but the role's (IssueRoleCertificate adds it).
+    std::vector<std::string> have;
+    for (const std::string& name : facts.names) have.push_back(ComparableName(name));
+    have = SortedUnique(std::move(have));
+    // Its hosts now are its names but the roles' (IssueRoleCertificate adds its own).
     std::vector<std::string> hosts = options.hosts;
     if (hosts.empty()) {
-      for (const std::string& name : facts.names) {
-        if (!absl::EndsWithIgnoreCase(name, ".invalid")) hosts.push_back(name);
+      for (const std::string& name : have) {
+        if (!absl::EndsWith(name, ".invalid")) hosts.push_back(name);
       }
     }
-    const std::vector<std::string> have = SortedUnique(facts.names);
     const std::vector<std::string> want = server ? NamesFor(identity, hosts) : have;
     std::string why;
     if (options.all) {
       why = "was asked for (--all)";
-    } else if (facts.not_after - now < options.expiring_within) {
-      why = absl::StrCat(
-          facts.not_after <= now ? "expired " : "expires ",
-          absl::FormatTime("%Y-%m-%d %H:%M UTC", facts.not_after, absl::UTCTimeZone()));
+    } else if (!IsKeyOf(pem, key)) {
+      why = absl::StrCat("does not match ", file, "-key.pem (a renewal cut short?)");
+    } else if (facts.not_after - now < options.expiring_within && renewable(facts.not_after)) {
+      why = absl::StrCat(facts.not_after <= now ? "expired " : "expires ", Day(facts.not_after));
     } else if (server && !std::binary_search(have.begin(), have.end(), RoleHostName(identity))) {
       why = absl::StrCat("lacks the name ", RoleHostName(identity));
     } else if (want != have) {
       why = absl::StrCat("names ", absl::StrJoin(have, ","), ", not ", absl::StrJoin(want, ","));
     }
     if (why.empty()) continue;
-    ASSIGN_OR_RETURN(PemCertificate renewed,
-                     IssueRoleCertificate(identity, server ? hosts : std::vector<std::string>{},
-                                          options.valid_for, ca));
+    ASSIGN_OR_RETURN(
+        PemCertificate renewed,
+        IssueRoleCertificate(identity, server ? hosts : std::vector<std::string>{}, valid_for, ca));
     pending.push_back({file, std::move(renewed), std::move(why)});
   }
   // Issued all before writing any: a failure to issue changes nothing.
-  std::vector<RenewedCertificate> renewed;
   std::vector<std::string> written;
   for (const Pending& p : pending) {
-    RETURN_IF_ERROR(WriteCertificatePair(directory, p.file, p.pem, &written));
-    renewed.push_back({p.file, p.why});
+    if (absl::Status s = WriteCertificatePair(directory, p.file, p.pem, &written); !s.ok()) {
+      std::vector<std::string> done;
+      for (const RenewedCertificate& r : report.renewed) done.push_back(r.file);
+      return absl::Status(s.code(),
+                          absl::StrCat(s.message(), done.empty() ? "" : " (renewed before it: ",
+                                       absl::StrJoin(done, ", "), done.empty() ? "" : ")"));
+    }
+    report.renewed.push_back({p.file, p.why});
   }
-  return renewed;
+  return report;
 }
 
 }  // namespace flatshard

@@ -41,13 +41,21 @@ struct RenewedCertificate {
   std::string why;   // "expires 2027-01-03", "lacks the name flatshard-worker", ...
 };
 
+struct RenewalReport {
+  std::vector<RenewedCertificate> renewed;
+  absl::Time ca_not_after;  // no certificate it signs is valid past this
+};
+
 // Renews what needs it in `directory` (ca.pem, ca-key.pem and the files
 // WriteClusterCertificates made), each certificate with its key, written
-// durably; nothing else changes. FAILED_PRECONDITION when the CA is past its
-// validity (every certificate it signed is then refused: make a new one with
-// `certs init`); NOT_FOUND naming a file that is missing.
-absl::StatusOr<std::vector<RenewedCertificate>> RenewClusterCertificates(
-    const std::string& directory, const RenewalOptions& options);
+// durably; nothing else changes. A certificate is also renewed when its key
+// file is not its key (a renewal cut short between the two files), and none
+// is made to outlive the CA. FAILED_PRECONDITION when the CA is past its
+// validity (make a new one with `certs init`) or ca-key.pem is not its key;
+// INVALID_ARGUMENT when valid_for is not more than expiring_within, or for a
+// bad host (CertificateHost); NOT_FOUND naming a file that is missing.
+absl::StatusOr<RenewalReport> RenewClusterCertificates(const std::string& directory,
+                                                       const RenewalOptions& options);
 
 }  // namespace flatshard
 

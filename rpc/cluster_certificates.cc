@@ -19,9 +19,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/strip.h"
 #include "rpc/host_port.h"
 #include "rpc/tls_credentials.h"
 
@@ -166,6 +168,36 @@ absl::StatusOr<PemCertificate> IssueCertificate(const CertificateRequest& reques
   return out;
 }
 
+absl::StatusOr<std::string> CertificateHost(absl::string_view given) {
+  std::string host = BareHost(absl::StripAsciiWhitespace(given));
+  unsigned char bytes[16];
+  char text[INET6_ADDRSTRLEN];
+  for (const int family : {AF_INET, AF_INET6}) {
+    if (inet_pton(family, host.c_str(), bytes) == 1) {
+      return std::string(inet_ntop(family, bytes, text, sizeof(text)));
+    }
+  }
+  // gRPC and OpenSSL compare names without case and without a final dot.
+  while (!host.empty() && host.back() == '.') host.pop_back();
+  absl::AsciiStrToLower(&host);
+  const auto bad = [&](absl::string_view why) {
+    return absl::InvalidArgumentError(absl::StrCat("--hosts: '", given, "' ", why));
+  };
+  if (host.empty()) return bad("is not a host name");
+  for (size_t i = 0; i < host.size(); ++i) {
+    const char c = host[i];
+    const bool wildcard = c == '*' && i == 0 && host.size() > 2 && host[1] == '.';
+    if (!absl::ascii_isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '.' && c != '_' &&
+        !wildcard) {
+      return bad("is not a host name (letters, digits, '-', '.', a leading '*.') or an IP address");
+    }
+  }
+  if (host == "invalid" || absl::EndsWith(host, ".invalid")) {
+    return bad("is in the reserved domain .invalid, which names flatshard's roles");
+  }
+  return host;
+}
+
 absl::StatusOr<PemCertificate> IssueRoleCertificate(const char* identity,
                                                     const std::vector<std::string>& hosts,
                                                     absl::Duration valid_for,
@@ -174,13 +206,10 @@ absl::StatusOr<PemCertificate> IssueRoleCertificate(const char* identity,
   request.not_after = valid_for;
   if (absl::string_view(identity) == kAdminIdentity) return IssueCertificate(request, &ca);
   request.hosts = {"localhost", "127.0.0.1", "::1", RoleHostName(identity)};
-  for (const std::string& host : hosts) {
-    if (absl::EndsWithIgnoreCase(BareHost(host), ".invalid")) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "--hosts: '", host, "' is in the reserved domain .invalid, which names roles"));
-    }
+  for (const std::string& given : hosts) {
+    ASSIGN_OR_RETURN(std::string host, CertificateHost(given));
     if (std::find(request.hosts.begin(), request.hosts.end(), host) == request.hosts.end()) {
-      request.hosts.push_back(host);
+      request.hosts.push_back(std::move(host));
     }
   }
   return IssueCertificate(request, &ca);
@@ -191,7 +220,9 @@ absl::Status WriteCertificatePair(const std::string& directory, const std::strin
   namespace fs = std::filesystem;
   const std::string cert = (fs::path(directory) / absl::StrCat(file, ".pem")).string();
   const std::string key = (fs::path(directory) / absl::StrCat(file, "-key.pem")).string();
-  // The key first: a certificate is never on disk beside another's key.
+  // Each file is replaced whole, but the two not at once: a failure between
+  // them leaves a key that is not the certificate's, which a daemon refuses
+  // at start and RenewClusterCertificates renews on its next run.
   RETURN_IF_ERROR(WriteFileDurably(key, pem.key_pem, 0600));
   RETURN_IF_ERROR(WriteFileDurably(cert, pem.cert_pem, 0644));
   written->push_back(cert);
@@ -200,7 +231,8 @@ absl::Status WriteCertificatePair(const std::string& directory, const std::strin
 }
 
 absl::StatusOr<std::vector<std::string>> WriteClusterCertificates(
-    const std::string& directory, const std::vector<std::string>& hosts, absl::Duration valid_for) {
+    const std::string& directory, const std::vector<std::string>& hosts, absl::Duration valid_for,
+    absl::Duration ca_valid_for) {
   namespace fs = std::filesystem;
   if (fs::exists(fs::path(directory) / "ca.pem")) {
     return absl::AlreadyExistsError(
@@ -214,8 +246,10 @@ absl::StatusOr<std::vector<std::string>> WriteClusterCertificates(
     fs::permissions(directory, fs::perms::owner_all, ec);
   }
   if (ec) return absl::InternalError(absl::StrCat("cannot create ", directory, ": ", ec.message()));
+  // No certificate outlives its CA, which renewing cannot extend.
+  valid_for = std::min(valid_for, ca_valid_for);
   CertificateRequest ca_request{"flatshard cluster CA", {}, true};
-  ca_request.not_after = valid_for;
+  ca_request.not_after = ca_valid_for;
   ASSIGN_OR_RETURN(PemCertificate ca, IssueCertificate(ca_request, nullptr));
   ASSIGN_OR_RETURN(PemCertificate admin, IssueRoleCertificate(kAdminIdentity, {}, valid_for, ca));
   ASSIGN_OR_RETURN(PemCertificate coordinator,

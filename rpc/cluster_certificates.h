@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 
 namespace flatshard {
@@ -38,16 +39,25 @@ absl::StatusOr<PemCertificate> IssueCertificate(const CertificateRequest& reques
 // (RoleHostName) in the coordinator's and workers' subjectAltNames. Keys are written mode 0600.
 // ALREADY_EXISTS, writing nothing, when `directory` already holds a CA: reissuing would orphan
 // every certificate made from it. The paths written.
+// The CA is valid `ca_valid_for` (ten years), the others `valid_for` (a
+// year; `flatshard certs renew` issues them again from the same CA).
 absl::StatusOr<std::vector<std::string>> WriteClusterCertificates(
     const std::string& directory, const std::vector<std::string>& hosts,
-    absl::Duration valid_for = absl::Hours(24 * 365));
+    absl::Duration valid_for = absl::Hours(24 * 365),
+    absl::Duration ca_valid_for = absl::Hours(24 * 3650));
+
+// `given` (a --hosts entry) as a certificate names it and gRPC compares it:
+// an IP address as inet_ntop writes it, a DNS name trimmed, without IPv6
+// brackets or a final dot, in lower case. INVALID_ARGUMENT naming it when it
+// is neither, or lies in .invalid (the roles' names: RoleHostName).
+absl::StatusOr<std::string> CertificateHost(absl::string_view given);
 
 // The certificate `flatshard certs init` issues for a role (an identity of
 // rpc/tls_credentials.h): the admin's names no host (a client); the
 // coordinator's and the workers' name localhost, 127.0.0.1, ::1, `hosts` and
 // RoleHostName(identity), which a Python client dials them by (grpcio cannot
-// check a server's common name as the C++ clients do). INVALID_ARGUMENT for a
-// host in .invalid, the roles' domain.
+// check a server's common name as the C++ clients do); hosts as
+// CertificateHost writes them, and its errors.
 absl::StatusOr<PemCertificate> IssueRoleCertificate(const char* identity,
                                                     const std::vector<std::string>& hosts,
                                                     absl::Duration valid_for,

@@ -190,14 +190,16 @@ class CoordinatorIdentityTest(unittest.TestCase):
         config = {"ca": os.path.join(self.certs, "ca.pem"),
                   "cert": os.path.join(self.certs, "admin.pem"),
                   "key": os.path.join(self.certs, "admin-key.pem"), **tls}
+        self.message = ""
         code = None
         try:
-            with flatshard.Cluster(f"127.0.0.1:{port}", token="secret-token", tls=config,
+            with flatshard.Cluster(f"127.0.0.1:{port}", token="secret-token",
+                                   tls=config if config.get("ca") else None,
                                    timeout=5) as cluster:
                 try:
                     cluster.job("j")
                 except flatshard.FlatshardError as e:
-                    code = e.code
+                    code, self.message = e.code, e.message
         finally:
             server.stop(grace=None).wait()
         return code, servicer.get_jobs
@@ -207,10 +209,21 @@ class CoordinatorIdentityTest(unittest.TestCase):
 
     def test_a_workers_certificate_is_refused_before_any_call(self) -> None:
         self.assertEqual(self._serve_and_ask("worker"), (grpc.StatusCode.UNAVAILABLE, 0))
+        self.assertIn("flatshard certs renew", self.message)
 
     def test_a_server_name_given_is_the_name_checked(self) -> None:
         # The name the user gives replaces the role's: here a host both carry.
         self.assertEqual(self._serve_and_ask("worker", server_name="localhost"), (None, 1))
+        # From the environment too, with the other FLATSHARD_TLS_* variables.
+        environment = {"FLATSHARD_TLS_CA": os.path.join(self.certs, "ca.pem"),
+                       "FLATSHARD_TLS_CERT": os.path.join(self.certs, "admin.pem"),
+                       "FLATSHARD_TLS_KEY": os.path.join(self.certs, "admin-key.pem"),
+                       "FLATSHARD_TLS_SERVER_NAME": "localhost"}
+        with mock.patch.dict(os.environ, environment):
+            self.assertEqual(self._serve_and_ask("worker", ca=""), (None, 1))
+        with mock.patch.dict(os.environ, {**environment, "FLATSHARD_TLS_SERVER_NAME": ""}):
+            self.assertEqual(self._serve_and_ask("worker", ca=""),
+                             (grpc.StatusCode.UNAVAILABLE, 0))
 
 
 if __name__ == "__main__":

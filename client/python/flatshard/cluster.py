@@ -20,7 +20,7 @@ import numpy as np
 
 from flatshard import _convert
 from flatshard._safetensors import bf16_bits_to_float32
-from flatshard.errors import FlatshardError, JobFailed, from_rpc_error
+from flatshard.errors import COORDINATOR_NAME, FlatshardError, JobFailed, from_rpc_error
 from flatshard.job_document import JobSource, job_document
 from flatshard.results import (CheckpointInfo, CheckpointResult, JobEvent, JobStatus, StepResult,
                                StopResult, TlsConfig, WorkerInfo)
@@ -55,12 +55,6 @@ _CHANNEL_OPTIONS = [("grpc.max_receive_message_length", 64 << 20),
                     ("grpc.keepalive_time_ms", 30000), ("grpc.keepalive_timeout_ms", 10000),
                     ("grpc.http2.max_pings_without_data", 0),
                     ("grpc.enable_retries", 1), ("grpc.service_config", _READ_RETRY_SERVICE_CONFIG)]
-
-# The name in the coordinator's certificate that only the coordinator's
-# carries, in the reserved domain .invalid so that no host is ever called so
-# (rpc/tls_credentials.h RoleHostName).
-COORDINATOR_NAME = "flatshard-coordinator.invalid"
-
 
 def _read(path: Optional[str]) -> Optional[bytes]:
     if path is None:
@@ -130,8 +124,8 @@ class Cluster:
     127.0.0.1:7070). ``token`` is a bearer token (``flatshard token create``;
     default ``$FLATSHARD_TOKEN``, else the first line of ``$FLATSHARD_TOKEN_FILE``,
     as the CLI reads them); ``tls`` a `TlsConfig` or a dict of its
-    fields (default: from ``$FLATSHARD_TLS_CA/CERT/KEY`` when set, else
-    plaintext). Use it as a context manager, or call ``close()``.
+    fields (default: from ``$FLATSHARD_TLS_CA/CERT/KEY`` when set, and
+    ``$FLATSHARD_TLS_SERVER_NAME``, else plaintext). Use it as a context manager, or call ``close()``.
     """
 
     def __init__(self, address: Optional[str] = None, token: Optional[str] = None,
@@ -151,7 +145,9 @@ class Cluster:
         if tls is None and any(os.environ.get(f"FLATSHARD_TLS_{v}") for v in ("CA", "CERT", "KEY")):
             tls = TlsConfig(ca=os.environ.get("FLATSHARD_TLS_CA") or None,
                             cert=os.environ.get("FLATSHARD_TLS_CERT") or None,
-                            key=os.environ.get("FLATSHARD_TLS_KEY") or None)
+                            key=os.environ.get("FLATSHARD_TLS_KEY") or None,
+                            server_name=os.environ.get("FLATSHARD_TLS_SERVER_NAME") or None)
+        self._role_checked = False
         if tls is None:
             self._channel = grpc.insecure_channel(self.address, options=_CHANNEL_OPTIONS)
         else:
@@ -170,6 +166,7 @@ class Cluster:
             server_name = tls.server_name or (COORDINATOR_NAME if tls.ca else None)
             if server_name:
                 options.append(("grpc.ssl_target_name_override", server_name))
+            self._role_checked = server_name == COORDINATOR_NAME
             self._channel = grpc.secure_channel(self.address, credentials, options=options)
         self._stub = job_pb2_grpc.JobServiceStub(self._channel)
 
@@ -188,19 +185,18 @@ class Cluster:
             return getattr(self._stub, name)(request, metadata=self._metadata,
                                              timeout=timeout or self.timeout)
         except grpc.RpcError as error:
-            raise from_rpc_error(error, name) from None
+            raise from_rpc_error(error, name, self._role_checked) from None
 
     def _stream(self, name: str, request: Any, timeout: Optional[float] = None) -> Iterator[Any]:
         """Starts the call now (not at the first ``next``) and iterates its responses."""
         call = getattr(self._stub, name)(request, metadata=self._metadata, timeout=timeout)
         return self._responses(name, call)
 
-    @staticmethod
-    def _responses(name: str, call: Any) -> Iterator[Any]:
+    def _responses(self, name: str, call: Any) -> Iterator[Any]:
         try:
             yield from call
         except grpc.RpcError as error:
-            raise from_rpc_error(error, name) from None
+            raise from_rpc_error(error, name, self._role_checked) from None
         finally:
             call.cancel()  # a consumer that stops early must not leave the stream open
 

@@ -44,10 +44,11 @@ class CertificateRenewalTest : public ::testing::Test {
   void TearDown() override { std::filesystem::remove_all(dir_); }
 
   std::string Path(const std::string& name) const { return dir_ + "/" + name; }
-  std::string Read(const std::string& name) const {
-    std::ifstream in(Path(name));
+  static std::string ReadAt(const std::string& path) {
+    std::ifstream in(path);
     return std::string(std::istreambuf_iterator<char>(in), {});
   }
+  std::string Read(const std::string& name) const { return ReadAt(Path(name)); }
   void Write(const std::string& name, const std::string& text) const {
     std::ofstream(Path(name)) << text;
   }
@@ -68,7 +69,7 @@ class CertificateRenewalTest : public ::testing::Test {
     EXPECT_TRUE(renewed.ok()) << renewed.status();
     std::vector<std::string> files;
     for (const RenewedCertificate& r :
-         renewed.ok() ? *renewed : std::vector<RenewedCertificate>{}) {
+         renewed.ok() ? renewed->renewed : std::vector<RenewedCertificate>{}) {
       files.push_back(r.file);
     }
     return files;
@@ -114,6 +115,92 @@ TEST_F(CertificateRenewalTest, EachServerCertificateNamesItsRoleAndHostsAndNothi
   EXPECT_EQ(Read("coordinator.pem"), coordinator);
 }
 
+TEST_F(CertificateRenewalTest, HostsAreWrittenAsCompareAndNoneCanTakeARolesName) {
+  EXPECT_EQ(*CertificateHost(" Node-A. "), "node-a");
+  EXPECT_EQ(*CertificateHost("[0:0::1]"), "::1");
+  EXPECT_EQ(*CertificateHost("*.Workers.svc"), "*.workers.svc");
+  // Spellings gRPC or OpenSSL would read as a role's name, and non-names.
+  for (const char* bad : {"flatshard-coordinator.invalid ", "flatshard-coordinator.invalid.",
+                          "FLATSHARD-COORDINATOR.INVALID", "*.invalid.", "invalid", "a b", "",
+                          "x.*", "*", "node,a"}) {
+    const auto host = CertificateHost(bad);
+    EXPECT_EQ(host.status().code(), absl::StatusCode::kInvalidArgument) << "'" << bad << "'";
+  }
+  const auto made =
+      WriteClusterCertificates(dir_ + "-spaced", {" node-a", "flatshard-coordinator.invalid."});
+  EXPECT_EQ(made.status().code(), absl::StatusCode::kInvalidArgument) << made.status();
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "-spaced/ca.pem"));
+  std::filesystem::remove_all(dir_ + "-spaced");
+  // The same hosts written another way renew nothing, again and again.
+  RenewalOptions spaced;
+  spaced.hosts = {" NODE-A.", "10.1.2.3 "};
+  EXPECT_THAT(Renewed(spaced), IsEmpty());
+  RenewalOptions mimic;
+  mimic.hosts = {"node-a", "flatshard-coordinator.invalid."};
+  mimic.all = true;
+  EXPECT_EQ(RenewClusterCertificates(dir_, mimic).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(Facts("worker").names, Not(Contains(RoleHostName(kCoordinatorIdentity))));
+}
+
+// A renewal cut short between a key and its certificate is repaired by the
+// next; a CA key that is not the CA's signs nothing.
+TEST_F(CertificateRenewalTest, AKeyThatIsNotItsCertificatesIsRenewedAndAForeignCaKeyRefused) {
+  auto other = IssueCertificate({kWorkerIdentity, {"localhost"}}, &ca_);
+  ASSERT_TRUE(other.ok()) << other.status();
+  Write("worker-key.pem", other->key_pem);
+  auto renewed = RenewClusterCertificates(dir_, {});
+  ASSERT_TRUE(renewed.ok()) << renewed.status();
+  ASSERT_EQ(renewed->renewed.size(), 1u);
+  EXPECT_EQ(renewed->renewed[0].file, "worker");
+  EXPECT_THAT(renewed->renewed[0].why, HasSubstr("does not match worker-key.pem"));
+  ExpectLoadsAgainstTheCa("worker");
+  EXPECT_THAT(Facts("worker").names, Contains("node-a"));
+
+  const std::string coordinator = Read("coordinator.pem");
+  Write("ca-key.pem", other->key_pem);
+  RenewalOptions all;
+  all.all = true;
+  renewed = RenewClusterCertificates(dir_, all);
+  EXPECT_EQ(renewed.status().code(), absl::StatusCode::kFailedPrecondition) << renewed.status();
+  EXPECT_THAT(std::string(renewed.status().message()), HasSubstr("is not the key of"));
+  EXPECT_EQ(Read("coordinator.pem"), coordinator);
+}
+
+// The CA lasts ten years and its certificates one; none is made to outlive
+// the CA, and one that ends with it is not renewed again and again.
+TEST_F(CertificateRenewalTest, NoCertificateOutlivesItsCa) {
+  auto report = RenewClusterCertificates(dir_, {});
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_GT(report->ca_not_after - absl::Now(), absl::Hours(24 * 3649));
+
+  const std::string short_lived = dir_ + "-short";
+  ASSERT_TRUE(
+      WriteClusterCertificates(short_lived, {}, absl::Hours(24 * 365), absl::Hours(24 * 20)).ok());
+  auto admin = ReadCertificateFacts(ReadAt(short_lived + "/admin.pem"));
+  ASSERT_TRUE(admin.ok()) << admin.status();
+  EXPECT_LT(admin->not_after - absl::Now(), absl::Hours(24 * 20) + absl::Minutes(1));
+  for (int run = 0; run < 2; ++run) {
+    report = RenewClusterCertificates(short_lived, {});
+    ASSERT_TRUE(report.ok()) << report.status();
+    EXPECT_THAT(report->renewed, IsEmpty()) << "run " << run;
+    EXPECT_LT(report->ca_not_after - absl::Now(), absl::Hours(24 * 20) + absl::Minutes(1));
+  }
+  RenewalOptions all;
+  all.all = true;
+  report = RenewClusterCertificates(short_lived, all);
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->renewed.size(), 3u);
+  admin = ReadCertificateFacts(ReadAt(short_lived + "/admin.pem"));
+  EXPECT_LE(admin->not_after, report->ca_not_after);
+  std::filesystem::remove_all(short_lived);
+
+  RenewalOptions looping;
+  looping.valid_for = absl::Hours(24 * 10);
+  EXPECT_EQ(RenewClusterCertificates(dir_, looping).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 // `flatshard up --tls` reuses its directory: one made before the role's name
 // went into the server certificates gets them again, with their hosts.
 TEST_F(CertificateRenewalTest, ACertificateWithoutItsRolesNameIsRenewedWithItsHosts) {
@@ -123,9 +210,9 @@ TEST_F(CertificateRenewalTest, ACertificateWithoutItsRolesNameIsRenewedWithItsHo
 
   auto renewed = RenewClusterCertificates(dir_, {});
   ASSERT_TRUE(renewed.ok()) << renewed.status();
-  ASSERT_EQ(renewed->size(), 1u);
-  EXPECT_EQ((*renewed)[0].file, "coordinator");
-  EXPECT_EQ((*renewed)[0].why, "lacks the name flatshard-coordinator.invalid");
+  ASSERT_EQ(renewed->renewed.size(), 1u);
+  EXPECT_EQ(renewed->renewed[0].file, "coordinator");
+  EXPECT_EQ(renewed->renewed[0].why, "lacks the name flatshard-coordinator.invalid");
   EXPECT_THAT(Facts("coordinator").names,
               UnorderedElementsAre("localhost", "127.0.0.1", "::1",
                                    RoleHostName(kCoordinatorIdentity), "node-a"));
@@ -147,9 +234,9 @@ TEST_F(CertificateRenewalTest, ACertificateThatExpiresSoonIsRenewed) {
 
   auto renewed = RenewClusterCertificates(dir_, {});
   ASSERT_TRUE(renewed.ok()) << renewed.status();
-  ASSERT_EQ(renewed->size(), 1u);
-  EXPECT_EQ((*renewed)[0].file, "admin");
-  EXPECT_THAT((*renewed)[0].why, HasSubstr("expires "));
+  ASSERT_EQ(renewed->renewed.size(), 1u);
+  EXPECT_EQ(renewed->renewed[0].file, "admin");
+  EXPECT_THAT(renewed->renewed[0].why, HasSubstr("expires "));
   EXPECT_GT(Facts("admin").not_after - absl::Now(), absl::Hours(24 * 364));
   EXPECT_EQ(Facts("admin").common_name, kAdminIdentity);
   ExpectLoadsAgainstTheCa("admin");
@@ -161,8 +248,8 @@ TEST_F(CertificateRenewalTest, ACertificateThatExpiresSoonIsRenewed) {
   Replace("worker", expired);
   renewed = RenewClusterCertificates(dir_, {});
   ASSERT_TRUE(renewed.ok()) << renewed.status();
-  ASSERT_EQ(renewed->size(), 1u);
-  EXPECT_THAT((*renewed)[0].why, HasSubstr("expired "));
+  ASSERT_EQ(renewed->renewed.size(), 1u);
+  EXPECT_THAT(renewed->renewed[0].why, HasSubstr("expired "));
   ExpectLoadsAgainstTheCa("worker");
 }
 

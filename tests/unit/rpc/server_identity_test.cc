@@ -135,5 +135,21 @@ TEST_F(ServerIdentityTest, TheRightRoleAtAHostItsCertificateDoesNotNameIsRefused
   EXPECT_TRUE(Call(address, kCoordinatorIdentity, "elsewhere.example").ok());
 }
 
+TEST_F(ServerIdentityTest, TheRightRoleAndHostFromAnotherCaIsRefused) {
+  // The chain is still verified against the cluster's CA: another CA's
+  // certificate with the coordinator's name and this host is no coordinator,
+  // even from a server that asks for no client certificate.
+  auto other_ca = IssueCertificate({"another CA", {}, true}, nullptr);
+  ASSERT_TRUE(other_ca.ok()) << other_ca.status();
+  auto forged = IssueRoleCertificate(kCoordinatorIdentity, {}, absl::Hours(24), *other_ca);
+  ASSERT_TRUE(forged.ok()) << forged.status();
+  Write("forged.pem", forged->cert_pem);
+  Write("forged-key.pem", forged->key_pem);
+  const std::string address = Serve({dir_ + "/forged.pem", dir_ + "/forged-key.pem", ""});
+  const grpc::Status status = Call(address, kCoordinatorIdentity);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::UNAVAILABLE) << status.error_message();
+  EXPECT_EQ(service_.calls.load(), 0);
+}
+
 }  // namespace
 }  // namespace flatshard
