@@ -3,8 +3,6 @@
 #include <filesystem>
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
-#include "absl/time/time.h"
 #include "rpc/cluster_certificates.h"
 #include "rpc/secrets.h"
 
@@ -18,31 +16,17 @@ absl::StatusOr<ClusterSecurity> PrepareClusterSecurity(const std::string& dir,
                                                        const std::vector<std::string>& hosts) {
   namespace fs = std::filesystem;
   ClusterSecurity s;
-  bool fresh = !fs::exists(fs::path(dir) / "ca.pem");
-  if (!fresh) {
+  if (!fs::exists(fs::path(dir) / "ca.pem")) {
+    RETURN_IF_ERROR(WriteClusterCertificates(dir, hosts).status());
+  } else {
     RenewalOptions renewal;
     renewal.hosts = hosts;
-    absl::StatusOr<RenewalReport> report = RenewClusterCertificates(dir, renewal);
-    if (!report.ok() && !absl::IsFailedPrecondition(report.status())) return report.status();
-    if (report.ok() && report->ca_not_after - absl::Now() > renewal.expiring_within) {
-      s.renewed = std::move(report->renewed);
-    } else {
-      // The directory is this command's own: a CA that cannot sign, or soon
-      // signs nothing that lasts, is replaced, with everything it signed.
-      s.renewed.push_back(
-          {"ca", report.ok()
-                     ? absl::StrCat("expires ", absl::FormatTime("%Y-%m-%d", report->ca_not_after,
-                                                                 absl::UTCTimeZone()))
-                     : std::string(report.status().message())});
-      std::error_code ec;
-      fs::remove(fs::path(dir) / "ca.pem", ec);
-      if (ec) {
-        return absl::InternalError(absl::StrCat("cannot replace ", dir, "/ca.pem: ", ec.message()));
-      }
-      fresh = true;
-    }
+    // The directory is this command's own: a CA that cannot sign, or soon
+    // signs nothing that lasts, is replaced, with everything it signed.
+    renewal.new_ca_if_needed = true;
+    ASSIGN_OR_RETURN(RenewalReport report, RenewClusterCertificates(dir, renewal));
+    s.renewed = std::move(report.renewed);
   }
-  if (fresh) RETURN_IF_ERROR(WriteClusterCertificates(dir, hosts).status());
   s.dir = dir;
   auto file = [&](const std::string& name) { return (fs::path(dir) / name).string(); };
   for (auto [tls, name] : {std::pair{&s.coordinator, "coordinator"}, std::pair{&s.worker, "worker"},

@@ -76,6 +76,14 @@ absl::Status FlatshardClient::Error(const grpc::Status& status) const {
     return absl::UnavailableError(
         absl::StrCat("the server at ", address_, " is not the coordinator (", message, ")"));
   }
+  // gRPC's host check (1.51's TLS verifier, and its older SSL path).
+  if (message.find("Hostname Verification") != std::string::npos ||
+      message.find("No match found for server name") != std::string::npos) {
+    return absl::UnavailableError(absl::StrCat(
+        "the coordinator's certificate does not name the host of ", address_, " (", message,
+        "): dial it by a name its certificate carries, or renew it for this host (`flatshard "
+        "certs renew DIR --hosts ...`)"));
+  }
   if (message.find("Socket closed") != std::string::npos ||
       message.find("andshake") != std::string::npos || message.find("SSL") != std::string::npos ||
       message.find("ssl") != std::string::npos) {

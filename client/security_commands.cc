@@ -62,6 +62,11 @@ void SecurityCommands::Add(CLI::App& app) {
       ->capture_default_str()
       ->check(CLI::Range(0, 3650));
   certs_renew_->add_flag("--all", renew_all_, "Renew every certificate, whatever it says");
+  certs_renew_->add_flag(
+      "--new-ca-if-needed", new_ca_if_needed_,
+      "Replace a CA that expired, expires within --within-days or whose key is not its key by a "
+      "new one (the old kept as ca.pem.old), with every certificate: for directories only "
+      "flatshard's own daemons use, since certificates copied elsewhere stop working");
 
   CLI::App* token = app.add_subcommand("token", "Bearer tokens for the coordinator");
   token->require_subcommand(1);
@@ -102,6 +107,7 @@ int SecurityCommands::CertsRenew(std::ostream& out, std::ostream& err) {
   options.valid_for = absl::Hours(24) * days_;
   options.expiring_within = absl::Hours(24) * renew_within_days_;
   options.all = renew_all_;
+  options.new_ca_if_needed = new_ca_if_needed_;
   absl::StatusOr<RenewalReport> report = RenewClusterCertificates(certs_dir_, options);
   if (!report.ok()) return ReportError("certs renew", report.status(), err);
   for (const RenewedCertificate& r : report->renewed) {
@@ -110,7 +116,9 @@ int SecurityCommands::CertsRenew(std::ostream& out, std::ostream& err) {
   if (report->renewed.empty()) {
     out << "nothing to renew in " << certs_dir_ << " (--all renews every certificate)\n";
   } else {
-    out << "Copy them to where they are used and restart those daemons; the CA is unchanged.\n";
+    const bool new_ca = report->renewed.front().file == "ca";
+    out << "Copy them to where they are used and restart those daemons"
+        << (new_ca ? ", and give every client the new ca.pem.\n" : "; the CA is unchanged.\n");
   }
   const std::string ca_end =
       absl::FormatTime("%Y-%m-%d %H:%M UTC", report->ca_not_after, absl::UTCTimeZone());

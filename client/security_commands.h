@@ -32,6 +32,7 @@ class SecurityCommands {
   int ca_days_ = 3650;
   int renew_within_days_ = 30;
   bool renew_all_ = false;
+  bool new_ca_if_needed_ = false;
   std::string token_name_;
   std::string token_role_;
   std::string tokens_file_;

@@ -13,11 +13,11 @@
 #include <openssl/x509.h>
 #include <openssl/x509v3.h>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "rpc/cluster_certificates.h"
 #include "rpc/host_port.h"
+#include "rpc/openssl_handles.h"
 #include "rpc/tls_credentials.h"
 
 #include "core/status_macros.h"
@@ -25,19 +25,6 @@
 
 namespace flatshard {
 namespace {
-
-struct X509Free {
-  void operator()(X509* x) const { X509_free(x); }
-};
-struct BioFree {
-  void operator()(BIO* b) const { BIO_free(b); }
-};
-struct KeyFree {
-  void operator()(EVP_PKEY* k) const { EVP_PKEY_free(k); }
-};
-struct NamesFree {
-  void operator()(GENERAL_NAMES* n) const { GENERAL_NAMES_free(n); }
-};
 
 std::vector<std::string> SortedUnique(std::vector<std::string> names) {
   std::sort(names.begin(), names.end());
@@ -62,14 +49,8 @@ std::vector<std::string> NamesFor(const char* identity, const std::vector<std::s
 // Whether `key_pem` is the private key of `cert_pem` (false when either does
 // not parse).
 bool IsKeyOf(const std::string& cert_pem, const std::string& key_pem) {
-  std::unique_ptr<BIO, BioFree> cert_bio(
-      BIO_new_mem_buf(cert_pem.data(), static_cast<int>(cert_pem.size())));
-  std::unique_ptr<BIO, BioFree> key_bio(
-      BIO_new_mem_buf(key_pem.data(), static_cast<int>(key_pem.size())));
-  std::unique_ptr<X509, X509Free> cert(
-      PEM_read_bio_X509(cert_bio.get(), nullptr, nullptr, nullptr));
-  std::unique_ptr<EVP_PKEY, KeyFree> key(
-      PEM_read_bio_PrivateKey(key_bio.get(), nullptr, nullptr, nullptr));
+  const X509Ptr cert = ReadPemCertificate(cert_pem);
+  const KeyPtr key = ReadPemPrivateKey(key_pem);
   const bool matches =
       cert != nullptr && key != nullptr && X509_check_private_key(cert.get(), key.get()) == 1;
   ERR_clear_error();
@@ -80,12 +61,83 @@ std::string Day(absl::Time t) {
   return absl::FormatTime("%Y-%m-%d %H:%M UTC", t, absl::UTCTimeZone());
 }
 
+// Whether `cert_pem` bears `ca`'s signature (false when it does not parse).
+bool IsSignedBy(const std::string& cert_pem, X509* ca) {
+  const X509Ptr cert = ReadPemCertificate(cert_pem);
+  const bool signed_by = cert != nullptr && X509_verify(cert.get(), X509_get0_pubkey(ca)) == 1;
+  ERR_clear_error();
+  return signed_by;
+}
+
+// The hosts `cert_pem` names that a role certificate may name (its role's
+// and anything CertificateHost refuses dropped); none when it does not parse.
+std::vector<std::string> HostsOf(const std::string& cert_pem) {
+  std::vector<std::string> hosts;
+  absl::StatusOr<CertificateFacts> facts = ReadCertificateFacts(cert_pem);
+  if (!facts.ok()) return hosts;
+  for (const std::string& name : facts->names) {
+    if (absl::StatusOr<std::string> host = CertificateHost(name); host.ok()) {
+      hosts.push_back(*std::move(host));
+    }
+  }
+  return hosts;
+}
+
+// A file's contents, or "" when it is missing: a missing key is renewed like
+// a wrong one.
+absl::StatusOr<std::string> ReadIfPresent(const std::string& path) {
+  absl::StatusOr<std::string> text = ReadFileToString(path);
+  if (absl::IsNotFound(text.status())) return std::string();
+  return text;
+}
+
+// A new CA and every certificate from it, the old CA's two files kept as
+// ca.pem.old and ca-key.pem.old and put back when the new ones cannot all be
+// written (then each certificate already written is not the restored CA's,
+// and the next renewal renews it).
+absl::StatusOr<RenewalReport> ReplaceCa(const std::string& directory, const RenewalOptions& options,
+                                        const std::string& why) {
+  namespace fs = std::filesystem;
+  const auto path = [&](const std::string& name) { return (fs::path(directory) / name).string(); };
+  std::vector<std::string> hosts = options.hosts;
+  if (hosts.empty()) {
+    ASSIGN_OR_RETURN(const std::string coordinator, ReadIfPresent(path("coordinator.pem")));
+    hosts = HostsOf(coordinator);
+  }
+  for (const std::string& host : hosts) RETURN_IF_ERROR(CertificateHost(host).status());
+  std::error_code ec;
+  fs::rename(path("ca.pem"), path("ca.pem.old"), ec);
+  if (!ec) fs::rename(path("ca-key.pem"), path("ca-key.pem.old"), ec);
+  if (ec) {
+    fs::rename(path("ca.pem.old"), path("ca.pem"), ec);
+    return absl::UnavailableError(
+        absl::StrCat("cannot move the CA in ", directory, " aside: ", ec.message()));
+  }
+  absl::StatusOr<std::vector<std::string>> written =
+      WriteClusterCertificates(directory, hosts, options.valid_for);
+  if (!written.ok()) {
+    fs::rename(path("ca-key.pem.old"), path("ca-key.pem"), ec);
+    fs::rename(path("ca.pem.old"), path("ca.pem"), ec);
+    return absl::Status(written.status().code(),
+                        absl::StrCat("a new CA for one that ", why, " could not be written (",
+                                     written.status().message(), "); the old one is back"));
+  }
+  ASSIGN_OR_RETURN(const std::string ca_pem, ReadFileToString(path("ca.pem")));
+  ASSIGN_OR_RETURN(const CertificateFacts ca_facts, ReadCertificateFacts(ca_pem));
+  RenewalReport report;
+  report.ca_not_after = ca_facts.not_after;
+  report.renewed.push_back(
+      {"ca", absl::StrCat(why, ": a new CA replaced it (the old one: ca.pem.old)")});
+  for (const char* file : {"coordinator", "worker", "admin"}) {
+    report.renewed.push_back({file, "is signed by the new CA"});
+  }
+  return report;
+}
+
 }  // namespace
 
 absl::StatusOr<CertificateFacts> ReadCertificateFacts(const std::string& cert_pem) {
-  std::unique_ptr<BIO, BioFree> bio(
-      BIO_new_mem_buf(cert_pem.data(), static_cast<int>(cert_pem.size())));
-  std::unique_ptr<X509, X509Free> cert(PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr));
+  const X509Ptr cert = ReadPemCertificate(cert_pem);
   if (cert == nullptr) return absl::InvalidArgumentError("not a PEM certificate");
   CertificateFacts facts;
   char common_name[256] = "";
@@ -93,7 +145,7 @@ absl::StatusOr<CertificateFacts> ReadCertificateFacts(const std::string& cert_pe
                                 sizeof(common_name)) > 0) {
     facts.common_name = common_name;
   }
-  std::unique_ptr<GENERAL_NAMES, NamesFree> names(static_cast<GENERAL_NAMES*>(
+  OpenSslPtr<GENERAL_NAMES> names(static_cast<GENERAL_NAMES*>(
       X509_get_ext_d2i(cert.get(), NID_subject_alt_name, nullptr, nullptr)));
   for (int i = 0; names != nullptr && i < sk_GENERAL_NAME_num(names.get()); ++i) {
     const GENERAL_NAME* name = sk_GENERAL_NAME_value(names.get(), i);
@@ -136,20 +188,26 @@ absl::StatusOr<RenewalReport> RenewClusterCertificates(const std::string& direct
   ASSIGN_OR_RETURN(ca.cert_pem, ReadFileToString(path("ca.pem")));
   ASSIGN_OR_RETURN(ca.key_pem, ReadFileToString(path("ca-key.pem")));
   ASSIGN_OR_RETURN(const CertificateFacts ca_facts, ReadCertificateFacts(ca.cert_pem));
+  const X509Ptr ca_cert = ReadPemCertificate(ca.cert_pem);
+  const absl::Time now = absl::Now();
+  // Why this CA cannot go on signing; empty when it can.
+  std::string unfit;
+  if (ca_facts.not_after <= now) {
+    unfit = absl::StrCat("expired ", Day(ca_facts.not_after));
+  } else if (!IsKeyOf(ca.cert_pem, ca.key_pem)) {
+    unfit = "has a ca-key.pem that is not its key";
+  } else if (options.new_ca_if_needed && ca_facts.not_after - now < options.expiring_within) {
+    unfit = absl::StrCat("expires ", Day(ca_facts.not_after));
+  }
+  if (!unfit.empty()) {
+    if (options.new_ca_if_needed) return ReplaceCa(directory, options, unfit);
+    return absl::FailedPreconditionError(
+        absl::StrCat(path("ca.pem"), " ", unfit,
+                     ": nothing it signs would be accepted; make a new CA (`flatshard certs renew "
+                     "--new-ca-if-needed`, or `certs init` in another directory)"));
+  }
   RenewalReport report;
   report.ca_not_after = ca_facts.not_after;
-  const absl::Time now = absl::Now();
-  if (ca_facts.not_after <= now) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        path("ca.pem"), " expired ", Day(ca_facts.not_after),
-        ": nothing it signed is accepted any more; make a new CA with `flatshard certs init` in "
-        "another directory"));
-  }
-  if (!IsKeyOf(ca.cert_pem, ca.key_pem)) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(path("ca-key.pem"), " is not the key of ", path("ca.pem"),
-                     ": what it signed would not verify against the CA"));
-  }
   // No certificate outlives its CA: one that ends with it is as renewed as it can be.
   const absl::Duration valid_for = std::min(options.valid_for, ca_facts.not_after - now);
   const auto renewable = [&](absl::Time not_after) {
@@ -165,25 +223,23 @@ absl::StatusOr<RenewalReport> RenewClusterCertificates(const std::string& direct
        {std::pair{"coordinator", kCoordinatorIdentity}, std::pair{"worker", kWorkerIdentity},
         std::pair{"admin", kAdminIdentity}}) {
     ASSIGN_OR_RETURN(const std::string pem, ReadFileToString(path(absl::StrCat(file, ".pem"))));
-    ASSIGN_OR_RETURN(const std::string key, ReadFileToString(path(absl::StrCat(file, "-key.pem"))));
+    ASSIGN_OR_RETURN(const std::string key, ReadIfPresent(path(absl::StrCat(file, "-key.pem"))));
     ASSIGN_OR_RETURN(const CertificateFacts facts, ReadCertificateFacts(pem));
     const bool server = absl::string_view(identity) != kAdminIdentity;
     std::vector<std::string> have;
     for (const std::string& name : facts.names) have.push_back(ComparableName(name));
     have = SortedUnique(std::move(have));
-    // Its hosts now are its names but the roles' (IssueRoleCertificate adds its own).
-    std::vector<std::string> hosts = options.hosts;
-    if (hosts.empty()) {
-      for (const std::string& name : have) {
-        if (!absl::EndsWith(name, ".invalid")) hosts.push_back(name);
-      }
-    }
+    // Its hosts now are the names it may keep (a name CertificateHost
+    // refuses, such as an old spelling of a role's, is dropped: a renewal).
+    const std::vector<std::string> hosts = options.hosts.empty() ? HostsOf(pem) : options.hosts;
     const std::vector<std::string> want = server ? NamesFor(identity, hosts) : have;
     std::string why;
     if (options.all) {
       why = "was asked for (--all)";
     } else if (!IsKeyOf(pem, key)) {
-      why = absl::StrCat("does not match ", file, "-key.pem (a renewal cut short?)");
+      why = absl::StrCat("does not match ", file, "-key.pem (missing, or a renewal cut short?)");
+    } else if (!IsSignedBy(pem, ca_cert.get())) {
+      why = "is not signed by ca.pem";
     } else if (facts.not_after - now < options.expiring_within && renewable(facts.not_after)) {
       why = absl::StrCat(facts.not_after <= now ? "expired " : "expires ", Day(facts.not_after));
     } else if (server && !std::binary_search(have.begin(), have.end(), RoleHostName(identity))) {

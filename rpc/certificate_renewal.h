@@ -34,6 +34,12 @@ struct RenewalOptions {
   absl::Duration expiring_within = absl::Hours(24 * 30);
   // Renew every one, whatever it says.
   bool all = false;
+  // A CA that expired, expires within expiring_within, or whose key file is
+  // not its key is replaced by a new one (ten years) with every certificate
+  // (the old CA kept as ca.pem.old, ca-key.pem.old), instead of refused. For
+  // directories only flatshard uses (`flatshard up --tls`, the compose
+  // `certs` service): certificates copied elsewhere stop working.
+  bool new_ca_if_needed = false;
 };
 
 struct RenewedCertificate {
@@ -49,11 +55,12 @@ struct RenewalReport {
 // Renews what needs it in `directory` (ca.pem, ca-key.pem and the files
 // WriteClusterCertificates made), each certificate with its key, written
 // durably; nothing else changes. A certificate is also renewed when its key
-// file is not its key (a renewal cut short between the two files), and none
-// is made to outlive the CA. FAILED_PRECONDITION when the CA is past its
-// validity (make a new one with `certs init`) or ca-key.pem is not its key;
-// INVALID_ARGUMENT when valid_for is not more than expiring_within, or for a
-// bad host (CertificateHost); NOT_FOUND naming a file that is missing.
+// file is missing or not its key (a renewal cut short between the two files)
+// or ca.pem did not sign it, and none is made to outlive the CA.
+// FAILED_PRECONDITION when the CA expired or ca-key.pem is not its key,
+// unless new_ca_if_needed; INVALID_ARGUMENT when valid_for is not more than
+// expiring_within, or for a bad host (CertificateHost); NOT_FOUND naming a
+// missing file.
 absl::StatusOr<RenewalReport> RenewClusterCertificates(const std::string& directory,
                                                        const RenewalOptions& options);
 

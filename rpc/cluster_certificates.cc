@@ -25,6 +25,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/strip.h"
 #include "rpc/host_port.h"
+#include "rpc/openssl_handles.h"
 #include "rpc/tls_credentials.h"
 
 #include "core/status_macros.h"
@@ -32,21 +33,6 @@
 
 namespace flatshard {
 namespace {
-
-struct X509Free {
-  void operator()(X509* x) const { X509_free(x); }
-};
-struct KeyFree {
-  void operator()(EVP_PKEY* k) const { EVP_PKEY_free(k); }
-};
-struct BioFree {
-  void operator()(BIO* b) const { BIO_free(b); }
-};
-struct ExtensionFree {
-  void operator()(X509_EXTENSION* e) const { X509_EXTENSION_free(e); }
-};
-using X509Ptr = std::unique_ptr<X509, X509Free>;
-using KeyPtr = std::unique_ptr<EVP_PKEY, KeyFree>;
 
 absl::Status OpenSslFailure(const char* what) {
   char text[256] = "unknown error";
@@ -61,8 +47,7 @@ absl::Status AddExtension(X509* cert, X509* issuer, int nid, const std::string& 
   X509V3_CTX ctx;
   X509V3_set_ctx_nodb(&ctx);
   X509V3_set_ctx(&ctx, issuer, cert, nullptr, nullptr, 0);
-  std::unique_ptr<X509_EXTENSION, ExtensionFree> ext(
-      X509V3_EXT_conf_nid(nullptr, &ctx, nid, value.c_str()));
+  OpenSslPtr<X509_EXTENSION> ext(X509V3_EXT_conf_nid(nullptr, &ctx, nid, value.c_str()));
   if (ext == nullptr || X509_add_ext(cert, ext.get(), -1) != 1) {
     return OpenSslFailure("adding an extension");
   }
@@ -76,7 +61,7 @@ bool IsIpAddress(const std::string& host) {
 }
 
 absl::StatusOr<std::string> ToPem(X509* cert) {
-  std::unique_ptr<BIO, BioFree> bio(BIO_new(BIO_s_mem()));
+  BioPtr bio(BIO_new(BIO_s_mem()));
   if (PEM_write_bio_X509(bio.get(), cert) != 1) return OpenSslFailure("writing a certificate");
   char* data = nullptr;
   const long size = BIO_get_mem_data(bio.get(), &data);  // NOLINT(google-runtime-int)
@@ -84,7 +69,7 @@ absl::StatusOr<std::string> ToPem(X509* cert) {
 }
 
 absl::StatusOr<std::string> ToPem(EVP_PKEY* key) {
-  std::unique_ptr<BIO, BioFree> bio(BIO_new(BIO_s_mem()));
+  BioPtr bio(BIO_new(BIO_s_mem()));
   if (PEM_write_bio_PrivateKey(bio.get(), key, nullptr, nullptr, 0, nullptr, nullptr) != 1) {
     return OpenSslFailure("writing a key");
   }
@@ -94,12 +79,8 @@ absl::StatusOr<std::string> ToPem(EVP_PKEY* key) {
 }
 
 absl::StatusOr<std::pair<X509Ptr, KeyPtr>> ParseIssuer(const PemCertificate& issuer) {
-  std::unique_ptr<BIO, BioFree> cert_bio(
-      BIO_new_mem_buf(issuer.cert_pem.data(), static_cast<int>(issuer.cert_pem.size())));
-  std::unique_ptr<BIO, BioFree> key_bio(
-      BIO_new_mem_buf(issuer.key_pem.data(), static_cast<int>(issuer.key_pem.size())));
-  X509Ptr cert(PEM_read_bio_X509(cert_bio.get(), nullptr, nullptr, nullptr));
-  KeyPtr key(PEM_read_bio_PrivateKey(key_bio.get(), nullptr, nullptr, nullptr));
+  X509Ptr cert = ReadPemCertificate(issuer.cert_pem);
+  KeyPtr key = ReadPemPrivateKey(issuer.key_pem);
   if (cert == nullptr || key == nullptr) return OpenSslFailure("reading the issuer");
   return std::make_pair(std::move(cert), std::move(key));
 }

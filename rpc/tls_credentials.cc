@@ -19,29 +19,13 @@
 #include <openssl/x509_vfy.h>
 
 #include "absl/strings/str_cat.h"
+#include "rpc/openssl_handles.h"
 #include "spdlog/spdlog.h"
 
 #include "core/status_macros.h"
 
 namespace flatshard {
 namespace {
-
-struct BioFree {
-  void operator()(BIO* b) const { BIO_free(b); }
-};
-struct X509Free {
-  void operator()(X509* x) const { X509_free(x); }
-};
-struct KeyFree {
-  void operator()(EVP_PKEY* k) const { EVP_PKEY_free(k); }
-};
-struct StoreFree {
-  void operator()(X509_STORE* s) const { X509_STORE_free(s); }
-};
-struct StoreCtxFree {
-  void operator()(X509_STORE_CTX* c) const { X509_STORE_CTX_free(c); }
-};
-using X509Ptr = std::unique_ptr<X509, X509Free>;
 
 // "--tls-cert file 'x.pem'": how every message names what is wrong.
 std::string Named(const char* flag, const std::string& path) {
@@ -74,8 +58,7 @@ absl::StatusOr<std::string> ReadFile(const char* flag, const std::string& path) 
 
 absl::StatusOr<X509Ptr> ParseCertificate(const char* flag, const std::string& path,
                                          const std::string& pem) {
-  std::unique_ptr<BIO, BioFree> bio(BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())));
-  X509Ptr cert(PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr));
+  X509Ptr cert = ReadPemCertificate(pem);
   if (cert == nullptr) {
     return absl::InvalidArgumentError(
         absl::StrCat(Named(flag, path), " holds no PEM certificate: ", OpenSslError()));
@@ -105,8 +88,8 @@ std::string CommonName(X509* cert) {
 }
 
 absl::Status CheckSignedBy(const TlsFiles& files, X509* cert, X509* ca) {
-  std::unique_ptr<X509_STORE, StoreFree> store(X509_STORE_new());
-  std::unique_ptr<X509_STORE_CTX, StoreCtxFree> ctx(X509_STORE_CTX_new());
+  OpenSslPtr<X509_STORE> store(X509_STORE_new());
+  OpenSslPtr<X509_STORE_CTX> ctx(X509_STORE_CTX_new());
   if (store == nullptr || ctx == nullptr || X509_STORE_add_cert(store.get(), ca) != 1 ||
       X509_STORE_CTX_init(ctx.get(), store.get(), cert, nullptr) != 1) {
     return absl::InternalError(absl::StrCat("cannot check certificates: ", OpenSslError()));
@@ -180,10 +163,7 @@ absl::StatusOr<std::optional<TlsMaterial>> LoadTls(const TlsFiles& files, TlsRol
     ASSIGN_OR_RETURN(tls.key_pem, ReadFile("--tls-key", files.key));
     ASSIGN_OR_RETURN(cert, ParseCertificate("--tls-cert", files.cert, tls.cert_pem));
     RETURN_IF_ERROR(CheckValidity("--tls-cert", files.cert, cert.get()));
-    std::unique_ptr<BIO, BioFree> bio(
-        BIO_new_mem_buf(tls.key_pem.data(), static_cast<int>(tls.key_pem.size())));
-    std::unique_ptr<EVP_PKEY, KeyFree> key(
-        PEM_read_bio_PrivateKey(bio.get(), nullptr, nullptr, nullptr));
+    const KeyPtr key = ReadPemPrivateKey(tls.key_pem);
     if (key == nullptr) {
       return absl::InvalidArgumentError(
           absl::StrCat(Named("--tls-key", files.key),

@@ -7,18 +7,16 @@
 # renews from that CA a certificate that expires within 30 days, names other
 # hosts than FLATSHARD_CERT_HOSTS, or lacks its role's name (`flatshard certs
 # renew`); the services then need recreating (docker compose up -d
-# --force-recreate) to take it. A CA past its ten years is replaced.
+# --force-recreate) to take it. A CA in its last 30 days (or past them) is
+# replaced by a new one with every certificate; the old is kept as ca.pem.old.
 set -eu
 umask 077
 hosts=${FLATSHARD_CERT_HOSTS:?set FLATSHARD_CERT_HOSTS to the names the daemons are dialed at}
 tls=/var/lib/flatshard/tls
 
-if [ -f "$tls/ca/ca.pem" ] && ! flatshard certs renew "$tls/ca" --hosts "$hosts"; then
-  # The CA expired or cannot sign: a new one, and every service recreated.
-  echo "init-secrets: issuing a new CA (run: docker compose up -d --force-recreate)"
-  rm -f "$tls"/ca/*
-fi
-if [ ! -f "$tls/ca/ca.pem" ]; then
+if [ -f "$tls/ca/ca.pem" ]; then
+  flatshard certs renew "$tls/ca" --hosts "$hosts" --new-ca-if-needed
+else
   flatshard certs init "$tls/ca" --hosts "$hosts"
 fi
 

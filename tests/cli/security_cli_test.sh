@@ -118,5 +118,19 @@ expect worker_refuses_a_worker_as_coordinator 1 "certificate of 'flatshard-worke
   "$bin/flatshard-worker" --coordinator "$impostor" --state-dir "" --metrics-listen "" \
   --tls-cert "$c/worker.pem" --tls-key "$c/worker-key.pem" --tls-ca "$c/ca.pem" --connect-timeout 3
 
+# The coordinator's own certificate, dialed at a host it does not name
+# (127.0.0.2, loopback too): the host check, told apart from the role's.
+mkfifo "$tmp/elsewhere.out"
+"${coord[@]}" --listen 127.0.0.2:0 "${tls[@]}" >"$tmp/elsewhere.out" 2>"$tmp/elsewhere.err" &
+pids+=($!)
+line=""
+read -r -t 20 line <"$tmp/elsewhere.out"
+elsewhere=${line##* }
+expect cli_names_a_host_the_certificate_lacks 1 "certificate does not name the host of $elsewhere" -- \
+  env FLATSHARD_TLS_CA="$c/ca.pem" FLATSHARD_TLS_CERT="$c/admin.pem" \
+  FLATSHARD_TLS_KEY="$c/admin-key.pem" "$bin/flatshard" workers -c "$elsewhere"
+grep -q "is not the coordinator" "$tmp/err" \
+  && { echo "FAIL a host mismatch was called a role mismatch"; failures=$((failures + 1)); }
+
 ((failures == 0)) && echo "all passed" || echo "$failures failed"
 exit $((failures > 0))

@@ -1,7 +1,8 @@
 // Tests client/cluster_security.h, what `flatshard up --tls` prepares in its
 // own directory: certificates made once and reused, tokens fresh every
 // start, and a CA that expired (or is about to) replaced with everything it
-// signed, since nothing it signs would be accepted for long.
+// signed, since nothing it signs would be accepted for long; a write refused
+// for another reason never costs the CA.
 #include "client/cluster_security.h"
 
 #include <filesystem>
@@ -69,11 +70,12 @@ TEST_F(ClusterSecurityTest, ACaThatExpiresSoonIsReplacedWithEverythingItSigned) 
   const std::string old_ca = ReadAt(dir_ + "/ca.pem");
   auto prepared = PrepareClusterSecurity(dir_);
   ASSERT_TRUE(prepared.ok()) << prepared.status();
-  ASSERT_EQ(prepared->renewed.size(), 1u);
+  ASSERT_EQ(prepared->renewed.size(), 4u);
   EXPECT_EQ(prepared->renewed[0].file, "ca");
   EXPECT_NE(prepared->renewed[0].why.find("expires "), std::string::npos)
       << prepared->renewed[0].why;
   EXPECT_NE(ReadAt(dir_ + "/ca.pem"), old_ca);
+  EXPECT_EQ(ReadAt(dir_ + "/ca.pem.old"), old_ca);
   ExpectUsable(*prepared);  // every certificate verifies against the new CA
   auto report = RenewClusterCertificates(dir_, {});
   ASSERT_TRUE(report.ok()) << report.status();
@@ -84,8 +86,29 @@ TEST_F(ClusterSecurityTest, ACaThatExpiresSoonIsReplacedWithEverythingItSigned) 
                              std::filesystem::copy_options::overwrite_existing);
   prepared = PrepareClusterSecurity(dir_);
   ASSERT_TRUE(prepared.ok()) << prepared.status();
+  ASSERT_EQ(prepared->renewed.size(), 4u);
+  EXPECT_NE(prepared->renewed[0].why.find("is not its key"), std::string::npos)
+      << prepared->renewed[0].why;
+  ExpectUsable(*prepared);
+}
+
+TEST_F(ClusterSecurityTest, ARefusedWriteLeavesTheCaAsItWas) {
+  ASSERT_TRUE(PrepareClusterSecurity(dir_).ok());
+  const std::string ca = ReadAt(dir_ + "/ca.pem");
+  std::filesystem::remove(dir_ + "/worker-key.pem");  // needs renewing
+  // Keys are written only into a directory not every user may write to.
+  std::filesystem::permissions(dir_, std::filesystem::perms::all);
+  auto prepared = PrepareClusterSecurity(dir_);
+  EXPECT_EQ(prepared.status().code(), absl::StatusCode::kFailedPrecondition) << prepared.status();
+  EXPECT_EQ(ReadAt(dir_ + "/ca.pem"), ca);
+  EXPECT_FALSE(std::filesystem::exists(dir_ + "/ca.pem.old"));
+
+  std::filesystem::permissions(dir_, std::filesystem::perms::owner_all);
+  prepared = PrepareClusterSecurity(dir_);
+  ASSERT_TRUE(prepared.ok()) << prepared.status();
   ASSERT_EQ(prepared->renewed.size(), 1u);
-  EXPECT_NE(prepared->renewed[0].why.find("is not the key of"), std::string::npos);
+  EXPECT_EQ(prepared->renewed[0].file, "worker");
+  EXPECT_EQ(ReadAt(dir_ + "/ca.pem"), ca);
   ExpectUsable(*prepared);
 }
 

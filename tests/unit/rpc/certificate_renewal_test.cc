@@ -163,7 +163,7 @@ TEST_F(CertificateRenewalTest, AKeyThatIsNotItsCertificatesIsRenewedAndAForeignC
   all.all = true;
   renewed = RenewClusterCertificates(dir_, all);
   EXPECT_EQ(renewed.status().code(), absl::StatusCode::kFailedPrecondition) << renewed.status();
-  EXPECT_THAT(std::string(renewed.status().message()), HasSubstr("is not the key of"));
+  EXPECT_THAT(std::string(renewed.status().message()), HasSubstr("is not its key"));
   EXPECT_EQ(Read("coordinator.pem"), coordinator);
 }
 
@@ -199,6 +199,60 @@ TEST_F(CertificateRenewalTest, NoCertificateOutlivesItsCa) {
   looping.valid_for = absl::Hours(24 * 10);
   EXPECT_EQ(RenewClusterCertificates(dir_, looping).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+TEST_F(CertificateRenewalTest, AMissingKeyOrAnotherCasCertificateIsRenewed) {
+  std::filesystem::remove(Path("admin-key.pem"));
+  auto other_ca = IssueCertificate({"another CA", {}, true}, nullptr);
+  ASSERT_TRUE(other_ca.ok()) << other_ca.status();
+  auto foreign = IssueRoleCertificate(kWorkerIdentity, {"node-a", "10.1.2.3"},
+                                      absl::Hours(24 * 365), *other_ca);
+  ASSERT_TRUE(foreign.ok()) << foreign.status();
+  Write("worker.pem", foreign->cert_pem);
+  Write("worker-key.pem", foreign->key_pem);
+  auto report = RenewClusterCertificates(dir_, {});
+  ASSERT_TRUE(report.ok()) << report.status();
+  ASSERT_EQ(report->renewed.size(), 2u);
+  EXPECT_EQ(report->renewed[0].file, "worker");
+  EXPECT_EQ(report->renewed[0].why, "is not signed by ca.pem");
+  EXPECT_EQ(report->renewed[1].file, "admin");
+  EXPECT_THAT(report->renewed[1].why, HasSubstr("does not match admin-key.pem"));
+  ExpectLoadsAgainstTheCa("worker");
+  ExpectLoadsAgainstTheCa("admin");
+}
+
+// For directories only flatshard uses: a CA that cannot go on is replaced,
+// the old kept aside; when the new cannot be written the old comes back.
+TEST_F(CertificateRenewalTest, ANewCaIfNeededReplacesAnExpiredOneOrPutsItBack) {
+  CertificateRequest old_ca{"flatshard cluster CA", {}, true};
+  old_ca.not_before = absl::Hours(-48);
+  old_ca.not_after = absl::Hours(-1);
+  auto expired = IssueCertificate(old_ca, nullptr);
+  ASSERT_TRUE(expired.ok()) << expired.status();
+  Write("ca.pem", expired->cert_pem);
+  Write("ca-key.pem", expired->key_pem);
+  RenewalOptions options;
+  options.new_ca_if_needed = true;
+
+  // A directory every user may write to takes no keys: nothing changes.
+  std::filesystem::permissions(dir_, std::filesystem::perms::all);
+  auto report = RenewClusterCertificates(dir_, options);
+  EXPECT_EQ(report.status().code(), absl::StatusCode::kFailedPrecondition) << report.status();
+  EXPECT_THAT(std::string(report.status().message()), HasSubstr("the old one is back"));
+  EXPECT_EQ(Read("ca.pem"), expired->cert_pem);
+  EXPECT_EQ(Read("ca-key.pem"), expired->key_pem);
+  std::filesystem::permissions(dir_, std::filesystem::perms::owner_all);
+
+  report = RenewClusterCertificates(dir_, options);
+  ASSERT_TRUE(report.ok()) << report.status();
+  ASSERT_EQ(report->renewed.size(), 4u);
+  EXPECT_EQ(report->renewed[0].file, "ca");
+  EXPECT_THAT(report->renewed[0].why, HasSubstr("expired "));
+  EXPECT_EQ(Read("ca.pem.old"), expired->cert_pem);
+  EXPECT_GT(report->ca_not_after - absl::Now(), absl::Hours(24 * 3649));
+  for (const char* file : {"coordinator", "worker", "admin"}) ExpectLoadsAgainstTheCa(file);
+  EXPECT_THAT(Facts("worker").names, Contains("node-a"));  // its hosts kept
+  EXPECT_THAT(Renewed({}), IsEmpty());
 }
 
 // `flatshard up --tls` reuses its directory: one made before the role's name
