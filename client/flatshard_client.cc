@@ -66,9 +66,6 @@ absl::Status FlatshardClient::Error(const grpc::Status& status) const {
   absl::Status s = FromGrpcStatus(status);
   if (status.error_code() != grpc::StatusCode::UNAVAILABLE) return s;
   const std::string& message = status.error_message();
-  // A TLS server closes a plaintext connection, and a mutual-TLS server one
-  // without a client certificate, before any call: say that, not "no
-  // coordinator".
   if (message.find("failed to connect") == std::string::npos) return s;  // from the server
   // Our own check of the server's role (rpc/tls_credentials.cc): a server
   // answered, but not as the coordinator.
@@ -84,6 +81,9 @@ absl::Status FlatshardClient::Error(const grpc::Status& status) const {
         "): dial it by a name its certificate carries, or renew it for this host (`flatshard "
         "certs renew DIR --hosts ...`)"));
   }
+  // A TLS server closes a plaintext connection, and a mutual-TLS server one
+  // without a client certificate, before any call: say that, not "no
+  // coordinator".
   if (message.find("Socket closed") != std::string::npos ||
       message.find("andshake") != std::string::npos || message.find("SSL") != std::string::npos ||
       message.find("ssl") != std::string::npos) {

@@ -44,8 +44,8 @@ void SecurityCommands::Add(CLI::App& app) {
       "renew",
       "Issue the coordinator's, workers' and admin's certificates in DIR again from its CA (every "
       "certificate the CA signed stays valid), each that expires within --within-days, names "
-      "other hosts than --hosts, or lacks its role's name; then copy them to where they are "
-      "used and restart the daemons");
+      "other hosts than --hosts, lacks its role's name, has a missing or wrong key, or was not "
+      "signed by ca.pem; then copy them to where they are used and restart the daemons");
   certs_renew_->add_option("dir", certs_dir_, "Directory `certs init` made")->required();
   certs_renew_
       ->add_option(
@@ -125,7 +125,8 @@ int SecurityCommands::CertsRenew(std::ostream& out, std::ostream& err) {
   if (report->ca_not_after - absl::Now() < options.expiring_within) {
     err << "warning: the CA in " << certs_dir_ << " expires " << ca_end
         << " and no certificate it signs lasts longer: make a new CA (`flatshard certs init` in "
-           "another directory) and move every daemon and client to it before then\n";
+           "another directory, or --new-ca-if-needed where only flatshard's daemons use DIR) and "
+           "move every daemon and client to it before then\n";
   } else {
     out << "The CA is valid until " << ca_end << ".\n";
   }

@@ -92,9 +92,10 @@ absl::StatusOr<std::string> ReadIfPresent(const std::string& path) {
 }
 
 // A new CA and every certificate from it, the old CA's two files kept as
-// ca.pem.old and ca-key.pem.old and put back when the new ones cannot all be
-// written (then each certificate already written is not the restored CA's,
-// and the next renewal renews it).
+// ca.pem.old and ca-key.pem.old (one generation: an older .old is replaced)
+// and put back when the new ones cannot all be written (then each
+// certificate already written is not the restored CA's, and the next renewal
+// renews it).
 absl::StatusOr<RenewalReport> ReplaceCa(const std::string& directory, const RenewalOptions& options,
                                         const std::string& why) {
   namespace fs = std::filesystem;
@@ -105,22 +106,41 @@ absl::StatusOr<RenewalReport> ReplaceCa(const std::string& directory, const Rene
     hosts = HostsOf(coordinator);
   }
   for (const std::string& host : hosts) RETURN_IF_ERROR(CertificateHost(host).status());
-  std::error_code ec;
-  fs::rename(path("ca.pem"), path("ca.pem.old"), ec);
-  if (!ec) fs::rename(path("ca-key.pem"), path("ca-key.pem.old"), ec);
-  if (ec) {
-    fs::rename(path("ca.pem.old"), path("ca.pem"), ec);
-    return absl::UnavailableError(
-        absl::StrCat("cannot move the CA in ", directory, " aside: ", ec.message()));
+  // Each rename that happened is undone, and only those; what could not be
+  // undone is said, since the message must not claim the old CA is back.
+  std::vector<std::string> moved;
+  const auto put_back = [&]() -> std::string {
+    std::string failed;
+    for (const std::string& file : moved) {
+      std::error_code back;
+      fs::rename(path(file + ".old"), path(file), back);
+      if (back) {
+        absl::StrAppend(&failed, "; ", file, ".old could not be put back: ", back.message());
+      }
+    }
+    return failed;
+  };
+  for (const char* name : {"ca.pem", "ca-key.pem"}) {
+    const std::string file = name;
+    std::error_code ec;
+    fs::rename(path(file), path(file + ".old"), ec);
+    if (ec) {
+      const std::string failed = put_back();
+      return absl::InternalError(
+          absl::StrCat("cannot move ", path(file), " aside: ", ec.message(), failed));
+    }
+    moved.push_back(file);
   }
   absl::StatusOr<std::vector<std::string>> written =
       WriteClusterCertificates(directory, hosts, options.valid_for);
   if (!written.ok()) {
-    fs::rename(path("ca-key.pem.old"), path("ca-key.pem"), ec);
-    fs::rename(path("ca.pem.old"), path("ca.pem"), ec);
-    return absl::Status(written.status().code(),
-                        absl::StrCat("a new CA for one that ", why, " could not be written (",
-                                     written.status().message(), "); the old one is back"));
+    const std::string failed = put_back();
+    return absl::Status(
+        written.status().code(),
+        absl::StrCat("a new CA for one that ", why, " could not be written (",
+                     written.status().message(), "); ",
+                     failed.empty() ? "the old one is back" : "the old one is in ca.pem.old",
+                     failed));
   }
   ASSIGN_OR_RETURN(const std::string ca_pem, ReadFileToString(path("ca.pem")));
   ASSIGN_OR_RETURN(const CertificateFacts ca_facts, ReadCertificateFacts(ca_pem));
@@ -138,7 +158,10 @@ absl::StatusOr<RenewalReport> ReplaceCa(const std::string& directory, const Rene
 
 absl::StatusOr<CertificateFacts> ReadCertificateFacts(const std::string& cert_pem) {
   const X509Ptr cert = ReadPemCertificate(cert_pem);
-  if (cert == nullptr) return absl::InvalidArgumentError("not a PEM certificate");
+  if (cert == nullptr) {
+    ERR_clear_error();  // else a later OpenSSL failure would be reported with this reason
+    return absl::InvalidArgumentError("not a PEM certificate");
+  }
   CertificateFacts facts;
   char common_name[256] = "";
   if (X509_NAME_get_text_by_NID(X509_get_subject_name(cert.get()), NID_commonName, common_name,
@@ -178,6 +201,11 @@ absl::StatusOr<CertificateFacts> ReadCertificateFacts(const std::string& cert_pe
 absl::StatusOr<RenewalReport> RenewClusterCertificates(const std::string& directory,
                                                        const RenewalOptions& options) {
   namespace fs = std::filesystem;
+  if (options.new_ca_if_needed && options.expiring_within >= absl::Hours(24 * 365)) {
+    return absl::InvalidArgumentError(
+        "--within-days must be under a year with --new-ca-if-needed: a CA is replaced when it "
+        "ends within it");
+  }
   if (!options.all && options.valid_for <= options.expiring_within) {
     return absl::InvalidArgumentError(
         "--days must be more than --within-days: a certificate renewed for less would be renewed "

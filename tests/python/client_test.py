@@ -139,11 +139,21 @@ class PlaintextClusterTest(ClusterTestCase):
 
     def test_training_outlives_the_loop_and_attach_follows_it(self) -> None:
         job = self.cluster.create_job(small_job())
-        first = next(iter(job.train(6)))  # leave the loop: the training goes on
+        # Leave the loop: the training goes on. Far more steps than the test
+        # runs, so that attaching cannot race its end; a stop from inside the
+        # attached loop ends it after the step in flight.
+        first = next(iter(job.train(100000)))
         self.assertEqual(first.step, 1)
-        followed = [s.step for s in job.attach()]
-        self.assertTrue(followed and followed[-1] == 6, followed)
-        self.assertEqual(job.status().step, 6)
+        followed = []
+        for result in job.attach():
+            followed.append(result.step)
+            if len(followed) == 2:
+                self.assertTrue(job.stop().was_running)
+        self.assertGreaterEqual(len(followed), 2, followed)
+        self.assertGreater(followed[0], 1, followed)  # from the current step on
+        self.assertEqual(followed, list(range(followed[0], followed[-1] + 1)))
+        end = followed[-1]
+        self.assertEqual(job.status().step, end)  # it streamed the step in flight
         self.assertFalse(job.status().training.running)
         self.assertIn("(python)", job.status().training.started_by)
         with self.assertRaises(flatshard.FlatshardError) as caught:
@@ -153,9 +163,9 @@ class PlaintextClusterTest(ClusterTestCase):
         # Detached, as a plain statement: it starts at once and runs on.
         job.train(4, detach=True)
         for event in job.watch(timeout=120):  # DEADLINE_EXCEEDED if it never ends
-            if event.state == "IDLE" and event.message == "training trained to step 10":
+            if event.state == "IDLE" and event.message == f"training trained to step {end + 4}":
                 break
-        self.assertEqual(job.status().step, 10)
+        self.assertEqual(job.status().step, end + 4)
         with self.assertRaises(flatshard.FlatshardError) as caught:
             job.train(0, detach=True)  # refused at the call, not at a first next()
         self.assertEqual(caught.exception.code, grpc.StatusCode.INVALID_ARGUMENT)

@@ -95,7 +95,10 @@ TEST_F(ClusterSecurityTest, ACaThatExpiresSoonIsReplacedWithEverythingItSigned) 
 TEST_F(ClusterSecurityTest, ARefusedWriteLeavesTheCaAsItWas) {
   ASSERT_TRUE(PrepareClusterSecurity(dir_).ok());
   const std::string ca = ReadAt(dir_ + "/ca.pem");
-  std::filesystem::remove(dir_ + "/worker-key.pem");  // needs renewing
+  // A worker key that is not the certificate's: it needs renewing, and the
+  // CA is fit (so nothing may replace it).
+  std::filesystem::copy_file(dir_ + "/admin-key.pem", dir_ + "/worker-key.pem",
+                             std::filesystem::copy_options::overwrite_existing);
   // Keys are written only into a directory not every user may write to.
   std::filesystem::permissions(dir_, std::filesystem::perms::all);
   auto prepared = PrepareClusterSecurity(dir_);

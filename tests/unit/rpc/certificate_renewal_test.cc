@@ -255,6 +255,45 @@ TEST_F(CertificateRenewalTest, ANewCaIfNeededReplacesAnExpiredOneOrPutsItBack) {
   EXPECT_THAT(Renewed({}), IsEmpty());
 }
 
+// A new CA written part way (here: the coordinator's key cannot replace a
+// directory in its place) puts the old CA back; the certificates the new one
+// signed before the failure are renewed from the old by the next run.
+TEST_F(CertificateRenewalTest, ANewCaWrittenPartWayLeavesWhatTheNextRunRepairs) {
+  const std::string soon = dir_ + "-soon";
+  ASSERT_TRUE(
+      WriteClusterCertificates(soon, {"node-a"}, absl::Hours(24 * 5), absl::Hours(24 * 10)).ok());
+  const std::string old_ca = ReadAt(soon + "/ca.pem");
+  std::filesystem::remove(soon + "/coordinator-key.pem");
+  std::filesystem::create_directory(soon + "/coordinator-key.pem");
+  RenewalOptions options;
+  options.new_ca_if_needed = true;
+  auto report = RenewClusterCertificates(soon, options);
+  ASSERT_FALSE(report.ok());
+  EXPECT_THAT(std::string(report.status().message()), HasSubstr("the old one is back"));
+  EXPECT_EQ(ReadAt(soon + "/ca.pem"), old_ca);
+  EXPECT_FALSE(std::filesystem::exists(soon + "/ca.pem.old"));
+
+  std::filesystem::remove(soon + "/coordinator-key.pem");
+  RenewalOptions days;
+  days.valid_for = absl::Hours(24 * 5);
+  days.expiring_within = absl::Hours(24);
+  report = RenewClusterCertificates(soon, days);
+  ASSERT_TRUE(report.ok()) << report.status();
+  std::vector<std::string> files;
+  for (const RenewedCertificate& r : report->renewed) files.push_back(r.file + ": " + r.why);
+  EXPECT_THAT(files, UnorderedElementsAre("coordinator: does not match coordinator-key.pem "
+                                          "(missing, or a renewal cut short?)",
+                                          "worker: is not signed by ca.pem",
+                                          "admin: is not signed by ca.pem"));
+  for (const char* file : {"coordinator", "worker", "admin"}) {
+    const auto tls =
+        LoadTls({soon + "/" + file + ".pem", soon + "/" + file + "-key.pem", soon + "/ca.pem"},
+                TlsRole::kServer);
+    EXPECT_TRUE(tls.ok()) << file << ": " << tls.status();
+  }
+  std::filesystem::remove_all(soon);
+}
+
 // `flatshard up --tls` reuses its directory: one made before the role's name
 // went into the server certificates gets them again, with their hosts.
 TEST_F(CertificateRenewalTest, ACertificateWithoutItsRolesNameIsRenewedWithItsHosts) {
