@@ -23,7 +23,6 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/strip.h"
 #include "rpc/host_port.h"
 #include "rpc/openssl_handles.h"
 #include "rpc/tls_credentials.h"

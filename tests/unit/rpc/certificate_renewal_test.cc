@@ -59,6 +59,18 @@ class CertificateRenewalTest : public ::testing::Test {
     Write(file + ".pem", pem->cert_pem);
     Write(file + "-key.pem", pem->key_pem);
   }
+  // Replaces the directory's CA by one that expired an hour ago.
+  PemCertificate PutExpiredCa() const {
+    CertificateRequest request{"flatshard cluster CA", {}, true};
+    request.not_before = absl::Hours(-48);
+    request.not_after = absl::Hours(-1);
+    auto expired = IssueCertificate(request, nullptr);
+    EXPECT_TRUE(expired.ok()) << expired.status();
+    if (!expired.ok()) return {};
+    Write("ca.pem", expired->cert_pem);
+    Write("ca-key.pem", expired->key_pem);
+    return *expired;
+  }
   CertificateFacts Facts(const std::string& file) const {
     auto facts = ReadCertificateFacts(Read(file + ".pem"));
     EXPECT_TRUE(facts.ok()) << facts.status();
@@ -224,13 +236,7 @@ TEST_F(CertificateRenewalTest, AMissingKeyOrAnotherCasCertificateIsRenewed) {
 // For directories only flatshard uses: a CA that cannot go on is replaced,
 // the old kept aside; when the new cannot be written the old comes back.
 TEST_F(CertificateRenewalTest, ANewCaIfNeededReplacesAnExpiredOneOrPutsItBack) {
-  CertificateRequest old_ca{"flatshard cluster CA", {}, true};
-  old_ca.not_before = absl::Hours(-48);
-  old_ca.not_after = absl::Hours(-1);
-  auto expired = IssueCertificate(old_ca, nullptr);
-  ASSERT_TRUE(expired.ok()) << expired.status();
-  Write("ca.pem", expired->cert_pem);
-  Write("ca-key.pem", expired->key_pem);
+  const PemCertificate expired = PutExpiredCa();
   RenewalOptions options;
   options.new_ca_if_needed = true;
 
@@ -239,8 +245,8 @@ TEST_F(CertificateRenewalTest, ANewCaIfNeededReplacesAnExpiredOneOrPutsItBack) {
   auto report = RenewClusterCertificates(dir_, options);
   EXPECT_EQ(report.status().code(), absl::StatusCode::kFailedPrecondition) << report.status();
   EXPECT_THAT(std::string(report.status().message()), HasSubstr("the old one is back"));
-  EXPECT_EQ(Read("ca.pem"), expired->cert_pem);
-  EXPECT_EQ(Read("ca-key.pem"), expired->key_pem);
+  EXPECT_EQ(Read("ca.pem"), expired.cert_pem);
+  EXPECT_EQ(Read("ca-key.pem"), expired.key_pem);
   std::filesystem::permissions(dir_, std::filesystem::perms::owner_all);
 
   report = RenewClusterCertificates(dir_, options);
@@ -248,7 +254,7 @@ TEST_F(CertificateRenewalTest, ANewCaIfNeededReplacesAnExpiredOneOrPutsItBack) {
   ASSERT_EQ(report->renewed.size(), 4u);
   EXPECT_EQ(report->renewed[0].file, "ca");
   EXPECT_THAT(report->renewed[0].why, HasSubstr("expired "));
-  EXPECT_EQ(Read("ca.pem.old"), expired->cert_pem);
+  EXPECT_EQ(Read("ca.pem.old"), expired.cert_pem);
   EXPECT_GT(report->ca_not_after - absl::Now(), absl::Hours(24 * 3649));
   for (const char* file : {"coordinator", "worker", "admin"}) ExpectLoadsAgainstTheCa(file);
   EXPECT_THAT(Facts("worker").names, Contains("node-a"));  // its hosts kept
@@ -375,13 +381,7 @@ TEST_F(CertificateRenewalTest, WithoutTheCasKeyOrWithAnExpiredCaNothingIsWritten
   EXPECT_EQ(Read("coordinator.pem"), coordinator);
   std::filesystem::rename(Path("ca-key.pem.away"), Path("ca-key.pem"));
 
-  CertificateRequest old_ca{"flatshard cluster CA", {}, true};
-  old_ca.not_before = absl::Hours(-48);
-  old_ca.not_after = absl::Hours(-1);
-  auto expired = IssueCertificate(old_ca, nullptr);
-  ASSERT_TRUE(expired.ok()) << expired.status();
-  Write("ca.pem", expired->cert_pem);
-  Write("ca-key.pem", expired->key_pem);
+  const PemCertificate expired = PutExpiredCa();
   renewed = RenewClusterCertificates(dir_, {});
   EXPECT_EQ(renewed.status().code(), absl::StatusCode::kFailedPrecondition) << renewed.status();
   EXPECT_THAT(std::string(renewed.status().message()), HasSubstr("certs init"));
