@@ -42,8 +42,10 @@ class AbortSignal : public std::enable_shared_from_this<AbortSignal> {
   void Abort(const std::string& reason);
 
   // `hook` runs on Abort, or here at once if the signal was aborted already.
-  // Hooks must not block for long: Abort runs them one after another. A hook
-  // may end other registrations, not its own (that waits for itself).
+  // Hooks must not block for long: Abort runs them one after another. (The
+  // longest, a Gloo rendezvous's, takes up to GlooMeshContext::kAcceptGrace,
+  // 250 ms.) A hook may end other registrations, not its own (that waits for
+  // itself).
   [[nodiscard]] std::unique_ptr<Registration> OnAbort(Hook hook);
 
   bool aborted() const;

@@ -1,6 +1,7 @@
 // GlooCommunicator's internals shared by its translation units
-// (gloo_communicator.cc, gloo_ring.cc): ActiveBuffer, the registration that
-// lets Abort() wake a collective's waits, and what an aborted wait throws.
+// (gloo_communicator.cc, gloo_ring.cc, gloo_handshake.cc): ActiveBuffer, the
+// registration that lets Abort() wake a collective's waits, what an aborted
+// wait throws, and Guard, which turns what Gloo throws into a Status.
 // Not for use outside worker/comm.
 #ifndef FLATSHARD_WORKER_COMM_GLOO_ACTIVE_BUFFER_H_
 #define FLATSHARD_WORKER_COMM_GLOO_ACTIVE_BUFFER_H_
@@ -10,13 +11,18 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
+#include <string>
 
 #include <gloo/context.h>
 #include <gloo/transport/unbound_buffer.h>
 
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 
+#include "core/status_payloads.h"
 #include "worker/comm/gloo_communicator.h"
 #include "worker/comm/gloo_mesh_context.h"
 
@@ -25,6 +31,11 @@ namespace gloo_internal {
 
 inline std::chrono::milliseconds Millis(absl::Duration d) {
   return std::chrono::milliseconds(absl::ToInt64Milliseconds(d));
+}
+
+// Group rank `peer`'s rank in the job's world.
+inline int WorldRank(const GlooOptions& options, int peer) {
+  return options.world_ranks.empty() ? peer : options.world_ranks[static_cast<size_t>(peer)];
 }
 
 // A wait that Abort() interrupted.
@@ -85,6 +96,37 @@ class GlooCommunicator::ActiveBuffer {
   std::unique_ptr<gloo::transport::UnboundBuffer> buffer_;
   const int unwinding_at_start_ = std::uncaught_exceptions();
 };
+
+// Gloo reports failures (a peer gone, a timeout, a bad argument) by throwing.
+// After Abort() whatever a collective throws (an interrupted wait, a socket
+// the abort closed under it) is the abort. A pair that failed (its peer
+// closed, reset or left it) names its peer, in the world's ranks, as a pair
+// that did not connect does: either end may be at fault, and the
+// coordinator blames the link accordingly (UnreachablePeer).
+template <typename Fn>
+absl::Status GlooCommunicator::Guard(absl::string_view op, Fn&& fn) {
+  try {
+    fn();
+    return absl::OkStatus();
+  } catch (const std::exception& e) {
+    {
+      std::lock_guard<std::mutex> lock(abort_mu_);
+      if (aborted_) {
+        return absl::AbortedError(absl::StrCat("gloo ", op, " on rank ", rank_, " of ", size_,
+                                               " aborted: ", abort_reason_));
+      }
+    }
+    const std::string failed =
+        absl::StrCat("gloo ", op, " failed on rank ", rank_, " of ", size_, ": ", e.what());
+    if (const std::optional<int> peer = context_->PeerNamedIn(e.what()); peer.has_value()) {
+      const int world_peer = gloo_internal::WorldRank(options_, *peer);
+      return WithUnreachablePeer(absl::UnavailableError(absl::StrCat(
+                                     failed, " (its link to world rank ", world_peer, " failed)")),
+                                 world_peer);
+    }
+    return absl::UnavailableError(failed);
+  }
+}
 
 }  // namespace flatshard
 

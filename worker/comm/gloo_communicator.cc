@@ -35,43 +35,7 @@ absl::Status RendezvousGuard(int rank, int size, Fn&& fn) {
   }
 }
 
-// Group rank `peer`'s rank in the job's world.
-int WorldRank(const GlooOptions& options, int peer) {
-  return options.world_ranks.empty() ? peer : options.world_ranks[static_cast<size_t>(peer)];
-}
-
 }  // namespace
-
-// Gloo reports failures (a peer gone, a timeout, a bad argument) by throwing.
-// After Abort() whatever a collective throws (an interrupted wait, a socket
-// the abort closed under it) is the abort. A pair that failed (its peer
-// closed, reset or left it) names its peer, in the world's ranks, as a pair
-// that did not connect does: either end may be at fault, and the
-// coordinator blames the link accordingly (UnreachablePeer).
-template <typename Fn>
-absl::Status GlooCommunicator::Guard(absl::string_view op, Fn&& fn) {
-  try {
-    fn();
-    return absl::OkStatus();
-  } catch (const std::exception& e) {
-    {
-      std::lock_guard<std::mutex> lock(abort_mu_);
-      if (aborted_) {
-        return absl::AbortedError(absl::StrCat("gloo ", op, " on rank ", rank_, " of ", size_,
-                                               " aborted: ", abort_reason_));
-      }
-    }
-    const std::string failed =
-        absl::StrCat("gloo ", op, " failed on rank ", rank_, " of ", size_, ": ", e.what());
-    if (const std::optional<int> peer = context_->PeerNamedIn(e.what()); peer.has_value()) {
-      const int world_peer = WorldRank(options_, *peer);
-      return WithUnreachablePeer(absl::UnavailableError(absl::StrCat(
-                                     failed, " (its link to world rank ", world_peer, " failed)")),
-                                 world_peer);
-    }
-    return absl::UnavailableError(failed);
-  }
-}
 
 GlooCommunicator::GlooCommunicator(std::shared_ptr<Store> store,
                                    std::shared_ptr<gloo::transport::Device> device,
@@ -83,8 +47,6 @@ GlooCommunicator::GlooCommunicator(std::shared_ptr<Store> store,
       rank_(rank),
       size_(size),
       options_(std::move(options)) {}
-
-GlooCommunicator::~GlooCommunicator() = default;
 
 absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
     std::shared_ptr<Store> store, int rank, int size, const GlooOptions& options) {
@@ -120,7 +82,7 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
     if (const std::optional<int> peer =
             context != nullptr ? context->unreachable_peer() : std::nullopt;
         peer.has_value()) {
-      const int world_peer = WorldRank(options, *peer);
+      const int world_peer = gloo_internal::WorldRank(options, *peer);
       return WithUnreachablePeer(
           absl::UnavailableError(absl::StrCat(status.message(), " (its pair to world rank ",
                                               world_peer, " did not connect)")),
@@ -130,17 +92,15 @@ absl::StatusOr<std::unique_ptr<GlooCommunicator>> GlooCommunicator::Create(
   }
   std::unique_ptr<GlooCommunicator> comm(
       new GlooCommunicator(std::move(store), device, context, rank, size, options));
-  // For the communicator's life: the barrier below, and whatever its owner
+  // For the communicator's life: the handshake below, and whatever its owner
   // still runs before it can be aborted otherwise (a runtime being built).
   if (options.abort != nullptr) {
     comm->abort_watch_ = options.abort->OnAbort(
         [raw = comm.get()](const std::string& reason) { raw->Abort(reason); });
   }
-  // connectFullMesh returns on a rank once its own pairs are up, while a peer
-  // may still be reading the handshake; a rank that then aborted or exited
-  // would close the pair under that peer's rendezvous, which then waits out
-  // its whole timeout. After this barrier every member is connected.
-  if (absl::Status ready = comm->Barrier(); !ready.ok()) {
+  // ConnectFullMesh returns on a rank once its own pairs are up, while a
+  // peer may not yet have accepted its end of them.
+  if (absl::Status ready = comm->ConfirmMesh(); !ready.ok()) {
     if (ready.code() == absl::StatusCode::kAborted) return ready;
     // UNAVAILABLE, and the peer it names (if any) kept.
     return PrefixStatus(absl::StrCat("gloo rendezvous failed on rank ", rank, " of ", size, ": "),
@@ -349,6 +309,10 @@ void GlooCommunicator::Abort(const std::string& reason) {
 }
 
 void GlooCommunicator::ClosePairs() {
+  {
+    std::lock_guard<std::mutex> lock(abort_mu_);
+    if (!confirmed_) return;
+  }
   // Pair::close takes the pair's lock, which its reads and completions hold:
   // once it returns, nothing more lands in any buffer. Idempotent.
   for (int peer = 0; peer < size_; ++peer) {

@@ -88,7 +88,15 @@ class GlooCommunicator : public Communicator {
 
   template <typename Fn>
   absl::Status Guard(absl::string_view op, Fn&& fn);
-  // Closes the sockets to every peer (Abort, and a wait that gave up).
+  // Ends Create: every rank sends a byte to every other and waits for one
+  // from each. A peer's byte means its ConnectFullMesh is done, so it has
+  // accepted its end of every pair with this rank; until then a reset
+  // connection can kill it (GlooPairListens), and so until then Abort only
+  // wakes the waits, and the pairs close without a reset when this
+  // communicator is destroyed. After it every member is connected, too.
+  absl::Status ConfirmMesh();
+  // Resets the connections to every peer (Abort, and a wait that gave up),
+  // once the mesh is confirmed; before, does nothing (ConfirmMesh).
   void ClosePairs();
 
   // The ring algorithms; they throw (Gloo does) and run inside a Guard.
@@ -108,8 +116,16 @@ class GlooCommunicator : public Communicator {
   std::vector<std::byte> scratch_;       // reduce-scatter receive buffer, kept across calls
   std::vector<std::byte> result_block_;  // the last ring step's result, a block at a time
 
-  std::mutex abort_mu_;  // guards the three below
+  // ConfirmMesh's bytes, kept until the pairs that may still write into
+  // them are gone (the destructor), when the handshake did not finish.
+  std::vector<char> handshake_in_;
+  char handshake_out_ = 1;
+  std::unique_ptr<gloo::transport::UnboundBuffer> handshake_recv_;
+  std::unique_ptr<gloo::transport::UnboundBuffer> handshake_send_;
+
+  std::mutex abort_mu_;  // guards the four below
   bool aborted_ = false;
+  bool confirmed_ = false;  // ConfirmMesh succeeded
   std::string abort_reason_;
   std::vector<gloo::transport::UnboundBuffer*> active_;
 

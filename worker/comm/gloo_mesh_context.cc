@@ -1,5 +1,6 @@
 #include "worker/comm/gloo_mesh_context.h"
 
+#include <algorithm>
 #include <cstring>
 #include <exception>
 #include <optional>
@@ -12,16 +13,16 @@
 #include <netinet/in.h>
 
 namespace flatshard {
-namespace {
 
 using gloo::transport::tcp::Address;
 
-// Which side of a pair listens, decided as Gloo's tcp::Pair::connect decides
-// it: the lower address (IP bytes, then the port as stored, in network
-// order) waits for the higher one to connect.
-bool Listens(const Address& self, const Address& peer) {
-  const sockaddr_storage& a = self.getSockaddr();
-  const sockaddr_storage& b = peer.getSockaddr();
+bool GlooPairListens(const std::vector<char>& self, const std::vector<char>& peer) {
+  // As Gloo's tcp::Pair::connect decides it: the lower address (IP bytes,
+  // then the port as stored, in network order) waits for the higher one.
+  const Address self_address(self);
+  const Address peer_address(peer);
+  const sockaddr_storage& a = self_address.getSockaddr();
+  const sockaddr_storage& b = peer_address.getSockaddr();
   int order = 0;
   if (a.ss_family == AF_INET && b.ss_family == AF_INET) {
     const auto* sa = reinterpret_cast<const sockaddr_in*>(&a);
@@ -39,8 +40,6 @@ bool Listens(const Address& self, const Address& peer) {
   return order < 0;
 }
 
-}  // namespace
-
 void GlooMeshContext::ThrowIfAbortedLocked() const {
   if (aborted_) throw gloo::IoException("aborted: " + reason_);
 }
@@ -49,12 +48,12 @@ void GlooMeshContext::ConnectFullMesh(gloo::rendezvous::Store& store,
                                       const std::shared_ptr<gloo::transport::Device>& device) {
   std::shared_ptr<gloo::transport::Context> transport = device->createContext(rank, size);
   transport->setTimeout(getTimeout());
-  std::vector<Address> own(static_cast<size_t>(size));
+  std::vector<std::vector<char>> own(static_cast<size_t>(size));
   std::vector<char> published;
   for (int peer = 0; peer < size; ++peer) {
     if (peer == rank) continue;
     const std::vector<char> bytes = transport->createPair(peer)->address().bytes();
-    own[static_cast<size_t>(peer)] = Address(bytes);
+    own[static_cast<size_t>(peer)] = bytes;
     published.insert(published.end(), bytes.begin(), bytes.end());
   }
   {
@@ -83,7 +82,7 @@ void GlooMeshContext::ConnectFullMesh(gloo::rendezvous::Store& store,
     {
       std::lock_guard<std::mutex> lock(mu_);
       ThrowIfAbortedLocked();
-      const bool listens = Listens(own[static_cast<size_t>(peer)], Address(address));
+      const bool listens = GlooPairListens(own[static_cast<size_t>(peer)], address);
       phases_[static_cast<size_t>(peer)] = listens ? Phase::kListening : Phase::kConnecting;
       // The pair's errors name its peer by this address when this rank
       // connects to it; by the peer's host when it accepts (gloo_error_peer.h).
@@ -93,37 +92,52 @@ void GlooMeshContext::ConnectFullMesh(gloo::rendezvous::Store& store,
       transport->getPair(peer)->connect(address);
     } catch (const std::exception&) {
       std::lock_guard<std::mutex> lock(mu_);
+      phases_[static_cast<size_t>(peer)] = Phase::kDone;
+      connected_.notify_all();
       ThrowIfAbortedLocked();  // an abort's closed pair is not the peer's failure
       unreachable_peer_ = peer;
       throw;
     }
     std::lock_guard<std::mutex> lock(mu_);
     phases_[static_cast<size_t>(peer)] = Phase::kDone;
+    connected_.notify_all();
     // A pair closed by Abort returns from connect() as if connected.
     ThrowIfAbortedLocked();
   }
   std::lock_guard<std::mutex> lock(mu_);
-  // Aborted after the last pair's check: its pairs may be closed.
+  // Aborted after the last pair's check: the rendezvous ends here.
   ThrowIfAbortedLocked();
-  // From here the communicator's Abort closes the pairs (gloo::Context).
+  // From here the pairs are the communicator's to close (gloo::Context),
+  // once its handshake has confirmed them (GlooCommunicator::ConfirmMesh).
   connecting_.reset();
   device_ = device;
   transportContext_ = std::move(transport);
 }
 
 void GlooMeshContext::Abort(const std::string& reason) {
-  std::lock_guard<std::mutex> lock(mu_);
+  std::unique_lock<std::mutex> lock(mu_);
   if (aborted_) return;
   aborted_ = true;
   reason_ = reason;
   if (connecting_ == nullptr) return;
-  for (int peer = 0; peer < size; ++peer) {
-    const Phase phase = phases_[static_cast<size_t>(peer)];
-    if (peer == rank || phase == Phase::kNotYet || phase == Phase::kConnecting) continue;
-    // Pair::close takes the pair's lock, which connect() lets go of while it
-    // waits; the wait then ends.
-    connecting_->getPair(peer)->close();
-  }
+  // The pair whose connect() waits on the listening side, if any (one at a
+  // time): closing it ends the wait, since Pair::close takes the pair's lock,
+  // which connect() lets go of while it waits. Nothing else is closed here.
+  // Pair::close resets the connection (SO_LINGER 0), and closing a listening
+  // socket resets the connections queued on it: a peer that has not yet
+  // checked its end of such a connection dies of the reset
+  // (GlooPairListens). A pair done connecting is therefore left to close
+  // when the transport context is destroyed, after ConnectFullMesh has
+  // thrown: without a reset, or with one only if its peer has sent on it,
+  // which a peer does only once it has checked its end. The listening pair
+  // first gets a moment for Gloo's transport thread to accept a connection
+  // already queued on it, which ends connect() as a connection does.
+  const auto listening = std::find(phases_.begin(), phases_.end(), Phase::kListening);
+  if (listening == phases_.end()) return;
+  const auto peer = static_cast<size_t>(listening - phases_.begin());
+  connected_.wait_for(lock, absl::ToChronoMilliseconds(kAcceptGrace),
+                      [&] { return phases_[peer] != Phase::kListening; });
+  if (phases_[peer] == Phase::kListening) connecting_->getPair(static_cast<int>(peer))->close();
 }
 
 std::optional<int> GlooMeshContext::unreachable_peer() const {

@@ -11,6 +11,7 @@
 #ifndef FLATSHARD_WORKER_COMM_GLOO_MESH_CONTEXT_H_
 #define FLATSHARD_WORKER_COMM_GLOO_MESH_CONTEXT_H_
 
+#include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -22,9 +23,18 @@
 #include <gloo/rendezvous/store.h>
 #include <gloo/transport/device.h>
 
+#include "absl/time/time.h"
+
 #include "worker/comm/gloo_error_peer.h"
 
 namespace flatshard {
+
+// Whether the end of a pair at `self` waits for the end at `peer` to connect
+// to it (the lower address does), given the addresses as pairs publish them
+// (Address::bytes()). The waiting end takes the connection from its
+// listening socket on Gloo's transport thread, whenever that thread gets to
+// it: until then the connecting end must not reset it (Abort).
+bool GlooPairListens(const std::vector<char>& self, const std::vector<char>& peer);
 
 class GlooMeshContext : public gloo::Context {
  public:
@@ -38,8 +48,13 @@ class GlooMeshContext : public gloo::Context {
 
   // Ends a ConnectFullMesh in progress soon, or one not yet begun at its
   // start. Thread-safe; the first reason stands. A wait in the store is the
-  // store's to abort (Store::Abort).
+  // store's to abort (Store::Abort). Takes up to kAcceptGrace when a pair
+  // waits on the listening side for a peer that does not connect.
   void Abort(const std::string& reason);
+
+  // How long Abort lets Gloo's transport thread accept a connection that may
+  // already be queued on the listening pair before it closes that pair.
+  static constexpr absl::Duration kAcceptGrace = absl::Milliseconds(250);
 
   bool aborted() const;
   // The peer (group rank) whose pair failed to connect, once ConnectFullMesh
@@ -53,18 +68,21 @@ class GlooMeshContext : public gloo::Context {
   std::optional<int> PeerNamedIn(std::string_view message) const;
 
  private:
-  // Where each pair is. Closing a pair is safe once its connect() is on the
+  // Where each pair is. Abort closes only a pair whose connect() is on the
   // listening side (it returns when the pair closes, even closed before the
-  // call) or done; on the connecting side, a pair closed before connect()
-  // has taken its lock makes connect() move the pair backwards, which Gloo
-  // answers with std::terminate. That connect() is left to end: at once when
-  // the peer's host answers (it accepts or refuses), after the kernel's SYN
-  // retries (about 2 minutes) when the host is gone or cut off.
+  // call). On the connecting side, a pair closed before connect() has taken
+  // its lock makes connect() move the pair backwards, which Gloo answers
+  // with std::terminate: that connect() is left to end, at once when the
+  // peer's host answers (it accepts or refuses), after the kernel's SYN
+  // retries (about 2 minutes) when the host is gone or cut off. A pair done
+  // connecting is not closed at all: its peer may not have accepted it yet.
+  // kDone: connect() returned, connected or not.
   enum class Phase { kNotYet, kListening, kConnecting, kDone };
 
   void ThrowIfAbortedLocked() const;
 
-  mutable std::mutex mu_;  // guards all below
+  mutable std::mutex mu_;              // guards all below
+  std::condition_variable connected_;  // a pair's connect() returned
   bool aborted_ = false;
   std::string reason_;
   std::shared_ptr<gloo::transport::Context> connecting_;  // its pairs, while they connect
