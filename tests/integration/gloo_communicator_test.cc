@@ -350,7 +350,7 @@ TEST(GlooCommunicatorTest, ALinkThatFailsAfterConnectingNamesItsPeer) {
           auto comm = GlooCommunicator::Create(*store, rank, 2, options);
           CHILD_OK(comm.status());
           if (rank == leaving) {
-            // Once the other is past the group's barrier too: nothing unread.
+            // Once the other is past the group's handshake too: nothing unread.
             CHILD_OK((*store)->Wait({"connected"}, absl::Seconds(30)));
             ::_exit(0);
           }
@@ -376,7 +376,7 @@ TEST(GlooCommunicatorTest, ALinkThatFailsAfterConnectingNamesItsPeer) {
 }
 
 // An abort may land anywhere in a rendezvous of live ranks: before it, in the
-// store, while a pair listens or connects, in the barrier. Every rank is
+// store, while a pair listens or connects, in the handshake. Every rank is
 // aborted at once, as a worker's abort does (store and Gloo), after a delay
 // swept over the rounds (0-38 ms, the time a W=3 rendezvous takes here).
 // Whatever the abort catches, Create returns (OK once done, else ABORTED, or

@@ -48,8 +48,9 @@ constexpr char kPrefix[] = "mesh";
 // - ranks 0 and 1 stop at a gate once they have read each other's address,
 //   until "go", so the test can stop the listening one before the other
 //   connects to it;
-// - rank 2 (of three) publishes its address only at "go-late", so the
-//   others' rendezvous waits for it;
+// - rank 2 (of three) never publishes its address: it waits for a "go-late"
+//   that no one sets until its abort ends the wait, so the others'
+//   rendezvous waits for it;
 // - a rank about to wait for rank 2's address says so ("left-pair-R": it
 //   is past its pair with the other of ranks 0 and 1).
 class ObservedStore : public Store {
@@ -192,8 +193,10 @@ struct Choreography {
       std::cerr << "rank " << listener << " listens on port " << port << "; stopping it\n";
       if (kill(pids[listener], SIGSTOP) != 0) return absl::InternalError("SIGSTOP failed");
       stopped = pids[listener];
-      int wait_status = 0;
-      if (waitpid(stopped, &wait_status, WUNTRACED) != stopped || !WIFSTOPPED(wait_status)) {
+      // WNOWAIT: a rank that died instead is left for RunRanks to report.
+      siginfo_t info{};
+      if (waitid(P_PID, static_cast<id_t>(stopped), &info, WSTOPPED | WEXITED | WNOWAIT) != 0 ||
+          info.si_code != CLD_STOPPED) {
         return absl::InternalError("the listening rank did not stop");
       }
       if (absl::Status s = (*store)->Set("go", "1"); !s.ok()) return s;

@@ -83,10 +83,12 @@ void GlooMeshContext::ConnectFullMesh(gloo::rendezvous::Store& store,
       std::lock_guard<std::mutex> lock(mu_);
       ThrowIfAbortedLocked();
       const bool listens = GlooPairListens(own[static_cast<size_t>(peer)], address);
-      phases_[static_cast<size_t>(peer)] = listens ? Phase::kListening : Phase::kConnecting;
       // The pair's errors name its peer by this address when this rank
       // connects to it; by the peer's host when it accepts (gloo_error_peer.h).
       pair_peers_[static_cast<size_t>(peer)] = {Address(address).str(), listens};
+      // Last: a phase other than kNotYet promises the connect() below, which
+      // ends it (Abort waits for that).
+      phases_[static_cast<size_t>(peer)] = listens ? Phase::kListening : Phase::kConnecting;
     }
     try {
       transport->getPair(peer)->connect(address);
@@ -124,10 +126,11 @@ void GlooMeshContext::Abort(const std::string& reason) {
   // time): closing it ends the wait, since Pair::close takes the pair's lock,
   // which connect() lets go of while it waits. Nothing else is closed here.
   // Pair::close resets the connection (SO_LINGER 0), and closing a listening
-  // socket resets the connections queued on it: a peer that has not yet
-  // checked its end of such a connection dies of the reset
-  // (GlooPairListens). A pair done connecting is therefore left to close
-  // when the transport context is destroyed, after ConnectFullMesh has
+  // socket resets the connections queued on it. A peer that has not yet
+  // accepted its end of such a connection dies of the reset when it does
+  // (GlooPairListens); a connecting peer dies only of a reset that lands
+  // between its two checks of its end (before them, it sees the error). A pair done connecting is
+  // therefore left to close when the transport context is destroyed, after ConnectFullMesh has
   // thrown: without a reset, or with one only if its peer has sent on it,
   // which a peer does only once it has checked its end. The listening pair
   // first gets a moment for Gloo's transport thread to accept a connection

@@ -6,8 +6,8 @@
 // the pairs in a local until all are up, where nothing can reach them: a rank
 // whose peer will never connect (it failed, or its formation was abandoned
 // and it moved on) sleeps in Gloo for five rendezvous timeouts, and holds its
-// worker's next configure back that long. Here Abort closes the pairs that
-// wait, and ConnectFullMesh throws.
+// worker's next configure back that long. Here Abort closes the pair that
+// waits on the listening side, and ConnectFullMesh throws.
 #ifndef FLATSHARD_WORKER_COMM_GLOO_MESH_CONTEXT_H_
 #define FLATSHARD_WORKER_COMM_GLOO_MESH_CONTEXT_H_
 
