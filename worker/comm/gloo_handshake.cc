@@ -37,38 +37,43 @@ GlooCommunicator::~GlooCommunicator() {
 }
 
 absl::Status GlooCommunicator::ConfirmMesh() {
-  if (size_ > 1) {
-    handshake_in_.assign(static_cast<size_t>(size_), 0);
-    handshake_recv_ = context_->createUnboundBuffer(handshake_in_.data(), handshake_in_.size());
-    handshake_send_ = context_->createUnboundBuffer(&handshake_out_, 1);
+  if (size_ == 1) {
+    std::lock_guard<std::mutex> lock(abort_mu_);
+    confirmed_ = true;
+    return absl::OkStatus();
+  }
+  handshake_in_.assign(static_cast<size_t>(size_), 0);
+  handshake_recv_ = context_->createUnboundBuffer(handshake_in_.data(), handshake_in_.size());
+  handshake_send_ = context_->createUnboundBuffer(&handshake_out_, 1);
+  {
+    std::lock_guard<std::mutex> lock(abort_mu_);
+    active_.push_back(handshake_recv_.get());
+    active_.push_back(handshake_send_.get());
+  }
+  absl::Status status = Guard("handshake", [&] {
     {
       std::lock_guard<std::mutex> lock(abort_mu_);
-      active_.push_back(handshake_recv_.get());
-      active_.push_back(handshake_send_.get());
+      if (aborted_) throw gloo_internal::CollectiveAborted(abort_reason_);
     }
-    absl::Status status = Guard("handshake", [&] {
-      {
-        std::lock_guard<std::mutex> lock(abort_mu_);
-        if (aborted_) throw gloo_internal::CollectiveAborted(abort_reason_);
-      }
-      const auto slot = static_cast<uint64_t>(context_->nextSlot());
-      for (int peer = 0; peer < size_; ++peer) {
-        if (peer == rank_) continue;
-        handshake_recv_->recv(peer, slot, static_cast<size_t>(peer), 1);
-        handshake_send_->send(peer, slot, 0, 1);
-      }
-      // One deadline for all: each wait takes what is left of it.
-      const absl::Time deadline = absl::Now() + options_.timeout;
-      const auto left = [&] {
-        return Millis(std::max(deadline - absl::Now(), absl::ZeroDuration()));
-      };
-      for (int i = 1; i < size_; ++i) {
-        if (!handshake_recv_->waitRecv(left())) throw gloo_internal::CollectiveAborted("woken");
-      }
-      for (int i = 1; i < size_; ++i) {
-        if (!handshake_send_->waitSend(left())) throw gloo_internal::CollectiveAborted("woken");
-      }
-    });
+    const auto slot = static_cast<uint64_t>(context_->nextSlot());
+    for (int peer = 0; peer < size_; ++peer) {
+      if (peer == rank_) continue;
+      handshake_recv_->recv(peer, slot, static_cast<size_t>(peer), 1);
+      handshake_send_->send(peer, slot, 0, 1);
+    }
+    // One deadline for all: each wait takes what is left of it.
+    const absl::Time deadline = absl::Now() + options_.timeout;
+    const auto left = [&] {
+      return Millis(std::max(deadline - absl::Now(), absl::ZeroDuration()));
+    };
+    for (int i = 1; i < size_; ++i) {
+      if (!handshake_recv_->waitRecv(left())) throw gloo_internal::CollectiveAborted("woken");
+    }
+    for (int i = 1; i < size_; ++i) {
+      if (!handshake_send_->waitSend(left())) throw gloo_internal::CollectiveAborted("woken");
+    }
+  });
+  {
     std::lock_guard<std::mutex> lock(abort_mu_);
     std::erase(active_, handshake_recv_.get());
     std::erase(active_, handshake_send_.get());
@@ -77,9 +82,6 @@ absl::Status GlooCommunicator::ConfirmMesh() {
       return absl::AbortedError(absl::StrCat("gloo handshake on rank ", rank_, " of ", size_,
                                              " aborted: ", abort_reason_));
     }
-    confirmed_ = true;
-  } else {
-    std::lock_guard<std::mutex> lock(abort_mu_);
     confirmed_ = true;
   }
   // Every send and receive completed: no pair refers to the buffers now.
